@@ -1,0 +1,44 @@
+# Flywheel: the two commands a newcomer needs are `make demo` and `make test`.
+PY := .venv/bin/python
+PIP := .venv/bin/pip
+STAMP := .venv/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast venv tools crd bench bench-quick clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PIP) install -q --upgrade pip
+	# The CPU wheel of torch; pinned first so nothing pulls a CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+tools:
+	bash scripts/install-tools.sh
+
+# Run the tiny example on this machine with one injected failure and show the recovery.
+demo: $(STAMP)
+	rm -rf runs/tiny
+	.venv/bin/flywheel run examples/tiny.yaml --fault kill:rank=1:step=25
+
+test: $(STAMP) tools
+	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Pure and single-process tests only (seconds).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
+crd: $(STAMP)
+	.venv/bin/flywheel crd
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+bench-quick: $(STAMP)
+	$(PY) -m bench --quick
+
+clean:
+	rm -rf runs .pytest_cache build *.egg-info

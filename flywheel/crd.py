@@ -1,0 +1,163 @@
+"""The TrainingJob CustomResourceDefinition, generated from `spec.py` (the one source of the schema).
+
+pydantic's JSON Schema is turned into a Kubernetes structural OpenAPI v3 schema: refs inlined, nullable instead of
+anyOf-null, numeric exclusive bounds rewritten, nested objects defaulted to {} so the API server applies their field
+defaults. Cross-field checks that `spec.py` does in Python are mirrored as CEL rules.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flywheel.spec import API_VERSION, MAX_NAME_LENGTH, TrainingJobSpec, TrainingJobStatus
+
+GROUP, VERSION = API_VERSION.split("/")
+PLURAL, SINGULAR, SHORT_NAME = "trainingjobs", "trainingjob", "tj"
+CRD_NAME = f"{PLURAL}.{GROUP}"
+DEFAULT_PATH = Path("crds") / f"{CRD_NAME}.yaml"
+
+_DROP = {"title", "discriminator"}
+
+# CEL rules (x-kubernetes-validations) by the JSON path of the object they sit on.
+_SPEC_RULES = [
+    {"rule": "size(self.command) > 0 || self.trainer.parallelism.auto || "
+             "self.trainer.training.globalBatch % self.trainer.training.microBatch == 0",
+     "message": "trainer.training.globalBatch must be a multiple of microBatch",
+     "fieldPath": ".trainer.training.globalBatch"},
+    {"rule": "size(self.command) > 0 || self.trainer.parallelism.auto || "
+             "((self.replicas.min * self.procsPerReplica) % (self.trainer.parallelism.tp * self.trainer.parallelism.pp)"
+             " == 0 && (self.replicas.max * self.procsPerReplica) % "
+             "(self.trainer.parallelism.tp * self.trainer.parallelism.pp) == 0)",
+     "message": "trainer.parallelism tp*pp must divide the world size (replicas x procsPerReplica) at min and max",
+     "fieldPath": ".trainer.parallelism"},
+]
+_RULES: dict[str, list[dict[str, str]]] = {
+    "spec": _SPEC_RULES,
+    "spec.replicas": [
+        {"rule": "self.min <= self.max", "message": "replicas.min must be <= replicas.max"},
+        {"rule": "!has(self.target) || (self.target >= self.min && self.target <= self.max)",
+         "message": "replicas.target must lie within [min, max]"},
+    ],
+    "spec.trainer.model": [
+        {"rule": "!has(self.dim) || !has(self.heads) || self.dim % self.heads == 0",
+         "message": "model.dim must be divisible by model.heads"},
+    ],
+}
+
+
+def _resolve(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_resolve(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _resolve(merged, defs)
+    return {k: _resolve(v, defs) for k, v in node.items() if k != "$defs"}
+
+
+def _structural(node: dict[str, Any], path: str) -> dict[str, Any]:
+    """Rewrite one resolved JSON Schema node into Kubernetes' structural OpenAPI v3 dialect."""
+    node = {k: v for k, v in node.items() if k not in _DROP}
+    if "anyOf" in node:
+        variants = [v for v in node.pop("anyOf") if v.get("type") != "null"]
+        if len(variants) != 1:
+            raise ValueError(f"{path}: unions other than X|None have no structural form")
+        node = {**variants[0], **node, "nullable": True}
+        node.pop("default", None) if node.get("default") is None else None
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    for bound, flag in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if bound in node and not isinstance(node[bound], bool):
+            node[flag] = node.pop(bound)
+            node[bound] = True
+    if node.get("type") == "object":
+        props = node.get("properties")
+        if props is not None:
+            node["properties"] = {k: _structural(v, f"{path}.{k}") for k, v in props.items()}
+            for key, sub in node["properties"].items():
+                if sub.get("type") == "object" and "properties" in sub and "default" not in sub:
+                    sub["default"] = {}
+            node.pop("additionalProperties", None)
+        else:
+            node.pop("additionalProperties", None)
+            node["x-kubernetes-preserve-unknown-fields"] = True
+        node.pop("required", None) if not node.get("required") else None
+    if node.get("type") == "array" and "items" in node:
+        node["items"] = _structural(node["items"], f"{path}[]")
+    if path in _RULES:
+        node["x-kubernetes-validations"] = _RULES[path]
+    return node
+
+
+def openapi_schema(model: type, path: str) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return _structural(_resolve(raw, raw.get("$defs", {})), path)
+
+
+def build_crd() -> dict[str, Any]:
+    spec_schema = openapi_schema(TrainingJobSpec, "spec")
+    status_schema = openapi_schema(TrainingJobStatus, "status")
+    root = {
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+        "x-kubernetes-validations": [
+            {"rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+             "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters (pod names add a suffix)"},
+        ],
+    }
+    columns = [
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Ready", "type": "integer", "jsonPath": ".status.replicas.ready"},
+        {"name": "Desired", "type": "integer", "jsonPath": ".status.replicas.desired"},
+        {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
+        {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": CRD_NAME},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {"plural": PLURAL, "singular": SINGULAR, "kind": "TrainingJob", "listKind": "TrainingJobList",
+                      "shortNames": [SHORT_NAME], "categories": ["all", "flywheel"]},
+            "versions": [{
+                "name": VERSION,
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": root},
+                "subresources": {
+                    "status": {},
+                    "scale": {"specReplicasPath": ".spec.replicas.target",
+                              "statusReplicasPath": ".status.replicas.current",
+                              "labelSelectorPath": ".status.selector"},
+                },
+                "additionalPrinterColumns": columns,
+            }],
+        },
+    }
+
+
+def render_crd() -> str:
+    header = "# Generated by `flywheel crd` from flywheel/spec.py. Do not edit by hand.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=120)
+
+
+def write_crd(path: str | Path = DEFAULT_PATH) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_crd())
+    return path

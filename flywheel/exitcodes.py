@@ -1,0 +1,38 @@
+"""What a worker's exit code means. One table, shared by the trainer (which exits with these), `flywheel launch`
+(which passes the first failing rank's code up), and `policy/` (which classifies on them).
+
+| code | name               | meaning                                                        | retried |
+|------|--------------------|----------------------------------------------------------------|---------|
+| 0    | SUCCESS            | training finished                                              | -       |
+| 1    | CRASH              | uncaught exception (Python's default)                          | yes     |
+| 3    | USER_ERROR         | bad configuration or data that a restart cannot fix            | no      |
+| 4    | HANG               | progress watchdog fired: no step within the timeout; stacks dumped | yes |
+| 5    | COLLECTIVE_TIMEOUT | a collective timed out or was aborted (NCCL/gloo watchdog)     | yes     |
+| 6    | STOPPED            | SIGTERM: emergency checkpoint taken (when possible), then exit | yes, no budget cost |
+| 128+N / -N | SIGNAL       | killed by signal N (9: SIGKILL, e.g. OOM or injected fault)    | yes     |
+"""
+
+SUCCESS = 0
+CRASH = 1
+USER_ERROR = 3
+HANG = 4
+COLLECTIVE_TIMEOUT = 5
+STOPPED = 6
+
+NAMES = {SUCCESS: "success", CRASH: "crash", USER_ERROR: "user-error", HANG: "hang",
+         COLLECTIVE_TIMEOUT: "collective-timeout", STOPPED: "stopped"}
+
+
+def describe(code: int) -> str:
+    """A short name for an exit code, including signal deaths (negative or 128+N)."""
+    import signal
+
+    if code in NAMES:
+        return NAMES[code]
+    signum = -code if code < 0 else code - 128 if code > 128 else None
+    if signum:
+        try:
+            return f"signal-{signal.Signals(signum).name}"
+        except ValueError:
+            return f"signal-{signum}"
+    return f"exit-{code}"

@@ -1,0 +1,69 @@
+"""Restart decisions: a failure plus the restart budget -> what to do (pure; local executor and operator alike)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from flywheel.policy.failures import EXTERNAL, PERMANENT, FailureKind
+from flywheel.spec import TrainingJobSpec
+
+
+class Action(str, Enum):
+    RESTART_WORKER = "RestartWorker"  # recreate only the failed worker; the others re-rendezvous
+    RESTART_JOB = "RestartJob"  # recreate every worker
+    SHRINK = "Shrink"  # go on with fewer workers (elastic jobs, while >= min are alive)
+    FAIL = "Fail"  # give up with a clear reason
+
+
+@dataclass(frozen=True)
+class RestartBudget:
+    """Restarts spent since the budget window opened at `window_start_step` (a committed step)."""
+
+    used: int = 0
+    window_start_step: int = 0
+
+    def refreshed(self, spec: TrainingJobSpec, committed_step: int) -> RestartBudget:
+        """Reset the budget once `budgetResetAfterSteps` steps were committed since the window opened."""
+        reset_after = spec.fault_tolerance.budget_reset_after_steps
+        if reset_after and committed_step - self.window_start_step >= reset_after:
+            return RestartBudget(used=0, window_start_step=committed_step)
+        return self
+
+    def charged(self) -> RestartBudget:
+        return replace(self, used=self.used + 1)
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str  # a FailureKind value or a fixed reason string; becomes status.lastRestartReason
+    message: str
+    budget: RestartBudget
+
+
+def decide_restart(spec: TrainingJobSpec, failure: FailureKind, budget: RestartBudget, committed_step: int,
+                   live_replicas: int) -> Decision:
+    """Decide what to do after a worker failed.
+
+    `live_replicas` counts healthy workers besides the failed one. External failures (preemption, eviction, a lost
+    node) never spend the budget; permanent ones fail at once; the rest spend one restart each.
+    """
+    budget = budget.refreshed(spec, committed_step)
+    reason = failure.value
+    if failure in PERMANENT:
+        return Decision(Action.FAIL, reason, f"{reason}: a restart cannot fix this; see the worker log", budget)
+    if failure not in EXTERNAL:
+        limit = spec.fault_tolerance.max_restarts
+        if budget.used >= limit:
+            return Decision(Action.FAIL, "RestartBudgetExhausted",
+                            f"{reason} after {budget.used} restarts (maxRestarts={limit}) without "
+                            f"{spec.fault_tolerance.budget_reset_after_steps} committed steps in between", budget)
+        budget = budget.charged()
+    elastic = spec.replicas.min < spec.replicas.max
+    if failure in (FailureKind.NODE_LOST, FailureKind.EVICTED) and elastic and live_replicas >= spec.replicas.min:
+        return Decision(Action.SHRINK, reason,
+                        f"{reason}: continuing with {live_replicas} workers while a replacement is scheduled", budget)
+    if spec.fault_tolerance.restart_scope == "worker":
+        return Decision(Action.RESTART_WORKER, reason, f"{reason}: recreating the failed worker", budget)
+    return Decision(Action.RESTART_JOB, reason, f"{reason}: restarting the job from the last checkpoint", budget)
