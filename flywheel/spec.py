@@ -69,11 +69,11 @@ class ModelSpec(_Model):
     """A GPT-style decoder: a preset, optionally with explicit sizes that override it."""
 
     preset: str | None = Field("gpt-tiny", description=f"One of {', '.join(PRESETS)}.")
-    layers: int | None = Field(None, ge=1)
-    dim: int | None = Field(None, ge=8)
-    heads: int | None = Field(None, ge=1)
-    vocab: int | None = Field(None, ge=2)
-    seq_len: int | None = Field(None, ge=2)
+    layers: int | None = Field(None, ge=1, description="Transformer blocks; overrides the preset.")
+    dim: int | None = Field(None, ge=8, description="Model width; overrides the preset.")
+    heads: int | None = Field(None, ge=1, description="Attention heads; must divide dim.")
+    vocab: int | None = Field(None, ge=2, description="Vocabulary size (>= 256 for byte-level text).")
+    seq_len: int | None = Field(None, ge=2, description="Tokens per sample.")
 
     @field_validator("preset")
     @classmethod
@@ -114,17 +114,17 @@ class Parallelism(_Model):
 
 
 class Training(_Model):
-    steps: int = Field(200, ge=1)
+    steps: int = Field(200, ge=1, description="Optimizer steps to train.")
     global_batch: int = Field(32, ge=1, description="Samples per optimizer step across all data-parallel ranks.")
     micro_batch: int = Field(4, ge=1, description="Samples per forward/backward on one rank.")
-    lr: float = Field(3e-4, gt=0, le=10)
+    lr: float = Field(3e-4, gt=0, le=10, description="Peak learning rate (AdamW).")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine floor as a fraction of lr.")
-    warmup_steps: int = Field(10, ge=0)
-    weight_decay: float = Field(0.1, ge=0)
+    warmup_steps: int = Field(10, ge=0, description="Linear warmup steps before the cosine decay.")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay on 2-D weights.")
     grad_clip: float = Field(1.0, ge=0, description="Max gradient norm; 0 disables clipping.")
-    precision: Literal["fp32", "bf16"] = "fp32"
-    seed: int = Field(0, ge=0)
-    activation_checkpointing: bool = False
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 autocasts where the device supports it.")
+    seed: int = Field(0, ge=0, description="Seeds model init and data order.")
+    activation_checkpointing: bool = Field(False, description="Recompute block activations in backward.")
     deterministic: bool = Field(True, description="Deterministic algorithms (needed for bitwise-exact resume).")
 
 
@@ -161,16 +161,16 @@ class CheckpointSpec(_Model):
 
 
 class FaultTolerance(_Model):
-    max_restarts: int = Field(10, ge=0)
+    max_restarts: int = Field(10, ge=0, description="Restarts allowed before the job fails.")
     budget_reset_after_steps: int = Field(100, ge=0, description="Committed steps after which restarts reset.")
     progress_timeout_seconds: float = Field(60, ge=0, description="No step for this long means hung; 0 disables.")
     first_step_timeout_seconds: float = Field(600, ge=1, description="Allowance for start-up and the first step.")
-    restart_scope: Literal["job", "worker"] = "job"
-    node_failure_grace_seconds: float = Field(30, ge=0)
+    restart_scope: Literal["job", "worker"] = Field("job", description="Recreate every worker or only the failed one.")
+    node_failure_grace_seconds: float = Field(30, ge=0, description="Pods stuck on a dead node are force-deleted after this.")
 
 
 class Scheduling(_Model):
-    gang: bool = True
+    gang: bool = Field(True, description="Schedule all workers together (PodGroup).")
     scheduler_name: str = ""
     queue: str = ""
     priority_class_name: str = ""
@@ -183,16 +183,16 @@ class RunPolicy(_Model):
 
 
 class TrainingJobSpec(_Model):
-    image: str = "flywheel:latest"
+    image: str = Field("flywheel:latest", description="Worker image (cluster only).")
     replicas: Replicas = Field(default_factory=Replicas)
     procs_per_replica: int = Field(1, ge=1, description="Local ranks per worker (GPUs per pod).")
-    resources: dict[str, Any] = Field(default_factory=dict)
+    resources: dict[str, Any] = Field(default_factory=dict, description="Per-worker requests/limits (cluster only).")
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     command: list[str] = Field(default_factory=list, description="A user entrypoint instead of the trainer.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     fault_tolerance: FaultTolerance = Field(default_factory=FaultTolerance)
     scheduling: Scheduling = Field(default_factory=Scheduling)
-    suspend: bool = False
+    suspend: bool = Field(False, description="Stop the workers, keeping checkpoints; false resumes.")
     run_policy: RunPolicy = Field(default_factory=RunPolicy)
 
     @model_validator(mode="after")

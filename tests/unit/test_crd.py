@@ -48,3 +48,9 @@ def test_crd_names_columns_and_subresources():
     assert spec["properties"]["trainer"]["properties"]["training"]["default"] == {}
     rules = [r["rule"] for r in spec["properties"]["replicas"]["x-kubernetes-validations"]]
     assert "self.min <= self.max" in rules
+
+
+def test_committed_spec_reference_matches_the_spec():
+    from flywheel.crd import SPEC_DOC_PATH, render_spec_reference
+
+    assert (ROOT / SPEC_DOC_PATH).read_text() == render_spec_reference(), "run `flywheel crd` and commit docs/spec.md"
