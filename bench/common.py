@@ -1,0 +1,45 @@
+"""Shared helpers for benchmarks: the result record and where it goes."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> str:
+    try:
+        import torch
+
+        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        device = "cpu"
+    return f"{platform.node()} {os.cpu_count()} cpus {device}"
+
+
+def write_result(name: str, *, metric: str, value: float, unit: str, peer: str, peer_value: float, goal: str,
+                 passed: bool, runs: int, **extra: Any) -> Path:
+    """Write bench/results/<name>.json with the fields every benchmark reports."""
+    record = {"metric": metric, "value": value, "unit": unit, "peer": peer, "peer_value": peer_value,
+              "ratio": value / peer_value if peer_value else None, "goal": goal, "pass": bool(passed),
+              "runs": runs, "machine": machine(), **extra}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]

@@ -1,0 +1,326 @@
+"""Checkpointer: DCP saves, asynchronous by default, committed atomically, restored with resharding.
+
+How a save runs (async):
+  1. save(step) on the training thread, right after optimizer.step(): takes the state dict (live references to
+     parameters and optimizer state; copies of buffers, scheduler, data position and RNG) and hands it to the
+     writer thread. This is all the loop waits for (a few ms).
+  2. The writer thread copies the tensors into reusable CPU buffers (pinned when CUDA) while the loop runs the
+     next forward/backward, which do not change parameters or optimizer state.
+  3. wait_staged(), called by the loop just before the next optimizer.step(), returns once that copy is done:
+     the saved state is exactly the state after `step`.
+  4. The writer thread runs dcp.save from the buffers on its own gloo group (DCP on the training group deadlocks
+     against FSDP's collectives), then global rank 0 writes the commit marker, applies retention and removes torn
+     folders. Only committed folders are ever restored.
+
+One save is in flight at a time. A save requested while the previous one is still being written on any rank is
+skipped on every rank, with a warning: waiting would stall training for the rest of a write (sync checkpointing
+in disguise), while skipping only makes the next checkpoint come later. blocking=True (final or emergency saves)
+waits for the in-flight write instead, then saves and returns once committed.
+
+Failures (disk full, read-only or missing directory, a rank's write raising) are logged with the path and cause,
+counted and reported as a `checkpoint_failed` event; training continues and committed checkpoints are untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from flywheel.spec import CheckpointSpec
+from flywheel.trainer import checkpoint_store as store
+from flywheel.trainer.checkpoint_staging import StagingBuffers, snapshot_unsafe_tensors
+from flywheel.trainer.checkpoint_state import AppState
+
+__all__ = ["AppState", "Checkpointer", "describe_failure"]
+
+log = logging.getLogger("flywheel.checkpoint")
+
+_FAILURES = (Exception, CheckpointException)  # DCP's CheckpointException derives from BaseException
+
+
+def describe_failure(err: BaseException) -> str:
+    """One line naming the cause; for DCP's CheckpointException, each failing rank's own exception."""
+    if isinstance(err, CheckpointException):
+        return "; ".join(f"rank {rank}: {type(exc).__name__}: {exc}" for rank, (exc, _) in err.failures.items())
+    return f"{type(err).__name__}: {err}"
+
+
+@dataclass
+class _Save:
+    step: int
+    path: Path
+    started: float  # monotonic time save() was entered
+    blocking_call: bool  # the loop waited for the whole save
+    blocking: float = 0.0  # seconds the loop was held so far
+    blocking_reported: bool = False
+    staged: threading.Event = field(default_factory=threading.Event)
+    future: Future[None] | None = None
+
+
+class Checkpointer:
+    """Construct on every rank after dist.init_process_group (it creates two gloo groups, a collective)."""
+
+    def __init__(self, cfg: CheckpointSpec, directory: str | os.PathLike[str], *, events: Any = None,
+                 metrics: Any = None) -> None:
+        self.cfg = cfg
+        self.directory = Path(directory)
+        self.events = events
+        self.metrics = metrics
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        # The writer group carries DCP's collectives (writer thread); the control group the training thread's
+        # small agreements (due, skip, restore). Two groups, so the two threads never share a communicator.
+        self._write_group = dist.new_group(backend="gloo") if self.distributed else None
+        self._control_group = dist.new_group(backend="gloo") if self.distributed else None
+        self._cuda = torch.cuda.is_available()
+        self._stream = torch.cuda.Stream() if self._cuda else None
+        self._buffers = StagingBuffers(pin_memory=self._cuda)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-checkpoint")
+        self._inflight: _Save | None = None
+        self._last_requested_step = -1
+        self._last_save_time = time.monotonic()
+        self._generation = 0  # counts started saves; all ranks agree on it
+        self._pending_due: tuple[dist.Work, torch.Tensor, int] | None = None
+        self._closed = False
+
+    # ---- agreement between ranks -------------------------------------------------------------------------------
+
+    def _agree(self, flag: bool, group: Any, *, any_rank: bool) -> bool:
+        """any_rank: true if true on some rank; otherwise true only if true on every rank."""
+        if not self.distributed:
+            return flag
+        t = torch.tensor([int(flag)], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if any_rank else dist.ReduceOp.MIN, group=group)
+        return bool(t.item())
+
+    # ---- the loop's calls --------------------------------------------------------------------------------------
+
+    def due(self, step: int) -> bool:
+        """Whether to save after `step`; the same answer on every rank. Call it once per step on every rank.
+
+        everySeconds is judged by each rank's own clock, so the ranks agree through a MAX all-reduce that runs in
+        the background and is read one call later: a time-based save happens one step after some rank saw the
+        interval elapse, at the same step everywhere, and the loop never waits for the collective."""
+        by_steps = self.cfg.every_steps > 0 and step % self.cfg.every_steps == 0
+        if self.cfg.every_seconds <= 0:
+            return by_steps
+        elapsed = time.monotonic() - self._last_save_time >= self.cfg.every_seconds
+        if self.world_size == 1:
+            return by_steps or elapsed
+        agreed = False
+        if self._pending_due is not None:
+            work, flag, generation = self._pending_due
+            work.wait()
+            # A save started since that flag was raised already reset the clock.
+            agreed = bool(flag.item()) and generation == self._generation
+        flag = torch.tensor([int(elapsed)], dtype=torch.int32)
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._control_group, async_op=True)
+        self._pending_due = (work, flag, self._generation)
+        return by_steps or agreed
+
+    def save(self, step: int, app: AppState, *, blocking: bool = False) -> None:
+        """Checkpoint the state after `step`. Call on every rank, right after optimizer.step()."""
+        started = time.monotonic()
+        blocking = blocking or not self.cfg.async_
+        if blocking:
+            self._wait_inflight()
+        else:
+            busy = self._inflight is not None and not self._inflight.future.done()  # type: ignore[union-attr]
+            if self._agree(busy, self._control_group, any_rank=True):
+                prev = self._inflight.step if self._inflight else "?"
+                log.warning("checkpoint at step %d skipped: the save of step %s is still being written; saves are "
+                            "requested faster than storage absorbs them (raise everySteps/everySeconds)", step, prev)
+                return
+            self._wait_inflight()  # finished everywhere: collect its result and blocking time
+        if step <= self._last_requested_step:
+            log.info("checkpoint at step %d already taken; not saving it again", step)
+            return
+        self._last_requested_step = step
+        self._last_save_time = time.monotonic()
+        self._generation += 1
+        record = _Save(step=step, path=store.step_dir(self.directory, step), started=started,
+                       blocking_call=blocking)
+        state = app.state_dict()
+        state["step"] = step
+        if blocking:
+            self._write(record, state, stage=False)
+            record.blocking = time.monotonic() - started
+            self._report_blocking(record)
+            return
+        state = snapshot_unsafe_tensors(state, app.parameter_storages())
+        if self._stream is not None:
+            # The staging stream must see the optimizer step's results; enqueued here, waited for on the GPU.
+            self._stream.wait_stream(torch.cuda.current_stream())
+        self._inflight = record
+        record.future = self._executor.submit(self._write, record, state, True)
+        record.blocking += time.monotonic() - started
+
+    def wait_staged(self) -> None:
+        """Return once the in-flight save no longer reads live tensors. Call before optimizer.step()."""
+        record = self._inflight
+        if record is None or record.blocking_reported:
+            return
+        t0 = time.monotonic()
+        record.staged.wait()
+        record.blocking += time.monotonic() - t0
+        self._report_blocking(record)
+
+    def close(self) -> None:
+        """Wait for the in-flight save to commit or fail. Call on every rank before destroying process groups."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wait_inflight()
+        if self._pending_due is not None:
+            self._pending_due[0].wait()
+            self._pending_due = None
+        self._executor.shutdown(wait=True)
+
+    # ---- restore -----------------------------------------------------------------------------------------------
+
+    def restore(self, app: AppState) -> int | None:
+        """Load the newest committed checkpoint into app (resharding to this world size); its step, or None.
+
+        A checkpoint that fails to load on any rank is skipped, with a warning, for the previous committed one.
+        If committed checkpoints exist but none loads, raises: parts of the state may already be overwritten."""
+        self._wait_inflight()
+        listing: list[Any] = [None]
+        if self.rank == 0:
+            for path in store.remove_uncommitted(self.directory):
+                log.info("removed torn checkpoint %s (no commit marker)", path)
+            listing[0] = [(r.step, r.path, r.world_size) for r in reversed(store.committed(self.directory))]
+        if self.distributed:
+            dist.broadcast_object_list(listing, src=0, group=self._control_group)
+        candidates: list[tuple[int, str, int]] = listing[0]
+        failed: list[str] = []
+        for step, path, saved_world in candidates:
+            error: BaseException | None = None
+            try:
+                state = app.state_dict(include_rng=saved_world == self.world_size)
+                state["step"] = -1
+                dcp.load(state, storage_reader=dcp.FileSystemReader(path), process_group=self._write_group)
+                if state["step"] != step:
+                    raise ValueError(f"holds step {state['step']} but its commit marker says {step}")
+                app.load_state_dict(state)
+            except _FAILURES as err:
+                error = err
+            if self._agree(error is None, self._write_group, any_rank=False):
+                self._after_restore(step, path, saved_world)
+                return step
+            cause = describe_failure(error) if error is not None else "it failed to load on another rank"
+            log.warning("could not restore checkpoint %s: %s; falling back to the previous committed checkpoint",
+                        path, cause)
+            failed.append(f"{path} ({cause})")
+        if failed:
+            raise RuntimeError(f"none of the committed checkpoints under {self.directory} could be loaded: "
+                               f"{'; '.join(failed)}. Parts of the state may already be overwritten, so training "
+                               "does not start from scratch; repair or remove these checkpoints")
+        log.info("no committed checkpoint under %s; starting from scratch", self.directory)
+        return None
+
+    def _after_restore(self, step: int, path: str, saved_world: int) -> None:
+        self._last_requested_step = step
+        self._last_save_time = time.monotonic()
+        rng = "restored" if saved_world == self.world_size else "not restored (world size changed)"
+        log.info("restored step %d from %s (saved at world size %d, now %d; RNG %s)", step, path, saved_world,
+                 self.world_size, rng)
+        if self.metrics is not None:
+            self.metrics.checkpoint_last_step.set(step)
+        if self.events is not None and self.rank == 0:
+            self.events.emit("restore", step=step, path=path, from_world_size=saved_world,
+                             world_size=self.world_size)
+
+    # ---- the write (writer thread for async saves, training thread for blocking ones) -------------------------
+
+    def _write(self, record: _Save, state: dict[str, Any], stage: bool) -> None:
+        try:
+            staging_error: BaseException | None = None
+            try:
+                staged = self._buffers.stage(state, self._stream) if stage else state
+                if self.rank == 0:
+                    store.retract_commit(record.path)  # a stale marker must not vouch for files being rewritten
+            except _FAILURES as err:
+                staging_error = err
+            finally:
+                record.staged.set()
+            # Every rank must enter dcp.save or none: a rank that stays out would leave the others hanging.
+            if not self._agree(staging_error is None, self._write_group, any_rank=False):
+                raise staging_error or RuntimeError("staging failed on another rank")
+            dcp.save(staged, storage_writer=dcp.FileSystemWriter(record.path), process_group=self._write_group)
+            # dcp.save returns on rank 0 only after .metadata is written, i.e. after every rank's write finished.
+            commit_error: BaseException | None = None
+            if self.rank == 0:
+                try:
+                    store.write_commit(record.path, record.step, self.world_size)
+                except _FAILURES as err:
+                    commit_error = err
+            committed = self.rank == 0 and commit_error is None
+            if not self._agree(committed, self._write_group, any_rank=True):
+                raise commit_error or RuntimeError("rank 0 could not write the commit marker")
+        except _FAILURES as err:
+            self._on_failure(record, err)
+            return
+        self._on_commit(record)
+
+    def _on_commit(self, record: _Save) -> None:
+        total = time.monotonic() - record.started
+        blocking = total if record.blocking_call else record.blocking
+        log.info("checkpoint at step %d committed to %s (loop blocked %.3f s, total %.2f s)", record.step,
+                 record.path, blocking, total)
+        if self.metrics is not None:
+            self.metrics.checkpoint_total_seconds.observe(total)
+            self.metrics.checkpoint_last_step.set(record.step)
+        if self.rank != 0:
+            return
+        if self.events is not None:
+            self.events.emit("checkpoint", step=record.step, blocking_seconds=blocking, total_seconds=total,
+                             path=str(record.path))
+        try:
+            for path in store.apply_retention(self.directory, self.cfg.keep, record.step):
+                log.info("deleted checkpoint %s (keep: %d)", path, self.cfg.keep)
+            for path in store.remove_uncommitted(self.directory, below_step=record.step):
+                log.info("removed torn checkpoint %s (no commit marker)", path)
+        except OSError as err:
+            log.warning("checkpoint clean-up under %s failed: %s", self.directory, err)
+
+    def _on_failure(self, record: _Save, err: BaseException) -> None:
+        cause = describe_failure(err)
+        if not isinstance(err, CheckpointException):  # DCP's exception already names each failing rank
+            cause = f"rank {self.rank}: {cause}"
+        log.error("checkpoint at step %d to %s failed: %s; training continues and earlier checkpoints are "
+                  "untouched", record.step, record.path, cause)
+        if self.metrics is not None:
+            self.metrics.checkpoint_failures_total.inc()
+        if self.events is not None:
+            self.events.emit("checkpoint_failed", step=record.step, error=f"{record.path}: {cause}")
+
+    # ---- bookkeeping -------------------------------------------------------------------------------------------
+
+    def _report_blocking(self, record: _Save) -> None:
+        if record.blocking_reported:
+            return
+        record.blocking_reported = True
+        if self.metrics is not None:
+            self.metrics.checkpoint_blocking_seconds.observe(record.blocking)
+
+    def _wait_inflight(self) -> None:
+        """Wait for the in-flight save (its failures are already reported) and account its blocking time."""
+        record = self._inflight
+        if record is None:
+            return
+        self.wait_staged()
+        if record.future is not None:
+            record.future.result()  # _write catches its own failures
+        self._inflight = None

@@ -1,0 +1,93 @@
+"""What a checkpoint holds: model, optimizer, scheduler, data position and per-rank RNG states."""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+
+class DataPosition(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def rng_key(rank: int) -> str:
+    # DCP de-duplicates equal keys across ranks (one rank writes them), so per-rank state needs per-rank keys.
+    return f"rng_rank{rank}"
+
+
+def capture_rng() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class AppState(Stateful):
+    """The training state as one Stateful. Model and optimizer go through DCP's get/set_state_dict, so they are
+    saved as shards (DTensor under FSDP2) and resharded on load at another world size."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, data: DataPosition, *,
+                 rank: int, world_size: int) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.data = data
+        self.rank = rank
+        self.world_size = world_size
+
+    def state_dict(self, *, include_rng: bool = True) -> dict[str, Any]:
+        """Live references to model and optimizer tensors (copy before they change); the rest is a copy.
+
+        Leave RNG out (include_rng=False) when loading a checkpoint saved at another world size: its ranks'
+        streams do not map onto ours, and DCP would fail on keys the checkpoint does not have."""
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state: dict[str, Any] = {
+            "model": model_sd,
+            "optim": optim_sd,
+            "scheduler": copy.deepcopy(self.scheduler.state_dict()),
+            "data": copy.deepcopy(self.data.state_dict()),
+            "world_size": self.world_size,
+        }
+        if include_rng:
+            state[rng_key(self.rank)] = capture_rng()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
+                       optim_state_dict=state_dict["optim"])
+        self.scheduler.load_state_dict(state_dict["scheduler"])
+        self.data.load_state_dict(state_dict["data"])
+        rng = state_dict.get(rng_key(self.rank))
+        if rng is not None:
+            restore_rng(rng)
+
+    def parameter_storages(self) -> set[int]:
+        """Data pointers of the parameters' (local) storages. Only optimizer.step() changes these, so they may be
+        copied while the next forward/backward runs; anything else in the model state (buffers such as running
+        statistics, which a forward updates) must be copied at once."""
+        ptrs = set()
+        for param in self.model.parameters():
+            local = param.to_local() if hasattr(param, "to_local") else param
+            ptrs.add(local.untyped_storage().data_ptr())
+        return ptrs

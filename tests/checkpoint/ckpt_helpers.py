@@ -1,0 +1,187 @@
+"""Shared pieces for the checkpoint tests: fakes for events/metrics/data, a tiny training setup, rank spawning."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict)
+
+from flywheel.trainer.checkpoint import AppState
+
+DIM = 16
+BATCH = 8
+
+
+class FakeEvents:
+    def __init__(self) -> None:
+        self.emitted: list[tuple[str, dict[str, Any]]] = []
+
+    def emit(self, event: str, **fields: Any) -> None:
+        self.emitted.append((event, fields))
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        return [fields for event, fields in self.emitted if event == name]
+
+
+class _Histogram:
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def observe(self, value: float) -> None:
+        self.values.append(value)
+
+
+class _Gauge:
+    value: float | None = None
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+
+class _Counter:
+    value = 0
+
+    def inc(self) -> None:
+        self.value += 1
+
+
+class FakeMetrics:
+    def __init__(self) -> None:
+        self.checkpoint_blocking_seconds = _Histogram()
+        self.checkpoint_total_seconds = _Histogram()
+        self.checkpoint_last_step = _Gauge()
+        self.checkpoint_failures_total = _Counter()
+
+
+class CountingData:
+    """A data position: the batch at position p is a pure function of p (as flywheel's data module promises)."""
+
+    def __init__(self) -> None:
+        self.consumed_samples = 0
+
+    def next_batch(self) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(self.consumed_samples)
+        self.consumed_samples += BATCH
+        return torch.randn(BATCH, DIM, generator=gen)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"consumed_samples": self.consumed_samples}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.consumed_samples = int(state["consumed_samples"])
+
+
+class TinyNet(nn.Module):
+    """Dropout (torch RNG) and BatchNorm (a buffer the forward updates in place) make resume sensitive to both."""
+
+    def __init__(self, layers: int = 3) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(DIM, DIM), nn.BatchNorm1d(DIM), nn.ReLU(),
+                                                  nn.Dropout(0.1)) for _ in range(layers))
+        self.head = nn.Linear(DIM, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class MLP(nn.Module):
+    """No buffers: FSDP2's sharding of parameters only."""
+
+    def __init__(self, layers: int = 3) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(DIM, DIM) for _ in range(layers))
+        self.head = nn.Linear(DIM, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        return self.head(x)
+
+
+def make_app(seed: int, *, rank: int = 0, world_size: int = 1, model: nn.Module | None = None,
+             fsdp: bool = False) -> tuple[AppState, CountingData]:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+    model = model if model is not None else TinyNet()
+    if fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world_size,))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
+    data = CountingData()
+    return AppState(model, optimizer, scheduler, data, rank=rank, world_size=world_size), data
+
+
+def train_step(app: AppState, data: CountingData, checkpointer: Any = None) -> float:
+    """One step; python and numpy RNG enter the loss so a wrong RNG restore shows in the continuation."""
+    x = data.next_batch()
+    scale = 1.0 + 1e-3 * (random.random() + float(np.random.rand()))
+    loss = app.model(x).pow(2).mean() * scale
+    loss.backward()
+    if checkpointer is not None:
+        checkpointer.wait_staged()
+    app.optimizer.step()
+    app.scheduler.step()
+    app.optimizer.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+def full_state(app: AppState) -> dict[str, Any]:
+    """Full (unsharded) model and optimizer state, detached copies; a collective under FSDP."""
+    opts = StateDictOptions(full_state_dict=True)
+    model = {k: v.detach().clone() for k, v in get_model_state_dict(app.model, options=opts).items()}
+    optim = get_optimizer_state_dict(app.model, app.optimizer, options=opts)
+    state = {fqn: {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in s.items()}
+             for fqn, s in optim["state"].items()}
+    return {"model": model, "optim": state, "lr": [g["lr"] for g in app.optimizer.param_groups]}
+
+
+def assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), f"model tensor {key} differs"
+    assert a["optim"].keys() == b["optim"].keys()
+    for fqn in a["optim"]:
+        for k, v in a["optim"][fqn].items():
+            other = b["optim"][fqn][k]
+            assert torch.equal(torch.as_tensor(v), torch.as_tensor(other)), f"optimizer {fqn}.{k} differs"
+    assert a["lr"] == b["lr"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, fn: Callable[..., None], world_size: int, init_file: str, args: tuple[Any, ...]) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        fn(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable[..., None], world_size: int, tmp: str, *args: Any) -> None:
+    """Run fn(rank, world_size, *args) on world_size gloo ranks; raises if any rank fails."""
+    init_file = os.path.join(tmp, f"pg-init-{world_size}-{free_port()}")
+    mp.spawn(_rank_main, args=(fn, world_size, init_file, args), nprocs=world_size, join=True)

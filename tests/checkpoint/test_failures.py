@@ -1,0 +1,74 @@
+"""A failing save is reported and training goes on; committed checkpoints stay intact."""
+
+from __future__ import annotations
+
+import errno
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed.checkpoint as dcp
+from ckpt_helpers import FakeEvents, FakeMetrics, assert_same_state, full_state, make_app, train_step
+
+from flywheel.spec import CheckpointSpec
+from flywheel.trainer import checkpoint_store as store
+from flywheel.trainer.checkpoint import Checkpointer
+
+pytestmark = pytest.mark.usefixtures("one_rank")
+
+
+def test_disk_full_is_reported_and_training_continues(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    cfg = CheckpointSpec(dir=str(tmp_path), every_steps=1, keep=5)
+    events, metrics = FakeEvents(), FakeMetrics()
+    app, data = make_app(seed=0)
+    ckpt = Checkpointer(cfg, tmp_path, events=events, metrics=metrics)
+    train_step(app, data, ckpt)
+    ckpt.save(1, app, blocking=True)  # committed before the disk fills up
+    expected = full_state(app)
+    train_step(app, data, ckpt)
+
+    def disk_full(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(dcp.FileSystemWriter, "write_data", disk_full)
+    with caplog.at_level(logging.ERROR, logger="flywheel.checkpoint"):
+        ckpt.save(2, app)
+        train_step(app, data, ckpt)  # training goes on
+        ckpt.close()
+    errors = [r.message for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("step-00000002" in m and "No space left on device" in m for m in errors), errors
+    assert metrics.checkpoint_failures_total.value == 1
+    [failed] = events.named("checkpoint_failed")
+    assert failed["step"] == 2 and "No space left on device" in failed["error"]
+    assert [e["step"] for e in events.named("checkpoint")] == [1]
+    assert [r.step for r in store.committed(tmp_path)] == [1]
+    monkeypatch.undo()
+
+    # The next save works; the older checkpoint is still restorable and intact.
+    ckpt2 = Checkpointer(cfg, tmp_path, events=events, metrics=metrics)
+    ckpt2.save(3, app, blocking=True)
+    assert [r.step for r in store.committed(tmp_path)] == [1, 3]
+    store.delete_checkpoint(store.step_dir(tmp_path, 3))
+    app2, _ = make_app(seed=5)
+    assert Checkpointer(cfg, tmp_path).restore(app2) == 1
+    assert_same_state(full_state(app2), expected)
+
+
+def test_unwritable_directory_is_reported(tmp_path: Path) -> None:
+    """Root ignores permission bits, so make the directory impossible: its parent is a regular file."""
+    (tmp_path / "file").write_text("not a directory")
+    target = tmp_path / "file" / "ckpt"
+    cfg = CheckpointSpec(dir=str(target), every_steps=1)
+    events, metrics = FakeEvents(), FakeMetrics()
+    app, data = make_app(seed=0)
+    ckpt = Checkpointer(cfg, target, events=events, metrics=metrics)
+    for step in (1, 2):
+        train_step(app, data, ckpt)
+        ckpt.save(step, app, blocking=step == 2)
+    ckpt.close()
+    assert metrics.checkpoint_failures_total.value == 2
+    assert [e["step"] for e in events.named("checkpoint_failed")] == [1, 2]
+    assert all("Not a directory" in e["error"] for e in events.named("checkpoint_failed"))
+    assert Checkpointer(cfg, target).restore(make_app(seed=0)[0]) is None
