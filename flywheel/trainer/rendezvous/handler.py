@@ -1,0 +1,74 @@
+"""`create_etcd_v3_handler`: torch's DynamicRendezvousHandler on the etcd v3 backend and store.
+
+Rendezvous parameters (torchrun `--rdzv-conf k=v,...` / `PET_RDZV_CONF`, on top of torch's own `join_timeout`,
+`last_call_timeout`, `close_timeout`, `heartbeat_timeout`, `keep_alive_interval`, `keep_alive_max_attempt`):
+
+    read_timeout        seconds per etcd request (default 5)
+    etcd_retry_timeout  seconds an operation keeps retrying while etcd is unreachable (default 30)
+    store_ttl           lease TTL of the store keys an agent wrote, after it is gone (default 30)
+    worker_ttl          lease TTL of the worker's liveness key (default 5)
+    replica_id          liveness key name (default: $FLYWHEEL_REPLICA_INDEX, else the hostname)
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+
+from torch.distributed.elastic.rendezvous.api import RendezvousParameters
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, create_handler
+
+from .backend import EtcdV3RendezvousBackend
+from .etcd_session import EtcdSession
+from .liveness import DEFAULT_WORKER_TTL, WorkerRegistration, replica_id_from_env
+from .store import DEFAULT_STORE_LEASE_TTL, EtcdStore
+
+log = logging.getLogger(__name__)
+
+# With fewer keep-alive attempts a slow heartbeat let two groups form under one run id (split brain, measured).
+MIN_KEEP_ALIVE_ATTEMPTS = 3
+SHARE_TCP_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def _int_param(params: RendezvousParameters, key: str, default: int) -> int:
+    value = params.get_as_int(key, default)
+    if value is None or value <= 0:
+        raise ValueError(f"rendezvous parameter {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def create_etcd_v3_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
+    """The `etcd-v3` handler creator registered with torch's rendezvous handler registry."""
+    if not params.endpoint:
+        raise ValueError("the etcd-v3 rendezvous needs an endpoint: host:port[,host:port]")
+    if _int_param(params, "keep_alive_max_attempt", 3) < MIN_KEEP_ALIVE_ATTEMPTS:
+        raise ValueError(f"keep_alive_max_attempt must be >= {MIN_KEEP_ALIVE_ATTEMPTS} (split-brain risk)")
+
+    # Not sharing the rendezvous TCPStore with the workers: the shared one made restarts flaky (stale gloo
+    # addresses, pytorch#135712). Workers' rank 0 then hosts a fresh TCPStore for each group instead.
+    if os.environ.setdefault(SHARE_TCP_STORE_ENV, "1") != "1":
+        log.warning("%s is not 1: the rendezvous rank 0 agent will host a shared TCPStore", SHARE_TCP_STORE_ENV)
+
+    session = EtcdSession(
+        params.endpoint,
+        rpc_timeout=float(_int_param(params, "read_timeout", 5)),
+        retry_seconds=float(_int_param(params, "etcd_retry_timeout", 30)),
+        name=f"flywheel-etcd-{params.run_id}",
+    )
+    backend = EtcdV3RendezvousBackend(session, params.run_id)
+    store = EtcdStore(session, params.run_id, lease_ttl=_int_param(params, "store_ttl", DEFAULT_STORE_LEASE_TTL))
+    registration = WorkerRegistration(
+        session,
+        params.run_id,
+        params.get("replica_id") or replica_id_from_env(),
+        ttl=_int_param(params, "worker_ttl", DEFAULT_WORKER_TTL),
+    ).start()
+
+    def release() -> None:
+        registration.close()
+        store.close()
+        session.close()
+
+    atexit.register(release)
+    return create_handler(store, backend, params)

@@ -1,0 +1,193 @@
+"""Worker liveness keys in etcd, and the small API the operator uses to follow them.
+
+Each worker agent holds `/flywheel/workers/<run_id>/<replica_id>` under its own lease with a short TTL, refreshed
+from the session's loop thread. When the agent dies (SIGKILL, lost node, network partition) the refreshes stop and
+etcd deletes the key within the TTL, so the operator sees a dead worker in seconds instead of waiting minutes for
+Kubernetes to mark the node lost. A clean exit (including a Python exception in the agent) revokes the lease at
+once. The operator should read the disappearance together with the pod's phase: a Succeeded pod also loses its key.
+
+Torch-free on purpose, so the operator can use it without importing torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from aetcd import Client
+
+from . import keys
+from .etcd_session import EtcdSession, KeptLease
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WORKER_TTL = 5
+REPLICA_INDEX_ENV = "FLYWHEEL_REPLICA_INDEX"
+
+
+@dataclass(frozen=True)
+class LiveWorker:
+    replica_id: str
+    host: str
+    pid: int
+    since: float  # unix time the key was (re)written
+    lease_id: int
+
+
+def replica_id_from_env() -> str:
+    """The worker's stable replica index when the executor set one, else the hostname (the pod name)."""
+    return os.environ.get(REPLICA_INDEX_ENV) or socket.gethostname()
+
+
+class WorkerRegistration:
+    """Holds one worker's liveness key for as long as the process lives (or until `close`)."""
+
+    def __init__(self, session: EtcdSession, run_id: str, replica_id: str, ttl: int = DEFAULT_WORKER_TTL) -> None:
+        self.session = session
+        self.run_id = run_id
+        self.replica_id = replica_id
+        self.key = keys.worker_key(run_id, replica_id)
+        self.ttl = ttl
+        self._lease: KeptLease | None = None
+
+    def start(self) -> "WorkerRegistration":
+        self._lease = self.session.start_lease(self.ttl, on_new_lease=self._put)
+        return self
+
+    async def _put(self, lease_id: int) -> None:
+        value = json.dumps(
+            {"replica": self.replica_id, "host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+        ).encode()
+        await self.session.call_async(lambda c: c.put(self.key, value, lease=lease_id))
+
+    def close(self) -> None:
+        """Revoke the lease: the key disappears now rather than after the TTL."""
+        if self._lease is not None:
+            self._lease.revoke()
+            self._lease = None
+
+
+def _parse_worker(key: bytes, value: bytes, lease_id: int) -> LiveWorker:
+    replica_id = key.rsplit(b"/", 1)[-1].decode()
+    try:
+        info: dict[str, Any] = json.loads(value)
+    except ValueError:
+        info = {}
+    return LiveWorker(
+        replica_id=replica_id,
+        host=str(info.get("host", "")),
+        pid=int(info.get("pid", 0)),
+        since=float(info.get("since", 0.0)),
+        lease_id=lease_id,
+    )
+
+
+def _workers_from(kvs: Iterable[Any]) -> dict[str, LiveWorker]:
+    workers = (_parse_worker(kv.key, kv.value, kv.lease) for kv in kvs)
+    return {w.replica_id: w for w in workers}
+
+
+class _SessionRef:
+    """Use the caller's session, or open a private one for a single call and close it afterwards."""
+
+    def __init__(self, endpoints: str | EtcdSession) -> None:
+        self.owned = not isinstance(endpoints, EtcdSession)
+        self.session = EtcdSession(endpoints, retry_seconds=10.0) if isinstance(endpoints, str) else endpoints
+
+    def __enter__(self) -> EtcdSession:
+        return self.session
+
+    def __exit__(self, *exc: object) -> None:
+        if self.owned:
+            self.session.close()
+
+
+def list_live_workers(endpoints: str | EtcdSession, run_id: str) -> dict[str, LiveWorker]:
+    """The workers of `run_id` whose liveness lease is held now, by replica id."""
+    prefix = keys.workers_prefix(run_id)
+    with _SessionRef(endpoints) as session:
+        return _workers_from(session.call(lambda c: c.get_prefix(prefix)))
+
+
+def delete_run(endpoints: str | EtcdSession, run_id: str) -> int:
+    """Delete every key of `run_id` (rendezvous state, store, liveness); for the operator's finalizer.
+
+    Returns the number of keys deleted. Agents still running lose their rendezvous; call this after they stopped.
+    """
+    rdzv, workers = keys.rdzv_prefix(run_id), keys.workers_prefix(run_id)
+
+    async def delete_both(client: Client) -> int:
+        return (await client.delete_prefix(rdzv)).deleted + (await client.delete_prefix(workers)).deleted
+
+    with _SessionRef(endpoints) as session:
+        return session.call(delete_both)
+
+
+OnWorkersChange = Callable[[dict[str, LiveWorker]], None]
+
+
+class WorkerWatch:
+    """Follows `/flywheel/workers/<run_id>/` and calls `on_change(live_workers)` with the whole current set: once
+    at start and after every change. Level-triggered, so a consumer never has to replay missed events; after a
+    broken watch (etcd restart) it lists again and carries on. `on_change` runs on the session's loop thread: keep
+    it quick (hand off to a queue or `loop.call_soon_threadsafe`)."""
+
+    def __init__(self, endpoints: str | EtcdSession, run_id: str, on_change: OnWorkersChange) -> None:
+        self._ref = _SessionRef(endpoints)
+        self._prefix = keys.workers_prefix(run_id)
+        self._on_change = on_change
+        self._workers: dict[str, LiveWorker] | None = None
+        self._stopped = False
+        self._task = self._ref.session.submit(self._follow())
+
+    @property
+    def live_workers(self) -> dict[str, LiveWorker]:
+        return dict(self._workers or {})
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._task.cancel()
+        self._ref.__exit__()
+
+    def _publish(self, workers: dict[str, LiveWorker]) -> None:
+        if workers == self._workers:
+            return
+        self._workers = dict(workers)
+        try:
+            self._on_change(dict(workers))
+        except Exception:  # noqa: BLE001 - a consumer's bug must not end the watch
+            log.exception("on_change callback failed")
+
+    async def _follow(self) -> None:
+        session = self._ref.session
+        while not self._stopped:
+            try:
+                listing = await session.call_async(lambda c: c.get_prefix(self._prefix))
+                workers = _workers_from(listing)
+                self._publish(workers)
+                watch = await session.client.watch_prefix(self._prefix, start_revision=listing.header.revision + 1)
+                async for event in watch:
+                    replica_id = event.kv.key.rsplit(b"/", 1)[-1].decode()
+                    if event.kind == "DELETE":
+                        workers.pop(replica_id, None)
+                    else:
+                        workers[replica_id] = _parse_worker(event.kv.key, event.kv.value, event.kv.lease)
+                    self._publish(workers)
+                await asyncio.sleep(0.1)  # the stream ended without an error (client replaced): list again
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - etcd restarts, compaction: list again after a pause
+                log.debug("worker watch interrupted (%s: %s); listing again", type(exc).__name__, exc)
+                await asyncio.sleep(0.3)
+
+
+def watch_workers(endpoints: str | EtcdSession, run_id: str, on_change: OnWorkersChange) -> WorkerWatch:
+    """Start following the live workers of `run_id`; `.stop()` the returned watch when done."""
+    return WorkerWatch(endpoints, run_id, on_change)

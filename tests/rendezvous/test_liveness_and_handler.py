@@ -1,0 +1,125 @@
+"""Liveness keys, the operator's watch API, and the registered etcd-v3 handler, against a real etcd."""
+
+from __future__ import annotations
+
+import queue
+import time
+from datetime import timedelta
+
+import pytest
+from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
+
+from flywheel.trainer.rendezvous import (
+    EtcdSession,
+    EtcdStore,
+    WorkerRegistration,
+    delete_run,
+    list_live_workers,
+    watch_workers,
+)
+from flywheel.trainer.rendezvous import keys as etcd_keys
+
+from .etcd_server import EtcdServer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def next_change(changes: "queue.Queue[set[str]]", timeout: float = 5.0) -> set[str]:
+    return changes.get(timeout=timeout)
+
+
+def test_watch_workers_follows_registrations_expiry_and_etcd_restart(etcd_server: EtcdServer) -> None:
+    changes: queue.Queue[set[str]] = queue.Queue()
+    watch = watch_workers(etcd_server.endpoint, "job-a", lambda live: changes.put(set(live)))
+    with EtcdSession(etcd_server.endpoint) as session:
+        try:
+            assert next_change(changes) == set()
+            first = WorkerRegistration(session, "job-a", "0", ttl=2).start()
+            assert next_change(changes) == {"0"}
+            second = WorkerRegistration(session, "job-a", "1", ttl=2).start()
+            assert next_change(changes) == {"0", "1"}
+            live = list_live_workers(session, "job-a")
+            assert sorted(live) == ["0", "1"] and live["1"].pid > 0 and live["1"].lease_id != live["0"].lease_id
+
+            began = time.monotonic()
+            first.close()  # clean exit: revoked, gone at once
+            assert next_change(changes) == {"1"}
+            assert time.monotonic() - began < 1.0
+
+            assert second._lease is not None
+            second._lease.stop()  # the keep-alive stops, as when the process is SIGKILLed
+            began = time.monotonic()
+            assert next_change(changes, timeout=5.0) == set()
+            assert time.monotonic() - began <= 2 + 1
+
+            etcd_server.restart(down_seconds=0.5)
+            WorkerRegistration(session, "job-a", "2", ttl=2).start()
+            assert next_change(changes, timeout=10.0) == {"2"}
+            assert watch.live_workers.keys() == {"2"}
+        finally:
+            watch.stop()
+
+
+def test_registration_survives_an_etcd_restart_longer_than_its_ttl(etcd_server: EtcdServer) -> None:
+    """etcd keeps leases across a restart and renews them on recovery; if one is lost it is granted again."""
+    with EtcdSession(etcd_server.endpoint) as session:
+        WorkerRegistration(session, "job-b", "0", ttl=2).start()
+        etcd_server.restart(down_seconds=3.0)
+        time.sleep(3.0)
+        assert sorted(list_live_workers(etcd_server.endpoint, "job-b")) == ["0"]
+
+
+def test_delete_run_removes_only_that_run(etcd_server: EtcdServer) -> None:
+    with EtcdSession(etcd_server.endpoint) as session:
+        for run_id in ("job", "job-2"):
+            EtcdStore(session, run_id).set("k", "v")
+            WorkerRegistration(session, run_id, "0").start()
+        # rdzv state + store key + worker key (the "job-2" keys share the "job" text but not the prefix)
+        assert delete_run(etcd_server.endpoint, "job") == 2
+        assert list_live_workers(session, "job") == {}
+        assert sorted(list_live_workers(session, "job-2")) == ["0"]
+        assert EtcdStore(session, "job-2").check(["k"])
+    with pytest.raises(ValueError):
+        etcd_keys.rdzv_prefix("a/b")
+
+
+def test_registered_handler_rendezvous_one_node(etcd_server: EtcdServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
+    params = RendezvousParameters(
+        backend="etcd-v3",
+        endpoint=etcd_server.endpoint,
+        run_id="job-h",
+        min_nodes=1,
+        max_nodes=1,
+        local_addr="127.0.0.1",
+        replica_id="r7",
+        worker_ttl=3,
+        last_call_timeout=1,
+    )
+    handler = rendezvous_handler_registry.create_handler(params)
+    assert handler.get_backend() == "etcd-v3"
+    assert handler.use_agent_store is False  # the handler turned TCPStore sharing off
+    assert sorted(list_live_workers(etcd_server.endpoint, "job-h")) == ["r7"]
+
+    info = handler.next_rendezvous()
+    assert (info.rank, info.world_size) == (0, 1)
+    assert info.bootstrap_store_info.master_addr == "127.0.0.1" and info.bootstrap_store_info.master_port > 0
+    # MASTER_ADDR/PORT went through the etcd store (round-scoped prefix), not through a TCPStore in the agent.
+    with EtcdSession(etcd_server.endpoint) as session:
+        store = EtcdStore(session, "job-h", timeout=timedelta(seconds=2))
+        assert store.get("torch.rendezvous.job-h.0/MASTER_ADDR") == b"127.0.0.1"
+    assert handler.num_nodes_waiting() == 0
+    assert handler.shutdown() is True
+    assert handler.is_closed()
+
+    with pytest.raises(ValueError, match="keep_alive_max_attempt"):
+        rendezvous_handler_registry.create_handler(
+            RendezvousParameters(
+                backend="etcd-v3",
+                endpoint=etcd_server.endpoint,
+                run_id="job-h2",
+                min_nodes=1,
+                max_nodes=1,
+                keep_alive_max_attempt=2,
+            )
+        )
