@@ -1,0 +1,20 @@
+"""`python -m flywheel.trainer`: one rank of the embedded trainer (started per local rank by `flywheel launch`)."""
+
+import os
+import sys
+import traceback
+
+from flywheel import exitcodes
+from flywheel.trainer.loop import main
+
+if __name__ == "__main__":
+    try:
+        code = main()
+    except BaseException:  # KeyboardInterrupt and the like; main() maps every Exception itself
+        traceback.print_exc()
+        code = exitcodes.CRASH
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # os._exit: background threads (checkpoint writers, the metrics server) must not keep a finished or failed
+    # rank alive, and interpreter shutdown must not hang on a broken process group.
+    os._exit(code)

@@ -1,0 +1,141 @@
+"""The deterministic sample stream. Sample `i` (seq_len + 1 tokens) is a pure function of (source, seed, i), and the
+only position is `consumed_samples`; so a resume, at any data-parallel size, continues at the exact next sample.
+
+Sources:
+- synthetic: a fixed random Markov chain (each token has `SYNTHETIC_BRANCHING` possible successors, seeded by
+  `seed`) with a little uniform noise; learnable, so the loss visibly falls towards ~log(branching).
+- `.txt`: the file's bytes are the tokens (vocab 256).
+- `.npy` / `.bin`: uint16 tokens, memory-mapped.
+File samples are windows at offsets `k * seq_len`, visited in a seeded permutation per epoch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+SYNTHETIC_BRANCHING = 4  # successors per token in the synthetic chain: the loss floor is about log(4)
+SYNTHETIC_NOISE = 0.05  # fraction of tokens replaced by uniform noise
+
+
+class DataError(ValueError):
+    """Data that cannot feed this model (missing file, too short, tokens outside the vocabulary): a user error."""
+
+
+class SampleSource(Protocol):
+    seq_len: int
+
+    def sample(self, index: int) -> np.ndarray:
+        """Tokens `[seq_len + 1]` (int64) of sample `index`."""
+        ...
+
+
+class SyntheticSource:
+    """x[t+1] = perm[(perm_inv[x[t]] + offset[k]) % vocab] with k uniform in [0, branching): a random bigram table
+    in which every token has `branching` successors. Computed without a Python loop (a cumulative sum)."""
+
+    def __init__(self, vocab: int, seq_len: int, seed: int):
+        self.vocab, self.seq_len, self.seed = vocab, seq_len, seed
+        table_rng = np.random.default_rng([seed, 0x5EED])
+        self.perm = table_rng.permutation(vocab)
+        self.offsets = table_rng.choice(np.arange(1, vocab), size=min(SYNTHETIC_BRANCHING, vocab - 1),
+                                        replace=False)
+
+    def sample(self, index: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, 1, index])
+        n = self.seq_len + 1
+        steps = self.offsets[rng.integers(0, len(self.offsets), size=n)]
+        steps[0] = rng.integers(0, self.vocab)  # the start state
+        tokens = self.perm[np.cumsum(steps) % self.vocab]
+        noisy = rng.random(n) < SYNTHETIC_NOISE
+        tokens[noisy] = rng.integers(0, self.vocab, size=int(noisy.sum()))
+        return tokens.astype(np.int64)
+
+
+class TokenFileSource:
+    """Windows of a token array (bytes of a .txt, or uint16 .npy/.bin), in a seeded permutation per epoch."""
+
+    def __init__(self, path: str, vocab: int, seq_len: int, seed: int):
+        self.path, self.seq_len, self.seed = path, seq_len, seed
+        self.tokens = _open_tokens(path, vocab)
+        self.windows = (len(self.tokens) - 1) // seq_len
+        if self.windows < 1:
+            raise DataError(f"data source {path!r} has {len(self.tokens)} tokens, fewer than seqLen + 1 = "
+                            f"{seq_len + 1}; use a longer file or a shorter seqLen")
+        self._order_epoch, self._order = -1, np.empty(0, dtype=np.int64)
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        if self._order_epoch != epoch:  # one permutation cached: samples are read in order
+            self._order = np.random.default_rng([self.seed, 2, epoch]).permutation(self.windows)
+            self._order_epoch = epoch
+        return self._order
+
+    def sample(self, index: int) -> np.ndarray:
+        epoch, k = divmod(index, self.windows)
+        start = int(self._epoch_order(epoch)[k]) * self.seq_len
+        return np.asarray(self.tokens[start:start + self.seq_len + 1], dtype=np.int64)
+
+
+def _open_tokens(path: str, vocab: int) -> np.ndarray:
+    file = Path(path)
+    if not file.is_file():
+        raise DataError(f"data source {path!r} does not exist; give an existing file or 'synthetic'")
+    suffix = file.suffix
+    if suffix == ".txt":
+        if vocab < 256:
+            raise DataError(f"text data {path!r} uses byte tokens (vocab 256) but the model's vocab is {vocab}; "
+                            "set trainer.model.vocab to at least 256")
+        return np.memmap(file, dtype=np.uint8, mode="r")
+    if suffix == ".npy":
+        tokens = np.load(file, mmap_mode="r")
+        if tokens.dtype != np.uint16 or tokens.ndim != 1:
+            raise DataError(f"token file {path!r} holds {tokens.dtype} of shape {tokens.shape}; expected a 1-D "
+                            "uint16 array")
+    elif suffix == ".bin":
+        if file.stat().st_size % 2:
+            raise DataError(f"token file {path!r} has an odd size; .bin files hold uint16 tokens")
+        tokens = np.memmap(file, dtype=np.uint16, mode="r")
+    else:
+        raise DataError(f"data source {path!r} is not .txt, .npy or .bin")
+    if len(tokens) and int(tokens.max()) >= vocab:
+        raise DataError(f"token file {path!r} has token id {int(tokens.max())} but the model's vocab is {vocab}; "
+                        f"set trainer.model.vocab to at least {int(tokens.max()) + 1}")
+    return tokens
+
+
+def build_source(source: str, vocab: int, seq_len: int, seed: int) -> SampleSource:
+    if source == "synthetic":
+        return SyntheticSource(vocab, seq_len, seed)
+    return TokenFileSource(source, vocab, seq_len, seed)
+
+
+MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (inputs[micro, seq], targets[micro, seq])
+
+
+class SampleLoader:
+    """Hands each data-parallel rank its contiguous slice of the next global batch. `consumed_samples` is the
+    position in the stream and the whole checkpointed state."""
+
+    def __init__(self, source: SampleSource, consumed_samples: int = 0):
+        self.source = source
+        self.consumed_samples = consumed_samples
+
+    def next_microbatches(self, dp_rank: int, dp_size: int, global_batch: int, micro_batch: int) -> list[MicroBatch]:
+        if global_batch % (dp_size * micro_batch):
+            raise DataError(f"globalBatch {global_batch} is not divisible by microBatch x dp = "
+                            f"{micro_batch} x {dp_size}")
+        per_rank = global_batch // dp_size
+        first = self.consumed_samples + dp_rank * per_rank
+        samples = np.stack([self.source.sample(i) for i in range(first, first + per_rank)])
+        self.consumed_samples += global_batch
+        batches = torch.from_numpy(samples).split(micro_batch)
+        return [(b[:, :-1].contiguous(), b[:, 1:].contiguous()) for b in batches]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"consumed_samples": self.consumed_samples}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.consumed_samples = int(state["consumed_samples"])

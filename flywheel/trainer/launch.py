@@ -1,0 +1,287 @@
+"""`flywheel launch [-- user command...]`: torch's elastic agent configured from the worker contract env (PET_*).
+
+One of these runs per worker (a Pod on a cluster, a process group under `flywheel run`). It starts
+PET_NPROC_PER_NODE local ranks of `python -m flywheel.trainer` (or the user command), joins the rendezvous and lets
+torch's LocalElasticAgent restart crashed ranks. Settings that make restarts fast and clean on this stack (measured,
+see DESIGN.md): last_call_timeout 1 s, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a fresh store per round avoids stale
+gloo addresses), keep_alive_max_attempt >= 3 (2 allowed split brain).
+
+Exit status (flywheel/exitcodes.py): 0 when every rank succeeded; otherwise the exit code of the first failing rank
+(signal deaths as 128+N) so the executor's policy can classify it; STOPPED after SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from flywheel import exitcodes
+
+DEFAULT_JOIN_TIMEOUT_S = 900  # generous: a replacement worker may take minutes to be scheduled and start
+DEFAULT_MONITOR_INTERVAL_S = 0.2
+DEFAULT_SHUTDOWN_TIMEOUT_S = 20  # grace for the ranks' emergency checkpoint after SIGTERM
+
+# Exec'd in front of each rank's command: the rank dies with its agent (PR_SET_PDEATHSIG), as it would with its
+# pod. torch starts every rank in its own session, so killing the agent's process group alone would orphan them.
+_DIE_WITH_AGENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))\n"  # 1 = PR_SET_PDEATHSIG
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(128 + int(signal.SIGKILL))\n"  # the agent died before prctl took effect
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+class LaunchConfigError(ValueError):
+    """The PET_* environment does not describe a runnable worker."""
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """Everything `flywheel launch` needs, parsed from the environment (pure; see `settings_from_env`)."""
+
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    rdzv_backend: str
+    rdzv_endpoint: str
+    run_id: str
+    max_restarts: int
+    command: tuple[str, ...]
+    rdzv_configs: dict[str, Any] = field(default_factory=dict)
+    local_addr: str | None = None
+    monitor_interval: float = DEFAULT_MONITOR_INTERVAL_S
+    shutdown_timeout: int = DEFAULT_SHUTDOWN_TIMEOUT_S
+
+
+def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        if default is None:
+            raise LaunchConfigError(f"{key} is not set; the executor must give every worker the contract env")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise LaunchConfigError(f"{key}={raw!r} is not an integer") from None
+
+
+def _parse_nnodes(raw: str) -> tuple[int, int]:
+    lo, _, hi = raw.partition(":")
+    try:
+        low, high = int(lo), int(hi or lo)
+    except ValueError:
+        raise LaunchConfigError(f"PET_NNODES={raw!r} is not N or MIN:MAX") from None
+    if not 1 <= low <= high:
+        raise LaunchConfigError(f"PET_NNODES={raw!r} needs 1 <= min <= max")
+    return low, high
+
+
+def _parse_rdzv_conf(raw: str) -> dict[str, str]:
+    """torchrun's --rdzv-conf syntax: key=value,key=value."""
+    out = {}
+    for item in filter(None, (p.strip() for p in raw.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise LaunchConfigError(f"PET_RDZV_CONF item {item!r} is not key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _is_loopback(endpoint: str) -> bool:
+    host = endpoint.rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
+def trainer_command() -> tuple[str, ...]:
+    return (sys.executable, "-m", "flywheel.trainer")
+
+
+def rank_command(user_command: Sequence[str]) -> tuple[str, ...]:
+    """What each rank runs: the embedded trainer, or the user command (a bare script.py runs under this Python,
+    as with `torchrun script.py`)."""
+    if not user_command:
+        return trainer_command()
+    if user_command[0].endswith(".py"):
+        return (sys.executable, "-u", *user_command)
+    return tuple(user_command)
+
+
+def settings_from_env(env: Mapping[str, str], user_command: Sequence[str] = ()) -> LaunchSettings:
+    """Read the worker contract env. `user_command` replaces the embedded trainer when given."""
+    min_nodes, max_nodes = _parse_nnodes(env.get("PET_NNODES", "1"))
+    backend = env.get("PET_RDZV_BACKEND", "c10d")
+    endpoint = env.get("PET_RDZV_ENDPOINT", "")
+    if backend != "static" and not endpoint:
+        raise LaunchConfigError(f"PET_RDZV_ENDPOINT is not set for rendezvous backend {backend!r}")
+    configs: dict[str, Any] = {
+        "join_timeout": DEFAULT_JOIN_TIMEOUT_S,
+        "last_call_timeout": 1,  # the default 30 s is paid on every restart
+        "keep_alive_max_attempt": 3,
+        # A worker lost whole stays a participant until its heartbeats expire (interval x attempts): 6 s, not 15.
+        "keep_alive_interval": 2,
+    }
+    if backend == "c10d":
+        # The store lives with the executor (the local supervisor hosts it), so it survives the loss of any worker.
+        configs["is_host"] = False
+    configs.update(_parse_rdzv_conf(env.get("PET_RDZV_CONF", "")))
+    if int(configs["keep_alive_max_attempt"]) < 3:
+        raise LaunchConfigError("keep_alive_max_attempt below 3 lets two groups form under one run id; use >= 3")
+    local_addr = env.get("PET_LOCAL_ADDR") or ("127.0.0.1" if _is_loopback(endpoint) else None)
+    return LaunchSettings(
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        nproc_per_node=_int(env, "PET_NPROC_PER_NODE", 1),
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        run_id=env.get("PET_RDZV_ID", "flywheel"),
+        max_restarts=_int(env, "PET_MAX_RESTARTS", 0),
+        command=rank_command(user_command),
+        rdzv_configs=configs,
+        local_addr=local_addr,
+        monitor_interval=float(env.get("PET_MONITOR_INTERVAL", DEFAULT_MONITOR_INTERVAL_S)),
+        shutdown_timeout=_int(env, "FLYWHEEL_SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT_S),
+    )
+
+
+def _signal_death(code: int) -> bool:
+    return code in (-signal.SIGTERM, 128 + signal.SIGTERM, exitcodes.STOPPED)
+
+
+def first_failure_exit_code(failures: Mapping[int, tuple[int, float]]) -> int:
+    """The code `flywheel launch` exits with, from {global_rank: (exit_code, timestamp)} of failed ranks.
+
+    A USER_ERROR wins (it must not be retried by anyone); otherwise the earliest failure, preferring a rank that
+    failed by itself over ranks the agent stopped with SIGTERM afterwards; ties go to the lowest rank.
+    Signal deaths (negative Popen codes) become 128+N as a shell reports them.
+    """
+    if not failures:
+        return exitcodes.CRASH
+    if any(code == exitcodes.USER_ERROR for code, _ in failures.values()):
+        return exitcodes.USER_ERROR
+    first_rank = min(failures, key=lambda r: (failures[r][1], _signal_death(failures[r][0]), r))
+    code = failures[first_rank][0]
+    return 128 - code if code < 0 else code
+
+
+def _build_agent_class() -> type:
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    class FlywheelAgent(LocalElasticAgent):
+        """LocalElasticAgent that does not restart ranks after a permanent user error."""
+
+        def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+            result = super()._monitor_workers(worker_group)
+            if result.is_failed() and any(f.exitcode == exitcodes.USER_ERROR for f in result.failures.values()):
+                logging.getLogger(__name__).error("a rank exited USER_ERROR (%d): not restarting",
+                                                  exitcodes.USER_ERROR)
+                self._remaining_restarts = 0
+            return result
+
+    return FlywheelAgent
+
+
+def _raise_signal_exception(signum: int, _frame: object) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+
+def _rank_entrypoint(command: Sequence[str]) -> tuple[str, tuple[str, ...]]:
+    if sys.platform.startswith("linux"):
+        return sys.executable, ("-c", _DIE_WITH_AGENT, str(os.getpid()), *command)
+    return command[0], tuple(command[1:])
+
+
+def run_agent(settings: LaunchSettings) -> int:
+    """Run the elastic agent until the ranks finish; return this process's exit code."""
+    # Both are read by torch/the ranks from the environment; the workers inherit os.environ.
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if settings.rdzv_backend == "etcd-v3":
+        try:
+            import flywheel.trainer.rendezvous  # noqa: F401  (registers the etcd-v3 handler)
+        except ImportError as err:
+            print(f"flywheel launch: etcd-v3 rendezvous is unavailable: {err}", file=sys.stderr)
+            return exitcodes.USER_ERROR
+
+    # torch's elastic loggers take their level from LOGLEVEL when first imported: INFO for the agent (rendezvous
+    # rounds and restarts belong in the worker log), the caller's setting for the ranks.
+    caller_loglevel = os.environ.get("LOGLEVEL")
+    os.environ["LOGLEVEL"] = "INFO"
+    import torch.distributed.elastic.rendezvous.registry as rdzv_registry
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent  # noqa: F401
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+    from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousParameters
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous  # noqa: F401
+
+    if caller_loglevel is None:
+        del os.environ["LOGLEVEL"]
+    else:
+        os.environ["LOGLEVEL"] = caller_loglevel
+
+    # torch registers these handlers only once the ranks start; a signal during the first rendezvous counts too.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _raise_signal_exception)
+    log = logging.getLogger(__name__)
+    params = RendezvousParameters(backend=settings.rdzv_backend, endpoint=settings.rdzv_endpoint,
+                                  run_id=settings.run_id, min_nodes=settings.min_nodes,
+                                  max_nodes=settings.max_nodes, local_addr=settings.local_addr,
+                                  **settings.rdzv_configs)
+    shutdown_rdzv = True
+    rdzv_handler = None
+    with tempfile.TemporaryDirectory(prefix="flywheel-launch-") as log_dir:
+        try:
+            rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
+            entrypoint, args = _rank_entrypoint(settings.command)
+            spec = WorkerSpec(role="trainer", local_world_size=settings.nproc_per_node, entrypoint=entrypoint,
+                              args=args, rdzv_handler=rdzv_handler, max_restarts=settings.max_restarts,
+                              monitor_interval=settings.monitor_interval, local_addr=settings.local_addr)
+            agent = _build_agent_class()(spec=spec, logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+                                         start_method="spawn", shutdown_timeout=settings.shutdown_timeout)
+            result = agent.run()
+        except SignalException as err:
+            # Leave the rendezvous open: closing it would stop the other workers from re-forming the group.
+            shutdown_rdzv = False
+            log.warning("stopped by %s; ranks were sent SIGTERM", err.sigval.name)
+            return exitcodes.STOPPED
+        except RendezvousError as err:
+            log.error("rendezvous failed: %s: %s", type(err).__name__, err)
+            return exitcodes.CRASH
+        finally:
+            if shutdown_rdzv and rdzv_handler is not None:
+                rdzv_handler.shutdown()
+        if result is None:  # torch's graceful rendezvous exit: this node was not needed
+            return exitcodes.SUCCESS
+        if not result.is_failed():
+            return exitcodes.SUCCESS
+        for rank, failure in sorted(result.failures.items()):
+            log.error("rank %d failed: exit %d (%s): %s", rank, failure.exitcode,
+                      exitcodes.describe(failure.exitcode), failure.message)
+        return first_failure_exit_code({rank: (f.exitcode, float(f.timestamp)) for rank, f in result.failures.items()})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry for `flywheel launch [-- command...]` (argv excludes the program and subcommand names)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "--":
+        args = args[1:]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = settings_from_env(os.environ, args)
+    except LaunchConfigError as err:
+        print(f"flywheel launch: {err}", file=sys.stderr)
+        return exitcodes.USER_ERROR
+    return run_agent(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""The trainer's Prometheus metrics (names as in DESIGN.md), on a private registry.
+
+Labels are job, namespace, replica, rank: low cardinality, never the step. Each metric is exposed as a child
+already bound to this process's labels, e.g. `metrics.checkpoint_blocking_seconds.observe(s)`.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+LABELS = ("job", "namespace", "replica", "rank")
+STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+CHECKPOINT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class TrainerMetrics:
+    """`labels` must give job, namespace, replica and rank. Serves /metrics on `port` when port > 0 (the worker's
+    local rank 0 only: one port per worker)."""
+
+    def __init__(self, port: int, labels: dict[str, str]):
+        missing = set(LABELS) - set(labels)
+        if missing:
+            raise ValueError(f"metric labels missing: {', '.join(sorted(missing))}")
+        values = {k: str(labels[k]) for k in LABELS}
+        self.registry = CollectorRegistry(auto_describe=True)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, LABELS, registry=self.registry).labels(**values)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, LABELS, registry=self.registry).labels(**values)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, LABELS, buckets=buckets, registry=self.registry).labels(**values)
+
+        self.train_steps_total = counter("flywheel_train_steps_total", "Optimizer steps finished by this process.")
+        self.train_last_step_timestamp_seconds = gauge("flywheel_train_last_step_timestamp_seconds",
+                                                       "Unix time the last optimizer step finished.")
+        self.train_loss = gauge("flywheel_train_loss", "Loss of the last step, mean over the global batch.")
+        self.train_tokens_per_second = gauge("flywheel_train_tokens_per_second",
+                                             "Tokens of the global batch per second of the last step.")
+        self.train_step_seconds = histogram("flywheel_train_step_seconds", "Wall time of one optimizer step.",
+                                            STEP_BUCKETS)
+        self.checkpoint_blocking_seconds = histogram("flywheel_checkpoint_blocking_seconds",
+                                                     "Time the training loop was held by a checkpoint save.",
+                                                     CHECKPOINT_BUCKETS)
+        self.checkpoint_total_seconds = histogram("flywheel_checkpoint_total_seconds",
+                                                  "Time from starting a checkpoint until it was committed.",
+                                                  CHECKPOINT_BUCKETS)
+        self.checkpoint_last_step = gauge("flywheel_checkpoint_last_step", "Step of the newest committed checkpoint.")
+        self.checkpoint_failures_total = counter("flywheel_checkpoint_failures_total", "Checkpoint saves that failed.")
+        self.rendezvous_seconds = gauge("flywheel_rendezvous_seconds",
+                                        "Time this process took to join the process group.")
+        self.watchdog_fired_total = counter("flywheel_watchdog_fired_total",
+                                            "Progress watchdog firings (the process exits right after).")
+        self.port = port
+        if port > 0:
+            start_http_server(port, registry=self.registry)
+
+    def record_step(self, *, loss: float, step_seconds: float, tokens_per_second: float, timestamp: float) -> None:
+        self.train_steps_total.inc()
+        self.train_last_step_timestamp_seconds.set(timestamp)
+        self.train_loss.set(loss)
+        self.train_tokens_per_second.set(tokens_per_second)
+        self.train_step_seconds.observe(step_seconds)

@@ -1,0 +1,136 @@
+"""A GPT-style decoder. It knows nothing of parallelism: `parallelize.py` shards, replicates and checkpoints it.
+
+Token + learned position embeddings, pre-LN blocks with causal self-attention (`scaled_dot_product_attention`)
+and a GELU MLP, a final LayerNorm and an LM head tied to the token embedding. `model.blocks` is the unit that
+FSDP and activation checkpointing wrap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flywheel.spec import ModelSpec
+
+INIT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    layers: int
+    dim: int
+    heads: int
+    vocab: int
+    seq_len: int
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> GPTConfig:
+        sizes = spec.resolved()
+        return cls(layers=sizes["layers"], dim=sizes["dim"], heads=sizes["heads"], vocab=sizes["vocab"],
+                   seq_len=sizes["seqLen"])
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.heads = cfg.heads
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
+        self.proj = nn.Linear(cfg.dim, cfg.dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, dim = x.shape
+        q, k, v = self.qkv(x).split(dim, dim=-1)
+        # (batch, heads, seq, head_dim) for SDPA
+        q, k, v = (t.view(batch, seq, self.heads, dim // self.heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(batch, seq, dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.dim, 4 * cfg.dim)
+        self.proj = nn.Linear(4 * cfg.dim, cfg.dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_attn = nn.LayerNorm(cfg.dim)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_mlp = nn.LayerNorm(cfg.dim)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_attn(x))
+        return x + self.mlp(self.ln_mlp(x))
+
+
+class GPT(nn.Module):
+    """`forward(tokens[batch, seq]) -> logits[batch, seq, vocab]`. Weights are a pure function of `seed`."""
+
+    def __init__(self, cfg: GPTConfig, seed: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab, cfg.dim)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.dim)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(cfg.dim)
+        self.head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
+        self.head.weight = self.tok_emb.weight  # tied: one parameter, seen once by parameters()
+        self.init_weights(seed)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """GPT-2 init from a private generator, so the global RNG and construction order do not matter."""
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        # Residual-branch outputs are scaled down so the residual stream's variance does not grow with depth.
+        residual_std = INIT_STD / math.sqrt(2 * self.cfg.layers)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                std = residual_std if name.endswith(".proj") else INIT_STD
+                if module is not self.head:  # the head's weight is the token embedding, initialised below
+                    _normal_(module.weight, std, gen)
+                if module.bias is not None:
+                    module.bias.zero_()
+            elif isinstance(module, nn.Embedding):
+                _normal_(module.weight, INIT_STD, gen)
+            elif isinstance(module, nn.LayerNorm):
+                module.weight.fill_(1.0)
+                module.bias.zero_()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.tok_emb(tokens) + self.pos_emb(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+    def num_params(self, include_embeddings: bool = True) -> int:
+        """Distinct parameters (the tied head counts once); position embeddings optional, as in the FLOP count."""
+        total = sum(p.numel() for p in self.parameters())
+        return total if include_embeddings else total - self.pos_emb.weight.numel()
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token: 6N for the matmuls (forward + backward) plus attention's 12 * L * dim * seq."""
+        cfg = self.cfg
+        return 6 * self.num_params(include_embeddings=False) + 12 * cfg.layers * cfg.dim * cfg.seq_len
+
+
+def _normal_(tensor: torch.Tensor, std: float, gen: torch.Generator) -> None:
+    # Drawn on CPU and copied, so the values do not depend on the device the model lives on. Meta tensors (sizing
+    # a model without memory) have no values to draw.
+    if tensor.is_meta:
+        return
+    tensor.copy_(torch.empty(tensor.shape, dtype=tensor.dtype).normal_(0.0, std, generator=gen))

@@ -1,0 +1,52 @@
+import pytest
+import torch
+
+from flywheel.spec import ModelSpec
+from flywheel.trainer.model import GPT, GPTConfig
+
+TINY = GPTConfig(layers=2, dim=32, heads=4, vocab=97, seq_len=16)
+
+
+def test_config_from_spec_uses_preset_and_overrides():
+    assert GPTConfig.from_spec(ModelSpec(preset="gpt-125m")) == GPTConfig(12, 768, 12, 50304, 1024)
+    cfg = GPTConfig.from_spec(ModelSpec(preset="gpt-tiny", layers=3, seqLen=32))
+    assert (cfg.layers, cfg.dim, cfg.heads, cfg.vocab, cfg.seq_len) == (3, 64, 4, 256, 32)
+
+
+def test_logits_shape_and_tied_head():
+    model = GPT(TINY)
+    tokens = torch.randint(0, TINY.vocab, (3, 10))
+    assert model(tokens).shape == (3, 10, TINY.vocab)
+    assert model.head.weight is model.tok_emb.weight
+    assert isinstance(model.blocks, torch.nn.ModuleList) and len(model.blocks) == TINY.layers
+    # The tied matrix is counted once.
+    per_block = 4 * 32 * 32 + 4 * 32 + 8 * 32 * 32 + 5 * 32 + 4 * 32
+    assert model.num_params() == 97 * 32 + 16 * 32 + 2 * per_block + 2 * 32
+    assert model.flops_per_token() == 6 * (model.num_params() - 16 * 32) + 12 * 2 * 32 * 16
+
+
+def test_init_is_a_function_of_the_seed():
+    torch.manual_seed(123)  # the global RNG must not matter
+    a, b, c = GPT(TINY, seed=1).state_dict(), GPT(TINY, seed=1).state_dict(), GPT(TINY, seed=2).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["blocks.0.attn.qkv.weight"], c["blocks.0.attn.qkv.weight"])
+    # Residual projections start smaller than the other matrices.
+    assert a["blocks.0.mlp.proj.weight"].std() < a["blocks.0.mlp.fc.weight"].std()
+
+
+def test_attention_is_causal():
+    model = GPT(TINY).eval()
+    tokens = torch.randint(0, TINY.vocab, (1, 12))
+    changed = tokens.clone()
+    changed[0, 8:] = (changed[0, 8:] + 1) % TINY.vocab
+    with torch.no_grad():
+        before, after = model(tokens), model(changed)
+    assert torch.equal(before[0, :8], after[0, :8])
+    assert not torch.allclose(before[0, 8:], after[0, 8:])
+
+
+@pytest.mark.parametrize(("preset", "millions"), [("gpt-125m", 124), ("gpt-350m", 355), ("gpt-1.3b", 1316)])
+def test_presets_have_the_usual_sizes(preset, millions):
+    with torch.device("meta"):  # sizes without allocating gigabytes
+        model = GPT(GPTConfig.from_spec(ModelSpec(preset=preset)))
+    assert round(model.num_params() / 1e6) == millions
