@@ -1,0 +1,100 @@
+"""Trainer overhead: Flywheel's training loop (metrics served, watchdog on, event log, stop-flag all-reduce) against
+a plain DDP loop on the same model, data and optimizer, 2 gloo ranks. Goal: step-time ratio <= 1.03.
+
+The two are run alternately (A B A B ...) so that drift in machine load hits both alike; each side's figure is the
+median step time over all its rounds, skipping warm-up steps.
+
+    python -m bench.trainer_overhead [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import median, write_result
+
+REPO = Path(__file__).resolve().parents[1]
+WORLD = 2
+WARMUP = 3
+
+
+def spec(steps: int) -> dict:
+    return {"replicas": {"min": WORLD, "max": WORLD},
+            "trainer": {"model": {"preset": None, "layers": 4, "dim": 256, "heads": 8, "vocab": 4096, "seqLen": 128},
+                        "parallelism": {"fsdp": False},
+                        "training": {"steps": steps, "globalBatch": 16, "microBatch": 4, "lr": 1e-3,
+                                     "warmupSteps": 2}},
+            "checkpoint": {"dir": "/unused", "everySteps": 0},
+            "faultTolerance": {"progressTimeoutSeconds": 60, "firstStepTimeoutSeconds": 300}}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_ranks(argv: list[str], workdir: Path, job: dict, metrics_port: int) -> None:
+    port = _free_port()
+    procs = []
+    for rank in range(WORLD):
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), RANK=str(rank), LOCAL_RANK=str(rank),
+                   WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), FLYWHEEL_JOB="bench/overhead", FLYWHEEL_REPLICA_INDEX="0",
+                   FLYWHEEL_SPEC=json.dumps(job), FLYWHEEL_CHECKPOINT_DIR=str(workdir / "ckpt"),
+                   FLYWHEEL_METRICS_PORT=str(metrics_port), FLYWHEEL_EVENTS_FILE=str(workdir / "events.jsonl"))
+        log = open(workdir / f"rank{rank}.log", "ab")
+        procs.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=log))
+        log.close()
+    codes = [p.wait(timeout=600) for p in procs]
+    if any(codes):
+        raise RuntimeError(f"{argv} exited {codes}; see {workdir}")
+
+
+def flywheel_steps(workdir: Path, steps: int) -> list[float]:
+    _run_ranks([sys.executable, "-m", "flywheel.trainer"], workdir, spec(steps), _free_port())
+    events = [json.loads(line) for line in (workdir / "events.jsonl").read_text().splitlines()]
+    return [e["step_seconds"] for e in events if e["event"] == "step"][WARMUP:]
+
+
+def plain_steps(workdir: Path, steps: int) -> list[float]:
+    _run_ranks([sys.executable, "-m", "bench.plain_ddp_loop"], workdir, spec(steps), 0)
+    return json.loads((workdir / "plain_steps.json").read_text())[WARMUP:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 12 steps (CI smoke)")
+    args = parser.parse_args(argv)
+    rounds, steps = (2, 12) if args.quick else (4, 30)
+    ours: list[float] = []
+    peer: list[float] = []
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="fw-overhead-") as tmp:
+        for r in range(rounds):
+            for name, fn, sink in (("plain", plain_steps, peer), ("flywheel", flywheel_steps, ours)):
+                workdir = Path(tmp) / f"{name}-{r}"
+                workdir.mkdir()
+                sink.extend(fn(workdir, steps))
+    ratio = median(ours) / median(peer)
+    print(f"{'loop':<28}{'median step s':>14}{'steps':>8}")
+    print(f"{'plain DDP loop':<28}{median(peer):>14.4f}{len(peer):>8}")
+    print(f"{'flywheel (metrics+watchdog)':<28}{median(ours):>14.4f}{len(ours):>8}")
+    print(f"ratio {ratio:.3f} (goal <= 1.03), {time.monotonic() - began:.0f} s")
+    write_result("trainer_overhead", metric="median_step_seconds", value=median(ours), unit="s",
+                 peer="plain DDP loop, same model/data/optimizer", peer_value=median(peer),
+                 goal="ratio <= 1.03", passed=ratio <= 1.03, runs={"flywheel": ours, "plain": peer},
+                 quick=args.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
