@@ -1,0 +1,49 @@
+"""The API's error, answered as a metav1.Status with the HTTP code and reason a real API server uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message, self.details = code, reason, message, details or {}
+
+    def status(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                "message": self.message, "reason": self.reason, "code": self.code}
+        if self.details:
+            body["details"] = self.details
+        return body
+
+    @classmethod
+    def not_found(cls, group_kind: str, name: str) -> ApiError:
+        return cls(404, "NotFound", f'{group_kind} "{name}" not found', {"name": name, "kind": group_kind})
+
+    @classmethod
+    def already_exists(cls, group_kind: str, name: str) -> ApiError:
+        return cls(409, "AlreadyExists", f'{group_kind} "{name}" already exists', {"name": name, "kind": group_kind})
+
+    @classmethod
+    def conflict(cls, group_kind: str, name: str) -> ApiError:
+        return cls(409, "Conflict", f'Operation cannot be fulfilled on {group_kind} "{name}": the object has been '
+                   "modified; please apply your changes to the latest version and try again",
+                   {"name": name, "kind": group_kind})
+
+    @classmethod
+    def invalid(cls, group_kind: str, name: str, causes: list[str]) -> ApiError:
+        return cls(422, "Invalid", f'{group_kind} "{name}" is invalid: ' + ", ".join(causes),
+                   {"name": name, "kind": group_kind, "causes": [_cause(c) for c in causes]})
+
+    @classmethod
+    def bad_request(cls, message: str) -> ApiError:
+        return cls(400, "BadRequest", message)
+
+
+def _cause(text: str) -> dict[str, str]:
+    """`spec.x: Invalid value: ...` -> a StatusCause with the field split out, as kubectl prints it."""
+    field, sep, message = text.partition(": ")
+    if not sep or " " in field:
+        return {"reason": "FieldValueInvalid", "message": text}
+    return {"reason": "FieldValueInvalid", "message": message, "field": field}
