@@ -119,12 +119,15 @@ def test_oom_hook_reports_oomkilled(cluster: RunningCluster, core: client.CoreV1
 
 def test_delete_sends_sigterm_then_sigkill_after_grace(cluster: RunningCluster, core: client.CoreV1Api,
                                                        tmp_path: Path) -> None:
-    marker = tmp_path / "term"
+    marker, ready = tmp_path / "term", tmp_path / "ready"
     code = (f"import pathlib, signal, time\n"
             f"signal.signal(signal.SIGTERM, lambda *a: pathlib.Path({str(marker)!r}).write_text('TERM'))\n"
+            f"pathlib.Path({str(ready)!r}).touch()\n"
             "while True: time.sleep(0.05)")
     core.create_namespaced_pod("default", pod("stubborn", code, grace=1))
     wait_for(phase_is(core, "stubborn", "Running"), what="Running")
+    # Running means the process exists, not that Python has installed its handler yet (slow under load).
+    wait_for(ready.exists, what="handler installed")
     pid = wait_for(lambda: cluster.kubelet.pid_of("default", "stubborn"), what="pid")
     started = time.monotonic()
     core.delete_namespaced_pod("stubborn", "default")
