@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -24,7 +25,7 @@ from typing import Any
 from flywheel import exitcodes
 
 DEFAULT_JOIN_TIMEOUT_S = 900  # generous: a replacement worker may take minutes to be scheduled and start
-DEFAULT_MONITOR_INTERVAL_S = 0.2
+DEFAULT_MONITOR_INTERVAL_S = 0.1
 DEFAULT_SHUTDOWN_TIMEOUT_S = 20  # grace for the ranks' emergency checkpoint after SIGTERM
 
 # Exec'd in front of each rank's command: the rank dies with its agent (PR_SET_PDEATHSIG), as it would with its
@@ -195,9 +196,12 @@ def _raise_signal_exception(signum: int, _frame: object) -> None:
 
 
 def _rank_entrypoint(command: Sequence[str]) -> tuple[str, tuple[str, ...]]:
-    if sys.platform.startswith("linux"):
-        return sys.executable, ("-c", _DIE_WITH_AGENT, str(os.getpid()), *command)
-    return command[0], tuple(command[1:])
+    if not sys.platform.startswith("linux"):
+        return command[0], tuple(command[1:])
+    setpriv = shutil.which("setpriv")  # util-linux: sets the death signal and execs, no interpreter start-up
+    if setpriv:
+        return setpriv, ("--pdeathsig", "KILL", "--", *command)
+    return sys.executable, ("-c", _DIE_WITH_AGENT, str(os.getpid()), *command)
 
 
 def run_agent(settings: LaunchSettings) -> int:

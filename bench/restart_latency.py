@@ -1,0 +1,177 @@
+"""Restart latency: a rank is SIGKILLed -> the first training step after the restart.
+
+Ours: `flywheel launch` (our rendezvous settings; the c10d store hosted outside the worker, as `flywheel run`
+does). Peer: `torchrun --max-restarts 3` with default settings, on the same minimal training script
+(examples/scripts/restart_probe.py), 1 worker x 2 ranks. Two topologies: elastic (nnodes 1:2, where torch's
+30 s last-call wait applies; the headline) and fixed size (nnodes 1). "Extra restarts" counts restarts beyond the
+one the kill needs (e.g. a group that re-forms twice because of stale addresses).
+
+    python bench/restart_latency.py           # elastic: 20 trials of ours, 2 of torchrun (~60 s each, its
+                                              # first rendezvous waits 30 s too); fixed: 5 each (~5 min)
+    python bench/restart_latency.py --quick   # 3 / 1 / 2 (~2 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+PROBE = REPO / "examples" / "scripts" / "restart_probe.py"
+RESULT = REPO / "bench" / "results" / "restart_latency.json"
+GOAL_S = 3.0
+TRIAL_TIMEOUT_S = 150
+TOPOLOGIES = {"elastic": "1:2", "fixed": "1"}
+
+
+@dataclass(frozen=True)
+class Trial:
+    launcher: str
+    topology: str
+    latency_s: float | None  # None: the trial did not recover within the timeout
+    extra_restarts: int
+    exit_code: int
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _parse_probe_log(path: Path) -> tuple[float | None, int]:
+    """(kill -> first step after the restart, restarts beyond the first) from the probe's log."""
+    kill_time, first_after, max_restart = None, None, 0
+    for line in path.read_text().splitlines() if path.exists() else ():
+        parts = line.split()
+        if parts[0] == "kill":
+            kill_time = float(parts[1])
+        elif parts[0] == "step":
+            restart = int(parts[3])
+            max_restart = max(max_restart, restart)
+            if restart >= 1 and first_after is None:
+                first_after = float(parts[2])
+    if kill_time is None or first_after is None:
+        return None, max(max_restart - 1, 0)
+    return first_after - kill_time, max(max_restart - 1, 0)
+
+
+def run_trial(launcher: str, topology: str, index: int, store_endpoint: str, workdir: Path) -> Trial:
+    log = workdir / f"{launcher}-{topology}-{index}.log"
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
+    env.update(OMP_NUM_THREADS="1", PROBE_LOG=str(log), PROBE_STEPS="10", PROBE_KILL_STEP="5", PROBE_KILL_RANK="1")
+    nnodes = TOPOLOGIES[topology]
+    run_id = f"{launcher}-{topology}-{index}-{os.getpid()}"
+    if launcher == "flywheel":
+        env.update(PET_NNODES=nnodes, PET_NPROC_PER_NODE="2", PET_RDZV_BACKEND="c10d", PET_RDZV_ENDPOINT=store_endpoint,
+                   PET_RDZV_ID=run_id, PET_MAX_RESTARTS="3")
+        argv = [sys.executable, "-m", "flywheel.cli", "launch", "--", str(PROBE)]
+    else:
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc-per-node", "2",
+                "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+                "--rdzv-id", run_id, str(PROBE)]
+    try:
+        proc = subprocess.run(argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=TRIAL_TIMEOUT_S, start_new_session=True)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        code = -1
+    latency, extra = _parse_probe_log(log)
+    return Trial(launcher, topology, latency, extra, code)
+
+
+def _stats(trials: list[Trial]) -> dict[str, float | int | None]:
+    latencies = sorted(t.latency_s for t in trials if t.latency_s is not None)
+    p90 = latencies[min(len(latencies) - 1, int(round(0.9 * (len(latencies) - 1))))] if latencies else None
+    return {"trials": len(trials), "recovered": len(latencies),
+            "median_s": statistics.median(latencies) if latencies else None, "p90_s": p90,
+            "extra_restarts": sum(t.extra_restarts for t in trials),
+            "failed_runs": sum(t.exit_code != 0 for t in trials)}
+
+
+def _fmt(v: float | int | None) -> str:
+    return "-" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=20, help="elastic trials of ours (the headline)")
+    parser.add_argument("--peer-trials", type=int, default=2, help="elastic trials of torchrun (~60 s each)")
+    parser.add_argument("--fixed-trials", type=int, default=5, help="fixed-size trials of each launcher")
+    parser.add_argument("--quick", action="store_true", help="3 / 1 / 2 trials")
+    parser.add_argument("--out", type=Path, default=RESULT)
+    args = parser.parse_args()
+    counts = {"elastic": {"flywheel": args.trials, "torchrun": args.peer_trials},
+              "fixed": {"flywheel": args.fixed_trials, "torchrun": args.fixed_trials}}
+    if args.quick:
+        counts = {"elastic": {"flywheel": 3, "torchrun": 1}, "fixed": {"flywheel": 2, "torchrun": 2}}
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=120)  # keep the table readable in logs
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    endpoint = f"127.0.0.1:{store.port}"
+    results: dict[str, dict[str, list[Trial]]] = {}
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="restart-latency-") as tmp:
+        for topology in TOPOLOGIES:
+            for launcher, n in counts[topology].items():
+                runs = []
+                for i in range(n):
+                    runs.append(run_trial(launcher, topology, i, endpoint, Path(tmp)))
+                    console.print(f"{topology:8} {launcher:9} trial {i + 1}/{n}: "
+                                  f"{_fmt(runs[-1].latency_s)} s, extra restarts {runs[-1].extra_restarts}",
+                                  highlight=False)
+                results.setdefault(topology, {})[launcher] = runs
+    del store
+    stats = {topo: {launcher: _stats(runs) for launcher, runs in by.items()} for topo, by in results.items()}
+    table = Table(title="restart latency: rank SIGKILLed -> first step after restart (1 worker x 2 ranks)")
+    for column in ("topology", "launcher", "trials", "median s", "p90 s", "extra restarts", "failed runs"):
+        table.add_column(column)
+    for topo, by in stats.items():
+        for launcher, s in by.items():
+            table.add_row(f"{topo} (nnodes {TOPOLOGIES[topo]})", launcher, f"{s['recovered']}/{s['trials']}",
+                          _fmt(s["median_s"]), _fmt(s["p90_s"]), _fmt(s["extra_restarts"]), _fmt(s["failed_runs"]))
+    console.print(table)
+
+    head, peer = stats["elastic"]["flywheel"], stats["elastic"]["torchrun"]
+    value, peer_value = head["median_s"], peer["median_s"]
+    passed = bool(value is not None and value <= GOAL_S and head["extra_restarts"] == 0
+                  and head["recovered"] == head["trials"])
+    result = {
+        "metric": "restart latency, median (rank SIGKILLed -> first step after restart), elastic nnodes 1:2",
+        "value": value, "unit": "s", "peer": "torchrun --max-restarts 3, default settings",
+        "peer_value": peer_value,
+        "ratio": (peer_value / value) if value and peer_value else None,
+        "goal": "median <= 3 s, no extra restarts", "pass": passed,
+        "stats": stats,
+        "runs": {topo: {launcher: [asdict(t) for t in runs] for launcher, runs in by.items()}
+                 for topo, by in results.items()},
+        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                    "torch": torch.__version__, "load_average_1m": os.getloadavg()[0]},
+        "bench_seconds": time.monotonic() - started,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    console.print(f"elastic: ours {_fmt(value)} s vs torchrun {_fmt(peer_value)} s "
+                  f"(x{_fmt(result['ratio'])}); goal {result['goal']}: {'PASS' if passed else 'FAIL'} -> {args.out}",
+                  highlight=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

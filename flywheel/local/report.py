@@ -1,0 +1,112 @@
+"""End-of-run report: summary.json, loss.png, timeline.png, and a rich table of failures and recoveries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from flywheel.local.events import RunRecord  # noqa: E402
+
+
+def write_summary(out_dir: Path, summary: dict[str, Any]) -> Path:
+    path = out_dir / "summary.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return path
+
+
+def plot_loss(out_dir: Path, summary: dict[str, Any]) -> Path:
+    points = [(i + 1, v) for i, v in enumerate(summary["losses"]) if v is not None]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if points:
+        ax.plot(*zip(*points), marker=".", linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(f"{summary['job']}: loss ({summary['status']})")
+    ax.grid(alpha=0.3)
+    path = out_dir / "loss.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_timeline(out_dir: Path, record: RunRecord, summary: dict[str, Any], start_time: float) -> Path:
+    """Step vs wall time, every attempt (replayed steps show as a drop), with failures/restarts/checkpoints."""
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    if record.step_attempts:
+        ax.plot([s.time - start_time for s in record.step_attempts], [s.step for s in record.step_attempts],
+                ".", markersize=3, label="step")
+    for i, f in enumerate(record.failures):
+        ax.axvline(f.time - start_time, color="red", linestyle="--", linewidth=1,
+                   label="failure" if i == 0 else None)
+    for i, s in enumerate(record.starts[1:]):
+        ax.axvline(float(s["time"]) - start_time, color="green", linewidth=1, label="restart" if i == 0 else None)
+    if record.checkpoints:
+        ax.plot([float(c["time"]) - start_time for c in record.checkpoints],
+                [int(c["step"]) for c in record.checkpoints], "s", color="orange", markersize=5,
+                label="checkpoint committed")
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("step")
+    ax.set_title(f"{summary['job']}: {summary['restarts']} restarts, goodput {summary['goodput']:.0%}")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="lower right")
+    path = out_dir / "timeline.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _seconds(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f} s"
+
+
+def print_summary(console: Console, summary: dict[str, Any], out_dir: Path) -> None:
+    colour = {"Succeeded": "green", "Failed": "red"}.get(summary["status"], "yellow")
+    table = Table(title=f"{summary['job']}: [{colour}]{summary['status']}[/]", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    final_loss = summary["final_loss"]
+    rows = [
+        ("steps", str(summary["steps_completed"])),
+        ("world size", str(summary["world_size"])),
+        ("final loss", "-" if final_loss is None else f"{final_loss:.4f}"),
+        ("restarts", f"{summary['restarts']} (agent {summary['agent_restarts']}, "
+                     f"worker recreations {len(summary['worker_recreations'])})"),
+        ("failures", str(len(summary["failures"]))),
+        ("mean time to recover", _seconds(summary["mean_time_to_recover_seconds"])),
+        ("lost steps (replayed)", str(summary["lost_steps"])),
+        ("checkpoints", str(len(summary["checkpoints"])) +
+         (f" ({summary['checkpoint_failures']} failed)" if summary["checkpoint_failures"] else "")),
+        ("goodput", f"{summary['goodput']:.1%} of {summary['wall_seconds']:.1f} s"),
+        ("params sha256", (summary["final_params_sha256"] or "-")[:16]),
+        ("output", str(out_dir)),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    if summary["failures"]:
+        failures = Table(title="failures and recoveries")
+        for column in ("t", "rank", "worker", "kind", "detail", "recovered after"):
+            failures.add_column(column)
+        for f in summary["failures"]:
+            failures.add_row(f"{f['time']:.1f} s", "-" if f["rank"] is None else str(f["rank"]),
+                             "-" if f["replica"] is None else str(f["replica"]), f["kind"], f["detail"],
+                             _seconds(f["recovered_seconds"]) if f["recovered_seconds"] is not None else
+                             "not recovered")
+        console.print(failures)
+
+
+def write_report(out_dir: Path, record: RunRecord, summary: dict[str, Any], start_time: float) -> None:
+    write_summary(out_dir, summary)
+    plot_loss(out_dir, summary)
+    plot_timeline(out_dir, record, summary, start_time)

@@ -1,0 +1,104 @@
+"""`flywheel run JOB.yaml`: validate, plan, host the rendezvous store, supervise, report.
+
+Exit codes: 0 the job succeeded, 1 it failed, 2 the spec (or a --fault flag) is bad, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from flywheel.local.events import RunRecord
+from flywheel.local.faults import FaultFlagError, check_targets, parse_faults, worker_faults
+from flywheel.local.progress import make_progress
+from flywheel.local.report import print_summary, write_report
+from flywheel.local.supervisor import Outcome, Supervisor
+from flywheel.plan import Placement, faults_env, plan_workers
+from flywheel.spec import SpecError, TrainingJob, check_local_paths, load_job
+
+EXIT_SUCCEEDED, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_INTERRUPTED = 0, 1, 2, 130
+_EXIT = {Outcome.SUCCEEDED: EXIT_SUCCEEDED, Outcome.FAILED: EXIT_FAILED, Outcome.INTERRUPTED: EXIT_INTERRUPTED}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    job_file: str
+    out: str | None = None  # default runs/<name>/
+    faults: tuple[str, ...] = ()
+    checkpoint_dir: str | None = None  # overrides spec.checkpoint.dir
+    progress: bool = True
+    metrics_port_base: int = 0
+    launcher: tuple[str, ...] = field(default_factory=lambda: (sys.executable, "-m", "flywheel.cli", "launch"))
+
+
+def _host_store() -> object:
+    """The c10d rendezvous store, hosted here so it outlives any worker (agents connect with is_host=False)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+
+
+def _fresh_out_dir(out: Path) -> None:
+    """Events, logs and fault markers belong to one run; checkpoints (elsewhere or under ckpt/) are kept."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("events.jsonl", "summary.json", "loss.png", "timeline.png"):
+        (out / name).unlink(missing_ok=True)
+    for name in ("logs", "faults"):
+        shutil.rmtree(out / name, ignore_errors=True)
+    (out / "logs").mkdir()
+    (out / "faults").mkdir()
+
+
+def load_checked(options: RunOptions) -> tuple[TrainingJob, list[dict[str, object]]]:
+    job = load_job(options.job_file)
+    check_local_paths(job, options.checkpoint_dir)
+    faults = parse_faults(options.faults)
+    spec = job.spec
+    check_targets(faults, spec.replicas.desired, spec.replicas.desired * spec.procs_per_replica)
+    return job, faults
+
+
+def run_job(options: RunOptions, console: Console | None = None) -> int:
+    console = console or Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 120))  # log files: do not wrap lines at 80 columns
+    try:
+        job, faults = load_checked(options)
+    except (SpecError, FaultFlagError) as err:
+        console.print(f"[red]{options.job_file}: {err}[/]", highlight=False)
+        return EXIT_BAD_SPEC
+    spec = job.spec
+    out = Path(options.out or Path("runs") / job.name).resolve()
+    _fresh_out_dir(out)
+    ckpt_dir = Path(options.checkpoint_dir or spec.checkpoint.dir).resolve()
+    events_file = out / "events.jsonl"
+    store = _host_store()
+    host, port = "127.0.0.1", store.port  # type: ignore[attr-defined]
+    placement = Placement(replicas=spec.replicas.desired, rdzv_backend="c10d", rdzv_endpoint=f"{host}:{port}",
+                          master_addr=host, master_port=port, checkpoint_dir=str(ckpt_dir),
+                          launcher=options.launcher, metrics_port_base=options.metrics_port_base,
+                          events_file=str(events_file), extra_env=faults_env(faults, str(out / "faults")))
+    plans = plan_workers(job, placement)
+    world_size = placement.replicas * spec.procs_per_replica
+    console.print(f"[bold]{job.name}[/]: {placement.replicas} workers x {spec.procs_per_replica} ranks "
+                  f"(world {world_size}), checkpoints in {ckpt_dir}, logs in {out / 'logs'}", highlight=False)
+    record = RunRecord()
+    start = time.time()
+    total_steps = 0 if spec.command else spec.trainer.training.steps  # a user script reports no steps
+    with make_progress(console, job.name, total_steps, options.progress) as progress:
+        supervisor = Supervisor(spec, plans, events_file, out / "logs", record, progress, worker_faults(faults))
+        outcome = supervisor.run()
+    wall = time.time() - start
+    del store
+    exit_code = _EXIT[outcome]
+    summary = record.summary(job=job.name, status=outcome.value, exit_code=exit_code, world_size=world_size,
+                             start_time=start, wall_seconds=wall)
+    summary["message"] = supervisor.message
+    write_report(out, record, summary, start)
+    print_summary(console, summary, out)
+    return exit_code

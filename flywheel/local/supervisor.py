@@ -1,0 +1,231 @@
+"""The local executor: one process group per worker, the rendezvous store, fault injection, restart decisions.
+
+Decisions come from `flywheel.policy` (pure); this module only carries them out. Worker processes are
+`flywheel launch` (torch's elastic agent), each in its own session, with output in <out>/logs/worker-<i>.log.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import IO
+
+from flywheel import exitcodes
+from flywheel.local import procs
+from flywheel.local.events import EventTail, RunRecord
+from flywheel.local.faults import LoseWorker
+from flywheel.local.progress import ProgressView
+from flywheel.plan import WorkerPlan
+from flywheel.policy import Action, RestartBudget, classify_exit, decide_restart
+from flywheel.spec import TrainingJobSpec
+
+POLL_INTERVAL_S = 0.2
+SHUTDOWN_GRACE_S = 30.0  # Ctrl-C/failure: SIGTERM, then SIGKILL after this (agents give ranks 20 s)
+JOB_RESTART_GRACE_S = 10.0  # stopping survivors before a job restart: they only need to save an emergency checkpoint
+
+
+class Outcome(str, Enum):
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    INTERRUPTED = "Interrupted"
+
+
+@dataclass
+class WorkerProcess:
+    plan: WorkerPlan
+    popen: subprocess.Popen[bytes]
+    log: IO[bytes]
+    stopping: bool = False  # the supervisor asked it to stop: its exit is expected, not a failure
+    lost: bool = False  # killed by an injected lose-worker fault
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+@dataclass
+class _Stop:
+    reason: Outcome | None = None  # set when the whole run is ending
+    kill_at: float | None = None  # SIGKILL whatever still runs at this monotonic time
+    interrupts: int = 0
+    restart_job_after: bool = False  # all workers are being stopped for a RESTART_JOB decision
+    message: str = ""
+
+
+class Supervisor:
+    """Runs the planned workers to completion, recreating failed ones as policy decides."""
+
+    def __init__(self, spec: TrainingJobSpec, plans: list[WorkerPlan], events_file: Path, logs_dir: Path,
+                 record: RunRecord, progress: ProgressView, lose_worker: list[LoseWorker]):
+        self.spec, self.plans = spec, {p.index: p for p in plans}
+        self.events, self.logs_dir = EventTail(events_file), logs_dir
+        self.record, self.progress = record, progress
+        self.pending_faults = list(lose_worker)
+        self.workers: dict[int, WorkerProcess] = {}
+        self.succeeded: set[int] = set()
+        self.retired: set[int] = set()  # replicas given up by a SHRINK decision
+        self.budget = RestartBudget()
+        self.stop = _Stop()
+        self.outcome: Outcome | None = None
+        self.message = ""
+        self._signals: list[int] = []
+        self.generation = 0  # job restarts so far; each gets a fresh rendezvous run id
+
+    # --- processes -----------------------------------------------------------------------------------------------
+    def _start(self, plan: WorkerPlan) -> None:
+        log = open(self.logs_dir / f"worker-{plan.index}.log", "ab")
+        env = {**os.environ, **plan.env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        if self.generation:
+            # Every worker is new: a fresh run id forms the group at once instead of waiting for the old
+            # participants' heartbeats to expire.
+            env["PET_RDZV_ID"] = f"{plan.env['PET_RDZV_ID']}-g{self.generation}"
+        popen = subprocess.Popen(list(plan.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        self.workers[plan.index] = WorkerProcess(plan=plan, popen=popen, log=log)
+
+    def kill_everything(self) -> None:
+        """SIGKILL every worker tree and orphan; safe to call twice (also registered with atexit)."""
+        for w in list(self.workers.values()):
+            procs.kill_tree(w.pid)
+        for w in list(self.workers.values()):
+            try:
+                w.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            w.log.close()
+        self.workers.clear()
+        deadline = time.monotonic() + 2.0
+        while procs.reap_orphans(()) and time.monotonic() < deadline:
+            time.sleep(0.05)  # ranks die by PDEATHSIG slightly after their agent; catch their own children too
+
+    def _stop_all(self, reason: Outcome | None, grace: float, message: str = "") -> None:
+        for w in self.workers.values():
+            if not w.stopping:
+                w.stopping = True
+                procs.signal_quietly(w.pid, signal.SIGTERM, group=True)
+        deadline = time.monotonic() + grace
+        self.stop.kill_at = deadline if self.stop.kill_at is None else min(self.stop.kill_at, deadline)
+        if reason is not None and self.stop.reason is None:
+            self.stop.reason, self.stop.message = reason, message
+
+    # --- signals -------------------------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signals.append(signum)  # acted on by the loop, never inside the handler
+
+    def _handle_interrupts(self) -> None:
+        while self._signals:
+            signum = self._signals.pop(0)
+            self.stop.interrupts += 1
+            if self.stop.interrupts == 1:
+                self.progress.notice(f"[yellow]{signal.Signals(signum).name}: stopping workers (they take an "
+                                     "emergency checkpoint); interrupt again to kill them now[/]")
+                self.stop.restart_job_after = False
+                self._stop_all(Outcome.INTERRUPTED, SHUTDOWN_GRACE_S, "interrupted")
+            else:
+                self.stop.kill_at = time.monotonic()
+
+    # --- the loop ------------------------------------------------------------------------------------------------
+    def run(self) -> Outcome:
+        procs.become_subreaper()
+        atexit.register(self.kill_everything)
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for plan in self.plans.values():
+                self._start(plan)
+            while self.outcome is None:
+                self._tick()
+                time.sleep(POLL_INTERVAL_S)
+            self._drain_events()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            self.kill_everything()
+            atexit.unregister(self.kill_everything)
+        return self.outcome
+
+    def _drain_events(self) -> None:
+        for ev in self.events.read_new():
+            self.record.add_event(ev)
+
+    def _tick(self) -> None:
+        self._handle_interrupts()
+        self._drain_events()
+        self._inject_faults()
+        for index, w in list(self.workers.items()):
+            code = w.popen.poll()
+            if code is not None:
+                self._on_exit(index, w, code)
+        procs.reap_orphans(w.pid for w in self.workers.values())
+        if self.stop.kill_at is not None and time.monotonic() >= self.stop.kill_at:
+            for w in self.workers.values():
+                procs.kill_tree(w.pid)
+        self._maybe_finish()
+        self.progress.update(self.record)
+
+    def _inject_faults(self) -> None:
+        for fault in list(self.pending_faults):
+            w = self.workers.get(fault.replica)
+            if self.record.last_step >= fault.step and w is not None and not w.stopping:
+                self.pending_faults.remove(fault)
+                w.lost = True
+                procs.kill_tree(w.pid)
+                self.progress.notice(f"[red]fault {fault.id}: killed worker {fault.replica} "
+                                     f"(process tree) at step {self.record.last_step}[/]")
+
+    def _on_exit(self, index: int, w: WorkerProcess, code: int) -> None:
+        del self.workers[index]
+        procs.kill_tree(w.pid)  # whatever its ranks left behind
+        w.log.close()
+        if w.stopping:
+            return
+        if code == exitcodes.SUCCESS:
+            self.succeeded.add(index)
+            return
+        kind = classify_exit(code)
+        assert kind is not None
+        detail = "injected lose-worker" if w.lost else f"exit {code} ({exitcodes.describe(code)})"
+        self.record.add_worker_exit(time.time(), index, code, kind.value, detail)
+        if self.stop.reason is not None:
+            return
+        if self.succeeded or self.record.done is not None:
+            self.progress.notice(f"[yellow]worker {index} failed ({kind.value}) after training finished[/]")
+            return
+        live = sum(1 for x in self.workers.values() if not x.stopping)
+        decision = decide_restart(self.spec, kind, self.budget, self.record.committed_step, live)
+        self.budget = decision.budget
+        self.progress.notice(f"[red]worker {index} exited {code} ({kind.value})[/] -> {decision.action.value}: "
+                             f"{decision.message}")
+        if decision.action is Action.RESTART_WORKER:
+            self.record.add_recreation(time.time(), (index,), decision.action.value, decision.reason)
+            self._start(self.plans[index])
+        elif decision.action is Action.RESTART_JOB:
+            self.stop.restart_job_after = True
+            self._stop_all(None, JOB_RESTART_GRACE_S)
+        elif decision.action is Action.SHRINK:
+            self.retired.add(index)
+        else:
+            self._stop_all(Outcome.FAILED, SHUTDOWN_GRACE_S, decision.message)
+
+    def _maybe_finish(self) -> None:
+        if self.workers:
+            return
+        self.stop.kill_at = None
+        if self.stop.reason is not None:
+            self.outcome, self.message = self.stop.reason, self.stop.message
+        elif self.stop.restart_job_after:
+            self.stop.restart_job_after = False
+            self.generation += 1
+            indices = tuple(i for i in self.plans if i not in self.retired)
+            self.record.add_recreation(time.time(), indices, Action.RESTART_JOB.value, "restart")
+            for i in indices:
+                self._start(self.plans[i])
+        elif self.record.done is not None or set(self.plans) - self.retired <= self.succeeded:
+            self.outcome, self.message = Outcome.SUCCEEDED, "training finished"
+        else:
+            self.outcome, self.message = Outcome.FAILED, "workers exited without finishing training"

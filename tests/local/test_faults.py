@@ -1,0 +1,48 @@
+"""`--fault` flags: parsing, validation against the planned world, and what reaches the trainer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flywheel.local.faults import FaultFlagError, LoseWorker, check_targets, parse_fault, parse_faults, worker_faults
+from flywheel.plan import faults_env
+
+
+def test_parses_each_kind_with_ids_in_order():
+    faults = parse_faults(["kill:rank=1:step=5", "hang:step=9:rank=0", "lose-worker:replica=1:step=12"])
+    assert faults == [{"id": "f0", "kind": "kill", "rank": 1, "step": 5},
+                      {"id": "f1", "kind": "hang", "rank": 0, "step": 9},
+                      {"id": "f2", "kind": "lose-worker", "replica": 1, "step": 12}]
+    assert worker_faults(faults) == [LoseWorker(id="f2", replica=1, step=12)]
+
+
+def test_only_rank_faults_reach_the_trainer_env():
+    faults = parse_faults(["kill:rank=1:step=5", "lose-worker:replica=0:step=3"])
+    env = faults_env(faults, "/tmp/faults")
+    assert json.loads(env["FLYWHEEL_FAULTS"]) == [{"id": "f0", "kind": "kill", "rank": 1, "step": 5}]
+    assert env["FLYWHEEL_FAULT_DIR"] == "/tmp/faults"
+
+
+@pytest.mark.parametrize("flag, problem", [
+    ("explode:rank=1:step=5", "unknown kind"),
+    ("kill:rank=1", "missing step"),
+    ("kill:replica=1:step=2", "is not rank=N"),
+    ("lose-worker:rank=1:step=2", "is not replica=N"),
+    ("kill:rank=x:step=2", "not an integer"),
+    ("kill:rank=1:step=0", "step must be >= 1"),
+    ("kill:rank=-1:step=3", "rank must be >= 0"),
+    ("kill:rank=1:rank=2:step=3", "given twice"),
+])
+def test_bad_flags_name_the_problem(flag, problem):
+    with pytest.raises(FaultFlagError, match=problem):
+        parse_fault(flag, "f0")
+
+
+def test_targets_must_exist_in_the_planned_world():
+    check_targets(parse_faults(["kill:rank=3:step=1", "lose-worker:replica=1:step=1"]), replicas=2, world_size=4)
+    with pytest.raises(FaultFlagError, match="rank=4 does not exist"):
+        check_targets(parse_faults(["kill:rank=4:step=1"]), replicas=2, world_size=4)
+    with pytest.raises(FaultFlagError, match="replica=2 does not exist"):
+        check_targets(parse_faults(["lose-worker:replica=2:step=1"]), replicas=2, world_size=4)
