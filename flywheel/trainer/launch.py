@@ -171,12 +171,40 @@ def first_failure_exit_code(failures: Mapping[int, tuple[int, float]]) -> int:
     return 128 - code if code < 0 else code
 
 
+# Seconds a rank gets between SIGTERM and SIGKILL when the agent restarts or stops its ranks after a failure.
+RESTART_STOP_GRACE_SECONDS = 2
+
+
 def _build_agent_class() -> type:
-    from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     class FlywheelAgent(LocalElasticAgent):
-        """LocalElasticAgent that does not restart ranks after a permanent user error."""
+        """LocalElasticAgent that does not restart ranks after a permanent user error, and that gives ranks a short
+        grace when it stops them after a failure (a peer already failed, so no emergency checkpoint can be taken; a
+        SIGSTOPped rank would otherwise hold the restart for torch's 30 s default). A SIGTERM to the agent itself
+        (preemption, Ctrl-C) still gives ranks the long grace of `_shutdown` for their emergency checkpoint."""
+
+        def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+            started = super()._start_workers(worker_group)
+            # When one rank fails, torch's process context closes the others itself (`_poll` -> `close()`) with a
+            # 30 s grace, which a SIGSTOPped or collective-blocked rank always uses up. Failure-triggered closes
+            # get the short grace; explicit ones (the agent's own shutdown) keep the timeout they ask for.
+            pcontext = self._pcontext
+            if pcontext is not None:
+                close = pcontext.close
+
+                def close_after_failure(death_sig: signal.Signals | None = None,
+                                        timeout: int = RESTART_STOP_GRACE_SECONDS) -> None:
+                    close(death_sig, timeout)
+
+                pcontext.close = close_after_failure  # type: ignore[method-assign]
+            return started
+
+        def _stop_workers(self, worker_group: WorkerGroup) -> None:
+            # A healthy group is stopped for a membership change: give it time to agree on an emergency checkpoint.
+            failed = worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
+            self._shutdown(timeout=RESTART_STOP_GRACE_SECONDS if failed else self._shutdown_timeout)
 
         def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
             result = super()._monitor_workers(worker_group)

@@ -65,7 +65,12 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
     device = next(model.parameters()).device
     device_ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids)
+    # Bitwise-exact resume: by default DDP reduces the first iteration in one bucket and then rebuilds buckets in
+    # backward order, so a resumed run's first step would sum gradients in another chunk layout than the
+    # uninterrupted run did at that step (visible from 3 ranks on). With find_unused_parameters DDP keeps its
+    # initial buckets for good; the price is one autograd-graph walk per step (bench/trainer_overhead.py).
+    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids,
+                                   find_unused_parameters=True)
 
 
 @contextlib.contextmanager
