@@ -1,0 +1,92 @@
+"""The operator's own metrics, health monitor included: every name in one place (DESIGN.md, "Metrics").
+
+Per-job series carry `job` and `namespace` like the trainer's, so the operator's scrape must keep them
+(`honorLabels: true` in the PodMonitor/ServiceMonitor; see docs/monitoring.md). The operator creates one
+`OperatorMetrics` and serves `registry`; tests give each instance a private registry.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+JOB_LABELS = ("job", "namespace")
+PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
+RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+# Detection and recovery run from about a second (a crashed rank) to many minutes (a hang with a long timeout).
+RECOVERY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600)
+QUERY_ERROR_REASONS = ("timeout", "connection", "http", "bad_response", "query")
+
+
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self._job_namespaces: set[str] = set()
+
+        # Operator (set by the reconciler).
+        self.jobs = Gauge("flywheel_operator_jobs", "TrainingJobs by phase.", ("namespace", "phase"), registry=r)
+        self.job_phase = Gauge("flywheel_job_phase", "1 for the phase a TrainingJob is in, 0 for the others.",
+                               JOB_LABELS + ("phase",), registry=r)
+        self.reconcile_duration_seconds = Histogram(
+            "flywheel_operator_reconcile_duration_seconds", "Time one reconcile of a TrainingJob took.",
+            ("result",), buckets=RECONCILE_BUCKETS, registry=r)
+        self.restarts_total = Counter("flywheel_job_restarts_total",
+                                      "Job or worker restarts, by reason (status.lastRestartReason).",
+                                      JOB_LABELS + ("reason",), registry=r)
+        self.time_to_detect_seconds = Histogram(
+            "flywheel_operator_time_to_detect_seconds",
+            "From a failure (last step, pod exit, XID) until the operator decided what to do.", ("reason",),
+            buckets=RECOVERY_BUCKETS, registry=r)
+        self.time_to_recover_seconds = Histogram(
+            "flywheel_operator_time_to_recover_seconds",
+            "From a failure until the job made its first step again.", ("reason",), buckets=RECOVERY_BUCKETS,
+            registry=r)
+        self.goodput_ratio = Gauge("flywheel_job_goodput_ratio",
+                                   "Productive training time over wall time since the job started.", JOB_LABELS,
+                                   registry=r)
+
+        # Health monitor.
+        self.monitor_evaluations_total = Counter("flywheel_monitor_evaluations_total",
+                                                 "Health evaluations run (including ones with failed queries).",
+                                                 registry=r)
+        self.monitor_query_errors_total = Counter("flywheel_monitor_query_errors_total",
+                                                  "Prometheus queries that failed, by query and reason.",
+                                                  ("query", "reason"), registry=r)
+        self.monitor_decisions_total = Counter("flywheel_monitor_decisions_total",
+                                               "Decisions handed to the executor, by kind.", ("decision",), registry=r)
+        self.monitor_action_errors_total = Counter("flywheel_monitor_action_errors_total",
+                                                   "Decisions the executor failed to carry out, by action.",
+                                                   ("action",), registry=r)
+        self.monitor_last_evaluation_timestamp_seconds = Gauge(
+            "flywheel_monitor_last_evaluation_timestamp_seconds", "Unix time the last health evaluation finished.",
+            registry=r)
+        self.job_stragglers = Gauge("flywheel_job_straggler_ranks",
+                                    "Ranks persistently slower than their peers (Degraded when > 0).", JOB_LABELS,
+                                    registry=r)
+        for query in ("progress", "step_times", "xids"):  # export zeros so rate() and alerts see the first error
+            for reason in QUERY_ERROR_REASONS:
+                self.monitor_query_errors_total.labels(query, reason)
+
+    def set_jobs_by_phase(self, counts: dict[tuple[str, str], int]) -> None:
+        """Replace the jobs-by-phase gauge with `counts[(namespace, phase)]`; absent phases read 0."""
+        self._job_namespaces |= {ns for ns, _ in counts}  # a namespace whose jobs are all gone must read 0
+        for ns in sorted(self._job_namespaces):
+            for phase in PHASES:
+                self.jobs.labels(ns, phase).set(counts.get((ns, phase), 0))
+
+    def set_job_phase(self, namespace: str, job: str, phase: str) -> None:
+        for p in PHASES:
+            self.job_phase.labels(job, namespace, p).set(1 if p == phase else 0)
+
+    def forget_job(self, namespace: str, job: str) -> None:
+        """Drop a deleted job's per-job series (restart counters stay: they are history)."""
+        for gauge in (self.goodput_ratio, self.job_stragglers):
+            try:
+                gauge.remove(job, namespace)
+            except KeyError:
+                pass
+        for p in PHASES:
+            try:
+                self.job_phase.remove(job, namespace, p)
+            except KeyError:
+                pass
