@@ -20,7 +20,6 @@ import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from datetime import timedelta
 from types import FrameType
 
 import torch
@@ -32,6 +31,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from flywheel import exitcodes
 from flywheel.spec import SpecError, TrainingJobSpec, parse_spec
 from flywheel.trainer.checkpoint import AppState, Checkpointer
+from flywheel.trainer.collective_env import (CollectiveTimeouts, apply_collective_env, collective_env,
+                                             collective_timeouts, shorten_timeouts)
 from flywheel.trainer.data import DataError, MicroBatch, SampleLoader, build_source
 from flywheel.trainer.events import EventLog
 from flywheel.trainer.faults import Fault, FaultInjector, faults_from_env
@@ -42,10 +43,6 @@ from flywheel.trainer.parallelize import DP, ParallelismError, build_mesh, clip_
 from flywheel.trainer.watchdog import ProgressWatchdog
 
 log = logging.getLogger("flywheel.trainer")
-
-# Longer than any progress timeout we expect: the watchdog, not a collective timeout, should notice hangs first.
-PROCESS_GROUP_TIMEOUT = timedelta(minutes=10)
-
 
 class UserError(Exception):
     """Configuration or data that a restart cannot fix: exit USER_ERROR."""
@@ -168,7 +165,7 @@ def forward_backward(model: nn.Module, batches: list[MicroBatch], device: torch.
 
 
 def train(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics, watchdog: ProgressWatchdog,
-          stop: StopRequest) -> int:
+          stop: StopRequest, timeouts: CollectiveTimeouts) -> int:
     """Runs set-up and training in an initialised process group; returns the exit code."""
     spec = env.spec
     training, parallelism = spec.trainer.training, spec.trainer.parallelism
@@ -216,6 +213,8 @@ def train(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics, watchdog: P
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        if step == start + 1:  # start-up and the first step are done: from now on a stuck collective fails fast
+            shorten_timeouts(timeouts)
 
         # One collective for the logged loss and the stop flag: every rank sees the same sum, so all stop together.
         totals = torch.stack([rank_loss, torch.tensor(float(stop.requested), device=device)])
@@ -309,9 +308,12 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     try:
         began = time.monotonic()
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, timeout=PROCESS_GROUP_TIMEOUT)
+        # The collective-watchdog env (NCCL async error handling, flight recorder, dump pipe) is set in one place.
+        timeouts = collective_timeouts(env.spec.fault_tolerance)
+        apply_collective_env(collective_env(env.checkpoint_dir, timeouts))
+        dist.init_process_group(backend, timeout=timeouts.startup)
         metrics.rendezvous_seconds.set(time.monotonic() - began)
-        code = train(env, events, metrics, watchdog, stop)
+        code = train(env, events, metrics, watchdog, stop, timeouts)
         watchdog.stop()  # shutting down below may take a while; the code is decided
         dist.destroy_process_group()
         return code
@@ -320,4 +322,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         return exitcodes.USER_ERROR
     except Exception as err:
         log.exception("training failed")
-        return exitcodes.COLLECTIVE_TIMEOUT if _is_collective_failure(err) else exitcodes.CRASH
+        if _is_collective_failure(err):
+            metrics.collective_failures_total.inc()
+            return exitcodes.COLLECTIVE_TIMEOUT
+        return exitcodes.CRASH

@@ -53,6 +53,8 @@ class TrainerMetrics:
                                         "Time this process took to join the process group.")
         self.watchdog_fired_total = counter("flywheel_watchdog_fired_total",
                                             "Progress watchdog firings (the process exits right after).")
+        self.collective_failures_total = counter("flywheel_collective_failures_total",
+                                                 "Collectives that timed out or were aborted (exit code 5).")
         self.port = port
         if port > 0:
             start_http_server(port, registry=self.registry)
