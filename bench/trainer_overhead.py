@@ -72,9 +72,12 @@ def plain_steps(workdir: Path, steps: int) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 12 steps (CI smoke)")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 12 steps")
+    parser.add_argument("--rounds", type=int, help="A/B rounds (default 4, quick 2)")
+    parser.add_argument("--steps", type=int, help="steps per run (default 30, quick 12)")
     args = parser.parse_args(argv)
     rounds, steps = (2, 12) if args.quick else (4, 30)
+    rounds, steps = args.rounds or rounds, args.steps or steps
     ours: list[float] = []
     peer: list[float] = []
     began = time.monotonic()

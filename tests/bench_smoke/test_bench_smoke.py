@@ -1,0 +1,49 @@
+"""CI smoke of each benchmark: the smallest case runs end to end and writes a well-formed result. The numbers
+themselves are judged by `make bench` (bench/), never by a timed test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FIELDS = {"metric", "value", "unit", "peer", "peer_value", "ratio", "goal", "pass", "runs", "machine"}
+
+pytestmark = pytest.mark.slow
+
+
+def run_bench(tmp_path: Path, module: str, *args: str) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1", FLYWHEEL_BENCH_RESULTS=str(tmp_path))
+    result = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def check_record(path: Path) -> dict:
+    record = json.loads(path.read_text())
+    assert FIELDS <= set(record), FIELDS - set(record)
+    assert record["value"] > 0 and record["peer_value"] > 0 and record["ratio"] > 0
+    return record
+
+
+def test_checkpoint_stall_smoke(tmp_path):
+    out = tmp_path / "checkpoint_stall.json"
+    run_bench(tmp_path, "bench.checkpoint_stall", "--quick", "--reps", "1", "--out", str(out))
+    check_record(out)
+
+
+def test_trainer_overhead_smoke(tmp_path):
+    run_bench(tmp_path, "bench.trainer_overhead", "--rounds", "1", "--steps", str(4 + 3))
+    check_record(tmp_path / "trainer_overhead.json")
+
+
+def test_restart_latency_smoke(tmp_path):
+    out = tmp_path / "restart_latency.json"
+    run_bench(tmp_path, "bench.restart_latency", "--trials", "1", "--peer-trials", "1", "--fixed-trials", "1",
+              "--out", str(out))
+    check_record(out)
