@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-RANK_FAULT_KINDS = ("kill", "hang")
+from flywheel.trainer.faults import RANK_KINDS as RANK_FAULT_KINDS
+from flywheel.trainer.faults import parse_fault_flag
+
 WORKER_FAULT_KINDS = ("lose-worker",)
-_TARGET = {"kill": "rank", "hang": "rank", "lose-worker": "replica"}
 
 
 class FaultFlagError(ValueError):
@@ -28,34 +29,16 @@ class LoseWorker:
     step: int
 
 
-def parse_fault(flag: str, fault_id: str) -> dict[str, object]:
-    """One `--fault` flag -> {"id", "kind", "rank"|"replica", "step"}; raises FaultFlagError naming the problem."""
-    kind, *fields = flag.strip().split(":")
-    if kind not in _TARGET:
-        raise FaultFlagError(f"--fault {flag!r}: unknown kind {kind!r}; use one of {', '.join(_TARGET)}")
-    values: dict[str, int] = {}
-    for item in fields:
-        key, sep, raw = item.partition("=")
-        if not sep or key not in (_TARGET[kind], "step"):
-            raise FaultFlagError(f"--fault {flag!r}: {item!r} is not {_TARGET[kind]}=N or step=N")
-        if key in values:
-            raise FaultFlagError(f"--fault {flag!r}: {key} given twice")
-        try:
-            values[key] = int(raw)
-        except ValueError:
-            raise FaultFlagError(f"--fault {flag!r}: {key}={raw!r} is not an integer") from None
-        if values[key] < (1 if key == "step" else 0):
-            raise FaultFlagError(f"--fault {flag!r}: {key} must be {'>= 1' if key == 'step' else '>= 0'}")
-    missing = [k for k in (_TARGET[kind], "step") if k not in values]
-    if missing:
-        raise FaultFlagError(f"--fault {flag!r}: missing {' and '.join(missing)}; e.g. "
-                             f"{kind}:{_TARGET[kind]}=0:step=5")
-    return {"id": fault_id, "kind": kind, **values}
-
-
 def parse_faults(flags: Iterable[str]) -> list[dict[str, object]]:
-    """All `--fault` flags, with ids f0, f1, ... in the order given (the trainer's once-only markers use them)."""
-    return [parse_fault(flag, f"f{i}") for i, flag in enumerate(flags)]
+    """All `--fault` flags -> [{"id", "kind", "rank"|"replica", "step"}], ids f0, f1, ... in the order given (the
+    trainer's once-only markers use them). The trainer owns the flag grammar; errors become FaultFlagError."""
+    faults = []
+    for index, flag in enumerate(flags):
+        try:
+            faults.append(parse_fault_flag(flag, index).to_json())
+        except ValueError as err:
+            raise FaultFlagError(str(err)) from None
+    return faults
 
 
 def check_targets(faults: Iterable[dict[str, object]], replicas: int, world_size: int) -> None:
