@@ -24,13 +24,13 @@ def machine() -> str:
 
 
 def write_result(name: str, *, metric: str, value: float, unit: str, peer: str, peer_value: float, goal: str,
-                 passed: bool, runs: int, **extra: Any) -> Path:
-    """Write bench/results/<name>.json with the fields every benchmark reports."""
+                 passed: bool, runs: Any, path: Path | None = None, **extra: Any) -> Path:
+    """Write bench/results/<name>.json (or `path`) with the fields every benchmark reports; ratio = ours / peer."""
     record = {"metric": metric, "value": value, "unit": unit, "peer": peer, "peer_value": peer_value,
               "ratio": value / peer_value if peer_value else None, "goal": goal, "pass": bool(passed),
               "runs": runs, "machine": machine(), **extra}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    path = path or RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return path
 

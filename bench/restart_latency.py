@@ -14,9 +14,7 @@ one the kill needs (e.g. a group that re-forms twice because of stale addresses)
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -26,14 +24,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 from rich.console import Console
 from rich.table import Table
 
+from bench.common import RESULTS, write_result
+
 REPO = Path(__file__).resolve().parents[1]
 PROBE = REPO / "examples" / "scripts" / "restart_probe.py"
-RESULT = REPO / "bench" / "results" / "restart_latency.json"
+RESULT = RESULTS / "restart_latency.json"
 GOAL_S = 3.0
 TRIAL_TIMEOUT_S = 150
 TOPOLOGIES = {"elastic": "1:2", "fixed": "1"}
@@ -152,23 +151,16 @@ def main() -> int:
     value, peer_value = head["median_s"], peer["median_s"]
     passed = bool(value is not None and value <= GOAL_S and head["extra_restarts"] == 0
                   and head["recovered"] == head["trials"])
-    result = {
-        "metric": "restart latency, median (rank SIGKILLed -> first step after restart), elastic nnodes 1:2",
-        "value": value, "unit": "s", "peer": "torchrun --max-restarts 3, default settings",
-        "peer_value": peer_value,
-        "ratio": (peer_value / value) if value and peer_value else None,
-        "goal": "median <= 3 s, no extra restarts", "pass": passed,
-        "stats": stats,
-        "runs": {topo: {launcher: [asdict(t) for t in runs] for launcher, runs in by.items()}
-                 for topo, by in results.items()},
-        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "torch": torch.__version__, "load_average_1m": os.getloadavg()[0]},
-        "bench_seconds": time.monotonic() - started,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    ratio = value / peer_value if value and peer_value else None
+    write_result("restart_latency", path=args.out,
+                 metric="restart latency, median (rank SIGKILLed -> first step after restart), elastic nnodes 1:2",
+                 value=value, unit="s", peer="torchrun --max-restarts 3, default settings", peer_value=peer_value,
+                 goal="median <= 3 s, no extra restarts", passed=passed, stats=stats,
+                 runs={topo: {launcher: [asdict(t) for t in runs] for launcher, runs in by.items()}
+                       for topo, by in results.items()},
+                 load_average_1m=os.getloadavg()[0], bench_seconds=time.monotonic() - started)
     console.print(f"elastic: ours {_fmt(value)} s vs torchrun {_fmt(peer_value)} s "
-                  f"(x{_fmt(result['ratio'])}); goal {result['goal']}: {'PASS' if passed else 'FAIL'} -> {args.out}",
+                  f"(ratio {_fmt(ratio)}); goal median <= {GOAL_S} s: {'PASS' if passed else 'FAIL'} -> {args.out}",
                   highlight=False)
     return 0
 

@@ -3,7 +3,6 @@ others wait to be stopped (a negative code: die by that signal); with EXIT_RANK_
 fails (later attempts exit 0)."""
 
 import os
-import signal
 import sys
 import time
 
