@@ -109,6 +109,8 @@ class Parallelism(_Model):
     tp: int = Field(1, ge=1, description="Tensor-parallel degree.")
     pp: int = Field(1, ge=1, description="Pipeline-parallel degree.")
     fsdp: bool = Field(True, description="Shard parameters/grads/optimizer with FSDP2; false means DDP.")
+    zero: int = Field(3, ge=2, le=3, description="With fsdp: ZeRO stage 3 reshards parameters after forward; 2 "
+                                                 "keeps them unsharded until backward (grads/optimizer sharded).")
     microbatches: int = Field(1, ge=1, description="Pipeline microbatches per step.")
     auto: bool = Field(False, description="Let the planner choose the layout.")
 

@@ -170,6 +170,10 @@ def train(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics, watchdog: P
     spec = env.spec
     training, parallelism = spec.trainer.training, spec.trainer.parallelism
     device = pick_device(env.local_rank)
+    if parallelism.tp > 1 or parallelism.pp > 1:
+        # parallelize() builds these layouts (tests/parallel); the worker loop does not run them yet.
+        raise ParallelismError(f"trainer.parallelism: tp={parallelism.tp}, pp={parallelism.pp} is not supported by "
+                               "this trainer yet; use tp: 1 and pp: 1 (data parallel with fsdp: true or false)")
     mesh = build_mesh(env.world_size, parallelism, device.type)
     dp_rank, dp_size = mesh[DP].get_local_rank(), mesh[DP].size()
     if training.global_batch % (training.micro_batch * dp_size):

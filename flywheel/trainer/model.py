@@ -41,17 +41,19 @@ class GPTConfig:
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.heads = cfg.heads
+        self.head_dim = cfg.head_dim
         self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
         self.proj = nn.Linear(cfg.dim, cfg.dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, dim = x.shape
-        q, k, v = self.qkv(x).split(dim, dim=-1)
+        batch, seq, _ = x.shape
+        # [q | k | v] along the last dimension. The number of heads is read from the projection's output, so a
+        # head-sharded projection (tensor parallel: [q_r | k_r | v_r]) runs through the same code.
+        q, k, v = self.qkv(x).unflatten(-1, (3, -1)).unbind(2)
         # (batch, heads, seq, head_dim) for SDPA
-        q, k, v = (t.view(batch, seq, self.heads, dim // self.heads).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (t.view(batch, seq, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(batch, seq, dim))
+        return self.proj(y.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class MLP(nn.Module):

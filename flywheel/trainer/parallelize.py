@@ -1,8 +1,10 @@
 """Applies parallelism to a plain model, TorchTitan-style: `parallelize(model, mesh, parallelism, training)`.
 
-Today the mesh has one "dp" dimension and the model is either FSDP2-sharded (`fully_shard` per block, then the
-root, which holds the tied embedding/head) or DDP-replicated, optionally with activation checkpointing per block.
-Tensor and pipeline parallelism will add mesh dimensions and steps here; the model stays unaware of them.
+The mesh has named dimensions, outermost first: "dp", then "pp" and "tp" when their degree is above 1. Row-major
+rank order puts a tp group on consecutive ranks (inside one worker when procsPerReplica >= tp: the fastest
+links), pipeline stages next, data parallel outermost (across workers). Order of application: tensor parallel
+(`parallel_tp.py`), activation checkpointing, then FSDP2 `fully_shard` per block and the root (ZeRO-3, or ZeRO-2
+with `zero: 2`: parameters stay unsharded from forward to backward) or DDP over "dp". The model stays unaware.
 """
 
 from __future__ import annotations
@@ -19,29 +21,53 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from flywheel.spec import Parallelism, Training
+from flywheel.trainer.parallel_tp import TensorParallelError, apply_tp
 
-DP = "dp"
+DP, PP, TP = "dp", "pp", "tp"
 
 
 class ParallelismError(ValueError):
     """A layout this trainer cannot run: a user error."""
 
 
+def mesh_shape(world_size: int, parallelism: Parallelism) -> dict[str, int]:
+    """Named mesh dimensions, outermost first: dp always, pp and tp when above 1."""
+    model_parallel = parallelism.tp * parallelism.pp
+    if world_size % model_parallel:
+        raise ParallelismError(f"trainer.parallelism: tp x pp = {parallelism.tp} x {parallelism.pp} does not divide "
+                               f"the world size {world_size}; choose degrees whose product divides it")
+    shape = {DP: world_size // model_parallel}
+    if parallelism.pp > 1:
+        shape[PP] = parallelism.pp
+    if parallelism.tp > 1:
+        shape[TP] = parallelism.tp
+    return shape
+
+
 def build_mesh(world_size: int, parallelism: Parallelism, device_type: str = "cpu") -> DeviceMesh:
     """The device mesh over all ranks (the default process group must be initialised)."""
-    if parallelism.tp > 1 or parallelism.pp > 1:
-        raise ParallelismError(f"trainer.parallelism: tp={parallelism.tp}, pp={parallelism.pp} is not supported by "
-                               "this trainer yet; use tp: 1 and pp: 1 (data parallel with fsdp: true or false)")
-    return init_device_mesh(device_type, (world_size,), mesh_dim_names=(DP,))
+    shape = mesh_shape(world_size, parallelism)
+    return init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape))
 
 
 def parallelize(model: nn.Module, mesh: DeviceMesh, parallelism: Parallelism, training: Training) -> nn.Module:
     """Returns the module to train: the same object for FSDP2 (it is modified in place), a DDP wrapper otherwise.
     The model must already be on the mesh's device. Build the optimizer after this."""
+    names = mesh.mesh_dim_names or ()
+    if TP in names and not parallelism.fsdp:
+        # DDP takes no DTensor parameters; torch's bridge (local shards between forwards) loses them from the
+        # state dict, so checkpoints would be wrong. FSDP2 over dp (also at dp = 1) composes with TP.
+        raise ParallelismError(f"trainer.parallelism: tp={parallelism.tp} needs fsdp: true (DDP cannot replicate "
+                               "tensor-parallel parameters)")
+    if TP in names:
+        try:
+            apply_tp(model, mesh[TP])
+        except TensorParallelError as err:
+            raise ParallelismError(str(err)) from None
     if training.activation_checkpointing:
         apply_activation_checkpointing(model)
     if parallelism.fsdp:
-        return apply_fsdp(model, mesh[DP])
+        return apply_fsdp(model, mesh[DP], reshard_after_forward=parallelism.zero == 3)
     return apply_ddp(model, mesh[DP])
 
 
@@ -53,12 +79,14 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
         blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, reshard_after_forward: bool = True) -> nn.Module:
+    """ZeRO-3 (reshard_after_forward: parameters all-gathered again in backward) or ZeRO-2 (kept from forward to
+    backward; gradients and optimizer state stay sharded)."""
     blocks: nn.ModuleList = model.blocks  # type: ignore[assignment]
     for i, block in enumerate(blocks):
         # The last block's parameters are needed again at once by backward: keep them unsharded after forward.
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=i < len(blocks) - 1)
-    fully_shard(model, mesh=dp_mesh)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
     return model
 
 
@@ -89,9 +117,27 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
 def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
     """Clips gradients to `max_norm` (when > 0) and returns the total norm before clipping, over all ranks."""
     params = [p for p in model.parameters() if p.grad is not None]
-    total_norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
-    if isinstance(total_norm, DTensor):
-        total_norm = total_norm.full_tensor()  # FSDP2: a partial norm per shard; reduce it across dp
+    grads = [p.grad for p in params]
+    meshes = {g.device_mesh if isinstance(g, DTensor) else None for g in grads}
+    if len(meshes) == 1:
+        total_norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        if isinstance(total_norm, DTensor):
+            total_norm = total_norm.full_tensor()  # FSDP2: a partial norm per shard; reduce it across dp
+    else:  # tensor parallel: gradients on (dp, tp), on tp alone, on dp alone or plain cannot be stacked
+        total_norm = _mixed_mesh_norm(grads)
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm)
+        if len(meshes) == 1:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm)
+        else:
+            coef = min(1.0, max_norm / (float(total_norm) + 1e-6))
+            for grad in grads:
+                grad.mul_(coef)
     return float(total_norm)
+
+
+def _mixed_mesh_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    squares = []
+    for grad in grads:
+        norm = torch.linalg.vector_norm(grad, 2.0)
+        squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2)
+    return torch.stack(squares).sum().sqrt()

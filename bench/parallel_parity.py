@@ -1,0 +1,53 @@
+"""Parity grid: each parallel layout against the 1-process reference (gpt-tiny, SGD, fp32, gloo, 20 steps).
+
+Prints per layout the largest relative loss difference over the steps (the goal: < 1e-5, issue 7) and, for
+information, the largest relative parameter difference at the end (max |diff| / max |param| per tensor). `python -m bench.parallel_parity [--steps N]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from bench.common import write_result
+from tests.parallel.harness import loss_relative_difference, max_relative_difference, run_layout
+
+GOAL = 1e-5
+LAYOUTS: list[tuple[str, int, dict]] = [
+    ("ddp dp2", 2, {"fsdp": False}),
+    ("fsdp dp2 (zero3)", 2, {"fsdp": True}),
+    ("fsdp dp2 zero2", 2, {"fsdp": True, "zero": 2}),
+    ("tp2+sp", 2, {"tp": 2}),
+    ("dp2 x tp2", 4, {"tp": 2}),
+    ("tp4+sp", 4, {"tp": 4}),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="two layouts, 3 steps (CI smoke)")
+    args = parser.parse_args()
+    steps = 3 if args.quick else args.steps
+    layouts = LAYOUTS[2:4] if args.quick else LAYOUTS
+    options = {"steps": steps, "lr": 1.0, "gradClip": 0.5}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ref = run_layout(1, Path(tmp) / "ref", **options)
+        for i, (name, world, layout) in enumerate(layouts):
+            got = run_layout(world, Path(tmp) / str(i), parallelism=layout, **options)
+            rows.append({"layout": name, "world": world, "loss_rel": loss_relative_difference(got["losses"],
+                                                                                            ref["losses"]),
+                         "param_rel": max_relative_difference(got["params"], ref["params"])})
+    print(f"{'layout':<20} {'ranks':>5} {'max loss rel diff':>18} {'max param rel diff':>19}")
+    for row in rows:
+        print(f"{row['layout']:<20} {row['world']:>5} {row['loss_rel']:>18.2e} {row['param_rel']:>19.2e}")
+    worst = max(r["loss_rel"] for r in rows)
+    write_result("parallel_parity", metric="worst relative loss difference to the 1-process reference", value=worst,
+                 unit="relative", peer="goal", peer_value=GOAL, goal=f"< {GOAL}", passed=worst < GOAL,
+                 runs=rows, steps=steps)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Tensor parallel with sequence parallel (Megatron-style) on the GPT blocks, through DTensor's parallelize_module.
+
+Per block, on the "tp" mesh dimension:
+- the residual stream between blocks is sharded on the sequence (Shard(1)); LayerNorms run sequence-parallel;
+- attention and MLP inputs are all-gathered (PrepareModuleInput Shard(1) -> Replicate);
+- `attn.qkv` and `mlp.fc` are column-wise (output features sharded), `attn.proj` and `mlp.proj` row-wise with a
+  reduce-scatter back onto the sequence shard.
+
+The fused `qkv` projection's weight is sharded in contiguous rows (a plain Shard(0), so DCP reshards it like any
+other parameter), which gives rank r the r-th slice of [q | k | v]; attention needs rank r's heads of each of q, k
+and v. A forward hook regroups the output: all-gather over tp, keep [q_r | k_r | v_r] (backward: reduce-scatter of
+the partial gradients). That costs one extra activation all-gather per block over a split q/k/v projection, which
+the model does not have (it would change the data-parallel numerics).
+
+Embeddings, the final LayerNorm and the tied LM head stay replicated over tp: they see the full sequence (the
+first block slices it, the final LayerNorm all-gathers it), so their gradients agree on all tp ranks without a
+reduction.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+
+
+class TensorParallelError(ValueError):
+    """The model's sizes do not split over the tp degree."""
+
+
+def check_tp_sizes(dim: int, heads: int, seq_len: int, tp: int) -> None:
+    problems = [f"{name} ({value}) is not divisible by tp ({tp})"
+                for name, value in (("heads", heads), ("seqLen", seq_len)) if value % tp]
+    if (4 * dim) % tp:
+        problems.append(f"the MLP width 4 x dim ({4 * dim}) is not divisible by tp ({tp})")
+    if problems:
+        raise TensorParallelError("trainer.parallelism.tp: " + "; ".join(problems))
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Shards `model.blocks` over `tp_mesh` in place (before activation checkpointing and FSDP/DDP)."""
+    cfg = model.cfg  # type: ignore[attr-defined]
+    check_tp_sizes(cfg.dim, cfg.heads, cfg.seq_len, tp_mesh.size())
+    blocks: nn.ModuleList = model.blocks  # type: ignore[assignment]
+    to_sequence_shard = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
+                                           use_local_output=True)
+    to_full_sequence = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                          use_local_output=True)
+    parallelize_module(model, tp_mesh, {"blocks.0": to_sequence_shard, "ln_f": to_full_sequence})
+    for block in blocks:
+        parallelize_module(block, tp_mesh, {
+            "ln_attn": SequenceParallel(),
+            "attn": to_full_sequence,
+            "attn.qkv": ColwiseParallel(),
+            "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
+            "ln_mlp": SequenceParallel(),
+            "mlp": to_full_sequence,
+            "mlp.fc": ColwiseParallel(),
+            "mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
+        })
+        block.attn.qkv.register_forward_hook(_HeadRegroup(tp_mesh))  # type: ignore[union-attr]
+
+
+class _HeadRegroup:
+    """Forward hook on a column-wise fused qkv projection: rank r's contiguous slice of [q | k | v] becomes
+    [q_r | k_r | v_r], the slices of q, k and v belonging to rank r's heads."""
+
+    def __init__(self, tp_mesh: DeviceMesh) -> None:
+        self.mesh = tp_mesh
+
+    def __call__(self, _module: nn.Module, _inputs: object, output: torch.Tensor) -> torch.Tensor:
+        tp, rank = self.mesh.size(), self.mesh.get_local_rank()
+        # Each rank keeps a different part of the gathered tensor, so its gradient is a partial sum: declaring it
+        # Partial makes backward reduce-scatter it onto the column shards.
+        full = DTensor.from_local(output, self.mesh, [Shard(-1)]).redistribute(placements=[Replicate()])
+        full = full.to_local(grad_placements=[Partial()])
+        return full.unflatten(-1, (3, tp, -1))[..., rank, :].flatten(-2)

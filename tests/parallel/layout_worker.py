@@ -1,0 +1,74 @@
+"""One rank of a small training run under a given layout, for parity tests against a 1-process reference.
+
+`python -m tests.parallel.layout_worker` with torchrun-style env (RANK, WORLD_SIZE, MASTER_ADDR/PORT) and
+LAYOUT_RUN = JSON {"parallelism": {...}, "steps", "lr", "globalBatch", "microBatch", "gradClip", "out",
+"checkpointDir", "saveAt", "restore"}. SGD (no momentum): float noise is not amplified. Rank 0 writes `out`
+(JSON: per-step loss averaged over the global batch, the restored step) and `out`.pt (the full parameters).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from flywheel.spec import CheckpointSpec, ModelSpec, Parallelism, Training
+from flywheel.trainer.checkpoint import AppState, Checkpointer
+from flywheel.trainer.data import SampleLoader, build_source
+from flywheel.trainer.loop import forward_backward
+from flywheel.trainer.model import GPT, GPTConfig
+from flywheel.trainer.optim import build_scheduler
+from flywheel.trainer.parallelize import DP, build_mesh, clip_grad_norm, parallelize
+
+
+def main() -> None:
+    run = json.loads(os.environ["LAYOUT_RUN"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    parallelism = Parallelism.model_validate(run["parallelism"])
+    training = Training(steps=run["steps"], global_batch=run["globalBatch"], micro_batch=run["microBatch"],
+                        lr=run["lr"], warmup_steps=0, min_lr_ratio=1.0, grad_clip=run.get("gradClip", 0.0),
+                        activation_checkpointing=run.get("activationCheckpointing", False))
+    mesh = build_mesh(world, parallelism)
+    dp_mesh = mesh[DP]
+    cfg = GPTConfig.from_spec(ModelSpec.model_validate(run.get("model", {"preset": "gpt-tiny"})))
+    model = parallelize(GPT(cfg, seed=0), mesh, parallelism, training)
+    optimizer = torch.optim.SGD(model.parameters(), lr=training.lr, foreach=False)
+    scheduler = build_scheduler(optimizer, training)
+    loader = SampleLoader(build_source("synthetic", cfg.vocab, cfg.seq_len, 0))
+    app = AppState(model, optimizer, scheduler, loader, rank=rank, world_size=world)
+    ckpt = Checkpointer(CheckpointSpec(dir=run.get("checkpointDir") or "/unused", every_steps=0, keep=5),
+                        run.get("checkpointDir") or "/unused")
+    start = (ckpt.restore(app) or 0) if run.get("restore") else 0
+
+    losses = {}
+    for step in range(start + 1, training.steps + 1):
+        batches = loader.next_microbatches(dp_mesh.get_local_rank(), dp_mesh.size(), training.global_batch,
+                                           training.micro_batch)
+        loss = forward_backward(model, batches, torch.device("cpu"), nullcontext())
+        if training.grad_clip > 0:
+            clip_grad_norm(model, training.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        dist.all_reduce(loss, group=dp_mesh.get_group())  # every tp rank holds the same loss
+        losses[step] = loss.item() / dp_mesh.size()
+        if step == run.get("saveAt"):
+            ckpt.save(step, app, blocking=True)
+    ckpt.close()
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        torch.save({k: v.detach().clone() for k, v in state.items()}, run["out"] + ".pt")
+        with open(run["out"], "w") as f:
+            json.dump({"losses": losses, "start": start, "consumed": loader.consumed_samples}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Parity of parallel layouts with a 1-process reference (gpt-tiny, SGD, fp32, gloo), and checkpoints that move
+between layouts. Each run trains 6 steps with gradient clipping; losses and final parameters must agree within
+1e-5 relative (float reordering only)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flywheel.spec import Parallelism
+from flywheel.trainer.parallelize import ParallelismError, mesh_shape
+
+from .harness import loss_relative_difference, max_relative_difference, run_layout
+
+TOLERANCE = 1e-5
+OPTIONS = {"steps": 6, "lr": 1.0, "gradClip": 0.5}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return run_layout(1, tmp_path_factory.mktemp("reference"), **OPTIONS)
+
+
+def assert_matches(result: dict, reference: dict) -> None:
+    assert loss_relative_difference(result["losses"], reference["losses"]) < TOLERANCE
+    assert max_relative_difference(result["params"], reference["params"]) < TOLERANCE
+
+
+def test_mesh_puts_tp_innermost_and_dp_outermost():
+    assert mesh_shape(8, Parallelism(tp=2, pp=2)) == {"dp": 2, "pp": 2, "tp": 2}
+    assert mesh_shape(4, Parallelism(tp=2)) == {"dp": 2, "tp": 2}
+    assert mesh_shape(3, Parallelism()) == {"dp": 3}
+    with pytest.raises(ParallelismError, match="does not divide the world size 6"):
+        mesh_shape(6, Parallelism(tp=4))
+
+
+@pytest.mark.slow
+def test_reference_learns_something(reference):
+    # The parity tests would be vacuous if training did not change the parameters.
+    assert sorted(reference["losses"]) == [1, 2, 3, 4, 5, 6]
+    assert len(set(reference["losses"].values())) == 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [
+    {"tp": 2},  # tensor + sequence parallel, FSDP2 over dp = 1
+    {"fsdp": True, "zero": 2},  # ZeRO-2 over dp = 2
+    {"fsdp": False},  # DDP over dp = 2
+], ids=["tp2", "zero2-dp2", "ddp-dp2"])
+def test_two_rank_layout_matches_reference(tmp_path, reference, layout):
+    assert_matches(run_layout(2, tmp_path, parallelism=layout, **OPTIONS), reference)
+
+
+@pytest.mark.slow
+def test_dp2_x_tp2_on_four_ranks_matches_reference(tmp_path, reference):
+    assert_matches(run_layout(4, tmp_path, parallelism={"tp": 2}, **OPTIONS), reference)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("before, after", [({"tp": 2}, {"fsdp": True}), ({"fsdp": True}, {"tp": 2})],
+                         ids=["tp2-to-dp2", "dp2-to-tp2"])
+def test_checkpoint_moves_between_layouts(tmp_path, reference, before, after):
+    ckpt = str(tmp_path / "ckpt")
+    run_layout(2, tmp_path / "before", parallelism=before, checkpointDir=ckpt, saveAt=3, **OPTIONS)
+    resumed = run_layout(2, tmp_path / "after", parallelism=after, checkpointDir=ckpt, restore=True, **OPTIONS)
+    assert resumed["start"] == 3 and sorted(resumed["losses"]) == [4, 5, 6]
+    assert resumed["consumed"] == 6 * 8  # the data position moved with the checkpoint
+    tail = {s: reference["losses"][s] for s in (4, 5, 6)}
+    assert loss_relative_difference(resumed["losses"], tail) < TOLERANCE
+    assert max_relative_difference(resumed["params"], reference["params"]) < TOLERANCE
