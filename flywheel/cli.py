@@ -64,6 +64,12 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _operator(args: argparse.Namespace) -> int:
+    from flywheel.operator.main import run  # kopf and the kube client load only for this subcommand
+
+    return run(args.args)
+
+
 def _crd(args: argparse.Namespace) -> int:
     from flywheel import crd
 
@@ -103,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--metrics-port-base", type=int, default=0, metavar="P")
     plan.set_defaults(func=_plan)
 
+    operator = sub.add_parser("operator", add_help=False, help="run the Kubernetes operator (see --help)")
+    operator.add_argument("args", nargs=argparse.REMAINDER, help="operator options; `flywheel operator --help`")
+    operator.set_defaults(func=_operator)
+
     crd = sub.add_parser("crd", help="write the TrainingJob CRD generated from the schema")
     crd.add_argument("path", nargs="?", default="crds/trainingjobs.flywheel.dev.yaml")
     crd.add_argument("--stdout", action="store_true", help="print instead of writing a file")
@@ -111,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["operator"]:  # every option, --help included, belongs to the operator's own parser
+        return _operator(argparse.Namespace(args=argv[1:]))
     args = build_parser().parse_args(argv)
     if args.subcommand == "launch" and args.command[:1] == ["--"]:
         args.command = args.command[1:]

@@ -373,6 +373,11 @@ class GoodputStatus(_Model):
     mean_time_to_recover_seconds: float = 0.0
 
 
+class RestartBudgetStatus(_Model):
+    used: int = 0
+    window_start_step: int = 0
+
+
 class TrainingJobStatus(_Model):
     """What the operator writes (status subresource). Also the shape the REST API serves."""
 
@@ -387,4 +392,5 @@ class TrainingJobStatus(_Model):
     last_restart_reason: str = ""
     last_checkpoint: CheckpointStatus = Field(default_factory=CheckpointStatus)
     goodput: GoodputStatus = Field(default_factory=GoodputStatus)
+    restart_budget: RestartBudgetStatus = Field(default_factory=RestartBudgetStatus)
     observed_generation: int = 0

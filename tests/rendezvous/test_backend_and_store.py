@@ -19,7 +19,7 @@ from flywheel.trainer.rendezvous import (
     delete_run,
     parse_endpoints,
 )
-from flywheel.trainer.rendezvous.etcd_session import Endpoint
+from flywheel.etcd.session import Endpoint
 
 from .etcd_server import EtcdServer
 

@@ -17,7 +17,7 @@ from flywheel.trainer.rendezvous import (
     list_live_workers,
     watch_workers,
 )
-from flywheel.trainer.rendezvous import keys as etcd_keys
+from flywheel.etcd import keys as etcd_keys
 
 from .etcd_server import EtcdServer
 

@@ -14,8 +14,8 @@ from aetcd.exceptions import ClientError
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token
 
-from . import keys
-from .etcd_session import EtcdSession, EtcdUnavailableError
+from flywheel.etcd import keys
+from flywheel.etcd.session import EtcdSession, EtcdUnavailableError
 
 BACKEND_NAME = "etcd-v3"
 

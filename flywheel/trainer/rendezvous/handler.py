@@ -19,9 +19,10 @@ import os
 from torch.distributed.elastic.rendezvous.api import RendezvousParameters
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, create_handler
 
+from flywheel.etcd.liveness import DEFAULT_WORKER_TTL, WorkerRegistration, replica_id_from_env
+from flywheel.etcd.session import EtcdSession
+
 from .backend import EtcdV3RendezvousBackend
-from .etcd_session import EtcdSession
-from .liveness import DEFAULT_WORKER_TTL, WorkerRegistration, replica_id_from_env
 from .store import DEFAULT_STORE_LEASE_TTL, EtcdStore
 
 log = logging.getLogger(__name__)

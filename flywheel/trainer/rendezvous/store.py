@@ -23,8 +23,8 @@ import torch.distributed as dist
 from aetcd import Client
 from aetcd.exceptions import ClientError, WatchTimeoutError
 
-from . import keys
-from .etcd_session import EtcdSession, EtcdUnavailableError
+from flywheel.etcd import keys
+from flywheel.etcd.session import EtcdSession, EtcdUnavailableError
 
 DEFAULT_STORE_TIMEOUT = timedelta(seconds=300)
 DEFAULT_STORE_LEASE_TTL = 30

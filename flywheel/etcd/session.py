@@ -5,7 +5,7 @@ loop, the rendezvous keep-alive timer, worker processes never). aetcd is asyncio
 one aetcd client on a private event loop in a daemon thread and hands coroutines to it. The session also keeps
 leases alive from that loop, so no extra thread is needed per lease.
 
-This module imports neither torch nor anything else heavy: the operator uses it through `liveness`.
+This module imports neither torch nor anything else heavy: the operator uses it through `flywheel.etcd.liveness`.
 """
 
 from __future__ import annotations

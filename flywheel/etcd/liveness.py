@@ -24,7 +24,7 @@ from typing import Any
 from aetcd import Client
 
 from . import keys
-from .etcd_session import EtcdSession, KeptLease
+from .session import EtcdSession, KeptLease
 
 log = logging.getLogger(__name__)
 

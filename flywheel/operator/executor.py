@@ -1,0 +1,207 @@
+"""Carries out reconcile passes for one TrainingJob: observe (job, pods, nodes, etcd liveness, event log) ->
+`policy.reconcile.reconcile` -> write the status once (resourceVersion precondition) -> act -> post events.
+
+One `JobRunner` per TrainingJob runs inside a kopf daemon. It wakes on pod events, etcd liveness changes and a
+periodic tick. If the status write loses a race (409) nothing is done in that pass: the next one starts over from
+fresh observations, so no action is ever taken twice for one decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict
+from typing import Any
+
+import kopf
+
+from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.etcd.liveness import WorkerWatch, watch_workers
+from flywheel.operator import manifests as m
+from flywheel.operator.kube import ApiError, Kube
+from flywheel.operator.metrics import OperatorMetrics
+from flywheel.operator.progress import EventLogTail, events_file
+from flywheel.policy import reasons as R
+from flywheel.policy.reconcile import (LIVENESS_GRACE_SECONDS, CreatePod, DeleteJob, DeletePod, Pass, PodView,
+                                       Progress, Relabel, reconcile)
+from flywheel.spec import SpecError, TrainingJob, parse_job
+
+TICK_SECONDS = 1.0
+
+
+class JobRunner:
+    def __init__(self, kube: Kube, settings: m.OperatorSettings, namespace: str, name: str, uid: str,
+                 logger: logging.Logger | logging.LoggerAdapter[Any], metrics: OperatorMetrics | None = None) -> None:
+        self.kube, self.settings, self.logger, self.metrics = kube, settings, logger, metrics
+        self.namespace, self.name, self.uid = namespace, name, uid
+        self.path = Kube.custom(GROUP, VERSION, namespace, PLURAL, name)
+        self.wake = asyncio.Event()
+        self.events_path = (str(events_file(settings.events_dir, namespace, name, uid))
+                            if settings.events_dir else None)
+        self.tail = EventLogTail(events_file(settings.events_dir, namespace, name, uid)) if self.events_path else None
+        self.live: dict[str, Any] | None = None  # replica id -> LiveWorker, None until the watch reported
+        self.seen_live: dict[str, float | None] = {}  # pod uid -> since when its key is missing (None: present)
+        self.service_ok = False
+        self.watch: WorkerWatch | None = None
+
+    # -- wiring -------------------------------------------------------------------------------------------------
+    def poke(self) -> None:
+        self.wake.set()
+
+    def _start_liveness(self, job: TrainingJob) -> None:
+        if self.watch is not None or not self.settings.etcd_endpoints:
+            return
+        loop = asyncio.get_running_loop()
+
+        def changed(workers: dict[str, Any]) -> None:
+            def apply() -> None:
+                self.live = workers
+                self.wake.set()
+            loop.call_soon_threadsafe(apply)
+
+        try:
+            self.watch = watch_workers(self.settings.etcd_endpoints, m.run_id(job, self.uid), changed)
+        except Exception as err:  # etcd down: pod status still works; try again next pass
+            self.logger.warning(f"etcd liveness watch unavailable: {err}")
+
+    async def run(self, stopped: kopf.DaemonStopped) -> None:
+        try:
+            while not stopped:
+                started = time.monotonic()
+                try:
+                    await self.reconcile_once()
+                except ApiError as err:
+                    self.logger.warning(f"API error during reconcile (retrying): {err}")
+                except Exception:
+                    self.logger.exception("reconcile pass failed (retrying)")
+                if self.metrics is not None:
+                    self.metrics.reconcile.observe(time.monotonic() - started)
+                self.wake.clear()
+                await self._sleep(stopped)
+        finally:
+            if self.metrics is not None:
+                self.metrics.forget_job(self.namespace, self.name)
+            if self.watch is not None:
+                watch = self.watch
+                await asyncio.get_running_loop().run_in_executor(None, watch.stop)
+
+    async def _sleep(self, stopped: kopf.DaemonStopped) -> None:
+        """Until poked, stopped, or the next tick."""
+        async def until_stopped() -> None:
+            await stopped.wait()
+
+        tasks = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(until_stopped())]
+        try:
+            await asyncio.wait(tasks, timeout=TICK_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    # -- one pass -----------------------------------------------------------------------------------------------
+    def _liveness_lost(self, view: PodView, created: float, now: float) -> bool:
+        if self.live is None or view.phase != "Running" or view.deleting_since is not None:
+            return False
+        key = self.live.get(str(view.index))
+        # A key written before this pod existed belongs to its predecessor of the same name (still within its TTL).
+        if key is not None and key.since >= created - 1.0:
+            self.seen_live[view.uid] = None
+            return False
+        if view.uid not in self.seen_live:
+            return False  # never registered yet (starting up)
+        since = self.seen_live[view.uid] or now
+        self.seen_live[view.uid] = since
+        return now - since >= LIVENESS_GRACE_SECONDS
+
+    async def _observe(self) -> tuple[list[PodView], Progress]:
+        pods = await self.kube.list(Kube.core(self.namespace, "pods"), f"{m.JOB_LABEL}={self.name}")
+        pods = [p for p in pods if any(o.get("uid") == self.uid for o in p["metadata"].get("ownerReferences", []))]
+        lost = m.lost_nodes(await self.kube.list("/api/v1/nodes"))
+        now = time.time()
+        views = []
+        for obj in pods:
+            view = m.pod_view(obj, lost)
+            if view is not None:
+                created = m.timestamp(obj["metadata"].get("creationTimestamp")) or 0.0
+                views.append(PodView(**{**asdict(view), "liveness_lost": self._liveness_lost(view, created, now)}))
+        alive = {v.uid for v in views}
+        self.seen_live = {k: v for k, v in self.seen_live.items() if k in alive}
+        progress = self.tail.poll() if self.tail is not None else Progress()
+        return views, progress
+
+    async def reconcile_once(self) -> None:
+        obj = await self.kube.get(self.path)
+        if obj is None or obj["metadata"].get("deletionTimestamp") or obj["metadata"]["uid"] != self.uid:
+            return
+        job: TrainingJob | None = None
+        invalid = None
+        try:
+            job = parse_job(obj)
+        except SpecError as err:
+            invalid = "; ".join(err.problems)
+        views, progress = await self._observe()
+        status_in = dict(obj.get("status") or {})
+        status_in["selector"] = f"{m.JOB_LABEL}={self.name}"
+        result = reconcile(job.spec if job else None, invalid, status_in, views, progress, time.time(),
+                           int(obj["metadata"].get("generation", 0)))
+        if job is not None and result.status.get("phase") not in ("Succeeded", "Failed", "Suspended"):
+            self._start_liveness(job)
+            await self._ensure_service(obj, job)
+        if result.status != (obj.get("status") or {}):
+            try:
+                await self.kube.merge_patch(self.path + "/status", {
+                    "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": result.status})
+            except ApiError as err:
+                if err.status == 409:
+                    self.logger.info("status changed under us; redoing the pass")
+                    self.wake.set()
+                    return
+                raise
+        if self.metrics is not None:
+            self.metrics.observe_job(self.namespace, self.name, result.status, int(status_in.get("restarts", 0)))
+        await self._act(obj, job, result)
+        for ev in result.events:
+            await self._event(obj, ev.type, ev.reason, ev.message)
+
+    async def _event(self, obj: dict[str, Any], etype: str, reason: str, message: str) -> None:
+        try:
+            await self.kube.post_event(obj, etype, reason, message)
+        except ApiError as err:
+            self.logger.warning(f"could not post event {reason}: {err}")
+
+    async def _ensure_service(self, obj: dict[str, Any], job: TrainingJob) -> None:
+        if self.service_ok:
+            return
+        body = m.service(job)
+        kopf.adopt(body, owner=obj)
+        await self.kube.create(Kube.core(self.namespace, "services"), body)
+        group = m.pod_group(job, self.settings)
+        if group is not None:
+            kopf.adopt(group, owner=obj)
+            try:
+                await self.kube.create(f"/apis/{group['apiVersion']}/namespaces/{self.namespace}/podgroups", group)
+            except ApiError as err:  # e.g. the scheduler's CRDs are not installed: run without a gang
+                await self._event(obj, "Warning", R.CREATE_FAILED,
+                                  R.MSG_CREATE_FAILED.format(kind="PodGroup", name=job.name, error=err))
+        self.service_ok = True
+
+    async def _act(self, obj: dict[str, Any], job: TrainingJob | None, result: Pass) -> None:
+        workers = {w.index: w for w in m.plan(job, self.uid, self.settings, self.events_path)} if job else {}
+        for action in result.actions:
+            if isinstance(action, DeletePod):
+                await self.kube.delete(Kube.core(self.namespace, "pods", action.name), action.uid,
+                                       0 if action.force else None)
+            elif isinstance(action, Relabel):
+                await self.kube.merge_patch(Kube.core(self.namespace, "pods", action.name),
+                                            {"metadata": {"labels": {m.GENERATION_LABEL: str(action.generation)}}})
+            elif isinstance(action, CreatePod) and job is not None and action.index in workers:
+                body = m.pod(job, workers[action.index], action.generation, self.settings)
+                kopf.adopt(body, owner=obj)
+                try:
+                    await self.kube.create(Kube.core(self.namespace, "pods"), body)
+                except ApiError as err:
+                    await self._event(obj, "Warning", R.CREATE_FAILED,
+                                      R.MSG_CREATE_FAILED.format(kind="pod", name=body["metadata"]["name"], error=err))
+            elif isinstance(action, DeleteJob):
+                self.logger.info("ttlSecondsAfterFinished passed: deleting the TrainingJob")
+                await self.kube.delete(self.path, self.uid)

@@ -1,0 +1,93 @@
+"""kopf handlers: small typed functions that wire kopf's events to the per-job `JobRunner` (executor.py).
+
+All operator settings are set in `configure()`; the flywheel settings (`OperatorConfig`) arrive in kopf's memo
+from `flywheel.operator.main.run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.etcd.liveness import delete_run
+from flywheel.operator import manifests as m
+from flywheel.operator.executor import JobRunner
+from flywheel.operator.kube import Kube, load_connection
+from flywheel.operator.metrics import OperatorMetrics
+from flywheel.spec import SpecError, parse_job
+
+FINALIZER = f"{GROUP}/cleanup"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    kubeconfig: str | None
+    settings: m.OperatorSettings
+    metrics_port: int = 0  # the operator's own /metrics; 0 = not served
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    config: OperatorConfig = memo.config
+    settings.posting.level = logging.WARNING  # our own events go out after each status write (executor.py)
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.watching.server_timeout = 60
+    settings.watching.reconnect_backoff = 0.5
+    settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = 30
+    memo.kube = Kube(load_connection(config.kubeconfig))
+    memo.runners = {}
+    memo.metrics = OperatorMetrics()
+    if config.metrics_port:
+        memo.metrics.serve(config.metrics_port)
+
+
+@kopf.on.cleanup()
+async def close(memo: kopf.Memo, **_: Any) -> None:
+    await memo.kube.close()
+
+
+@kopf.on.login()
+def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    conn = load_connection(memo.config.kubeconfig)
+    return kopf.ConnectionInfo(server=conn.server, token=conn.token, ca_path=conn.ca_file, insecure=conn.insecure,
+                               certificate_path=conn.cert_file, private_key_path=conn.key_file)
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+async def run_job(name: str, namespace: str, uid: str, stopped: kopf.DaemonStopped, memo: kopf.Memo,
+                  logger: logging.Logger, **_: Any) -> None:
+    runner = JobRunner(memo.kube, memo.config.settings, namespace, name, uid, logger, memo.metrics)
+    memo.runners[(namespace, name)] = runner
+    try:
+        await runner.run(stopped)
+    finally:
+        if memo.runners.get((namespace, name)) is runner:
+            del memo.runners[(namespace, name)]
+
+
+@kopf.on.event("", "v1", "pods", labels={m.JOB_LABEL: kopf.PRESENT})
+def pod_changed(namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
+    runner = memo.runners.get((namespace, labels[m.JOB_LABEL]))
+    if runner is not None:
+        runner.poke()
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+async def cleanup_etcd(body: kopf.Body, uid: str, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    """Finalizer: delete this run's rendezvous and liveness keys (pods and Service go by garbage collection)."""
+    endpoints = memo.config.settings.etcd_endpoints
+    try:
+        job = parse_job(dict(body))
+    except SpecError:
+        return  # never ran
+    if endpoints:
+        deleted = await asyncio.get_running_loop().run_in_executor(None, delete_run, endpoints, m.run_id(job, uid))
+        logger.info(f"deleted {deleted} etcd keys of run {m.run_id(job, uid)}")

@@ -1,0 +1,180 @@
+"""Pure builders: a TrainingJob + operator settings -> the headless Service and the worker Pods (plain dicts), and
+the reverse: a worker Pod object -> the `PodView` the reconcile policy reads."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from flywheel.crd import GROUP
+from flywheel.plan import Placement, WorkerPlan, plan_workers, rdzv_run_id
+from flywheel.policy.reconcile import PodView
+from flywheel.spec import TrainingJob
+
+JOB_LABEL = f"{GROUP}/job"
+INDEX_LABEL = f"{GROUP}/replica-index"
+GENERATION_LABEL = f"{GROUP}/generation"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+RDZV_PORT = 29400  # MASTER_PORT hint; with etcd-v3 the rendezvous publishes the real one
+TERMINATION_GRACE_SECONDS = 30  # the trainer's emergency checkpoint after SIGTERM
+WORKER_LAUNCHER = ("python", "-m", "flywheel.cli", "launch")
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    etcd_endpoints: str
+    events_dir: str = ""  # shared with the workers; "" = no event log (no step/checkpoint in status)
+    metrics_port_base: int = 9400
+    host_network_ports: bool = False  # test cluster: every pod shares one host, so ports are base + index
+    worker_env: tuple[tuple[str, str], ...] = ()  # extra env for every worker (e.g. OMP_NUM_THREADS=1)
+    workdir_annotation: str = ""  # test cluster: the kubelet's working-directory annotation value
+    gang_scheduler: str = "none"  # none | scheduler-plugins | volcano: which PodGroup to create for gang jobs
+
+
+def service_name(job_name: str) -> str:
+    return f"{job_name}-workers"
+
+
+def run_id(job: TrainingJob, uid: str) -> str:
+    """Unique per TrainingJob incarnation: torch closes a finished rendezvous for good."""
+    return f"{rdzv_run_id(job)}-{uid[:8]}"
+
+
+def labels(job_name: str) -> dict[str, str]:
+    return {JOB_LABEL: job_name}
+
+
+def plan(job: TrainingJob, uid: str, settings: OperatorSettings, events_file: str | None) -> list[WorkerPlan]:
+    spec, ns = job.spec, job.metadata.namespace
+    extra = dict(settings.worker_env)
+    extra["PET_RDZV_ID"] = run_id(job, uid)
+    placement = Placement(
+        replicas=spec.replicas.desired, rdzv_backend="etcd-v3", rdzv_endpoint=settings.etcd_endpoints,
+        master_addr=f"{job.name}-worker-0.{service_name(job.name)}.{ns}.svc", master_port=RDZV_PORT,
+        checkpoint_dir=spec.checkpoint.dir, launcher=WORKER_LAUNCHER, metrics_port_base=settings.metrics_port_base,
+        per_worker_metrics_port=settings.host_network_ports, events_file=events_file, extra_env=extra,
+        hostname_suffix=f".{service_name(job.name)}.{ns}.svc")
+    return plan_workers(job, placement)
+
+
+# Gang scheduling: the PodGroup kind of each supported scheduler, how pods name their group, default scheduler.
+GANG = {
+    "scheduler-plugins": {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "plural": "podgroups",
+                          "label": "scheduling.x-k8s.io/pod-group", "scheduler": "scheduler-plugins-scheduler"},
+    "volcano": {"apiVersion": "scheduling.volcano.sh/v1beta1", "plural": "podgroups",
+                "annotation": "scheduling.k8s.io/group-name", "scheduler": "volcano"},
+}
+
+
+def gang(job: TrainingJob, settings: OperatorSettings) -> dict[str, str] | None:
+    if settings.gang_scheduler == "none" or not job.spec.scheduling.gang:
+        return None
+    return GANG[settings.gang_scheduler]
+
+
+def pod_group(job: TrainingJob, settings: OperatorSettings) -> dict[str, Any] | None:
+    """The PodGroup that makes the scheduler place at least `replicas.min` workers together, or None."""
+    kind = gang(job, settings)
+    if kind is None:
+        return None
+    spec: dict[str, Any] = {"minMember": job.spec.replicas.min}
+    if settings.gang_scheduler == "volcano" and job.spec.scheduling.queue:
+        spec["queue"] = job.spec.scheduling.queue
+    if settings.gang_scheduler == "scheduler-plugins":
+        spec["scheduleTimeoutSeconds"] = int(max(job.spec.fault_tolerance.node_failure_grace_seconds, 10))
+    return {"apiVersion": kind["apiVersion"], "kind": "PodGroup",
+            "metadata": {"name": job.name, "namespace": job.metadata.namespace, "labels": labels(job.name)},
+            "spec": spec}
+
+
+def service(job: TrainingJob) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": service_name(job.name), "namespace": job.metadata.namespace,
+                         "labels": labels(job.name)},
+            "spec": {"clusterIP": "None", "selector": labels(job.name), "publishNotReadyAddresses": True,
+                     "ports": [{"name": "rdzv", "port": RDZV_PORT}]}}
+
+
+def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: OperatorSettings) -> dict[str, Any]:
+    spec = job.spec
+    meta_labels = {**labels(job.name), INDEX_LABEL: str(worker.index), GENERATION_LABEL: str(generation)}
+    job_labels = (job.metadata.model_extra or {}).get("labels") or {}
+    queue = job_labels.get(QUEUE_LABEL) or spec.scheduling.queue  # Kueue: the job's own label passes through
+    if queue:
+        meta_labels[QUEUE_LABEL] = queue
+    annotations = {}
+    if settings.workdir_annotation:
+        annotations["tests.flywheel.dev/workdir"] = settings.workdir_annotation
+    container: dict[str, Any] = {
+        "name": "worker", "image": spec.image, "command": list(worker.argv),
+        "env": [{"name": k, "value": v} for k, v in sorted(worker.env.items())],
+        "resources": dict(spec.resources),
+    }
+    port = int(worker.env.get("FLYWHEEL_METRICS_PORT", "0"))
+    if port:
+        container["ports"] = [{"name": "metrics", "containerPort": port}]
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",  # the operator decides restarts (policy/), the agent restarts ranks in place
+        "hostname": worker.name, "subdomain": service_name(job.name),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "containers": [container],
+    }
+    kind = gang(job, settings)
+    if kind is not None:
+        if "label" in kind:
+            meta_labels[kind["label"]] = job.name
+        else:
+            annotations[kind["annotation"]] = job.name
+    scheduler = spec.scheduling.scheduler_name or (kind["scheduler"] if kind else "")
+    for key, value in (("schedulerName", scheduler),
+                       ("priorityClassName", spec.scheduling.priority_class_name)):
+        if value:
+            pod_spec[key] = value
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": worker.name, "namespace": job.metadata.namespace, "labels": meta_labels,
+                         "annotations": annotations},
+            "spec": pod_spec}
+
+
+def timestamp(text: str | None) -> float | None:
+    if not text:
+        return None
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = False) -> PodView | None:
+    meta, status = obj["metadata"], obj.get("status") or {}
+    try:
+        index = int(meta["labels"][INDEX_LABEL])
+        generation = int(meta["labels"].get(GENERATION_LABEL, "0"))
+    except (KeyError, ValueError):
+        return None
+    reason, code = status.get("reason"), None
+    for cs in status.get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        if "terminated" in state:
+            reason, code = state["terminated"].get("reason") or reason, state["terminated"].get("exitCode")
+        elif "waiting" in state:
+            reason = state["waiting"].get("reason") or reason
+    conds = {c.get("type"): c for c in status.get("conditions") or []}
+    ready = conds.get("Ready", {}).get("status") == "True"
+    sched = conds.get("PodScheduled", {})
+    unsched = timestamp(sched.get("lastTransitionTime")) if sched.get("reason") == "Unschedulable" else None
+    node = (obj.get("spec") or {}).get("nodeName")
+    deleting = timestamp(meta.get("deletionTimestamp"))  # graceful deletes stamp the end of the grace period
+    if deleting is not None:
+        deleting -= float(meta.get("deletionGracePeriodSeconds") or 0)
+    return PodView(name=meta["name"], uid=meta["uid"], index=index, generation=generation,
+                   phase=status.get("phase", "Pending"), ready=ready, deleting_since=deleting,
+                   node_lost=bool(node) and node in lost_nodes, reason=reason, exit_code=code,
+                   unschedulable_since=unsched, liveness_lost=liveness_lost)
+
+
+def lost_nodes(nodes: list[dict[str, Any]]) -> set[str]:
+    out = set()
+    for node in nodes:
+        ready = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+        if ready is not None and ready.get("status") != "True":
+            out.add(node["metadata"]["name"])
+    return out

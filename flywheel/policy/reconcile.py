@@ -1,0 +1,305 @@
+"""One reconcile pass of a TrainingJob, as a pure function: spec + remembered status + observed pods -> the new
+status and the actions that make the world match it.
+
+The Kubernetes executor (`flywheel/operator/`) observes, calls `reconcile`, writes the returned status once (with
+a resourceVersion precondition) and carries the actions out only when that write succeeded. Everything the operator
+must remember across its own restarts is in the status it writes, so a killed operator resumes where it stopped:
+
+- `status.restarts` is also the worker *generation*: every pod carries the generation it was created for (label
+  `flywheel.dev/generation`). A failure is decided only for pods of the current generation; deciding bumps the
+  generation in the status write, so a pass repeated after a crash sees an older generation and only cleans up.
+- With `restartScope: job` every pod of an older generation is deleted and recreated; with `worker` (and when an
+  elastic job shrinks) only the failed ones are, and the survivors are relabelled to the new generation (they keep
+  running; the elastic agent re-rendezvouses with the newcomer). An operator killed between the status write and
+  the relabel leaves survivors one generation behind: a later failure of one of them is then replaced without
+  being counted (the only non-idempotent window, and it errs towards not failing the job).
+- Pods are named per replica index, so a pod can never be duplicated: a missing index is created, a name still
+  held by a terminating pod waits until it is gone (force-deleted after `nodeFailureGraceSeconds` on a lost node).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from flywheel.policy import reasons as R
+from flywheel.policy.failures import FailureKind, classify_pod
+from flywheel.policy.restart import Action, RestartBudget, decide_restart
+from flywheel.spec import TrainingJobSpec
+
+TERMINAL = ("Succeeded", "Failed")
+LIVENESS_GRACE_SECONDS = 1.0  # a key gone this long while the pod still runs means the agent is gone
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What one observed worker pod means for the job (built by the executor from the Pod object)."""
+
+    name: str
+    uid: str
+    index: int
+    generation: int
+    phase: str  # Pending | Running | Succeeded | Failed | Unknown
+    ready: bool = False
+    deleting_since: float | None = None  # unix time of metadata.deletionTimestamp
+    node_lost: bool = False  # bound to a node that is not Ready
+    reason: str | None = None  # container terminated/waiting reason, or the pod's reason
+    exit_code: int | None = None
+    unschedulable_since: float | None = None
+    liveness_lost: bool = False  # its etcd liveness key vanished while the pod still ran
+
+    @property
+    def active(self) -> bool:
+        return self.deleting_since is None and self.phase in ("Pending", "Running", "Unknown")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Training progress read from the job's event log (see flywheel/operator/progress.py)."""
+
+    step: int = 0
+    world_size: int = 0
+    checkpoint_step: int = 0
+    checkpoint_time: float | None = None
+    checkpoint_path: str = ""
+    done: bool = False
+    goodput: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CreatePod:
+    index: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+    uid: str
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class Relabel:
+    name: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    pass
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Pass:
+    status: dict[str, Any]
+    actions: list[CreatePod | DeletePod | Relabel | DeleteJob] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+
+def iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_iso(text: str | None) -> float | None:
+    if not text:
+        return None
+    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
+
+
+def condition(status: dict[str, Any], ctype: str) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions", []) if c.get("type") == ctype), None)
+
+
+def set_condition(status: dict[str, Any], ctype: str, truth: bool, reason: str, message: str, now: float) -> None:
+    """Set a condition; lastTransitionTime changes only when its status flips."""
+    value = "True" if truth else "False"
+    conds = status.setdefault("conditions", [])
+    old = condition(status, ctype)
+    if old is None:
+        if not truth:
+            return  # a condition that never held is simply absent
+        conds.append({"type": ctype, "status": value, "reason": reason, "message": message,
+                      "lastTransitionTime": iso(now)})
+        return
+    if old["status"] != value:
+        old["lastTransitionTime"] = iso(now)
+    old.update(status=value, reason=reason, message=message)
+
+
+def _budget(status: dict[str, Any]) -> RestartBudget:
+    saved = status.get("restartBudget")
+    if isinstance(saved, dict):
+        return RestartBudget(int(saved.get("used", 0)), int(saved.get("windowStartStep", 0)))
+    # The schema did not keep the budget: count every restart against it, since the last checkpoint.
+    return RestartBudget(int(status.get("restarts", 0)), int(status.get("lastCheckpoint", {}).get("step", 0)))
+
+
+def _failure_of(pod: PodView) -> FailureKind | None:
+    if pod.liveness_lost or (pod.node_lost and pod.phase != "Succeeded"):
+        return FailureKind.NODE_LOST
+    if pod.phase != "Failed":
+        return None
+    return classify_pod(pod.phase, pod.reason, pod.exit_code) or FailureKind.CRASH
+
+
+def _progress_status(status: dict[str, Any], progress: Progress) -> None:
+    if progress.step:
+        status["step"] = progress.step  # the step trained last (it goes back after a restore)
+    if progress.world_size:
+        status["worldSize"] = progress.world_size
+    if progress.checkpoint_step >= int(status.get("lastCheckpoint", {}).get("step", 0)) and progress.checkpoint_path:
+        status["lastCheckpoint"] = {"step": progress.checkpoint_step, "path": progress.checkpoint_path,
+                                    "time": iso(progress.checkpoint_time) if progress.checkpoint_time else None}
+    if progress.goodput:
+        status["goodput"] = dict(progress.goodput)
+
+
+def _finish(out: Pass, pods: list[PodView], phase: str, reason: str, message: str, now: float) -> Pass:
+    status = out.status
+    status["phase"] = phase
+    set_condition(status, phase, True, reason, message, now)
+    for other in ("Running", "Restarting", "Degraded"):
+        set_condition(status, other, False, reason, message, now)
+    out.actions += [DeletePod(p.name, p.uid) for p in pods if p.active]
+    out.events.append(Event("Normal" if phase == "Succeeded" else "Warning", reason, message))
+    return out
+
+
+def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict[str, Any], pods: list[PodView],
+              progress: Progress, now: float, generation: int = 0) -> Pass:
+    """Decide one pass. `spec` is None when the TrainingJob is invalid (`invalid` says why)."""
+    status: dict[str, Any] = {k: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v)
+                              for k, v in status_in.items()}
+    status["conditions"] = [dict(c) for c in status_in.get("conditions", [])]
+    status["observedGeneration"] = generation
+    out = Pass(status)
+    if condition(status, "Created") is None:
+        set_condition(status, "Created", True, R.CREATED, R.MSG_CREATED, now)
+        out.events.append(Event("Normal", R.CREATED, R.MSG_CREATED))
+
+    if spec is None:
+        if status.get("phase") != "Failed":
+            set_condition(status, "Invalid", True, R.INVALID, invalid or "", now)
+            return _finish(out, pods, "Failed", R.INVALID, invalid or R.INVALID, now)
+        return out
+
+    desired = spec.replicas.desired
+    current_gen = int(status.get("restarts", 0))
+    mine = [p for p in pods if p.index < desired or not p.active]
+    status["replicas"] = {"desired": desired,
+                          "current": sum(1 for p in pods if p.active),
+                          "ready": sum(1 for p in pods if p.active and p.ready and p.phase == "Running")}
+    status.setdefault("worldSize", 0)
+    _progress_status(status, progress)
+
+    phase = status.get("phase", "Pending")
+    if phase in TERMINAL:
+        return _after_finish(out, spec, pods, now)
+
+    # Pods of an older generation: leftovers of a decided failure; never decided again.
+    scope_job = spec.fault_tolerance.restart_scope == "job"
+    grace = spec.fault_tolerance.node_failure_grace_seconds
+    for p in pods:
+        if p.deleting_since is not None:
+            if (p.node_lost or p.liveness_lost) and now - p.deleting_since >= grace:
+                out.actions.append(DeletePod(p.name, p.uid, force=True))
+                out.events.append(Event("Warning", R.FORCE_DELETED, R.MSG_FORCE_DELETED.format(pod=p.name)))
+        elif p.index >= desired or (p.generation < current_gen and (scope_job or _failure_of(p) is not None)):
+            out.actions.append(DeletePod(p.name, p.uid))
+
+    if spec.suspend:
+        out.actions = [a for a in out.actions if isinstance(a, DeletePod) and a.force]
+        out.actions += [DeletePod(p.name, p.uid) for p in pods if p.deleting_since is None and p.phase != "Succeeded"]
+        if phase != "Suspended":
+            out.events.append(Event("Normal", R.SUSPENDED, R.MSG_SUSPENDED))
+        status["phase"] = "Suspended"
+        set_condition(status, "Suspended", True, R.SUSPENDED, R.MSG_SUSPENDED, now)
+        set_condition(status, "Running", False, R.SUSPENDED, R.MSG_SUSPENDED, now)
+        return out
+    if phase == "Suspended":
+        set_condition(status, "Suspended", False, R.RESUMED, R.MSG_RESUMED, now)
+        out.events.append(Event("Normal", R.RESUMED, R.MSG_RESUMED))
+        phase = "Pending"
+
+    created = parse_iso((condition(status, "Created") or {}).get("lastTransitionTime")) or now
+    deadline = spec.run_policy.active_deadline_seconds
+    if deadline is not None and now - created > deadline:
+        return _finish(out, pods, "Failed", R.DEADLINE, R.MSG_DEADLINE.format(seconds=deadline), now)
+
+    current = [p for p in mine if p.generation == current_gen and p.deleting_since is None]
+    if any(p.phase == "Succeeded" for p in current) or progress.done:
+        if not any(p.phase in ("Running", "Pending") and p.index < desired for p in current):
+            return _finish(out, pods, "Succeeded", R.SUCCEEDED, R.MSG_SUCCEEDED.format(step=status["step"]), now)
+        status["phase"] = "Running"
+        return out  # finishing: the other workers are exiting; replace nothing
+
+    failed = sorted((p for p in current if _failure_of(p) is not None), key=lambda p: p.index)
+    if failed:
+        pod = failed[0]
+        kind = _failure_of(pod)
+        assert kind is not None
+        live = sum(1 for p in current if p.active and _failure_of(p) is None)
+        decision = decide_restart(spec, kind, _budget(status), int(status.get("lastCheckpoint", {}).get("step", 0)),
+                                  live)
+        status["restartBudget"] = {"used": decision.budget.used, "windowStartStep": decision.budget.window_start_step}
+        detail = R.MSG_WORKER_FAILED.format(pod=pod.name, kind=kind.value, code=pod.exit_code, reason=pod.reason)
+        if decision.action is Action.FAIL:
+            set_condition(status, "Failed", True, decision.reason, f"{detail}; {decision.message}", now)
+            return _finish(out, pods, "Failed", decision.reason, f"{detail}; {decision.message}", now)
+        status["restarts"] = current_gen + 1
+        status["lastRestartReason"] = decision.reason
+        status["phase"] = "Restarting"
+        set_condition(status, "Restarting", True, decision.reason, f"{detail}; {decision.message}", now)
+        out.events.append(Event("Warning", R.RESTARTING, f"{detail}; {decision.message} ({decision.action.value})"))
+        # The doomed pods: job scope -> all; otherwise the failed ones (each deleted once the status is written).
+        whole = decision.action is Action.RESTART_JOB
+        out.actions = [a for a in out.actions if not isinstance(a, DeletePod) or a.force]
+        for p in pods:
+            if p.deleting_since is None and (whole or _failure_of(p) is not None):
+                out.actions.append(DeletePod(p.name, p.uid))
+            elif p.deleting_since is None:  # a survivor joins the new generation (worker scope / shrink)
+                out.actions.append(Relabel(p.name, current_gen + 1))
+        return out
+
+    held = {p.index for p in pods}  # a name is reused only once its old pod is gone
+    out.actions += [CreatePod(i, current_gen) for i in range(desired) if i not in held]
+
+    ready = status["replicas"]["ready"]
+    pending_since = [p.unschedulable_since for p in current if p.unschedulable_since is not None]
+    unsched = bool(pending_since) and now - min(pending_since) >= spec.fault_tolerance.node_failure_grace_seconds
+    set_condition(status, "Unschedulable", unsched, R.UNSCHEDULABLE, R.MSG_UNSCHEDULABLE, now)
+    running_enough = ready >= spec.replicas.min and ready > 0
+    if running_enough:
+        status["phase"] = "Running"
+        set_condition(status, "Running", True, R.RUNNING, R.MSG_RUNNING.format(ready=ready), now)
+        set_condition(status, "Restarting", False, R.RUNNING, R.MSG_RUNNING.format(ready=ready), now)
+        set_condition(status, "Degraded", ready < desired, R.DEGRADED,
+                      R.MSG_DEGRADED.format(ready=ready, desired=desired), now)
+    else:
+        status["phase"] = "Restarting" if current_gen > 0 else "Pending"
+    if status["phase"] == "Running" and phase != "Running":
+        out.events.append(Event("Normal", R.RUNNING, R.MSG_RUNNING.format(ready=ready)))
+    return out
+
+
+def _after_finish(out: Pass, spec: TrainingJobSpec, pods: list[PodView], now: float) -> Pass:
+    status = out.status
+    out.actions += [DeletePod(p.name, p.uid) for p in pods if p.active]
+    for p in pods:
+        if p.deleting_since is not None and p.node_lost and \
+                now - p.deleting_since >= spec.fault_tolerance.node_failure_grace_seconds:
+            out.actions.append(DeletePod(p.name, p.uid, force=True))
+    ttl = spec.run_policy.ttl_seconds_after_finished
+    finished = parse_iso((condition(status, status["phase"]) or {}).get("lastTransitionTime"))
+    if ttl is not None and finished is not None and now - finished >= ttl:
+        out.actions.append(DeleteJob())
+    return out

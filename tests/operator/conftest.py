@@ -1,0 +1,178 @@
+"""The operator against the test cluster (API emulator + process kubelet + real etcd) with the real kubectl.
+
+`op_env` (module scope) starts the cluster, applies the CRD with kubectl and runs `flywheel operator` as a
+subprocess (`OperatorProcess` can kill and restart it). Jobs are examples/operator-tiny.yaml with a fresh name and
+checkpoint dir per test, applied with `kubectl apply -f`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.fixtures import RunningCluster, start_cluster
+
+REPO = Path(__file__).resolve().parents[2]
+KUBECTL = REPO / ".tools" / "bin" / "kubectl"
+EXAMPLE = REPO / "examples" / "operator-tiny.yaml"
+CRD = REPO / "crds" / "trainingjobs.flywheel.dev.yaml"
+
+
+def eventually(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class OperatorProcess:
+    def __init__(self, cluster: RunningCluster, events_dir: Path, log_path: Path) -> None:
+        self.cluster, self.events_dir, self.log_path = cluster, events_dir, log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.extra_args: list[str] = []
+        self.metrics_port = _free_port()
+
+    def start(self) -> None:
+        argv = [sys.executable, "-m", "flywheel.operator.main", "--kubeconfig", str(self.cluster.kubeconfig),
+                "--etcd-endpoints", str(self.cluster.etcd_url), "--events-dir", str(self.events_dir),
+                "--metrics-port-base", "0", "--worker-env", "OMP_NUM_THREADS=1",
+                "--operator-metrics-port", str(self.metrics_port), *self.extra_args]
+        with open(self.log_path, "a") as log:
+            self.proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                         env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"})
+        self.starts += 1
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
+            return resp.read().decode()
+
+    def restart(self, *extra_args: str) -> None:
+        self.stop()
+        self.extra_args = list(extra_args)
+        self.start()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@dataclass
+class OpEnv:
+    cluster: RunningCluster
+    operator: OperatorProcess
+    events_dir: Path
+    tmp: Path
+
+    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([str(KUBECTL), "--kubeconfig", str(self.cluster.kubeconfig), *args], input=stdin,
+                                capture_output=True, text=True, timeout=60)
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+        return result
+
+    def job_yaml(self, name: str, **spec_changes: Any) -> Path:
+        """examples/operator-tiny.yaml with a new name, its own checkpoint dir and `spec_changes` merged in."""
+        doc = yaml.safe_load(EXAMPLE.read_text())
+        doc["metadata"]["name"] = name
+        doc["spec"]["checkpoint"]["dir"] = str(self.tmp / "ckpt" / name)
+        for dotted, value in spec_changes.items():
+            node = doc["spec"]
+            *parents, leaf = dotted.split(".")
+            for key in parents:
+                node = node.setdefault(key, {})
+            node[leaf] = value
+        path = self.tmp / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
+    def job(self, name: str) -> dict[str, Any]:
+        return json.loads(self.kubectl("get", "tj", name, "-o", "json").stdout)
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.job(name).get("status") or {}
+
+    def pods(self, name: str) -> list[dict[str, Any]]:
+        out = self.kubectl("get", "pods", "-l", f"flywheel.dev/job={name}", "-o", "json").stdout
+        return json.loads(out)["items"]
+
+    def events_of(self, name: str) -> list[dict[str, Any]]:
+        out = self.kubectl("get", "events", "--field-selector", f"involvedObject.name={name}", "-o", "json").stdout
+        return json.loads(out)["items"]
+
+    def events_file(self, name: str) -> Path:
+        uid = self.job(name)["metadata"]["uid"]
+        return self.events_dir / f"default_{name}_{uid}.jsonl"
+
+    def records(self, name: str) -> list[dict[str, Any]]:
+        path = self.events_file(name)
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def last_step(self, name: str) -> int:
+        return max((r["step"] for r in self.records(name) if r["event"] == "step"), default=0)
+
+    def done_hash(self, name: str) -> str:
+        done = [r for r in self.records(name) if r["event"] == "done"]
+        assert done, f"{name}: no done event"
+        return str(done[-1]["params_sha256"])
+
+    def wait_phase(self, name: str, phase: str, timeout: float) -> dict[str, Any]:
+        return eventually(lambda: (s := self.status(name)).get("phase") == phase and s, timeout,
+                          f"{name} to reach {phase} (now {self.status(name).get('phase')})", interval=0.5)
+
+    def delete(self, name: str) -> None:
+        self.kubectl("delete", "tj", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def op_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpEnv]:
+    if not KUBECTL.exists():
+        pytest.skip("real kubectl missing: run scripts/install-tools.sh")
+    tmp = tmp_path_factory.mktemp("operator")
+    cluster = start_cluster(tmp / "cluster", nodes=2, etcd=True, node_monitor_grace_seconds=3.0,
+                            heartbeat_seconds=0.5)
+    events_dir = tmp / "events"
+    events_dir.mkdir()
+    operator = OperatorProcess(cluster, events_dir, tmp / "operator.log")
+    env = OpEnv(cluster, operator, events_dir, tmp)
+    try:
+        env.kubectl("apply", "-f", str(CRD))
+        operator.start()
+        yield env
+    finally:
+        operator.stop()
+        cluster.stop()

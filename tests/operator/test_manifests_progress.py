@@ -1,0 +1,138 @@
+"""Pure pieces of the operator: pod/service manifests, pod status -> PodView, and the event-log fold."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from flywheel.operator import manifests as m
+from flywheel.operator.progress import EventLogTail
+from flywheel.spec import parse_job
+
+JOB = parse_job({"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
+                 "metadata": {"name": "j", "namespace": "ml"},
+                 "spec": {"replicas": {"min": 1, "max": 3, "target": 2}, "procsPerReplica": 2,
+                          "trainer": {"training": {"globalBatch": 12, "microBatch": 1}},
+                          "scheduling": {"queue": "team-a", "schedulerName": "volcano"},
+                          "checkpoint": {"dir": "/ckpt/j"}}})
+SETTINGS = m.OperatorSettings(etcd_endpoints="etcd:2379", events_dir="/ev", metrics_port_base=9400,
+                              host_network_ports=True, worker_env=(("OMP_NUM_THREADS", "1"),))
+
+
+def test_pods_follow_the_worker_contract() -> None:
+    workers = m.plan(JOB, "0123456789abcdef", SETTINGS, "/ev/x.jsonl")
+    assert [w.name for w in workers] == ["j-worker-0", "j-worker-1"]
+    body = m.pod(JOB, workers[1], 3, SETTINGS)
+    env = {e["name"]: e["value"] for e in body["spec"]["containers"][0]["env"]}
+    assert env["PET_RDZV_BACKEND"] == "etcd-v3" and env["PET_RDZV_ENDPOINT"] == "etcd:2379"
+    assert env["PET_RDZV_ID"] == "ml-j-01234567" and env["PET_NNODES"] == "1:3" and env["PET_NPROC_PER_NODE"] == "2"
+    assert env["WORLD_SIZE"] == "4" and env["FLYWHEEL_REPLICA_INDEX"] == "1" and env["FLYWHEEL_JOB"] == "ml/j"
+    assert env["FLYWHEEL_METRICS_PORT"] == "9401" and env["FLYWHEEL_CHECKPOINT_DIR"] == "/ckpt/j"
+    assert env["FLYWHEEL_EVENTS_FILE"] == "/ev/x.jsonl" and env["OMP_NUM_THREADS"] == "1"
+    assert json.loads(env["FLYWHEEL_SPEC"])["replicas"]["target"] == 2
+    assert body["spec"]["containers"][0]["command"] == ["python", "-m", "flywheel.cli", "launch"]
+    assert body["metadata"]["labels"] == {m.JOB_LABEL: "j", m.INDEX_LABEL: "1", m.GENERATION_LABEL: "3",
+                                          m.QUEUE_LABEL: "team-a"}
+    assert body["spec"]["hostname"] == "j-worker-1" and body["spec"]["subdomain"] == "j-workers"
+    assert body["spec"]["restartPolicy"] == "Never" and body["spec"]["schedulerName"] == "volcano"
+    svc = m.service(JOB)
+    assert svc["metadata"]["name"] == "j-workers" and svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"] == {m.JOB_LABEL: "j"}
+
+
+def test_kueue_queue_label_of_the_job_passes_through() -> None:
+    job = parse_job({"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
+                     "metadata": {"name": "q", "labels": {m.QUEUE_LABEL: "lq"}}})
+    worker = m.plan(job, "abcdefgh", SETTINGS, None)[0]
+    assert m.pod(job, worker, 0, SETTINGS)["metadata"]["labels"][m.QUEUE_LABEL] == "lq"
+
+
+def test_user_command_runs_under_the_agent() -> None:
+    job = parse_job({"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "u"},
+                     "spec": {"command": ["train.py", "--lr", "1"]}})
+    worker = m.plan(job, "abcdefgh", SETTINGS, None)[0]
+    assert m.pod(job, worker, 0, SETTINGS)["spec"]["containers"][0]["command"] == \
+        ["python", "-m", "flywheel.cli", "launch", "--", "train.py", "--lr", "1"]
+
+
+def test_pod_view_reads_exit_codes_nodes_and_deletion() -> None:
+    obj = {"metadata": {"name": "j-worker-1", "uid": "u", "labels": {m.INDEX_LABEL: "1", m.GENERATION_LABEL: "2"},
+                        "deletionTimestamp": "2026-01-01T00:00:30Z", "deletionGracePeriodSeconds": 30},
+           "spec": {"nodeName": "node-2"},
+           "status": {"phase": "Failed", "containerStatuses": [
+               {"state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}}
+    view = m.pod_view(obj, {"node-2"})
+    assert view is not None and (view.index, view.generation, view.exit_code, view.reason) == (1, 2, 137, "OOMKilled")
+    assert view.node_lost and view.deleting_since == 1767225600.0  # the delete request, not the grace end
+    nodes = [{"metadata": {"name": "a"}, "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}},
+             {"metadata": {"name": "b"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}]
+    assert m.lost_nodes(nodes) == {"a"}
+    assert m.pod_view({"metadata": {"name": "x", "uid": "y", "labels": {}}}, set()) is None
+
+
+def test_event_log_fold_counts_lost_steps_and_recovery(tmp_path: Path) -> None:
+    log = tmp_path / "ev.jsonl"
+    rows = [{"event": "start", "time": 100.0}]
+    rows += [{"event": "step", "time": 100.0 + s, "step": s, "step_seconds": 0.5, "world_size": 2} for s in (1, 2, 3)]
+    rows += [{"event": "checkpoint", "time": 103.1, "step": 2, "path": "/c/2"},
+             {"event": "start", "time": 107.0}, {"event": "restore", "time": 107.5, "step": 2},
+             {"event": "step", "time": 110.0, "step": 3, "step_seconds": 0.5, "world_size": 2}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"event": "step", "ti')  # torn last line
+    tail = EventLogTail(log)
+    p = tail.poll()
+    assert (p.step, p.world_size, p.checkpoint_step, p.checkpoint_path, p.done) == (3, 2, 2, "/c/2", False)
+    assert p.goodput["lostSteps"] == 1 and p.goodput["meanTimeToRecoverSeconds"] == 7.0
+    assert p.goodput["productiveSeconds"] == 1.5 and p.goodput["ratio"] == round(1.5 / 10, 4)
+    with open(log, "a") as f:
+        f.write('me": 111, "step": 4, "step_seconds": 0.5}\n{"event": "done", "time": 112, "step": 4}\n')
+    p = tail.poll()
+    assert p.step == 4 and p.done
+    assert EventLogTail(tmp_path / "missing.jsonl").poll().step == 0
+
+
+def test_operator_does_not_import_torch() -> None:
+    import subprocess
+
+    code = "import sys, flywheel.operator.main, flywheel.operator.handlers; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_liveness_keys_of_a_predecessor_do_not_count() -> None:
+    import logging
+
+    from flywheel.etcd.liveness import LiveWorker
+    from flywheel.operator.executor import JobRunner
+    from flywheel.policy.reconcile import PodView
+
+    runner = JobRunner(None, SETTINGS, "ml", "j", "uid", logging.getLogger("t"))  # type: ignore[arg-type]
+    pod = PodView(name="j-worker-0", uid="new", index=0, generation=1, phase="Running", ready=True)
+    runner.live = {"0": LiveWorker("0", "h", 1, since=90.0, lease_id=1)}  # the old pod's key, still in its TTL
+    assert not runner._liveness_lost(pod, created=100.0, now=101.0)
+    runner.live = {}  # the old key expired before the new agent registered: not a death
+    assert not runner._liveness_lost(pod, created=100.0, now=110.0)
+    runner.live = {"0": LiveWorker("0", "h", 2, since=104.0, lease_id=2)}  # the new agent registered
+    assert not runner._liveness_lost(pod, created=100.0, now=111.0)
+    runner.live = {}
+    assert not runner._liveness_lost(pod, created=100.0, now=112.0)  # gone: the grace starts
+    assert runner._liveness_lost(pod, created=100.0, now=113.5)
+
+
+def test_operator_metrics_count_each_decided_restart_once() -> None:
+    from flywheel.operator.metrics import OperatorMetrics
+
+    metrics = OperatorMetrics()
+    running = {"phase": "Running", "restarts": 0, "goodput": {"ratio": 0.5}}
+    restarted = {"phase": "Restarting", "restarts": 1, "lastRestartReason": "Killed"}
+    metrics.observe_job("ns", "a", running, 0)
+    metrics.observe_job("ns", "a", restarted, 0)  # the pass that decided
+    metrics.observe_job("ns", "a", restarted, 1)  # later passes read restarts=1 back
+    metrics.observe_job("ns", "b", running, 0)
+    value = metrics.registry.get_sample_value
+    assert value("flywheel_operator_restarts_total", {"namespace": "ns", "job": "a", "reason": "Killed"}) == 1
+    assert value("flywheel_operator_jobs", {"phase": "Restarting"}) == 1
+    assert value("flywheel_operator_jobs", {"phase": "Running"}) == 1
+    assert value("flywheel_job_goodput_ratio", {"namespace": "ns", "job": "b"}) == 0.5
+    metrics.forget_job("ns", "b")
+    assert value("flywheel_operator_jobs", {"phase": "Running"}) == 0

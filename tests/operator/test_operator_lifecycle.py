@@ -1,0 +1,125 @@
+"""Lifecycle features on the test cluster: kubectl scale (elastic), suspend/resume, activeDeadlineSeconds,
+ttlSecondsAfterFinished with the etcd-cleanup finalizer, user scripts, and gang scheduling PodGroups."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from flywheel.etcd import keys
+from flywheel.etcd.session import EtcdSession
+from tests.operator.conftest import OpEnv, eventually
+
+LONG = {"trainer.training.steps": 400, "checkpoint.everySteps": 20}
+PODGROUP_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "podgroups.scheduling.x-k8s.io"},
+    "spec": {"group": "scheduling.x-k8s.io", "scope": "Namespaced",
+             "names": {"plural": "podgroups", "singular": "podgroup", "kind": "PodGroup"},
+             "versions": [{"name": "v1alpha1", "served": True, "storage": True,
+                           "schema": {"openAPIV3Schema": {"type": "object",
+                                                          "x-kubernetes-preserve-unknown-fields": True}}}]},
+}
+
+
+def _etcd_keys(env: OpEnv, prefix: bytes) -> int:
+    session = EtcdSession(str(env.cluster.etcd_url))
+    try:
+        async def count(client: Any) -> int:
+            return len(list(await client.get_prefix(prefix)))
+        return int(session.call(count))
+    finally:
+        session.close()
+
+
+@pytest.mark.slow
+def test_kubectl_scale_shrinks_and_regrows_an_elastic_job(op_env: OpEnv) -> None:
+    name = "elastic"
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{**LONG, "trainer.training.steps": 500,
+                                                                 "replicas": {"min": 1, "max": 2}})))
+    eventually(lambda: op_env.last_step(name) >= 40, 120, "elastic to pass step 40", interval=0.05)
+    op_env.kubectl("scale", "tj", name, "--replicas", "1")
+    eventually(lambda: [p["metadata"]["name"] for p in op_env.pods(name)] == [f"{name}-worker-0"], 60,
+               "worker 1 to go")
+    eventually(lambda: any(r["event"] == "step" and r["world_size"] == 1 for r in op_env.records(name)), 90,
+               "a step at world size 1")
+    assert op_env.status(name)["replicas"]["desired"] == 1
+    op_env.kubectl("scale", "tj", name, "--replicas", "2")
+    eventually(lambda: (r := [x for x in op_env.records(name) if x["event"] == "step"]) and r[-1]["world_size"] == 2
+               and any(x["world_size"] == 1 for x in r), 120, "training at world size 2 again")
+    status = op_env.wait_phase(name, "Succeeded", 180)
+    assert status["step"] == 500 and status["replicas"]["desired"] == 2
+    restores = [r for r in op_env.records(name) if r["event"] == "restore"]
+    assert {(r["from_world_size"], r["world_size"]) for r in restores} >= {(2, 1), (1, 2)}
+
+
+@pytest.mark.slow
+def test_suspend_then_resume_continues_from_the_checkpoint(op_env: OpEnv) -> None:
+    name = "pause"
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **LONG)))
+    eventually(lambda: op_env.last_step(name) >= 40, 120, "pause to pass step 40", interval=0.05)
+    op_env.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"suspend": true}}')
+    op_env.wait_phase(name, "Suspended", 60)
+    eventually(lambda: op_env.pods(name) == [], 60, "the workers to stop")
+    stopped_at = op_env.last_step(name)
+    op_env.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    status = op_env.wait_phase(name, "Succeeded", 180)
+    assert status["step"] == 400 and status["restarts"] == 0
+    restore = [r for r in op_env.records(name) if r["event"] == "restore"]
+    assert restore and 0 < restore[-1]["step"] <= stopped_at
+    describe = op_env.kubectl("describe", "tj", name).stdout
+    assert "Suspended" in describe and "Resumed" in describe
+
+
+def test_deadline_fails_the_job_and_stops_the_workers(op_env: OpEnv) -> None:
+    name = "deadline"
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{**LONG, "trainer.training.steps": 5000,
+                                                                 "runPolicy.activeDeadlineSeconds": 4})))
+    status = op_env.wait_phase(name, "Failed", 60)
+    failed = [c for c in status["conditions"] if c["type"] == "Failed"][0]
+    assert failed["reason"] == "DeadlineExceeded"
+    eventually(lambda: all(p["status"].get("phase") in ("Succeeded", "Failed") for p in op_env.pods(name)), 60,
+               "the workers to stop")
+
+
+def test_ttl_deletes_the_finished_job_and_the_finalizer_cleans_etcd(op_env: OpEnv) -> None:
+    name = "ttl"
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{"runPolicy.ttlSecondsAfterFinished": 2})))
+    job = op_env.job(name)
+    assert "flywheel.dev/cleanup" in job["metadata"]["finalizers"]
+    run_id = f"default-{name}-{job['metadata']['uid'][:8]}"
+    eventually(lambda: _etcd_keys(op_env, keys.rdzv_prefix(run_id)) > 0, 60, "the rendezvous keys")
+    op_env.wait_phase(name, "Succeeded", 120)
+    eventually(lambda: op_env.kubectl("get", "tj", name, check=False).returncode != 0, 30, "the TTL deletion")
+    assert _etcd_keys(op_env, keys.rdzv_prefix(run_id)) == 0
+    eventually(lambda: op_env.pods(name) == [], 30, "garbage collection of the pods")
+
+
+def test_user_script_runs_under_the_same_agent(op_env: OpEnv) -> None:
+    path = op_env.job_yaml("user-script", command=["examples/scripts/train_user.py"],
+                           **{"faultTolerance.restartScope": "worker"})
+    op_env.kubectl("apply", "-f", str(path))
+    op_env.wait_phase("user-script", "Succeeded", 120)
+    logs = op_env.kubectl("logs", "user-script-worker-0").stdout + op_env.kubectl("logs", "user-script-worker-1").stdout
+    assert "train_user: world=2 steps=5" in logs
+
+
+def test_gang_jobs_get_a_podgroup(op_env: OpEnv) -> None:
+    crd = op_env.tmp / "podgroup-crd.json"
+    crd.write_text(json.dumps(PODGROUP_CRD))
+    op_env.kubectl("apply", "-f", str(crd))
+    op_env.operator.restart("--gang-scheduler", "scheduler-plugins")
+    try:
+        op_env.kubectl("apply", "-f", str(op_env.job_yaml("gang")))
+        group = eventually(lambda: json.loads(op_env.kubectl("get", "podgroups.scheduling.x-k8s.io", "gang", "-o",
+                                                             "json", check=False).stdout or "null"), 30, "a PodGroup")
+        assert group["spec"]["minMember"] == 2 and group["metadata"]["ownerReferences"][0]["name"] == "gang"
+        pods = eventually(lambda: len(p := op_env.pods("gang")) == 2 and p, 30, "the pods")
+        for p in pods:
+            assert p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "gang"
+            assert p["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
+        op_env.wait_phase("gang", "Succeeded", 120)
+    finally:
+        op_env.operator.restart()

@@ -1,0 +1,154 @@
+"""The reconcile policy as a pure function: spec + status + observed pods -> status and actions (no I/O)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flywheel.policy.reconcile import (CreatePod, DeleteJob, DeletePod, PodView, Progress, Relabel, condition, iso,
+                                       reconcile)
+from flywheel.spec import TrainingJobSpec, parse_spec
+
+NOW = 1_800_000_000.0
+
+
+def spec(**changes: Any) -> TrainingJobSpec:
+    doc: dict[str, Any] = {"replicas": {"min": 2, "max": 2}, "trainer": {"training": {"globalBatch": 8,
+                                                                                      "microBatch": 2}},
+                           "faultTolerance": {"maxRestarts": 2, "nodeFailureGraceSeconds": 5}}
+    for dotted, value in changes.items():
+        node = doc
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return parse_spec(doc)
+
+
+def pod(index: int, phase: str = "Running", generation: int = 0, **kw: Any) -> PodView:
+    return PodView(name=f"j-worker-{index}", uid=f"u{index}-{generation}-{phase}", index=index,
+                   generation=generation, phase=phase, ready=phase == "Running", **kw)
+
+
+def creates(result: Any) -> list[int]:
+    return sorted(a.index for a in result.actions if isinstance(a, CreatePod))
+
+
+def deletes(result: Any, force: bool = False) -> list[str]:
+    return sorted(a.name for a in result.actions if isinstance(a, DeletePod) and a.force == force)
+
+
+def test_new_job_creates_every_worker_once_and_names_hold() -> None:
+    first = reconcile(spec(), None, {}, [], Progress(), NOW)
+    assert creates(first) == [0, 1] and first.status["phase"] == "Pending"
+    assert [e.reason for e in first.events] == ["Created"]
+    # Worker 1 exists (even terminating): only worker 0 is created; a second pass creates nothing new.
+    again = reconcile(spec(), None, first.status, [pod(1, "Pending")], Progress(), NOW + 1)
+    assert creates(again) == [0] and not [e for e in again.events if e.reason == "Created"]
+    running = reconcile(spec(), None, again.status, [pod(0), pod(1)], Progress(step=3), NOW + 2)
+    assert running.status["phase"] == "Running" and creates(running) == [] and running.status["step"] == 3
+    assert running.status["replicas"] == {"desired": 2, "current": 2, "ready": 2}
+
+
+def test_failure_restarts_the_job_once_then_only_cleans_up() -> None:
+    status = reconcile(spec(), None, {}, [pod(0), pod(1)], Progress(), NOW).status
+    failed = [pod(0), pod(1, "Failed", exit_code=137, reason="Error")]
+    decided = reconcile(spec(), None, status, failed, Progress(checkpoint_step=10, checkpoint_path="/c/10"), NOW + 1)
+    assert decided.status["restarts"] == 1 and decided.status["lastRestartReason"] == "Killed"
+    assert decided.status["phase"] == "Restarting" and deletes(decided) == ["j-worker-0", "j-worker-1"]
+    assert condition(decided.status, "Restarting")["status"] == "True"
+    assert [e.reason for e in decided.events] == ["Restarting"]
+    # The same pods seen again (operator killed before it deleted them): no second decision, same cleanup.
+    repeat = reconcile(spec(), None, decided.status, failed, Progress(), NOW + 2)
+    assert repeat.status["restarts"] == 1 and deletes(repeat) == ["j-worker-0", "j-worker-1"] and not repeat.events
+    assert creates(repeat) == []
+    # Once they are gone the new generation is created.
+    fresh = reconcile(spec(), None, repeat.status, [], Progress(), NOW + 3)
+    assert [(a.index, a.generation) for a in fresh.actions if isinstance(a, CreatePod)] == [(0, 1), (1, 1)]
+
+
+def test_worker_scope_replaces_only_the_failed_worker_and_relabels_survivors() -> None:
+    s = spec(**{"faultTolerance.restartScope": "worker"})
+    result = reconcile(s, None, {}, [pod(0), pod(1, "Failed", exit_code=1)], Progress(), NOW)
+    assert deletes(result) == ["j-worker-1"] and result.status["lastRestartReason"] == "Crash"
+    assert [a for a in result.actions if isinstance(a, Relabel)] == [Relabel("j-worker-0", 1)]
+
+
+def test_permanent_failure_and_exhausted_budget_fail_the_job() -> None:
+    user = reconcile(spec(), None, {}, [pod(0), pod(1, "Failed", exit_code=3)], Progress(), NOW)
+    assert user.status["phase"] == "Failed" and condition(user.status, "Failed")["reason"] == "UserError"
+    assert deletes(user) == ["j-worker-0"]  # running pods stop; the failed one stays for its logs
+    spent = {"restarts": 2, "restartBudget": {"used": 2, "windowStartStep": 0}}
+    out = reconcile(spec(), None, spent, [pod(0, generation=2), pod(1, "Failed", generation=2, exit_code=1)],
+                    Progress(), NOW)
+    assert out.status["phase"] == "Failed" and condition(out.status, "Failed")["reason"] == "RestartBudgetExhausted"
+
+
+def test_budget_resets_after_committed_steps_and_external_failures_are_free() -> None:
+    s = spec(**{"faultTolerance.budgetResetAfterSteps": 10})
+    spent = {"restarts": 2, "restartBudget": {"used": 2, "windowStartStep": 0}, "lastCheckpoint": {"step": 20}}
+    out = reconcile(s, None, spent, [pod(0, generation=2), pod(1, "Failed", generation=2, exit_code=1)],
+                    Progress(), NOW)
+    assert out.status["phase"] == "Restarting" and out.status["restartBudget"] == {"used": 1, "windowStartStep": 20}
+    lost = reconcile(s, None, {}, [pod(0), pod(1, node_lost=True)], Progress(), NOW)
+    assert lost.status["lastRestartReason"] == "NodeLost" and lost.status["restartBudget"]["used"] == 0
+
+
+def test_liveness_loss_then_force_delete_after_the_grace() -> None:
+    decided = reconcile(spec(), None, {}, [pod(0), pod(1, liveness_lost=True)], Progress(), NOW)
+    assert decided.status["lastRestartReason"] == "NodeLost" and "j-worker-1" in deletes(decided)
+    stuck = [pod(0, deleting_since=NOW), pod(1, deleting_since=NOW, node_lost=True)]
+    early = reconcile(spec(), None, decided.status, stuck, Progress(), NOW + 4)
+    assert deletes(early, force=True) == [] and creates(early) == []
+    late = reconcile(spec(), None, decided.status, stuck, Progress(), NOW + 5)
+    assert deletes(late, force=True) == ["j-worker-1"] and [e.reason for e in late.events] == ["ForceDeleted"]
+
+
+def test_success_suspend_deadline_ttl_and_scale_down() -> None:
+    done = reconcile(spec(), None, {}, [pod(0, "Succeeded"), pod(1, "Succeeded")], Progress(step=30, done=True), NOW)
+    assert done.status["phase"] == "Succeeded" and [e.reason for e in done.events] == ["Created", "TrainingSucceeded"]
+    assert reconcile(spec(), None, done.status, [], Progress(), NOW + 100).actions == []
+    ttl = spec(**{"runPolicy.ttlSecondsAfterFinished": 60})
+    assert reconcile(ttl, None, done.status, [], Progress(), NOW + 59).actions == []
+    assert reconcile(ttl, None, done.status, [], Progress(), NOW + 61).actions == [DeleteJob()]
+
+    suspended = reconcile(spec(suspend=True), None, {}, [pod(0), pod(1)], Progress(), NOW)
+    assert suspended.status["phase"] == "Suspended" and deletes(suspended) == ["j-worker-0", "j-worker-1"]
+    resumed = reconcile(spec(), None, suspended.status, [], Progress(), NOW + 1)
+    assert creates(resumed) == [0, 1] and condition(resumed.status, "Suspended")["status"] == "False"
+    assert "Resumed" in [e.reason for e in resumed.events]
+
+    started = {"conditions": [{"type": "Created", "status": "True", "lastTransitionTime": iso(NOW - 100)}]}
+    late = reconcile(spec(**{"runPolicy.activeDeadlineSeconds": 50}), None, started, [pod(0)], Progress(), NOW)
+    assert late.status["phase"] == "Failed" and condition(late.status, "Failed")["reason"] == "DeadlineExceeded"
+
+    elastic = spec(**{"replicas.min": 1, "replicas.max": 2, "replicas.target": 1})
+    down = reconcile(elastic, None, {}, [pod(0), pod(1)], Progress(), NOW)
+    assert deletes(down) == ["j-worker-1"] and down.status["replicas"]["desired"] == 1
+    up = reconcile(spec(**{"replicas.min": 1, "replicas.max": 2}), None, down.status, [pod(0)], Progress(), NOW)
+    assert creates(up) == [1]
+
+
+def test_elastic_job_runs_degraded_with_fewer_workers() -> None:
+    s = spec(**{"replicas.min": 1, "replicas.max": 2})
+    out = reconcile(s, None, {}, [pod(0), pod(1, "Pending")], Progress(), NOW)
+    assert out.status["phase"] == "Running" and condition(out.status, "Degraded")["status"] == "True"
+    lost = reconcile(s, None, out.status, [pod(0), pod(1, node_lost=True)], Progress(), NOW + 1)
+    assert lost.status["lastRestartReason"] == "NodeLost" and deletes(lost) == ["j-worker-1"]
+    assert [a for a in lost.actions if isinstance(a, Relabel)] == [Relabel("j-worker-0", 1)]  # Shrink keeps 0
+
+
+def test_invalid_spec_fails_with_condition_and_event_once() -> None:
+    out = reconcile(None, "spec.trainer.model.preset: unknown preset", {}, [], Progress(), NOW)
+    assert out.status["phase"] == "Failed" and condition(out.status, "Invalid")["reason"] == "InvalidSpec"
+    assert "InvalidSpec" in [e.reason for e in out.events]
+    again = reconcile(None, "same", out.status, [], Progress(), NOW + 1)
+    assert again.events == [] and again.actions == []
+
+
+def test_unschedulable_condition_after_the_grace() -> None:
+    stuck = [pod(0), pod(1, "Pending", unschedulable_since=NOW)]
+    early = reconcile(spec(), None, {}, stuck, Progress(), NOW + 4)
+    assert condition(early.status, "Unschedulable") is None and early.status["phase"] == "Pending"
+    late = reconcile(spec(), None, early.status, stuck, Progress(), NOW + 5)
+    assert condition(late.status, "Unschedulable")["status"] == "True"
+    assert creates(late) == [] and deletes(late) == []
