@@ -24,10 +24,14 @@ def machine() -> str:
 
 
 def write_result(name: str, *, metric: str, value: float, unit: str, peer: str, peer_value: float, goal: str,
-                 passed: bool, runs: Any, path: Path | None = None, **extra: Any) -> Path:
-    """Write bench/results/<name>.json (or `path`) with the fields every benchmark reports; ratio = ours / peer."""
+                 passed: bool, runs: Any, path: Path | None = None, ratio: float | None = None,
+                 **extra: Any) -> Path:
+    """Write bench/results/<name>.json (or `path`) with the fields every benchmark reports; ratio = ours / peer
+    unless the benchmark computes it otherwise (e.g. paired per round) and passes it."""
+    if ratio is None:
+        ratio = value / peer_value if peer_value else None
     record = {"metric": metric, "value": value, "unit": unit, "peer": peer, "peer_value": peer_value,
-              "ratio": value / peer_value if peer_value else None, "goal": goal, "pass": bool(passed),
+              "ratio": ratio, "goal": goal, "pass": bool(passed),
               "runs": runs, "machine": machine(), **extra}
     path = path or RESULTS / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,10 @@
 """The worker's training loop: `python -m flywheel.trainer` under the elastic agent (docs/contracts.md).
 
-Set-up order: env -> process group -> mesh -> model (seeded, on CPU) -> parallelize -> optimizer/scheduler ->
-data -> Checkpointer.restore. Each step: injected faults, gradient accumulation over micro batches (gradient sync
-only on the last), clip, `wait_staged` (an async save may still be copying the weights), optimizer step, one
-all-reduce carrying the loss and the SIGTERM flag (so every rank stops at the same step), metrics, watchdog beat,
-`step` event, periodic save. The same seeds and world size give bitwise the same losses and weights, and a resume
+Set-up order: env -> process group -> mesh -> model (seeded, on CPU) -> parallelize -> DDP bucket settling ->
+optimizer/scheduler -> data -> Checkpointer.restore. Each step: injected faults, gradient accumulation over micro
+batches (gradient sync only on the last), an async all-reduce carrying the loss and the SIGTERM flag (so every rank
+stops at the same step), clip, `wait_staged` (an async save may still be copying the weights), optimizer step,
+waiting for that all-reduce, metrics, watchdog beat, `step` event, periodic save. The same seeds and world size give bitwise the same losses and weights, and a resume
 from step k reproduces steps k+1.. bitwise: nothing here depends on time or on global RNG state.
 """
 
@@ -39,7 +39,8 @@ from flywheel.trainer.faults import Fault, FaultInjector, faults_from_env
 from flywheel.trainer.metrics import TrainerMetrics
 from flywheel.trainer.model import GPT, GPTConfig
 from flywheel.trainer.optim import build_optimizer, build_scheduler
-from flywheel.trainer.parallelize import DP, ParallelismError, build_mesh, clip_grad_norm, gradient_sync, parallelize
+from flywheel.trainer.parallelize import (DP, ParallelismError, build_mesh, clip_grad_norm, gradient_sync, parallelize,
+                                         settle_ddp_buckets)
 from flywheel.trainer.watchdog import ProgressWatchdog
 
 log = logging.getLogger("flywheel.trainer")
@@ -157,6 +158,9 @@ def forward_backward(model: nn.Module, batches: list[MicroBatch], device: torch.
             with autocast:
                 logits = model(inputs)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+            # Backward does not need the logits: holding them through it would add a (batch x seq x vocab) buffer
+            # to peak memory.
+            del logits
             # Micro batches are equally sized: dividing by their number averages over this rank's share of the
             # global batch, and the gradient reduction (an average) then over all of it.
             (loss / len(batches)).backward()
@@ -190,6 +194,9 @@ def train(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics, watchdog: P
                  model.num_params() / 1e6, model.flops_per_token(), env.world_size, dp_size,
                  "fsdp" if parallelism.fsdp else "ddp")
     model = parallelize(model, mesh, parallelism, training)
+    autocast = autocast_for(device, training.precision)
+    with autocast:
+        settle_ddp_buckets(model, torch.zeros(training.micro_batch, cfg.seq_len, dtype=torch.long, device=device))
     optimizer = build_optimizer(model, training)
     scheduler = build_scheduler(optimizer, training)
 
@@ -204,13 +211,16 @@ def train(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics, watchdog: P
                     restart_count=env.restart_count, resumed_from=start or None)
         log.info("training steps %d..%d%s", start + 1, training.steps, f" (resumed from {start})" if start else "")
     injector = FaultInjector(env.faults, rank=env.rank, fault_dir=env.fault_dir, events=events)
-    autocast = autocast_for(device, training.precision)
 
     for step in range(start + 1, training.steps + 1):
         injector.maybe_fire(step)
         began = time.perf_counter()
         batches = loader.next_microbatches(dp_rank, dp_size, training.global_batch, training.micro_batch)
         rank_loss = forward_backward(model, batches, device, autocast)
+        # One collective for the logged loss and the stop flag: every rank sees the same sum, so all stop together.
+        # Started now and awaited after the optimizer step, so it overlaps clipping and the update.
+        totals = torch.stack([rank_loss, torch.tensor(float(stop.requested), device=device)])
+        totals_reduced = dist.all_reduce(totals, async_op=True)
         if training.grad_clip > 0:
             clip_grad_norm(model, training.grad_clip)
         ckpt.wait_staged()
@@ -220,9 +230,7 @@ def train(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics, watchdog: P
         if step == start + 1:  # start-up and the first step are done: from now on a stuck collective fails fast
             shorten_timeouts(timeouts)
 
-        # One collective for the logged loss and the stop flag: every rank sees the same sum, so all stop together.
-        totals = torch.stack([rank_loss, torch.tensor(float(stop.requested), device=device)])
-        dist.all_reduce(totals)
+        totals_reduced.wait()
         mean_loss, stop_now = totals[0].item() / env.world_size, totals[1].item() > 0
         step_seconds = time.perf_counter() - began
         tokens_per_second = tokens_per_step / step_seconds

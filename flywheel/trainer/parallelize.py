@@ -93,12 +93,21 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, reshard_after_forward: 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
     device = next(model.parameters()).device
     device_ids = [device.index] if device.type == "cuda" else None
-    # Bitwise-exact resume: by default DDP reduces the first iteration in one bucket and then rebuilds buckets in
-    # backward order, so a resumed run's first step would sum gradients in another chunk layout than the
-    # uninterrupted run did at that step (visible from 3 ranks on). With find_unused_parameters DDP keeps its
-    # initial buckets for good; the price is one autograd-graph walk per step (bench/trainer_overhead.py).
-    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids,
-                                   find_unused_parameters=True)
+    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids)
+
+
+def settle_ddp_buckets(model: nn.Module, sample_inputs: torch.Tensor) -> None:
+    """Bitwise-exact resume under DDP. DDP reduces its first iteration in buckets in parameter order, then rebuilds
+    them in the order gradients became ready; from 3 ranks on the bucket layout changes how each element is summed.
+    A run resumed at step k would otherwise reduce step k in the first-iteration layout while the uninterrupted run
+    used the rebuilt one. So every process start runs one throw-away forward/backward (same graph, so the same
+    ready order) before its first step, and all steps use the rebuilt buckets. Keeping the initial buckets with
+    find_unused_parameters=True costs ~3% per step instead (bench/trainer_overhead.py); this costs one micro
+    batch at start-up. Parameters, optimizer, RNG and data position are untouched. A no-op for FSDP."""
+    if not isinstance(model, DistributedDataParallel):
+        return
+    model(sample_inputs).float().sum().backward()  # a collective: every dp rank runs it at start-up
+    model.zero_grad(set_to_none=True)
 
 
 @contextlib.contextmanager
