@@ -15,8 +15,10 @@ import kopf
 
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.etcd.liveness import delete_run
+from flywheel.monitor import MonitorSettings
 from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
+from flywheel.operator.health import BackgroundMonitor
 from flywheel.operator.kube import Kube, load_connection
 from flywheel.operator.metrics import OperatorMetrics
 from flywheel.spec import SpecError, parse_job
@@ -29,10 +31,12 @@ class OperatorConfig:
     kubeconfig: str | None
     settings: m.OperatorSettings
     metrics_port: int = 0  # the operator's own /metrics; 0 = not served
+    monitor: MonitorSettings | None = None  # the health monitor (Prometheus); None = off
+    namespaces: tuple[str, ...] = ()  # watched namespaces; () = all
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config: OperatorConfig = memo.config
     settings.posting.level = logging.WARNING  # our own events go out after each status write (executor.py)
     settings.persistence.finalizer = FINALIZER
@@ -47,10 +51,23 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.metrics = OperatorMetrics()
     if config.metrics_port:
         memo.metrics.serve(config.metrics_port)
+    memo.health = None
+    if config.monitor is not None:
+        memo.health = BackgroundMonitor(memo.kube, config.monitor, config.namespaces, memo.metrics.registry,
+                                        lambda namespace, name: poke(memo, namespace, name))
+
+
+def poke(memo: kopf.Memo, namespace: str, name: str) -> None:
+    """Run this job's reconcile pass now (e.g. after the health monitor marked it Hung)."""
+    runner = memo.runners.get((namespace, name))
+    if runner is not None:
+        runner.poke()
 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
+    if memo.get("health") is not None:
+        await memo.health.close()
     await memo.kube.close()
 
 
@@ -75,9 +92,7 @@ async def run_job(name: str, namespace: str, uid: str, stopped: kopf.DaemonStopp
 
 @kopf.on.event("", "v1", "pods", labels={m.JOB_LABEL: kopf.PRESENT})
 def pod_changed(namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
-    runner = memo.runners.get((namespace, labels[m.JOB_LABEL]))
-    if runner is not None:
-        runner.poke()
+    poke(memo, namespace, labels[m.JOB_LABEL])
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

@@ -159,15 +159,16 @@ class Kube:
     async def post_event(self, involved: dict[str, Any], event_type: str, reason: str, message: str,
                          component: str = "flywheel-operator") -> None:
         meta = involved["metadata"]
+        namespace = meta.get("namespace") or "default"  # events about cluster-scoped objects (nodes) live there
         ts = now_rfc3339()
         body = {
             "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
             "involvedObject": {"apiVersion": involved["apiVersion"], "kind": involved["kind"], "name": meta["name"],
-                               "namespace": meta["namespace"], "uid": meta["uid"],
+                               "namespace": meta.get("namespace", ""), "uid": meta["uid"],
                                "resourceVersion": meta.get("resourceVersion", "")},
             "type": event_type, "reason": reason, "message": message[:1024],
             "firstTimestamp": ts, "lastTimestamp": ts, "count": 1,
             "source": {"component": component}, "reportingComponent": component,
         }
-        await self.request("POST", self.core(meta["namespace"], "events"), body)
+        await self.request("POST", self.core(namespace, "events"), body)

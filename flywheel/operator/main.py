@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from collections.abc import Sequence
 
+from flywheel.monitor import MonitorSettings, add_monitor_arguments, settings_from_args
 from flywheel.operator.manifests import OperatorSettings
 
 
@@ -28,7 +30,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--operator-metrics-port", type=int, default=8080,
                    help="serve the operator's own Prometheus metrics here; 0 = off")
     p.add_argument("--verbose", action="store_true")
+    add_monitor_arguments(p)  # --prometheus-url, --no-health-monitor, --no-cordon, ... (docs/monitoring.md)
     return p
+
+
+def monitor_settings(args: argparse.Namespace) -> MonitorSettings | None:
+    """The health monitor's settings, or None when it is turned off (or no Prometheus URL is given)."""
+    if not args.health_monitor or not args.prometheus_url:
+        return None
+    return settings_from_args(args)
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -36,6 +46,11 @@ def run(argv: Sequence[str] | None = None) -> int:
     if not args.etcd_endpoints:
         print("flywheel operator: --etcd-endpoints (or FLYWHEEL_ETCD_ENDPOINTS) is required: cluster workers "
               "rendezvous through etcd v3")
+        return 2
+    try:
+        monitor = monitor_settings(args)
+    except ValueError as err:
+        print(f"flywheel operator: {err}")
         return 2
     import kopf
 
@@ -47,8 +62,11 @@ def run(argv: Sequence[str] | None = None) -> int:
                                 worker_env=env, workdir_annotation=args.workdir,
                                 gang_scheduler=args.gang_scheduler)  # type: ignore[arg-type]
     kopf.configure(verbose=args.verbose)
+    if not args.verbose:  # httpx logs every Prometheus query of the health monitor at INFO
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     config = handlers.OperatorConfig(kubeconfig=args.kubeconfig, settings=settings,
-                                     metrics_port=args.operator_metrics_port)
+                                     metrics_port=args.operator_metrics_port, monitor=monitor,
+                                     namespaces=tuple(args.namespace))
     kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace,
              memo=kopf.Memo(config=config))
     return 0

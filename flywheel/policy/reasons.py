@@ -37,3 +37,23 @@ MSG_SUCCEEDED = "training finished at step {step}"
 
 CREATE_FAILED = "CreateFailed"
 MSG_CREATE_FAILED = "could not create {kind} {name}: {error}"
+
+# Health monitor (flywheel/monitor -> flywheel/operator/health.py). A True `Hung` condition is also the monitor's
+# request to restart the job: the next reconcile pass decides it (FailureKind.HANG) and sets it False again.
+HUNG = "ProgressStalled"  # message: HangFinding.message
+HANG_RESTARTED = "RestartedAfterHang"
+MSG_HANG_RESTARTED = "the workers were restarted after: {finding}"
+MSG_HANG_DECIDED = "hung: {finding}"
+MSG_HANG_RESTART_ALL = "{reason}: restarting every worker from the last checkpoint"
+
+STRAGGLER = "Straggler"  # Degraded; message: Degradation.message
+STRAGGLER_RECOVERED = "StragglerRecovered"
+MSG_STRAGGLER_RESTART = "the workers were restarted; stragglers are judged afresh"
+
+GPU_FATAL_XID = "GPUFatalXid"
+MSG_GPU_FATAL_XID = "{fault} ({node_state})"
+NODE_STATE_CORDONED = "node cordoned"
+NODE_STATE_KEPT = "node left schedulable: --no-cordon"
+NODE_CORDONED = "NodeCordoned"
+MSG_NODE_CORDONED = "cordoned by the Flywheel health monitor: {fault}"
+GPU_APP_XID = "GPUAppXid"  # message: RankRestart.message

@@ -167,7 +167,7 @@ def _finish(out: Pass, pods: list[PodView], phase: str, reason: str, message: st
     status = out.status
     status["phase"] = phase
     set_condition(status, phase, True, reason, message, now)
-    for other in ("Running", "Restarting", "Degraded"):
+    for other in ("Running", "Restarting", "Degraded", "Hung"):
         set_condition(status, other, False, reason, message, now)
     out.actions += [DeletePod(p.name, p.uid) for p in pods if p.active]
     out.events.append(Event("Normal" if phase == "Succeeded" else "Warning", reason, message))
@@ -207,13 +207,15 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
 
     # Pods of an older generation: leftovers of a decided failure; never decided again.
     scope_job = spec.fault_tolerance.restart_scope == "job"
+    hang_restart = status.get("lastRestartReason") == FailureKind.HANG.value  # hangs restart every worker
     grace = spec.fault_tolerance.node_failure_grace_seconds
     for p in pods:
         if p.deleting_since is not None:
             if (p.node_lost or p.liveness_lost) and now - p.deleting_since >= grace:
                 out.actions.append(DeletePod(p.name, p.uid, force=True))
                 out.events.append(Event("Warning", R.FORCE_DELETED, R.MSG_FORCE_DELETED.format(pod=p.name)))
-        elif p.index >= desired or (p.generation < current_gen and (scope_job or _failure_of(p) is not None)):
+        elif p.index >= desired or (p.generation < current_gen and (scope_job or _failure_of(p) is not None
+                                                                      or hang_restart)):
             out.actions.append(DeletePod(p.name, p.uid))
 
     if spec.suspend:
@@ -224,6 +226,7 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
         status["phase"] = "Suspended"
         set_condition(status, "Suspended", True, R.SUSPENDED, R.MSG_SUSPENDED, now)
         set_condition(status, "Running", False, R.SUSPENDED, R.MSG_SUSPENDED, now)
+        set_condition(status, "Hung", False, R.SUSPENDED, R.MSG_SUSPENDED, now)  # no restart request on resume
         return out
     if phase == "Suspended":
         set_condition(status, "Suspended", False, R.RESUMED, R.MSG_RESUMED, now)
@@ -243,25 +246,38 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
         return out  # finishing: the other workers are exiting; replace nothing
 
     failed = sorted((p for p in current if _failure_of(p) is not None), key=lambda p: p.index)
-    if failed:
-        pod = failed[0]
-        kind = _failure_of(pod)
-        assert kind is not None
+    # A True Hung condition is the health monitor's restart request (policy/health_status.py).
+    hung = condition(status, "Hung")
+    hang = str(hung.get("message", "")) if hung is not None and hung.get("status") == "True" else None
+    if failed or hang is not None:
+        if failed:
+            pod = failed[0]
+            kind = _failure_of(pod)
+            assert kind is not None
+            detail = R.MSG_WORKER_FAILED.format(pod=pod.name, kind=kind.value, code=pod.exit_code, reason=pod.reason)
+        else:
+            kind, detail = FailureKind.HANG, R.MSG_HANG_DECIDED.format(finding=hang)
         live = sum(1 for p in current if p.active and _failure_of(p) is None)
         decision = decide_restart(spec, kind, _budget(status), int(status.get("lastCheckpoint", {}).get("step", 0)),
                                   live)
         status["restartBudget"] = {"used": decision.budget.used, "windowStartStep": decision.budget.window_start_step}
-        detail = R.MSG_WORKER_FAILED.format(pod=pod.name, kind=kind.value, code=pod.exit_code, reason=pod.reason)
         if decision.action is Action.FAIL:
             set_condition(status, "Failed", True, decision.reason, f"{detail}; {decision.message}", now)
             return _finish(out, pods, "Failed", decision.reason, f"{detail}; {decision.message}", now)
+        # The doomed pods: job scope -> all; otherwise the failed ones (each deleted once the status is written).
+        whole = decision.action is Action.RESTART_JOB or not failed  # a hang may hold every rank: restart all
+        action, note = decision.action, decision.message
+        if whole and action is not Action.RESTART_JOB:
+            action, note = Action.RESTART_JOB, R.MSG_HANG_RESTART_ALL.format(reason=decision.reason)
         status["restarts"] = current_gen + 1
         status["lastRestartReason"] = decision.reason
         status["phase"] = "Restarting"
-        set_condition(status, "Restarting", True, decision.reason, f"{detail}; {decision.message}", now)
-        out.events.append(Event("Warning", R.RESTARTING, f"{detail}; {decision.message} ({decision.action.value})"))
-        # The doomed pods: job scope -> all; otherwise the failed ones (each deleted once the status is written).
-        whole = decision.action is Action.RESTART_JOB
+        set_condition(status, "Restarting", True, decision.reason, f"{detail}; {note}", now)
+        if hang is not None:
+            set_condition(status, "Hung", False, R.HANG_RESTARTED, R.MSG_HANG_RESTARTED.format(finding=hang), now)
+        if (condition(status, "Degraded") or {}).get("reason") == R.STRAGGLER:
+            set_condition(status, "Degraded", False, R.STRAGGLER_RECOVERED, R.MSG_STRAGGLER_RESTART, now)
+        out.events.append(Event("Warning", R.RESTARTING, f"{detail}; {note} ({action.value})"))
         out.actions = [a for a in out.actions if not isinstance(a, DeletePod) or a.force]
         for p in pods:
             if p.deleting_since is None and (whole or _failure_of(p) is not None):
@@ -282,8 +298,11 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
         status["phase"] = "Running"
         set_condition(status, "Running", True, R.RUNNING, R.MSG_RUNNING.format(ready=ready), now)
         set_condition(status, "Restarting", False, R.RUNNING, R.MSG_RUNNING.format(ready=ready), now)
-        set_condition(status, "Degraded", ready < desired, R.DEGRADED,
-                      R.MSG_DEGRADED.format(ready=ready, desired=desired), now)
+        # The health monitor owns Degraded for stragglers while every desired worker is ready.
+        straggler = (condition(status, "Degraded") or {}).get("reason") in (R.STRAGGLER, R.STRAGGLER_RECOVERED)
+        if ready < desired or not straggler:
+            set_condition(status, "Degraded", ready < desired, R.DEGRADED,
+                          R.MSG_DEGRADED.format(ready=ready, desired=desired), now)
     else:
         status["phase"] = "Restarting" if current_gen > 0 else "Pending"
     if status["phase"] == "Running" and phase != "Running":

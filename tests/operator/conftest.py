@@ -54,13 +54,14 @@ class OperatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.extra_args: list[str] = []
+        self.monitor_args: list[str] = ["--no-health-monitor"]  # test_health_operator.py turns it on
         self.metrics_port = _free_port()
 
     def start(self) -> None:
         argv = [sys.executable, "-m", "flywheel.operator.main", "--kubeconfig", str(self.cluster.kubeconfig),
                 "--etcd-endpoints", str(self.cluster.etcd_url), "--events-dir", str(self.events_dir),
                 "--metrics-port-base", "0", "--worker-env", "OMP_NUM_THREADS=1",
-                "--operator-metrics-port", str(self.metrics_port), *self.extra_args]
+                "--operator-metrics-port", str(self.metrics_port), *self.monitor_args, *self.extra_args]
         with open(self.log_path, "a") as log:
             self.proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                          env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"})

@@ -152,3 +152,46 @@ def test_unschedulable_condition_after_the_grace() -> None:
     late = reconcile(spec(), None, early.status, stuck, Progress(), NOW + 5)
     assert condition(late.status, "Unschedulable")["status"] == "True"
     assert creates(late) == [] and deletes(late) == []
+
+
+def test_hung_condition_restarts_every_worker_once_and_counts_a_hang() -> None:
+    from flywheel.policy.health_status import mark_hung
+
+    s = spec(**{"faultTolerance.restartScope": "worker"})  # a hang restarts every worker whatever the scope
+    running = reconcile(s, None, {}, [pod(0), pod(1)], Progress(), NOW).status
+    assert mark_hung(running, "no step", NOW, seen_restarts=1) is None  # restarted since the monitor looked
+    hung = {**running, "conditions": mark_hung(running, "no training step for 99s", NOW, seen_restarts=0)}
+    assert condition(hung, "Hung")["status"] == "True" and mark_hung(hung, "again", NOW, 0) is None
+    decided = reconcile(s, None, hung, [pod(0), pod(1)], Progress(), NOW + 1)
+    assert decided.status["restarts"] == 1 and decided.status["lastRestartReason"] == "Hang"
+    assert deletes(decided) == ["j-worker-0", "j-worker-1"] and not [a for a in decided.actions
+                                                                      if isinstance(a, Relabel)]
+    assert condition(decided.status, "Hung")["status"] == "False"
+    assert condition(decided.status, "Hung")["reason"] == "RestartedAfterHang"
+    assert "RestartJob" in decided.events[-1].message and "99s" in decided.events[-1].message
+    # Repeated (operator killed before deleting): only cleanup, no second restart; then the new generation.
+    repeat = reconcile(s, None, decided.status, [pod(0), pod(1)], Progress(), NOW + 2)
+    assert repeat.status["restarts"] == 1 and deletes(repeat) == ["j-worker-0", "j-worker-1"]
+    assert mark_hung(decided.status, "x", NOW, 1) is None  # not Running: nothing to mark
+    # Suspending a hung job drops the request: resuming does not restart the fresh workers.
+    resumed = reconcile(s, None, reconcile(spec(suspend=True), None, hung, [], Progress(), NOW).status, [],
+                        Progress(), NOW + 1)
+    assert resumed.status.get("restarts", 0) == 0 and creates(resumed) == [0, 1]
+
+
+def test_straggler_degraded_is_kept_while_all_workers_run_and_cleared_by_a_restart() -> None:
+    from flywheel.policy.health_status import mark_degraded
+
+    running = reconcile(spec(), None, {}, [pod(0), pod(1)], Progress(), NOW).status
+    slow = {**running, "conditions": mark_degraded(running, True, "replica 1 rank 1 slow", NOW)}
+    kept = reconcile(spec(), None, slow, [pod(0), pod(1)], Progress(), NOW + 1).status
+    assert condition(kept, "Degraded")["reason"] == "Straggler" and condition(kept, "Degraded")["status"] == "True"
+    assert mark_degraded(kept, True, "replica 1 rank 1 slow", NOW) is None  # unchanged
+    elastic = spec(**{"replicas.min": 1, "replicas.max": 2})
+    fewer = reconcile(elastic, None, slow, [pod(0), pod(1, "Pending")], Progress(), NOW + 1).status
+    assert condition(fewer, "Degraded")["reason"] == "FewerWorkers"
+    assert mark_degraded(fewer, False, "ok", NOW) is None  # the monitor never clears the operator's own reason
+    restarted = reconcile(spec(), None, slow, [pod(0), pod(1, "Failed", exit_code=1)], Progress(), NOW + 1).status
+    assert condition(restarted, "Degraded")["status"] == "False"
+    cleared = mark_degraded(kept, False, "no rank is slow", NOW)
+    assert cleared is not None and [c for c in cleared if c["type"] == "Degraded"][0]["status"] == "False"

@@ -1,0 +1,244 @@
+"""The health monitor's executor side: what it watches (`KubeJobInventory`) and how its findings become changes to
+Kubernetes objects (`KubeHealthActions`). Decisions stay in policy/: a hang is only *marked* here (the `Hung`
+condition); the job's own reconcile pass decides, counts and carries out the restart (policy/reconcile.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+
+from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.monitor import HealthMonitor, MonitorSettings
+from flywheel.monitor import OperatorMetrics as MonitorMetrics
+from flywheel.operator import manifests as m
+from flywheel.operator.kube import ApiError, Kube
+from flywheel.policy import reasons as R
+from flywheel.policy.health import Degradation, HangFinding, WatchedJob
+from flywheel.policy.health_status import Conditions, mark_degraded, mark_hung
+from flywheel.policy.xid import NodeFault, RankRestart, WatchedPod
+from flywheel.spec import SpecError, parse_job
+
+log = logging.getLogger(__name__)
+
+JobKey = tuple[str, str]
+CONFLICT_RETRIES = 5
+# trainer/collective_env.py: writing to <checkpointDir>/.debug/nccl_pipe_rank_<rank>.pipe makes that rank dump its
+# NCCL flight recorder (not imported: the operator stays torch-free).
+DUMP_PIPES = (".debug", "nccl_pipe_rank_*.pipe")
+
+
+def watched_pod(obj: dict[str, Any]) -> WatchedPod | None:
+    """A worker Pod as the monitor sees it; None for a pod without the job and replica labels."""
+    meta, status = obj["metadata"], obj.get("status") or {}
+    labels = meta.get("labels") or {}
+    job, replica = labels.get(m.JOB_LABEL), labels.get(m.INDEX_LABEL)
+    if not job or replica is None:
+        return None
+    # A terminating pod is not Running for the hang rule: the operator is already replacing it.
+    phase = "Terminating" if meta.get("deletionTimestamp") else str(status.get("phase", "Pending"))
+    started = None
+    for cs in status.get("containerStatuses") or []:
+        started = started or m.timestamp(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
+    if started is None and phase == "Running":
+        started = m.timestamp(status.get("startTime"))
+    node = str((obj.get("spec") or {}).get("nodeName") or "")
+    return WatchedPod(meta["name"], meta["namespace"], job, replica, node, phase, started)
+
+
+def request_dumps(debug_dir: Path, pattern: str) -> int:
+    """Write to every rank's dump pipe that has a reader; the number written."""
+    count = 0
+    for pipe in sorted(debug_dir.glob(pattern)) if debug_dir.is_dir() else []:
+        try:
+            if not stat.S_ISFIFO(pipe.stat().st_mode):
+                continue
+            fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO when no rank reads it: skip, never block
+        except OSError:
+            continue
+        try:
+            os.write(fd, b"1\n")
+            count += 1
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return count
+
+
+class KubeJobInventory:
+    """Every TrainingJob (in `namespaces`, default all) with its worker pods, read from the API each evaluation.
+    Remembers each job's `status.restarts` and checkpoint dir as seen, for the actions."""
+
+    def __init__(self, kube: Kube, namespaces: Sequence[str] = ()) -> None:
+        self.kube, self.namespaces = kube, tuple(namespaces)
+        self.restarts: dict[JobKey, int] = {}
+        self.checkpoint_dirs: dict[JobKey, str] = {}
+
+    async def _list(self, all_path: str, ns_path: Callable[[str], str], selector: str = "") -> list[dict[str, Any]]:
+        if not self.namespaces:
+            return await self.kube.list(all_path, selector)
+        return [o for ns in self.namespaces for o in await self.kube.list(ns_path(ns), selector)]
+
+    async def jobs(self) -> Sequence[WatchedJob]:
+        objs = await self._list(f"/apis/{GROUP}/{VERSION}/{PLURAL}", lambda ns: Kube.custom(GROUP, VERSION, ns, PLURAL))
+        pod_objs = await self._list("/api/v1/pods", lambda ns: Kube.core(ns, "pods"), m.JOB_LABEL)
+        by_owner: dict[str, list[WatchedPod]] = {}
+        for obj in pod_objs:
+            pod = watched_pod(obj)
+            if pod is None:
+                continue
+            for owner in obj["metadata"].get("ownerReferences") or []:
+                by_owner.setdefault(str(owner.get("uid")), []).append(pod)
+        out: list[WatchedJob] = []
+        restarts: dict[JobKey, int] = {}
+        dirs: dict[JobKey, str] = {}
+        for obj in objs:
+            try:
+                spec = parse_job(obj).spec
+            except SpecError:
+                continue  # marked Invalid by the reconcile pass; nothing runs
+            meta, status = obj["metadata"], obj.get("status") or {}
+            key = (meta["namespace"], meta["name"])
+            restarts[key], dirs[key] = int(status.get("restarts", 0)), spec.checkpoint.dir
+            pods = sorted(by_owner.get(meta["uid"], []), key=lambda p: (len(p.replica), p.replica))
+            ft = spec.fault_tolerance
+            out.append(WatchedJob(key[0], key[1], str(status.get("phase", "Pending")), ft.progress_timeout_seconds,
+                                  ft.first_step_timeout_seconds, tuple(pods)))
+        self.restarts, self.checkpoint_dirs = restarts, dirs
+        return out
+
+
+class KubeHealthActions:
+    """Carries the monitor's decisions out on Kubernetes objects. `wake(namespace, job)` pokes that job's reconcile
+    pass so a restart request is acted on at once rather than at the next tick."""
+
+    def __init__(self, kube: Kube, inventory: KubeJobInventory,
+                 wake: Callable[[str, str], None] | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.kube, self.inventory, self.wake, self.clock = kube, inventory, wake, clock
+
+    @staticmethod
+    def _path(namespace: str, job: str) -> str:
+        return Kube.custom(GROUP, VERSION, namespace, PLURAL, job)
+
+    async def _write_conditions(self, namespace: str, job: str,
+                                change: Callable[[dict[str, Any]], Conditions | None]) -> dict[str, Any] | None:
+        """Read, change and write the job's conditions with its resourceVersion (the reconcile pass writes the
+        status too); retried on a conflict. The object written, or None when there was nothing to change."""
+        for _ in range(CONFLICT_RETRIES):
+            obj = await self.kube.get(self._path(namespace, job))
+            if obj is None:
+                return None
+            conditions = change(obj.get("status") or {})
+            if conditions is None:
+                return None
+            try:
+                await self.kube.merge_patch(self._path(namespace, job) + "/status", {
+                    "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
+                    "status": {"conditions": conditions}})
+                return obj
+            except ApiError as err:
+                if err.status != 409:
+                    raise
+        raise RuntimeError(f"{namespace}/{job} kept changing; conditions not written")
+
+    async def _job_event(self, namespace: str, job: str, etype: str, reason: str, message: str,
+                         obj: dict[str, Any] | None = None) -> None:
+        obj = obj or await self.kube.get(self._path(namespace, job))
+        if obj is not None:
+            await self.kube.post_event(obj, etype, reason, message)
+
+    async def _delete_pods(self, namespace: str, names: Sequence[str]) -> None:
+        for name in names:  # the reconcile pass recreates each once it is gone (no restart is counted)
+            await self.kube.delete(Kube.core(namespace, "pods", name))
+
+    async def _request_dumps(self, key: JobKey) -> None:
+        directory = self.inventory.checkpoint_dirs.get(key)
+        count = await asyncio.to_thread(request_dumps, Path(directory, DUMP_PIPES[0]), DUMP_PIPES[1]) \
+            if directory else 0
+        if count:
+            log.warning("job %s/%s: asked %d rank(s) for a flight-recorder dump in %s", *key, count, directory)
+        else:
+            log.info("job %s/%s: no rank's dump pipe is reachable under %s/%s (NCCL only, and the operator must "
+                     "mount the checkpoint volume); no dump requested", *key, directory, DUMP_PIPES[0])
+
+    async def mark_hung(self, finding: HangFinding) -> None:
+        key = (finding.namespace, finding.job)
+        seen = self.inventory.restarts.get(key)
+        if seen is None:
+            return
+        await self._request_dumps(key)  # first: the restart this write requests ends the hung processes
+        obj = await self._write_conditions(*key, lambda s: mark_hung(s, finding.message, self.clock(), seen))
+        if obj is None:
+            log.info("job %s/%s: not marked Hung (no longer Running, restarted already, or marked)", *key)
+            return
+        await self._job_event(*key, "Warning", R.HUNG, finding.message, obj)
+        if self.wake is not None:
+            self.wake(*key)
+
+    async def cordon_node(self, node: str, fault: NodeFault) -> None:
+        obj = await self.kube.merge_patch(f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}})
+        await self.kube.post_event({"apiVersion": "v1", "kind": "Node", **obj}, "Warning", R.NODE_CORDONED,
+                                   R.MSG_NODE_CORDONED.format(fault=fault.message))
+
+    async def replace_pods(self, pods: Sequence[WatchedPod], fault: NodeFault) -> None:
+        namespace, job = pods[0].namespace, pods[0].job
+        await self._delete_pods(namespace, [p.name for p in pods])
+        state = R.NODE_STATE_CORDONED if fault.cordon else R.NODE_STATE_KEPT
+        await self._job_event(namespace, job, "Warning", R.GPU_FATAL_XID,
+                              R.MSG_GPU_FATAL_XID.format(fault=fault.message, node_state=state))
+
+    async def restart_ranks(self, restart: RankRestart) -> None:
+        await self._delete_pods(restart.namespace, restart.pods)
+        await self._job_event(restart.namespace, restart.job, "Warning", R.GPU_APP_XID, restart.message)
+
+    async def mark_degraded(self, change: Degradation) -> None:
+        obj = await self._write_conditions(
+            change.namespace, change.job, lambda s: mark_degraded(s, change.degraded, change.message, self.clock()))
+        if obj is not None:
+            reason = R.STRAGGLER if change.degraded else R.STRAGGLER_RECOVERED
+            await self._job_event(change.namespace, change.job, "Warning" if change.degraded else "Normal", reason,
+                                  change.message, obj)
+
+
+class MonitorCollector:
+    """Serves the monitor's own series through the operator's registry. The monitor's metrics object also defines
+    operator series the operator exports itself; those are left out so nothing is exported twice."""
+
+    PREFIXES = ("flywheel_monitor_", "flywheel_job_straggler_ranks", "flywheel_operator_time_to_detect_seconds")
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        return (f for f in self.registry.collect() if f.name.startswith(self.PREFIXES))
+
+
+class BackgroundMonitor:
+    """The health monitor as a task of the operator's event loop; `close()` stops it (kopf's cleanup)."""
+
+    def __init__(self, kube: Kube, settings: MonitorSettings, namespaces: Sequence[str],
+                 operator_registry: CollectorRegistry | None, wake: Callable[[str, str], None] | None) -> None:
+        inventory = KubeJobInventory(kube, namespaces)
+        metrics = MonitorMetrics()
+        if operator_registry is not None:
+            operator_registry.register(MonitorCollector(metrics.registry))  # type: ignore[arg-type]
+        self.monitor = HealthMonitor(settings, inventory, KubeHealthActions(kube, inventory, wake), metrics)
+        self.stop = asyncio.Event()
+        self.task = asyncio.create_task(self.monitor.run(self.stop), name="flywheel-health-monitor")
+
+    async def close(self, timeout: float = 5.0) -> None:
+        self.stop.set()
+        done, _ = await asyncio.wait({self.task}, timeout=timeout)
+        if not done:  # stuck in a slow API call: cancel it
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
