@@ -1,11 +1,13 @@
-"""`flywheel run | launch | plan | crd`: the command line. Each subcommand imports only what it needs."""
+"""`flywheel run | launch | plan | crd | operator | api | status`: the command line. Each subcommand imports only
+what it needs."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from flywheel import __version__
 
@@ -16,9 +18,40 @@ PLAN_RDZV_PORT = 29400  # what `flywheel plan` shows; `flywheel run` picks a fre
 def _run(args: argparse.Namespace) -> int:
     from flywheel.local.runner import RunOptions, run_job
 
-    return run_job(RunOptions(job_file=args.job, out=args.out, faults=tuple(args.fault or ()),
-                              checkpoint_dir=args.checkpoint_dir, progress=not args.no_progress,
-                              metrics_port_base=args.metrics_port_base))
+    options = RunOptions(job_file=args.job, out=args.out, faults=tuple(args.fault or ()),
+                         checkpoint_dir=args.checkpoint_dir, progress=not args.no_progress,
+                         metrics_port_base=args.metrics_port_base)
+    if not args.api_port:
+        return run_job(options)
+    stop = _serve_local_api(args)
+    try:
+        return run_job(options)
+    finally:
+        stop()
+
+
+def _serve_local_api(args: argparse.Namespace) -> Callable[[], None]:
+    """Serve the local job read-only on 127.0.0.1 with the cluster API's schema (docs/api.md)."""
+    from pathlib import Path
+
+    from flywheel.api.app import create_app
+    from flywheel.api.auth import TokenFileAuth
+    from flywheel.api.localrun import EventLogSource
+    from flywheel.api.server import ThreadedServer, local_token_files
+    from flywheel.spec import SpecError, load_job
+
+    try:
+        job = load_job(args.job)
+    except SpecError:
+        return lambda: None  # run_job reports the bad spec
+    out = Path(args.out or Path("runs") / job.name).resolve()  # where run_job writes events.jsonl
+    raw, table = (None, Path(args.api_token_file)) if args.api_token_file else local_token_files(out)
+    app = create_app(EventLogSource(job, out / "events.jsonl"), TokenFileAuth.from_file(table))
+    server = ThreadedServer(app, "127.0.0.1", args.api_port)
+    server.start()
+    where = f"token in {raw}" if raw else f"tokens from {table}"
+    print(f"API: http://127.0.0.1:{args.api_port}/v1/jobs/local/{job.name} ({where})", flush=True)
+    return server.stop
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -70,6 +103,46 @@ def _operator(args: argparse.Namespace) -> int:
     return run(args.args)
 
 
+def _api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from flywheel.api.app import create_app
+    from flywheel.api.auth import AuthConfigError, TokenFileAuth
+    from flywheel.api.server import ServerConfig, attach
+
+    cfg = ServerConfig(kubeconfig=args.kubeconfig, namespace=args.namespace, token_file=args.token_file,
+                       read_only=args.read_only)
+    if cfg.token_file:
+        try:
+            TokenFileAuth.from_file(cfg.token_file)  # fail here, with the file's problem, not at first request
+        except AuthConfigError as err:
+            print(f"flywheel api: {err}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    app = create_app(startup=lambda a: attach(a, cfg))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from flywheel.api.client import StatusError, StatusOptions, fetch, render
+
+    opts = StatusOptions(job=args.job, namespace=args.namespace, phase=args.phase, server=args.server,
+                         token=args.token, token_file=args.token_file, output=args.output)
+    try:
+        body = fetch(opts)
+    except StatusError as err:
+        print(f"flywheel status: {err}", file=sys.stderr)
+        return 1
+    out = render(body, opts.output)
+    if isinstance(out, str):
+        print(out)
+    else:
+        Console(width=140).print(out)
+    return 0
+
+
 def _crd(args: argparse.Namespace) -> int:
     from flywheel import crd
 
@@ -94,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="plain progress lines instead of a live bar")
     run.add_argument("--metrics-port-base", type=int, default=0, metavar="P",
                      help="worker i serves Prometheus metrics on P+i (default: none)")
+    run.add_argument("--api-port", type=int, default=0, metavar="PORT",
+                     help="serve the job read-only on 127.0.0.1:PORT with the REST API (docs/api.md)")
+    run.add_argument("--api-token-file", help="static tokens for --api-port (default: a fresh one in OUT/api-token)")
     run.set_defaults(func=_run)
 
     launch = sub.add_parser("launch", help="run torch's elastic agent for one worker (configured by PET_* env)",
@@ -112,6 +188,29 @@ def build_parser() -> argparse.ArgumentParser:
     operator = sub.add_parser("operator", add_help=False, help="run the Kubernetes operator (see --help)")
     operator.add_argument("args", nargs=argparse.REMAINDER, help="operator options; `flywheel operator --help`")
     operator.set_defaults(func=_operator)
+
+    api = sub.add_parser("api", help="serve the REST status API for the cluster's TrainingJobs",
+                         description="Serve /v1/jobs... from a watch-backed cache; see docs/api.md.")
+    api.add_argument("--host", default="127.0.0.1")
+    api.add_argument("--port", type=int, default=8700)
+    api.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
+                     help="default $KUBECONFIG, else the in-cluster service account")
+    api.add_argument("-n", "--namespace", help="serve one namespace only (default: all)")
+    api.add_argument("--token-file", help="static tokens (token,user,uid[,\"groups\"]) instead of TokenReview + "
+                                          "SubjectAccessReview")
+    api.add_argument("--read-only", action="store_true", help="refuse the actions (501)")
+    api.add_argument("--log-level", default="info")
+    api.set_defaults(func=_api)
+
+    status = sub.add_parser("status", help="show TrainingJobs (or one) from the REST API")
+    status.add_argument("job", nargs="?", help="NAME or NAMESPACE/NAME; default: list the jobs")
+    status.add_argument("-n", "--namespace")
+    status.add_argument("--phase", help="list only jobs in this phase")
+    status.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    status.add_argument("--server", help="API URL (default $FLYWHEEL_API_URL or http://127.0.0.1:8700)")
+    status.add_argument("--token", help="bearer token (default $FLYWHEEL_API_TOKEN)")
+    status.add_argument("--token-file", help="a file holding the bearer token")
+    status.set_defaults(func=_status)
 
     crd = sub.add_parser("crd", help="write the TrainingJob CRD generated from the schema")
     crd.add_argument("path", nargs="?", default="crds/trainingjobs.flywheel.dev.yaml")

@@ -1,0 +1,102 @@
+"""Wiring for a served API: a kubernetes client from a kubeconfig (or in-cluster), the watch-backed cache, the
+authenticator and the actions. Used by `flywheel api` and by `uvicorn flywheel.api.app:app` (environment)."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flywheel.api.auth import TokenFileAuth
+
+DEFAULT_PORT = 8700
+
+
+@dataclass
+class ServerConfig:
+    kubeconfig: str | None = None  # None: $KUBECONFIG, else in-cluster
+    namespace: str | None = None  # None: all namespaces
+    token_file: str | None = None  # set: static tokens instead of TokenReview/SubjectAccessReview
+    read_only: bool = False
+
+    @classmethod
+    def from_env(cls) -> ServerConfig:
+        return cls(kubeconfig=os.environ.get("FLYWHEEL_KUBECONFIG") or os.environ.get("KUBECONFIG") or None,
+                   namespace=os.environ.get("FLYWHEEL_API_NAMESPACE") or None,
+                   token_file=os.environ.get("FLYWHEEL_API_TOKEN_FILE") or None,
+                   read_only=os.environ.get("FLYWHEEL_API_READ_ONLY", "") in ("1", "true", "yes"))
+
+
+def kube_client(kubeconfig: str | None) -> Any:
+    from kubernetes import config
+
+    if kubeconfig:  # read explicitly: the package would otherwise pick $KUBECONFIG at import
+        return config.new_client_from_config(config_file=kubeconfig)
+    config.load_incluster_config()
+    from kubernetes import client
+
+    return client.ApiClient()
+
+
+def attach(app: Any, cfg: ServerConfig, wait_seconds: float = 30.0) -> Any:
+    """Fill app.state with a started cache, auth and actions; returns the function that stops them."""
+    from flywheel.api.actions import KubeActions
+    from flywheel.api.auth import KubeAuth
+    from flywheel.api.cache import KubeCache
+
+    api_client = kube_client(cfg.kubeconfig)
+    auth = TokenFileAuth.from_file(cfg.token_file) if cfg.token_file else KubeAuth(api_client)
+    cache = KubeCache(api_client, cfg.namespace).start()
+    cache.wait_synced(wait_seconds)  # /readyz stays 503 until it has; the server starts either way
+    app.state.source, app.state.auth = cache, auth
+    app.state.actions = None if cfg.read_only else KubeActions(api_client)
+
+    def stop() -> None:
+        cache.stop()
+        api_client.close()
+
+    return stop
+
+
+def from_env(app: Any) -> Any:
+    return attach(app, ServerConfig.from_env())
+
+
+class ThreadedServer:
+    """uvicorn in a background thread (for `flywheel run --api-port`); signals stay with the main thread."""
+
+    def __init__(self, app: Any, host: str, port: int) -> None:
+        import uvicorn
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+        self._thread = threading.Thread(target=self.server.run, name="flywheel-api", daemon=True)
+
+    def start(self, timeout: float = 15.0) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the API server did not start (is the port free?)")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(10)
+
+
+def local_token_files(out: Path, token: str | None = None) -> tuple[Path, Path]:
+    """A fresh token for a local run: `<out>/api-token` (for `flywheel status --token-file`) and the server's
+    `<out>/api-tokens.csv`, both readable by the owner only."""
+    token = token or secrets.token_urlsafe(24)
+    out.mkdir(parents=True, exist_ok=True)
+    raw, table = out / "api-token", out / "api-tokens.csv"
+    for path, text in ((raw, token + "\n"), (table, f"{token},{getpass.getuser()},local\n")):
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(text)
+    return raw, table

@@ -1,0 +1,168 @@
+"""Pure: raw Kubernetes objects (dicts) -> the API's response models. No I/O, so tests need no cluster."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any
+
+from flywheel.api.actions import RESTART_ANNOTATION
+from flywheel.api.schemas import (
+    JobDetail,
+    JobEvent,
+    JobSummary,
+    ReplicaCounts,
+    RestartRecord,
+    Restarts,
+    SpecSummary,
+    Timeline,
+    TimelineEntry,
+    Worker,
+)
+from flywheel.policy import reasons as R
+from flywheel.spec import CheckpointStatus, TrainingJobStatus
+
+Obj = dict[str, Any]
+INDEX_LABEL, GENERATION_LABEL = "flywheel.dev/replica-index", "flywheel.dev/generation"
+CHECKPOINT_REASON = "CheckpointCommitted"  # one event per checkpoint (local runs; the operator posts none yet)
+_STEP = re.compile(r"step (\d+)")
+_FAILED_KIND = re.compile(r"failed: ([A-Za-z]+)")
+_LIFECYCLE = {R.CREATED, R.SUSPENDED, R.RESUMED, R.RUNNING, R.SUCCEEDED, R.DEADLINE, R.DEGRADED}
+
+
+def _status(obj: Obj) -> TrainingJobStatus:
+    try:
+        return TrainingJobStatus.model_validate(obj.get("status") or {})
+    except ValueError:  # a status this version cannot read: show the defaults rather than fail the request
+        return TrainingJobStatus()
+
+
+def _ts(value: Any) -> str | None:
+    """RFC 3339 in UTC with a Z, whatever offset form the API server used, so times sort as strings."""
+    if not value:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(str(value))
+    except ValueError:
+        return str(value)
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    return parsed.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _meta(obj: Obj) -> Obj:
+    return obj.get("metadata") or {}
+
+
+def _replicas(status: TrainingJobStatus) -> ReplicaCounts:
+    return ReplicaCounts(desired=status.replicas.desired, current=status.replicas.current,
+                         ready=status.replicas.ready)
+
+
+def summary(obj: Obj) -> JobSummary:
+    status, meta, spec = _status(obj), _meta(obj), obj.get("spec") or {}
+    return JobSummary(namespace=meta.get("namespace", "default"), name=meta.get("name", ""), phase=status.phase,
+                      replicas=_replicas(status), step=status.step, restarts=status.restarts,
+                      suspended=bool(spec.get("suspend")), created=_ts(meta.get("creationTimestamp")))
+
+
+def spec_summary(spec: Obj) -> SpecSummary:
+    replicas, trainer = spec.get("replicas") or {}, spec.get("trainer") or {}
+    command = spec.get("command") or []
+    ckpt, ft = spec.get("checkpoint") or {}, spec.get("faultTolerance") or {}
+    model = " ".join(command) if command else str((trainer.get("model") or {}).get("preset") or "custom")
+    return SpecSummary(image=spec.get("image") or "", replicas_min=int(replicas.get("min", 1)),
+                       replicas_max=int(replicas.get("max", replicas.get("min", 1))),
+                       replicas_target=replicas.get("target"), procs_per_replica=int(spec.get("procsPerReplica", 1)),
+                       suspend=bool(spec.get("suspend")), workload="command" if command else "trainer",
+                       model=model, steps=int((trainer.get("training") or {}).get("steps", 0)),
+                       checkpoint_dir=ckpt.get("dir") or "", checkpoint_every_steps=int(ckpt.get("everySteps", 0)),
+                       max_restarts=int(ft.get("maxRestarts", 0)), restart_scope=ft.get("restartScope") or "job")
+
+
+def worker(pod: Obj, procs: int) -> Worker:
+    meta, status = _meta(pod), pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    index = int(labels.get(INDEX_LABEL, "0") or 0)
+    exit_code, reason = None, status.get("reason") or ""
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+        if term:
+            exit_code, reason = term.get("exitCode"), term.get("reason") or reason
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting and not reason:
+            reason = waiting.get("reason") or ""
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    generation = labels.get(GENERATION_LABEL)
+    return Worker(index=index, pod=meta.get("name", ""), first_rank=index * procs,
+                  last_rank=index * procs + procs - 1, phase=status.get("phase") or "Unknown", ready=ready,
+                  node=(pod.get("spec") or {}).get("nodeName") or "",
+                  generation=int(generation) if generation and generation.isdigit() else None,
+                  exit_code=exit_code, reason=reason)
+
+
+def event(ev: Obj) -> JobEvent:
+    inv = ev.get("involvedObject") or {}
+    first = _ts(ev.get("firstTimestamp") or ev.get("eventTime") or _meta(ev).get("creationTimestamp"))
+    return JobEvent(type=ev.get("type") or "Normal", reason=ev.get("reason") or "", message=ev.get("message") or "",
+                    object=f"{inv.get('kind', '')}/{inv.get('name', '')}", count=int(ev.get("count") or 1),
+                    first_time=first, last_time=_ts(ev.get("lastTimestamp")) or first)
+
+
+def events(raw: list[Obj]) -> list[JobEvent]:
+    out = [event(e) for e in raw]
+    return sorted(out, key=lambda e: (e.last_time or "", e.first_time or ""))
+
+
+def restarts(status: TrainingJobStatus, evs: list[JobEvent]) -> Restarts:
+    history = []
+    for e in evs:
+        if e.reason == R.RESTARTING and e.object.startswith("TrainingJob/"):
+            kind = _FAILED_KIND.search(e.message)
+            history.append(RestartRecord(time=e.last_time, reason=kind.group(1) if kind else e.reason,
+                                         message=e.message))
+    return Restarts(count=status.restarts, last_reason=status.last_restart_reason, history=history)
+
+
+def detail(obj: Obj, pods: list[Obj], raw_events: list[Obj]) -> JobDetail:
+    status, meta, spec = _status(obj), _meta(obj), obj.get("spec") or {}
+    procs = int(spec.get("procsPerReplica", 1))
+    workers = sorted((worker(p, procs) for p in pods), key=lambda w: w.index)
+    return JobDetail(namespace=meta.get("namespace", "default"), name=meta.get("name", ""), uid=meta.get("uid", ""),
+                     created=_ts(meta.get("creationTimestamp")), generation=int(meta.get("generation") or 0),
+                     observed_generation=status.observed_generation, phase=status.phase, spec=spec_summary(spec),
+                     conditions=status.conditions, replicas=_replicas(status), world_size=status.world_size,
+                     step=status.step, workers=workers, restarts=restarts(status, events(raw_events)),
+                     last_checkpoint=status.last_checkpoint, goodput=status.goodput,
+                     restart_requested_at=(meta.get("annotations") or {}).get(RESTART_ANNOTATION))
+
+
+def timeline(obj: Obj, raw_events: list[Obj]) -> Timeline:
+    """Failures, restarts, lifecycle changes and the last checkpoint, oldest first. Checkpoint history before the
+    last one is not in the status (the job's event log has it; see docs/api.md)."""
+    status = _status(obj)
+    items: list[TimelineEntry] = []
+    for e in events(raw_events):
+        step = None
+        if e.reason == R.RESTARTING:
+            kind = "restart"
+        elif e.reason == CHECKPOINT_REASON:
+            kind, found = "checkpoint", _STEP.search(e.message)
+            step = int(found.group(1)) if found else None
+        elif e.type == "Warning":
+            kind = "failure"
+        elif e.reason in _LIFECYCLE:
+            kind = "lifecycle"
+        else:
+            continue
+        items.append(TimelineEntry(time=e.last_time, kind=kind, reason=e.reason, message=e.message, step=step))
+    for c in status.conditions:
+        if c.status == "True" and c.last_transition_time:
+            items.append(TimelineEntry(time=_ts(c.last_transition_time), kind="condition", reason=c.reason or c.type,
+                                       message=c.message))
+    ckpt: CheckpointStatus = status.last_checkpoint
+    if ckpt.step and not any(i.kind == "checkpoint" and i.step == ckpt.step for i in items):
+        items.append(TimelineEntry(time=_ts(ckpt.time), kind="checkpoint", reason="Checkpoint", message=ckpt.path,
+                                   step=ckpt.step))
+    return Timeline(items=sorted(items, key=lambda i: i.time or ""))
+

@@ -1,0 +1,136 @@
+"""The API against the test cluster's Kubernetes API emulator (no kubelet, no operator: the tests write pod and
+job status themselves, as the kubelet and operator would, so every response is deterministic).
+
+`api_env` (module scope) starts the emulator, installs the CRD, starts the watch-backed cache and wraps the app in
+FastAPI's TestClient. Tokens: ADMIN may do everything, VIEWER (group flywheel:viewers) may only read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from kubernetes import client, config
+
+from flywheel.api.actions import KubeActions
+from flywheel.api.app import create_app
+from flywheel.api.auth import TokenFileAuth
+from flywheel.api.cache import KubeCache
+from flywheel.crd import GROUP, PLURAL, VERSION
+from tests.cluster.fixtures import RunningCluster, start_cluster
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "trainingjobs.flywheel.dev.yaml"
+ADMIN, VIEWER = "admin-token-0123", "viewer-token-4567"
+
+
+def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def job_doc(name: str, namespace: str = "default", rmin: int = 1, rmax: int = 3, procs: int = 2) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingJob",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"image": "flywheel:latest", "replicas": {"min": rmin, "max": rmax}, "procsPerReplica": procs,
+                     "trainer": {"model": {"preset": "gpt-tiny"}, "parallelism": {"fsdp": False},
+                                 "training": {"steps": 30, "globalBatch": 12, "microBatch": 2}},
+                     "checkpoint": {"dir": f"/ckpt/{name}", "everySteps": 5}}}
+
+
+@dataclass
+class ApiEnv:
+    cluster: RunningCluster
+    kube: client.ApiClient
+    http: TestClient
+    cache: KubeCache
+    token_file: Path
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.kube)
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.kube)
+
+    def headers(self, token: str = ADMIN) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}"}
+
+    def get(self, path: str, token: str = ADMIN, **kw: Any) -> Any:
+        return self.http.get(path, headers=self.headers(token), **kw)
+
+    def create_job(self, name: str, namespace: str = "default", **kw: Any) -> dict[str, Any]:
+        obj = self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
+                                                          job_doc(name, namespace, **kw))
+        eventually(lambda: self.cache.job(namespace, name), what=f"{name} in the cache")
+        return obj
+
+    def job(self, name: str, namespace: str = "default") -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+    def set_status(self, name: str, status: dict[str, Any], namespace: str = "default") -> None:
+        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
+                                                          {"status": status},
+                                                          _content_type="application/merge-patch+json")
+        phase = status.get("phase")
+        eventually(lambda: ((self.cache.job(namespace, name) or {}).get("status") or {}).get("phase") == phase,
+                   what=f"{name} status in the cache")
+
+    def add_pod(self, job: str, index: int, phase: str, ready: bool, generation: int = 0,
+                terminated: dict[str, Any] | None = None, namespace: str = "default") -> None:
+        name = f"{job}-worker-{index}"
+        self.core.create_namespaced_pod(namespace, {
+            "metadata": {"name": name, "labels": {"flywheel.dev/job": job, "flywheel.dev/replica-index": str(index),
+                                                  "flywheel.dev/generation": str(generation)}},
+            "spec": {"nodeName": f"node-{index + 1}", "restartPolicy": "Never",
+                     "containers": [{"name": "worker", "image": "flywheel:latest"}]}})
+        state = {"terminated": terminated} if terminated else {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+        self.core.patch_namespaced_pod_status(name, namespace, {"status": {
+            "phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [{"name": "worker", "ready": ready, "restartCount": 0, "image": "flywheel:latest",
+                                   "imageID": "", "state": state}]}})
+        eventually(lambda: any(p["metadata"]["name"] == name and (p.get("status") or {}).get("phase") == phase
+                               for p in self.cache.pods(namespace, job)), what=f"pod {name} in the cache")
+
+    def add_event(self, job: str, reason: str, message: str, kind: str = "TrainingJob", obj_name: str | None = None,
+                  event_type: str = "Normal", ts: str = "2026-01-01T00:00:00Z", namespace: str = "default") -> None:
+        target = obj_name or job
+        self.core.create_namespaced_event(namespace, {
+            "metadata": {"generateName": f"{target}.", "namespace": namespace},
+            "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}" if kind == "TrainingJob" else "v1", "kind": kind,
+                               "name": target, "namespace": namespace},
+            "type": event_type, "reason": reason, "message": message, "firstTimestamp": ts, "lastTimestamp": ts,
+            "count": 1, "source": {"component": "flywheel-operator"}})
+        eventually(lambda: any(e.get("reason") == reason and e.get("message") == message
+                               for e in self.cache.events(namespace, {target})), what=f"event {reason}")
+
+
+@pytest.fixture(scope="module")
+def api_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiEnv]:
+    tmp = tmp_path_factory.mktemp("api")
+    cluster = start_cluster(tmp / "cluster", run_kubelet=False)
+    kube = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    client.ApiextensionsV1Api(kube).create_custom_resource_definition(yaml.safe_load(CRD.read_text()))
+    client.CoreV1Api(kube).create_namespace({"metadata": {"name": "team-b"}})
+    token_file = tmp / "tokens.csv"
+    token_file.write_text(f"# token,user,uid,groups\n{ADMIN},alice,u1\n{VIEWER},bob,u2,\"flywheel:viewers,dev\"\n")
+    cache = KubeCache(kube, watch_seconds=5).start()
+    assert cache.wait_synced(15), "the cache did not sync with the emulator"
+    app = create_app(cache, TokenFileAuth.from_file(token_file), KubeActions(kube))
+    with TestClient(app) as http:
+        yield ApiEnv(cluster, kube, http, cache, token_file)
+    cache.stop()
+    kube.close()
+    cluster.stop()
