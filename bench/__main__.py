@@ -17,7 +17,7 @@ from pathlib import Path
 from bench.common import RESULTS
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHMARKS = ("checkpoint_stall", "restart_latency", "trainer_overhead", "parallel_parity")
+BENCHMARKS = ("checkpoint_stall", "restart_latency", "trainer_overhead", "parallel_parity", "planner_accuracy")
 
 
 def _fmt(value: object) -> str:

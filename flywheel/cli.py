@@ -8,8 +8,15 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from flywheel import __version__
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from flywheel.planner import PlanResult
+    from flywheel.spec import TrainingJobSpec
 
 EXIT_BAD_INPUT = 2
 PLAN_RDZV_PORT = 29400  # what `flywheel plan` shows; `flywheel run` picks a free port
@@ -67,7 +74,7 @@ def _plan(args: argparse.Namespace) -> int:
     from flywheel.plan import Placement, describe_plan, plan_workers
     from flywheel.spec import SpecError, load_job
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 160)  # tables stay readable when piped
     try:
         job = load_job(args.job)
     except SpecError as err:
@@ -83,8 +90,13 @@ def _plan(args: argparse.Namespace) -> int:
     except ValueError as err:
         console.print(f"[red]{err}[/]", highlight=False)
         return EXIT_BAD_INPUT
+    try:
+        layout = _plan_layout(job.spec, replicas, args)
+    except ValueError as err:  # PlanError, DeviceTableError, a bad --devices file
+        console.print(f"[red]{err}[/]", highlight=False)
+        return EXIT_BAD_INPUT
     if args.output == "json":
-        print(json.dumps(describe_plan(plans), indent=2))
+        print(json.dumps({"workers": describe_plan(plans), "layout": layout and layout.to_json(args.top)}, indent=2))
         return 0
     table = Table(title=f"{job.name}: {replicas} workers x {job.spec.procs_per_replica} ranks")
     for column in ("index", "name", "ranks", "command", "rendezvous", "checkpoints", "metrics port"):
@@ -94,7 +106,45 @@ def _plan(args: argparse.Namespace) -> int:
                       f"{p.env['PET_RDZV_BACKEND']} {p.env['PET_RDZV_ENDPOINT']} nnodes {p.env['PET_NNODES']}",
                       p.env["FLYWHEEL_CHECKPOINT_DIR"], p.env["FLYWHEEL_METRICS_PORT"])
     console.print(table)
+    if layout:
+        console.print(_layout_table(layout, args.top))
     return 0
+
+
+def _plan_layout(spec: TrainingJobSpec, replicas: int, args: argparse.Namespace) -> PlanResult | None:
+    """The planner's layouts for the job at this size (none for a user command: its script owns parallelism)."""
+    import yaml
+
+    from flywheel.planner import device_table, plan_for_spec
+
+    if spec.command:
+        return None
+    overrides = None
+    if args.devices:
+        with open(args.devices) as f:
+            overrides = yaml.safe_load(f)
+    table = device_table(overrides, source=args.devices or "built-in")
+    if args.device not in table:
+        raise ValueError(f"--device {args.device}: unknown; use one of {', '.join(table)} or add it with --devices")
+    return plan_for_spec(spec, replicas * spec.procs_per_replica, table[args.device])
+
+
+def _layout_table(result: PlanResult, top: int) -> Table:
+    from rich.table import Table
+
+    title = (f"layouts on {result.world_size} x {result.device.name} ({result.ranks_per_worker} per worker), "
+             f"fastest first; {result.rejected_for_memory} do not fit")
+    table = Table(title=title)
+    for column in ("", "dp", "tp", "pp", "micro batch", "micro batches", "sharding", "recompute", "est step s",
+                   "est memory GiB", "comm s", "bubble"):
+        table.add_column(column, justify="right")
+    for i, e in enumerate(result.candidates[:top]):
+        lay = e.layout
+        table.add_row("chosen" if i == 0 else str(i + 1), str(lay.dp), str(lay.tp), str(lay.pp),
+                      str(lay.micro_batch), str(e.microbatches), f"zero{lay.zero}" if lay.fsdp else "ddp",
+                      "yes" if lay.activation_checkpointing else "no", f"{e.step_seconds:.3f}",
+                      f"{e.memory_bytes / 2**30:.2f}", f"{e.communication_seconds:.3f}", f"{e.bubble_fraction:.0%}")
+    return table
 
 
 def _operator(args: argparse.Namespace) -> int:
@@ -177,12 +227,16 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("command", nargs=argparse.REMAINDER, help="user command after --; default: the trainer")
     launch.set_defaults(func=_launch)
 
-    plan = sub.add_parser("plan", help="show the workers a job would start")
+    plan = sub.add_parser("plan", help="show the workers a job would start and the planner's layouts")
     plan.add_argument("job", help="TrainingJob YAML")
     plan.add_argument("-o", "--output", choices=("table", "json"), default="table")
     plan.add_argument("--replicas", type=int, help="workers to plan (default: spec.replicas target or max)")
     plan.add_argument("--checkpoint-dir", help="override spec.checkpoint.dir")
     plan.add_argument("--metrics-port-base", type=int, default=0, metavar="P")
+    plan.add_argument("--device", default="cpu", help="device kind for the layout planner: cpu, a100, h100, h200 "
+                      "or one from --devices (default cpu)")
+    plan.add_argument("--devices", metavar="FILE", help="YAML overriding or adding device entries (planner/devices.py)")
+    plan.add_argument("--top", type=int, default=8, help="layouts to show (default 8)")
     plan.set_defaults(func=_plan)
 
     operator = sub.add_parser("operator", add_help=False, help="run the Kubernetes operator (see --help)")

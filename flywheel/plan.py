@@ -9,6 +9,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from flywheel.planner import DEVICES, resolve_auto
 from flywheel.spec import TrainingJob, spec_to_env_json
 
 
@@ -28,6 +29,7 @@ class Placement:
     events_file: str | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
     hostname_suffix: str = ""  # on a cluster: ".<job>-workers.<namespace>.svc" so peers resolve through the Service
+    device: str = "cpu"  # the planner's device kind for `parallelism.auto` (planner/devices.py)
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,8 @@ def plan_workers(job: TrainingJob, placement: Placement) -> list[WorkerPlan]:
                          f"[{spec.replicas.min}, {spec.replicas.max}]")
     procs = spec.procs_per_replica
     world = placement.replicas * procs
-    spec_json = spec_to_env_json(spec)
+    # Workers get a concrete layout: `parallelism.auto` is resolved here, once for all of them.
+    spec_json = spec_to_env_json(resolve_auto(spec, DEVICES[placement.device]))
     argv = tuple(placement.launcher) + (("--", *spec.command) if spec.command else ())
     plans = []
     for index in range(placement.replicas):

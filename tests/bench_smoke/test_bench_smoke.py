@@ -47,3 +47,10 @@ def test_restart_latency_smoke(tmp_path):
     run_bench(tmp_path, "bench.restart_latency", "--trials", "1", "--peer-trials", "1", "--fixed-trials", "1",
               "--out", str(out))
     check_record(out)
+
+
+def test_planner_accuracy_smoke(tmp_path):
+    run_bench(tmp_path, "bench.planner_accuracy", "--quick")
+    record = check_record(tmp_path / "planner_accuracy.json")
+    layouts = record["runs"]["layouts"]
+    assert layouts and all(r["peak_live_bytes"] > 0 and r["est_memory_bytes"] > 0 for r in layouts)

@@ -50,3 +50,16 @@ def test_presets_have_the_usual_sizes(preset, millions):
     with torch.device("meta"):  # sizes without allocating gigabytes
         model = GPT(GPTConfig.from_spec(ModelSpec(preset=preset)))
     assert round(model.num_params() / 1e6) == millions
+
+
+@pytest.mark.parametrize("preset", ["gpt-tiny", "gpt-125m", "gpt-350m", "gpt-1.3b"])
+def test_the_planner_counts_parameters_and_flops_like_the_model(preset):
+    from flywheel.planner.search import shape_of
+    from flywheel.spec import parse_spec
+
+    spec = parse_spec({"trainer": {"model": {"preset": preset}}})
+    with torch.device("meta"):  # sized without memory
+        model = GPT(GPTConfig.from_spec(spec.trainer.model))
+    shape = shape_of(spec)
+    assert shape.params == model.num_params()
+    assert shape.flops_per_token() == model.flops_per_token()

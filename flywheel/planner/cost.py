@@ -1,0 +1,194 @@
+"""The planner's cost model: step time and peak memory per rank of one layout, from the model's shape, the batch
+and a device entry. Pure arithmetic (no torch), so it sizes 1.3B-parameter models on a laptop.
+
+Memory follows the usual accounting: fp32 parameters, gradients and two AdamW moments (16 bytes per parameter),
+divided by dp where FSDP shards them (ZeRO-3 all four; ZeRO-2 all but the parameters), DDP's gradient buckets (4
+more bytes per parameter), activations per micro batch (about 17 values per token and width per block with
+memory-efficient attention, divided by tp with sequence parallel; the block inputs only under activation
+checkpointing), the logits, micro batches in flight under 1F1B pipelining, and a fixed runtime share. Time is the
+compute at the device's achievable FLOP rate, stretched by the pipeline bubble, plus the communication the layout
+adds (data-parallel gradient traffic partly hidden behind backward; tensor-parallel and pipeline traffic exposed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from flywheel.planner.devices import Device, Link
+
+FP32 = 4
+ADAMW_STATE = 2 * FP32  # exp_avg and exp_avg_sq per parameter
+ACTIVATION_VALUES_PER_TOKEN_WIDTH = 17  # per block: qkv, attention output, MLP 4x hidden and GELU input, norms
+RECOMPUTE_FLOPS = 4 / 3  # one more forward (1/3 of forward + backward)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    dim: int
+    heads: int
+    vocab: int
+    seq_len: int
+
+    @property
+    def block_params(self) -> int:
+        d = self.dim
+        # qkv (3d^2 + 3d), attention out (d^2 + d), MLP (8d^2 + 5d), two LayerNorms (4d)
+        return 12 * d * d + 13 * d
+
+    @property
+    def embedding_params(self) -> int:
+        return (self.vocab + self.seq_len) * self.dim  # the LM head is tied to the token embedding
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.block_params + self.embedding_params + 2 * self.dim  # + final LayerNorm
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token, as the trainer counts them (model.py): 6N without the position embedding,
+        plus attention's 12 * layers * dim * seq."""
+        return 6 * (self.params - self.seq_len * self.dim) + 12 * self.layers * self.dim * self.seq_len
+
+
+@dataclass(frozen=True)
+class Batch:
+    global_batch: int
+    precision: str  # "fp32" or "bf16"
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int
+    tp: int
+    pp: int
+    micro_batch: int
+    fsdp: bool
+    zero: int  # 3 or 2 with fsdp; ignored by DDP
+    activation_checkpointing: bool
+
+    def microbatches(self, global_batch: int) -> int:
+        """Micro batches per step on each data-parallel rank (gradient accumulation, or the pipeline's)."""
+        return global_batch // (self.dp * self.micro_batch)
+
+    def describe(self) -> str:
+        sharding = f"fsdp/zero{self.zero}" if self.fsdp else "ddp"
+        return (f"dp{self.dp} tp{self.tp} pp{self.pp} mb{self.micro_batch} {sharding}"
+                f"{' +ac' if self.activation_checkpointing else ''}")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    layout: Layout
+    microbatches: int
+    step_seconds: float
+    compute_seconds: float
+    communication_seconds: float
+    bubble_fraction: float
+    memory_bytes: float
+    memory_breakdown: dict[str, float]
+    fits: bool
+
+
+def estimate(shape: ModelShape, batch: Batch, layout: Layout, device: Device, ranks_per_worker: int) -> Estimate:
+    m = layout.microbatches(batch.global_batch)
+    memory = memory_breakdown(shape, batch, layout, device)
+    compute = _compute_seconds(shape, batch, layout, device)
+    bubble = (layout.pp - 1) / (m + layout.pp - 1) if layout.pp > 1 else 0.0
+    comm = _communication_seconds(shape, batch, layout, device, ranks_per_worker, compute)
+    total_memory = sum(memory.values())
+    return Estimate(layout=layout, microbatches=m, step_seconds=compute / (1 - bubble) + comm,
+                    compute_seconds=compute, communication_seconds=comm, bubble_fraction=bubble,
+                    memory_bytes=total_memory, memory_breakdown=memory, fits=total_memory <= device.memory_bytes)
+
+
+def stage_params(shape: ModelShape, layout: Layout) -> float:
+    """Parameters one rank holds before data-parallel sharding: its pipeline stage's blocks split over tp; the
+    embeddings (first stage) and the tied head (last stage) stay whole. The worst stage counts."""
+    blocks = math.ceil(shape.layers / layout.pp) * shape.block_params / layout.tp
+    ends = shape.embedding_params if layout.pp == 1 else max(shape.embedding_params, shape.vocab * shape.dim)
+    return blocks + ends + 2 * shape.dim
+
+
+def memory_breakdown(shape: ModelShape, batch: Batch, layout: Layout, device: Device) -> dict[str, float]:
+    n = stage_params(shape, layout)
+    dp = layout.dp
+    if not layout.fsdp:
+        states = {"parameters": n * FP32, "gradients": 2 * n * FP32, "optimizer": n * ADAMW_STATE}  # + DDP buckets
+    elif layout.zero == 2:
+        states = {"parameters": n * FP32, "gradients": n * FP32 / dp, "optimizer": n * ADAMW_STATE / dp}
+    else:
+        # Sharded at rest; two blocks' parameters are gathered at a time (the one computing and the prefetch).
+        gathered = 2 * shape.block_params / layout.tp * FP32
+        states = {"parameters": n * FP32 / dp + gathered, "gradients": n * FP32 / dp + gathered,
+                  "optimizer": n * ADAMW_STATE / dp}
+    act_bytes = FP32 if batch.precision == "fp32" else 2.5  # bf16 autocast keeps norms and the residual in fp32
+    tokens = layout.micro_batch * shape.seq_len
+    layers_here = math.ceil(shape.layers / layout.pp)
+    per_block = ACTIVATION_VALUES_PER_TOKEN_WIDTH * tokens * shape.dim * act_bytes / layout.tp
+    if layout.activation_checkpointing:
+        # Each block's input is kept; one block's activations live at a time while it is recomputed.
+        activations = layers_here * tokens * shape.dim * FP32 + per_block
+    else:
+        activations = layers_here * per_block
+    in_flight = min(layout.pp, layout.microbatches(batch.global_batch)) if layout.pp > 1 else 1  # 1F1B, stage 0
+    # Log-softmax output and its gradient, fp32, on the last stage (the logits themselves are freed).
+    logits = 2 * tokens * shape.vocab * FP32
+    # The foreach AdamW step allocates one parameter-sized temporary (the denominator) for the rank's shard.
+    step_temporary = states["optimizer"] / 2
+    return {**states, "optimizer step": step_temporary, "activations": activations * in_flight, "logits": logits,
+            "runtime": device.runtime_bytes}
+
+
+def _compute_seconds(shape: ModelShape, batch: Batch, layout: Layout, device: Device) -> float:
+    flops = shape.flops_per_token() * batch.global_batch * shape.seq_len / (layout.dp * layout.tp * layout.pp)
+    if layout.activation_checkpointing:
+        flops *= RECOMPUTE_FLOPS
+    # Small micro batches leave the device under-used (launch and framework overhead per op dominate); narrower
+    # matmuls under tensor parallel run a little less efficiently.
+    tokens = layout.micro_batch * shape.seq_len
+    efficiency = (device.efficiency * tokens / (tokens + device.half_efficiency_tokens)
+                  * (1 - 0.04 * math.log2(layout.tp)))
+    return flops / (device.flops(batch.precision) * efficiency)
+
+
+def _link(spans_workers: bool, device: Device) -> Link:
+    return device.inter_node if spans_workers else device.intra_node
+
+
+def _collective_seconds(volume_bytes: float, group: int, link: Link, count: int) -> float:
+    """Ring collectives: an all-reduce moves 2(g-1)/g of the buffer per rank, all-gather/reduce-scatter (g-1)/g;
+    `volume_bytes` already carries that factor's numerator multiple."""
+    if group <= 1:
+        return 0.0
+    return volume_bytes * (group - 1) / group / link.bandwidth_bytes_per_second + count * link.latency_seconds
+
+
+def _communication_seconds(shape: ModelShape, batch: Batch, layout: Layout, device: Device, ranks_per_worker: int,
+                           compute: float) -> float:
+    m = layout.microbatches(batch.global_batch)
+    # Rank order is tp innermost, then pp, dp outermost (parallelize.py), so a group spans workers when its
+    # members, spaced by the inner degrees, do not fit in one worker.
+    tp_link = _link(layout.tp > ranks_per_worker, device)
+    pp_link = _link(layout.tp * layout.pp > ranks_per_worker, device)
+    dp_link = _link(layout.dp * layout.tp * layout.pp > ranks_per_worker, device)
+    grad_bytes = stage_params(shape, layout) * FP32
+    if not layout.fsdp:
+        dp_volume, dp_count = 2 * grad_bytes, 2  # all-reduce, in ~2 buckets at this size
+    elif layout.zero == 2:
+        dp_volume, dp_count = 2 * grad_bytes, 2 * math.ceil(shape.layers / layout.pp)  # all-gather + reduce-scatter
+    else:
+        dp_volume, dp_count = 3 * grad_bytes, 3 * math.ceil(shape.layers / layout.pp)  # + all-gather in backward
+    dp_seconds = _collective_seconds(dp_volume, layout.dp, dp_link, dp_count)
+    # Hidden behind backward (about 2/3 of compute) as far as the device overlaps it.
+    dp_exposed = max(dp_seconds - device.comm_overlap * compute * 2 / 3, dp_seconds * (1 - device.comm_overlap))
+    act_bytes = FP32 if batch.precision == "fp32" else 2
+    activation = layout.micro_batch * shape.seq_len * shape.dim * act_bytes
+    layers_here = math.ceil(shape.layers / layout.pp)
+    # Per block and micro batch: 2 all-reduces forward and 2 backward (or the same volume as all-gather +
+    # reduce-scatter with sequence parallel).
+    tp_seconds = _collective_seconds(4 * 2 * activation * layers_here * m, layout.tp, tp_link, 4 * layers_here * m)
+    # Per micro batch: activations forward and their gradients backward across each stage boundary.
+    pp_seconds = (2 * m * (activation / pp_link.bandwidth_bytes_per_second + pp_link.latency_seconds)
+                  if layout.pp > 1 else 0.0)
+    return dp_exposed + tp_seconds + pp_seconds
