@@ -33,26 +33,14 @@ class JobSource(Protocol):
     def events(self, namespace: str, names: Iterable[str]) -> list[Obj]: ...
 
 
-class MemorySource:
-    """A JobSource held in memory: `flywheel run` puts its one job here; tests use it without a cluster."""
+class _IndexedStore:
+    """The three indexes both sources keep, and the reads the app makes on them (under one lock)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._jobs: dict[Key, Obj] = {}
         self._pods: dict[Key, Obj] = {}
         self._events: dict[Key, Obj] = {}
-
-    def put(self, kind: str, obj: Obj) -> None:
-        table = {"job": self._jobs, "pod": self._pods, "event": self._events}[kind]
-        with self._lock:
-            table[_key(obj)] = obj
-
-    def remove(self, kind: str, namespace: str, name: str) -> None:
-        with self._lock:
-            {"job": self._jobs, "pod": self._pods, "event": self._events}[kind].pop((namespace, name), None)
-
-    def ready(self) -> bool:
-        return True
 
     def jobs(self) -> list[Obj]:
         with self._lock:
@@ -72,6 +60,22 @@ class MemorySource:
         with self._lock:
             return [e for (ns, _), e in self._events.items()
                     if ns == namespace and (e.get("involvedObject") or {}).get("name") in wanted]
+
+
+class MemorySource(_IndexedStore):
+    """A JobSource held in memory: `flywheel run` puts its one job here; tests use it without a cluster."""
+
+    def put(self, kind: str, obj: Obj) -> None:
+        table = {"job": self._jobs, "pod": self._pods, "event": self._events}[kind]
+        with self._lock:
+            table[_key(obj)] = obj
+
+    def remove(self, kind: str, namespace: str, name: str) -> None:
+        with self._lock:
+            {"job": self._jobs, "pod": self._pods, "event": self._events}[kind].pop((namespace, name), None)
+
+    def ready(self) -> bool:
+        return True
 
 
 class Reflector:
@@ -132,17 +136,14 @@ class Reflector:
                 self._stop.wait(1.0)
 
 
-class KubeCache:
+class KubeCache(_IndexedStore):
     """TrainingJobs, pods labelled `flywheel.dev/job`, and events, kept current by three watches."""
 
     def __init__(self, api_client: Any, namespace: str | None = None, watch_seconds: int = 60) -> None:
         from kubernetes import client
 
+        super().__init__()
         custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
-        self._lock = threading.Lock()
-        self._jobs: dict[Key, Obj] = {}
-        self._pods: dict[Key, Obj] = {}
-        self._events: dict[Key, Obj] = {}
         if namespace:
             def list_jobs(**kw: Any) -> Any:
                 return custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, **kw)
@@ -184,22 +185,3 @@ class KubeCache:
 
     def ready(self) -> bool:
         return all(r.synced.is_set() for r in self._reflectors)
-
-    def jobs(self) -> list[Obj]:
-        with self._lock:
-            return list(self._jobs.values())
-
-    def job(self, namespace: str, name: str) -> Obj | None:
-        with self._lock:
-            return self._jobs.get((namespace, name))
-
-    def pods(self, namespace: str, job: str) -> list[Obj]:
-        with self._lock:
-            return [p for (ns, _), p in self._pods.items()
-                    if ns == namespace and (p["metadata"].get("labels") or {}).get(JOB_LABEL) == job]
-
-    def events(self, namespace: str, names: Iterable[str]) -> list[Obj]:
-        wanted = set(names)
-        with self._lock:
-            return [e for (ns, _), e in self._events.items()
-                    if ns == namespace and (e.get("involvedObject") or {}).get("name") in wanted]

@@ -7,8 +7,7 @@ FastAPI's TestClient. Tokens: ADMIN may do everything, VIEWER (group flywheel:vi
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,20 +23,11 @@ from flywheel.api.auth import TokenFileAuth
 from flywheel.api.cache import KubeCache
 from flywheel.crd import GROUP, PLURAL, VERSION
 from tests.cluster.fixtures import RunningCluster, start_cluster
+from tests.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "trainingjobs.flywheel.dev.yaml"
 ADMIN, VIEWER = "admin-token-0123", "viewer-token-4567"
-
-
-def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def job_doc(name: str, namespace: str = "default", rmin: int = 1, rmax: int = 3, procs: int = 2) -> dict[str, Any]:

@@ -7,15 +7,14 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from tests.cluster.fixtures import RunningCluster
-
-T = TypeVar("T")
+from tests.waiting import eventually as wait_for
 
 
 @pytest.fixture
@@ -23,16 +22,6 @@ def core(cluster: RunningCluster) -> Iterator[client.CoreV1Api]:
     api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
     yield client.CoreV1Api(api_client)
     api_client.close()
-
-
-def wait_for(check: Callable[[], T | None], timeout: float = 15.0, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def pod(name: str, code: str, restart: str = "Never", grace: int = 30, node: str | None = None,

@@ -19,12 +19,14 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from tests.waiting import eventually as _eventually
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "operator-tiny.yaml"
@@ -40,15 +42,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-def eventually(check: Callable[[], Any], timeout: float, what: str, interval: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+eventually = partial(_eventually, interval=1.0)  # a real cluster: poll gently
 
 
 class RealCluster:

@@ -13,9 +13,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from tests.cluster.fixtures import RunningCluster, start_cluster
+from tests.waiting import eventually as _eventually
 
 REPO = Path(__file__).resolve().parents[2]
 KUBECTL = REPO / ".tools" / "bin" / "kubectl"
@@ -31,15 +32,7 @@ EXAMPLE = REPO / "examples" / "operator-tiny.yaml"
 CRD = REPO / "crds" / "trainingjobs.flywheel.dev.yaml"
 
 
-def eventually(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+eventually = partial(_eventually, interval=0.2)  # the operator acts on 0.2 s-scale loops
 
 
 def _free_port() -> int:
