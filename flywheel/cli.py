@@ -150,7 +150,18 @@ def _layout_table(result: PlanResult, top: int) -> Table:
 def _operator(args: argparse.Namespace) -> int:
     from flywheel.operator.main import run  # kopf and the kube client load only for this subcommand
 
-    return run(args.args)
+    return run(args.args, serve_api=_serve_cluster_api)
+
+
+def _serve_cluster_api(args: argparse.Namespace) -> None:
+    """`flywheel operator --api-port`: the REST API in a thread of the operator process, from its own cache."""
+    from flywheel.api.app import create_app
+    from flywheel.api.server import ServerConfig, ThreadedServer, attach
+
+    namespace = args.namespace[0] if len(args.namespace) == 1 else None
+    cfg = ServerConfig(kubeconfig=args.kubeconfig, namespace=namespace, token_file=args.api_token_file or None)
+    ThreadedServer(create_app(startup=lambda a: attach(a, cfg)), args.api_host, args.api_port).start()
+    print(f"flywheel operator: REST API on http://{args.api_host}:{args.api_port}/v1/jobs", flush=True)
 
 
 def _api(args: argparse.Namespace) -> int:

@@ -393,4 +393,6 @@ class TrainingJobStatus(_Model):
     last_checkpoint: CheckpointStatus = Field(default_factory=CheckpointStatus)
     goodput: GoodputStatus = Field(default_factory=GoodputStatus)
     restart_budget: RestartBudgetStatus = Field(default_factory=RestartBudgetStatus)
+    # The flywheel.dev/restart-requested-at value already acted on, so each request restarts the job once.
+    restart_request_handled: str = ""
     observed_generation: int = 0

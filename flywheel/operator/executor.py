@@ -16,7 +16,7 @@ from typing import Any
 
 import kopf
 
-from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.crd import GROUP, PLURAL, RESTART_ANNOTATION, VERSION
 from flywheel.etcd.liveness import WorkerWatch, watch_workers
 from flywheel.operator import manifests as m
 from flywheel.operator.kube import ApiError, Kube
@@ -142,8 +142,9 @@ class JobRunner:
         views, progress = await self._observe()
         status_in = dict(obj.get("status") or {})
         status_in["selector"] = f"{m.JOB_LABEL}={self.name}"
+        annotations = obj["metadata"].get("annotations") or {}
         result = reconcile(job.spec if job else None, invalid, status_in, views, progress, time.time(),
-                           int(obj["metadata"].get("generation", 0)))
+                           int(obj["metadata"].get("generation", 0)), annotations.get(RESTART_ANNOTATION))
         if job is not None and result.status.get("phase") not in ("Succeeded", "Failed", "Suspended"):
             self._start_liveness(job)
             await self._ensure_service(obj, job)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from flywheel.monitor import MonitorSettings, add_monitor_arguments, settings_from_args
 from flywheel.operator.manifests import OperatorSettings
@@ -30,6 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--operator-metrics-port", type=int, default=8080,
                    help="serve the operator's own Prometheus metrics here; 0 = off")
     p.add_argument("--verbose", action="store_true")
+    p.add_argument("--api-port", type=int, default=0,
+                   help="also serve the REST status API (docs/api.md) on this port; 0 = off (`flywheel api` alone)")
+    p.add_argument("--api-host", default="0.0.0.0", help="address for --api-port (default 0.0.0.0)")
+    p.add_argument("--api-token-file", default="",
+                   help="static bearer tokens for the API instead of TokenReview/SubjectAccessReview")
     add_monitor_arguments(p)  # --prometheus-url, --no-health-monitor, --no-cordon, ... (docs/monitoring.md)
     return p
 
@@ -41,7 +46,9 @@ def monitor_settings(args: argparse.Namespace) -> MonitorSettings | None:
     return settings_from_args(args)
 
 
-def run(argv: Sequence[str] | None = None) -> int:
+def run(argv: Sequence[str] | None = None, serve_api: Callable[[argparse.Namespace], None] | None = None) -> int:
+    """`serve_api(args)` starts the REST API in this process when --api-port is set; the CLI passes it, since
+    the operator does not import the API (they are siblings)."""
     args = build_parser().parse_args(argv)
     if not args.etcd_endpoints:
         print("flywheel operator: --etcd-endpoints (or FLYWHEEL_ETCD_ENDPOINTS) is required: cluster workers "
@@ -52,6 +59,11 @@ def run(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         print(f"flywheel operator: {err}")
         return 2
+    if args.api_port:
+        if serve_api is None:
+            print("flywheel operator: --api-port needs the `flywheel operator` command (or run `flywheel api`)")
+            return 2
+        serve_api(args)
     import kopf
 
     from flywheel.operator import handlers

@@ -41,6 +41,9 @@ MSG_CREATE_FAILED = "could not create {kind} {name}: {error}"
 # Health monitor (flywheel/monitor -> flywheel/operator/health.py). A True `Hung` condition is also the monitor's
 # request to restart the job: the next reconcile pass decides it (FailureKind.HANG) and sets it False again.
 HUNG = "ProgressStalled"  # message: HangFinding.message
+RESTART_REQUESTED = "RestartRequested"
+MSG_RESTART_REQUESTED = ("restart requested at {at} (annotation flywheel.dev/restart-requested-at): restarting every "
+                         "worker from the last checkpoint; no restart budget spent")
 HANG_RESTARTED = "RestartedAfterHang"
 MSG_HANG_RESTARTED = "the workers were restarted after: {finding}"
 MSG_HANG_DECIDED = "hung: {finding}"

@@ -175,8 +175,9 @@ def _finish(out: Pass, pods: list[PodView], phase: str, reason: str, message: st
 
 
 def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict[str, Any], pods: list[PodView],
-              progress: Progress, now: float, generation: int = 0) -> Pass:
-    """Decide one pass. `spec` is None when the TrainingJob is invalid (`invalid` says why)."""
+              progress: Progress, now: float, generation: int = 0, restart_requested_at: str | None = None) -> Pass:
+    """Decide one pass. `spec` is None when the TrainingJob is invalid (`invalid` says why).
+    `restart_requested_at`: the job's flywheel.dev/restart-requested-at annotation (REST API `restart`)."""
     status: dict[str, Any] = {k: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v)
                               for k, v in status_in.items()}
     status["conditions"] = [dict(c) for c in status_in.get("conditions", [])]
@@ -207,7 +208,8 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
 
     # Pods of an older generation: leftovers of a decided failure; never decided again.
     scope_job = spec.fault_tolerance.restart_scope == "job"
-    hang_restart = status.get("lastRestartReason") == FailureKind.HANG.value  # hangs restart every worker
+    # Hangs and requested restarts restart every worker.
+    hang_restart = status.get("lastRestartReason") in (FailureKind.HANG.value, R.RESTART_REQUESTED)
     grace = spec.fault_tolerance.node_failure_grace_seconds
     for p in pods:
         if p.deleting_since is not None:
@@ -227,6 +229,8 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
         set_condition(status, "Suspended", True, R.SUSPENDED, R.MSG_SUSPENDED, now)
         set_condition(status, "Running", False, R.SUSPENDED, R.MSG_SUSPENDED, now)
         set_condition(status, "Hung", False, R.SUSPENDED, R.MSG_SUSPENDED, now)  # no restart request on resume
+        if restart_requested_at:  # resuming starts fresh workers anyway: the request is served
+            status["restartRequestHandled"] = restart_requested_at
         return out
     if phase == "Suspended":
         set_condition(status, "Suspended", False, R.RESUMED, R.MSG_RESUMED, now)
@@ -244,6 +248,9 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
             return _finish(out, pods, "Succeeded", R.SUCCEEDED, R.MSG_SUCCEEDED.format(step=status["step"]), now)
         status["phase"] = "Running"
         return out  # finishing: the other workers are exiting; replace nothing
+
+    if restart_requested_at and restart_requested_at != status.get("restartRequestHandled"):
+        return _requested_restart(out, pods, restart_requested_at, current_gen, now)
 
     failed = sorted((p for p in current if _failure_of(p) is not None), key=lambda p: p.index)
     # A True Hung condition is the health monitor's restart request (policy/health_status.py).
@@ -307,6 +314,22 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
         status["phase"] = "Restarting" if current_gen > 0 else "Pending"
     if status["phase"] == "Running" and phase != "Running":
         out.events.append(Event("Normal", R.RUNNING, R.MSG_RUNNING.format(ready=ready)))
+    return out
+
+
+def _requested_restart(out: Pass, pods: list[PodView], requested_at: str, current_gen: int, now: float) -> Pass:
+    """A user's restart (REST API or `kubectl annotate`): every worker from the last checkpoint, once per request
+    value, without spending the failure budget."""
+    status = out.status
+    message = R.MSG_RESTART_REQUESTED.format(at=requested_at)
+    status["restartRequestHandled"] = requested_at
+    status["restarts"] = current_gen + 1
+    status["lastRestartReason"] = R.RESTART_REQUESTED
+    status["phase"] = "Restarting"
+    set_condition(status, "Restarting", True, R.RESTART_REQUESTED, message, now)
+    out.events.append(Event("Normal", R.RESTART_REQUESTED, message))
+    out.actions = [a for a in out.actions if isinstance(a, DeletePod) and a.force]
+    out.actions += [DeletePod(p.name, p.uid) for p in pods if p.deleting_since is None]
     return out
 
 

@@ -51,7 +51,7 @@ class OperatorProcess:
         self.metrics_port = _free_port()
 
     def start(self) -> None:
-        argv = [sys.executable, "-m", "flywheel.operator.main", "--kubeconfig", str(self.cluster.kubeconfig),
+        argv = [sys.executable, "-m", "flywheel.cli", "operator", "--kubeconfig", str(self.cluster.kubeconfig),
                 "--etcd-endpoints", str(self.cluster.etcd_url), "--events-dir", str(self.events_dir),
                 "--metrics-port-base", "0", "--worker-env", "OMP_NUM_THREADS=1",
                 "--operator-metrics-port", str(self.metrics_port), *self.monitor_args, *self.extra_args]

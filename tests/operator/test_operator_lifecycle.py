@@ -65,12 +65,17 @@ def test_suspend_then_resume_continues_from_the_checkpoint(op_env: OpEnv) -> Non
     eventually(lambda: op_env.pods(name) == [], 60, "the workers to stop")
     stopped_at = op_env.last_step(name)
     op_env.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    restore = eventually(lambda: [r for r in op_env.records(name) if r["event"] == "restore"], 90,
+                         "the resumed workers to restore")
+    assert 0 < restore[-1]["step"] <= stopped_at
+    # A restart request (what the REST API's restart sets): every worker once, from the last checkpoint.
+    op_env.kubectl("annotate", "tj", name, "flywheel.dev/restart-requested-at=2026-11-22T09:00:00Z")
+    eventually(lambda: op_env.status(name).get("restarts") == 1, 60, "the requested restart")
     status = op_env.wait_phase(name, "Succeeded", 180)
-    assert status["step"] == 400 and status["restarts"] == 0
-    restore = [r for r in op_env.records(name) if r["event"] == "restore"]
-    assert restore and 0 < restore[-1]["step"] <= stopped_at
+    assert status["step"] == 400 and status["restarts"] == 1 and status["lastRestartReason"] == "RestartRequested"
+    assert status["restartRequestHandled"] == "2026-11-22T09:00:00Z" and status["restartBudget"]["used"] == 0
     describe = op_env.kubectl("describe", "tj", name).stdout
-    assert "Suspended" in describe and "Resumed" in describe
+    assert "Suspended" in describe and "Resumed" in describe and "RestartRequested" in describe
 
 
 def test_deadline_fails_the_job_and_stops_the_workers(op_env: OpEnv) -> None:
@@ -122,4 +127,34 @@ def test_gang_jobs_get_a_podgroup(op_env: OpEnv) -> None:
             assert p["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
         op_env.wait_phase("gang", "Succeeded", 120)
     finally:
+        op_env.operator.restart()
+
+
+def test_operator_serves_the_rest_api_with_a_flag(op_env: OpEnv) -> None:
+    import httpx
+
+    from tests.operator.conftest import _free_port
+
+    port, tokens = _free_port(), op_env.tmp / "api-tokens.csv"
+    tokens.write_text("op-admin-token,alice,u1\n")
+    op_env.operator.restart("--api-port", str(port), "--api-host", "127.0.0.1", "--api-token-file", str(tokens))
+    try:
+        op_env.kubectl("apply", "-f", str(op_env.job_yaml("served", **LONG)))
+        base, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer op-admin-token"}
+
+        def get(path: str) -> Any:
+            try:
+                resp = httpx.get(base + path, headers=auth, timeout=5)
+            except httpx.TransportError:
+                return None
+            return resp.json() if resp.status_code == 200 else None
+
+        detail = eventually(lambda: (d := get("/v1/jobs/default/served")) and d["phase"] == "Running" and d,
+                            60, "the job through the operator's API")
+        assert [(w["pod"], w["firstRank"]) for w in detail["workers"]] == [("served-worker-0", 0), ("served-worker-1", 1)]
+        assert httpx.get(base + "/v1/jobs", timeout=5).status_code == 401
+        assert httpx.post(base + "/v1/jobs/default/served/suspend", headers=auth, timeout=5).status_code == 200
+        op_env.wait_phase("served", "Suspended", 60)
+    finally:
+        op_env.delete("served")
         op_env.operator.restart()

@@ -195,3 +195,27 @@ def test_straggler_degraded_is_kept_while_all_workers_run_and_cleared_by_a_resta
     assert condition(restarted, "Degraded")["status"] == "False"
     cleared = mark_degraded(kept, False, "no rank is slow", NOW)
     assert cleared is not None and [c for c in cleared if c["type"] == "Degraded"][0]["status"] == "False"
+
+
+def test_restart_request_restarts_every_worker_once_without_spending_budget() -> None:
+    s = spec(**{"faultTolerance.restartScope": "worker"})
+    running = reconcile(s, None, {}, [pod(0), pod(1)], Progress(), NOW).status
+    at = "2026-11-22T09:00:00Z"
+    decided = reconcile(s, None, running, [pod(0), pod(1)], Progress(), NOW + 1, restart_requested_at=at)
+    assert decided.status["restarts"] == 1 and decided.status["lastRestartReason"] == "RestartRequested"
+    assert decided.status["restartRequestHandled"] == at and decided.status["phase"] == "Restarting"
+    assert deletes(decided) == ["j-worker-0", "j-worker-1"]
+    assert decided.status.get("restartBudget", {}).get("used", 0) == 0
+    assert decided.events[-1].reason == "RestartRequested" and at in decided.events[-1].message
+    # The same request again: old-generation pods are only cleaned up, then the new generation is created.
+    again = reconcile(s, None, decided.status, [pod(0), pod(1)], Progress(), NOW + 2, restart_requested_at=at)
+    assert again.status["restarts"] == 1 and deletes(again) == ["j-worker-0", "j-worker-1"]
+    fresh = reconcile(s, None, again.status, [], Progress(), NOW + 3, restart_requested_at=at)
+    assert fresh.status["restarts"] == 1 and creates(fresh) == [0, 1]
+    # A newer request restarts again; a request made while suspended is served by the resume itself.
+    later = reconcile(s, None, fresh.status, [pod(0, generation=1), pod(1, generation=1)], Progress(), NOW + 4,
+                      restart_requested_at="2026-11-22T09:05:00Z")
+    assert later.status["restarts"] == 2
+    paused = reconcile(spec(suspend=True), None, running, [], Progress(), NOW, restart_requested_at=at)
+    resumed = reconcile(s, None, paused.status, [], Progress(), NOW + 1, restart_requested_at=at)
+    assert resumed.status.get("restarts", 0) == 0 and creates(resumed) == [0, 1]
