@@ -149,7 +149,8 @@ def _compute_seconds(shape: ModelShape, batch: Batch, layout: Layout, device: De
     tokens = layout.micro_batch * shape.seq_len
     efficiency = (device.efficiency * tokens / (tokens + device.half_efficiency_tokens)
                   * (1 - 0.04 * math.log2(layout.tp)))
-    return flops / (device.flops(batch.precision) * efficiency)
+    seconds = flops / (device.flops(batch.precision) * efficiency)
+    return seconds * (1 + device.sharding_overhead) if layout.fsdp else seconds
 
 
 def _link(spans_workers: bool, device: Device) -> Link:

@@ -33,6 +33,7 @@ class Device:
     runtime_bytes: float  # framework/runtime memory a rank holds besides tensors (CUDA context, allocator, libs)
     comm_overlap: float  # fraction of data-parallel traffic hidden behind backward compute
     half_efficiency_tokens: float  # tokens per micro batch at which matmuls reach half the achievable rate
+    sharding_overhead: float  # FSDP2's extra compute-side time (copy-in/out, DTensor dispatch) as a fraction
     intra_node: Link  # between ranks of one worker (NVLink, shared memory)
     inter_node: Link  # between workers (InfiniBand, Ethernet)
     source: str = field(default="built-in", compare=False)
@@ -42,22 +43,25 @@ class Device:
 
 
 # Peak dense figures from the vendors' data sheets (A100/H100/H200 SXM, no sparsity; fp32 without TF32 since the
-# trainer leaves TF32 off). CPU: one core of this project's 2-core test VM, where bench/trainer_overhead.py's
-# 4-layer GPT trains at ~100 GFLOP/s on one thread; gloo over loopback moves ~1-2 GB/s. Inter-node GPU links:
+# trainer leaves TF32 off). CPU: one core of this project's 2-core test VM, where a 6-layer GPT trains under DDP at
+# ~117 GFLOP/s on one thread, larger micro batches gain nothing past ~1k tokens and FSDP2 over gloo costs ~15% more
+# than DDP besides its traffic (bench/planner_accuracy.py); gloo over loopback moves ~1-2 GB/s. GPUs: FSDP2's
+# copy-in/out is a few percent. Inter-node GPU links:
 # 8x400 Gb/s InfiniBand per 8-GPU H100/H200 node (50 GB/s per GPU), 8x200 Gb/s for A100.
 DEVICES: dict[str, Device] = {
-    "cpu": Device("cpu", {"fp32": 150e9, "bf16": 75e9}, 8 * GIB, 0.65, 0.35 * GIB, 0.0, 32,
+    "cpu": Device("cpu", {"fp32": 150e9, "bf16": 75e9}, 8 * GIB, 0.78, 0.35 * GIB, 0.0, 8, 0.15,
                   Link(1.5e9, 100e-6), Link(1.0e9, 200e-6)),
-    "a100": Device("a100", {"fp32": 19.5e12, "bf16": 312e12}, 80 * GIB, 0.55, 2 * GIB, 0.6, 512,
+    "a100": Device("a100", {"fp32": 19.5e12, "bf16": 312e12}, 80 * GIB, 0.55, 2 * GIB, 0.6, 512, 0.03,
                    Link(240e9, 10e-6), Link(25e9, 20e-6)),
-    "h100": Device("h100", {"fp32": 67e12, "bf16": 989e12}, 80 * GIB, 0.5, 2 * GIB, 0.6, 512,
+    "h100": Device("h100", {"fp32": 67e12, "bf16": 989e12}, 80 * GIB, 0.5, 2 * GIB, 0.6, 512, 0.03,
                    Link(360e9, 8e-6), Link(50e9, 15e-6)),
-    "h200": Device("h200", {"fp32": 67e12, "bf16": 989e12}, 141 * GIB, 0.5, 2 * GIB, 0.6, 512,
+    "h200": Device("h200", {"fp32": 67e12, "bf16": 989e12}, 141 * GIB, 0.5, 2 * GIB, 0.6, 512, 0.03,
                    Link(360e9, 8e-6), Link(50e9, 15e-6)),
 }
 
 _SCALARS = {"memoryBytes": "memory_bytes", "efficiency": "efficiency", "runtimeBytes": "runtime_bytes",
-            "commOverlap": "comm_overlap", "halfEfficiencyTokens": "half_efficiency_tokens"}
+            "commOverlap": "comm_overlap", "halfEfficiencyTokens": "half_efficiency_tokens",
+            "shardingOverhead": "sharding_overhead"}
 _LINKS = {"intraNode": "intra_node", "interNode": "inter_node"}
 _LINK_FIELDS = {"bandwidthBytesPerSecond": "bandwidth_bytes_per_second", "latencySeconds": "latency_seconds"}
 

@@ -1,5 +1,7 @@
 """The layout search: every (dp, tp, pp, micro batch, FSDP/ZeRO stage, activation checkpointing) the model and the
-world size allow, estimated with cost.py; the fastest layout that fits in memory wins (less memory breaks ties).
+world size allow, estimated with cost.py. Among the layouts that fit, those within NEAR_TIE of the fastest estimate
+count as equally fast (the cost model is not finer than that); of those the one closest to the spec's own layout
+wins, then the least memory. So a job keeps its layout unless another is clearly faster.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from dataclasses import dataclass
 from flywheel.planner.cost import Batch, Estimate, Layout, ModelShape, estimate
 from flywheel.planner.devices import GIB, Device
 from flywheel.spec import PRESETS, TrainingJobSpec
+
+
+NEAR_TIE = 0.02  # estimated step times this close are a tie (bench/planner_accuracy.py: time errors of 1-20%)
 
 
 class PlanError(ValueError):
@@ -82,7 +87,8 @@ def layouts(shape: ModelShape, global_batch: int, world_size: int, *, runnable_o
 
 
 def plan_layout(shape: ModelShape, batch: Batch, world_size: int, ranks_per_worker: int, device: Device, *,
-                runnable_only: bool = False, micro_batches: tuple[int, ...] | None = None) -> PlanResult:
+                runnable_only: bool = False, micro_batches: tuple[int, ...] | None = None,
+                preferred: Layout | None = None) -> PlanResult:
     if world_size < 1 or ranks_per_worker < 1:
         raise PlanError(f"world size {world_size} / ranks per worker {ranks_per_worker}: both must be >= 1")
     estimates = [estimate(shape, batch, lay, device, ranks_per_worker)
@@ -98,8 +104,21 @@ def plan_layout(shape: ModelShape, batch: Batch, world_size: int, ranks_per_work
         raise PlanError(f"no layout fits in {device.memory_bytes / GIB:.1f} GiB per rank on {device.name}: the "
                         f"smallest, {smallest.layout.describe()}, needs {smallest.memory_bytes / GIB:.1f} GiB; use "
                         "more ranks, a smaller model or seqLen, or a device with more memory (--device/--devices)")
-    return PlanResult(device=device, world_size=world_size, ranks_per_worker=ranks_per_worker, chosen=fitting[0],
-                      candidates=fitting, rejected_for_memory=len(estimates) - len(fitting))
+    near = [e for e in fitting if e.step_seconds <= fitting[0].step_seconds * (1 + NEAR_TIE)]
+    chosen = min(near, key=lambda e: (_distance(e.layout, preferred), e.memory_bytes, e.step_seconds))
+    return PlanResult(device=device, world_size=world_size, ranks_per_worker=ranks_per_worker, chosen=chosen,
+                      candidates=[chosen, *(e for e in fitting if e is not chosen)],
+                      rejected_for_memory=len(estimates) - len(fitting))
+
+
+def _distance(layout: Layout, preferred: Layout | None) -> int:
+    """How many of the layout's choices differ from the preferred (the spec's) layout."""
+    if preferred is None:
+        return 0
+    return sum((layout.dp != preferred.dp, layout.tp != preferred.tp, layout.pp != preferred.pp,
+                layout.micro_batch != preferred.micro_batch, layout.fsdp != preferred.fsdp,
+                layout.fsdp and layout.zero != preferred.zero,
+                layout.activation_checkpointing != preferred.activation_checkpointing))
 
 
 def plan_for_spec(spec: TrainingJobSpec, world_size: int, device: Device, *,
@@ -109,7 +128,15 @@ def plan_for_spec(spec: TrainingJobSpec, world_size: int, device: Device, *,
     training = spec.trainer.training
     micro = None if spec.trainer.parallelism.auto else (training.micro_batch,)
     return plan_layout(shape_of(spec), Batch(training.global_batch, training.precision), world_size,
-                       spec.procs_per_replica, device, runnable_only=runnable_only, micro_batches=micro)
+                       spec.procs_per_replica, device, runnable_only=runnable_only, micro_batches=micro,
+                       preferred=spec_layout(spec, world_size))
+
+
+def spec_layout(spec: TrainingJobSpec, world_size: int) -> Layout:
+    """The layout the spec asks for at this world size (its tp/pp; dp the rest)."""
+    par, training = spec.trainer.parallelism, spec.trainer.training
+    return Layout(dp=max(1, world_size // (par.tp * par.pp)), tp=par.tp, pp=par.pp, micro_batch=training.micro_batch,
+                  fsdp=par.fsdp, zero=par.zero, activation_checkpointing=training.activation_checkpointing)
 
 
 def _divisors(n: int) -> list[int]:
@@ -132,7 +159,8 @@ def resolve_auto(spec: TrainingJobSpec, device: Device) -> TrainingJobSpec:
     micro = tuple(mb for mb in _divisors(training.global_batch // max(worlds))
                   if all((training.global_batch // w) % mb == 0 for w in worlds))
     result = plan_layout(shape_of(spec), Batch(training.global_batch, training.precision), max(worlds),
-                         spec.procs_per_replica, device, runnable_only=True, micro_batches=micro)
+                         spec.procs_per_replica, device, runnable_only=True, micro_batches=micro,
+                         preferred=spec_layout(spec, max(worlds)))
     chosen = result.chosen.layout
     parallelism = spec.trainer.parallelism.model_copy(update={"auto": False, "tp": 1, "pp": 1, "fsdp": chosen.fsdp,
                                                                "zero": chosen.zero})

@@ -8,7 +8,7 @@ import pytest
 from flywheel.planner import (DEVICES, Batch, DeviceTableError, Layout, ModelShape, PlanError, device_table, estimate,
                               plan_for_spec, plan_layout)
 from flywheel.planner.cost import memory_breakdown
-from flywheel.planner.search import layouts
+from flywheel.planner.search import NEAR_TIE, layouts
 from flywheel.spec import PRESETS, parse_spec
 
 GIB = 1 << 30
@@ -64,12 +64,31 @@ def test_time_reflects_recompute_bubble_and_links():
 def test_the_choice_is_the_fastest_layout_that_fits():
     s, batch, dev = shape("gpt-1.3b"), Batch(64, "bf16"), DEVICES["a100"]
     result = plan_layout(s, batch, world_size=16, ranks_per_worker=8, device=dev)
-    assert all(e.fits for e in result.candidates)
-    assert result.chosen == min(result.candidates, key=lambda e: e.step_seconds)
+    assert all(e.fits for e in result.candidates) and result.candidates[0] == result.chosen
     assert result.chosen.memory_bytes <= dev.memory_bytes
     every = [estimate(s, batch, lay, dev, 8) for lay in layouts(s, batch.global_batch, 16)]
     assert result.rejected_for_memory == sum(not e.fits for e in every)
-    assert result.chosen.step_seconds == min(e.step_seconds for e in every if e.fits)
+    fastest = min(e.step_seconds for e in every if e.fits)
+    # Near-ties (within NEAR_TIE of the fastest) go to the least memory.
+    assert result.chosen.step_seconds <= fastest * (1 + NEAR_TIE)
+    near = [e for e in every if e.fits and e.step_seconds <= fastest * (1 + NEAR_TIE)]
+    assert result.chosen.memory_bytes == min(e.memory_bytes for e in near)
+
+
+def test_the_spec_layout_is_kept_unless_another_is_clearly_faster():
+    s, batch, dev = shape("gpt-125m"), Batch(32, "fp32"), DEVICES["cpu"]
+    fastest = plan_layout(s, batch, 2, 2, dev, runnable_only=True).candidates
+    best = min(e.step_seconds for e in fastest)
+    mine = layout(dp=2, micro_batch=4)
+    assert estimate(s, batch, mine, dev, 2).step_seconds <= best * (1 + NEAR_TIE)  # a near-tie on CPU
+    assert plan_layout(s, batch, 2, 2, dev, runnable_only=True, preferred=mine).chosen.layout == mine
+    slow = layout(dp=2, micro_batch=4, activation_checkpointing=True)  # 4/3 of the compute: clearly slower
+    assert plan_layout(s, batch, 2, 2, dev, runnable_only=True, preferred=slow).chosen.layout != slow
+    # A preferred layout that does not fit is never chosen.
+    need = estimate(s, batch, mine, dev, 2).memory_bytes
+    tight = device_table({"tight": {"base": "cpu", "memoryBytes": need - 1}})["tight"]
+    chosen = plan_layout(s, batch, 2, 2, tight, runnable_only=True, preferred=mine).chosen
+    assert chosen.fits and chosen.layout != mine
 
 
 def test_layouts_respect_the_model_and_the_batch():
