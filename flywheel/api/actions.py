@@ -3,8 +3,8 @@ operator carries them out and Kubernetes' RBAC and audit log see every change.
 
 - suspend / resume: merge patch `spec.suspend` (the operator deletes / recreates the pods).
 - scale: the scale subresource, like `kubectl scale tj` (sets `spec.replicas.target`; CEL keeps it in range).
-- restart: annotation `flywheel.dev/restart-requested-at` = an RFC 3339 time. The operator does not honour it
-  yet (see docs/api.md): it is the request, recorded on the object, for the operator to act on.
+- restart: annotation `flywheel.dev/restart-requested-at` = an RFC 3339 time; the operator restarts every worker
+  once per value and records it in `status.restartRequestHandled` (docs/operator.md).
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import datetime as dt
 import json
 from typing import Any, Protocol
 
-from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.crd import GROUP, PLURAL, RESTART_ANNOTATION, VERSION
 
-RESTART_ANNOTATION = "flywheel.dev/restart-requested-at"
 MERGE_PATCH = "application/merge-patch+json"
 Obj = dict[str, Any]
 

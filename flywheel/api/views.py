@@ -6,7 +6,7 @@ import datetime as dt
 import re
 from typing import Any
 
-from flywheel.api.actions import RESTART_ANNOTATION
+from flywheel.crd import RESTART_ANNOTATION
 from flywheel.api.schemas import (
     JobDetail,
     JobEvent,
@@ -134,7 +134,13 @@ def detail(obj: Obj, pods: list[Obj], raw_events: list[Obj]) -> JobDetail:
                      conditions=status.conditions, replicas=_replicas(status), world_size=status.world_size,
                      step=status.step, workers=workers, restarts=restarts(status, events(raw_events)),
                      last_checkpoint=status.last_checkpoint, goodput=status.goodput,
-                     restart_requested_at=(meta.get("annotations") or {}).get(RESTART_ANNOTATION))
+                     restart_requested_at=_pending_restart(meta, obj.get("status") or {}))
+
+
+def _pending_restart(meta: Obj, raw_status: Obj) -> str | None:
+    """The restart request the operator has not acted on yet (it records the value it served in the status)."""
+    requested = (meta.get("annotations") or {}).get(RESTART_ANNOTATION)
+    return requested if requested and requested != raw_status.get("restartRequestHandled") else None
 
 
 def timeline(obj: Obj, raw_events: list[Obj]) -> Timeline:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flywheel.api.actions import RESTART_ANNOTATION
+from flywheel.crd import RESTART_ANNOTATION
 from tests.api.conftest import ADMIN, VIEWER, ApiEnv, eventually
 
 

@@ -101,3 +101,15 @@ def test_cache_follows_deletes_and_survives_dropped_watches(api_env: ApiEnv) -> 
     eventually(lambda: api_env.get("/v1/jobs/default/gone").status_code == 404, what="delete seen through the API")
     api_env.create_job("back")
     assert api_env.get("/v1/jobs/default/back").status_code == 200
+
+
+def test_a_restart_request_is_pending_until_the_operator_records_it() -> None:
+    from flywheel.api.views import detail
+    from flywheel.crd import RESTART_ANNOTATION
+
+    at = "2026-11-22T09:00:00Z"
+    job = {"metadata": {"name": "r", "namespace": "default", "annotations": {RESTART_ANNOTATION: at}},
+           "spec": {"procsPerReplica": 1}, "status": {"phase": "Running"}}
+    assert detail(job, [], []).restart_requested_at == at
+    job["status"]["restartRequestHandled"] = at
+    assert detail(job, [], []).restart_requested_at is None
