@@ -130,6 +130,15 @@ def delete_run(endpoints: str | EtcdSession, run_id: str) -> int:
         return session.call(delete_both)
 
 
+def reset_rendezvous(endpoints: str | EtcdSession, run_id: str) -> int:
+    """Delete the rendezvous state of `run_id` (not the liveness keys), so that a new set of agents forms its group
+    at once instead of waiting for the heartbeats of the previous, dead participants to expire. Call it only when
+    none of the run's agents is alive. Returns the number of keys deleted."""
+    prefix = keys.rdzv_prefix(run_id)
+    with _SessionRef(endpoints) as session:
+        return session.call(lambda c: c.delete_prefix(prefix)).deleted
+
+
 OnWorkersChange = Callable[[dict[str, LiveWorker]], None]
 
 

@@ -7,7 +7,7 @@ Per-job series carry `job` and `namespace` like the trainer's, so the operator's
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 JOB_LABELS = ("job", "namespace")
 PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
@@ -22,6 +22,7 @@ class OperatorMetrics:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         self._job_namespaces: set[str] = set()
+        self._phases: dict[tuple[str, str], str] = {}  # (namespace, job) -> phase, of the jobs this process runs
 
         # Operator (set by the reconciler).
         self.jobs = Gauge("flywheel_operator_jobs", "TrainingJobs by phase.", ("namespace", "phase"), registry=r)
@@ -67,6 +68,29 @@ class OperatorMetrics:
             for reason in QUERY_ERROR_REASONS:
                 self.monitor_query_errors_total.labels(query, reason)
 
+    def serve(self, port: int) -> None:
+        start_http_server(port, registry=self.registry)
+
+    def observe_job(self, namespace: str, job: str, status: dict[str, object], previous_restarts: int) -> None:
+        """Record one status the reconciler wrote (after the write succeeded)."""
+        phase = str(status.get("phase", "Pending"))
+        self._phases[(namespace, job)] = phase
+        self._publish_phases()
+        self.set_job_phase(namespace, job, phase)
+        restarts = int(status.get("restarts", 0) or 0)  # type: ignore[call-overload]
+        if restarts > previous_restarts:
+            self.restarts_total.labels(job, namespace, str(status.get("lastRestartReason", ""))).inc(
+                restarts - previous_restarts)
+        goodput = status.get("goodput")
+        if isinstance(goodput, dict) and "ratio" in goodput:
+            self.goodput_ratio.labels(job, namespace).set(float(goodput["ratio"]))
+
+    def _publish_phases(self) -> None:
+        counts: dict[tuple[str, str], int] = {}
+        for (ns, _), phase in self._phases.items():
+            counts[(ns, phase)] = counts.get((ns, phase), 0) + 1
+        self.set_jobs_by_phase(counts)
+
     def set_jobs_by_phase(self, counts: dict[tuple[str, str], int]) -> None:
         """Replace the jobs-by-phase gauge with `counts[(namespace, phase)]`; absent phases read 0."""
         self._job_namespaces |= {ns for ns, _ in counts}  # a namespace whose jobs are all gone must read 0
@@ -80,6 +104,8 @@ class OperatorMetrics:
 
     def forget_job(self, namespace: str, job: str) -> None:
         """Drop a deleted job's per-job series (restart counters stay: they are history)."""
+        if self._phases.pop((namespace, job), None) is not None:
+            self._publish_phases()
         for gauge in (self.goodput_ratio, self.job_stragglers):
             try:
                 gauge.remove(job, namespace)

@@ -17,14 +17,14 @@ from typing import Any
 import kopf
 
 from flywheel.crd import GROUP, PLURAL, RESTART_ANNOTATION, VERSION
-from flywheel.etcd.liveness import WorkerWatch, watch_workers
+from flywheel.etcd.liveness import WorkerWatch, reset_rendezvous, watch_workers
 from flywheel.operator import manifests as m
 from flywheel.operator.kube import ApiError, Kube
-from flywheel.operator.metrics import OperatorMetrics
+from flywheel.monitor.metrics import OperatorMetrics
 from flywheel.operator.progress import EventLogTail, events_file
 from flywheel.policy import reasons as R
 from flywheel.policy.reconcile import (LIVENESS_GRACE_SECONDS, CreatePod, DeleteJob, DeletePod, Pass, PodView,
-                                       Progress, Relabel, reconcile)
+                                       Progress, Relabel, ResetRendezvous, reconcile)
 from flywheel.spec import SpecError, TrainingJob, parse_job
 
 TICK_SECONDS = 1.0
@@ -44,6 +44,8 @@ class JobRunner:
         self.seen_live: dict[str, float | None] = {}  # pod uid -> since when its key is missing (None: present)
         self.service_ok = False
         self.watch: WorkerWatch | None = None
+        self.recovering_reason = ""  # the last restart's reason, for the time-to-recover histogram
+        self.recoveries_seen_until = time.time()  # recoveries before this process started were measured before
 
     # -- wiring -------------------------------------------------------------------------------------------------
     def poke(self) -> None:
@@ -68,15 +70,16 @@ class JobRunner:
     async def run(self, stopped: kopf.DaemonStopped) -> None:
         try:
             while not stopped:
-                started = time.monotonic()
+                started, result = time.monotonic(), "error"
                 try:
                     await self.reconcile_once()
+                    result = "ok"
                 except ApiError as err:
                     self.logger.warning(f"API error during reconcile (retrying): {err}")
                 except Exception:
                     self.logger.exception("reconcile pass failed (retrying)")
                 if self.metrics is not None:
-                    self.metrics.reconcile.observe(time.monotonic() - started)
+                    self.metrics.reconcile_duration_seconds.labels(result).observe(time.monotonic() - started)
                 self.wake.clear()
                 await self._sleep(stopped)
         finally:
@@ -159,10 +162,28 @@ class JobRunner:
                     return
                 raise
         if self.metrics is not None:
-            self.metrics.observe_job(self.namespace, self.name, result.status, int(status_in.get("restarts", 0)))
+            self._record_metrics(result.status, int(status_in.get("restarts", 0)), views, progress)
         await self._act(obj, job, result)
         for ev in result.events:
             await self._event(obj, ev.type, ev.reason, ev.message)
+
+    def _record_metrics(self, status: dict[str, Any], previous_restarts: int, views: list[PodView], progress: Progress) -> None:
+        """Metrics of a written status: phase, restarts, goodput; time to detect a pod failure (its container's end
+        -> the restart decision; a hang's is the monitor's); time to recover (the last step before a restart -> the
+        first step after it, from the event log; only recoveries seen by this operator process)."""
+        assert self.metrics is not None
+        self.metrics.observe_job(self.namespace, self.name, status, previous_restarts)
+        reason = str(status.get("lastRestartReason", ""))
+        now = time.time()
+        if int(status.get("restarts", 0)) > previous_restarts:
+            self.recovering_reason = reason
+            ended = [v.finished_at for v in views if v.finished_at is not None and v.generation == previous_restarts]
+            if ended and reason != "Hang":
+                self.metrics.time_to_detect_seconds.labels(reason).observe(max(0.0, now - min(ended)))
+        for at, seconds in progress.recoveries:
+            if at > self.recoveries_seen_until:
+                self.recoveries_seen_until = at
+                self.metrics.time_to_recover_seconds.labels(self.recovering_reason or "Unknown").observe(seconds)
 
     async def _event(self, obj: dict[str, Any], etype: str, reason: str, message: str) -> None:
         try:
@@ -186,12 +207,20 @@ class JobRunner:
                                   R.MSG_CREATE_FAILED.format(kind="PodGroup", name=job.name, error=err))
         self.service_ok = True
 
+    async def _reset_rendezvous(self, run_id: str) -> None:
+        try:
+            deleted = await asyncio.get_running_loop().run_in_executor(None, reset_rendezvous,
+                                                                       self.settings.etcd_endpoints, run_id)
+            self.logger.info(f"new workers: reset the rendezvous of run {run_id} ({deleted} keys)")
+        except Exception as err:  # etcd down: the new agents still form their group, after the old heartbeats expire
+            self.logger.warning(f"could not reset the rendezvous of run {run_id}: {err}")
+
     async def _act(self, obj: dict[str, Any], job: TrainingJob | None, result: Pass) -> None:
         workers = {w.index: w for w in m.plan(job, self.uid, self.settings, self.events_path)} if job else {}
         for action in result.actions:
             if isinstance(action, DeletePod):
                 await self.kube.delete(Kube.core(self.namespace, "pods", action.name), action.uid,
-                                       0 if action.force else None)
+                                       0 if action.force else action.grace_seconds)
             elif isinstance(action, Relabel):
                 await self.kube.merge_patch(Kube.core(self.namespace, "pods", action.name),
                                             {"metadata": {"labels": {m.GENERATION_LABEL: str(action.generation)}}})
@@ -203,6 +232,8 @@ class JobRunner:
                 except ApiError as err:
                     await self._event(obj, "Warning", R.CREATE_FAILED,
                                       R.MSG_CREATE_FAILED.format(kind="pod", name=body["metadata"]["name"], error=err))
+            elif isinstance(action, ResetRendezvous) and job is not None and self.settings.etcd_endpoints:
+                await self._reset_rendezvous(m.run_id(job, self.uid))
             elif isinstance(action, DeleteJob):
                 self.logger.info("ttlSecondsAfterFinished passed: deleting the TrainingJob")
                 await self.kube.delete(self.path, self.uid)

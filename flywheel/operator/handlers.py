@@ -20,7 +20,7 @@ from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.health import BackgroundMonitor
 from flywheel.operator.kube import Kube, load_connection
-from flywheel.operator.metrics import OperatorMetrics
+from flywheel.monitor.metrics import OperatorMetrics
 from flywheel.spec import SpecError, parse_job
 
 FINALIZER = f"{GROUP}/cleanup"
@@ -53,7 +53,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         memo.metrics.serve(config.metrics_port)
     memo.health = None
     if config.monitor is not None:
-        memo.health = BackgroundMonitor(memo.kube, config.monitor, config.namespaces, memo.metrics.registry,
+        memo.health = BackgroundMonitor(memo.kube, config.monitor, config.namespaces, memo.metrics,
                                         lambda namespace, name: poke(memo, namespace, name))
 
 

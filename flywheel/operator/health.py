@@ -10,16 +10,14 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.metrics_core import Metric
 
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.monitor import HealthMonitor, MonitorSettings
-from flywheel.monitor import OperatorMetrics as MonitorMetrics
+from flywheel.monitor import OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.kube import ApiError, Kube
 from flywheel.policy import reasons as R
@@ -210,28 +208,14 @@ class KubeHealthActions:
                                   change.message, obj)
 
 
-class MonitorCollector:
-    """Serves the monitor's own series through the operator's registry. The monitor's metrics object also defines
-    operator series the operator exports itself; those are left out so nothing is exported twice."""
-
-    PREFIXES = ("flywheel_monitor_", "flywheel_job_straggler_ranks", "flywheel_operator_time_to_detect_seconds")
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-
-    def collect(self) -> Iterator[Metric]:
-        return (f for f in self.registry.collect() if f.name.startswith(self.PREFIXES))
-
-
 class BackgroundMonitor:
     """The health monitor as a task of the operator's event loop; `close()` stops it (kopf's cleanup)."""
 
     def __init__(self, kube: Kube, settings: MonitorSettings, namespaces: Sequence[str],
-                 operator_registry: CollectorRegistry | None, wake: Callable[[str, str], None] | None) -> None:
+                 metrics: OperatorMetrics | None, wake: Callable[[str, str], None] | None) -> None:
+        """`metrics`: the operator's (one registry for every operator series); None = a private one."""
         inventory = KubeJobInventory(kube, namespaces)
-        metrics = MonitorMetrics()
-        if operator_registry is not None:
-            operator_registry.register(MonitorCollector(metrics.registry))  # type: ignore[arg-type]
+        metrics = metrics if metrics is not None else OperatorMetrics()
         self.monitor = HealthMonitor(settings, inventory, KubeHealthActions(kube, inventory, wake), metrics)
         self.stop = asyncio.Event()
         self.task = asyncio.create_task(self.monitor.run(self.stop), name="flywheel-health-monitor")

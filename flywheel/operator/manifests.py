@@ -150,11 +150,12 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
         generation = int(meta["labels"].get(GENERATION_LABEL, "0"))
     except (KeyError, ValueError):
         return None
-    reason, code = status.get("reason"), None
+    reason, code, finished = status.get("reason"), None, None
     for cs in status.get("containerStatuses") or []:
         state = cs.get("state") or {}
         if "terminated" in state:
             reason, code = state["terminated"].get("reason") or reason, state["terminated"].get("exitCode")
+            finished = timestamp(state["terminated"].get("finishedAt"))
         elif "waiting" in state:
             reason = state["waiting"].get("reason") or reason
     conds = {c.get("type"): c for c in status.get("conditions") or []}
@@ -168,7 +169,7 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
     return PodView(name=meta["name"], uid=meta["uid"], index=index, generation=generation,
                    phase=status.get("phase", "Pending"), ready=ready, deleting_since=deleting,
                    node_lost=bool(node) and node in lost_nodes, reason=reason, exit_code=code,
-                   unschedulable_since=unsched, liveness_lost=liveness_lost)
+                   unschedulable_since=unsched, liveness_lost=liveness_lost, finished_at=finished)
 
 
 def lost_nodes(nodes: list[dict[str, Any]]) -> set[str]:

@@ -33,7 +33,7 @@ class ProgressFold:
         self.last_step_time: float | None = None
         self.step_seconds: dict[int, float] = {}
         self.lost_steps = 0
-        self.recoveries: list[float] = []
+        self.recoveries: list[tuple[float, float]] = []  # (first step after a restart, seconds to it)
         self._restarted_after: float | None = None
         self._replayed: set[int] = set()
 
@@ -50,7 +50,7 @@ class ProgressFold:
                 self.lost_steps += 1
                 self._replayed.add(step)
             if self._restarted_after is not None:
-                self.recoveries.append(t - self._restarted_after)
+                self.recoveries.append((t, t - self._restarted_after))
                 self._restarted_after = None
             self.step, self.max_step = step, max(self.max_step, step)
             self.step_seconds[step] = float(record.get("step_seconds", 0.0))
@@ -67,12 +67,13 @@ class ProgressFold:
         productive = sum(self.step_seconds.values())
         goodput = {"ratio": round(min(1.0, productive / wall), 4) if wall > 0 else 0.0,
                    "productiveSeconds": round(productive, 3), "lostSteps": self.lost_steps,
-                   "meanTimeToRecoverSeconds": round(sum(self.recoveries) / len(self.recoveries), 3)
+                   "meanTimeToRecoverSeconds": round(sum(r for _, r in self.recoveries) / len(self.recoveries), 3)
                    if self.recoveries else 0.0}
         return Progress(step=self.step, world_size=self.world_size,
                         checkpoint_step=int(self.checkpoint.get("step", 0)),
                         checkpoint_time=self.checkpoint.get("time"), checkpoint_path=self.checkpoint.get("path", ""),
-                        done=self.done is not None, goodput=goodput if self.first_time is not None else {})
+                        done=self.done is not None, goodput=goodput if self.first_time is not None else {},
+                        recoveries=tuple(self.recoveries))
 
 
 class EventLogTail:

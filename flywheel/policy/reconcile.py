@@ -30,6 +30,7 @@ from flywheel.spec import TrainingJobSpec
 
 TERMINAL = ("Succeeded", "Failed")
 LIVENESS_GRACE_SECONDS = 1.0  # a key gone this long while the pod still runs means the agent is gone
+HUNG_POD_GRACE_SECONDS = 1  # SIGTERM -> SIGKILL for the pods of a job restarted because it hung
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class PodView:
     exit_code: int | None = None
     unschedulable_since: float | None = None
     liveness_lost: bool = False  # its etcd liveness key vanished while the pod still ran
+    finished_at: float | None = None  # when its container terminated (the failure's time, for metrics)
 
     @property
     def active(self) -> bool:
@@ -65,6 +67,8 @@ class Progress:
     checkpoint_path: str = ""
     done: bool = False
     goodput: dict[str, Any] = field(default_factory=dict)
+    # (time of the first step after a restart, seconds since the last step before it), oldest first.
+    recoveries: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,7 @@ class DeletePod:
     name: str
     uid: str
     force: bool = False
+    grace_seconds: int | None = None  # None: the pod's terminationGracePeriodSeconds
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,13 @@ class DeleteJob:
 
 
 @dataclass(frozen=True)
+class ResetRendezvous:
+    """Forget the run's rendezvous state before an entirely new set of workers starts (after a job restart or a
+    resume): otherwise the new agents wait for the old participants' heartbeats to expire (keep_alive_interval x
+    keep_alive_max_attempt, 6 s) before their group forms. Only when no pod of the job exists any more."""
+
+
+@dataclass(frozen=True)
 class Event:
     type: str  # Normal | Warning
     reason: str
@@ -101,7 +113,7 @@ class Event:
 @dataclass
 class Pass:
     status: dict[str, Any]
-    actions: list[CreatePod | DeletePod | Relabel | DeleteJob] = field(default_factory=list)
+    actions: list[CreatePod | DeletePod | Relabel | DeleteJob | ResetRendezvous] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
 
 
@@ -286,15 +298,26 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
             set_condition(status, "Degraded", False, R.STRAGGLER_RECOVERED, R.MSG_STRAGGLER_RESTART, now)
         out.events.append(Event("Warning", R.RESTARTING, f"{detail}; {note} ({action.value})"))
         out.actions = [a for a in out.actions if not isinstance(a, DeletePod) or a.force]
+        # A hung job cannot take its emergency checkpoint (it is a collective), and a stopped rank would hold
+        # the full termination grace: hung pods get a short one.
+        grace = HUNG_POD_GRACE_SECONDS if hang is not None and not failed else None
         for p in pods:
             if p.deleting_since is None and (whole or _failure_of(p) is not None):
-                out.actions.append(DeletePod(p.name, p.uid))
+                out.actions.append(DeletePod(p.name, p.uid, grace_seconds=grace))
             elif p.deleting_since is None:  # a survivor joins the new generation (worker scope / shrink)
                 out.actions.append(Relabel(p.name, current_gen + 1))
         return out
 
     held = {p.index for p in pods}  # a name is reused only once its old pod is gone
-    out.actions += [CreatePod(i, current_gen) for i in range(desired) if i not in held]
+    creates = [CreatePod(i, current_gen) for i in range(desired) if i not in held]
+    if creates and not any(p.generation >= current_gen for p in pods):
+        # A whole new group (job restart, resume): start it once the old group is gone -- pods on a lost node
+        # or without liveness excepted -- on a fresh rendezvous, so that it forms at once.
+        if any(not (p.node_lost or p.liveness_lost) for p in pods):
+            creates = []
+        elif current_gen > 0 or condition(status, "Suspended") is not None:
+            out.actions.append(ResetRendezvous())
+    out.actions += creates
 
     ready = status["replicas"]["ready"]
     pending_since = [p.unschedulable_since for p in current if p.unschedulable_since is not None]

@@ -63,6 +63,7 @@ class ProcessKubelet:
         self.heartbeat_seconds, self.node_status_seconds = heartbeat_seconds, node_status_seconds
         self.scheduler_names = scheduler_names  # None: schedule every pod, whatever its schedulerName
         self.lost: set[str] = set()
+        self.unscheduled: set[str] = set()  # pods no node could take (lost or cordoned): retried on heartbeats
         self.pods: dict[str, PodProcess] = {}  # by pod uid
         self._latest: dict[str, dict[str, Any]] = {}  # last seen pod object by uid
         self._round_robin = itertools.cycle(self.node_names)
@@ -143,6 +144,9 @@ class ProcessKubelet:
                         await self._post_node_status(node)
             if post_status:
                 last_status = loop.time()
+            if self.unscheduled:  # e.g. a node was uncordoned: the scheduler retries pending pods
+                with contextlib.suppress(ApiStatusError, OSError, asyncio.TimeoutError):
+                    await self._resync()
 
     async def lose_node(self, node: str) -> None:
         """The node dies: no more heartbeats or status, its processes freeze, its pods stay Terminating."""
@@ -174,6 +178,7 @@ class ProcessKubelet:
                         break
                     resource_version = obj["metadata"].get("resourceVersion", resource_version)
                     if event["type"] == "DELETED":
+                        self.unscheduled.discard(obj["metadata"]["uid"])
                         self._pod_gone(obj["metadata"]["uid"])
                     elif event["type"] != "BOOKMARK":
                         await self._reconcile(obj)
@@ -192,15 +197,20 @@ class ProcessKubelet:
         for uid in list(self.pods):
             if uid not in seen:
                 self._pod_gone(uid)
+        self.unscheduled &= seen
         return listing["metadata"]["resourceVersion"]
 
-    def _pick_node(self, pod: dict[str, Any]) -> str | None:
+    async def _pick_node(self, pod: dict[str, Any]) -> str | None:
+        """Round robin over the nodes that are neither lost nor cordoned (`spec.unschedulable`)."""
+        nodes = await self.api.request("GET", resource_path("nodes"))
+        cordoned = {n["metadata"]["name"] for n in nodes["items"] if (n.get("spec") or {}).get("unschedulable")}
+        usable = [n for n in self.node_names if n not in self.lost and n not in cordoned]
         wanted = ((pod.get("spec") or {}).get("nodeSelector") or {}).get("kubernetes.io/hostname")
         if wanted:
-            return wanted if wanted in self.node_names and wanted not in self.lost else None
+            return wanted if wanted in usable else None
         for _ in self.node_names:
             node = next(self._round_robin)
-            if node not in self.lost:
+            if node in usable:
                 return node
         return None
 
@@ -212,8 +222,18 @@ class ProcessKubelet:
             if meta.get("deletionTimestamp") or (self.scheduler_names is not None
                                                  and scheduler not in self.scheduler_names):
                 return
-            chosen = self._pick_node(pod)
-            if chosen is not None:
+            chosen = await self._pick_node(pod)
+            if chosen is None:
+                if uid not in self.unscheduled:  # as the scheduler reports it, once
+                    self.unscheduled.add(uid)
+                    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                 "lastTransitionTime": _now(),
+                                 "message": f"0/{len(self.node_names)} nodes are available (lost or cordoned)"}
+                    with contextlib.suppress(ApiStatusError, OSError, asyncio.TimeoutError):
+                        await self.api.merge_patch(resource_path("pods", meta["namespace"], meta["name"], "status"),
+                                                   {"status": {"phase": "Pending", "conditions": [condition]}})
+            else:
+                self.unscheduled.discard(uid)
                 await self.api.merge_patch(resource_path("pods", meta["namespace"], meta["name"]),
                                            {"spec": {"nodeName": chosen}})
                 await self._event(pod, "Scheduled", f"Successfully assigned {meta['namespace']}/{meta['name']} "

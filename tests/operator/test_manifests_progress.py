@@ -120,7 +120,7 @@ def test_liveness_keys_of_a_predecessor_do_not_count() -> None:
 
 
 def test_operator_metrics_count_each_decided_restart_once() -> None:
-    from flywheel.operator.metrics import OperatorMetrics
+    from flywheel.monitor.metrics import OperatorMetrics
 
     metrics = OperatorMetrics()
     running = {"phase": "Running", "restarts": 0, "goodput": {"ratio": 0.5}}
@@ -130,9 +130,12 @@ def test_operator_metrics_count_each_decided_restart_once() -> None:
     metrics.observe_job("ns", "a", restarted, 1)  # later passes read restarts=1 back
     metrics.observe_job("ns", "b", running, 0)
     value = metrics.registry.get_sample_value
-    assert value("flywheel_operator_restarts_total", {"namespace": "ns", "job": "a", "reason": "Killed"}) == 1
-    assert value("flywheel_operator_jobs", {"phase": "Restarting"}) == 1
-    assert value("flywheel_operator_jobs", {"phase": "Running"}) == 1
+    assert value("flywheel_job_restarts_total", {"namespace": "ns", "job": "a", "reason": "Killed"}) == 1
+    assert value("flywheel_operator_jobs", {"namespace": "ns", "phase": "Restarting"}) == 1
+    assert value("flywheel_operator_jobs", {"namespace": "ns", "phase": "Running"}) == 1
+    assert value("flywheel_job_phase", {"namespace": "ns", "job": "a", "phase": "Restarting"}) == 1
+    assert value("flywheel_job_phase", {"namespace": "ns", "job": "a", "phase": "Running"}) == 0
     assert value("flywheel_job_goodput_ratio", {"namespace": "ns", "job": "b"}) == 0.5
     metrics.forget_job("ns", "b")
-    assert value("flywheel_operator_jobs", {"phase": "Running"}) == 0
+    assert value("flywheel_operator_jobs", {"namespace": "ns", "phase": "Running"}) == 0
+    assert value("flywheel_job_phase", {"namespace": "ns", "job": "b", "phase": "Running"}) is None

@@ -70,9 +70,12 @@ def test_killed_worker_recovers_to_the_fault_free_parameters(op_env: OpEnv) -> N
     status = op_env.wait_phase("kill-run", "Succeeded", 180)
     assert status["restarts"] == 1 and status["lastRestartReason"] == "Killed"
     metrics = op_env.operator.metrics()
-    assert 'flywheel_operator_restarts_total{job="kill-run",namespace="default",reason="Killed"} 1.0' in metrics
-    assert "flywheel_operator_reconcile_seconds_count" in metrics
-    assert 'flywheel_operator_jobs{phase="Succeeded"}' in metrics
+    assert 'flywheel_job_restarts_total{job="kill-run",namespace="default",reason="Killed"} 1.0' in metrics
+    assert 'flywheel_operator_reconcile_duration_seconds_count{result="ok"}' in metrics
+    assert 'flywheel_operator_jobs{namespace="default",phase="Succeeded"}' in metrics
+    # The kill was detected (container end -> decision) and recovered from (last step -> first step after).
+    assert 'flywheel_operator_time_to_detect_seconds_count{reason="Killed"} 1.0' in metrics
+    assert 'flywheel_operator_time_to_recover_seconds_count{reason="Killed"} 1.0' in metrics
     assert status["step"] == 400 and status["goodput"]["lostSteps"] >= 1
     assert status["goodput"]["meanTimeToRecoverSeconds"] > 0
     assert op_env.done_hash("kill-run") == _reference_hash(op_env)

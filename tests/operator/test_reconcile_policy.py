@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from flywheel.policy.reconcile import (CreatePod, DeleteJob, DeletePod, PodView, Progress, Relabel, condition, iso,
-                                       reconcile)
+from flywheel.policy.reconcile import (HUNG_POD_GRACE_SECONDS, CreatePod, DeleteJob, DeletePod, PodView, Progress,
+                                       Relabel, ResetRendezvous, condition, iso, reconcile)
 from flywheel.spec import TrainingJobSpec, parse_spec
 
 NOW = 1_800_000_000.0
@@ -57,13 +57,23 @@ def test_failure_restarts_the_job_once_then_only_cleans_up() -> None:
     assert decided.status["phase"] == "Restarting" and deletes(decided) == ["j-worker-0", "j-worker-1"]
     assert condition(decided.status, "Restarting")["status"] == "True"
     assert [e.reason for e in decided.events] == ["Restarting"]
+    assert {a.grace_seconds for a in decided.actions if isinstance(a, DeletePod)} == {None}  # the pod's own grace
     # The same pods seen again (operator killed before it deleted them): no second decision, same cleanup.
     repeat = reconcile(spec(), None, decided.status, failed, Progress(), NOW + 2)
     assert repeat.status["restarts"] == 1 and deletes(repeat) == ["j-worker-0", "j-worker-1"] and not repeat.events
     assert creates(repeat) == []
-    # Once they are gone the new generation is created.
+    # Once they are gone the new generation is created, on a fresh rendezvous (no dead participants to wait for).
     fresh = reconcile(spec(), None, repeat.status, [], Progress(), NOW + 3)
     assert [(a.index, a.generation) for a in fresh.actions if isinstance(a, CreatePod)] == [(0, 1), (1, 1)]
+    assert isinstance(fresh.actions[0], ResetRendezvous)
+    # The new group starts only once the whole old group is gone (then on one fresh rendezvous).
+    leftover = reconcile(spec(), None, repeat.status, [pod(1, "Failed", exit_code=137, reason="Error")], Progress(),
+                         NOW + 3)
+    assert creates(leftover) == [] and not [a for a in leftover.actions if isinstance(a, ResetRendezvous)]
+    # Not while a pod of the current generation is left (it keeps its rendezvous), nor for a brand-new job.
+    partial = reconcile(spec(), None, repeat.status, [pod(1, generation=1)], Progress(), NOW + 3)
+    assert creates(partial) == [0] and not [a for a in partial.actions if isinstance(a, ResetRendezvous)]
+    assert not [a for a in reconcile(spec(), None, {}, [], Progress(), NOW).actions if isinstance(a, ResetRendezvous)]
 
 
 def test_worker_scope_replaces_only_the_failed_worker_and_relabels_survivors() -> None:
@@ -166,6 +176,8 @@ def test_hung_condition_restarts_every_worker_once_and_counts_a_hang() -> None:
     assert decided.status["restarts"] == 1 and decided.status["lastRestartReason"] == "Hang"
     assert deletes(decided) == ["j-worker-0", "j-worker-1"] and not [a for a in decided.actions
                                                                       if isinstance(a, Relabel)]
+    # A hung rank cannot checkpoint and a stopped one would sit out the full termination grace.
+    assert {a.grace_seconds for a in decided.actions if isinstance(a, DeletePod)} == {HUNG_POD_GRACE_SECONDS}
     assert condition(decided.status, "Hung")["status"] == "False"
     assert condition(decided.status, "Hung")["reason"] == "RestartedAfterHang"
     assert "RestartJob" in decided.events[-1].message and "99s" in decided.events[-1].message
@@ -177,6 +189,7 @@ def test_hung_condition_restarts_every_worker_once_and_counts_a_hang() -> None:
     resumed = reconcile(s, None, reconcile(spec(suspend=True), None, hung, [], Progress(), NOW).status, [],
                         Progress(), NOW + 1)
     assert resumed.status.get("restarts", 0) == 0 and creates(resumed) == [0, 1]
+    assert isinstance(resumed.actions[0], ResetRendezvous)  # the suspended workers' agents are gone
 
 
 def test_straggler_degraded_is_kept_while_all_workers_run_and_cleared_by_a_restart() -> None:
@@ -219,3 +232,4 @@ def test_restart_request_restarts_every_worker_once_without_spending_budget() ->
     paused = reconcile(spec(suspend=True), None, running, [], Progress(), NOW, restart_requested_at=at)
     resumed = reconcile(s, None, paused.status, [], Progress(), NOW + 1, restart_requested_at=at)
     assert resumed.status.get("restarts", 0) == 0 and creates(resumed) == [0, 1]
+    assert isinstance(resumed.actions[0], ResetRendezvous)  # the suspended workers' agents are gone

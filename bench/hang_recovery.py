@@ -1,0 +1,224 @@
+"""Hang recovery: a rank is SIGSTOPped -> the hang is detected -> the first training step after the recovery.
+
+The same script (examples/scripts/hang_probe.py: 2 ranks, gloo all_reduce per step, a 10 s gloo timeout; rank 1
+SIGSTOPs itself once) runs
+- ours: as a TrainingJob's `spec.command` (2 pods x 1 rank) on the test cluster, `flywheel operator` with the
+  health monitor reading a real Prometheus that scrapes the ranks' `flywheel.progress` metrics every second;
+  `progressTimeoutSeconds` 5. Detection is the job's Hung condition (or, if it came first, a failure the
+  operator saw); recovery is the operator's restart of the job.
+- peer: `torchrun --max-restarts 3` (nnodes 1:2, c10d), where the hang is only seen when rank 0's gloo collective
+  times out (10 s) and torchrun then restarts the group.
+Times are measured from the stopped rank's last step. Goals (the issue's): detect <= progressTimeoutSeconds + 10 s,
+resume <= detect + 5 s.
+
+    python -m bench.hang_recovery            # 5 trials of ours, 2 of torchrun (~4 min)
+    python -m bench.hang_recovery --quick    # 2 / 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+from kubernetes import client, config
+
+from bench.common import RESULTS, write_result
+from flywheel.crd import GROUP, PLURAL, VERSION
+
+REPO = Path(__file__).resolve().parents[1]
+PROBE = REPO / "examples" / "scripts" / "hang_probe.py"
+CRD = REPO / "crds" / "trainingjobs.flywheel.dev.yaml"
+PROGRESS_TIMEOUT_S = 5.0
+GLOO_TIMEOUT_S = 10.0
+SCRAPE_INTERVAL_S = 1.0
+TRIAL_TIMEOUT_S = 150
+
+
+@dataclass(frozen=True)
+class Trial:
+    launcher: str
+    detect_s: float | None  # stopped rank's last step -> hang detected
+    resume_s: float | None  # stopped rank's last step -> first step after the recovery
+    detected_by: str  # "Hung" (health monitor), "failure" (a rank's collective timed out first), "gloo timeout"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _probe_times(log: Path) -> tuple[float | None, float | None, float | None]:
+    """(stopped rank's last step, first gloo error, first step after the hang) from the probe's log."""
+    last_stopped = error = first_after = None
+    stop_rank = None
+    for line in log.read_text().splitlines() if log.exists() else ():
+        parts = line.split()
+        if parts[0] == "stop":
+            stop_rank = 1
+        elif parts[0] == "error" and error is None:
+            error = float(parts[2])
+        elif parts[0] == "step":
+            rank, when, attempt = int(parts[1]), float(parts[3]), int(parts[4])
+            if attempt == 0 and stop_rank is None and rank == 1:
+                last_stopped = when
+            if attempt == 1 and first_after is None:
+                first_after = when
+    return last_stopped, error, first_after
+
+
+def _probe_args(log: Path, marker: Path, gloo_timeout: float) -> list[str]:
+    return [str(PROBE), str(log), str(marker), "--gloo-timeout", str(gloo_timeout)]
+
+
+def torchrun_trial(index: int, workdir: Path, gloo_timeout: float) -> Trial:
+    log, marker = workdir / f"torchrun-{index}.log", workdir / f"torchrun-{index}.marker"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc-per-node", "2",
+            "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+            "--rdzv-id", f"hang-{index}-{os.getpid()}", *_probe_args(log, marker, gloo_timeout)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    try:
+        subprocess.run(argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=TRIAL_TIMEOUT_S, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        pass
+    last, error, first_after = _probe_times(log)
+    if last is None:
+        return Trial("torchrun", None, None, "none")
+    return Trial("torchrun", error - last if error else None, first_after - last if first_after else None,
+                 "gloo timeout")
+
+
+class OursHarness:
+    """The test cluster, a real Prometheus scraping the two ranks' progress ports, and the operator."""
+
+    def __init__(self, workdir: Path, gloo_timeout: float = GLOO_TIMEOUT_S):
+        from tests.cluster.fixtures import start_cluster
+        from tests.monitoring.prometheus_server import PrometheusServer, ScrapeJob
+        from tests.operator.conftest import OperatorProcess
+
+        self.workdir, self.gloo_timeout = workdir, gloo_timeout
+        self.cluster = start_cluster(workdir / "cluster", nodes=2, etcd=True, heartbeat_seconds=0.5)
+        port = _free_port()  # worker i serves on port + i
+        self.prometheus = PrometheusServer(workdir / "prometheus", [ScrapeJob(
+            "ranks", [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"], honor_labels=True)])
+        events = workdir / "events"
+        events.mkdir()
+        self.operator = OperatorProcess(self.cluster, events, workdir / "operator.log")
+        self.operator.monitor_args = ["--prometheus-url", self.prometheus.url, "--health-interval", "0.25",
+                                      "--scrape-interval", str(SCRAPE_INTERVAL_S)]
+        self.operator.extra_args = ["--metrics-port-base", str(port), "--host-network-ports"]
+        kubectl = REPO / ".tools" / "bin" / "kubectl"
+        subprocess.run([str(kubectl), "--kubeconfig", str(self.cluster.kubeconfig), "apply", "-f", str(CRD)],
+                       check=True, capture_output=True)
+        self.operator.start()
+        self.custom = client.CustomObjectsApi(config.new_client_from_config(config_file=str(self.cluster.kubeconfig)))
+
+    def trial(self, index: int) -> Trial:
+        name = f"hang-{index}"
+        log, marker = self.workdir / f"{name}.log", self.workdir / f"{name}.marker"
+        doc = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingJob", "metadata": {"name": name},
+               "spec": {"replicas": {"min": 2, "max": 2}, "procsPerReplica": 1,
+                        "command": _probe_args(log, marker, self.gloo_timeout),
+                        "checkpoint": {"dir": str(self.workdir / "ckpt" / name)},
+                        "faultTolerance": {"maxRestarts": 3, "restartScope": "job",
+                                           "progressTimeoutSeconds": PROGRESS_TIMEOUT_S}}}
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, yaml.safe_load(yaml.dump(doc)))
+        detected_at, detected_by = None, "none"
+        deadline = time.monotonic() + TRIAL_TIMEOUT_S
+        try:
+            while time.monotonic() < deadline:
+                status = self.custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name).get(
+                    "status") or {}
+                if detected_at is None:
+                    hung = any(c["type"] == "Hung" and c["status"] == "True" for c in status.get("conditions", []))
+                    if hung or status.get("restarts", 0) >= 1:
+                        detected_at = time.time()
+                        reason = status.get("lastRestartReason")
+                        detected_by = "Hung" if hung or reason == "Hang" else f"failure ({reason})"
+                if status.get("phase") in ("Succeeded", "Failed"):
+                    break
+                time.sleep(0.05)
+        finally:
+            self.custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name)
+        last, _, first_after = _probe_times(log)
+        if last is None:
+            return Trial("flywheel", None, None, detected_by)
+        return Trial("flywheel", detected_at - last if detected_at else None,
+                     first_after - last if first_after else None, detected_by)
+
+    def close(self) -> None:
+        self.operator.stop()
+        self.prometheus.stop()
+        self.cluster.stop()
+
+
+def _stats(trials: list[Trial]) -> dict[str, float | int | None]:
+    def med(values: list[float | None]) -> float | None:
+        got = [v for v in values if v is not None]
+        return statistics.median(got) if got else None
+
+    return {"trials": len(trials), "recovered": sum(t.resume_s is not None for t in trials),
+            "detect_median_s": med([t.detect_s for t in trials]), "resume_median_s": med([t.resume_s for t in trials]),
+            "resume_max_s": max((t.resume_s for t in trials if t.resume_s is not None), default=None)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--peer-trials", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="2 trials of ours, 1 of torchrun")
+    parser.add_argument("--peer-gloo-timeout", type=float, default=GLOO_TIMEOUT_S,
+                        help="the probe's collective timeout under torchrun (CI smoke: shorter, to bound its trial)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "hang_recovery.json")
+    args = parser.parse_args()
+    if args.quick:
+        args.trials, args.peer_trials = 2, 1
+    started = time.monotonic()
+    ours: list[Trial] = []
+    peers: list[Trial] = []
+    with tempfile.TemporaryDirectory(prefix="hang-recovery-") as tmp:
+        harness = OursHarness(Path(tmp) / "ours")
+        try:
+            for i in range(args.trials):
+                ours.append(harness.trial(i))
+                print(f"flywheel trial {i + 1}/{args.trials}: {ours[-1]}", flush=True)
+        finally:
+            harness.close()
+        for i in range(args.peer_trials):
+            peers.append(torchrun_trial(i, Path(tmp), args.peer_gloo_timeout))
+            print(f"torchrun trial {i + 1}/{args.peer_trials}: {peers[-1]}", flush=True)
+    head, peer = _stats(ours), _stats(peers)
+    detect, resume = head["detect_median_s"], head["resume_median_s"]
+    passed = bool(detect is not None and resume is not None and head["recovered"] == head["trials"]
+                  and detect <= PROGRESS_TIMEOUT_S + 10 and resume <= detect + 5
+                  and all(t.detected_by == "Hung" for t in ours))
+    write_result("hang_recovery", path=args.out,
+                 metric="hang: stopped rank's last step -> first step after recovery, median",
+                 value=resume, unit="s",
+                 peer=f"torchrun --max-restarts 3, {args.peer_gloo_timeout:g} s gloo timeout, same script",
+                 peer_value=peer["resume_median_s"],
+                 goal=f"detect <= progressTimeoutSeconds ({PROGRESS_TIMEOUT_S:g} s) + 10 s by the Hung condition; "
+                      "resume <= detect + 5 s",
+                 passed=passed, stats={"flywheel": head, "torchrun": peer},
+                 runs={"flywheel": [asdict(t) for t in ours], "torchrun": [asdict(t) for t in peers]},
+                 progress_timeout_seconds=PROGRESS_TIMEOUT_S, gloo_timeout_seconds=GLOO_TIMEOUT_S,
+                 peer_gloo_timeout_seconds=args.peer_gloo_timeout,
+                 scrape_interval_seconds=SCRAPE_INTERVAL_S, load_average_1m=os.getloadavg()[0],
+                 bench_seconds=time.monotonic() - started)
+    print(f"ours: detect {detect} s, resume {resume} s; torchrun: detect {peer['detect_median_s']} s, resume "
+          f"{peer['resume_median_s']} s; {'PASS' if passed else 'FAIL'} -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

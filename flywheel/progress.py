@@ -1,0 +1,84 @@
+"""Progress reporting for user scripts (`spec.command`): one call after each optimizer step.
+
+    from flywheel import progress
+    for step in range(1, steps + 1):
+        ...
+        progress.step(step, loss=loss.item(), tokens=tokens_in_global_batch)
+
+It publishes what the embedded trainer publishes, under the same names and labels: the Prometheus metrics
+(flywheel_train_steps_total, flywheel_train_last_step_timestamp_seconds, flywheel_train_loss,
+flywheel_train_step_seconds, flywheel_train_tokens_per_second; served by each worker's local rank 0 on
+FLYWHEEL_METRICS_PORT) and rank 0's `step` events in FLYWHEEL_EVENTS_FILE. So the health monitor's hang check, the
+job's `status.step`/goodput and the API's timeline work for a user script as they do for the trainer. Without
+Flywheel's environment (plain `python`, `torchrun`) every call is a cheap no-op. Imports neither torch nor
+anything of the operator.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+
+from flywheel.trainer.events import EventLog
+from flywheel.trainer.metrics import TrainerMetrics
+
+log = logging.getLogger(__name__)
+
+
+class ProgressReporter:
+    """Built from the worker environment (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `FLYWHEEL_JOB`,
+    `FLYWHEEL_REPLICA_INDEX`, `FLYWHEEL_METRICS_PORT`, `FLYWHEEL_EVENTS_FILE`)."""
+
+    def __init__(self, env: Mapping[str, str]):
+        self.rank = int(env.get("RANK", "0") or 0)
+        self.world_size = int(env.get("WORLD_SIZE", "1") or 1)
+        namespace, _, job = env.get("FLYWHEEL_JOB", "default/flywheel").rpartition("/")
+        labels = {"job": job, "namespace": namespace or "default", "replica": env.get("FLYWHEEL_REPLICA_INDEX", "0"),
+                  "rank": str(self.rank)}
+        port = int(env.get("FLYWHEEL_METRICS_PORT", "0") or 0) if env.get("LOCAL_RANK", "0") == "0" else 0
+        try:
+            self.metrics = TrainerMetrics(port, labels)
+        except OSError as err:  # the port is still held by the previous incarnation: go on without serving
+            log.warning("cannot serve progress metrics on port %d (%s); continuing without", port, err)
+            self.metrics = TrainerMetrics(0, labels)
+        self.events = EventLog((env.get("FLYWHEEL_EVENTS_FILE") or None) if self.rank == 0 else None)
+        self._last = time.monotonic()
+
+    def step(self, step: int, *, loss: float | None = None, tokens: int | None = None) -> None:
+        now = time.monotonic()
+        seconds, self._last = now - self._last, now
+        m = self.metrics
+        m.train_steps_total.inc()
+        m.train_last_step_timestamp_seconds.set(time.time())
+        m.train_step_seconds.observe(seconds)
+        if loss is not None:
+            m.train_loss.set(loss)
+        tokens_per_second = tokens / seconds if tokens and seconds > 0 else None
+        if tokens_per_second is not None:
+            m.train_tokens_per_second.set(tokens_per_second)
+        self.events.emit("step", step=int(step), loss=loss, step_seconds=seconds,
+                         tokens_per_second=tokens_per_second, world_size=self.world_size)
+
+
+_reporter: ProgressReporter | None = None
+_lock = threading.Lock()
+
+
+def in_flywheel(env: Mapping[str, str] = os.environ) -> bool:
+    """True when this process was started by a Flywheel worker (the agent sets FLYWHEEL_JOB)."""
+    return "FLYWHEEL_JOB" in env
+
+
+def step(step: int, *, loss: float | None = None, tokens: int | None = None) -> None:
+    """Report that optimizer step `step` (1-based) finished; `loss` of that step and `tokens` in its global batch
+    are optional."""
+    global _reporter
+    if not in_flywheel():
+        return
+    with _lock:
+        if _reporter is None:
+            _reporter = ProgressReporter(os.environ)
+        _reporter.step(step, loss=loss, tokens=tokens)
