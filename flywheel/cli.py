@@ -211,6 +211,7 @@ def _crd(args: argparse.Namespace) -> int:
         sys.stdout.write(crd.render_crd())
     else:
         print(f"wrote {crd.write_crd(args.path)}")
+        print(f"wrote {crd.write_spec_reference()}")  # docs/spec.md, from the same schema
     return 0
 
 

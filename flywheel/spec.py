@@ -160,6 +160,8 @@ class CheckpointSpec(_Model):
     every_seconds: float = Field(0, ge=0, description="Save when this many seconds passed since the last save.")
     keep: int = Field(3, ge=1, description="Committed checkpoints kept; older ones are deleted.")
     async_: bool = Field(True, alias="async", description="Write in the background; training blocks only to stage.")
+    claim_name: str = Field("", description="Cluster only: a ReadWriteMany PersistentVolumeClaim mounted at `dir` "
+                                            "in every worker. Empty: a per-pod emptyDir, which is lost with the pod.")
 
 
 class FaultTolerance(_Model):
@@ -189,6 +191,8 @@ class TrainingJobSpec(_Model):
     replicas: Replicas = Field(default_factory=Replicas)
     procs_per_replica: int = Field(1, ge=1, description="Local ranks per worker (GPUs per pod).")
     resources: dict[str, Any] = Field(default_factory=dict, description="Per-worker requests/limits (cluster only).")
+    shm_size: str = Field("1Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$",
+                          description="Cluster only: size of the in-memory /dev/shm of each worker (dataloaders).")
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     command: list[str] = Field(default_factory=list, description="A user entrypoint instead of the trainer.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)

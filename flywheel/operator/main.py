@@ -20,6 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--namespace", action="append", default=[], help="watch these namespaces (default: all)")
     p.add_argument("--events-dir", default=os.environ.get("FLYWHEEL_EVENTS_DIR", ""),
                    help="directory shared with the workers for their event logs (step/checkpoint/goodput in status)")
+    p.add_argument("--events-claim", default="",
+                   help="the PersistentVolumeClaim holding --events-dir: mounted there in every worker (it must exist "
+                        "in each job's namespace)")
     p.add_argument("--metrics-port-base", type=int, default=9400, help="workers serve metrics here; 0 = none")
     p.add_argument("--host-network-ports", action="store_true",
                    help="all pods share one host (test cluster): worker i uses metrics port base + i")
@@ -70,6 +73,7 @@ def run(argv: Sequence[str] | None = None, serve_api: Callable[[argparse.Namespa
 
     env = tuple(tuple(item.split("=", 1)) for item in args.worker_env if "=" in item)
     settings = OperatorSettings(etcd_endpoints=args.etcd_endpoints, events_dir=args.events_dir,
+                                events_claim=args.events_claim,
                                 metrics_port_base=args.metrics_port_base, host_network_ports=args.host_network_ports,
                                 worker_env=env, workdir_annotation=args.workdir,
                                 gang_scheduler=args.gang_scheduler)  # type: ignore[arg-type]

@@ -18,6 +18,9 @@ GENERATION_LABEL = f"{GROUP}/generation"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 RDZV_PORT = 29400  # MASTER_PORT hint; with etcd-v3 the rendezvous publishes the real one
 TERMINATION_GRACE_SECONDS = 30  # the trainer's emergency checkpoint after SIGTERM
+WORKER_UID = 10001  # the image's user (Dockerfile)
+# Workers run with a read-only root filesystem: HOME and caches go to the /tmp volume.
+WORKER_ENV_DEFAULTS = {"HOME": "/tmp", "XDG_CACHE_HOME": "/tmp/.cache"}
 WORKER_LAUNCHER = ("python", "-m", "flywheel.cli", "launch")
 
 
@@ -25,6 +28,7 @@ WORKER_LAUNCHER = ("python", "-m", "flywheel.cli", "launch")
 class OperatorSettings:
     etcd_endpoints: str
     events_dir: str = ""  # shared with the workers; "" = no event log (no step/checkpoint in status)
+    events_claim: str = ""  # the PVC holding events_dir, mounted there in every worker ("" = nothing mounted)
     metrics_port_base: int = 9400
     host_network_ports: bool = False  # test cluster: every pod shares one host, so ports are base + index
     worker_env: tuple[tuple[str, str], ...] = ()  # extra env for every worker (e.g. OMP_NUM_THREADS=1)
@@ -96,6 +100,24 @@ def service(job: TrainingJob) -> dict[str, Any]:
                      "ports": [{"name": "rdzv", "port": RDZV_PORT}]}}
 
 
+def worker_volumes(job: TrainingJob, settings: OperatorSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Volumes and mounts of a worker: the checkpoint dir (the job's claim, else an emptyDir), /dev/shm in memory,
+    a writable /tmp (the root filesystem is read-only), and the operator's events claim when it has one."""
+    ckpt = job.spec.checkpoint
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.spec.shm_size}},
+        {"name": "tmp", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "tmp", "mountPath": "/tmp"}]
+    if ckpt.dir.startswith("/"):  # a relative dir lives under the working directory (local runs, the test cluster)
+        source = {"persistentVolumeClaim": {"claimName": ckpt.claim_name}} if ckpt.claim_name else {"emptyDir": {}}
+        volumes.append({"name": "checkpoints", **source})
+        mounts.append({"name": "checkpoints", "mountPath": ckpt.dir})
+    if settings.events_claim and settings.events_dir:
+        volumes.append({"name": "events", "persistentVolumeClaim": {"claimName": settings.events_claim}})
+        mounts.append({"name": "events", "mountPath": settings.events_dir})
+    return volumes, mounts
+
+
 def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: OperatorSettings) -> dict[str, Any]:
     spec = job.spec
     meta_labels = {**labels(job.name), INDEX_LABEL: str(worker.index), GENERATION_LABEL: str(generation)}
@@ -106,10 +128,15 @@ def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: Operato
     annotations = {}
     if settings.workdir_annotation:
         annotations["tests.flywheel.dev/workdir"] = settings.workdir_annotation
+    env = {**WORKER_ENV_DEFAULTS, **worker.env}
+    volumes, mounts = worker_volumes(job, settings)
     container: dict[str, Any] = {
         "name": "worker", "image": spec.image, "command": list(worker.argv),
-        "env": [{"name": k, "value": v} for k, v in sorted(worker.env.items())],
+        "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
         "resources": dict(spec.resources),
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": mounts,
     }
     port = int(worker.env.get("FLYWHEEL_METRICS_PORT", "0"))
     if port:
@@ -118,7 +145,10 @@ def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: Operato
         "restartPolicy": "Never",  # the operator decides restarts (policy/), the agent restarts ranks in place
         "hostname": worker.name, "subdomain": service_name(job.name),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": WORKER_UID, "runAsGroup": WORKER_UID,
+                            "fsGroup": WORKER_UID, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
+        "volumes": volumes,
     }
     kind = gang(job, settings)
     if kind is not None:

@@ -191,6 +191,7 @@ def test_operator_args_accepted_by_the_operator_parser():
     parsed = main.build_parser().parse_args(args[1:])
     assert parsed.etcd_endpoints.count(",") == 2 and parsed.namespace == []
     assert parsed.gang_scheduler == "scheduler-plugins" and parsed.events_dir == "/flywheel-events"
+    assert parsed.events_claim == "flywheel-events"  # the workers mount the same claim
     assert parsed.worker_env == ["OMP_NUM_THREADS=1"] and parsed.health_monitor and not parsed.cordon
     assert parsed.verbose
     parsed = main.build_parser().parse_args(one(render(), "Deployment")["spec"]["template"]["spec"]

@@ -6,9 +6,11 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from flywheel.operator import manifests as m
 from flywheel.operator.progress import EventLogTail
-from flywheel.spec import parse_job
+from flywheel.spec import SpecError, parse_job
 
 JOB = parse_job({"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
                  "metadata": {"name": "j", "namespace": "ml"},
@@ -39,6 +41,39 @@ def test_pods_follow_the_worker_contract() -> None:
     svc = m.service(JOB)
     assert svc["metadata"]["name"] == "j-workers" and svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["selector"] == {m.JOB_LABEL: "j"}
+
+
+def test_worker_pods_are_hardened_and_mount_checkpoints_shm_and_events() -> None:
+    claimed = parse_job({**JOB.model_dump(by_alias=True, exclude_none=True),
+                         "spec": {**JOB.spec.model_dump(by_alias=True, exclude_none=True),
+                                  "checkpoint": {"dir": "/ckpt/j", "claimName": "ckpt-rwx"}, "shmSize": "8Gi"}})
+    settings = m.OperatorSettings(etcd_endpoints="etcd:2379", events_dir="/ev", events_claim="flywheel-events")
+    body = m.pod(claimed, m.plan(claimed, "0123456789abcdef", settings, "/ev/x.jsonl")[0], 0, settings)
+    spec, container = body["spec"], body["spec"]["containers"][0]
+    assert spec["securityContext"]["runAsNonRoot"] and spec["securityContext"]["runAsUser"] == m.WORKER_UID
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {v["mountPath"]: v["name"] for v in container["volumeMounts"]}
+    assert mounts == {"/dev/shm": "dshm", "/tmp": "tmp", "/ckpt/j": "checkpoints", "/ev": "events"}
+    assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "ckpt-rwx"}
+    assert volumes["events"]["persistentVolumeClaim"] == {"claimName": "flywheel-events"}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["HOME"] == "/tmp"  # the root filesystem is read-only
+    # Without a claim the checkpoints get an emptyDir (lost with the pod: documented); a relative dir is not mounted.
+    plain = m.pod(JOB, m.plan(JOB, "0123456789abcdef", SETTINGS, None)[0], 0, SETTINGS)
+    assert {v["name"]: v for v in plain["spec"]["volumes"]}["checkpoints"] == {"name": "checkpoints", "emptyDir": {}}
+    assert "events" not in {v["name"] for v in plain["spec"]["volumes"]}  # no claim: the test cluster's host dir
+    kv = pytest.importorskip("kubernetes_validate")
+    for doc in (body, plain, m.service(JOB)):
+        kv.validate(doc, "1.33.0", strict=True)
+
+
+def test_bad_shm_size_names_the_field() -> None:
+    with pytest.raises(SpecError, match="shmSize"):
+        parse_job({"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "j"},
+                   "spec": {"shmSize": "lots"}})
 
 
 def test_kueue_queue_label_of_the_job_passes_through() -> None:
