@@ -17,7 +17,8 @@ from pathlib import Path
 from bench.common import RESULTS
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHMARKS = ("checkpoint_stall", "restart_latency", "trainer_overhead", "parallel_parity", "planner_accuracy")
+BENCHMARKS = ("checkpoint_stall", "restart_latency", "trainer_overhead", "parallel_parity", "planner_accuracy",
+              "hang_recovery", "api_latency")
 
 
 def _fmt(value: object) -> str:

@@ -11,13 +11,16 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from flywheel import __version__
 from flywheel.api import views
@@ -31,6 +34,7 @@ from flywheel.api.schemas import (
     Health,
     JobDetail,
     JobList,
+    JobSummary,
     Phase,
     ScaleRequest,
     Timeline,
@@ -64,12 +68,23 @@ def _state(request: Request) -> Any:
 _bearer = HTTPBearer(auto_error=False, description="a Kubernetes bearer token (cluster) or one from the token file")
 
 
-def _principal(request: Request,
-               creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)] = None) -> Principal:
+async def _off_loop(auth: Auth, fn: Callable[..., Any], *args: Any) -> Any:
+    """Run an auth call: TokenReview/SubjectAccessReview block on the network, so those go to a worker thread;
+    a token file (`blocking = False`) answers on the event loop. The reads are async handlers (they only read the
+    in-memory cache) because the three thread hops of a sync one (dependency, handler, response check) were
+    about 40% of a read's CPU (bench/api_latency.py); the actions, which call the Kubernetes API, stay sync."""
+    if getattr(auth, "blocking", True):
+        return await run_in_threadpool(fn, *args)
+    return fn(*args)
+
+
+async def _principal(request: Request,
+                     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)] = None) -> Principal:
     challenge = {"WWW-Authenticate": "Bearer"}
     if creds is None or not creds.credentials.strip():
         raise ApiError(401, "Unauthorized", "missing bearer token: send 'Authorization: Bearer <token>'", challenge)
-    who = _state(request).auth.authenticate(creds.credentials.strip())
+    auth = _state(request).auth
+    who = await _off_loop(auth, auth.authenticate, creds.credentials.strip())
     if who is None:
         raise ApiError(401, "Unauthorized", "the bearer token was not accepted (unknown, expired or revoked)",
                        challenge)
@@ -80,7 +95,15 @@ Who = Annotated[Principal, Depends(_principal)]
 
 
 def _allow(request: Request, who: Principal, access: Access) -> None:
-    allowed, message = _state(request).auth.authorize(who, access)
+    _decide(who, access, *_state(request).auth.authorize(who, access))
+
+
+async def _may_read(request: Request, who: Principal, access: Access) -> None:
+    auth = _state(request).auth
+    _decide(who, access, *await _off_loop(auth, auth.authorize, who, access))
+
+
+def _decide(who: Principal, access: Access, allowed: bool, message: str) -> None:
     if not allowed:
         raise ApiError(403, "Forbidden", message or f"user {who.user!r} may not {access.verb} this TrainingJob")
 
@@ -110,6 +133,34 @@ def _metrics(registry: CollectorRegistry) -> tuple[Counter, Histogram, Gauge]:
             Gauge("flywheel_api_cache_jobs", "TrainingJobs in the API's cache", registry=registry))
 
 
+class _Metrics:
+    """Counts and times every request by route template. A plain ASGI middleware rather than
+    `@app.middleware("http")` (BaseHTTPMiddleware), which costs a task and a body stream per request: about a
+    fifth of the app's CPU per read under load (bench/api_latency.py)."""
+
+    def __init__(self, app: Any, requests: Counter, latency: Histogram) -> None:
+        self.app, self.requests, self.latency = app, requests, latency
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, code = time.perf_counter(), 500  # 500: the app raised before answering
+
+        async def send_status(message: Any) -> None:
+            nonlocal code
+            if message["type"] == "http.response.start":
+                code = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")  # the router sets it on this same scope
+            self.requests.labels(scope["method"], route, str(code)).inc()
+            self.latency.labels(route).observe(time.perf_counter() - start)
+
+
 def create_app(source: JobSource | None = None, auth: Auth | None = None, actions: Actions | None = None,
                startup: Callable[[FastAPI], Any] | None = None) -> FastAPI:
     """`startup(app)` (optional) fills app.state.source/auth/actions when the server starts, and may return a
@@ -127,26 +178,40 @@ def create_app(source: JobSource | None = None, auth: Auth | None = None, action
     app.state.source, app.state.auth, app.state.actions = source, auth, actions
     app.state.registry = registry = CollectorRegistry()
     requests, latency, cached_jobs = _metrics(registry)
+    memo: dict[int, tuple[dict[str, Any], JobSummary]] = {}
+
+    def summaries(objs: list[dict[str, Any]]) -> list[JobSummary]:
+        """One summary per cached job, built again only for objects the source replaced since the last list (a
+        change is a new dict, never an edit in place): a list of 500 jobs then costs a lookup per job instead of
+        a model build per job, which was most of the API's CPU under load (bench/api_latency.py). Holding the
+        object in the memo keeps its id from being reused while the entry lives."""
+        nonlocal memo
+        fresh: dict[int, tuple[dict[str, Any], JobSummary]] = {}
+        for obj in objs:
+            hit = memo.get(id(obj))
+            fresh[id(obj)] = hit if hit is not None and hit[0] is obj else (obj, views.summary(obj))
+        memo = fresh  # lists run on the event loop, one at a time
+        return [s for _, s in fresh.values()]
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, err: ApiError) -> JSONResponse:
         return JSONResponse({"detail": err.detail, "reason": err.reason}, err.status_code, headers=err.headers)
 
-    @app.middleware("http")
-    async def _count(request: Request, call_next: Any) -> Any:
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = getattr(request.scope.get("route"), "path", "unmatched")
-        requests.labels(request.method, route, str(response.status_code)).inc()
-        latency.labels(route).observe(time.perf_counter() - start)
-        return response
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
+        # FastAPI's and Starlette's own errors (400 unparsable body, 404 unknown path, 405 wrong method) in the
+        # documented ErrorBody shape too, with the reason spelled the Kubernetes way ("Bad Request" -> BadRequest).
+        reason = HTTPStatus(err.status_code).phrase.title().replace(" ", "").replace("-", "")
+        return JSONResponse({"detail": str(err.detail), "reason": reason}, err.status_code, headers=err.headers)
+
+    app.add_middleware(_Metrics, requests=requests, latency=latency)
 
     @app.get("/healthz", response_model=Health, tags=["probes"])
-    def healthz() -> Health:
+    async def healthz() -> Health:
         return Health(status="ok")
 
     @app.get("/readyz", response_model=Health, tags=["probes"], responses={503: {"model": Health}})
-    def readyz(request: Request) -> Any:
+    async def readyz(request: Request) -> Any:
         src = getattr(request.app.state, "source", None)
         if src is None or not src.ready():
             return JSONResponse(Health(status="not ready", detail="job cache not synced").model_dump(), 503)
@@ -154,19 +219,19 @@ def create_app(source: JobSource | None = None, auth: Auth | None = None, action
 
     @app.get("/metrics", tags=["probes"], response_class=Response,
              responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
-    def metrics(request: Request) -> Response:
+    async def metrics(request: Request) -> Response:
         src = getattr(request.app.state, "source", None)
         cached_jobs.set(len(src.jobs()) if src is not None and src.ready() else 0)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/jobs", response_model=JobList, response_model_by_alias=True, tags=["read"], responses=ERRORS)
-    def list_jobs(request: Request, who: Who,
-                  namespace: Annotated[str | None, Query(pattern=DNS, max_length=63)] = None,
-                  phase: Phase | None = None,
-                  limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
-                  offset: Annotated[int, Query(ge=0)] = 0) -> JobList:
+    async def list_jobs(request: Request, who: Who,
+                        namespace: Annotated[str | None, Query(pattern=DNS, max_length=63)] = None,
+                        phase: Phase | None = None,
+                        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+                        offset: Annotated[int, Query(ge=0)] = 0) -> JobList:
         try:
-            _allow(request, who, Access("list", namespace or ""))
+            await _may_read(request, who, Access("list", namespace or ""))
         except ApiError as err:
             if namespace is None and err.status_code == 403:  # rights may be namespaced: say how to ask
                 err.detail = f"{err.detail}; ask for one namespace with ?namespace=NS"
@@ -174,7 +239,7 @@ def create_app(source: JobSource | None = None, auth: Auth | None = None, action
         state = _state(request)
         if not state.source.ready():
             raise ApiError(503, "NotReady", "the job cache has not synced with the Kubernetes API yet; retry")
-        items = sorted((views.summary(o) for o in state.source.jobs()), key=lambda s: (s.namespace, s.name))
+        items = sorted(summaries(state.source.jobs()), key=lambda s: (s.namespace, s.name))
         items = [s for s in items if (namespace is None or s.namespace == namespace)
                  and (phase is None or s.phase == phase)]
         page = items[offset:offset + limit]
@@ -183,21 +248,21 @@ def create_app(source: JobSource | None = None, auth: Auth | None = None, action
                        next_offset=offset + limit if more else None)
 
     @app.get("/v1/jobs/{namespace}/{name}", response_model=JobDetail, tags=["read"], responses=JOB_ERRORS)
-    def get_job(request: Request, who: Who, namespace: Namespace, name: Name) -> JobDetail:
-        _allow(request, who, Access("get", namespace, name))
+    async def get_job(request: Request, who: Who, namespace: Namespace, name: Name) -> JobDetail:
+        await _may_read(request, who, Access("get", namespace, name))
         return _detail(request, _job(request, namespace, name))
 
     @app.get("/v1/jobs/{namespace}/{name}/events", response_model=EventList, tags=["read"], responses=JOB_ERRORS)
-    def job_events(request: Request, who: Who, namespace: Namespace, name: Name) -> EventList:
-        _allow(request, who, Access("get", namespace, name))
+    async def job_events(request: Request, who: Who, namespace: Namespace, name: Name) -> EventList:
+        await _may_read(request, who, Access("get", namespace, name))
         _job(request, namespace, name)
         source = request.app.state.source
         names = {name, *(p["metadata"]["name"] for p in source.pods(namespace, name))}
         return EventList(items=views.events(source.events(namespace, names)))
 
     @app.get("/v1/jobs/{namespace}/{name}/timeline", response_model=Timeline, tags=["read"], responses=JOB_ERRORS)
-    def job_timeline(request: Request, who: Who, namespace: Namespace, name: Name) -> Timeline:
-        _allow(request, who, Access("get", namespace, name))
+    async def job_timeline(request: Request, who: Who, namespace: Namespace, name: Name) -> Timeline:
+        await _may_read(request, who, Access("get", namespace, name))
         obj = _job(request, namespace, name)
         return views.timeline(obj, request.app.state.source.events(namespace, {name}))
 
@@ -231,7 +296,8 @@ def create_app(source: JobSource | None = None, auth: Auth | None = None, action
         return act(request, who, namespace, name, "restart", "", lambda a: a.restart(namespace, name))
 
     @app.patch("/v1/jobs/{namespace}/{name}/scale", response_model=ActionResult, tags=["act"],
-               responses={**ACT_ERRORS, 422: {"description": "bad replicas (the field is named in detail[].loc)"}})
+               responses={**ACT_ERRORS, 400: {"model": ErrorBody, "description": "the body is not JSON"},
+                          422: {"description": "bad replicas (the field is named in detail[].loc)"}})
     def scale(request: Request, who: Who, namespace: Namespace, name: Name, body: ScaleRequest) -> ActionResult:
         _allow(request, who, Access("patch", namespace, name, "scale"))
         replicas = (_job(request, namespace, name).get("spec") or {}).get("replicas") or {}

@@ -53,6 +53,7 @@ class AuthConfigError(ValueError):
 @dataclass
 class TokenFileAuth:
     tokens: dict[str, Principal] = field(default_factory=dict)
+    blocking = False  # answers from memory: the app may call it on the event loop (KubeAuth goes to a thread)
 
     @classmethod
     def from_file(cls, path: str | Path) -> TokenFileAuth:

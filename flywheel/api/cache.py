@@ -24,7 +24,8 @@ def _key(obj: Obj) -> Key:
 
 
 class JobSource(Protocol):
-    """What the app reads. Objects are plain dicts as the Kubernetes API returns them (camelCase)."""
+    """What the app reads. Objects are plain dicts as the Kubernetes API returns them (camelCase). A changed
+    object is a new dict, never one edited in place: the app memoizes what it derives per object."""
 
     def ready(self) -> bool: ...
     def jobs(self) -> list[Obj]: ...

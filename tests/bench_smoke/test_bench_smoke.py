@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -54,3 +55,20 @@ def test_planner_accuracy_smoke(tmp_path):
     record = check_record(tmp_path / "planner_accuracy.json")
     layouts = record["runs"]["layouts"]
     assert layouts and all(r["peak_live_bytes"] > 0 and r["est_memory_bytes"] > 0 for r in layouts)
+
+
+def test_hang_recovery_smoke(tmp_path):
+    if not (REPO / ".tools" / "bin" / "kubectl").exists() or not shutil.which("prometheus"):
+        pytest.skip("kubectl or prometheus missing: run scripts/install-tools.sh")
+    # torchrun's trial waits for the probe's gloo timeout and then ~30 s for the stopped rank: keep it short here.
+    run_bench(tmp_path, "bench.hang_recovery", "--trials", "1", "--peer-trials", "1", "--peer-gloo-timeout", "3",
+              "--no-default-peer")
+    record = check_record(tmp_path / "hang_recovery.json")
+    assert [t["detected_by"] for t in record["runs"]["flywheel"]] == ["Hung"]
+
+
+def test_api_latency_smoke(tmp_path):
+    run_bench(tmp_path, "bench.api_latency", "--duration", "2", "--rate", "20", "--jobs", "20", "--rounds", "1")
+    record = check_record(tmp_path / "api_latency.json")
+    assert record["runs"]["ours"]["errors"] == 0 and record["runs"]["ours"]["requests"] == 40
+    assert record["runs"]["peer"]["errors"] == 0
