@@ -8,6 +8,7 @@ Prometheus scrape them).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -50,6 +51,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     503: {"model": ErrorBody, "description": "the cache has not synced yet"},
 }
 JOB_ERRORS = {**ERRORS, 404: {"model": ErrorBody, "description": "no such TrainingJob"}}
+
+log = logging.getLogger(__name__)
 
 
 class ApiError(HTTPException):
@@ -276,7 +279,10 @@ def create_app(source: JobSource | None = None, auth: Auth | None = None, action
         try:
             updated = do(actions)
         except ActionError as err:
+            log.info("%s %s/%s by %r refused: %s", action, namespace, name, who.user, err.message)
             raise ApiError(err.status, err.reason, err.message) from None
+        # The Kubernetes audit log names the server's account (no impersonation, docs/api.md): name the caller here.
+        log.info("%s %s/%s by %r", action, namespace, name, who.user)
         return ActionResult(action=action, job=_detail(request, updated))  # type: ignore[arg-type]
 
     ACT_ERRORS: dict[int | str, dict[str, Any]] = {

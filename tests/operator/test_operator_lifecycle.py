@@ -155,6 +155,13 @@ def test_operator_serves_the_rest_api_with_a_flag(op_env: OpEnv) -> None:
         assert httpx.get(base + "/v1/jobs", timeout=5).status_code == 401
         assert httpx.post(base + "/v1/jobs/default/served/suspend", headers=auth, timeout=5).status_code == 200
         op_env.wait_phase("served", "Suspended", 60)
+
+        def table_phase() -> str:  # the PHASE column of `kubectl get tj`, as a person reads it
+            return op_env.kubectl("get", "tj", "served", "--no-headers").stdout.split()[1]
+
+        assert table_phase() == "Suspended"
+        assert httpx.post(base + "/v1/jobs/default/served/resume", headers=auth, timeout=5).status_code == 200
+        eventually(lambda: table_phase() == "Running", 60, "kubectl get tj to show the resumed job Running")
     finally:
         op_env.delete("served")
         op_env.operator.restart()
