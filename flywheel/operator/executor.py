@@ -22,6 +22,7 @@ from flywheel.operator import manifests as m
 from flywheel.operator.kube import ApiError, Kube
 from flywheel.monitor.metrics import OperatorMetrics
 from flywheel.operator.progress import EventLogTail, events_file
+from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.policy import reasons as R
 from flywheel.policy.reconcile import (LIVENESS_GRACE_SECONDS, CreatePod, DeleteJob, DeletePod, Pass, PodView,
                                        Progress, Relabel, ResetRendezvous, reconcile)
@@ -32,8 +33,11 @@ TICK_SECONDS = 1.0
 
 class JobRunner:
     def __init__(self, kube: Kube, settings: m.OperatorSettings, namespace: str, name: str, uid: str,
-                 logger: logging.Logger | logging.LoggerAdapter[Any], metrics: OperatorMetrics | None = None) -> None:
+                 logger: logging.Logger | logging.LoggerAdapter[Any], metrics: OperatorMetrics | None = None,
+                 etcd: SharedEtcd | None = None) -> None:
+        """`etcd`: the operator's shared session (none: no liveness watch or rendezvous reset)."""
         self.kube, self.settings, self.logger, self.metrics = kube, settings, logger, metrics
+        self.etcd = etcd
         self.namespace, self.name, self.uid = namespace, name, uid
         self.path = Kube.custom(GROUP, VERSION, namespace, PLURAL, name)
         self.wake = asyncio.Event()
@@ -51,8 +55,8 @@ class JobRunner:
     def poke(self) -> None:
         self.wake.set()
 
-    def _start_liveness(self, job: TrainingJob) -> None:
-        if self.watch is not None or not self.settings.etcd_endpoints:
+    async def _start_liveness(self, job: TrainingJob) -> None:
+        if self.watch is not None or self.etcd is None:
             return
         loop = asyncio.get_running_loop()
 
@@ -63,7 +67,7 @@ class JobRunner:
             loop.call_soon_threadsafe(apply)
 
         try:
-            self.watch = watch_workers(self.settings.etcd_endpoints, m.run_id(job, self.uid), changed)
+            self.watch = watch_workers(await self.etcd.session(), m.run_id(job, self.uid), changed)
         except Exception as err:  # etcd down: pod status still works; try again next pass
             self.logger.warning(f"etcd liveness watch unavailable: {err}")
 
@@ -71,6 +75,9 @@ class JobRunner:
         try:
             while not stopped:
                 started, result = time.monotonic(), "error"
+                # Cleared before the pass, not after: a poke that arrives during it (a pod event, a 409 redo) must
+                # run another pass at once instead of waiting for the next tick.
+                self.wake.clear()
                 try:
                     await self.reconcile_once()
                     result = "ok"
@@ -80,7 +87,6 @@ class JobRunner:
                     self.logger.exception("reconcile pass failed (retrying)")
                 if self.metrics is not None:
                     self.metrics.reconcile_duration_seconds.labels(result).observe(time.monotonic() - started)
-                self.wake.clear()
                 await self._sleep(stopped)
         finally:
             if self.metrics is not None:
@@ -149,7 +155,7 @@ class JobRunner:
         result = reconcile(job.spec if job else None, invalid, status_in, views, progress, time.time(),
                            int(obj["metadata"].get("generation", 0)), annotations.get(RESTART_ANNOTATION))
         if job is not None and result.status.get("phase") not in ("Succeeded", "Failed", "Suspended"):
-            self._start_liveness(job)
+            await self._start_liveness(job)
             await self._ensure_service(obj, job)
         if result.status != (obj.get("status") or {}):
             try:
@@ -209,14 +215,16 @@ class JobRunner:
 
     async def _reset_rendezvous(self, run_id: str) -> None:
         try:
-            deleted = await asyncio.get_running_loop().run_in_executor(None, reset_rendezvous,
-                                                                       self.settings.etcd_endpoints, run_id)
+            session = await self.etcd.session()  # type: ignore[union-attr]
+            deleted = await asyncio.get_running_loop().run_in_executor(None, reset_rendezvous, session, run_id)
             self.logger.info(f"new workers: reset the rendezvous of run {run_id} ({deleted} keys)")
         except Exception as err:  # etcd down: the new agents still form their group, after the old heartbeats expire
             self.logger.warning(f"could not reset the rendezvous of run {run_id}: {err}")
 
     async def _act(self, obj: dict[str, Any], job: TrainingJob | None, result: Pass) -> None:
-        workers = {w.index: w for w in m.plan(job, self.uid, self.settings, self.events_path)} if job else {}
+        creates = job is not None and any(isinstance(a, CreatePod) for a in result.actions)
+        # Planned only when a pod is to be created: the plan serializes the spec for every worker's env.
+        workers = {w.index: w for w in m.plan(job, self.uid, self.settings, self.events_path)} if creates else {}
         for action in result.actions:
             if isinstance(action, DeletePod):
                 await self.kube.delete(Kube.core(self.namespace, "pods", action.name), action.uid,
@@ -232,7 +240,7 @@ class JobRunner:
                 except ApiError as err:
                     await self._event(obj, "Warning", R.CREATE_FAILED,
                                       R.MSG_CREATE_FAILED.format(kind="pod", name=body["metadata"]["name"], error=err))
-            elif isinstance(action, ResetRendezvous) and job is not None and self.settings.etcd_endpoints:
+            elif isinstance(action, ResetRendezvous) and job is not None and self.etcd is not None:
                 await self._reset_rendezvous(m.run_id(job, self.uid))
             elif isinstance(action, DeleteJob):
                 self.logger.info("ttlSecondsAfterFinished passed: deleting the TrainingJob")

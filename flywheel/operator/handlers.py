@@ -21,6 +21,7 @@ from flywheel.operator.executor import JobRunner
 from flywheel.operator.health import BackgroundMonitor
 from flywheel.operator.kube import Kube, load_connection
 from flywheel.monitor.metrics import OperatorMetrics
+from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.spec import SpecError, parse_job
 
 FINALIZER = f"{GROUP}/cleanup"
@@ -48,6 +49,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.networking.request_timeout = 30
     memo.kube = Kube(load_connection(config.kubeconfig))
     memo.runners = {}
+    memo.etcd = SharedEtcd(config.settings.etcd_endpoints) if config.settings.etcd_endpoints else None
     memo.metrics = OperatorMetrics()
     if config.metrics_port:
         memo.metrics.serve(config.metrics_port)
@@ -68,6 +70,8 @@ def poke(memo: kopf.Memo, namespace: str, name: str) -> None:
 async def close(memo: kopf.Memo, **_: Any) -> None:
     if memo.get("health") is not None:
         await memo.health.close()
+    if memo.get("etcd") is not None:
+        await asyncio.get_running_loop().run_in_executor(None, memo.etcd.close)
     await memo.kube.close()
 
 
@@ -81,7 +85,7 @@ def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def run_job(name: str, namespace: str, uid: str, stopped: kopf.DaemonStopped, memo: kopf.Memo,
                   logger: logging.Logger, **_: Any) -> None:
-    runner = JobRunner(memo.kube, memo.config.settings, namespace, name, uid, logger, memo.metrics)
+    runner = JobRunner(memo.kube, memo.config.settings, namespace, name, uid, logger, memo.metrics, memo.etcd)
     memo.runners[(namespace, name)] = runner
     try:
         await runner.run(stopped)
@@ -98,11 +102,11 @@ def pod_changed(namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: An
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 async def cleanup_etcd(body: kopf.Body, uid: str, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     """Finalizer: delete this run's rendezvous and liveness keys (pods and Service go by garbage collection)."""
-    endpoints = memo.config.settings.etcd_endpoints
     try:
         job = parse_job(dict(body))
     except SpecError:
         return  # never ran
-    if endpoints:
-        deleted = await asyncio.get_running_loop().run_in_executor(None, delete_run, endpoints, m.run_id(job, uid))
+    if memo.etcd is not None:
+        session = await memo.etcd.session()
+        deleted = await asyncio.get_running_loop().run_in_executor(None, delete_run, session, m.run_id(job, uid))
         logger.info(f"deleted {deleted} etcd keys of run {m.run_id(job, uid)}")
