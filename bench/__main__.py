@@ -8,41 +8,17 @@
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench.common import RESULTS
+from bench.report import write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ("checkpoint_stall", "restart_latency", "trainer_overhead", "parallel_parity", "planner_accuracy",
-              "hang_recovery", "api_latency")
-
-
-def _fmt(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return "" if value is None else str(value)
-
-
-def write_report(names: tuple[str, ...] = BENCHMARKS) -> Path:
-    rows = ["| benchmark | metric | ours | peer | peer value | ratio | goal | pass | mode |",
-            "|---|---|---|---|---|---|---|---|---|"]
-    for name in names:
-        path = RESULTS / f"{name}.json"
-        if not path.exists():
-            rows.append(f"| {name} | (not run) | | | | | | | |")
-            continue
-        r = json.loads(path.read_text())
-        rows.append(f"| {name} | {r['metric']} | {_fmt(r['value'])} {r.get('unit', '')} | {r['peer']} | "
-                    f"{_fmt(r['peer_value'])} | {_fmt(r['ratio'])} | {r['goal']} | {'yes' if r['pass'] else 'NO'} | "
-                    f"{'quick' if r.get('quick') else 'full'} |")
-    report = RESULTS / "REPORT.md"
-    report.write_text("# Benchmark report\n\nEach ratio is ours / the peer measured in the same run "
-                      "(`python -m bench [--quick]` regenerates this file).\n\n" + "\n".join(rows) + "\n")
-    return report
+              "hang_recovery", "api_latency", "operator_scale",
+              "dead_worker")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {name}: exit {code}, {time.monotonic() - began:.0f} s", flush=True)
         if code:
             failed.append(name)
-    print(f"report: {write_report()}")
+    print(f"report: {write_report(BENCHMARKS)}")
     return 1 if failed else 0
 
 

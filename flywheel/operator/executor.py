@@ -20,6 +20,7 @@ from flywheel.crd import GROUP, PLURAL, RESTART_ANNOTATION, VERSION
 from flywheel.etcd.liveness import WorkerWatch, reset_rendezvous, watch_workers
 from flywheel.operator import manifests as m
 from flywheel.operator.kube import ApiError, Kube
+from flywheel.operator.node_cache import LostNodes
 from flywheel.monitor.metrics import OperatorMetrics
 from flywheel.operator.progress import EventLogTail, events_file
 from flywheel.operator.shared_etcd import SharedEtcd
@@ -34,9 +35,11 @@ TICK_SECONDS = 1.0
 class JobRunner:
     def __init__(self, kube: Kube, settings: m.OperatorSettings, namespace: str, name: str, uid: str,
                  logger: logging.Logger | logging.LoggerAdapter[Any], metrics: OperatorMetrics | None = None,
-                 etcd: SharedEtcd | None = None) -> None:
-        """`etcd`: the operator's shared session (none: no liveness watch or rendezvous reset)."""
+                 etcd: SharedEtcd | None = None, lost_nodes: LostNodes | None = None) -> None:
+        """`etcd`: the operator's shared session (none: no liveness watch or rendezvous reset). `lost_nodes`: the
+        operator's shared node list (none: this runner lists nodes itself)."""
         self.kube, self.settings, self.logger, self.metrics = kube, settings, logger, metrics
+        self.lost_nodes = lost_nodes or LostNodes(kube)
         self.etcd = etcd
         self.namespace, self.name, self.uid = namespace, name, uid
         self.path = Kube.custom(GROUP, VERSION, namespace, PLURAL, name)
@@ -46,6 +49,9 @@ class JobRunner:
         self.tail = EventLogTail(events_file(settings.events_dir, namespace, name, uid)) if self.events_path else None
         self.live: dict[str, Any] | None = None  # replica id -> LiveWorker, None until the watch reported
         self.seen_live: dict[str, float | None] = {}  # pod uid -> since when its key is missing (None: present)
+        # Pods judged dead by their lease stay so while Terminating: the force delete after nodeFailureGraceSeconds
+        # must not wait for the node monitor (40 s) to confirm what etcd already said.
+        self.dead_by_lease: set[str] = set()
         self.service_ok = False
         self.watch: WorkerWatch | None = None
         self.recovering_reason = ""  # the last restart's reason, for the time-to-recover histogram
@@ -56,7 +62,7 @@ class JobRunner:
         self.wake.set()
 
     async def _start_liveness(self, job: TrainingJob) -> None:
-        if self.watch is not None or self.etcd is None:
+        if self.watch is not None or self.etcd is None or not self.settings.worker_liveness:
             return
         loop = asyncio.get_running_loop()
 
@@ -109,6 +115,8 @@ class JobRunner:
 
     # -- one pass -----------------------------------------------------------------------------------------------
     def _liveness_lost(self, view: PodView, created: float, now: float) -> bool:
+        if view.uid in self.dead_by_lease:
+            return True
         if self.live is None or view.phase != "Running" or view.deleting_since is not None:
             return False
         key = self.live.get(str(view.index))
@@ -120,12 +128,15 @@ class JobRunner:
             return False  # never registered yet (starting up)
         since = self.seen_live[view.uid] or now
         self.seen_live[view.uid] = since
-        return now - since >= LIVENESS_GRACE_SECONDS
+        if now - since < LIVENESS_GRACE_SECONDS:
+            return False
+        self.dead_by_lease.add(view.uid)
+        return True
 
     async def _observe(self) -> tuple[list[PodView], Progress]:
         pods = await self.kube.list(Kube.core(self.namespace, "pods"), f"{m.JOB_LABEL}={self.name}")
         pods = [p for p in pods if any(o.get("uid") == self.uid for o in p["metadata"].get("ownerReferences", []))]
-        lost = m.lost_nodes(await self.kube.list("/api/v1/nodes"))
+        lost = await self.lost_nodes.get()
         now = time.time()
         views = []
         for obj in pods:
@@ -135,6 +146,7 @@ class JobRunner:
                 views.append(PodView(**{**asdict(view), "liveness_lost": self._liveness_lost(view, created, now)}))
         alive = {v.uid for v in views}
         self.seen_live = {k: v for k, v in self.seen_live.items() if k in alive}
+        self.dead_by_lease &= alive
         progress = self.tail.poll() if self.tail is not None else Progress()
         return views, progress
 

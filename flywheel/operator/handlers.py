@@ -21,6 +21,7 @@ from flywheel.operator.executor import JobRunner
 from flywheel.operator.health import BackgroundMonitor
 from flywheel.operator.kube import Kube, load_connection
 from flywheel.monitor.metrics import OperatorMetrics
+from flywheel.operator.node_cache import LostNodes
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.spec import SpecError, parse_job
 
@@ -49,6 +50,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.networking.request_timeout = 30
     memo.kube = Kube(load_connection(config.kubeconfig))
     memo.runners = {}
+    memo.lost_nodes = LostNodes(memo.kube)
     memo.etcd = SharedEtcd(config.settings.etcd_endpoints) if config.settings.etcd_endpoints else None
     memo.metrics = OperatorMetrics()
     if config.metrics_port:
@@ -85,7 +87,8 @@ def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def run_job(name: str, namespace: str, uid: str, stopped: kopf.DaemonStopped, memo: kopf.Memo,
                   logger: logging.Logger, **_: Any) -> None:
-    runner = JobRunner(memo.kube, memo.config.settings, namespace, name, uid, logger, memo.metrics, memo.etcd)
+    runner = JobRunner(memo.kube, memo.config.settings, namespace, name, uid, logger, memo.metrics, memo.etcd,
+                       memo.lost_nodes)
     memo.runners[(namespace, name)] = runner
     try:
         await runner.run(stopped)

@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default="", help="test cluster only: working directory annotation for workers")
     p.add_argument("--gang-scheduler", choices=("none", "scheduler-plugins", "volcano"), default="none",
                    help="create a PodGroup of this scheduler for jobs with scheduling.gang (its CRDs must exist)")
+    p.add_argument("--no-worker-liveness", dest="worker_liveness", action="store_false",
+                   help="do not watch the workers' etcd lease keys: a dead worker is then seen only through pod and "
+                        "node status, i.e. after the node monitor's grace period (bench/dead_worker.py's peer)")
     p.add_argument("--operator-metrics-port", type=int, default=8080,
                    help="serve the operator's own Prometheus metrics here; 0 = off")
     p.add_argument("--verbose", action="store_true")
@@ -76,7 +79,8 @@ def run(argv: Sequence[str] | None = None, serve_api: Callable[[argparse.Namespa
                                 events_claim=args.events_claim,
                                 metrics_port_base=args.metrics_port_base, host_network_ports=args.host_network_ports,
                                 worker_env=env, workdir_annotation=args.workdir,
-                                gang_scheduler=args.gang_scheduler)  # type: ignore[arg-type]
+                                gang_scheduler=args.gang_scheduler,
+                                worker_liveness=args.worker_liveness)  # type: ignore[arg-type]
     kopf.configure(verbose=args.verbose)
     if not args.verbose:  # httpx logs every Prometheus query of the health monitor at INFO
         logging.getLogger("httpx").setLevel(logging.WARNING)

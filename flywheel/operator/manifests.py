@@ -34,6 +34,7 @@ class OperatorSettings:
     worker_env: tuple[tuple[str, str], ...] = ()  # extra env for every worker (e.g. OMP_NUM_THREADS=1)
     workdir_annotation: str = ""  # test cluster: the kubelet's working-directory annotation value
     gang_scheduler: str = "none"  # none | scheduler-plugins | volcano: which PodGroup to create for gang jobs
+    worker_liveness: bool = True  # watch the workers' etcd lease keys; off: dead workers seen by pod/node status only
 
 
 def service_name(job_name: str) -> str:

@@ -72,3 +72,22 @@ def test_api_latency_smoke(tmp_path):
     record = check_record(tmp_path / "api_latency.json")
     assert record["runs"]["ours"]["errors"] == 0 and record["runs"]["ours"]["requests"] == 40
     assert record["runs"]["peer"]["errors"] == 0
+
+
+def test_operator_scale_smoke(tmp_path):
+    if not (REPO / ".tools" / "bin" / "kubectl").exists() or not shutil.which("etcd"):
+        pytest.skip("kubectl or etcd missing: run scripts/install-tools.sh")
+    run_bench(tmp_path, "bench.operator_scale", "--smoke")
+    record = check_record(tmp_path / "operator_scale.json")
+    assert record["runs"]["many"]["all_pods_seen"] == 10 and record["runs"]["wide"]["latency_s"] > 0
+    assert 0 < record["runs"]["rss_mb"]["peak"] < 1000
+
+
+def test_dead_worker_smoke(tmp_path):
+    if not (REPO / ".tools" / "bin" / "kubectl").exists() or not shutil.which("etcd"):
+        pytest.skip("kubectl or etcd missing: run scripts/install-tools.sh")
+    run_bench(tmp_path, "bench.dead_worker", "--quick", "--node-grace", "6")
+    record = check_record(tmp_path / "dead_worker.json")
+    ours, peer = record["runs"]["ours"][0], record["runs"]["peer"][0]
+    assert ours["reason"] == peer["reason"] == "NodeLost"
+    assert ours["detect_s"] < ours["replacement_running_s"] < ours["first_step_s"]

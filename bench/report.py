@@ -1,0 +1,68 @@
+"""bench/results/REPORT.md: one table row and one plot (PNG) per benchmark, from the JSON results.
+
+Each plot sets our value beside the peer's, measured in the same run, with the goal and the verdict in the title,
+so a reader sees the size of a ratio rather than only its digits.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on CI machines
+import matplotlib.pyplot as plt  # noqa: E402
+
+from bench.common import RESULTS  # noqa: E402
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+def plot(name: str, record: dict[str, Any], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7.2, 3.4), dpi=100)
+    values = [float(record["value"]), float(record["peer_value"] or 0.0)]
+    peer_label = textwrap.fill(str(record["peer"]), 28, max_lines=3, placeholder=" ...")
+    bars = ax.barh(["ours", peer_label], values,
+                   color=["#2a9d8f" if record["pass"] else "#e76f51", "#8d99ae"])
+    ax.bar_label(bars, labels=[f"{v:.4g} {record.get('unit', '')}" for v in values], padding=3, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(values) * 1.35 or 1)
+    ax.set_xlabel(textwrap.shorten(f"{record['metric']} ({record.get('unit', '')})", 100, placeholder=" ..."),
+                  fontsize=8)
+    verdict = "pass" if record["pass"] else "FAIL"
+    goal = textwrap.shorten(f"goal: {record['goal']}", 90, placeholder=" ...")
+    ax.set_title(f"{name}: ratio {_fmt(record['ratio'])} -> {verdict}\n{goal}", fontsize=9)
+    ax.tick_params(labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_report(names: tuple[str, ...], results: Path = RESULTS) -> Path:
+    rows = ["| benchmark | metric | ours | peer | peer value | ratio | goal | pass | mode |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    plots = []
+    for name in names:
+        path = results / f"{name}.json"
+        if not path.exists():
+            rows.append(f"| {name} | (not run) | | | | | | | |")
+            continue
+        r = json.loads(path.read_text())
+        rows.append(f"| {name} | {r['metric']} | {_fmt(r['value'])} {r.get('unit', '')} | {r['peer']} | "
+                    f"{_fmt(r['peer_value'])} | {_fmt(r['ratio'])} | {r['goal']} | {'yes' if r['pass'] else 'NO'} | "
+                    f"{'quick' if r.get('quick') else 'full'} |")
+        png = plot(name, r, results / f"{name}.png")
+        plots.append(f"### {name}\n\n![{name}]({png.name})\n")
+    report = results / "REPORT.md"
+    report.write_text("# Benchmark report\n\nEach ratio is ours / the peer measured in the same run "
+                      "(`python -m bench [--quick]` regenerates this file).\n\n" + "\n".join(rows) + "\n\n"
+                      "## Plots\n\n" + "\n".join(plots))
+    return report

@@ -1,0 +1,21 @@
+"""REPORT.md: a row and a PNG plot per benchmark result, "(not run)" for a missing one."""
+
+from __future__ import annotations
+
+from bench.common import write_result
+from bench.report import write_report
+
+
+def test_report_has_a_row_and_a_plot_per_result(tmp_path):
+    write_result("fast", metric="latency", value=1.5, unit="s", peer="torchrun", peer_value=30.0, goal="<= 3 s",
+                 passed=True, runs=[], path=tmp_path / "fast.json")
+    write_result("slow", metric="p50 ratio", value=2.9, unit="s", peer="1 job", peer_value=0.015, goal="ratio <= 2",
+                 passed=False, runs=[], path=tmp_path / "slow.json", quick=True)
+    report = write_report(("fast", "slow", "missing"), tmp_path).read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| ")][1:]
+    assert rows[0].startswith("| fast | latency | 1.5 s | torchrun | 30 | 0.05 |") and rows[0].endswith("| yes | full |")
+    assert rows[1].endswith("| NO | quick |") and rows[2].startswith("| missing | (not run)")
+    for name in ("fast", "slow"):
+        assert f"![{name}]({name}.png)" in report
+        assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "missing.png").exists()
