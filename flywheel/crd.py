@@ -43,6 +43,11 @@ _RULES: dict[str, list[dict[str, str]]] = {
         {"rule": "!has(self.target) || (self.target >= self.min && self.target <= self.max)",
          "message": "replicas.target must lie within [min, max]"},
     ],
+    "spec.trainer.parallelism": [
+        {"rule": "(self.stagesPerRank == 1) == (self.schedule != 'interleaved-1f1b')",
+         "message": "parallelism.stagesPerRank above 1 goes with schedule interleaved-1f1b, and only with it",
+         "fieldPath": ".stagesPerRank"},
+    ],
     "spec.trainer.model": [
         {"rule": "!has(self.dim) || !has(self.heads) || self.dim % self.heads == 0",
          "message": "model.dim must be divisible by model.heads"},

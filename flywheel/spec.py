@@ -111,8 +111,46 @@ class Parallelism(_Model):
     fsdp: bool = Field(True, description="Shard parameters/grads/optimizer with FSDP2; false means DDP.")
     zero: int = Field(3, ge=2, le=3, description="With fsdp: ZeRO stage 3 reshards parameters after forward; 2 "
                                                  "keeps them unsharded until backward (grads/optimizer sharded).")
-    microbatches: int = Field(1, ge=1, description="Pipeline microbatches per step.")
+    microbatches: int | None = Field(None, ge=1, description="With pp > 1: micro batches (of microBatch samples) in "
+                                     "one pipeline schedule run. Default: all of a dp rank's micro batches in one run "
+                                     "(globalBatch / (dp x microBatch)), the smallest bubble; a divisor of that count "
+                                     "splits each step into several runs with gradient accumulation.")
+    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = Field(
+        "1f1b", description="Pipeline schedule with pp > 1. interleaved-1f1b needs stagesPerRank >= 2.")
+    stages_per_rank: int = Field(1, ge=1, description="Pipeline stages (virtual stages) per pp rank, looped: stage s "
+                                                      "runs on pp rank s mod pp. Above 1 only with interleaved-1f1b.")
     auto: bool = Field(False, description="Let the planner choose the layout.")
+
+    @model_validator(mode="after")
+    def _schedule_fits(self) -> Parallelism:
+        if self.stages_per_rank > 1 and self.schedule != "interleaved-1f1b":
+            raise ValueError(f"stagesPerRank: {self.stages_per_rank} stages per rank need schedule: "
+                             f"interleaved-1f1b (not {self.schedule}); set stagesPerRank: 1 or change the schedule")
+        if self.schedule == "interleaved-1f1b" and self.stages_per_rank < 2:
+            raise ValueError("stagesPerRank: interleaved-1f1b needs stagesPerRank >= 2; set stagesPerRank: 2 or use "
+                             "schedule: 1f1b")
+        return self
+
+    def pipeline_problem(self, layers: int, local_microbatches: int) -> str | None:
+        """What keeps this pipeline layout from running (None if nothing), given the model's layers and the micro
+        batches each dp rank runs per step (globalBatch / (dp x microBatch)). Names the field and the fix."""
+        if self.pp == 1:
+            return None
+        stages = self.pp * self.stages_per_rank
+        if layers % stages:
+            return (f"trainer.parallelism.pp: {layers} layers do not split evenly into pp x stagesPerRank = {stages} "
+                    "stages; choose pp and stagesPerRank whose product divides trainer.model.layers")
+        per_run = self.microbatches or local_microbatches
+        if local_microbatches % per_run:
+            return (f"trainer.parallelism.microbatches: {per_run} does not divide the {local_microbatches} micro "
+                    "batches per dp rank and step (globalBatch / (dp x microBatch)); pick a divisor or leave it unset")
+        if self.schedule == "1f1b" and per_run < self.pp:
+            return (f"trainer.parallelism.microbatches: 1f1b needs at least pp = {self.pp} micro batches per run, "
+                    f"got {per_run}; raise globalBatch or microbatches, or lower microBatch")
+        if self.schedule == "interleaved-1f1b" and per_run % max(1, per_run // self.pp):
+            return (f"trainer.parallelism.microbatches: interleaved-1f1b runs {per_run} micro batches in rounds of "
+                    f"pp = {self.pp}; make the count a multiple of pp or smaller than it")
+        return None
 
 
 class Training(_Model):
@@ -223,6 +261,10 @@ class TrainingJobSpec(_Model):
                 raise ValueError(f"trainer.training.globalBatch: {tr.global_batch} is not divisible by microBatch "
                                  f"x dp = {tr.micro_batch} x {dp} at {n} replicas; make globalBatch a multiple of "
                                  f"{tr.micro_batch * dp}")
+            problem = par.pipeline_problem(self.trainer.model.resolved()["layers"],
+                                           tr.global_batch // (tr.micro_batch * dp))
+            if problem:
+                raise ValueError(f"{problem} (at {n} replicas)")
         return self
 
     def world_sizes(self) -> range:

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
@@ -55,6 +56,22 @@ class AppState(Stateful):
         self.data = data
         self.rank = rank
         self.world_size = world_size
+        # Pipeline parallel: each rank holds some stages. Checkpoint keys stay the whole model's FQNs; the last
+        # stage's copy of a tied weight is saved under the tied source's name, and the optimizer's param_groups
+        # (one object in the checkpoint, written by one rank) list every stage's parameters, so any layout finds
+        # its own in them.
+        self.aliases: dict[str, str] = dict(getattr(model, "state_dict_aliases", {}))
+        self.group_params: list[list[str]] | None = None
+        pp_group = getattr(model, "pp_group", None)
+        if pp_group is not None:
+            # From named_parameters, not get_state_dict: that would initialise the optimizer state (a zero step).
+            fqns = {id(p): name for name, p in model.named_parameters()}
+            self.local_params = [[fqns[id(p)] for p in g["params"]] for g in optimizer.param_groups]
+            local = [[self.aliases.get(f, f) for f in params] for params in self.local_params]
+            gathered: list[Any] = [None] * dist.get_world_size(pp_group)
+            dist.all_gather_object(gathered, local, group=pp_group)
+            self.group_params = [list(dict.fromkeys(f for part in gathered for f in part[i]))
+                                 for i in range(len(local))]
 
     def state_dict(self, *, include_rng: bool = True) -> dict[str, Any]:
         """Live references to model and optimizer tensors (copy before they change); the rest is a copy.
@@ -62,6 +79,10 @@ class AppState(Stateful):
         Leave RNG out (include_rng=False) when loading a checkpoint saved at another world size: its ranks'
         streams do not map onto ours, and DCP would fail on keys the checkpoint does not have."""
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        if self.group_params is not None:
+            optim_sd = _rename_optim(optim_sd, self.aliases)
+            for group, params in zip(optim_sd["param_groups"], self.group_params):
+                group["params"] = list(params)
         state: dict[str, Any] = {
             "model": model_sd,
             "optim": optim_sd,
@@ -74,8 +95,13 @@ class AppState(Stateful):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
-                       optim_state_dict=state_dict["optim"])
+        optim_sd = state_dict["optim"]
+        if self.group_params is not None:
+            optim_sd = _rename_optim(optim_sd, {v: k for k, v in self.aliases.items()})
+            # Back to this rank's own parameters (torch splits a superset by name only when some state exists).
+            optim_sd["param_groups"] = [{**g, "params": list(params)}
+                                        for g, params in zip(optim_sd["param_groups"], self.local_params)]
+        set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"], optim_state_dict=optim_sd)
         self.scheduler.load_state_dict(state_dict["scheduler"])
         self.data.load_state_dict(state_dict["data"])
         rng = state_dict.get(rng_key(self.rank))
@@ -91,3 +117,10 @@ class AppState(Stateful):
             local = param.to_local() if hasattr(param, "to_local") else param
             ptrs.add(local.untyped_storage().data_ptr())
         return ptrs
+
+
+def _rename_optim(optim_sd: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """A copy of the optimizer state dict with parameter FQNs renamed (state keys and param_groups' params)."""
+    return {"state": {names.get(k, k): v for k, v in optim_sd["state"].items()},
+            "param_groups": [{**g, "params": [names.get(f, f) for f in g["params"]]}
+                             for g in optim_sd["param_groups"]]}

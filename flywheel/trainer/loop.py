@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from flywheel import exitcodes
 from flywheel.spec import SpecError, TrainingJobSpec, parse_spec
@@ -39,6 +38,7 @@ from flywheel.trainer.faults import Fault, FaultInjector, faults_from_env
 from flywheel.trainer.metrics import TrainerMetrics
 from flywheel.trainer.model import GPT, GPTConfig
 from flywheel.trainer.optim import build_optimizer, build_scheduler
+from flywheel.trainer.parallel_pp import PipelinedModel, full_model_state
 from flywheel.trainer.parallelize import (DP, ParallelismError, build_mesh, clip_grad_norm, gradient_sync, parallelize,
                                          settle_ddp_buckets)
 from flywheel.trainer.watchdog import ProgressWatchdog
@@ -137,9 +137,8 @@ def autocast_for(device: torch.device, precision: str) -> AbstractContextManager
 def params_sha256(model: nn.Module) -> str | None:
     """sha256 over the full (unsharded) state dict: keys sorted, each tensor's fp32 contiguous bytes. A collective;
     the digest is returned on rank 0 only (the others get None)."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    state = get_model_state_dict(model, options=options)
-    if dist.get_rank() != 0:
+    state = full_model_state(model)
+    if state is None:
         return None
     digest = hashlib.sha256()
     for key in sorted(state):
@@ -150,7 +149,10 @@ def params_sha256(model: nn.Module) -> str | None:
 def forward_backward(model: nn.Module, batches: list[MicroBatch], device: torch.device,
                      autocast: AbstractContextManager[object]) -> torch.Tensor:
     """Accumulates gradients over this rank's micro batches (reducing them across dp only with the last one);
-    returns this rank's mean loss, detached."""
+    returns this rank's mean loss, detached. A pipelined model runs them through its schedule instead (the loss
+    then comes from the last stage, on every pp rank)."""
+    if isinstance(model, PipelinedModel):
+        return model.train_step(batches, device, autocast)
     loss_sum = torch.zeros((), device=device)
     for i, (inputs, targets) in enumerate(batches):
         inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
@@ -174,12 +176,13 @@ def train(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics, watchdog: P
     spec = env.spec
     training, parallelism = spec.trainer.training, spec.trainer.parallelism
     device = pick_device(env.local_rank)
-    if parallelism.tp > 1 or parallelism.pp > 1:
-        # parallelize() builds these layouts (tests/parallel); the worker loop does not run them yet.
-        raise ParallelismError(f"trainer.parallelism: tp={parallelism.tp}, pp={parallelism.pp} is not supported by "
-                               "this trainer yet; use tp: 1 and pp: 1 (data parallel with fsdp: true or false)")
     mesh = build_mesh(env.world_size, parallelism, device.type)
+    # The data follows the dp coordinate: every tp and pp rank of one dp index reads the same batch.
     dp_rank, dp_size = mesh[DP].get_local_rank(), mesh[DP].size()
+    # The logged loss: tp ranks and (after the pipeline's broadcast) pp ranks of one dp index hold the same value,
+    # so one of them contributes it to the all-reduce and the sum is divided by dp.
+    coordinate = dict(zip(mesh.mesh_dim_names or (), mesh.get_coordinate() or ()))
+    loss_weight = float(all(c == 0 for name, c in coordinate.items() if name != DP))
     if training.global_batch % (training.micro_batch * dp_size):
         raise UserError(f"trainer.training.globalBatch ({training.global_batch}) is not divisible by microBatch x dp"
                         f" = {training.micro_batch} x {dp_size} at world size {env.world_size}")
@@ -190,8 +193,9 @@ def train(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics, watchdog: P
     model = GPT(cfg, seed=training.seed).to(device)
     tokens_per_step = training.global_batch * cfg.seq_len
     if env.rank == 0:
-        log.info("model: %s, %.2fM parameters, %.3g FLOPs/token; world %d, dp %d, %s", cfg,
-                 model.num_params() / 1e6, model.flops_per_token(), env.world_size, dp_size,
+        log.info("model: %s, %.2fM parameters, %.3g FLOPs/token; world %d, dp %d, tp %d, pp %d%s, %s", cfg,
+                 model.num_params() / 1e6, model.flops_per_token(), env.world_size, dp_size, parallelism.tp,
+                 parallelism.pp, f" ({parallelism.schedule})" if parallelism.pp > 1 else "",
                  "fsdp" if parallelism.fsdp else "ddp")
     model = parallelize(model, mesh, parallelism, training)
     autocast = autocast_for(device, training.precision)
@@ -219,7 +223,7 @@ def train(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics, watchdog: P
         rank_loss = forward_backward(model, batches, device, autocast)
         # One collective for the logged loss and the stop flag: every rank sees the same sum, so all stop together.
         # Started now and awaited after the optimizer step, so it overlaps clipping and the update.
-        totals = torch.stack([rank_loss, torch.tensor(float(stop.requested), device=device)])
+        totals = torch.stack([rank_loss * loss_weight, torch.tensor(float(stop.requested), device=device)])
         totals_reduced = dist.all_reduce(totals, async_op=True)
         if training.grad_clip > 0:
             clip_grad_norm(model, training.grad_clip)
@@ -231,7 +235,7 @@ def train(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics, watchdog: P
             shorten_timeouts(timeouts)
 
         totals_reduced.wait()
-        mean_loss, stop_now = totals[0].item() / env.world_size, totals[1].item() > 0
+        mean_loss, stop_now = totals[0].item() / dp_size, totals[1].item() > 0
         step_seconds = time.perf_counter() - began
         tokens_per_second = tokens_per_step / step_seconds
         metrics.record_step(loss=mean_loss, step_seconds=step_seconds, tokens_per_second=tokens_per_second,

@@ -41,16 +41,23 @@ def check_tp_sizes(dim: int, heads: int, seq_len: int, tp: int) -> None:
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Shards `model.blocks` over `tp_mesh` in place (before activation checkpointing and FSDP/DDP)."""
+    """Shards `model.blocks` over `tp_mesh` in place (before activation checkpointing and FSDP/DDP). `model` may
+    be a pipeline stage: the sequence is sliced only where the embeddings are, gathered only where `ln_f` is, and
+    the stages in between pass the sequence shard on."""
     cfg = model.cfg  # type: ignore[attr-defined]
     check_tp_sizes(cfg.dim, cfg.heads, cfg.seq_len, tp_mesh.size())
-    blocks: nn.ModuleList = model.blocks  # type: ignore[assignment]
+    named_blocks = list(model.blocks.named_children())  # type: ignore[union-attr]
     to_sequence_shard = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
                                            use_local_output=True)
     to_full_sequence = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
                                           use_local_output=True)
-    parallelize_module(model, tp_mesh, {"blocks.0": to_sequence_shard, "ln_f": to_full_sequence})
-    for block in blocks:
+    plan = {}
+    if getattr(model, "tok_emb", None) is not None:
+        plan[f"blocks.{named_blocks[0][0]}"] = to_sequence_shard
+    if getattr(model, "ln_f", None) is not None:
+        plan["ln_f"] = to_full_sequence
+    parallelize_module(model, tp_mesh, plan)
+    for _, block in named_blocks:
         parallelize_module(block, tp_mesh, {
             "ln_attn": SequenceParallel(),
             "attn": to_full_sequence,

@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -21,6 +22,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from flywheel.spec import Parallelism, Training
+from flywheel.trainer.parallel_pp import PipelineError, pipeline
 from flywheel.trainer.parallel_tp import TensorParallelError, apply_tp
 
 DP, PP, TP = "dp", "pp", "tp"
@@ -51,15 +53,32 @@ def build_mesh(world_size: int, parallelism: Parallelism, device_type: str = "cp
 
 
 def parallelize(model: nn.Module, mesh: DeviceMesh, parallelism: Parallelism, training: Training) -> nn.Module:
-    """Returns the module to train: the same object for FSDP2 (it is modified in place), a DDP wrapper otherwise.
-    The model must already be on the mesh's device. Build the optimizer after this."""
+    """Returns the module to train: the same object for FSDP2 (it is modified in place), a DDP wrapper otherwise,
+    and with pp > 1 a `PipelinedModel` (this rank's stages; train it with `forward_backward` in loop.py). The model
+    must already be on the mesh's device. Build the optimizer after this."""
     names = mesh.mesh_dim_names or ()
     if TP in names and not parallelism.fsdp:
         # DDP takes no DTensor parameters; torch's bridge (local shards between forwards) loses them from the
         # state dict, so checkpoints would be wrong. FSDP2 over dp (also at dp = 1) composes with TP.
         raise ParallelismError(f"trainer.parallelism: tp={parallelism.tp} needs fsdp: true (DDP cannot replicate "
                                "tensor-parallel parameters)")
-    if TP in names:
+    if PP not in names:
+        return _parallelize_dense(model, mesh, parallelism, training)
+    dp = mesh[DP].size()
+    if training.global_batch % (dp * training.micro_batch):
+        raise ParallelismError(f"trainer.training.globalBatch ({training.global_batch}) is not divisible by "
+                               f"microBatch x dp = {training.micro_batch} x {dp}")
+    try:
+        return pipeline(model, mesh, parallelism, micro_batch=training.micro_batch,
+                        local_microbatches=training.global_batch // (dp * training.micro_batch),
+                        wrap=lambda stage: _parallelize_dense(stage, mesh, parallelism, training))
+    except PipelineError as err:
+        raise ParallelismError(str(err)) from None
+
+
+def _parallelize_dense(model: nn.Module, mesh: DeviceMesh, parallelism: Parallelism, training: Training) -> nn.Module:
+    """TP, activation checkpointing and FSDP2/DDP on a whole model or one pipeline stage."""
+    if TP in (mesh.mesh_dim_names or ()):
         try:
             apply_tp(model, mesh[TP])
         except TensorParallelError as err:
@@ -74,15 +93,15 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, parallelism: Parallelism, tr
 def apply_activation_checkpointing(model: nn.Module) -> None:
     """Recompute each block's activations in backward. The wrapper's state-dict hooks strip its prefix, so
     checkpoints are interchangeable with and without it. Models have no dropout, so RNG state is not needed."""
-    blocks: nn.ModuleList = model.blocks  # type: ignore[assignment]
-    for i, block in enumerate(blocks):
-        blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+    blocks: nn.Module = model.blocks  # type: ignore[assignment]  # a ModuleList, or a stage's ModuleDict
+    for name, block in list(blocks.named_children()):
+        setattr(blocks, name, checkpoint_wrapper(block, preserve_rng_state=False))
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, reshard_after_forward: bool = True) -> nn.Module:
     """ZeRO-3 (reshard_after_forward: parameters all-gathered again in backward) or ZeRO-2 (kept from forward to
     backward; gradients and optimizer state stay sharded)."""
-    blocks: nn.ModuleList = model.blocks  # type: ignore[assignment]
+    blocks = list(model.blocks.children())  # type: ignore[union-attr]
     for i, block in enumerate(blocks):
         # The last block's parameters are needed again at once by backward: keep them unsharded after forward.
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
@@ -124,16 +143,25 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
-    """Clips gradients to `max_norm` (when > 0) and returns the total norm before clipping, over all ranks."""
+    """Clips gradients to `max_norm` (when > 0) and returns the total norm before clipping, over all ranks. Under
+    pipeline parallel a rank's norm covers its stages: squares are summed over the pp group, and the last stage's
+    copy of the tied embedding (`norm_excluded`) is counted once."""
     params = [p for p in model.parameters() if p.grad is not None]
+    excluded = model.norm_excluded() if hasattr(model, "norm_excluded") else set()
     grads = [p.grad for p in params]
+    counted = [p.grad for p in params if id(p) not in excluded]
     meshes = {g.device_mesh if isinstance(g, DTensor) else None for g in grads}
     if len(meshes) == 1:
-        total_norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        total_norm = torch.nn.utils.get_total_norm(counted, norm_type=2.0)
         if isinstance(total_norm, DTensor):
             total_norm = total_norm.full_tensor()  # FSDP2: a partial norm per shard; reduce it across dp
     else:  # tensor parallel: gradients on (dp, tp), on tp alone, on dp alone or plain cannot be stacked
-        total_norm = _mixed_mesh_norm(grads)
+        total_norm = _mixed_mesh_norm(counted)
+    pp_group = getattr(model, "pp_group", None)
+    if pp_group is not None:
+        squared = total_norm.double() ** 2
+        dist.all_reduce(squared, group=pp_group)
+        total_norm = squared.sqrt().to(total_norm.dtype)
     if max_norm > 0:
         if len(meshes) == 1:
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm)

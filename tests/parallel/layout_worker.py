@@ -2,7 +2,8 @@
 
 `python -m tests.parallel.layout_worker` with torchrun-style env (RANK, WORLD_SIZE, MASTER_ADDR/PORT) and
 LAYOUT_RUN = JSON {"parallelism": {...}, "steps", "lr", "globalBatch", "microBatch", "gradClip", "out",
-"checkpointDir", "saveAt", "restore"}. SGD (no momentum): float noise is not amplified. Rank 0 writes `out`
+"checkpointDir", "saveAt", "restore", "optimizer"}. SGD (no momentum) by default: float noise is not amplified;
+"optimizer": "adamw" uses the trainer's AdamW (to check that optimizer state moves between layouts). Rank 0 writes `out`
 (JSON: per-step loss averaged over the global batch, the restored step) and `out`.pt (the full parameters).
 """
 
@@ -14,14 +15,14 @@ from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from flywheel.spec import CheckpointSpec, ModelSpec, Parallelism, Training
 from flywheel.trainer.checkpoint import AppState, Checkpointer
 from flywheel.trainer.data import SampleLoader, build_source
 from flywheel.trainer.loop import forward_backward
 from flywheel.trainer.model import GPT, GPTConfig
-from flywheel.trainer.optim import build_scheduler
+from flywheel.trainer.parallel_pp import full_model_state
+from flywheel.trainer.optim import build_optimizer, build_scheduler
 from flywheel.trainer.parallelize import DP, build_mesh, clip_grad_norm, parallelize
 
 
@@ -38,7 +39,10 @@ def main() -> None:
     dp_mesh = mesh[DP]
     cfg = GPTConfig.from_spec(ModelSpec.model_validate(run.get("model", {"preset": "gpt-tiny"})))
     model = parallelize(GPT(cfg, seed=0), mesh, parallelism, training)
-    optimizer = torch.optim.SGD(model.parameters(), lr=training.lr, foreach=False)
+    if run.get("optimizer") == "adamw":  # the trainer's own (optimizer state must move between layouts too)
+        optimizer = build_optimizer(model, training)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=training.lr, foreach=False)
     scheduler = build_scheduler(optimizer, training)
     loader = SampleLoader(build_source("synthetic", cfg.vocab, cfg.seq_len, 0))
     app = AppState(model, optimizer, scheduler, loader, rank=rank, world_size=world)
@@ -56,12 +60,12 @@ def main() -> None:
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        dist.all_reduce(loss, group=dp_mesh.get_group())  # every tp rank holds the same loss
+        dist.all_reduce(loss, group=dp_mesh.get_group())  # every tp and pp rank holds the same loss
         losses[step] = loss.item() / dp_mesh.size()
         if step == run.get("saveAt"):
             ckpt.save(step, app, blocking=True)
     ckpt.close()
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = full_model_state(model)  # all stages, on rank 0
     if rank == 0:
         torch.save({k: v.detach().clone() for k, v in state.items()}, run["out"] + ".pt")
         with open(run["out"], "w") as f:

@@ -46,10 +46,31 @@ def test_bf16_with_activation_checkpointing_trains(tmp_path):
 
 
 def test_unsupported_layout_is_a_user_error(tmp_path):
-    spec = workers.job_spec(2, steps=2)
+    spec = workers.job_spec(2, steps=2)  # DDP
     spec["trainer"]["parallelism"]["tp"] = 2
     assert workers.run(2, spec, tmp_path) == [exitcodes.USER_ERROR] * 2
-    assert "tp=2, pp=1 is not supported" in workers.logs(tmp_path)
+    assert "tp=2 needs fsdp: true" in workers.logs(tmp_path)
+
+
+@pytest.mark.slow
+def test_pipeline_run_resumes_under_data_parallel(tmp_path):
+    # pp=2 (AdamW, the loop's loss logging and final digest) for 4 steps, then the same job continues at dp=2 from
+    # its checkpoint: the losses follow an uninterrupted dp=2 run. A constant lr after warmup, so the shorter first
+    # run has the same schedule.
+    def spec(steps: int, parallelism: dict) -> dict:
+        job = workers.job_spec(2, steps=steps, lr=1e-2, minLrRatio=1.0)
+        job["trainer"]["parallelism"] = parallelism
+        return job
+
+    assert workers.run(2, spec(8, {"fsdp": True}), tmp_path / "ref") == [0, 0], workers.logs(tmp_path / "ref")
+    run = tmp_path / "run"
+    assert workers.run(2, spec(4, {"pp": 2, "schedule": "gpipe"}), run) == [0, 0], workers.logs(run)
+    assert len(finished(run)[1]) == 64  # the digest covers both stages
+    assert workers.run(2, spec(8, {"fsdp": True}), run) == [0, 0], workers.logs(run)
+    reference, resumed = workers.losses(tmp_path / "ref"), workers.losses(run)
+    assert sorted(resumed) == list(range(1, 9))
+    assert max(abs(resumed[s] - reference[s]) / reference[s] for s in reference) < 1e-5, (resumed, reference)
+    assert [e["step"] for e in workers.events(run) if e["event"] == "restore"] == [4]
 
 
 def test_text_data_with_a_small_vocabulary_is_a_user_error(tmp_path):

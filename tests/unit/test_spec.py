@@ -79,6 +79,13 @@ INVALID = [
     ("spec.trainer.parallelism", {"tp": 3}, "spec.trainer.parallelism.tp: tp*pp = 3 does not divide the world size 4"),
     ("spec.trainer.parallelism", {"tp": 2, "pp": 4}, "tp*pp = 8 does not divide"),
     ("spec.trainer.parallelism.microbatches", 0, "spec.trainer.parallelism.microbatches"),
+    ("spec.trainer.parallelism", {"pp": 4}, "spec.trainer.parallelism.pp: 2 layers do not split evenly into pp x "
+                                            "stagesPerRank = 4 stages"),
+    ("spec.trainer.parallelism", {"pp": 2, "stagesPerRank": 2}, "stagesPerRank: 2 stages per rank need schedule: "
+                                                                "interleaved-1f1b"),
+    ("spec.trainer.parallelism", {"pp": 2, "microbatches": 3}, "spec.trainer.parallelism.microbatches: 3 does not "
+                                                               "divide"),
+    ("spec.trainer.parallelism.schedule", "zero-bubble", "spec.trainer.parallelism.schedule"),
     ("spec.trainer.training", {"globalBatch": 10, "microBatch": 4}, "spec.trainer.training.globalBatch: 10 is not divisible by microBatch (4)"),
     ("spec.trainer.training", {"globalBatch": 12, "microBatch": 2}, "spec.trainer.training.globalBatch: 12 is not divisible by microBatch x dp"),
     ("spec.trainer.training.steps", 0, "spec.trainer.training.steps"),
