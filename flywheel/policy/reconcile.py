@@ -299,8 +299,10 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
         out.events.append(Event("Warning", R.RESTARTING, f"{detail}; {note} ({action.value})"))
         out.actions = [a for a in out.actions if not isinstance(a, DeletePod) or a.force]
         # A hung job cannot take its emergency checkpoint (it is a collective), and a stopped rank would hold
-        # the full termination grace: hung pods get a short one.
-        grace = HUNG_POD_GRACE_SECONDS if hang is not None and not failed else None
+        # the full termination grace: hung pods get a short one. So do the survivors of a lost worker: their
+        # collectives wait on a peer that is gone, so their checkpoint cannot complete either.
+        peer_lost = any(p.node_lost or p.liveness_lost for p in failed)
+        grace = HUNG_POD_GRACE_SECONDS if (hang is not None and not failed) or peer_lost else None
         for p in pods:
             if p.deleting_since is None and (whole or _failure_of(p) is not None):
                 out.actions.append(DeletePod(p.name, p.uid, grace_seconds=grace))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from flywheel.local import procs
 from tests.cluster import podenv
 from tests.cluster.httpclient import ApiStatusError, KubeHttpClient, resource_path
 
@@ -47,9 +48,18 @@ class PodProcess:
     gone: asyncio.Event = field(default_factory=asyncio.Event)
 
     def signal(self, sig: int) -> None:
-        if self.process is not None and self.process.returncode is None:
+        """SIGTERM goes to the container's process group, as the runtime sends it to PID 1 (torch's agent passes
+        it on to the ranks). SIGKILL and the freeze of a lost node (SIGSTOP/SIGCONT) reach every process below it,
+        as a cgroup kill or a dead machine does: torch's agent starts each rank in a session of its own, which
+        the process group alone would miss."""
+        if self.process is None or self.process.returncode is not None:
+            return
+        below = procs.descendants(self.process.pid) if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT) else []
+        for pid in below:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, sig)
+                os.kill(pid, sig)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
 
 
 class ProcessKubelet:

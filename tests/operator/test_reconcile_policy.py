@@ -106,6 +106,9 @@ def test_budget_resets_after_committed_steps_and_external_failures_are_free() ->
 def test_liveness_loss_then_force_delete_after_the_grace() -> None:
     decided = reconcile(spec(), None, {}, [pod(0), pod(1, liveness_lost=True)], Progress(), NOW)
     assert decided.status["lastRestartReason"] == "NodeLost" and "j-worker-1" in deletes(decided)
+    # The survivor's emergency checkpoint would wait on the lost peer: a short grace, not the pod's 30 s.
+    assert {a.grace_seconds for a in decided.actions if isinstance(a, DeletePod) and not a.force} == {
+        HUNG_POD_GRACE_SECONDS}
     stuck = [pod(0, deleting_since=NOW), pod(1, deleting_since=NOW, node_lost=True)]
     early = reconcile(spec(), None, decided.status, stuck, Progress(), NOW + 4)
     assert deletes(early, force=True) == [] and creates(early) == []
