@@ -23,90 +23,26 @@ the pod-status path 40.8 / 46.4 / 51.4 s.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
+from bench.cluster_bed import KUBECTL, Bed, wait
 from bench.common import RESULTS, median, write_result
 
-REPO = Path(__file__).resolve().parents[1]
-KUBECTL = REPO / ".tools" / "bin" / "kubectl"
-CRD = REPO / "crds" / "trainingjobs.flywheel.dev.yaml"
-EXAMPLE = REPO / "examples" / "operator-tiny.yaml"
 NODE_MONITOR_GRACE_S, K8S_EVICTION_S, FORCE_DELETE_GRACE_S = 40.0, 300.0, 5
 GOAL_RATIO = 0.5
 
 
-class Bed:
-    """The test cluster, the operator and kubectl."""
-
-    def __init__(self, workdir: Path, node_grace: float) -> None:
-        from tests.cluster.fixtures import start_cluster
-        from tests.operator.conftest import OperatorProcess
-
-        self.workdir = workdir
-        self.cluster = start_cluster(workdir / "cluster", nodes=2, etcd=True,
-                                     node_monitor_grace_seconds=node_grace)
-        self.events = workdir / "events"
-        self.events.mkdir()
-        self.kubectl("apply", "-f", str(CRD))
-        self.operator = OperatorProcess(self.cluster, self.events, workdir / "operator.log")
-        self.operator.start()
-
-    def kubectl(self, *args: str) -> str:
-        return subprocess.run([str(KUBECTL), "--kubeconfig", str(self.cluster.kubeconfig), *args], check=True,
-                              capture_output=True, text=True, timeout=60).stdout
-
-    def get(self, *args: str) -> dict[str, Any]:
-        return json.loads(self.kubectl("get", *args, "-o", "json"))
-
-    def apply_job(self, name: str) -> None:
-        doc = yaml.safe_load(EXAMPLE.read_text())
-        doc["metadata"]["name"] = name
-        doc["spec"]["checkpoint"].update(dir=str(self.workdir / "ckpt" / name), everySteps=20)
-        doc["spec"]["trainer"]["training"]["steps"] = 100_000  # stopped by the bench
-        doc["spec"]["faultTolerance"].update(nodeFailureGraceSeconds=FORCE_DELETE_GRACE_S, maxRestarts=10)
-        path = self.workdir / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(doc))
-        self.kubectl("apply", "-f", str(path))
-
-    def steps(self, name: str) -> list[tuple[float, int]]:
-        """(wall time, step) of every step event of the job so far."""
-        out = []
-        for path in self.events.glob(f"default_{name}_*.jsonl"):
-            for line in path.read_text().splitlines():
-                if '"event":"step"' in line.replace(" ", ""):
-                    record = json.loads(line)
-                    out.append((record["time"], record["step"]))
-        return out
-
-    def close(self) -> None:
-        self.operator.stop()
-        self.cluster.stop()
-
-
-def wait(what: str, probe: Any, timeout: float, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def trial(bed: Bed, name: str, timeout: float) -> dict[str, Any]:
-    bed.apply_job(name)
+    bed.apply_job(name, steps=100_000, checkpoint_every=20, node_failure_grace_s=FORCE_DELETE_GRACE_S)  # stopped here
     wait(f"{name} to train 30 steps", lambda: max((s for _, s in bed.steps(name)), default=0) >= 30, 180)
-    pods = bed.get("pods", "-l", f"flywheel.dev/job={name}")["items"]
+    pods = bed.pods(name)
     victim = next(p for p in pods if p["metadata"]["name"] == f"{name}-worker-1")
     node, old_uid = victim["spec"]["nodeName"], victim["metadata"]["uid"]
     restarts_before = int(bed.get("tj", name).get("status", {}).get("restarts", 0))
@@ -125,7 +61,7 @@ def trial(bed: Bed, name: str, timeout: float) -> dict[str, Any]:
         row["detect_s"] = time.time() - lost_at
 
         def replacement_running() -> bool:
-            for pod in bed.get("pods", "-l", f"flywheel.dev/job={name}")["items"]:
+            for pod in bed.pods(name):
                 if (pod["metadata"]["name"] == f"{name}-worker-1" and pod["metadata"]["uid"] != old_uid
                         and (pod.get("status") or {}).get("phase") == "Running"):
                     return True
@@ -141,7 +77,7 @@ def trial(bed: Bed, name: str, timeout: float) -> dict[str, Any]:
     finally:
         bed.cluster.kubelet.restore_node(node)
         bed.kubectl("delete", "tj", name, "--wait=false")
-        wait(f"{name}'s pods to go", lambda: not bed.get("pods", "-l", f"flywheel.dev/job={name}")["items"], 120,
+        wait(f"{name}'s pods to go", lambda: not bed.pods(name), 120,
              interval=0.5)
     return row
 
