@@ -74,7 +74,7 @@ def _structural(node: dict[str, Any], path: str) -> dict[str, Any]:
         variants = [v for v in node.pop("anyOf") if v.get("type") != "null"]
         if len(variants) != 1:
             raise ValueError(f"{path}: unions other than X|None have no structural form")
-        node = {**variants[0], **node, "nullable": True}
+        node = {**{k: v for k, v in variants[0].items() if k not in _DROP}, **node, "nullable": True}
         node.pop("default", None) if node.get("default") is None else None
     if "const" in node:
         node["enum"] = [node.pop("const")]
@@ -87,7 +87,9 @@ def _structural(node: dict[str, Any], path: str) -> dict[str, Any]:
         if props is not None:
             node["properties"] = {k: _structural(v, f"{path}.{k}") for k, v in props.items()}
             for key, sub in node["properties"].items():
-                if sub.get("type") == "object" and "properties" in sub and "default" not in sub:
+                # A nullable object (an optional section such as model.moe) stays absent unless given.
+                if sub.get("type") == "object" and "properties" in sub and "default" not in sub \
+                        and not sub.get("nullable"):
                     sub["default"] = {}
             node.pop("additionalProperties", None)
         else:

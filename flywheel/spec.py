@@ -65,6 +65,31 @@ class Replicas(_Model):
         return self.max if self.target is None else self.target
 
 
+class MoESpec(_Model):
+    """A mixture-of-experts feed-forward (top-k routed expert MLPs with a load-balancing loss) in place of the
+    dense MLP of every `every`-th block."""
+
+    experts: int = Field(8, ge=2, description="Expert MLPs per MoE layer (each as wide as the dense MLP).")
+    top_k: int = Field(2, ge=1, description="Experts each token is routed to (top-k of the router's softmax; the "
+                                            "k gates are renormalised to sum to 1 when topK > 1).")
+    every: int = Field(1, ge=1, description="MoE in every N-th block (0-based blocks N-1, 2N-1, ...): 1 all blocks, "
+                                            "2 every other block as in Switch/GShard; the others keep the dense MLP.")
+    aux_loss_weight: float = Field(0.01, ge=0, description="Weight of the load-balancing loss (Switch Transformer: "
+                                                           "experts x sum_i f_i P_i, summed over MoE layers) added "
+                                                           "to the training loss; 0 disables it.")
+    capacity_factor: float | None = Field(None, gt=0, description="Caps each expert at ceil(capacityFactor x tokens "
+                                          "x topK / experts) routed tokens per micro batch; later tokens (second "
+                                          "choices after all first choices) skip the layer. null: no cap, no token "
+                                          "is dropped.")
+
+    @model_validator(mode="after")
+    def _k_fits(self) -> MoESpec:
+        if self.top_k > self.experts:
+            raise ValueError(f"topK ({self.top_k}) is more than experts ({self.experts}); route to at most every "
+                             "expert")
+        return self
+
+
 class ModelSpec(_Model):
     """A GPT-style decoder: a preset, optionally with explicit sizes that override it."""
 
@@ -74,6 +99,7 @@ class ModelSpec(_Model):
     heads: int | None = Field(None, ge=1, description="Attention heads; must divide dim.")
     vocab: int | None = Field(None, ge=2, description="Vocabulary size (>= 256 for byte-level text).")
     seq_len: int | None = Field(None, ge=2, description="Tokens per sample.")
+    moe: MoESpec | None = Field(None, description="Mixture of experts (e.g. {experts: 8, topK: 2}); null: dense.")
 
     @field_validator("preset")
     @classmethod
@@ -92,6 +118,9 @@ class ModelSpec(_Model):
         if dims["dim"] % dims["heads"]:
             raise ValueError(f"dim ({dims['dim']}) is not divisible by heads ({dims['heads']}); "
                              "pick heads that divide dim")
+        if self.moe is not None and self.moe.every > dims["layers"]:
+            raise ValueError(f"moe.every: {self.moe.every} is more than layers ({dims['layers']}), so no block "
+                             "would get experts; lower every")
         return self
 
     def resolved(self) -> dict[str, Any]:
@@ -119,6 +148,9 @@ class Parallelism(_Model):
         "1f1b", description="Pipeline schedule with pp > 1. interleaved-1f1b needs stagesPerRank >= 2.")
     stages_per_rank: int = Field(1, ge=1, description="Pipeline stages (virtual stages) per pp rank, looped: stage s "
                                                       "runs on pp rank s mod pp. Above 1 only with interleaved-1f1b.")
+    ep: int = Field(1, ge=1, description="Expert-parallel degree (MoE models): each MoE layer's experts are split "
+                                         "over ep ranks taken from the data-parallel ranks (ep divides dp = world / "
+                                         "(tp x pp)); tokens reach their experts by all-to-all. Needs fsdp.")
     auto: bool = Field(False, description="Let the planner choose the layout.")
 
     @model_validator(mode="after")
@@ -191,6 +223,25 @@ class TrainerSpec(_Model):
     training: Training = Field(default_factory=Training)
     data: Data = Field(default_factory=Data)
 
+    @model_validator(mode="after")
+    def _experts_fit(self) -> TrainerSpec:
+        moe, par = self.model.moe, self.parallelism
+        if moe is None:
+            if par.ep > 1:
+                raise ValueError(f"parallelism.ep: ep = {par.ep} splits experts, but the model has none; set "
+                                 "model.moe (e.g. {experts: 8, topK: 2}) or ep: 1")
+            return self
+        if moe.experts % par.ep:
+            raise ValueError(f"parallelism.ep: ep = {par.ep} does not divide model.moe.experts ({moe.experts}); pick "
+                             "an ep that divides the number of experts")
+        if par.ep > 1 and not par.fsdp:
+            raise ValueError(f"parallelism.fsdp: ep = {par.ep} needs fsdp: true (DDP cannot replicate the "
+                             "expert-parallel DTensor parameters); set fsdp: true or ep: 1")
+        if par.pp > 1:
+            raise ValueError(f"parallelism.pp: an MoE model runs with pp: 1 (got {par.pp}); its load-balancing loss "
+                             "is not carried between pipeline stages. Use dp, tp and ep, or a dense model")
+        return self
+
 
 class CheckpointSpec(_Model):
     dir: str = Field("/ckpt", min_length=1, description="Shared by all workers; one subfolder per checkpoint.")
@@ -257,6 +308,10 @@ class TrainingJobSpec(_Model):
                                  f"{world} ({n} replicas x {self.procs_per_replica} procsPerReplica); choose tp and "
                                  "pp whose product divides every world size in replicas [min, max]")
             dp = world // model_parallel
+            if dp % par.ep:
+                raise ValueError(f"trainer.parallelism.ep: ep = {par.ep} does not divide dp = {dp} (world {world} / "
+                                 f"tp x pp = {model_parallel}) at {n} replicas; expert parallelism borrows from the "
+                                 "data-parallel ranks, so choose an ep that divides dp at every world size")
             if tr.global_batch % (tr.micro_batch * dp):
                 raise ValueError(f"trainer.training.globalBatch: {tr.global_batch} is not divisible by microBatch "
                                  f"x dp = {tr.micro_batch} x {dp} at {n} replicas; make globalBatch a multiple of "
