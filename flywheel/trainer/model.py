@@ -2,7 +2,8 @@
 
 Token + learned position embeddings, pre-LN blocks with causal self-attention (`scaled_dot_product_attention`)
 and a GELU MLP, a final LayerNorm and an LM head tied to the token embedding. `model.blocks` is the unit that
-FSDP and activation checkpointing wrap.
+FSDP and activation checkpointing wrap. With `cfg.moe` the MLP of every `moe.every`-th block is a mixture of
+experts (`moe.py`, still under the name `mlp`); a dense model is unchanged, parameter for parameter.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flywheel.spec import ModelSpec
+from flywheel.trainer.moe import Experts, MoE, MoEConfig
 
 INIT_STD = 0.02
 
@@ -26,12 +28,13 @@ class GPTConfig:
     heads: int
     vocab: int
     seq_len: int
+    moe: MoEConfig | None = None
 
     @classmethod
     def from_spec(cls, spec: ModelSpec) -> GPTConfig:
         sizes = spec.resolved()
         return cls(layers=sizes["layers"], dim=sizes["dim"], heads=sizes["heads"], vocab=sizes["vocab"],
-                   seq_len=sizes["seqLen"])
+                   seq_len=sizes["seqLen"], moe=MoEConfig.from_spec(spec.moe) if spec.moe else None)
 
     @property
     def head_dim(self) -> int:
@@ -67,12 +70,12 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, moe: bool = False):
         super().__init__()
         self.ln_attn = nn.LayerNorm(cfg.dim)
         self.attn = CausalSelfAttention(cfg)
         self.ln_mlp = nn.LayerNorm(cfg.dim)
-        self.mlp = MLP(cfg)
+        self.mlp: nn.Module = MoE(cfg.dim, cfg.moe) if moe and cfg.moe else MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_attn(x))
@@ -87,7 +90,8 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab, cfg.dim)
         self.pos_emb = nn.Embedding(cfg.seq_len, cfg.dim)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(Block(cfg, moe=cfg.moe is not None and cfg.moe.is_moe_block(i))
+                                    for i in range(cfg.layers))
         self.ln_f = nn.LayerNorm(cfg.dim)
         self.head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
         self.head.weight = self.tok_emb.weight  # tied: one parameter, seen once by parameters()
@@ -111,6 +115,9 @@ class GPT(nn.Module):
             elif isinstance(module, nn.LayerNorm):
                 module.weight.fill_(1.0)
                 module.bias.zero_()
+            elif isinstance(module, Experts):  # like the dense MLP: the output projection is a residual branch
+                _normal_(module.w1, INIT_STD, gen)
+                _normal_(module.w2, residual_std, gen)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
@@ -125,9 +132,12 @@ class GPT(nn.Module):
         return total if include_embeddings else total - self.pos_emb.weight.numel()
 
     def flops_per_token(self) -> int:
-        """Training FLOPs per token: 6N for the matmuls (forward + backward) plus attention's 12 * L * dim * seq."""
+        """Training FLOPs per token: 6N for the matmuls (forward + backward) plus attention's 12 * L * dim * seq. For
+        an MoE model N counts the parameters one token passes through: the router and k of the E experts."""
         cfg = self.cfg
-        return 6 * self.num_params(include_embeddings=False) + 12 * cfg.layers * cfg.dim * cfg.seq_len
+        active = self.num_params(include_embeddings=False) - sum(m.idle_params() for m in self.modules()
+                                                                   if isinstance(m, MoE))
+        return 6 * active + 12 * cfg.layers * cfg.dim * cfg.seq_len
 
 
 def _normal_(tensor: torch.Tensor, std: float, gen: torch.Generator) -> None:
