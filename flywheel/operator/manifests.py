@@ -182,6 +182,7 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
     except (KeyError, ValueError):
         return None
     reason, code, finished = status.get("reason"), None, None
+    message, waiting_since = None, None
     for cs in status.get("containerStatuses") or []:
         state = cs.get("state") or {}
         if "terminated" in state:
@@ -189,10 +190,16 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
             finished = timestamp(state["terminated"].get("finishedAt"))
         elif "waiting" in state:
             reason = state["waiting"].get("reason") or reason
+            message = state["waiting"].get("message") or None
+            # Never started (restartPolicy Never): waiting since the kubelet took the pod (its startTime).
+            if "lastState" not in cs or not (cs.get("lastState") or {}).get("terminated"):
+                waiting_since = timestamp(status.get("startTime")) or timestamp(meta.get("creationTimestamp"))
     conds = {c.get("type"): c for c in status.get("conditions") or []}
     ready = conds.get("Ready", {}).get("status") == "True"
     sched = conds.get("PodScheduled", {})
     unsched = timestamp(sched.get("lastTransitionTime")) if sched.get("reason") == "Unschedulable" else None
+    target = conds.get("DisruptionTarget", {})  # preempted or evicted (Kubernetes 1.26+)
+    disruption = str(target.get("reason") or "DisruptionTarget") if target.get("status") == "True" else None
     node = (obj.get("spec") or {}).get("nodeName")
     deleting = timestamp(meta.get("deletionTimestamp"))  # graceful deletes stamp the end of the grace period
     if deleting is not None:
@@ -200,7 +207,8 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
     return PodView(name=meta["name"], uid=meta["uid"], index=index, generation=generation,
                    phase=status.get("phase", "Pending"), ready=ready, deleting_since=deleting,
                    node_lost=bool(node) and node in lost_nodes, reason=reason, exit_code=code,
-                   unschedulable_since=unsched, liveness_lost=liveness_lost, finished_at=finished)
+                   unschedulable_since=unsched, liveness_lost=liveness_lost, finished_at=finished,
+                   message=message, waiting_since=waiting_since, disruption=disruption)
 
 
 def lost_nodes(nodes: list[dict[str, Any]]) -> set[str]:

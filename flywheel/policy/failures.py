@@ -19,11 +19,12 @@ class FailureKind(str, Enum):
     EVICTED = "Evicted"
     NODE_LOST = "NodeLost"
     IMAGE_PULL = "ImagePullError"
+    CONFIG_ERROR = "ContainerConfigError"  # a Secret or ConfigMap the container needs is missing
     UNSCHEDULABLE = "Unschedulable"
 
 
 # Failures that are the job's own fault and would only fail again.
-PERMANENT = frozenset({FailureKind.USER_ERROR, FailureKind.IMAGE_PULL})
+PERMANENT = frozenset({FailureKind.USER_ERROR, FailureKind.IMAGE_PULL, FailureKind.CONFIG_ERROR})
 # Failures caused from outside the job: they do not spend the restart budget.
 EXTERNAL = frozenset({FailureKind.STOPPED, FailureKind.EVICTED, FailureKind.NODE_LOST})
 
@@ -50,14 +51,38 @@ def classify_exit(exit_code: int) -> FailureKind | None:
 
 _IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
 
+# A container that cannot start leaves its pod Pending for ever (restartPolicy Never), so these container waiting
+# reasons are failures of their own. An image name that does not parse, or an image that may never be pulled, fails
+# on every retry: at once. A pull error may be a registry or network blip (the kubelet retries with a back-off of
+# 10 s, 20 s, 40 s, ...), and a missing Secret or ConfigMap may be created yet: they fail once the container has
+# waited START_FAILURE_GRACE_SECONDS (three pull attempts).
+START_FAILURE_GRACE_SECONDS = 60.0
+START_FAILURES_AT_ONCE = {"InvalidImageName": FailureKind.IMAGE_PULL, "ErrImageNeverPull": FailureKind.IMAGE_PULL}
+START_FAILURES_AFTER_GRACE = {"ErrImagePull": FailureKind.IMAGE_PULL, "ImagePullBackOff": FailureKind.IMAGE_PULL,
+                              "CreateContainerConfigError": FailureKind.CONFIG_ERROR}
+
+
+def classify_waiting(reason: str | None, waiting_seconds: float) -> FailureKind | None:
+    """A container that has been waiting `waiting_seconds` with this waiting reason: a failure, or None while it
+    may still start (any other reason, e.g. ContainerCreating, or a retryable one within the grace)."""
+    if reason in START_FAILURES_AT_ONCE:
+        return START_FAILURES_AT_ONCE[reason]
+    if reason in START_FAILURES_AFTER_GRACE and waiting_seconds >= START_FAILURE_GRACE_SECONDS:
+        return START_FAILURES_AFTER_GRACE[reason]
+    return None
+
 
 def classify_pod(phase: str, reason: str | None, exit_code: int | None, *, node_lost: bool = False,
                  disruption: bool = False) -> FailureKind | None:
-    """Classify a pod from its status fields (phase, container waiting/terminated reason, exit code)."""
+    """Classify a pod from its status fields (phase, container waiting/terminated reason, exit code). `disruption`:
+    the pod has a True `DisruptionTarget` condition (preempted, evicted through the API or by the kubelet, deleted
+    by the taint manager or the pod GC): an external failure, whatever the exit code its SIGTERM or SIGKILL left."""
     if node_lost:
         return FailureKind.NODE_LOST
     if reason in _IMAGE_PULL_REASONS:
         return FailureKind.IMAGE_PULL
+    if reason == "CreateContainerConfigError":
+        return FailureKind.CONFIG_ERROR
     if reason == "OOMKilled":
         return FailureKind.OOM
     if reason == "Evicted" or disruption:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from flywheel.policy import reasons as R
-from flywheel.policy.reconcile import condition, set_condition
+from flywheel.policy.conditions import condition, set_condition
 
 Conditions = list[dict[str, Any]]
 

@@ -17,6 +17,21 @@ MSG_DEGRADED = "running with {ready} of {desired} workers (elastic)"
 
 RESTARTING = "Restarting"
 MSG_WORKER_FAILED = "worker {pod} failed: {kind} (exit code {code}, reason {reason})"
+# Pending with a container that cannot start (policy.failures.classify_waiting).
+MSG_WORKER_NOT_STARTING = "worker {pod} failed: {kind} (container waiting {seconds:.0f}s: {reason}{detail})"
+# A True DisruptionTarget pod condition: preempted or evicted, from outside the job.
+MSG_WORKER_DISRUPTED = "worker {pod} failed: {kind} (DisruptionTarget: {reason}{detail})"
+# Decisions to fail at once (policy.restart), by FailureKind value.
+MSG_PERMANENT_DEFAULT = "{reason}: a restart cannot fix this; see the worker log"
+MSG_PERMANENT = {
+    "ImagePullError": "{reason}: the worker image cannot be pulled; fix spec.image (or the registry, or the "
+                      "pull secret) and apply the job again; kubectl describe pod shows the kubelet's attempts",
+    "ContainerConfigError": "{reason}: a Secret or ConfigMap the worker needs is missing; create it and apply the "
+                            "job again; kubectl describe pod names it",
+}
+
+WAITING = "WaitingForWorkers"
+MSG_WAITING = "{ready} of {desired} workers ready; at least {min} needed to train"
 
 FORCE_DELETED = "ForceDeleted"
 MSG_FORCE_DELETED = "pod {pod} was stuck terminating on a lost node; force-deleted"

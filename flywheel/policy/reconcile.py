@@ -19,12 +19,12 @@ must remember across its own restarts is in the status it writes, so a killed op
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
 from flywheel.policy import reasons as R
-from flywheel.policy.failures import FailureKind, classify_pod
+from flywheel.policy.conditions import condition, iso, parse_iso, set_condition, set_phase
+from flywheel.policy.failures import FailureKind, classify_pod, classify_waiting
 from flywheel.policy.restart import Action, RestartBudget, decide_restart
 from flywheel.spec import TrainingJobSpec
 
@@ -50,6 +50,9 @@ class PodView:
     unschedulable_since: float | None = None
     liveness_lost: bool = False  # its etcd liveness key vanished while the pod still ran
     finished_at: float | None = None  # when its container terminated (the failure's time, for metrics)
+    message: str | None = None  # the container's waiting message (why it cannot start)
+    waiting_since: float | None = None  # its container is waiting (not started yet) since then
+    disruption: str | None = None  # reason of a True DisruptionTarget condition (preempted, evicted)
 
     @property
     def active(self) -> bool:
@@ -117,34 +120,8 @@ class Pass:
     events: list[Event] = field(default_factory=list)
 
 
-def iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_iso(text: str | None) -> float | None:
-    if not text:
-        return None
-    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
-
-
-def condition(status: dict[str, Any], ctype: str) -> dict[str, Any] | None:
-    return next((c for c in status.get("conditions", []) if c.get("type") == ctype), None)
-
-
-def set_condition(status: dict[str, Any], ctype: str, truth: bool, reason: str, message: str, now: float) -> None:
-    """Set a condition; lastTransitionTime changes only when its status flips."""
-    value = "True" if truth else "False"
-    conds = status.setdefault("conditions", [])
-    old = condition(status, ctype)
-    if old is None:
-        if not truth:
-            return  # a condition that never held is simply absent
-        conds.append({"type": ctype, "status": value, "reason": reason, "message": message,
-                      "lastTransitionTime": iso(now)})
-        return
-    if old["status"] != value:
-        old["lastTransitionTime"] = iso(now)
-    old.update(status=value, reason=reason, message=message)
+__all__ = ["CreatePod", "DeleteJob", "DeletePod", "Event", "Pass", "PodView", "Progress", "Relabel",
+           "ResetRendezvous", "condition", "iso", "parse_iso", "reconcile", "set_condition"]
 
 
 def _budget(status: dict[str, Any]) -> RestartBudget:
@@ -155,12 +132,28 @@ def _budget(status: dict[str, Any]) -> RestartBudget:
     return RestartBudget(int(status.get("restarts", 0)), int(status.get("lastCheckpoint", {}).get("step", 0)))
 
 
-def _failure_of(pod: PodView) -> FailureKind | None:
-    if pod.liveness_lost or (pod.node_lost and pod.phase != "Succeeded"):
+def _failure_of(pod: PodView, now: float) -> FailureKind | None:
+    if pod.phase == "Succeeded":
+        return None
+    if pod.liveness_lost or pod.node_lost:
         return FailureKind.NODE_LOST
+    if pod.disruption is not None:
+        return classify_pod(pod.phase, pod.reason, pod.exit_code, disruption=True)
+    if pod.phase == "Pending" and pod.waiting_since is not None:
+        return classify_waiting(pod.reason, now - pod.waiting_since)
     if pod.phase != "Failed":
         return None
     return classify_pod(pod.phase, pod.reason, pod.exit_code) or FailureKind.CRASH
+
+
+def _failure_detail(pod: PodView, kind: FailureKind, now: float) -> str:
+    detail = f": {pod.message}" if pod.message else ""
+    if pod.disruption is not None and kind is FailureKind.EVICTED:
+        return R.MSG_WORKER_DISRUPTED.format(pod=pod.name, kind=kind.value, reason=pod.disruption, detail=detail)
+    if pod.phase == "Pending" and pod.waiting_since is not None:
+        return R.MSG_WORKER_NOT_STARTING.format(pod=pod.name, kind=kind.value, seconds=now - pod.waiting_since,
+                                                reason=pod.reason, detail=detail)
+    return R.MSG_WORKER_FAILED.format(pod=pod.name, kind=kind.value, code=pod.exit_code, reason=pod.reason)
 
 
 def _progress_status(status: dict[str, Any], progress: Progress) -> None:
@@ -176,11 +169,7 @@ def _progress_status(status: dict[str, Any], progress: Progress) -> None:
 
 
 def _finish(out: Pass, pods: list[PodView], phase: str, reason: str, message: str, now: float) -> Pass:
-    status = out.status
-    status["phase"] = phase
-    set_condition(status, phase, True, reason, message, now)
-    for other in ("Running", "Restarting", "Degraded", "Hung"):
-        set_condition(status, other, False, reason, message, now)
+    set_phase(out.status, phase, reason, message, now)
     out.actions += [DeletePod(p.name, p.uid) for p in pods if p.active]
     out.events.append(Event("Normal" if phase == "Succeeded" else "Warning", reason, message))
     return out
@@ -228,7 +217,7 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
             if (p.node_lost or p.liveness_lost) and now - p.deleting_since >= grace:
                 out.actions.append(DeletePod(p.name, p.uid, force=True))
                 out.events.append(Event("Warning", R.FORCE_DELETED, R.MSG_FORCE_DELETED.format(pod=p.name)))
-        elif p.index >= desired or (p.generation < current_gen and (scope_job or _failure_of(p) is not None
+        elif p.index >= desired or (p.generation < current_gen and (scope_job or _failure_of(p, now) is not None
                                                                       or hang_restart)):
             out.actions.append(DeletePod(p.name, p.uid))
 
@@ -237,10 +226,7 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
         out.actions += [DeletePod(p.name, p.uid) for p in pods if p.deleting_since is None and p.phase != "Succeeded"]
         if phase != "Suspended":
             out.events.append(Event("Normal", R.SUSPENDED, R.MSG_SUSPENDED))
-        status["phase"] = "Suspended"
-        set_condition(status, "Suspended", True, R.SUSPENDED, R.MSG_SUSPENDED, now)
-        set_condition(status, "Running", False, R.SUSPENDED, R.MSG_SUSPENDED, now)
-        set_condition(status, "Hung", False, R.SUSPENDED, R.MSG_SUSPENDED, now)  # no restart request on resume
+        set_phase(status, "Suspended", R.SUSPENDED, R.MSG_SUSPENDED, now)  # Hung False: no restart on resume
         if restart_requested_at:  # resuming starts fresh workers anyway: the request is served
             status["restartRequestHandled"] = restart_requested_at
         return out
@@ -257,31 +243,35 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
     current = [p for p in mine if p.generation == current_gen and p.deleting_since is None]
     if any(p.phase == "Succeeded" for p in current) or progress.done:
         if not any(p.phase in ("Running", "Pending") and p.index < desired for p in current):
-            return _finish(out, pods, "Succeeded", R.SUCCEEDED, R.MSG_SUCCEEDED.format(step=status["step"]), now)
-        status["phase"] = "Running"
-        return out  # finishing: the other workers are exiting; replace nothing
+            done = R.MSG_SUCCEEDED.format(step=status.get("step", 0))  # no event log: no step
+            return _finish(out, pods, "Succeeded", R.SUCCEEDED, done, now)
+        # Finishing: the other workers are exiting; replace nothing.
+        set_phase(status, "Running", R.RUNNING, R.MSG_RUNNING.format(ready=status["replicas"]["ready"]), now,
+                  refresh=False)
+        return out
 
     if restart_requested_at and restart_requested_at != status.get("restartRequestHandled"):
         return _requested_restart(out, pods, restart_requested_at, current_gen, now)
 
-    failed = sorted((p for p in current if _failure_of(p) is not None), key=lambda p: p.index)
+    # A pod preempted or evicted (DisruptionTarget) is being deleted by someone else: still a failure to decide.
+    disrupted = [p for p in mine if p.generation == current_gen and p.deleting_since is not None and p.disruption]
+    failed = sorted((p for p in current + disrupted if _failure_of(p, now) is not None), key=lambda p: p.index)
     # A True Hung condition is the health monitor's restart request (policy/health_status.py).
     hung = condition(status, "Hung")
     hang = str(hung.get("message", "")) if hung is not None and hung.get("status") == "True" else None
     if failed or hang is not None:
         if failed:
             pod = failed[0]
-            kind = _failure_of(pod)
+            kind = _failure_of(pod, now)
             assert kind is not None
-            detail = R.MSG_WORKER_FAILED.format(pod=pod.name, kind=kind.value, code=pod.exit_code, reason=pod.reason)
+            detail = _failure_detail(pod, kind, now)
         else:
             kind, detail = FailureKind.HANG, R.MSG_HANG_DECIDED.format(finding=hang)
-        live = sum(1 for p in current if p.active and _failure_of(p) is None)
+        live = sum(1 for p in current if p.active and _failure_of(p, now) is None)
         decision = decide_restart(spec, kind, _budget(status), int(status.get("lastCheckpoint", {}).get("step", 0)),
                                   live)
         status["restartBudget"] = {"used": decision.budget.used, "windowStartStep": decision.budget.window_start_step}
         if decision.action is Action.FAIL:
-            set_condition(status, "Failed", True, decision.reason, f"{detail}; {decision.message}", now)
             return _finish(out, pods, "Failed", decision.reason, f"{detail}; {decision.message}", now)
         # The doomed pods: job scope -> all; otherwise the failed ones (each deleted once the status is written).
         whole = decision.action is Action.RESTART_JOB or not failed  # a hang may hold every rank: restart all
@@ -290,12 +280,11 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
             action, note = Action.RESTART_JOB, R.MSG_HANG_RESTART_ALL.format(reason=decision.reason)
         status["restarts"] = current_gen + 1
         status["lastRestartReason"] = decision.reason
-        status["phase"] = "Restarting"
-        set_condition(status, "Restarting", True, decision.reason, f"{detail}; {note}", now)
         if hang is not None:
             set_condition(status, "Hung", False, R.HANG_RESTARTED, R.MSG_HANG_RESTARTED.format(finding=hang), now)
         if (condition(status, "Degraded") or {}).get("reason") == R.STRAGGLER:
             set_condition(status, "Degraded", False, R.STRAGGLER_RECOVERED, R.MSG_STRAGGLER_RESTART, now)
+        set_phase(status, "Restarting", decision.reason, f"{detail}; {note}", now)
         out.events.append(Event("Warning", R.RESTARTING, f"{detail}; {note} ({action.value})"))
         out.actions = [a for a in out.actions if not isinstance(a, DeletePod) or a.force]
         # A hung job cannot take its emergency checkpoint (it is a collective), and a stopped rank would hold
@@ -304,7 +293,7 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
         peer_lost = any(p.node_lost or p.liveness_lost for p in failed)
         grace = HUNG_POD_GRACE_SECONDS if (hang is not None and not failed) or peer_lost else None
         for p in pods:
-            if p.deleting_since is None and (whole or _failure_of(p) is not None):
+            if p.deleting_since is None and (whole or _failure_of(p, now) is not None):
                 out.actions.append(DeletePod(p.name, p.uid, grace_seconds=grace))
             elif p.deleting_since is None:  # a survivor joins the new generation (worker scope / shrink)
                 out.actions.append(Relabel(p.name, current_gen + 1))
@@ -327,16 +316,16 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
     set_condition(status, "Unschedulable", unsched, R.UNSCHEDULABLE, R.MSG_UNSCHEDULABLE, now)
     running_enough = ready >= spec.replicas.min and ready > 0
     if running_enough:
-        status["phase"] = "Running"
-        set_condition(status, "Running", True, R.RUNNING, R.MSG_RUNNING.format(ready=ready), now)
-        set_condition(status, "Restarting", False, R.RUNNING, R.MSG_RUNNING.format(ready=ready), now)
+        set_phase(status, "Running", R.RUNNING, R.MSG_RUNNING.format(ready=ready), now)
         # The health monitor owns Degraded for stragglers while every desired worker is ready.
         straggler = (condition(status, "Degraded") or {}).get("reason") in (R.STRAGGLER, R.STRAGGLER_RECOVERED)
         if ready < desired or not straggler:
             set_condition(status, "Degraded", ready < desired, R.DEGRADED,
                           R.MSG_DEGRADED.format(ready=ready, desired=desired), now)
     else:
-        status["phase"] = "Restarting" if current_gen > 0 else "Pending"
+        # Not (or no longer) enough workers: Restarting keeps naming the failure that started it.
+        set_phase(status, "Restarting" if current_gen > 0 else "Pending", R.WAITING,
+                  R.MSG_WAITING.format(ready=ready, desired=desired, min=spec.replicas.min), now, refresh=False)
     if status["phase"] == "Running" and phase != "Running":
         out.events.append(Event("Normal", R.RUNNING, R.MSG_RUNNING.format(ready=ready)))
     return out
@@ -350,8 +339,7 @@ def _requested_restart(out: Pass, pods: list[PodView], requested_at: str, curren
     status["restartRequestHandled"] = requested_at
     status["restarts"] = current_gen + 1
     status["lastRestartReason"] = R.RESTART_REQUESTED
-    status["phase"] = "Restarting"
-    set_condition(status, "Restarting", True, R.RESTART_REQUESTED, message, now)
+    set_phase(status, "Restarting", R.RESTART_REQUESTED, message, now)  # also serves a pending Hung request
     out.events.append(Event("Normal", R.RESTART_REQUESTED, message))
     out.actions = [a for a in out.actions if isinstance(a, DeletePod) and a.force]
     out.actions += [DeletePod(p.name, p.uid) for p in pods if p.deleting_since is None]

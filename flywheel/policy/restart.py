@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from flywheel.policy import reasons as R
 from flywheel.policy.failures import EXTERNAL, PERMANENT, FailureKind
 from flywheel.spec import TrainingJobSpec
 
@@ -52,7 +53,8 @@ def decide_restart(spec: TrainingJobSpec, failure: FailureKind, budget: RestartB
     budget = budget.refreshed(spec, committed_step)
     reason = failure.value
     if failure in PERMANENT:
-        return Decision(Action.FAIL, reason, f"{reason}: a restart cannot fix this; see the worker log", budget)
+        return Decision(Action.FAIL, reason, R.MSG_PERMANENT.get(reason, R.MSG_PERMANENT_DEFAULT).format(reason=reason),
+                        budget)
     if failure not in EXTERNAL:
         limit = spec.fault_tolerance.max_restarts
         if budget.used >= limit:
