@@ -24,7 +24,9 @@ from flywheel.spec import CheckpointStatus, TrainingJobStatus
 
 Obj = dict[str, Any]
 INDEX_LABEL, GENERATION_LABEL = "flywheel.dev/replica-index", "flywheel.dev/generation"
-CHECKPOINT_REASON = "CheckpointCommitted"  # one event per checkpoint (local runs; the operator posts none yet)
+# Checkpoint events: one per checkpoint on local runs; on a cluster the operator's, at most one per job every 30 s
+# with the checkpoints in between coalesced into it (flywheel/policy/checkpoint_events.py).
+CHECKPOINT_REASON = R.CHECKPOINT_COMMITTED
 _STEP = re.compile(r"step (\d+)")
 _FAILED_KIND = re.compile(r"failed: ([A-Za-z]+)")
 _LIFECYCLE = {R.CREATED, R.SUSPENDED, R.RESUMED, R.RUNNING, R.SUCCEEDED, R.DEADLINE, R.DEGRADED}
@@ -144,8 +146,8 @@ def _pending_restart(meta: Obj, raw_status: Obj) -> str | None:
 
 
 def timeline(obj: Obj, raw_events: list[Obj]) -> Timeline:
-    """Failures, restarts, lifecycle changes and the last checkpoint, oldest first. Checkpoint history before the
-    last one is not in the status (the job's event log has it; see docs/api.md)."""
+    """Failures, restarts, lifecycle changes and checkpoints (from CheckpointCommitted events, and the status's
+    last checkpoint when no event names it yet), oldest first."""
     status = _status(obj)
     items: list[TimelineEntry] = []
     for e in events(raw_events):

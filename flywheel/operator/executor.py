@@ -25,8 +25,10 @@ from flywheel.monitor.metrics import OperatorMetrics
 from flywheel.operator.progress import EventLogTail, events_file
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.policy import reasons as R
-from flywheel.policy.reconcile import (LIVENESS_GRACE_SECONDS, CreatePod, DeleteJob, DeletePod, Pass, PodView,
-                                       Progress, Relabel, ResetRendezvous, reconcile)
+from flywheel.policy.checkpoint_events import CheckpointEventState, next_event, seed
+from flywheel.policy.conditions import parse_iso
+from flywheel.policy.reconcile import (LIVENESS_GRACE_SECONDS, TERMINAL, CreatePod, DeleteJob, DeletePod, Pass,
+                                       PodView, Progress, Relabel, ResetRendezvous, reconcile)
 from flywheel.spec import SpecError, TrainingJob, parse_job
 
 TICK_SECONDS = 1.0
@@ -56,6 +58,7 @@ class JobRunner:
         self.watch: WorkerWatch | None = None
         self.recovering_reason = ""  # the last restart's reason, for the time-to-recover histogram
         self.recoveries_seen_until = time.time()  # recoveries before this process started were measured before
+        self.checkpoint_events: CheckpointEventState | None = None  # seeded by the first pass
 
     # -- wiring -------------------------------------------------------------------------------------------------
     def poke(self) -> None:
@@ -162,6 +165,8 @@ class JobRunner:
             invalid = "; ".join(err.problems)
         views, progress = await self._observe()
         status_in = dict(obj.get("status") or {})
+        if self.checkpoint_events is None:  # what the operator before this process had seen: not posted again
+            self.checkpoint_events = seed(progress.checkpoints, _checkpoint_time(status_in))
         status_in["selector"] = f"{m.JOB_LABEL}={self.name}"
         annotations = obj["metadata"].get("annotations") or {}
         result = reconcile(job.spec if job else None, invalid, status_in, views, progress, time.time(),
@@ -184,6 +189,21 @@ class JobRunner:
         await self._act(obj, job, result)
         for ev in result.events:
             await self._event(obj, ev.type, ev.reason, ev.message)
+        await self._checkpoint_event(obj, result.status, progress)
+
+    async def _checkpoint_event(self, obj: dict[str, Any], status: dict[str, Any], progress: Progress) -> None:
+        """At most one CheckpointCommitted event per interval for the checkpoints committed since the last one
+        (policy/checkpoint_events.py); a finished job's are posted at once. Not retried: a lost event is lost."""
+        assert self.checkpoint_events is not None
+        event, self.checkpoint_events = next_event(progress.checkpoints, self.checkpoint_events, time.time(),
+                                                   flush=status.get("phase") in TERMINAL)
+        if event is None:
+            return
+        try:
+            await self.kube.post_event(obj, "Normal", R.CHECKPOINT_COMMITTED, event.message, count=event.count,
+                                       first_time=event.first_time, last_time=event.last_time)
+        except ApiError as err:
+            self.logger.warning(f"could not post event {R.CHECKPOINT_COMMITTED}: {err}")
 
     def _record_metrics(self, status: dict[str, Any], previous_restarts: int, views: list[PodView], progress: Progress) -> None:
         """Metrics of a written status: phase, restarts, goodput; time to detect a pod failure (its container's end
@@ -257,3 +277,10 @@ class JobRunner:
             elif isinstance(action, DeleteJob):
                 self.logger.info("ttlSecondsAfterFinished passed: deleting the TrainingJob")
                 await self.kube.delete(self.path, self.uid)
+
+
+def _checkpoint_time(status: dict[str, Any]) -> float | None:
+    try:
+        return parse_iso((status.get("lastCheckpoint") or {}).get("time"))
+    except ValueError:
+        return None

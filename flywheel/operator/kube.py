@@ -72,6 +72,10 @@ def now_rfc3339() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def rfc3339(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 class Kube:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -157,10 +161,15 @@ class Kube:
         return await self.request("PATCH", path, patch, content_type="application/merge-patch+json")
 
     async def post_event(self, involved: dict[str, Any], event_type: str, reason: str, message: str,
-                         component: str = "flywheel-operator") -> None:
+                         component: str = "flywheel-operator", *, count: int = 1, first_time: float | None = None,
+                         last_time: float | None = None) -> None:
+        """`count`, `first_time`, `last_time` (unix seconds): an event that stands for `count` occurrences between
+        those times (default: one, now)."""
         meta = involved["metadata"]
         namespace = meta.get("namespace") or "default"  # events about cluster-scoped objects (nodes) live there
         ts = now_rfc3339()
+        first = rfc3339(first_time) if first_time is not None else ts
+        last = rfc3339(last_time) if last_time is not None else ts
         body = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
@@ -168,7 +177,7 @@ class Kube:
                                "namespace": meta.get("namespace", ""), "uid": meta["uid"],
                                "resourceVersion": meta.get("resourceVersion", "")},
             "type": event_type, "reason": reason, "message": message[:1024],
-            "firstTimestamp": ts, "lastTimestamp": ts, "count": 1,
+            "firstTimestamp": first, "lastTimestamp": last, "count": max(1, count),
             "source": {"component": component}, "reportingComponent": component,
         }
         await self.request("POST", self.core(namespace, "events"), body)

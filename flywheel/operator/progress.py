@@ -10,9 +10,11 @@ events dir the status shows no step/checkpoint/goodput (documented in docs/opera
 from __future__ import annotations
 
 import json
+from collections import deque
 from pathlib import Path
 from typing import Any
 
+from flywheel.policy.checkpoint_events import RECENT_CHECKPOINTS, CommittedCheckpoint
 from flywheel.policy.reconcile import Progress
 
 
@@ -21,12 +23,15 @@ class ProgressFold:
 
     goodput.ratio = productive step time / wall time since the first `start`; lostSteps counts steps trained again
     after a restart (the work after the last checkpoint that was lost); meanTimeToRecoverSeconds averages, over
-    every restart, the time from the last step before it to the first step after it.
+    every restart, the time from the last step before it to the first step after it. `checkpoints` holds the most
+    recent committed checkpoints, numbered in log order (for the CheckpointCommitted events).
     """
 
     def __init__(self) -> None:
         self.step = self.max_step = self.world_size = 0
         self.checkpoint: dict[str, Any] = {}
+        self.checkpoints: deque[CommittedCheckpoint] = deque(maxlen=RECENT_CHECKPOINTS)
+        self.checkpoint_count = 0
         self.done: dict[str, Any] | None = None
         self.first_time: float | None = None
         self.last_time: float | None = None
@@ -58,6 +63,9 @@ class ProgressFold:
             self.last_step_time = t
         elif kind == "checkpoint":
             self.checkpoint = {"step": int(record["step"]), "path": str(record.get("path", "")), "time": t}
+            self.checkpoint_count += 1
+            self.checkpoints.append(CommittedCheckpoint(self.checkpoint_count, self.checkpoint["step"],
+                                                        self.checkpoint["path"], t))
         elif kind == "done":
             self.done = record
             self.step = max(self.step, int(record.get("step", 0)))
@@ -73,7 +81,7 @@ class ProgressFold:
                         checkpoint_step=int(self.checkpoint.get("step", 0)),
                         checkpoint_time=self.checkpoint.get("time"), checkpoint_path=self.checkpoint.get("path", ""),
                         done=self.done is not None, goodput=goodput if self.first_time is not None else {},
-                        recoveries=tuple(self.recoveries))
+                        recoveries=tuple(self.recoveries), checkpoints=tuple(self.checkpoints))
 
 
 class EventLogTail:

@@ -50,6 +50,10 @@ MSG_DEADLINE = "the job ran longer than runPolicy.activeDeadlineSeconds ({second
 SUCCEEDED = "TrainingSucceeded"
 MSG_SUCCEEDED = "training finished at step {step}"
 
+CHECKPOINT_COMMITTED = "CheckpointCommitted"  # one event per committed checkpoint (policy/checkpoint_events.py)
+MSG_CHECKPOINT_COMMITTED = "checkpoint at step {step} committed to {path}"
+MSG_CHECKPOINTS_COALESCED = "; {count} checkpoints since the last event, at steps {steps}"
+
 CREATE_FAILED = "CreateFailed"
 MSG_CREATE_FAILED = "could not create {kind} {name}: {error}"
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flywheel.policy import reasons as R
+from flywheel.policy.checkpoint_events import CommittedCheckpoint
 from flywheel.policy.conditions import condition, iso, parse_iso, set_condition, set_phase
 from flywheel.policy.failures import FailureKind, classify_pod, classify_waiting
 from flywheel.policy.restart import Action, RestartBudget, decide_restart
@@ -72,6 +73,7 @@ class Progress:
     goodput: dict[str, Any] = field(default_factory=dict)
     # (time of the first step after a restart, seconds since the last step before it), oldest first.
     recoveries: tuple[tuple[float, float], ...] = ()
+    checkpoints: tuple[CommittedCheckpoint, ...] = ()  # the most recent committed checkpoints, oldest first
 
 
 @dataclass(frozen=True)
