@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flywheel import exitcodes
+from flywheel.trainer import warm
 
 DEFAULT_JOIN_TIMEOUT_S = 900  # generous: a replacement worker may take minutes to be scheduled and start
 DEFAULT_MONITOR_INTERVAL_S = 0.1
@@ -59,6 +60,11 @@ class LaunchSettings:
     local_addr: str | None = None
     monitor_interval: float = DEFAULT_MONITOR_INTERVAL_S
     shutdown_timeout: int = DEFAULT_SHUTDOWN_TIMEOUT_S
+    warm_start: bool = True  # fork embedded-trainer ranks from a pre-imported zygote (warm.py)
+
+    @property
+    def runs_embedded_trainer(self) -> bool:
+        return self.command == trainer_command()
 
 
 def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
@@ -100,8 +106,12 @@ def _is_loopback(endpoint: str) -> bool:
     return host in ("127.0.0.1", "localhost", "::1")
 
 
+TRAINER_MODULE = "flywheel.trainer"
+WARM_PRELOAD = ("flywheel.trainer.loop",)  # imports torch, the model, parallelize, DCP: all a rank needs
+
+
 def trainer_command() -> tuple[str, ...]:
-    return (sys.executable, "-m", "flywheel.trainer")
+    return (sys.executable, "-m", TRAINER_MODULE)
 
 
 def rank_command(user_command: Sequence[str]) -> tuple[str, ...]:
@@ -148,6 +158,7 @@ def settings_from_env(env: Mapping[str, str], user_command: Sequence[str] = ()) 
         local_addr=local_addr,
         monitor_interval=float(env.get("PET_MONITOR_INTERVAL", DEFAULT_MONITOR_INTERVAL_S)),
         shutdown_timeout=_int(env, "FLYWHEEL_SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT_S),
+        warm_start=env.get("FLYWHEEL_WARM_START", "1").strip().lower() not in ("0", "false", "no", "off"),
     )
 
 
@@ -237,6 +248,15 @@ def run_agent(settings: LaunchSettings) -> int:
     # Both are read by torch/the ranks from the environment; the workers inherit os.environ.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if not (settings.warm_start and settings.runs_embedded_trainer):
+        return _run_agent(settings, settings.command)
+    # Started first, so its import of the trainer overlaps the agent's own start-up and first rendezvous.
+    with warm.zygote(preload=WARM_PRELOAD) as zygote_env:
+        os.environ.update(zygote_env)
+        return _run_agent(settings, warm.client_command(TRAINER_MODULE))
+
+
+def _run_agent(settings: LaunchSettings, command: Sequence[str]) -> int:
     if settings.rdzv_backend == "etcd-v3":
         try:
             import flywheel.trainer.rendezvous  # noqa: F401  (registers the etcd-v3 handler)
@@ -273,7 +293,7 @@ def run_agent(settings: LaunchSettings) -> int:
     with tempfile.TemporaryDirectory(prefix="flywheel-launch-") as log_dir:
         try:
             rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
-            entrypoint, args = _rank_entrypoint(settings.command)
+            entrypoint, args = _rank_entrypoint(command)
             spec = WorkerSpec(role="trainer", local_world_size=settings.nproc_per_node, entrypoint=entrypoint,
                               args=args, rdzv_handler=rdzv_handler, max_restarts=settings.max_restarts,
                               monitor_interval=settings.monitor_interval, local_addr=settings.local_addr)

@@ -1,0 +1,295 @@
+"""Warm rank starts: a pre-imported interpreter (the "zygote") forks each rank of the embedded trainer.
+
+A cold rank start imports torch and the trainer again: seconds per rank (3-10 s on the 2-core CI machine with four
+ranks starting at once; CUDA libraries add more on a GPU node), paid again on every restart. `flywheel launch` starts
+one zygote per worker before its first rendezvous; the zygote imports the trainer once and forks a rank per request
+in milliseconds. torch's elastic agent still starts, watches, signals and restarts each rank as a plain subprocess:
+that subprocess is a small client (`python -m flywheel.trainer.warm run MODULE`) that hands its environment,
+working directory and standard streams to the zygote, forwards signals to the forked rank and exits with the rank's
+status. Exit codes, the agent's grace and kill paths, and the policy's classification are therefore unchanged.
+
+Lifetimes: the zygote dies with its agent (PR_SET_PDEATHSIG) and every forked rank with the zygote; a rank whose
+client is gone (the agent SIGKILLed it after its grace) is SIGKILLed by the zygote. A client that finds no live
+zygote execs the module cold, as `python -m MODULE` would run it.
+
+Fork safety: the zygote only imports (no threads, no CUDA context: importing torch initialises neither) and forks
+from its single thread. The forked rank gets the client's environment through os.environ (putenv), so settings
+read when a collective or the process group is created apply; anything a module reads from the environment at
+import time is read in the zygote, which has the agent's environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import runpy
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+SOCKET_ENV = "FLYWHEEL_WARM_SOCKET"
+PID_ENV = "FLYWHEEL_WARM_PID"
+READY_TIMEOUT_S = 300.0  # a zygote still importing is waited for: it finishes sooner than a cold start would
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+_PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1
+_HEADER = struct.Struct("!I")
+
+
+def _prctl(option: int, value: int | bytes) -> None:
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGKILL this process when `parent` exits (and at once if it already has)."""
+    _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != parent:
+        os._exit(128 + signal.SIGKILL)
+
+
+def _recv_exact(conn: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("client closed the connection mid-request")
+        data += chunk
+    return data
+
+
+# --- the zygote ------------------------------------------------------------------------------------------------------
+
+class Zygote:
+    """Accepts requests on a Unix socket and forks one child per request (single-threaded: selectors + WNOHANG)."""
+
+    def __init__(self, path: Path, parent: int) -> None:
+        self.path, self.parent, self.pid = path, parent, os.getpid()
+        self.children: dict[int, socket.socket] = {}  # pid -> its client's connection
+        self.selector = selectors.DefaultSelector()
+
+    def serve(self) -> int:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(tmp))
+        self.listener.listen(64)
+        os.replace(tmp, self.path)  # clients wait for the path: it appears only once the zygote is ready
+        self.selector.register(self.listener, selectors.EVENT_READ)
+        while os.getppid() == self.parent:
+            for key, _ in self.selector.select(timeout=0.05):
+                if key.fileobj is self.listener:
+                    self._accept()
+                else:
+                    self._client_readable(key.fileobj, key.data)  # type: ignore[arg-type]
+            self._reap()
+        return 0
+
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        conn.settimeout(10)
+        try:
+            _, fds, _, _ = socket.recv_fds(conn, 1, 3)
+            request = json.loads(_recv_exact(conn, _HEADER.unpack(_recv_exact(conn, _HEADER.size))[0]))
+        except (OSError, ValueError) as err:
+            print(f"flywheel warm: bad request: {err}", file=sys.stderr, flush=True)
+            conn.close()
+            return
+        pid = os.fork()
+        if pid == 0:
+            self._become_rank(conn, fds, request)
+        for fd in fds:
+            os.close(fd)
+        self.children[pid] = conn
+        conn.sendall(f"pid {pid}\n".encode())
+        conn.setblocking(False)
+        self.selector.register(conn, selectors.EVENT_READ, pid)
+
+    def _become_rank(self, conn: socket.socket, fds: list[int], request: dict) -> None:
+        code = 1
+        try:
+            self.selector.close()
+            self.listener.close()
+            for other in self.children.values():
+                other.close()
+            conn.close()
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+                os.close(fd)
+            for sig in (*FORWARDED_SIGNALS, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)
+            die_with_parent(self.pid)
+            os.environ.clear()
+            os.environ.update(request["env"])
+            os.chdir(request["cwd"])
+            _prctl(_PR_SET_NAME, f"fw-rank-{request['env'].get('RANK', '?')}".encode()[:15])
+            sys.argv = [request["module"], *request["args"]]
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        except BaseException:  # noqa: BLE001 - the rank's own crash: report it as python -m would
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+
+    def _client_readable(self, conn: socket.socket, pid: int) -> None:
+        try:
+            data = conn.recv(64)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # the client is gone (SIGKILLed by its agent): its rank must not outlive it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            self.selector.unregister(conn)
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is None:
+                continue
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(conn)
+            verdict = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+                       else f"exit {os.waitstatus_to_exitcode(status)}")
+            with contextlib.suppress(OSError):
+                conn.setblocking(True)
+                conn.sendall(f"{verdict}\n".encode())
+            conn.close()
+
+
+def serve(path: Path, preload: list[str]) -> int:
+    parent = os.getppid()
+    die_with_parent(parent)
+    # Signals are for the ranks (their clients forward them); the zygote ends with its agent or its socket.
+    for sig in FORWARDED_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    for module in preload:
+        importlib.import_module(module)
+    try:
+        return Zygote(path, parent).serve()
+    finally:
+        path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def zygote(preload: tuple[str, ...]) -> Iterator[dict[str, str]]:
+    """Start a zygote for this agent; yields the env its rank clients need. Killed on exit (its forked ranks die
+    with it)."""
+    with tempfile.TemporaryDirectory(prefix="flywheel-warm-") as tmp:
+        path = Path(tmp) / "zygote.sock"
+        argv = [sys.executable, "-m", __name__, "serve", "--socket", str(path)]
+        for module in preload:
+            argv += ["--preload", module]
+        # Its own session: a SIGTERM to the worker's process group is the agent's to pass on, not the zygote's.
+        proc = subprocess.Popen(argv, start_new_session=True)
+        try:
+            yield {SOCKET_ENV: str(path), PID_ENV: str(proc.pid)}
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def client_command(module: str) -> tuple[str, ...]:
+    """What the agent starts per rank instead of `python -m module`."""
+    return (sys.executable, "-m", __name__, "run", module)
+
+
+# --- the client (what torch's agent starts as a rank) ----------------------------------------------------------------
+
+def _connect(path: str, zygote_pid: int) -> socket.socket | None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            os.kill(zygote_pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            time.sleep(0.02)
+    return None
+
+
+def _run_cold(module: str, args: list[str]) -> None:
+    os.execv(sys.executable, [sys.executable, "-m", module, *args])
+
+
+def run(module: str, args: list[str]) -> None:
+    """Run `python -m module args` in a rank forked by this worker's zygote; never returns."""
+    path, zygote_pid = os.environ.get(SOCKET_ENV), int(os.environ.get(PID_ENV) or 0)
+    sock = _connect(path, zygote_pid) if path and zygote_pid else None
+    if sock is None:
+        _run_cold(module, args)
+    body = json.dumps({"module": module, "args": args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+    socket.send_fds(sock, [b"R"], [0, 1, 2])
+    sock.sendall(_HEADER.pack(len(body)) + body)
+    reader = sock.makefile("r")
+    first = reader.readline().split()
+    if len(first) != 2 or first[0] != "pid":
+        print("flywheel warm: the zygote did not start the rank; starting it cold", file=sys.stderr, flush=True)
+        _run_cold(module, args)
+    child = int(first[1])
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signum)
+
+    for sig in FORWARDED_SIGNALS:
+        signal.signal(sig, forward)
+    verdict = reader.readline().split()
+    if len(verdict) == 2 and verdict[0] == "exit":
+        os._exit(int(verdict[1]))
+    signum = int(verdict[1]) if len(verdict) == 2 and verdict[0] == "signal" else int(signal.SIGKILL)
+    # Die the way the rank died, so the agent sees the same (negative) status as for a cold rank.
+    with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
+        signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flywheel.trainer.warm", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    serve_p = sub.add_parser("serve", help="run a zygote (started by flywheel launch)")
+    serve_p.add_argument("--socket", type=Path, required=True)
+    serve_p.add_argument("--preload", action="append", default=[])
+    run_p = sub.add_parser("run", help="run MODULE in a forked rank (what the agent starts)")
+    run_p.add_argument("module")
+    run_p.add_argument("args", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(argv)
+    if ns.cmd == "serve":
+        return serve(ns.socket, ns.preload)
+    run(ns.module, ns.args)
+    return 1  # unreachable: run() execs or exits
+
+
+if __name__ == "__main__":
+    sys.exit(main())

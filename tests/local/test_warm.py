@@ -1,0 +1,112 @@
+"""Warm rank starts (flywheel/trainer/warm.py): a rank forked by the zygote behaves like `python -m MODULE` run cold
+for the agent: its env, cwd, args and streams, its exit status (codes and signal deaths), SIGTERM, and death with
+its client or its agent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, SCRIPTS, alive
+from flywheel.trainer import warm
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork + /proc")
+
+
+@pytest.fixture()
+def zygote(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]))
+    with warm.zygote(preload=("json",)) as env:
+        yield env
+
+
+def client(env: dict[str, str], cwd: Path, *args: str, **extra: str) -> subprocess.Popen:
+    full = {**os.environ, **env, "RANK": "3", **extra}
+    return subprocess.Popen([*warm.client_command("warm_target"), *args], env=full, cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def target_pid(proc: subprocess.Popen) -> int:
+    line = proc.stdout.readline()
+    assert line.startswith("target pid="), line
+    return int(line.split()[1].split("=")[1])
+
+
+def test_the_rank_gets_the_clients_env_cwd_args_and_stdout(zygote, tmp_path):
+    proc = client(zygote, tmp_path, "--lr", "1", CODE="0")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert f"rank=3 cwd={tmp_path} argv=['--lr', '1']" in out
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ({"CODE": "5"}, 5),
+    ({"CODE": "3"}, 3),
+    ({"MODE": "kill"}, -signal.SIGKILL),  # the agent sees the same signal death as for a cold rank
+    ({"MODE": "raise"}, 1),
+])
+def test_exit_status_is_the_ranks(zygote, tmp_path, extra, expected):
+    proc = client(zygote, tmp_path, **extra)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == expected, out
+    if extra.get("MODE") == "raise":
+        assert "RuntimeError: boom" in out
+
+
+def test_sigterm_reaches_the_rank(zygote, tmp_path):
+    proc = client(zygote, tmp_path, MODE="term")
+    pid = target_pid(proc)
+    assert pid != proc.pid
+    time.sleep(0.3)  # the target installs its handler after printing
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 6
+    assert "got SIGTERM" in proc.stdout.read()
+
+
+def test_the_rank_dies_with_its_client(zygote, tmp_path):
+    proc = client(zygote, tmp_path, MODE="sleep")
+    pid = target_pid(proc)
+    proc.kill()  # what the agent does once the grace is over
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid)
+
+
+def test_ranks_die_with_the_zygote_and_the_zygote_with_its_agent(tmp_path):
+    """The agent (here a middle process) is SIGKILLed: its zygote and the rank forked by it go too."""
+    script = (
+        "import os, subprocess, sys, time\n"
+        "from flywheel.trainer import warm\n"
+        "with warm.zygote(preload=()) as env:\n"
+        "    p = subprocess.Popen([*warm.client_command('warm_target')], env={**os.environ, **env, 'MODE': 'sleep'})\n"
+        "    time.sleep(60)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")])}
+    agent = subprocess.Popen([PYTHON, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    pid = target_pid(agent)
+    from flywheel.local.procs import descendants
+
+    below = descendants(agent.pid)
+    assert pid in below
+    agent.kill()
+    agent.wait()
+    deadline = time.monotonic() + 5
+    while [p for p in below if alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p for p in below if alive(p)] == []
+
+
+def test_without_a_zygote_the_module_runs_cold(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]))
+    gone = {warm.SOCKET_ENV: str(tmp_path / "none.sock"), warm.PID_ENV: "999999999"}
+    proc = client(gone, tmp_path, CODE="7")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 7 and "target pid=" in out
+    assert f"pid={proc.pid}" in out  # exec'd in place: the client itself is the rank
