@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import functools
 import itertools
 import os
 import signal
@@ -16,7 +17,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from flywheel.local import procs
-from tests.cluster import podenv
+from tests.cluster import images, podenv
 from tests.cluster.httpclient import ApiStatusError, KubeHttpClient, resource_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -361,6 +362,11 @@ class ProcessKubelet:
             await self.api.merge_patch(resource_path("pods", running.namespace, running.name, "status"),
                                        {"status": status})
 
+    async def _waiting(self, running: PodProcess, pod: dict[str, Any], reason: str, message: str) -> None:
+        """The container cannot start yet: Pending, waiting with `reason`, and the kubelet's Warning event."""
+        await self._report(running, "Pending", {"waiting": {"reason": reason, "message": message}}, False)
+        await self._event(pod, "Failed", f"Error: {reason}: {message}", kind="Warning")
+
     async def _start_process(self, running: PodProcess, pod: dict[str, Any]) -> int | None:
         """Start the first container; return an exit code at once if it cannot start."""
         container = pod["spec"]["containers"][0]
@@ -381,10 +387,15 @@ class ProcessKubelet:
             except OSError as err:
                 log.write(f"process kubelet: cannot start {argv!r}: {err}\n".encode())
                 return 128
-        running.started_at = running.started_at or _now()
         return None
 
     async def _run(self, running: PodProcess) -> None:
+        running.started_at = running.started_at or _now()  # the kubelet took the pod (status.startTime)
+        pod = self._latest.get(running.uid)
+        image = (pod or {}).get("spec", {}).get("containers", [{}])[0].get("image", "")
+        if pod is None or not await images.pull_image(image, functools.partial(self._waiting, running, pod),
+                                                      lambda: running.terminating):
+            return
         while not running.terminating:
             pod = self._latest.get(running.uid)
             if pod is None:

@@ -9,9 +9,11 @@ import signal
 import socket
 import subprocess
 import time
+from typing import Any
 
 import pytest
 
+from flywheel.operator.manifests import timestamp
 from tests.operator.conftest import OpEnv, eventually
 
 # 400 steps of gpt-tiny take ~10 s on 2 cores: long enough to hit a worker or the operator mid-run.
@@ -52,6 +54,14 @@ def test_tiny_job_succeeds_with_columns_and_events(op_env: OpEnv) -> None:
     op_env.kubectl("get", "service", "tiny-ok-workers")
     describe = op_env.kubectl("describe", "tj", "tiny-ok").stdout
     assert "TrainingSucceeded" in describe and "WorkersRunning" in describe and "Created" in describe
+    # Six checkpoints (every 5 steps) in a few seconds: the first at once, the rest coalesced into the event that
+    # finishing flushes; together they stand for all six.
+    def checkpoint_events() -> list[dict[str, Any]]:
+        found = [e for e in op_env.events_of("tiny-ok") if e["reason"] == "CheckpointCommitted"]
+        return found if sum(e["count"] for e in found) == 6 else []
+    found = eventually(checkpoint_events, 10, "CheckpointCommitted events for all six checkpoints")
+    assert any(e["message"].startswith("checkpoint at step 30 committed to ") for e in found)
+    assert 1 <= len(found) <= 2 and all(e["type"] == "Normal" for e in found)
 
 
 def test_killed_worker_recovers_to_the_fault_free_parameters(op_env: OpEnv) -> None:
@@ -206,3 +216,54 @@ def test_lost_node_pod_force_deleted_and_replaced(op_env: OpEnv) -> None:
     assert status["restarts"] >= 1 and status["lastRestartReason"] == "NodeLost"
     assert detect_and_replace < 5 + 3 + 10  # liveness TTL 5 s + grace 3 s + passes
     assert "ForceDeleted" in op_env.kubectl("describe", "tj", name).stdout
+
+
+def _ts(text: str) -> float:
+    value = timestamp(text)
+    assert value is not None
+    return value
+
+
+def _failed_condition(status: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == "Failed")
+
+
+def test_invalid_image_name_fails_the_job_at_once(op_env: OpEnv) -> None:
+    """The kubelet reports InvalidImageName for a name that is no image reference (tests/cluster/images.py): the job
+    fails at once, naming the worker, the reason and the fix, instead of waiting Pending for ever."""
+    name = "bad-image"
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, image="Flywheel:Latest")))
+    status = op_env.wait_phase(name, "Failed", 30)
+    failed = _failed_condition(status)
+    assert failed["reason"] == "ImagePullError" and "InvalidImageName" in failed["message"]
+    assert "invalid reference format" in failed["message"] and "spec.image" in failed["message"]
+    assert not any(c["type"] == "Running" and c["status"] == "True" for c in status["conditions"])
+    assert status.get("restarts", 0) == 0 and _columns(op_env, name)["PHASE"] == "Failed"
+    assert "ImagePullError" in op_env.kubectl("describe", "tj", name).stdout
+    eventually(lambda: op_env.pods(name) == [], 30, "the workers that cannot start to be deleted")
+
+
+@pytest.mark.slow
+def test_unpullable_image_fails_after_the_pull_grace(op_env: OpEnv) -> None:
+    """A registry that cannot be reached (ErrImagePull, then ImagePullBackOff, retried) is given
+    START_FAILURE_GRACE_SECONDS in case it is a blip, then the job fails with the same clear condition."""
+    from flywheel.policy.failures import START_FAILURE_GRACE_SECONDS
+
+    name = "no-pull"
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, image="registry.invalid/flywheel:latest")))
+    reasons: set[str] = set()
+
+    def waiting_reasons() -> set[str]:
+        for p in op_env.pods(name):
+            for cs in p["status"].get("containerStatuses") or []:
+                reasons.add(((cs.get("state") or {}).get("waiting") or {}).get("reason", ""))
+        return reasons >= {"ErrImagePull", "ImagePullBackOff"} and reasons
+    eventually(waiting_reasons, 30, "the kubelet to report ErrImagePull and ImagePullBackOff")
+    started = min(_ts(p["status"]["startTime"]) for p in op_env.pods(name))
+    assert op_env.status(name)["phase"] == "Pending"
+    status = op_env.wait_phase(name, "Failed", START_FAILURE_GRACE_SECONDS + 30)
+    failed = _failed_condition(status)
+    assert failed["reason"] == "ImagePullError" and "registry.invalid" in failed["message"]
+    assert _ts(failed["lastTransitionTime"]) - started >= START_FAILURE_GRACE_SECONDS - 1
+    # The kubelet's own Warning events, as `kubectl describe pod` shows them.
+    assert any("ErrImagePull" in e["message"] and e["type"] == "Warning" for e in op_env.events_of(f"{name}-worker-0"))
