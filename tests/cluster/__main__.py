@@ -1,7 +1,8 @@
 """`python -m tests.cluster up|down|status|fault|serve` — run the test cluster in the background for kubectl,
 the operator and people.
 
-  up     --kubeconfig PATH [--nodes N] [--etcd] [--port P] [--work-dir DIR] [--node-grace SECONDS]
+  up     --kubeconfig PATH [--nodes N] [--no-etcd] [--port P] [--work-dir DIR] [--node-grace SECONDS]
+         (the API, the kubelet and a real etcd; --no-etcd leaves etcd out)
   down   --kubeconfig PATH
   status --kubeconfig PATH
   fault  --kubeconfig PATH ACTION [key=value ...]   e.g. lose-node node=node-1, drop-watches, pause seconds=2
@@ -25,7 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.cluster.runtime import EmulatedCluster, write_kubeconfig
+from tests.cluster.runtime import ETCD_BINARY, EmulatedCluster, write_kubeconfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,13 +79,16 @@ def _up(args: argparse.Namespace) -> int:
     if existing and _alive(existing["pid"]):
         print(f"already up: {existing['api_url']} (pid {existing['pid']})")
         return 0
+    if args.etcd and not Path(ETCD_BINARY).exists():
+        print(f"{ETCD_BINARY} is missing: install it (scripts/install-tools.sh) or pass --no-etcd", file=sys.stderr)
+        return 1
     owns = args.work_dir is None
     work_dir = Path(args.work_dir or tempfile.mkdtemp(prefix="flywheel-cluster-")).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     log_path = work_dir / "cluster.log"
     command = [sys.executable, "-m", "tests.cluster", "serve", "--kubeconfig", str(kubeconfig), "--nodes",
                str(args.nodes), "--port", str(args.port), "--work-dir", str(work_dir),
-               "--node-grace", str(args.node_grace)] + (["--etcd"] if args.etcd else []) + (
+               "--node-grace", str(args.node_grace), "--etcd" if args.etcd else "--no-etcd"] + (
                ["--owns-work-dir"] if owns else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     with open(log_path, "ab") as log:
@@ -152,7 +156,7 @@ def _fault(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -160,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         sub = commands.add_parser(name)
         sub.add_argument("--kubeconfig", required=True)
         sub.add_argument("--nodes", type=int, default=2)
-        sub.add_argument("--etcd", action="store_true", help="also start a real etcd (/usr/bin/etcd)")
+        sub.add_argument("--etcd", action=argparse.BooleanOptionalAction, default=True,
+                         help=f"start a real etcd ({ETCD_BINARY}) for the workers' rendezvous (default); --no-etcd: "
+                              "only the API and the kubelet")
         sub.add_argument("--port", type=int, default=0, help="API port (default: a free one)")
         sub.add_argument("--work-dir", default=None, help="pod logs, etcd data, server log (default: a temp dir)")
         sub.add_argument("--node-grace", type=float, default=40.0,
@@ -174,7 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     fault.add_argument("action", help="drop-watches | conflict | pause | resume | lose-node | restore-node | "
                                       "pod-pid | oom-kill")
     fault.add_argument("params", nargs="*", help="key=value, e.g. node=node-1 or resource=pods name=x")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.command == "serve":
         asyncio.run(_serve(args))
         return 0
