@@ -37,6 +37,7 @@ from flywheel.trainer.events import EventLog
 from flywheel.trainer.faults import Fault, FaultInjector, faults_from_env
 from flywheel.trainer.metrics import TrainerMetrics
 from flywheel.trainer.model import GPT, GPTConfig
+from flywheel.trainer.moe import aux_loss_of
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 from flywheel.trainer.parallel_pp import PipelinedModel, full_model_state
 from flywheel.trainer.parallelize import (DP, ParallelismError, build_mesh, clip_grad_norm, gradient_sync, parallelize,
@@ -147,12 +148,14 @@ def params_sha256(model: nn.Module) -> str | None:
 
 
 def forward_backward(model: nn.Module, batches: list[MicroBatch], device: torch.device,
-                     autocast: AbstractContextManager[object]) -> torch.Tensor:
+                     autocast: AbstractContextManager[object]) -> tuple[torch.Tensor, torch.Tensor]:
     """Accumulates gradients over this rank's micro batches (reducing them across dp only with the last one);
-    returns this rank's mean loss, detached. A pipelined model runs them through its schedule instead (the loss
-    then comes from the last stage, on every pp rank)."""
+    returns this rank's mean language-model loss and mean MoE load-balancing loss (weighted; zero for a dense
+    model), detached. The gradient is that of their sum. A pipelined model runs them through its schedule instead
+    (the loss then comes from the last stage, on every pp rank)."""
+    aux_sum = torch.zeros((), device=device)
     if isinstance(model, PipelinedModel):
-        return model.train_step(batches, device, autocast)
+        return model.train_step(batches, device, autocast), aux_sum
     loss_sum = torch.zeros((), device=device)
     for i, (inputs, targets) in enumerate(batches):
         inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
@@ -163,11 +166,14 @@ def forward_backward(model: nn.Module, batches: list[MicroBatch], device: torch.
             # Backward does not need the logits: holding them through it would add a (batch x seq x vocab) buffer
             # to peak memory.
             del logits
+            aux = aux_loss_of(model)
             # Micro batches are equally sized: dividing by their number averages over this rank's share of the
             # global batch, and the gradient reduction (an average) then over all of it.
-            (loss / len(batches)).backward()
+            ((loss if aux is None else loss + aux) / len(batches)).backward()
         loss_sum += loss.detach()
-    return loss_sum / len(batches)
+        if aux is not None:
+            aux_sum += aux.detach()
+    return loss_sum / len(batches), aux_sum / len(batches)
 
 
 def train(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics, watchdog: ProgressWatchdog,
@@ -193,10 +199,10 @@ def train(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics, watchdog: P
     model = GPT(cfg, seed=training.seed).to(device)
     tokens_per_step = training.global_batch * cfg.seq_len
     if env.rank == 0:
-        log.info("model: %s, %.2fM parameters, %.3g FLOPs/token; world %d, dp %d, tp %d, pp %d%s, %s", cfg,
+        log.info("model: %s, %.2fM parameters, %.3g FLOPs/token; world %d, dp %d, tp %d, pp %d%s%s, %s", cfg,
                  model.num_params() / 1e6, model.flops_per_token(), env.world_size, dp_size, parallelism.tp,
                  parallelism.pp, f" ({parallelism.schedule})" if parallelism.pp > 1 else "",
-                 "fsdp" if parallelism.fsdp else "ddp")
+                 f", ep {parallelism.ep}" if cfg.moe else "", "fsdp" if parallelism.fsdp else "ddp")
     model = parallelize(model, mesh, parallelism, training)
     autocast = autocast_for(device, training.precision)
     with autocast:
@@ -220,10 +226,11 @@ def train(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics, watchdog: P
         injector.maybe_fire(step)
         began = time.perf_counter()
         batches = loader.next_microbatches(dp_rank, dp_size, training.global_batch, training.micro_batch)
-        rank_loss = forward_backward(model, batches, device, autocast)
-        # One collective for the logged loss and the stop flag: every rank sees the same sum, so all stop together.
+        rank_loss, rank_aux = forward_backward(model, batches, device, autocast)
+        # One collective for the logged losses and the stop flag: every rank sees the same sum, so all stop together.
         # Started now and awaited after the optimizer step, so it overlaps clipping and the update.
-        totals = torch.stack([rank_loss * loss_weight, torch.tensor(float(stop.requested), device=device)])
+        totals = torch.stack([rank_loss * loss_weight, rank_aux * loss_weight,
+                              torch.tensor(float(stop.requested), device=device)])
         totals_reduced = dist.all_reduce(totals, async_op=True)
         if training.grad_clip > 0:
             clip_grad_norm(model, training.grad_clip)
@@ -235,7 +242,10 @@ def train(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics, watchdog: P
             shorten_timeouts(timeouts)
 
         totals_reduced.wait()
-        mean_loss, stop_now = totals[0].item() / dp_size, totals[1].item() > 0
+        mean_loss, stop_now = totals[0].item() / dp_size, totals[2].item() > 0
+        # The language-model loss is what `loss` reports (comparable with a dense model); an MoE model's weighted
+        # load-balancing loss, also in the gradient, is reported beside it.
+        aux = {"aux_loss": totals[1].item() / dp_size} if cfg.moe else {}
         step_seconds = time.perf_counter() - began
         tokens_per_second = tokens_per_step / step_seconds
         metrics.record_step(loss=mean_loss, step_seconds=step_seconds, tokens_per_second=tokens_per_second,
@@ -243,9 +253,10 @@ def train(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics, watchdog: P
         watchdog.beat()
         if env.rank == 0:
             events.emit("step", step=step, loss=mean_loss, step_seconds=step_seconds,
-                        tokens_per_second=tokens_per_second, world_size=env.world_size)
-            log.info("step %d/%d loss %.4f lr %.3g %.3fs %.0f tok/s", step, training.steps, mean_loss,
-                     scheduler.get_last_lr()[0], step_seconds, tokens_per_second)
+                        tokens_per_second=tokens_per_second, world_size=env.world_size, **aux)
+            log.info("step %d/%d loss %.4f%s lr %.3g %.3fs %.0f tok/s", step, training.steps, mean_loss,
+                     "".join(f" aux {v:.4f}" for v in aux.values()), scheduler.get_last_lr()[0], step_seconds,
+                     tokens_per_second)
         if stop_now and step < training.steps:  # at the last step, finishing is the quickest way to stop
             log.info("SIGTERM: emergency checkpoint at step %d, then exit %d", step, exitcodes.STOPPED)
             ckpt.save(step, app, blocking=True)  # returns at once if this step's save was already taken

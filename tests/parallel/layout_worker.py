@@ -4,7 +4,8 @@
 LAYOUT_RUN = JSON {"parallelism": {...}, "steps", "lr", "globalBatch", "microBatch", "gradClip", "out",
 "checkpointDir", "saveAt", "restore", "optimizer"}. SGD (no momentum) by default: float noise is not amplified;
 "optimizer": "adamw" uses the trainer's AdamW (to check that optimizer state moves between layouts). Rank 0 writes `out`
-(JSON: per-step loss averaged over the global batch, the restored step) and `out`.pt (the full parameters).
+(JSON: per-step loss and MoE load-balancing loss averaged over the global batch, the restored step) and `out`.pt
+(the full parameters). "model" is a trainer.model spec (gpt-tiny by default; with "moe" an MoE model).
 """
 
 from __future__ import annotations
@@ -50,18 +51,20 @@ def main() -> None:
                         run.get("checkpointDir") or "/unused")
     start = (ckpt.restore(app) or 0) if run.get("restore") else 0
 
-    losses = {}
+    losses, aux_losses = {}, {}
     for step in range(start + 1, training.steps + 1):
         batches = loader.next_microbatches(dp_mesh.get_local_rank(), dp_mesh.size(), training.global_batch,
                                            training.micro_batch)
-        loss = forward_backward(model, batches, torch.device("cpu"), nullcontext())
+        loss, aux = forward_backward(model, batches, torch.device("cpu"), nullcontext())
         if training.grad_clip > 0:
             clip_grad_norm(model, training.grad_clip)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        dist.all_reduce(loss, group=dp_mesh.get_group())  # every tp and pp rank holds the same loss
-        losses[step] = loss.item() / dp_mesh.size()
+        both = torch.stack([loss, aux])
+        dist.all_reduce(both, group=dp_mesh.get_group())  # every tp and pp rank holds the same losses
+        losses[step] = both[0].item() / dp_mesh.size()
+        aux_losses[step] = both[1].item() / dp_mesh.size()
         if step == run.get("saveAt"):
             ckpt.save(step, app, blocking=True)
     ckpt.close()
@@ -69,7 +72,8 @@ def main() -> None:
     if rank == 0:
         torch.save({k: v.detach().clone() for k, v in state.items()}, run["out"] + ".pt")
         with open(run["out"], "w") as f:
-            json.dump({"losses": losses, "start": start, "consumed": loader.consumed_samples}, f)
+            json.dump({"losses": losses, "aux_losses": aux_losses, "start": start,
+                       "consumed": loader.consumed_samples}, f)
     dist.barrier()
     dist.destroy_process_group()
 
