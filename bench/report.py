@@ -46,10 +46,14 @@ def plot(name: str, record: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def write_report(names: tuple[str, ...], results: Path = RESULTS) -> Path:
+README = Path(__file__).resolve().parents[1] / "README.md"
+README_BEGIN, README_END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
+
+
+def table(names: tuple[str, ...], results: Path = RESULTS) -> list[str]:
+    """The results as markdown table rows, one per benchmark."""
     rows = ["| benchmark | metric | ours | peer | peer value | ratio | goal | pass | mode |",
             "|---|---|---|---|---|---|---|---|---|"]
-    plots = []
     for name in names:
         path = results / f"{name}.json"
         if not path.exists():
@@ -59,10 +63,29 @@ def write_report(names: tuple[str, ...], results: Path = RESULTS) -> Path:
         rows.append(f"| {name} | {r['metric']} | {_fmt(r['value'])} {r.get('unit', '')} | {r['peer']} | "
                     f"{_fmt(r['peer_value'])} | {_fmt(r['ratio'])} | {r['goal']} | {'yes' if r['pass'] else 'NO'} | "
                     f"{'quick' if r.get('quick') else 'full'} |")
-        png = plot(name, r, results / f"{name}.png")
-        plots.append(f"### {name}\n\n![{name}]({png.name})\n")
+    return rows
+
+
+def write_report(names: tuple[str, ...], results: Path = RESULTS) -> Path:
+    plots = []
+    for name in names:
+        path = results / f"{name}.json"
+        if path.exists():
+            png = plot(name, json.loads(path.read_text()), results / f"{name}.png")
+            plots.append(f"### {name}\n\n![{name}]({png.name})\n")
     report = results / "REPORT.md"
     report.write_text("# Benchmark report\n\nEach ratio is ours / the peer measured in the same run "
-                      "(`python -m bench [--quick]` regenerates this file).\n\n" + "\n".join(rows) + "\n\n"
-                      "## Plots\n\n" + "\n".join(plots))
+                      "(`python -m bench [--quick]` regenerates this file).\n\n" + "\n".join(table(names, results))
+                      + "\n\n## Plots\n\n" + "\n".join(plots))
     return report
+
+
+def update_readme(names: tuple[str, ...], results: Path = RESULTS, readme: Path = README) -> bool:
+    """Put the table between the README's bench-table markers (its Performance section); False if it has none."""
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        return False
+    head, rest = text.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    readme.write_text(head + README_BEGIN + "\n" + "\n".join(table(names, results)) + "\n" + README_END + tail)
+    return True

@@ -91,3 +91,14 @@ def test_dead_worker_smoke(tmp_path):
     ours, peer = record["runs"]["ours"][0], record["runs"]["peer"][0]
     assert ours["reason"] == peer["reason"] == "NodeLost"
     assert ours["detect_s"] < ours["replacement_running_s"] < ours["first_step_s"]
+
+
+def test_goodput_smoke(tmp_path):
+    """Ours and the tuned torchrun each train ~10 s with one rank SIGKILLed and recover from it."""
+    out = tmp_path / "goodput.json"
+    run_bench(tmp_path, "bench.goodput", "--quick", "--clean-steps", "60", "--periods", "6", "--seconds", "10",
+              "--out", str(out))
+    record = check_record(out)
+    for side, run in record["runs"]["period_6s"].items():
+        assert run["finished"] and run["summary"]["faults"] >= 1, side
+        assert run["summary"]["recovered"] == run["summary"]["faults"], side

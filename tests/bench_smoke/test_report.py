@@ -19,3 +19,19 @@ def test_report_has_a_row_and_a_plot_per_result(tmp_path):
         assert f"![{name}]({name}.png)" in report
         assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (tmp_path / "missing.png").exists()
+
+
+def test_readme_table_is_replaced_between_its_markers(tmp_path):
+    from bench.report import README_BEGIN, README_END, update_readme
+
+    write_result("fast", metric="latency", value=1.5, unit="s", peer="torchrun", peer_value=30.0, goal="<= 3 s",
+                 passed=True, runs=[], path=tmp_path / "fast.json")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n## Performance\n\n{README_BEGIN}\n| old |\n{README_END}\n\nhow to reproduce\n")
+    assert update_readme(("fast",), tmp_path, readme)
+    text = readme.read_text()
+    assert "| old |" not in text and "| fast | latency | 1.5 s | torchrun |" in text
+    assert text.endswith(f"{README_END}\n\nhow to reproduce\n")
+    plain = tmp_path / "PLAIN.md"
+    plain.write_text("no markers\n")
+    assert not update_readme(("fast",), tmp_path, plain) and plain.read_text() == "no markers\n"
