@@ -10,6 +10,10 @@ The cluster must already run the operator (the Helm chart) with etcd, and have t
 | `FLYWHEEL_E2E_CKPT_DIR` | `/ckpt` | checkpoint dir inside the worker image |
 | `FLYWHEEL_E2E_OPERATOR` | `flywheel-system:app.kubernetes.io/name=flywheel-operator` | operator pod: ns:selector |
 | `FLYWHEEL_E2E_KUBECTL` | `kubectl` on PATH, else .tools/bin/kubectl | the kubectl binary |
+| `FLYWHEEL_E2E_ETCD` | `<operator ns>:app.kubernetes.io/component=etcd` | the chart's etcd pods: ns:selector |
+
+Scenarios of tests/operator that need the test cluster's own hooks (a frozen node, forced 409 conflicts, dropped
+watch streams) have no real-cluster twin; the rest do, a rank kill standing in for the killed worker process.
 """
 
 from __future__ import annotations

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import random
+import re
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.e2e_real.conftest import RealCluster, eventually
 
@@ -65,3 +69,44 @@ def test_scale_and_suspend(real: RealCluster, tmp_path: Path) -> None:
     real.kubectl("patch", "tj", "e2e-elastic", "--type=merge", "-p", '{"spec": {"suspend": false}}')
     real.kubectl("scale", "tj", "e2e-elastic", "--replicas", "2")
     real.wait_phase("e2e-elastic", "Succeeded", 1800)
+
+
+# SIGKILLs every rank process of a worker from inside its container (ranks are named fw-rank-<RANK>; the agent is
+# PID 1, which a signal from inside its own namespace cannot kill).
+KILL_RANKS = ("import os, signal\n"
+              "for p in filter(str.isdigit, os.listdir('/proc')):\n"
+              "    try:\n"
+              "        if open(f'/proc/{p}/comm').read().startswith('fw-rank-'):\n"
+              "            os.kill(int(p), signal.SIGKILL)\n"
+              "    except OSError:\n"
+              "        pass\n")
+
+
+def _params_hash(real: RealCluster, name: str) -> str:
+    found = re.findall(r"params sha256 ([0-9a-f]{64})", real.kubectl("logs", f"{name}-worker-0").stdout)
+    assert found, f"{name}-worker-0's log has no final parameter hash"
+    return found[-1]
+
+
+def test_killed_ranks_recover_to_the_fault_free_parameters(real: RealCluster, tmp_path: Path) -> None:
+    real.apply_job("e2e-ref", tmp_path, **LONG)
+    real.apply_job("e2e-rankkill", tmp_path, **LONG)
+    eventually(lambda: real.status("e2e-rankkill").get("step", 0) >= 40, 900, "step 40")
+    real.kubectl("exec", "e2e-rankkill-worker-1", "--", "python", "-c", KILL_RANKS)
+    status = real.wait_phase("e2e-rankkill", "Succeeded", 1800)
+    assert status["step"] == 400
+    assert "restart_count=1" in real.kubectl("logs", "e2e-rankkill-worker-1").stdout  # the agent restarted them
+    real.wait_phase("e2e-ref", "Succeeded", 1800)
+    assert _params_hash(real, "e2e-rankkill") == _params_hash(real, "e2e-ref")
+
+
+def test_etcd_member_restart_mid_run_is_survived(real: RealCluster, tmp_path: Path) -> None:
+    ns, _, selector = os.environ.get("FLYWHEEL_E2E_ETCD",
+                                     f"{real.operator_ns}:app.kubernetes.io/component=etcd").partition(":")
+    if not real.kubectl("get", "pods", "-l", selector, "-o", "name", namespace=ns).stdout.strip():
+        pytest.skip("no in-cluster etcd (the chart points at an external endpoint)")
+    real.apply_job("e2e-etcd", tmp_path, **LONG)
+    eventually(lambda: real.status("e2e-etcd").get("step", 0) >= 40, 900, "step 40")
+    real.kubectl("delete", "pod", "-l", selector, "--wait=false", namespace=ns)
+    status = real.wait_phase("e2e-etcd", "Succeeded", 1800)
+    assert status["step"] == 400
