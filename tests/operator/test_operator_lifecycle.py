@@ -4,6 +4,7 @@ ttlSecondsAfterFinished with the etcd-cleanup finalizer, user scripts, and gang 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -53,6 +54,54 @@ def test_kubectl_scale_shrinks_and_regrows_an_elastic_job(op_env: OpEnv) -> None
     assert status["step"] == 500 and status["replicas"]["desired"] == 2
     restores = [r for r in op_env.records(name) if r["event"] == "restore"]
     assert {(r["from_world_size"], r["world_size"]) for r in restores} >= {(2, 1), (1, 2)}
+
+
+def _steps(env: OpEnv, name: str, after: float = 0.0) -> list[dict[str, Any]]:
+    return [r for r in env.records(name) if r["event"] == "step" and r["time"] > after]
+
+
+@pytest.mark.slow
+def test_lost_worker_shrinks_the_world_to_min_and_regrows_when_its_node_returns(op_env: OpEnv) -> None:
+    """Elastic (replicas 1..2): worker 1's node is lost and its replacement cannot be scheduled (the other node is
+    cordoned), so training goes on at world size 1; when the node returns the replacement starts and the world
+    grows back to 2, and the job Succeeds."""
+    name = "shrink-regrow"
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{
+        **LONG, "trainer.training.steps": 1500, "replicas": {"min": 1, "max": 2},
+        # The survivor's collective with the frozen peer times out after 0.8 x progressTimeoutSeconds.
+        "faultTolerance.progressTimeoutSeconds": 10, "faultTolerance.nodeFailureGraceSeconds": 3})))
+    eventually(lambda: op_env.last_step(name) >= 40 and any(r["event"] == "checkpoint" for r in op_env.records(name)),
+               120, f"{name} to pass step 40 and commit a checkpoint", interval=0.05)
+    nodes = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in op_env.pods(name)}
+    kept, lost = nodes[f"{name}-worker-0"], nodes[f"{name}-worker-1"]
+    assert kept != lost
+    op_env.kubectl("cordon", kept)  # the survivor keeps running there; nothing new may land on it
+    try:
+        op_env.cluster.kubelet.lose_node(lost)
+        lost_at = time.time()
+        shrunk = eventually(lambda: [r for r in _steps(op_env, name, lost_at) if r["world_size"] == 1], 90,
+                            "training at world size 1")
+        status = eventually(lambda: (s := op_env.status(name)).get("worldSize") == 1 and s, 30, "status.worldSize 1")
+        assert status["phase"] == "Running" and status["lastRestartReason"] == "NodeLost"
+        true = {c["type"] for c in status["conditions"] if c["status"] == "True"}
+        assert {"Running", "Degraded"} <= true and "Restarting" not in true
+        replacement = next(p for p in op_env.pods(name) if p["metadata"]["name"] == f"{name}-worker-1")
+        assert replacement["status"].get("phase") == "Pending" and not replacement["spec"].get("nodeName")
+        eventually(lambda: any(c["type"] == "Unschedulable" and c["status"] == "True"
+                               for c in op_env.status(name)["conditions"]), 30, "the Unschedulable condition")
+        assert shrunk
+        op_env.cluster.kubelet.restore_node(lost)
+        regrown_at = time.time()
+        eventually(lambda: (r := _steps(op_env, name, regrown_at)) and r[-1]["world_size"] == 2, 120,
+                   "training at world size 2 again")
+    finally:
+        op_env.cluster.kubelet.restore_node(lost)
+        op_env.kubectl("uncordon", kept)
+    status = op_env.wait_phase(name, "Succeeded", 240)
+    assert status["step"] == 1500 and status["worldSize"] == 2 and status["restartBudget"]["used"] == 0
+    restores = [r for r in op_env.records(name) if r["event"] == "restore"]
+    assert {(r["from_world_size"], r["world_size"]) for r in restores} >= {(2, 1), (1, 2)}
+    assert not any(c["type"] == "Unschedulable" and c["status"] == "True" for c in status["conditions"])
 
 
 @pytest.mark.slow
@@ -131,6 +180,8 @@ def test_gang_jobs_get_a_podgroup(op_env: OpEnv) -> None:
 
 
 def test_operator_serves_the_rest_api_with_a_flag(op_env: OpEnv) -> None:
+    """The REST API in the operator's process acts on a job only through its TrainingJob; each action shows in
+    `kubectl get tj` (PHASE, RESTARTS, DESIRED), and the job's checkpoints arrive in its timeline over time."""
     import httpx
 
     from tests.operator.conftest import _free_port
@@ -139,7 +190,9 @@ def test_operator_serves_the_rest_api_with_a_flag(op_env: OpEnv) -> None:
     tokens.write_text("op-admin-token,alice,u1\n")
     op_env.operator.restart("--api-port", str(port), "--api-host", "127.0.0.1", "--api-token-file", str(tokens))
     try:
-        op_env.kubectl("apply", "-f", str(op_env.job_yaml("served", **LONG)))
+        # Elastic, and long enough to outlive every action below (it is deleted at the end).
+        op_env.kubectl("apply", "-f", str(op_env.job_yaml("served", **{**LONG, "trainer.training.steps": 20000,
+                                                                       "replicas": {"min": 1, "max": 2}})))
         base, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer op-admin-token"}
 
         def get(path: str) -> Any:
@@ -149,19 +202,47 @@ def test_operator_serves_the_rest_api_with_a_flag(op_env: OpEnv) -> None:
                 return None
             return resp.json() if resp.status_code == 200 else None
 
+        def act(method: str, action: str, **body: Any) -> dict[str, Any]:
+            resp = httpx.request(method, f"{base}/v1/jobs/default/served/{action}", headers=auth, timeout=10,
+                                 **({"json": body} if body else {}))
+            assert resp.status_code == 200, resp.text
+            return dict(resp.json())
+
+        def columns() -> dict[str, str]:  # `kubectl get tj`, as a person reads it
+            header, row = op_env.kubectl("get", "tj", "served").stdout.splitlines()[:2]
+            return dict(zip(header.split(), row.split()))
+
         detail = eventually(lambda: (d := get("/v1/jobs/default/served")) and d["phase"] == "Running" and d,
                             60, "the job through the operator's API")
         assert [(w["pod"], w["firstRank"]) for w in detail["workers"]] == [("served-worker-0", 0), ("served-worker-1", 1)]
         assert httpx.get(base + "/v1/jobs", timeout=5).status_code == 401
-        assert httpx.post(base + "/v1/jobs/default/served/suspend", headers=auth, timeout=5).status_code == 200
+        act("POST", "suspend")
         op_env.wait_phase("served", "Suspended", 60)
-
-        def table_phase() -> str:  # the PHASE column of `kubectl get tj`, as a person reads it
-            return op_env.kubectl("get", "tj", "served", "--no-headers").stdout.split()[1]
-
-        assert table_phase() == "Suspended"
-        assert httpx.post(base + "/v1/jobs/default/served/resume", headers=auth, timeout=5).status_code == 200
-        eventually(lambda: table_phase() == "Running", 60, "kubectl get tj to show the resumed job Running")
+        assert columns()["PHASE"] == "Suspended"
+        act("POST", "resume")
+        eventually(lambda: columns()["PHASE"] == "Running", 60, "kubectl get tj to show the resumed job Running")
+        assert columns()["RESTARTS"] == "0" and columns()["DESIRED"] == "2"
+        # Restart: every worker once from the last checkpoint; the RESTARTS column counts it.
+        requested = act("POST", "restart")["job"]["restartRequestedAt"]
+        assert requested  # pending until the operator serves it
+        eventually(lambda: columns()["RESTARTS"] == "1", 60, "kubectl get tj to count the requested restart")
+        assert op_env.status("served")["lastRestartReason"] == "RestartRequested"
+        assert eventually(lambda: (d := get("/v1/jobs/default/served")) and d["restartRequestedAt"] is None, 30,
+                          "the request served")
+        eventually(lambda: columns()["PHASE"] == "Running", 90, "the restarted job Running")
+        # Scale the elastic job to one worker: DESIRED follows, the second worker goes.
+        assert act("PATCH", "scale", replicas=1)["job"]["spec"]["replicasTarget"] == 1
+        eventually(lambda: columns()["DESIRED"] == "1", 30, "kubectl get tj to show DESIRED 1")
+        eventually(lambda: [p["metadata"]["name"] for p in op_env.pods("served")] == ["served-worker-0"], 60,
+                   "worker 1 to go")
+        assert columns()["RESTARTS"] == "1"  # a scale is no restart
+        # Checkpoints over time: one CheckpointCommitted event per 30 s at most, each a timeline entry.
+        def checkpoint_entries() -> list[dict[str, Any]]:
+            items = (get("/v1/jobs/default/served/timeline") or {}).get("items", [])
+            found = [i for i in items if i["kind"] == "checkpoint" and i["reason"] == "CheckpointCommitted"]
+            return found if len(found) >= 2 else []
+        entries = eventually(checkpoint_entries, 90, "two checkpoint events in the timeline")
+        assert entries[0]["step"] < entries[-1]["step"] and entries[0]["time"] < entries[-1]["time"]
     finally:
         op_env.delete("served")
         op_env.operator.restart()
