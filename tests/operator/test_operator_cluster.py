@@ -3,6 +3,7 @@ recovery), a killed operator (many times), invalid specs, and a lost node."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -267,3 +268,25 @@ def test_unpullable_image_fails_after_the_pull_grace(op_env: OpEnv) -> None:
     assert _ts(failed["lastTransitionTime"]) - started >= START_FAILURE_GRACE_SECONDS - 1
     # The kubelet's own Warning events, as `kubectl describe pod` shows them.
     assert any("ErrImagePull" in e["message"] and e["type"] == "Warning" for e in op_env.events_of(f"{name}-worker-0"))
+
+
+@pytest.mark.slow
+def test_preempted_worker_is_an_external_failure(op_env: OpEnv) -> None:
+    """A pod marked DisruptionTarget (as the scheduler does when it preempts it) and deleted: a restart with reason
+    Evicted that spends no budget -- with maxRestarts 0 a charged restart would fail the job."""
+    name = "preempted"
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{**LONG, "faultTolerance.maxRestarts": 0})))
+    eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
+    victim = f"{name}-worker-1"
+    pod = next(p for p in op_env.pods(name) if p["metadata"]["name"] == victim)
+    target = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+              "message": "default-scheduler: preempting to accommodate a higher priority pod",
+              "lastTransitionTime": pod["status"]["conditions"][0]["lastTransitionTime"]}
+    conditions = [c for c in pod["status"]["conditions"] if c["type"] != "DisruptionTarget"] + [target]
+    op_env.kubectl("patch", "pod", victim, "--subresource=status", "--type=merge", "-p",
+                   json.dumps({"status": {"conditions": conditions}}))
+    op_env.kubectl("delete", "pod", victim, "--wait=false")
+    status = op_env.wait_phase(name, "Succeeded", 180)
+    assert status["restarts"] == 1 and status["lastRestartReason"] == "Evicted"
+    assert status["restartBudget"]["used"] == 0 and status["step"] == 400
+    assert "DisruptionTarget: PreemptionByScheduler" in op_env.kubectl("describe", "tj", name).stdout
