@@ -15,6 +15,12 @@ the model does not have (it would change the data-parallel numerics).
 Embeddings, the final LayerNorm and the tied LM head stay replicated over tp: they see the full sequence (the
 first block slices it, the final LayerNorm all-gathers it), so their gradients agree on all tp ranks without a
 reduction.
+
+An MoE layer (`moe.py`) is not split over tp: its input is all-gathered like the dense MLP's, every tp rank routes
+the whole sequence and runs its experts (with expert parallel, each tp rank has its own ep group), and its output
+is sliced back onto the sequence shard. Routing, the load-balancing loss and the capacity cap then see the same
+tokens as without tp, and its gradients agree on the tp ranks like the embeddings'. The cost: the MoE compute is
+repeated on every tp rank (expert tensor parallel would split it).
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                               SequenceParallel, parallelize_module)
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
+                                               RowwiseParallel, SequenceParallel, parallelize_module)
+
+from flywheel.trainer.moe import MoE
 
 
 class TensorParallelError(ValueError):
@@ -57,16 +65,21 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     if getattr(model, "ln_f", None) is not None:
         plan["ln_f"] = to_full_sequence
     parallelize_module(model, tp_mesh, plan)
+    # Replicated over tp: the whole sequence in, this rank's sequence shard out (backward: all-gather the gradient).
+    moe_on_full_sequence = PrepareModuleInputOutput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
+        output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True)
     for _, block in named_blocks:
+        mlp_plan = ({"mlp": moe_on_full_sequence} if isinstance(block.mlp, MoE) else
+                    {"mlp": to_full_sequence, "mlp.fc": ColwiseParallel(),
+                     "mlp.proj": RowwiseParallel(output_layouts=Shard(1))})
         parallelize_module(block, tp_mesh, {
             "ln_attn": SequenceParallel(),
             "attn": to_full_sequence,
             "attn.qkv": ColwiseParallel(),
             "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
             "ln_mlp": SequenceParallel(),
-            "mlp": to_full_sequence,
-            "mlp.fc": ColwiseParallel(),
-            "mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
+            **mlp_plan,
         })
         block.attn.qkv.register_forward_hook(_HeadRegroup(tp_mesh))  # type: ignore[union-attr]
 

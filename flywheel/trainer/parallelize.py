@@ -2,9 +2,11 @@
 
 The mesh has named dimensions, outermost first: "dp", then "pp" and "tp" when their degree is above 1. Row-major
 rank order puts a tp group on consecutive ranks (inside one worker when procsPerReplica >= tp: the fastest
-links), pipeline stages next, data parallel outermost (across workers). Order of application: tensor parallel
-(`parallel_tp.py`), activation checkpointing, then FSDP2 `fully_shard` per block and the root (ZeRO-3, or ZeRO-2
-with `zero: 2`: parameters stay unsharded from forward to backward) or DDP over "dp". The model stays unaware.
+links), pipeline stages next, data parallel outermost (across workers). Expert parallel borrows from dp: with
+ep > 1 the dp dimension is also viewed as ("edp", "ep"), ep inner (`parallel_ep.py`). Order of application:
+tensor parallel (`parallel_tp.py`), expert parallel, activation checkpointing, then FSDP2 `fully_shard` per block
+(first its experts over edp) and the root (ZeRO-3, or ZeRO-2 with `zero: 2`: parameters stay unsharded from
+forward to backward) or DDP over "dp". The model stays unaware.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from flywheel.spec import Parallelism, Training
+from flywheel.trainer.parallel_ep import ExpertParallelError, apply_ep, expert_mesh, fully_shard_experts
 from flywheel.trainer.parallel_pp import PipelineError, pipeline
 from flywheel.trainer.parallel_tp import TensorParallelError, apply_tp
 
@@ -33,11 +36,16 @@ class ParallelismError(ValueError):
 
 
 def mesh_shape(world_size: int, parallelism: Parallelism) -> dict[str, int]:
-    """Named mesh dimensions, outermost first: dp always, pp and tp when above 1."""
+    """Named mesh dimensions, outermost first: dp always, pp and tp when above 1. ep is no dimension of its own:
+    it must divide dp, which `parallelize` then views as (edp, ep)."""
     model_parallel = parallelism.tp * parallelism.pp
     if world_size % model_parallel:
         raise ParallelismError(f"trainer.parallelism: tp x pp = {parallelism.tp} x {parallelism.pp} does not divide "
                                f"the world size {world_size}; choose degrees whose product divides it")
+    if (world_size // model_parallel) % parallelism.ep:
+        raise ParallelismError(f"trainer.parallelism.ep: ep = {parallelism.ep} does not divide dp = "
+                               f"{world_size // model_parallel} (world {world_size} / tp x pp = {model_parallel}); "
+                               "expert parallelism borrows from the data-parallel ranks")
     shape = {DP: world_size // model_parallel}
     if parallelism.pp > 1:
         shape[PP] = parallelism.pp
@@ -62,6 +70,8 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, parallelism: Parallelism, tr
         # state dict, so checkpoints would be wrong. FSDP2 over dp (also at dp = 1) composes with TP.
         raise ParallelismError(f"trainer.parallelism: tp={parallelism.tp} needs fsdp: true (DDP cannot replicate "
                                "tensor-parallel parameters)")
+    if parallelism.ep > 1 and (not parallelism.fsdp or PP in names):
+        raise ParallelismError(f"trainer.parallelism: ep={parallelism.ep} needs fsdp: true and pp: 1")
     if PP not in names:
         return _parallelize_dense(model, mesh, parallelism, training)
     dp = mesh[DP].size()
@@ -82,6 +92,11 @@ def _parallelize_dense(model: nn.Module, mesh: DeviceMesh, parallelism: Parallel
         try:
             apply_tp(model, mesh[TP])
         except TensorParallelError as err:
+            raise ParallelismError(str(err)) from None
+    if parallelism.ep > 1:
+        try:
+            apply_ep(model, expert_mesh(mesh[DP], parallelism.ep))
+        except ExpertParallelError as err:
             raise ParallelismError(str(err)) from None
     if training.activation_checkpointing:
         apply_activation_checkpointing(model)
@@ -104,7 +119,9 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, reshard_after_forward: 
     blocks = list(model.blocks.children())  # type: ignore[union-attr]
     for i, block in enumerate(blocks):
         # The last block's parameters are needed again at once by backward: keep them unsharded after forward.
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
+        reshard = reshard_after_forward and i < len(blocks) - 1
+        fully_shard_experts(block, reshard_after_forward=reshard)  # expert parallel only
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
     return model
 

@@ -78,3 +78,12 @@ def test_invalid_moe_layouts_are_rejected_naming_the_field(changes, expected):
     with pytest.raises(SpecError) as err:
         parse_job(job(**changes))
     assert expected in str(err.value), str(err.value)
+
+
+def test_the_moe_example_is_valid():
+    from pathlib import Path
+
+    from flywheel.spec import load_job
+
+    spec = load_job(Path(__file__).resolve().parents[2] / "examples" / "moe-ep.yaml").spec
+    assert spec.trainer.model.moe is not None and spec.trainer.parallelism.ep == 2

@@ -1,0 +1,122 @@
+"""Expert parallel: each MoE layer's experts spread over the "ep" ranks, tokens dispatched by all-to-all.
+
+The mesh. ep borrows from data parallel, as in TorchTitan: the dp dimension (world / (tp x pp) ranks, each with
+its own data) is viewed as (edp, ep), ep inner, so an ep group is ep consecutive dp ranks (the nearest ones) of
+one tp/pp coordinate. Rank j of an ep group holds experts [j E/ep, (j+1) E/ep) of every MoE layer; ranks with
+the same ep index (an "edp" group of dp / ep ranks) hold the same experts.
+
+Dispatch (`ExpertParallelExperts.forward`, in place of `Experts.forward`). The MoE layer hands over its routed
+token rows grouped by expert, with the count per expert. Per layer and micro batch:
+1. the counts are exchanged (an all-to-all of E integers), so each rank knows how many rows every peer sends;
+2. the rows are sent with `all_to_all_single` (the autograd-aware functional collective: its backward is the
+   reverse all-to-all of the gradients), which lands them grouped by source rank, then by local expert;
+3. they are regrouped expert-major, the local experts run (`moe.expert_mlps`, the same code as without ep), the
+   outputs are put back in source-major order and returned by the reverse all-to-all.
+The caller gets its rows back in the order it sent them, so routing, gating and the combine stay in the model.
+gloo implements all_to_all on CPU (checked on torch 2.13), so this runs in the CPU tests as on NCCL.
+
+Parameters. `w1` and `w2` keep their names and global shapes (experts, ...), as DTensors sharded Shard(0) over
+ep: DCP reshards them between any two layouts, with or without ep. FSDP2 shards them further over edp
+(`fully_shard_experts`) and averages their gradients over edp. Scaling: each rank's loss is the mean over its own
+tokens and data parallel averages over dp, but an expert's gradient already sums the contributions of all ep
+ranks' tokens, so the average must divide by dp = edp x ep, not edp. The expert side of the dispatch therefore
+sees its output gradient divided by ep (and the gradient it returns to the tokens multiplied back by ep): the
+experts' gradients come out divided by ep, and the tokens' are untouched. (FSDP2's `set_gradient_divide_factor`
+would do it too, but at edp = 1 torch 2.13 divides twice, and above 1 it needs PREMUL_SUM, which gloo lacks.)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Shard
+
+from flywheel.trainer.moe import MoE, Experts, expert_mlps
+
+EDP, EP = "edp", "ep"
+
+
+class ExpertParallelError(ValueError):
+    """The model or degrees do not allow this expert-parallel layout."""
+
+
+def expert_mesh(dp_mesh: DeviceMesh, ep: int) -> DeviceMesh:
+    """The dp dimension viewed as (edp, ep), ep inner. Creates process groups: call once, on every rank."""
+    if dp_mesh.size() % ep:
+        raise ExpertParallelError(f"trainer.parallelism.ep: ep = {ep} does not divide dp = {dp_mesh.size()}; "
+                                  "expert parallelism borrows from the data-parallel ranks")
+    return dp_mesh._unflatten(0, (dp_mesh.size() // ep, ep), (EDP, EP))
+
+
+def apply_ep(model: nn.Module, mesh: DeviceMesh) -> None:
+    """Replaces every MoE layer's `experts` with its expert-parallel form on `mesh` (edp, ep), in place."""
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    if not layers:
+        raise ExpertParallelError(f"trainer.parallelism.ep: ep = {mesh[EP].size()} needs an MoE model; set "
+                                  "trainer.model.moe or ep: 1")
+    for layer in layers:
+        if layer.cfg.experts % mesh[EP].size():
+            raise ExpertParallelError(f"trainer.parallelism.ep: ep = {mesh[EP].size()} does not divide the "
+                                      f"{layer.cfg.experts} experts")
+        layer.experts = ExpertParallelExperts(layer.experts, mesh)
+
+
+class ExpertParallelExperts(nn.Module):
+    """An `Experts` module whose weights are sharded over ep (same names, same global shapes)."""
+
+    def __init__(self, experts: Experts, mesh: DeviceMesh) -> None:
+        super().__init__()
+        self.mesh = mesh
+        ep_mesh = mesh[EP]
+        self.group = ep_mesh.get_group()
+        self.ep, rank = ep_mesh.size(), ep_mesh.get_local_rank()
+        self.local_experts = experts.w1.shape[0] // self.ep
+        # Every rank built the same full model from the seed: each keeps its slice, no communication.
+        for name in ("w1", "w2"):
+            shard = getattr(experts, name).detach().chunk(self.ep)[rank].clone()
+            setattr(self, name, nn.Parameter(DTensor.from_local(shard, ep_mesh, [Shard(0)], run_check=False)))
+
+    def forward(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        ep, local = self.ep, self.local_experts
+        # received[src, e]: rows that rank src sends to this rank's local expert e
+        received_counts = torch.empty_like(counts)
+        dist.all_to_all_single(received_counts, counts, group=self.group)
+        sent = counts.view(ep, local).sum(1).tolist()
+        received = received_counts.view(ep, local)
+        arrived = all_to_all_single_autograd(routed, received.sum(1).tolist(), sent, self.group)
+        # Source-major -> expert-major, run the local experts, and back.
+        chunks = _ScaleGrad.apply(arrived, float(ep)).split(received.flatten().tolist())
+        expert_major = [src * local + e for e in range(local) for src in range(ep)]
+        out = expert_mlps(torch.cat([chunks[i] for i in expert_major]), received.sum(0).tolist(),
+                          _local(self.w1), _local(self.w2))
+        out_chunks = _ScaleGrad.apply(out, 1.0 / ep).split([int(received.flatten()[i]) for i in expert_major])
+        source_major = [out_chunks[expert_major.index(i)] for i in range(ep * local)]
+        return all_to_all_single_autograd(torch.cat(source_major), sent, received.sum(1).tolist(), self.group)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; multiplies the gradient by `scale` in backward."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale  # type: ignore[attr-defined]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.scale, None  # type: ignore[attr-defined]
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+def fully_shard_experts(module: nn.Module, *, reshard_after_forward: bool) -> None:
+    """FSDP2 over edp for the expert-parallel experts inside `module`; call before fully_shard(module), which then
+    leaves them out of its own group."""
+    for experts in [m for m in module.modules() if isinstance(m, ExpertParallelExperts)]:
+        fully_shard(experts, mesh=experts.mesh[EDP], reshard_after_forward=reshard_after_forward)
