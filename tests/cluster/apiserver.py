@@ -17,6 +17,7 @@ from aiohttp import web
 from tests.cluster import openapi, patches, protobuf, tables
 from tests.cluster.controllers import ControlPlane
 from tests.cluster.errors import ApiError
+from tests.cluster.requestlog import RequestRecorder
 from tests.cluster.resources import ResourceType
 from tests.cluster.selectors import field_selector, label_selector
 from tests.cluster.store import Store
@@ -57,6 +58,7 @@ class ApiServer:
         self.resumed = asyncio.Event()
         self.resumed.set()
         self.admin_handlers: dict[str, Any] = {}  # extra /_flywheel/<name> handlers (the kubelet adds its own)
+        self.recorder: RequestRecorder | None = None  # per-caller RBAC view of each request (requestlog.py); off
         self.app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self.dispatch)
 
@@ -75,6 +77,8 @@ class ApiServer:
                   f"accept={request.headers.get('Accept', '')}", file=sys.stderr, flush=True)
         if not request.path.startswith("/_flywheel/"):
             await self.resumed.wait()
+            if self.recorder is not None:
+                self.recorder.record(request.method, request.path, request.query, request.headers)
         try:
             return await handler(request)
         except ApiError as err:
@@ -394,6 +398,10 @@ class ApiServer:
         if action == "resume":
             self.resume()
             return _json({"paused": False})
+        if action in ("record-requests", "recorded-requests"):  # requestlog.py; recording starts fresh
+            if action == "record-requests":
+                self.recorder = RequestRecorder() if query.get("on", "true") == "true" else None
+            return _json(self.recorder.as_json() if self.recorder is not None else {})
         if action in self.admin_handlers:
             return _json(await self.admin_handlers[action](parts[1:], dict(query)))
         raise ApiError(404, "NotFound", f"unknown admin action {action!r}")
