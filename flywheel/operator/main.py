@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "node status, i.e. after the node monitor's grace period (bench/dead_worker.py's peer)")
     p.add_argument("--operator-metrics-port", type=int, default=8080,
                    help="serve the operator's own Prometheus metrics here; 0 = off")
+    p.add_argument("--liveness", default="", metavar="URL",
+                   help="serve kopf's liveness endpoint here, e.g. http://0.0.0.0:8081/healthz (answered from the "
+                        "operator's event loop once started, so a hung loop fails the probe); empty = none")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--api-port", type=int, default=0,
                    help="also serve the REST status API (docs/api.md) on this port; 0 = off (`flywheel api` alone)")
@@ -59,6 +62,9 @@ def run(argv: Sequence[str] | None = None, serve_api: Callable[[argparse.Namespa
     if not args.etcd_endpoints:
         print("flywheel operator: --etcd-endpoints (or FLYWHEEL_ETCD_ENDPOINTS) is required: cluster workers "
               "rendezvous through etcd v3")
+        return 2
+    if args.liveness and not args.liveness.startswith("http://"):
+        print(f"flywheel operator: --liveness {args.liveness!r}: kopf serves only http://HOST:PORT/PATH")
         return 2
     try:
         monitor = monitor_settings(args)
@@ -88,7 +94,7 @@ def run(argv: Sequence[str] | None = None, serve_api: Callable[[argparse.Namespa
                                      metrics_port=args.operator_metrics_port, monitor=monitor,
                                      namespaces=tuple(args.namespace))
     kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace,
-             memo=kopf.Memo(config=config))
+             liveness_endpoint=args.liveness or None, memo=kopf.Memo(config=config))
     return 0
 
 

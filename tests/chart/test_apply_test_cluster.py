@@ -36,8 +36,8 @@ def free_port() -> int:
 
 
 class Env:
-    def __init__(self, cluster: Any, tmp: Path, metrics_port: int, docs: list[dict[str, Any]]) -> None:
-        self.cluster, self.tmp, self.metrics_port, self.docs = cluster, tmp, metrics_port, docs
+    def __init__(self, cluster: Any, tmp: Path, ports: dict[str, int], docs: list[dict[str, Any]]) -> None:
+        self.cluster, self.tmp, self.ports, self.docs = cluster, tmp, ports, docs
 
     def kubectl(self, *args: str, stdin: str | None = None) -> str:
         result = subprocess.run([str(KUBECTL), "--kubeconfig", str(self.cluster.kubeconfig), *args], input=stdin,
@@ -51,21 +51,23 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     if KUBECTL is None:
         pytest.skip("kubectl not found (make tools)")
     fixtures = pytest.importorskip("tests.cluster.fixtures")
-    metrics_port = free_port()
+    ports = {"metrics": free_port(), "liveness": free_port()}
     # Values for one shared host: workers serve no metrics port (they would all want 9400), one torch thread each.
     rendered = run_helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION,
                         "--include-crds", "--set", "api.enabled=true",
-                        "--set", f"operator.metricsPort={metrics_port}", "--set", "operator.workerMetricsPortBase=0",
+                        "--set", f"operator.metricsPort={ports['metrics']}",
+                        "--set", f"operator.livenessPort={ports['liveness']}", "--set", "operator.workerMetricsPortBase=0",
                         "--set", "operator.workerEnv.OMP_NUM_THREADS=1").stdout
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     tmp = tmp_path_factory.mktemp("chart-cluster")
     with fixtures.start_cluster(tmp / "cluster", nodes=2, etcd=True, node_monitor_grace_seconds=3.0,
                                 heartbeat_seconds=0.5) as cluster:
-        yield Env(cluster, tmp, metrics_port, docs)
+        yield Env(cluster, tmp, ports, docs)
 
 
 def test_chart_objects_apply(env: Env):
     assert {d["kind"] for d in env.docs} - SERVED == {"Deployment", "StatefulSet"}
+    assert len([d for d in env.docs if d["kind"] == "ServiceAccount"]) == 2  # the operator's and the API's
     served = [d for d in env.docs if d["kind"] in SERVED]
     crds = [d for d in served if d["kind"] == "CustomResourceDefinition"]
     rest = [d for d in served if d["kind"] != "CustomResourceDefinition"]
@@ -82,8 +84,8 @@ def test_chart_objects_apply(env: Env):
 def test_operator_with_the_chart_args_runs_the_example_to_succeeded(env: Env):
     if "trainingjobs.flywheel.dev" not in env.kubectl("get", "crd"):
         pytest.skip("test_chart_objects_apply did not install the CRD")
-    dep = next(d for d in env.docs if d["kind"] == "Deployment")
-    (op,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "operator"]
+    dep = next(d for d in env.docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-operator"))
+    (op,) = dep["spec"]["template"]["spec"]["containers"]
     assert op["args"][0] == "operator"
     args = [a if not a.startswith("--etcd-endpoints=") else f"--etcd-endpoints={env.cluster.etcd_url}"
             for a in op["args"][1:]]
@@ -94,17 +96,22 @@ def test_operator_with_the_chart_args_runs_the_example_to_succeeded(env: Env):
                                  str(env.cluster.kubeconfig), *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                 env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"})
     try:
-        # The liveness/readiness probe of the chart: GET /metrics on the metrics port.
-        probe = op["livenessProbe"]["httpGet"]
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{env.metrics_port}{probe['path']}", timeout=2) as r:
-                    assert r.status == 200
-                    break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-                time.sleep(0.2)
+        # The chart's liveness and readiness probes: kopf's endpoint on the port named in the probe.
+        ports = {p["name"]: p["containerPort"] for p in op["ports"]}
+        assert ports == env.ports
+        for probe in (op["livenessProbe"]["httpGet"], op["readinessProbe"]["httpGet"]):
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    url = f"http://127.0.0.1:{ports[probe['port']]}{probe['path']}"
+                    with urllib.request.urlopen(url, timeout=2) as r:
+                        assert r.status == 200 and r.headers["Content-Type"].startswith("application/json")
+                        break
+                except OSError:
+                    assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                    time.sleep(0.2)
+        with urllib.request.urlopen(f"http://127.0.0.1:{env.ports['metrics']}/metrics", timeout=5) as r:
+            assert b"flywheel_operator_jobs" in r.read()
         job = yaml.safe_load((ROOT / "examples" / "operator-tiny.yaml").read_text())
         job["spec"]["checkpoint"]["dir"] = str(env.tmp / "ckpt")  # /ckpt on a real cluster (a shared volume)
         env.kubectl("apply", "-n", NAMESPACE, "-f", "-", stdin=yaml.safe_dump(job))

@@ -31,6 +31,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
 
+{{- define "flywheel.apiSelector" -}}
+app.kubernetes.io/name: {{ include "flywheel.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: api
+{{- end -}}
+
 {{- define "flywheel.etcdSelector" -}}
 app.kubernetes.io/name: {{ include "flywheel.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
@@ -42,6 +48,29 @@ app.kubernetes.io/component: etcd
 {{- default (include "flywheel.fullname" .) .Values.serviceAccount.name -}}
 {{- else -}}
 {{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The REST API's own ServiceAccount (it never shares the operator's). */}}
+{{- define "flywheel.apiServiceAccountName" -}}
+{{- if .Values.api.serviceAccount.create -}}
+{{- default (printf "%s-api" (include "flywheel.fullname" .) | trunc 63 | trimSuffix "-") .Values.api.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.api.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The one namespace the REST API serves (`--namespace`) when rbac.clusterWide is false: api.namespace, else the
+operator's only watched namespace. */}}
+{{- define "flywheel.apiNamespace" -}}
+{{- if .Values.api.namespace -}}
+{{- .Values.api.namespace -}}
+{{- else -}}
+{{- $watched := include "flywheel.watchNamespaces" . | fromJsonArray -}}
+{{- if gt (len $watched) 1 -}}
+{{- fail "api.enabled: the REST API serves one namespace (or all with rbac.clusterWide=true); set api.namespace to one of operator.watchNamespaces" -}}
+{{- end -}}
+{{- first $watched -}}
 {{- end -}}
 {{- end -}}
 
