@@ -35,7 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-from flywheel.trainer.moe import MoE, Experts, expert_mlps
+from flywheel.trainer.moe import Experts, MoE, expert_mlps
 
 EDP, EP = "edp", "ep"
 
@@ -87,15 +87,17 @@ class ExpertParallelExperts(nn.Module):
         dist.all_to_all_single(received_counts, counts, group=self.group)
         sent = counts.view(ep, local).sum(1).tolist()
         received = received_counts.view(ep, local)
-        arrived = all_to_all_single_autograd(routed, received.sum(1).tolist(), sent, self.group)
-        # Source-major -> expert-major, run the local experts, and back.
-        chunks = _ScaleGrad.apply(arrived, float(ep)).split(received.flatten().tolist())
+        from_each, per_chunk = received.sum(1).tolist(), received.flatten().tolist()
+        arrived = all_to_all_single_autograd(routed, from_each, sent, self.group)
+        # Source-major -> expert-major (chunk src * local + e), run the local experts, and back.
+        chunks = _ScaleGrad.apply(arrived, float(ep)).split(per_chunk)
         expert_major = [src * local + e for e in range(local) for src in range(ep)]
         out = expert_mlps(torch.cat([chunks[i] for i in expert_major]), received.sum(0).tolist(),
                           _local(self.w1), _local(self.w2))
-        out_chunks = _ScaleGrad.apply(out, 1.0 / ep).split([int(received.flatten()[i]) for i in expert_major])
-        source_major = [out_chunks[expert_major.index(i)] for i in range(ep * local)]
-        return all_to_all_single_autograd(torch.cat(source_major), sent, received.sum(1).tolist(), self.group)
+        out_chunks = dict(zip(expert_major, _ScaleGrad.apply(out, 1.0 / ep).split([per_chunk[i] for i in
+                                                                                   expert_major])))
+        source_major = torch.cat([out_chunks[i] for i in range(ep * local)])
+        return all_to_all_single_autograd(source_major, sent, from_each, self.group)
 
 
 class _ScaleGrad(torch.autograd.Function):
