@@ -141,7 +141,8 @@ def _layout_table(result: PlanResult, top: int) -> Table:
     for i, e in enumerate(result.candidates[:top]):
         lay = e.layout
         table.add_row("chosen" if i == 0 else str(i + 1), str(lay.dp), str(lay.tp), str(lay.pp),
-                      str(lay.micro_batch), str(e.microbatches), f"zero{lay.zero}" if lay.fsdp else "ddp",
+                      str(lay.micro_batch), str(e.microbatches),
+                      (f"zero{lay.zero}" if lay.fsdp else "ddp") + (f" ep{lay.ep}" if lay.ep > 1 else ""),
                       "yes" if lay.activation_checkpointing else "no", f"{e.step_seconds:.3f}",
                       f"{e.memory_bytes / 2**30:.2f}", f"{e.communication_seconds:.3f}", f"{e.bubble_fraction:.0%}")
     return table

@@ -8,6 +8,14 @@ memory-efficient attention, divided by tp with sequence parallel; the block inpu
 checkpointing), the logits, micro batches in flight under 1F1B pipelining, and a fixed runtime share. Time is the
 compute at the device's achievable FLOP rate, stretched by the pipeline bubble, plus the communication the layout
 adds (data-parallel gradient traffic partly hidden behind backward; tensor-parallel and pipeline traffic exposed).
+
+Mixture of experts (the trainer's moe.py and parallel_ep.py): expert weights are split over ep and FSDP-sharded
+over the remaining dp / ep ranks, so at rest they cost every rank 1/dp of them like the rest; ZeRO-2 and the
+gathered block hold E/ep experts. A token computes k of the E experts (the FLOP count), the MoE layer runs
+replicated on every tp rank (its compute and activations are not divided by tp), each routed token keeps about
+12 values per width (expert hidden and GELU input, its copies through dispatch and combine), and each MoE layer
+adds four exposed all-to-alls per micro batch (dispatch and combine, forward and backward; two more under
+recompute) moving k x tokens x width x (ep - 1) / ep per rank, plus the experts' gradient reduction over edp.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from flywheel.planner.devices import Device, Link
 FP32 = 4
 ADAMW_STATE = 2 * FP32  # exp_avg and exp_avg_sq per parameter
 ACTIVATION_VALUES_PER_TOKEN_WIDTH = 17  # per block: qkv, attention output, MLP 4x hidden and GELU input, norms
+DENSE_MLP_VALUES = 8  # of those 17: the MLP's 4x hidden and GELU input
+EXPERT_VALUES_PER_ROUTED_TOKEN_WIDTH = 12  # per routed token: 4x hidden, GELU input, routed copies and outputs
 RECOMPUTE_FLOPS = 4 / 3  # one more forward (1/3 of forward + backward)
 
 
@@ -30,6 +40,26 @@ class ModelShape:
     heads: int
     vocab: int
     seq_len: int
+    experts: int = 0  # 0: a dense model
+    top_k: int = 0
+    moe_every: int = 1
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers // self.moe_every if self.experts else 0
+
+    @property
+    def expert_params(self) -> int:
+        return 8 * self.dim * self.dim  # one expert: dim x 4 dim in and back, no biases
+
+    @property
+    def moe_shared_params(self) -> int:
+        """An MoE block's parameters besides router and experts: attention and the two LayerNorms."""
+        return 4 * self.dim * self.dim + 8 * self.dim
+
+    @property
+    def all_expert_params(self) -> int:
+        return self.moe_layers * self.experts * self.expert_params
 
     @property
     def block_params(self) -> int:
@@ -43,12 +73,19 @@ class ModelShape:
 
     @property
     def params(self) -> int:
-        return self.layers * self.block_params + self.embedding_params + 2 * self.dim  # + final LayerNorm
+        moe = self.moe_layers * (self.moe_shared_params + self.dim * self.experts) + self.all_expert_params
+        return ((self.layers - self.moe_layers) * self.block_params + moe + self.embedding_params
+                + 2 * self.dim)  # + final LayerNorm
 
     def flops_per_token(self) -> float:
-        """Training FLOPs per token, as the trainer counts them (model.py): 6N without the position embedding,
-        plus attention's 12 * layers * dim * seq."""
-        return 6 * (self.params - self.seq_len * self.dim) + 12 * self.layers * self.dim * self.seq_len
+        """Training FLOPs per token, as the trainer counts them (model.py): 6N without the position embedding
+        (and without the E - k experts a token skips), plus attention's 12 * layers * dim * seq."""
+        idle = self.moe_layers * (self.experts - self.top_k) * self.expert_params
+        return 6 * (self.params - self.seq_len * self.dim - idle) + 12 * self.layers * self.dim * self.seq_len
+
+    def moe_flops_per_token(self) -> float:
+        """The part of those FLOPs in router and experts (every tp rank runs it whole)."""
+        return 6 * self.moe_layers * (self.dim * self.experts + self.top_k * self.expert_params)
 
 
 @dataclass(frozen=True)
@@ -66,6 +103,7 @@ class Layout:
     fsdp: bool
     zero: int  # 3 or 2 with fsdp; ignored by DDP
     activation_checkpointing: bool
+    ep: int = 1  # expert parallel, a divisor of dp (MoE models)
 
     def microbatches(self, global_batch: int) -> int:
         """Micro batches per step on each data-parallel rank (gradient accumulation, or the pipeline's)."""
@@ -73,8 +111,8 @@ class Layout:
 
     def describe(self) -> str:
         sharding = f"fsdp/zero{self.zero}" if self.fsdp else "ddp"
-        return (f"dp{self.dp} tp{self.tp} pp{self.pp} mb{self.micro_batch} {sharding}"
-                f"{' +ac' if self.activation_checkpointing else ''}")
+        return (f"dp{self.dp} tp{self.tp} pp{self.pp}{f' ep{self.ep}' if self.ep > 1 else ''} mb{self.micro_batch} "
+                f"{sharding}{' +ac' if self.activation_checkpointing else ''}")
 
 
 @dataclass(frozen=True)
@@ -103,34 +141,55 @@ def estimate(shape: ModelShape, batch: Batch, layout: Layout, device: Device, ra
 
 
 def stage_params(shape: ModelShape, layout: Layout) -> float:
-    """Parameters one rank holds before data-parallel sharding: its pipeline stage's blocks split over tp; the
-    embeddings (first stage) and the tied head (last stage) stay whole. The worst stage counts."""
+    """Parameters other than experts one rank holds before data-parallel sharding: its pipeline stage's blocks split
+    over tp (an MoE block's router stays whole); the embeddings (first stage) and the tied head (last stage) stay
+    whole. The worst stage counts."""
     blocks = math.ceil(shape.layers / layout.pp) * shape.block_params / layout.tp
+    if shape.moe_layers:  # pp is 1
+        blocks = (((shape.layers - shape.moe_layers) * shape.block_params + shape.moe_layers * shape.moe_shared_params)
+                  / layout.tp + shape.moe_layers * shape.dim * shape.experts)
     ends = shape.embedding_params if layout.pp == 1 else max(shape.embedding_params, shape.vocab * shape.dim)
     return blocks + ends + 2 * shape.dim
 
 
+def rank_expert_params(shape: ModelShape, layout: Layout) -> float:
+    """Expert parameters one rank holds before FSDP shards them over edp = dp / ep: E / ep experts per layer."""
+    return shape.all_expert_params / layout.ep
+
+
 def memory_breakdown(shape: ModelShape, batch: Batch, layout: Layout, device: Device) -> dict[str, float]:
-    n = stage_params(shape, layout)
-    dp = layout.dp
+    # Experts are sharded over edp = dp / ep, the rest over dp: per rank, n / dp + e / edp, sharded.
+    n, e = stage_params(shape, layout), rank_expert_params(shape, layout)
+    dp, edp = layout.dp, layout.dp // layout.ep
     if not layout.fsdp:
+        n += e  # DDP has no expert parallel
         states = {"parameters": n * FP32, "gradients": 2 * n * FP32, "optimizer": n * ADAMW_STATE}  # + DDP buckets
     elif layout.zero == 2:
-        states = {"parameters": n * FP32, "gradients": n * FP32 / dp, "optimizer": n * ADAMW_STATE / dp}
+        states = {"parameters": (n + e) * FP32, "gradients": n * FP32 / dp + e * FP32 / edp,
+                  "optimizer": n * ADAMW_STATE / dp + e * ADAMW_STATE / edp}
     else:
         # Sharded at rest; two blocks' parameters are gathered at a time (the one computing and the prefetch).
-        gathered = 2 * shape.block_params / layout.tp * FP32
-        states = {"parameters": n * FP32 / dp + gathered, "gradients": n * FP32 / dp + gathered,
-                  "optimizer": n * ADAMW_STATE / dp}
+        block = shape.block_params / layout.tp
+        if shape.moe_layers:
+            block = max(block, shape.moe_shared_params / layout.tp + shape.dim * shape.experts
+                        + shape.experts / layout.ep * shape.expert_params)
+        gathered = 2 * block * FP32
+        states = {"parameters": n * FP32 / dp + e * FP32 / edp + gathered,
+                  "gradients": n * FP32 / dp + e * FP32 / edp + gathered,
+                  "optimizer": n * ADAMW_STATE / dp + e * ADAMW_STATE / edp}
     act_bytes = FP32 if batch.precision == "fp32" else 2.5  # bf16 autocast keeps norms and the residual in fp32
     tokens = layout.micro_batch * shape.seq_len
     layers_here = math.ceil(shape.layers / layout.pp)
     per_block = ACTIVATION_VALUES_PER_TOKEN_WIDTH * tokens * shape.dim * act_bytes / layout.tp
+    # An MoE block: attention and norms as a dense block's; the experts' values per routed token, on every tp rank.
+    moe_block = ((ACTIVATION_VALUES_PER_TOKEN_WIDTH - DENSE_MLP_VALUES) / layout.tp
+                 + EXPERT_VALUES_PER_ROUTED_TOKEN_WIDTH * shape.top_k) * tokens * shape.dim * act_bytes
     if layout.activation_checkpointing:
         # Each block's input is kept; one block's activations live at a time while it is recomputed.
-        activations = layers_here * tokens * shape.dim * FP32 + per_block
+        activations = layers_here * tokens * shape.dim * FP32 + (max(per_block, moe_block) if shape.moe_layers
+                                                                 else per_block)
     else:
-        activations = layers_here * per_block
+        activations = (layers_here - shape.moe_layers) * per_block + shape.moe_layers * moe_block
     in_flight = min(layout.pp, layout.microbatches(batch.global_batch)) if layout.pp > 1 else 1  # 1F1B, stage 0
     # Log-softmax output and its gradient, fp32, on the last stage (the logits themselves are freed).
     logits = 2 * tokens * shape.vocab * FP32
@@ -141,7 +200,11 @@ def memory_breakdown(shape: ModelShape, batch: Batch, layout: Layout, device: De
 
 
 def _compute_seconds(shape: ModelShape, batch: Batch, layout: Layout, device: Device) -> float:
-    flops = shape.flops_per_token() * batch.global_batch * shape.seq_len / (layout.dp * layout.tp * layout.pp)
+    tokens_per_step = batch.global_batch * shape.seq_len
+    # The MoE layers' compute is repeated on every tp rank.
+    moe = shape.moe_flops_per_token()
+    flops = ((shape.flops_per_token() - moe) * batch.global_batch * shape.seq_len / (layout.dp * layout.tp * layout.pp)
+             + moe * tokens_per_step / (layout.dp * layout.pp))
     if layout.activation_checkpointing:
         flops *= RECOMPUTE_FLOPS
     # Small micro batches leave the device under-used (launch and framework overhead per op dominate); narrower
@@ -174,13 +237,21 @@ def _communication_seconds(shape: ModelShape, batch: Batch, layout: Layout, devi
     pp_link = _link(layout.tp * layout.pp > ranks_per_worker, device)
     dp_link = _link(layout.dp * layout.tp * layout.pp > ranks_per_worker, device)
     grad_bytes = stage_params(shape, layout) * FP32
+    expert_bytes = rank_expert_params(shape, layout) * FP32
     if not layout.fsdp:
+        grad_bytes += expert_bytes  # DDP: no expert parallel, experts reduced with the rest
+        expert_bytes = 0.0
         dp_volume, dp_count = 2 * grad_bytes, 2  # all-reduce, in ~2 buckets at this size
+        expert_factor, expert_count = 0, 0
     elif layout.zero == 2:
         dp_volume, dp_count = 2 * grad_bytes, 2 * math.ceil(shape.layers / layout.pp)  # all-gather + reduce-scatter
+        expert_factor, expert_count = 2, 2 * shape.moe_layers
     else:
         dp_volume, dp_count = 3 * grad_bytes, 3 * math.ceil(shape.layers / layout.pp)  # + all-gather in backward
+        expert_factor, expert_count = 3, 3 * shape.moe_layers
     dp_seconds = _collective_seconds(dp_volume, layout.dp, dp_link, dp_count)
+    if expert_count:  # the experts' own FSDP group: edp ranks spaced ep x tp x pp apart
+        dp_seconds += _collective_seconds(expert_factor * expert_bytes, layout.dp // layout.ep, dp_link, expert_count)
     # Hidden behind backward (about 2/3 of compute) as far as the device overlaps it.
     dp_exposed = max(dp_seconds - device.comm_overlap * compute * 2 / 3, dp_seconds * (1 - device.comm_overlap))
     act_bytes = FP32 if batch.precision == "fp32" else 2
@@ -188,8 +259,30 @@ def _communication_seconds(shape: ModelShape, batch: Batch, layout: Layout, devi
     layers_here = math.ceil(shape.layers / layout.pp)
     # Per block and micro batch: 2 all-reduces forward and 2 backward (or the same volume as all-gather +
     # reduce-scatter with sequence parallel).
-    tp_seconds = _collective_seconds(4 * 2 * activation * layers_here * m, layout.tp, tp_link, 4 * layers_here * m)
+    # An MoE block replaces the MLP's 2 + 2 by an all-gather of its input (forward) and of its output's gradient.
+    dense_here = layers_here - shape.moe_layers
+    tp_seconds = _collective_seconds(4 * 2 * activation * dense_here * m + 6 * activation * shape.moe_layers * m,
+                                     layout.tp, tp_link, (4 * dense_here + 3 * shape.moe_layers) * m)
     # Per micro batch: activations forward and their gradients backward across each stage boundary.
     pp_seconds = (2 * m * (activation / pp_link.bandwidth_bytes_per_second + pp_link.latency_seconds)
                   if layout.pp > 1 else 0.0)
-    return dp_exposed + tp_seconds + pp_seconds
+    return dp_exposed + tp_seconds + pp_seconds + _all_to_all_seconds(shape, batch, layout, device, ranks_per_worker)
+
+
+def _all_to_all_seconds(shape: ModelShape, batch: Batch, layout: Layout, device: Device,
+                        ranks_per_worker: int) -> float:
+    """Expert-parallel dispatch and combine, exposed: an ep group is ep consecutive dp ranks, tp x pp apart. Per
+    MoE layer and micro batch: forward dispatch + combine, the same backward (and the forward again under
+    recompute), each moving k x tokens x width per rank, of which (ep - 1) / ep leaves the rank; one count
+    exchange (latency only) per forward."""
+    if layout.ep == 1 or not shape.moe_layers:
+        return 0.0
+    ep_link = _link(layout.ep * layout.tp * layout.pp > ranks_per_worker, device)
+    act_bytes = FP32 if batch.precision == "fp32" else 2
+    routed = shape.top_k * layout.micro_batch * shape.seq_len * shape.dim * act_bytes
+    forwards = 2 if layout.activation_checkpointing else 1
+    per_layer = (2 * forwards + 2) * routed
+    collectives = 3 * forwards + 2
+    m = layout.microbatches(batch.global_batch)
+    return _collective_seconds(per_layer * shape.moe_layers * m, layout.ep, ep_link,
+                               collectives * shape.moe_layers * m)

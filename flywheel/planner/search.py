@@ -1,11 +1,13 @@
-"""The layout search: every (dp, tp, pp, micro batch, FSDP/ZeRO stage, activation checkpointing) the model and the
-world size allow, estimated with cost.py. Among the layouts that fit, those within NEAR_TIE of the fastest estimate
+"""The layout search: every (dp, tp, pp, ep, micro batch, FSDP/ZeRO stage, activation checkpointing) the model and
+the world size allow, estimated with cost.py. ep (MoE models) ranges over the divisors of dp that divide the
+experts, with FSDP and pp = 1, as the trainer runs it. Among the layouts that fit, those within NEAR_TIE of the fastest estimate
 count as equally fast (the cost model is not finer than that); of those the one closest to the spec's own layout
 wins, then the least memory. So a job keeps its layout unless another is clearly faster.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -39,7 +41,8 @@ class PlanResult:
 
 def estimate_json(e: Estimate) -> dict[str, object]:
     lay = e.layout
-    return {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "microBatch": lay.micro_batch, "microbatches": e.microbatches,
+    return {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "ep": lay.ep, "microBatch": lay.micro_batch,
+            "microbatches": e.microbatches,
             "fsdp": lay.fsdp, "zero": lay.zero if lay.fsdp else None,
             "activationCheckpointing": lay.activation_checkpointing, "est_step_seconds": round(e.step_seconds, 6),
             "est_memory_bytes": int(e.memory_bytes), "est_compute_seconds": round(e.compute_seconds, 6),
@@ -57,43 +60,47 @@ def shape_of(spec: TrainingJobSpec) -> ModelShape:
             raise PlanError(f"trainer.model.{key}: not set and no preset gives it")
         return chosen
 
+    moe = {"experts": m.moe.experts, "top_k": m.moe.top_k, "moe_every": m.moe.every} if m.moe else {}
     return ModelShape(layers=pick(m.layers, "layers"), dim=pick(m.dim, "dim"), heads=pick(m.heads, "heads"),
-                      vocab=pick(m.vocab, "vocab"), seq_len=pick(m.seq_len, "seqLen"))
+                      vocab=pick(m.vocab, "vocab"), seq_len=pick(m.seq_len, "seqLen"), **moe)
 
 
 def layouts(shape: ModelShape, global_batch: int, world_size: int, *, runnable_only: bool = False,
-            micro_batches: tuple[int, ...] | None = None) -> Iterator[Layout]:
+            micro_batches: tuple[int, ...] | None = None, ep_limit: int | None = None) -> Iterator[Layout]:
     """Every layout the model allows: tp divides the heads, pp the layers, dp x microBatch the global batch; tp
-    needs FSDP (DDP cannot replicate tensor-parallel parameters). `runnable_only` keeps what the worker loop runs
-    today (tp = pp = 1)."""
+    needs FSDP (DDP cannot replicate tensor-parallel parameters). An MoE model runs with pp = 1 and ep a divisor
+    of dp and of the experts (and of `ep_limit` when given), with FSDP above 1. `runnable_only` keeps what the
+    `auto` resolution hands the worker loop (tp = pp = 1)."""
     for tp in _divisors(world_size):
         if shape.heads % tp or (runnable_only and tp > 1):
             continue
         for pp in _divisors(world_size // tp):
-            if shape.layers % pp or (runnable_only and pp > 1):
+            if shape.layers % pp or ((runnable_only or shape.experts) and pp > 1):
                 continue
             dp = world_size // (tp * pp)
             if global_batch % dp:
                 continue
-            for mb in micro_batches or _divisors(global_batch // dp):
-                if (global_batch // dp) % mb:
-                    continue
-                for fsdp, zero in ((False, 3), (True, 3), (True, 2)):
-                    if tp > 1 and not fsdp:
+            eps = [ep for ep in _divisors(dp) if shape.experts % ep == 0 and (ep_limit or ep) % ep == 0]
+            for ep in eps if shape.experts else [1]:
+                for mb in micro_batches or _divisors(global_batch // dp):
+                    if (global_batch // dp) % mb:
                         continue
-                    for ac in (False, True):
-                        yield Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, fsdp=fsdp, zero=zero,
-                                     activation_checkpointing=ac)
+                    for fsdp, zero in ((False, 3), (True, 3), (True, 2)):
+                        if (tp > 1 or ep > 1) and not fsdp:
+                            continue
+                        for ac in (False, True):
+                            yield Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, fsdp=fsdp, zero=zero,
+                                         activation_checkpointing=ac, ep=ep)
 
 
 def plan_layout(shape: ModelShape, batch: Batch, world_size: int, ranks_per_worker: int, device: Device, *,
                 runnable_only: bool = False, micro_batches: tuple[int, ...] | None = None,
-                preferred: Layout | None = None) -> PlanResult:
+                preferred: Layout | None = None, ep_limit: int | None = None) -> PlanResult:
     if world_size < 1 or ranks_per_worker < 1:
         raise PlanError(f"world size {world_size} / ranks per worker {ranks_per_worker}: both must be >= 1")
     estimates = [estimate(shape, batch, lay, device, ranks_per_worker)
                  for lay in layouts(shape, batch.global_batch, world_size, runnable_only=runnable_only,
-                                    micro_batches=micro_batches)]
+                                    micro_batches=micro_batches, ep_limit=ep_limit)]
     if not estimates:
         raise PlanError(f"trainer.training.globalBatch: {batch.global_batch} cannot be split over any data-parallel"
                         f" degree of world size {world_size} (with microBatch {micro_batches}); use a multiple of "
@@ -116,7 +123,7 @@ def _distance(layout: Layout, preferred: Layout | None) -> int:
     if preferred is None:
         return 0
     return sum((layout.dp != preferred.dp, layout.tp != preferred.tp, layout.pp != preferred.pp,
-                layout.micro_batch != preferred.micro_batch, layout.fsdp != preferred.fsdp,
+                layout.ep != preferred.ep, layout.micro_batch != preferred.micro_batch, layout.fsdp != preferred.fsdp,
                 layout.fsdp and layout.zero != preferred.zero,
                 layout.activation_checkpointing != preferred.activation_checkpointing))
 
@@ -133,10 +140,11 @@ def plan_for_spec(spec: TrainingJobSpec, world_size: int, device: Device, *,
 
 
 def spec_layout(spec: TrainingJobSpec, world_size: int) -> Layout:
-    """The layout the spec asks for at this world size (its tp/pp; dp the rest)."""
+    """The layout the spec asks for at this world size (its tp/pp/ep; dp the rest)."""
     par, training = spec.trainer.parallelism, spec.trainer.training
     return Layout(dp=max(1, world_size // (par.tp * par.pp)), tp=par.tp, pp=par.pp, micro_batch=training.micro_batch,
-                  fsdp=par.fsdp, zero=par.zero, activation_checkpointing=training.activation_checkpointing)
+                  fsdp=par.fsdp, zero=par.zero, activation_checkpointing=training.activation_checkpointing,
+                  ep=par.ep)
 
 
 def _divisors(n: int) -> list[int]:
@@ -145,8 +153,9 @@ def _divisors(n: int) -> list[int]:
 
 def resolve_auto(spec: TrainingJobSpec, device: Device) -> TrainingJobSpec:
     """`parallelism.auto: true` made concrete for the worker loop: the planner's pick among the layouts it runs
-    (data parallel with DDP or FSDP/ZeRO, micro batch, activation checkpointing). Elastic jobs change dp, so the
-    pick is made at the largest world and its micro batch must divide the batch at every world in range."""
+    (data parallel with DDP or FSDP/ZeRO, micro batch, activation checkpointing; ep for an MoE model). Elastic jobs
+    change dp, so the pick is made at the largest world, and its micro batch must divide the batch, and its ep
+    the dp, at every world in range."""
     if not spec.trainer.parallelism.auto or spec.command:
         return spec
     training = spec.trainer.training
@@ -160,10 +169,10 @@ def resolve_auto(spec: TrainingJobSpec, device: Device) -> TrainingJobSpec:
                   if all((training.global_batch // w) % mb == 0 for w in worlds))
     result = plan_layout(shape_of(spec), Batch(training.global_batch, training.precision), max(worlds),
                          spec.procs_per_replica, device, runnable_only=True, micro_batches=micro,
-                         preferred=spec_layout(spec, max(worlds)))
+                         preferred=spec_layout(spec, max(worlds)), ep_limit=math.gcd(*worlds))
     chosen = result.chosen.layout
     parallelism = spec.trainer.parallelism.model_copy(update={"auto": False, "tp": 1, "pp": 1, "fsdp": chosen.fsdp,
-                                                               "zero": chosen.zero})
+                                                               "zero": chosen.zero, "ep": chosen.ep})
     training = training.model_copy(update={"micro_batch": chosen.micro_batch,
                                            "activation_checkpointing": chosen.activation_checkpointing})
     trainer = spec.trainer.model_copy(update={"parallelism": parallelism, "training": training})
