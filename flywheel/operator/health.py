@@ -11,6 +11,7 @@ import os
 import stat
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,20 @@ log = logging.getLogger(__name__)
 
 JobKey = tuple[str, str]
 CONFLICT_RETRIES = 5
-# trainer/collective_env.py: writing to <checkpointDir>/.debug/nccl_pipe_rank_<rank>.pipe makes that rank dump its
-# NCCL flight recorder (not imported: the operator stays torch-free).
-DUMP_PIPES = (".debug", "nccl_pipe_rank_*.pipe")
+# Where the trainer listens for dump requests, under <checkpointDir> (named here, not imported: the operator stays
+# torch-free; tests/trainer/test_stackdump.py checks that the names agree):
+DEBUG_SUBDIR = ".debug"
+# trainer/collective_env.py: writing to nccl_pipe_rank_<rank>.pipe makes that rank dump its NCCL flight recorder.
+NCCL_PIPES = "nccl_pipe_rank_*.pipe"
+# trainer/stackdump.py: a new token in this file makes every rank dump all its threads' stacks (gloo too) into its
+# log and .debug/stacks_rank_<rank>.txt.
+STACK_REQUEST = "dump-request"
+
+
+@dataclass(frozen=True)
+class DumpRequest:
+    nccl_pipes: int  # flight-recorder pipes written (ranks with a reader)
+    stack_request: Path | None  # the request file written, None when there is no debug directory
 
 
 def watched_pod(obj: dict[str, Any]) -> WatchedPod | None:
@@ -53,10 +65,22 @@ def watched_pod(obj: dict[str, Any]) -> WatchedPod | None:
     return WatchedPod(meta["name"], meta["namespace"], job, replica, node, phase, started)
 
 
-def request_dumps(debug_dir: Path, pattern: str) -> int:
-    """Write to every rank's dump pipe that has a reader; the number written."""
+def request_dumps(debug_dir: Path, token: str | None = None) -> DumpRequest:
+    """Ask every rank whose checkpoint directory holds `debug_dir` for a dump: a new token in the stack-dump request
+    file (every rank of the embedded trainer, gloo or NCCL) and a byte to each NCCL flight-recorder pipe that has a
+    reader. Nothing is created where no rank ever ran (no `debug_dir`)."""
+    if not debug_dir.is_dir():
+        return DumpRequest(0, None)
+    request = debug_dir / STACK_REQUEST
+    try:
+        tmp = debug_dir / f".{STACK_REQUEST}.{os.getpid()}"
+        tmp.write_text((token or f"{time.time():.6f}-{os.getpid()}") + "\n")
+        os.replace(tmp, request)  # atomic: a rank never reads half a token
+    except OSError as err:
+        log.warning("cannot write the stack-dump request %s: %s", request, err)
+        request = None
     count = 0
-    for pipe in sorted(debug_dir.glob(pattern)) if debug_dir.is_dir() else []:
+    for pipe in sorted(debug_dir.glob(NCCL_PIPES)):
         try:
             if not stat.S_ISFIFO(pipe.stat().st_mode):
                 continue
@@ -70,7 +94,7 @@ def request_dumps(debug_dir: Path, pattern: str) -> int:
             pass
         finally:
             os.close(fd)
-    return count
+    return DumpRequest(count, request)
 
 
 class KubeJobInventory:
@@ -161,13 +185,13 @@ class KubeHealthActions:
 
     async def _request_dumps(self, key: JobKey) -> None:
         directory = self.inventory.checkpoint_dirs.get(key)
-        count = await asyncio.to_thread(request_dumps, Path(directory, DUMP_PIPES[0]), DUMP_PIPES[1]) \
-            if directory else 0
-        if count:
-            log.warning("job %s/%s: asked %d rank(s) for a flight-recorder dump in %s", *key, count, directory)
+        done = await asyncio.to_thread(request_dumps, Path(directory, DEBUG_SUBDIR)) if directory else None
+        if done is not None and done.stack_request is not None:
+            log.warning("job %s/%s: stack dumps requested in %s (each rank: its log and stacks_rank_<rank>.txt "
+                        "there); %d NCCL flight-recorder pipe(s) written", *key, done.stack_request, done.nccl_pipes)
         else:
-            log.info("job %s/%s: no rank's dump pipe is reachable under %s/%s (NCCL only, and the operator must "
-                     "mount the checkpoint volume); no dump requested", *key, directory, DUMP_PIPES[0])
+            log.info("job %s/%s: %s/%s is not reachable from the operator (it must mount the checkpoint volume at "
+                     "the same path); no dump requested", *key, directory, DEBUG_SUBDIR)
 
     async def mark_hung(self, finding: HangFinding) -> None:
         key = (finding.namespace, finding.job)

@@ -1,6 +1,7 @@
 """Progress watchdog: a rank that makes no step for too long dumps every thread's stack and exits HANG (4), so the
 executor restarts it instead of waiting on a silent collective. It also exits when its parent (the elastic
-agent) dies, so no orphaned ranks are left holding ports and GPUs.
+agent) dies, so no orphaned ranks are left holding ports and GPUs. Starting it also installs the stack dumps on
+request (stackdump.py: the checkpoint volume's .debug/dump-request file, and SIGUSR1).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from flywheel import exitcodes
+from flywheel.trainer import stackdump
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,7 @@ class ProgressWatchdog:
     def start(self) -> ProgressWatchdog:
         self._last_beat = time.monotonic()
         self._thread.start()
+        stackdump.install()  # once per process; outlives stop(): a dump may be wanted after the last step too
         return self
 
     def beat(self) -> None:
