@@ -351,5 +351,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         log.exception("training failed")
         if _is_collective_failure(err):
             metrics.collective_failures_total.inc()
+            # The counter dies with the process; the event log keeps the fact for the executor and the timeline.
+            events.emit("collective_timeout", rank=env.rank, error=str(err)[:500])
             return exitcodes.COLLECTIVE_TIMEOUT
         return exitcodes.CRASH

@@ -68,6 +68,8 @@ def test_collective_timeout_exits_5_and_is_counted(tmp_path: Path):
     (fault,) = [e for e in events if e["event"] == "fault"]
     assert (fault["kind"], fault["rank"], fault["step"]) == ("hang", 1, 3)
     assert not [e for e in events if e["event"] == "hang"]  # the watchdog did not fire
+    (timeout,) = [e for e in events if e["event"] == "collective_timeout"]
+    assert timeout["rank"] == 0 and timeout["error"]
     assert steady - 1 <= ended - fault["time"] < PROGRESS_TIMEOUT + 5, ended - fault["time"]
     metrics = (tmp_path / "metrics0.txt").read_text()
     assert sample(metrics, "flywheel_collective_failures_total") == 1.0
