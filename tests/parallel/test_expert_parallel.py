@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from flywheel.spec import Parallelism
+from flywheel.trainer.parallelize import ParallelismError, mesh_shape
 from tests.trainer import workers
 
 from .harness import loss_relative_difference, max_relative_difference, run_layout
@@ -18,6 +20,13 @@ from .harness import loss_relative_difference, max_relative_difference, run_layo
 TOLERANCE = 1e-5
 MOE = {"preset": "gpt-tiny", "moe": {"experts": 4, "topK": 2}}
 OPTIONS = {"steps": 20, "lr": 1.0, "gradClip": 0.5, "model": MOE}
+
+
+def test_ep_borrows_from_dp():
+    # No mesh dimension of its own: parallelize views dp as (edp, ep); ep must divide dp.
+    assert mesh_shape(4, Parallelism(ep=2, tp=2)) == {"dp": 2, "tp": 2}
+    with pytest.raises(ParallelismError, match="ep = 4 does not divide dp = 2"):
+        mesh_shape(4, Parallelism(ep=4, tp=2))
 
 
 @pytest.fixture(scope="module")
