@@ -55,12 +55,14 @@ def test_tiny_job_succeeds_with_columns_and_events(op_env: OpEnv) -> None:
     op_env.kubectl("get", "service", "tiny-ok-workers")
     describe = op_env.kubectl("describe", "tj", "tiny-ok").stdout
     assert "TrainingSucceeded" in describe and "WorkersRunning" in describe and "Created" in describe
-    # Six checkpoints (every 5 steps) in a few seconds: the first at once, the rest coalesced into the event that
-    # finishing flushes; together they stand for all six.
+    # Up to six checkpoints (every 5 steps; an async one still writing when the next is due is skipped) in a few
+    # seconds: the first at once, the rest coalesced into the event that finishing flushes; together they stand for
+    # every checkpoint in the event log.
+    committed = len([r for r in op_env.records("tiny-ok") if r["event"] == "checkpoint"])
     def checkpoint_events() -> list[dict[str, Any]]:
         found = [e for e in op_env.events_of("tiny-ok") if e["reason"] == "CheckpointCommitted"]
-        return found if sum(e["count"] for e in found) == 6 else []
-    found = eventually(checkpoint_events, 10, "CheckpointCommitted events for all six checkpoints")
+        return found if sum(e["count"] for e in found) == committed else []
+    found = eventually(checkpoint_events, 10, "CheckpointCommitted events for every checkpoint")
     assert any(e["message"].startswith("checkpoint at step 30 committed to ") for e in found)
     assert 1 <= len(found) <= 2 and all(e["type"] == "Normal" for e in found)
 
