@@ -49,7 +49,8 @@ def pull(image: str) -> Pull:
 
 
 def invalid_message(image: str) -> str:
-    return f'Failed to apply default image tag "{image}": couldn\'t parse image name "{image}": invalid reference format'
+    return (f'Failed to apply default image tag "{image}": couldn\'t parse image name "{image}": '
+            "invalid reference format")
 
 
 def pull_error_message(image: str) -> str:
