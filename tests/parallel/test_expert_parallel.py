@@ -44,7 +44,7 @@ def assert_matches(result: dict, reference: dict) -> None:
 def test_reference_trains_experts_and_router(reference):
     # Parity would be vacuous if the experts or the router did not move, or the balancing loss were absent.
     assert len(set(reference["losses"].values())) == 20
-    assert all(0 < v < 0.1 for v in reference["aux_losses"].values())  # 0.01 x (>= 1 per layer) x 2 layers
+    assert all(0 < v < 0.1 for v in reference["aux_losses"].values())  # 0.01 x about 1 (uniform routing) x 2 layers
     assert {"blocks.0.mlp.router.weight", "blocks.1.mlp.experts.w2"} <= set(reference["params"])
 
 
