@@ -3,8 +3,9 @@
 Each worker agent holds `/flywheel/workers/<run_id>/<replica_id>` under its own lease with a short TTL, refreshed
 from the session's loop thread. When the agent dies (SIGKILL, lost node, network partition) the refreshes stop and
 etcd deletes the key within the TTL, so the operator sees a dead worker in seconds instead of waiting minutes for
-Kubernetes to mark the node lost. A clean exit (including a Python exception in the agent) revokes the lease at
-once. The operator should read the disappearance together with the pod's phase: a Succeeded pod also loses its key.
+Kubernetes to mark the node lost. An agent that ends by itself (success, failure, or a Python exception) marks its
+key `exited` and lets the lease run out: its pod's status will say how it ended, and the key's disappearance then
+means nothing. Revoking at once would race the kubelet's report of that status and read as a lost worker.
 
 Torch-free on purpose, so the operator can use it without importing torch.
 """
@@ -39,6 +40,7 @@ class LiveWorker:
     pid: int
     since: float  # unix time the key was (re)written
     lease_id: int
+    exited: bool = False  # the agent ended by itself (its pod's status tells how); the key expires after the TTL
 
 
 def replica_id_from_env() -> str:
@@ -61,17 +63,26 @@ class WorkerRegistration:
         self._lease = self.session.start_lease(self.ttl, on_new_lease=self._put)
         return self
 
-    async def _put(self, lease_id: int) -> None:
-        value = json.dumps(
-            {"replica": self.replica_id, "host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
-        ).encode()
-        await self.session.call_async(lambda c: c.put(self.key, value, lease=lease_id))
+    async def _put(self, lease_id: int, exited: bool = False) -> None:
+        info = {"replica": self.replica_id, "host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+        if exited:
+            info["exited"] = True
+        await self.session.call_async(lambda c: c.put(self.key, json.dumps(info).encode(), lease=lease_id))
 
     def close(self) -> None:
-        """Revoke the lease: the key disappears now rather than after the TTL."""
-        if self._lease is not None:
-            self._lease.revoke()
-            self._lease = None
+        """The agent is ending by itself: mark the key `exited` and let its lease run out. Its pod's own status says
+        how it ended; a key that simply vanished here (a revoke) would race the kubelet's report of that status and
+        read as a lost worker."""
+        if self._lease is None:
+            return
+        lease, self._lease = self._lease, None
+        try:
+            timeout = self.session.rpc_timeout
+            self.session.run(asyncio.wait_for(self._put(lease.lease_id, exited=True), timeout), timeout=timeout + 1)
+            lease.stop()
+        except Exception as exc:  # noqa: BLE001 - etcd unreachable: the key then expires by its TTL unmarked
+            log.debug("marking %s exited failed: %s", self.key, exc)
+            lease.revoke()
 
 
 def _parse_worker(key: bytes, value: bytes, lease_id: int) -> LiveWorker:
@@ -86,6 +97,7 @@ def _parse_worker(key: bytes, value: bytes, lease_id: int) -> LiveWorker:
         pid=int(info.get("pid", 0)),
         since=float(info.get("since", 0.0)),
         lease_id=lease_id,
+        exited=bool(info.get("exited", False)),
     )
 
 

@@ -51,6 +51,7 @@ class JobRunner:
         self.tail = EventLogTail(events_file(settings.events_dir, namespace, name, uid)) if self.events_path else None
         self.live: dict[str, Any] | None = None  # replica id -> LiveWorker, None until the watch reported
         self.seen_live: dict[str, float | None] = {}  # pod uid -> since when its key is missing (None: present)
+        self.exited_agents: set[str] = set()  # pod uids whose agent marked its key exited
         # Pods judged dead by their lease stay so while Terminating: the force delete after nodeFailureGraceSeconds
         # must not wait for the node monitor (40 s) to confirm what etcd already said.
         self.dead_by_lease: set[str] = set()
@@ -126,6 +127,10 @@ class JobRunner:
         # A key written before this pod existed belongs to its predecessor of the same name (still within its TTL).
         if key is not None and key.since >= created - 1.0:
             self.seen_live[view.uid] = None
+            if key.exited:  # its agent ended by itself: the pod's own status decides, not the key's expiry
+                self.exited_agents.add(view.uid)
+            return False
+        if view.uid in self.exited_agents:
             return False
         if view.uid not in self.seen_live:
             return False  # never registered yet (starting up)
@@ -150,6 +155,7 @@ class JobRunner:
         alive = {v.uid for v in views}
         self.seen_live = {k: v for k, v in self.seen_live.items() if k in alive}
         self.dead_by_lease &= alive
+        self.exited_agents &= alive
         progress = self.tail.poll() if self.tail is not None else Progress()
         return views, progress
 

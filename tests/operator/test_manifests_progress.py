@@ -154,6 +154,32 @@ def test_liveness_keys_of_a_predecessor_do_not_count() -> None:
     assert runner._liveness_lost(pod, created=100.0, now=113.5)
 
 
+def test_an_agent_that_exited_by_itself_is_not_a_lost_worker() -> None:
+    """Its key is marked exited and then expires while the kubelet may still report the pod Running: the pod's own
+    status decides (a revoke racing that report read as NodeLost and restarted finished jobs)."""
+    import logging
+
+    from flywheel.etcd.liveness import LiveWorker
+    from flywheel.operator.executor import JobRunner
+    from flywheel.policy.reconcile import PodView
+
+    runner = JobRunner(None, SETTINGS, "ml", "j", "uid", logging.getLogger("t"))  # type: ignore[arg-type]
+    pod = PodView(name="j-worker-0", uid="p", index=0, generation=1, phase="Running", ready=True)
+    runner.live = {"0": LiveWorker("0", "h", 2, since=104.0, lease_id=2)}
+    assert not runner._liveness_lost(pod, created=100.0, now=105.0)
+    runner.live = {"0": LiveWorker("0", "h", 2, since=130.0, lease_id=2, exited=True)}
+    assert not runner._liveness_lost(pod, created=100.0, now=130.5)
+    runner.live = {}  # expired with its lease; the pod still shows Running
+    assert not runner._liveness_lost(pod, created=100.0, now=136.0)
+    assert not runner._liveness_lost(pod, created=100.0, now=160.0)
+    other = PodView(name="j-worker-0", uid="q", index=0, generation=2, phase="Running", ready=True)
+    runner.live = {"0": LiveWorker("0", "h", 3, since=201.0, lease_id=3)}  # a new pod's agent: judged afresh
+    assert not runner._liveness_lost(other, created=200.0, now=202.0)
+    runner.live = {}
+    assert not runner._liveness_lost(other, created=200.0, now=203.0)
+    assert runner._liveness_lost(other, created=200.0, now=204.5)
+
+
 def test_operator_metrics_count_each_decided_restart_once() -> None:
     from flywheel.monitor.metrics import OperatorMetrics
 
