@@ -133,7 +133,8 @@ def test_lost_node_leaves_pods_terminating_until_force_deleted(cluster: RunningC
     wait_for(phase_is(core, "stranded", "Running"), what="Running")
     pid = wait_for(lambda: cluster.kubelet.pid_of("default", "stranded"), what="pid")
     cluster.kubelet.lose_node("node-1")
-    assert Path(f"/proc/{pid}/stat").read_text().split()[2] == "T"  # frozen, like a dead machine
+    # Frozen, like a dead machine. The stop takes effect when the target next runs: under load, not at once.
+    wait_for(lambda: Path(f"/proc/{pid}/stat").read_text().split()[2] == "T", what="the pod's process stopped")
 
     def node_unknown() -> bool:
         node = core.read_node("node-1")
