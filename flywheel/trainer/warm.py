@@ -182,8 +182,9 @@ class Zygote:
             conn.close()
 
 
-def serve(path: Path, preload: list[str]) -> int:
-    parent = os.getppid()
+def serve(path: Path, preload: list[str], parent: int) -> int:
+    # The agent's pid comes from the agent: read here, an agent that died during our start-up would already
+    # have been replaced by init, and the zygote would outlive it.
     die_with_parent(parent)
     # Signals are for the ranks (their clients forward them); the zygote ends with its agent or its socket.
     for sig in FORWARDED_SIGNALS:
@@ -202,7 +203,7 @@ def zygote(preload: tuple[str, ...]) -> Iterator[dict[str, str]]:
     with it)."""
     with tempfile.TemporaryDirectory(prefix="flywheel-warm-") as tmp:
         path = Path(tmp) / "zygote.sock"
-        argv = [sys.executable, "-m", __name__, "serve", "--socket", str(path)]
+        argv = [sys.executable, "-m", __name__, "serve", "--socket", str(path), "--parent", str(os.getpid())]
         for module in preload:
             argv += ["--preload", module]
         # Its own session: a SIGTERM to the worker's process group is the agent's to pass on, not the zygote's.
@@ -281,12 +282,13 @@ def main(argv: list[str] | None = None) -> int:
     serve_p = sub.add_parser("serve", help="run a zygote (started by flywheel launch)")
     serve_p.add_argument("--socket", type=Path, required=True)
     serve_p.add_argument("--preload", action="append", default=[])
+    serve_p.add_argument("--parent", type=int, required=True, help="the agent's pid: the zygote dies with it")
     run_p = sub.add_parser("run", help="run MODULE in a forked rank (what the agent starts)")
     run_p.add_argument("module")
     run_p.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     if ns.cmd == "serve":
-        return serve(ns.socket, ns.preload)
+        return serve(ns.socket, ns.preload, ns.parent)
     run(ns.module, ns.args)
     return 1  # unreachable: run() execs or exits
 

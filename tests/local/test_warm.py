@@ -110,3 +110,13 @@ def test_without_a_zygote_the_module_runs_cold(tmp_path, monkeypatch):
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 7 and "target pid=" in out
     assert f"pid={proc.pid}" in out  # exec'd in place: the client itself is the rank
+
+
+def test_a_zygote_whose_agent_is_already_gone_exits_at_once(tmp_path):
+    """The agent died before the zygote started (the zygote was re-parented): it must not serve on as an orphan."""
+    gone = subprocess.Popen([PYTHON, "-c", "pass"])
+    gone.wait()
+    zygote = subprocess.Popen([PYTHON, "-m", "flywheel.trainer.warm", "serve", "--socket", str(tmp_path / "z.sock"),
+                               "--parent", str(gone.pid)])
+    assert zygote.wait(timeout=30) == 128 + signal.SIGKILL
+    assert not (tmp_path / "z.sock").exists()
