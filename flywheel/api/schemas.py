@@ -85,6 +85,12 @@ class Restarts(_Out):
     history: list[RestartRecord] = Field(default_factory=list, description="from the job's Restarting events")
 
 
+class CheckpointRecord(_Out):
+    time: str | None = None
+    step: int | None = Field(None, description="the (latest) step the entry stands for")
+    message: str = ""
+
+
 class JobDetail(_Out):
     namespace: str
     name: str
@@ -101,6 +107,9 @@ class JobDetail(_Out):
     workers: list[Worker] = Field(default_factory=list)
     restarts: Restarts
     last_checkpoint: CheckpointStatus
+    checkpoints: list[CheckpointRecord] = Field(
+        default_factory=list, description="committed checkpoints, oldest first (from CheckpointCommitted events; "
+        "on a cluster one event may stand for several coalesced checkpoints: its message lists their steps)")
     goodput: GoodputStatus
     restart_requested_at: str | None = Field(None, description="pending restart request (annotation), if any")
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from flywheel.crd import RESTART_ANNOTATION
 from flywheel.api.schemas import (
+    CheckpointRecord,
     JobDetail,
     JobEvent,
     JobSummary,
@@ -135,7 +136,10 @@ def detail(obj: Obj, pods: list[Obj], raw_events: list[Obj]) -> JobDetail:
                      observed_generation=status.observed_generation, phase=status.phase, spec=spec_summary(spec),
                      conditions=status.conditions, replicas=_replicas(status), world_size=status.world_size,
                      step=status.step, workers=workers, restarts=restarts(status, events(raw_events)),
-                     last_checkpoint=status.last_checkpoint, goodput=status.goodput,
+                     last_checkpoint=status.last_checkpoint,
+                     checkpoints=[CheckpointRecord(time=i.time, step=i.step, message=i.message)
+                                  for i in timeline(obj, raw_events).items if i.kind == "checkpoint"],
+                     goodput=status.goodput,
                      restart_requested_at=_pending_restart(meta, obj.get("status") or {}))
 
 

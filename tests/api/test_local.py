@@ -55,6 +55,7 @@ def test_event_log_becomes_status_workers_restarts_and_timeline(tmp_path: Path) 
         body = http.get("/v1/jobs/local/tiny", headers=auth).json()
         assert body["phase"] == "Succeeded" and body["restarts"]["count"] == 1
         assert body["goodput"]["lostSteps"] == 1 and body["lastCheckpoint"]["path"] == "/ck/step-2"
+        assert [c["step"] for c in body["checkpoints"]] == [2]  # the history, not only the last one
         assert [r["reason"] for r in body["restarts"]["history"]] == ["Killed"]
         timeline = http.get("/v1/jobs/local/tiny/timeline", headers=auth).json()["items"]
         assert [(t["kind"], t["step"]) for t in timeline if t["kind"] in ("checkpoint", "restart")] == [
