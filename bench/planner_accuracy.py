@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     shape, steps = (QUICK, WARMUP + 2) if args.quick else (FULL, WARMUP + 5)
     device, batch = DEVICES["cpu"], Batch(GLOBAL_BATCH, "fp32")
     # The spec's layout is plain DP; the planner keeps it unless another is estimated clearly faster.
-    pick = plan_layout(shape, batch, WORLD, WORLD, device, runnable_only=True, preferred=PLAIN).chosen.layout
+    pick = plan_layout(shape, batch, WORLD, WORLD, device, preferred=PLAIN,
+                       accept=lambda lay: lay.tp == lay.pp == 1).chosen.layout
     layouts = [PLAIN] if args.quick else LAYOUTS
     if pick not in layouts:
         layouts = [*layouts, pick]

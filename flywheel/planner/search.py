@@ -1,15 +1,23 @@
 """The layout search: every (dp, tp, pp, ep, micro batch, FSDP/ZeRO stage, activation checkpointing) the model and
 the world size allow, estimated with cost.py. ep (MoE models) ranges over the divisors of dp that divide the
-experts, with FSDP and pp = 1, as the trainer runs it. Among the layouts that fit, those within NEAR_TIE of the fastest estimate
-count as equally fast (the cost model is not finer than that); of those the one closest to the spec's own layout
-wins, then the least memory. So a job keeps its layout unless another is clearly faster.
+experts, with FSDP and pp = 1, as the trainer runs it. Among the layouts that fit, those within NEAR_TIE of the
+fastest estimate count as equally fast (the cost model is not finer than that); of those the one closest to the
+spec's own layout wins, then the least memory. So a job keeps its layout unless another is clearly faster.
+
+`parallelism: {auto: true}` (`resolve_auto`) searches the same layouts, keeping those the job can run at every
+world size its replica range allows: tp divides procsPerReplica (a tp group stays inside one worker), and the
+concrete spec the workers would get passes the spec's own validation (tp x pp divides every world size, ep the
+dp, the micro batch the per-rank batch, the pipeline's stage and micro-batch rules) and fits in memory at the
+smallest world, where each rank holds the most.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from pydantic import ValidationError
 
 from flywheel.planner.cost import Batch, Estimate, Layout, ModelShape, estimate
 from flywheel.planner.devices import GIB, Device
@@ -65,17 +73,17 @@ def shape_of(spec: TrainingJobSpec) -> ModelShape:
                       vocab=pick(m.vocab, "vocab"), seq_len=pick(m.seq_len, "seqLen"), **moe)
 
 
-def layouts(shape: ModelShape, global_batch: int, world_size: int, *, runnable_only: bool = False,
+def layouts(shape: ModelShape, global_batch: int, world_size: int, *,
             micro_batches: tuple[int, ...] | None = None, ep_limit: int | None = None) -> Iterator[Layout]:
-    """Every layout the model allows: tp divides the heads, pp the layers, dp x microBatch the global batch; tp
-    needs FSDP (DDP cannot replicate tensor-parallel parameters). An MoE model runs with pp = 1 and ep a divisor
-    of dp and of the experts (and of `ep_limit` when given), with FSDP above 1. `runnable_only` keeps what the
-    `auto` resolution hands the worker loop (tp = pp = 1)."""
+    """Every layout the model allows: tp divides the heads, seqLen and the MLP width (the trainer's tensor-parallel
+    rules), pp the layers, dp x microBatch the global batch; tp needs FSDP (DDP cannot replicate tensor-parallel
+    parameters). An MoE model runs with pp = 1 and ep a divisor of dp and of the experts (and of `ep_limit` when
+    given), with FSDP above 1."""
     for tp in _divisors(world_size):
-        if shape.heads % tp or (runnable_only and tp > 1):
+        if shape.heads % tp or shape.seq_len % tp or (4 * shape.dim) % tp:
             continue
         for pp in _divisors(world_size // tp):
-            if shape.layers % pp or ((runnable_only or shape.experts) and pp > 1):
+            if shape.layers % pp or (shape.experts and pp > 1):
                 continue
             dp = world_size // (tp * pp)
             if global_batch % dp:
@@ -94,23 +102,33 @@ def layouts(shape: ModelShape, global_batch: int, world_size: int, *, runnable_o
 
 
 def plan_layout(shape: ModelShape, batch: Batch, world_size: int, ranks_per_worker: int, device: Device, *,
-                runnable_only: bool = False, micro_batches: tuple[int, ...] | None = None,
-                preferred: Layout | None = None, ep_limit: int | None = None) -> PlanResult:
+                micro_batches: tuple[int, ...] | None = None, preferred: Layout | None = None,
+                ep_limit: int | None = None, accept: Callable[[Layout], bool] | None = None,
+                memory_world: int | None = None) -> PlanResult:
+    """The layouts at `world_size`, fastest first, and the choice among them. `accept` narrows the search (e.g. to
+    what an elastic job runs at every size); a layout must fit in memory at `memory_world` too (an elastic job's
+    smallest world size: dp is lowest there, so each rank holds the most)."""
     if world_size < 1 or ranks_per_worker < 1:
         raise PlanError(f"world size {world_size} / ranks per worker {ranks_per_worker}: both must be >= 1")
     estimates = [estimate(shape, batch, lay, device, ranks_per_worker)
-                 for lay in layouts(shape, batch.global_batch, world_size, runnable_only=runnable_only,
-                                    micro_batches=micro_batches, ep_limit=ep_limit)]
+                 for lay in layouts(shape, batch.global_batch, world_size, micro_batches=micro_batches,
+                                    ep_limit=ep_limit)
+                 if accept is None or accept(lay)]
     if not estimates:
         raise PlanError(f"trainer.training.globalBatch: {batch.global_batch} cannot be split over any data-parallel"
                         f" degree of world size {world_size} (with microBatch {micro_batches}); use a multiple of "
                         "the world size")
-    fitting = sorted((e for e in estimates if e.fits), key=lambda e: (e.step_seconds, e.memory_bytes))
+    low = {e.layout: e if memory_world in (None, world_size)
+           else estimate(shape, batch, _at_world(e.layout, memory_world), device, ranks_per_worker)
+           for e in estimates}
+    fitting = sorted((e for e in estimates if e.fits and low[e.layout].fits),
+                     key=lambda e: (e.step_seconds, e.memory_bytes))
     if not fitting:
-        smallest = min(estimates, key=lambda e: e.memory_bytes)
-        raise PlanError(f"no layout fits in {device.memory_bytes / GIB:.1f} GiB per rank on {device.name}: the "
-                        f"smallest, {smallest.layout.describe()}, needs {smallest.memory_bytes / GIB:.1f} GiB; use "
-                        "more ranks, a smaller model or seqLen, or a device with more memory (--device/--devices)")
+        smallest = min(low.values(), key=lambda e: e.memory_bytes)
+        where = f" at world size {memory_world}" if memory_world not in (None, world_size) else ""
+        raise PlanError(f"no layout fits in {device.memory_bytes / GIB:.1f} GiB per rank on {device.name}{where}: "
+                        f"the smallest, {smallest.layout.describe()}, needs {smallest.memory_bytes / GIB:.1f} GiB; "
+                        "use more ranks, a smaller model or seqLen, or a device with more memory (--device/--devices)")
     near = [e for e in fitting if e.step_seconds <= fitting[0].step_seconds * (1 + NEAR_TIE)]
     chosen = min(near, key=lambda e: (_distance(e.layout, preferred), e.memory_bytes, e.step_seconds))
     return PlanResult(device=device, world_size=world_size, ranks_per_worker=ranks_per_worker, chosen=chosen,
@@ -128,15 +146,23 @@ def _distance(layout: Layout, preferred: Layout | None) -> int:
                 layout.activation_checkpointing != preferred.activation_checkpointing))
 
 
-def plan_for_spec(spec: TrainingJobSpec, world_size: int, device: Device, *,
-                  runnable_only: bool = False) -> PlanResult:
-    """The layout for a job at `world_size` ranks. With `parallelism.auto: false` the micro batch is the spec's;
-    with auto the planner chooses it too."""
+def plan_for_spec(spec: TrainingJobSpec, world_size: int, device: Device) -> PlanResult:
+    """The layouts for a job at `world_size` ranks. With `parallelism.auto: false` the micro batch is the spec's
+    and the choice is the planner's advice. With auto the search is `resolve_auto`'s (layouts valid at every world
+    size of the replica range) and the chosen layout is the one the workers get, at this world size."""
     training = spec.trainer.training
-    micro = None if spec.trainer.parallelism.auto else (training.micro_batch,)
-    return plan_layout(shape_of(spec), Batch(training.global_batch, training.precision), world_size,
-                       spec.procs_per_replica, device, runnable_only=runnable_only, micro_batches=micro,
-                       preferred=spec_layout(spec, world_size))
+    shape, batch = shape_of(spec), Batch(training.global_batch, training.precision)
+    if not spec.trainer.parallelism.auto or spec.command:
+        return plan_layout(shape, batch, world_size, spec.procs_per_replica, device,
+                           micro_batches=(training.micro_batch,), preferred=spec_layout(spec, world_size))
+    pick = _at_world(auto_layout(spec, device), world_size)
+    worlds = list(spec.world_sizes())
+    result = plan_layout(shape, batch, world_size, spec.procs_per_replica, device, preferred=pick,
+                         ep_limit=math.gcd(*worlds), accept=_auto_rules(spec), memory_world=min(worlds))
+    chosen = next((e for e in result.candidates if e.layout == pick), None)
+    if chosen is None:  # world_size outside the replica range: show the pick's estimate there anyway
+        chosen = estimate(shape, batch, pick, device, spec.procs_per_replica)
+    return replace(result, chosen=chosen, candidates=[chosen, *(e for e in result.candidates if e is not chosen)])
 
 
 def spec_layout(spec: TrainingJobSpec, world_size: int) -> Layout:
@@ -151,29 +177,71 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _at_world(layout: Layout, world_size: int) -> Layout:
+    """The same layout at another world size: tp, pp, ep and the rest fixed, dp the remainder."""
+    return replace(layout, dp=max(1, world_size // (layout.tp * layout.pp)))
+
+
+def concrete_spec(spec: TrainingJobSpec, layout: Layout) -> TrainingJobSpec:
+    """`spec` with `parallelism.auto` replaced by `layout` (dp follows the world size), validated as any spec is:
+    raises pydantic's ValidationError if the workers would reject it. A pipeline runs all of a dp rank's micro
+    batches in one schedule run (`microbatches` unset), the smallest bubble and what cost.py estimates; the spec's
+    schedule and stagesPerRank are kept."""
+    doc = spec.model_dump(by_alias=True, mode="json")
+    doc["trainer"]["parallelism"].update({"auto": False, "tp": layout.tp, "pp": layout.pp, "fsdp": layout.fsdp,
+                                          "zero": layout.zero, "ep": layout.ep, "microbatches": None})
+    doc["trainer"]["training"].update({"microBatch": layout.micro_batch,
+                                       "activationCheckpointing": layout.activation_checkpointing})
+    return TrainingJobSpec.model_validate(doc)
+
+
+def _auto_rules(spec: TrainingJobSpec) -> Callable[[Layout], bool]:
+    """What `auto` may hand the workers, whatever the world size in the replica range: tp inside one worker (tp
+    divides procsPerReplica: the fastest links, and the rank order keeps a tp group on one worker), no pipeline
+    under gpipe (it keeps every micro batch's activations, which cost.py, estimating 1F1B, does not count), and a
+    concrete spec that passes the spec's validation at every world size."""
+    valid: dict[tuple[object, ...], bool] = {}
+    gpipe = spec.trainer.parallelism.schedule == "gpipe"
+
+    def accept(layout: Layout) -> bool:
+        if spec.procs_per_replica % layout.tp or (gpipe and layout.pp > 1):
+            return False
+        key = (layout.tp, layout.pp, layout.ep, layout.micro_batch, layout.fsdp, layout.zero)
+        if key not in valid:
+            try:
+                concrete_spec(spec, layout)
+                valid[key] = True
+            except ValidationError:
+                valid[key] = False
+        return valid[key]
+
+    return accept
+
+
+def auto_layout(spec: TrainingJobSpec, device: Device) -> Layout:
+    """The planner's pick for `parallelism.auto`, at the largest world size (its dp; smaller worlds run the same
+    layout with a smaller dp): among the layouts `_auto_rules` allows that fit at the smallest world size, the
+    fastest, near-ties going to the spec's own layout."""
+    training = spec.trainer.training
+    worlds = list(spec.world_sizes())
+    shape, batch = shape_of(spec), Batch(training.global_batch, training.precision)
+    rules = _auto_rules(spec)
+    if not any(rules(lay) for lay in layouts(shape, batch.global_batch, max(worlds), ep_limit=math.gcd(*worlds))):
+        raise PlanError(f"trainer.training.globalBatch: {training.global_batch} cannot be split over the data-"
+                        f"parallel ranks at every world size ({', '.join(map(str, worlds))}) that replicas "
+                        f"[{spec.replicas.min}, {spec.replicas.max}] allow, with tp dividing procsPerReplica "
+                        f"({spec.procs_per_replica}) and tp x pp every world size; use a multiple of every world "
+                        "size")
+    result = plan_layout(shape, batch, max(worlds), spec.procs_per_replica, device,
+                         preferred=spec_layout(spec, max(worlds)), ep_limit=math.gcd(*worlds), accept=rules,
+                         memory_world=min(worlds))
+    return result.chosen.layout
+
+
 def resolve_auto(spec: TrainingJobSpec, device: Device) -> TrainingJobSpec:
-    """`parallelism.auto: true` made concrete for the worker loop: the planner's pick among the layouts it runs
-    (data parallel with DDP or FSDP/ZeRO, micro batch, activation checkpointing; ep for an MoE model). Elastic jobs
-    change dp, so the pick is made at the largest world, and its micro batch must divide the batch, and its ep
-    the dp, at every world in range."""
+    """`parallelism.auto: true` made concrete for the worker loop: the planner's pick of tp, pp, ep (MoE models),
+    DDP or FSDP/ZeRO-2/3, micro batch and activation checkpointing (`auto_layout`). Elastic jobs change dp, so the
+    pick is valid at, and fits at, every world size in range."""
     if not spec.trainer.parallelism.auto or spec.command:
         return spec
-    training = spec.trainer.training
-    worlds = [n * spec.procs_per_replica for n in range(spec.replicas.min, spec.replicas.max + 1)]
-    if any(training.global_batch % w for w in worlds):
-        bad = next(w for w in worlds if training.global_batch % w)
-        raise PlanError(f"trainer.training.globalBatch: {training.global_batch} is not divisible by the world size "
-                        f"{bad} that replicas [{spec.replicas.min}, {spec.replicas.max}] allow; use a multiple of "
-                        f"every world size")
-    micro = tuple(mb for mb in _divisors(training.global_batch // max(worlds))
-                  if all((training.global_batch // w) % mb == 0 for w in worlds))
-    result = plan_layout(shape_of(spec), Batch(training.global_batch, training.precision), max(worlds),
-                         spec.procs_per_replica, device, runnable_only=True, micro_batches=micro,
-                         preferred=spec_layout(spec, max(worlds)), ep_limit=math.gcd(*worlds))
-    chosen = result.chosen.layout
-    parallelism = spec.trainer.parallelism.model_copy(update={"auto": False, "tp": 1, "pp": 1, "fsdp": chosen.fsdp,
-                                                               "zero": chosen.zero, "ep": chosen.ep})
-    training = training.model_copy(update={"micro_batch": chosen.micro_batch,
-                                           "activation_checkpointing": chosen.activation_checkpointing})
-    trainer = spec.trainer.model_copy(update={"parallelism": parallelism, "training": training})
-    return spec.model_copy(update={"trainer": trainer})
+    return concrete_spec(spec, auto_layout(spec, device))

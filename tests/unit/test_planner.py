@@ -77,31 +77,34 @@ def test_the_choice_is_the_fastest_layout_that_fits():
 
 def test_the_spec_layout_is_kept_unless_another_is_clearly_faster():
     s, batch, dev = shape("gpt-125m"), Batch(32, "fp32"), DEVICES["cpu"]
-    fastest = plan_layout(s, batch, 2, 2, dev, runnable_only=True).candidates
+    fastest = plan_layout(s, batch, 2, 2, dev).candidates
     best = min(e.step_seconds for e in fastest)
     mine = layout(dp=2, micro_batch=4)
     assert estimate(s, batch, mine, dev, 2).step_seconds <= best * (1 + NEAR_TIE)  # a near-tie on CPU
-    assert plan_layout(s, batch, 2, 2, dev, runnable_only=True, preferred=mine).chosen.layout == mine
+    assert plan_layout(s, batch, 2, 2, dev, preferred=mine).chosen.layout == mine
     slow = layout(dp=2, micro_batch=4, activation_checkpointing=True)  # 4/3 of the compute: clearly slower
-    assert plan_layout(s, batch, 2, 2, dev, runnable_only=True, preferred=slow).chosen.layout != slow
+    assert plan_layout(s, batch, 2, 2, dev, preferred=slow).chosen.layout != slow
     # A preferred layout that does not fit is never chosen.
     need = estimate(s, batch, mine, dev, 2).memory_bytes
     tight = device_table({"tight": {"base": "cpu", "memoryBytes": need - 1}})["tight"]
-    chosen = plan_layout(s, batch, 2, 2, tight, runnable_only=True, preferred=mine).chosen
+    chosen = plan_layout(s, batch, 2, 2, tight, preferred=mine).chosen
     assert chosen.fits and chosen.layout != mine
 
 
 def test_layouts_respect_the_model_and_the_batch():
-    s = ModelShape(layers=6, dim=96, heads=6, vocab=256, seq_len=32)
+    s = ModelShape(layers=6, dim=96, heads=6, vocab=256, seq_len=36)
     found = list(layouts(s, global_batch=12, world_size=12))
     assert found
     for lay in found:
         assert lay.dp * lay.tp * lay.pp == 12
         assert s.heads % lay.tp == 0 and s.layers % lay.pp == 0
+        assert s.seq_len % lay.tp == 0 and (4 * s.dim) % lay.tp == 0  # the trainer's tensor-parallel rules
         assert 12 % (lay.dp * lay.micro_batch) == 0
         assert lay.fsdp or lay.tp == 1  # DDP cannot replicate tensor-parallel parameters
     assert {(lay.tp, lay.pp) for lay in found} >= {(1, 1), (2, 1), (3, 2), (6, 1), (1, 6)}
-    assert all(lay.tp == lay.pp == 1 for lay in layouts(s, 12, 12, runnable_only=True))
+    # seqLen 32 does not split over tp 3 or 6 (sequence parallel shards it), so those are not offered.
+    odd = ModelShape(layers=6, dim=96, heads=6, vocab=256, seq_len=32)
+    assert {lay.tp for lay in layouts(odd, 12, 12)} == {1, 2}
 
 
 def test_nothing_fits_names_the_memory_and_the_fix():
@@ -121,9 +124,8 @@ def test_plan_for_spec_keeps_the_micro_batch_unless_auto():
     fixed = plan_for_spec(parse_spec(job), 4, DEVICES["h100"])
     assert {e.layout.micro_batch for e in fixed.candidates} == {2}
     job["trainer"]["parallelism"] = {"auto": True}
-    free = plan_for_spec(parse_spec(job), 4, DEVICES["h100"], runnable_only=True)
+    free = plan_for_spec(parse_spec(job), 4, DEVICES["h100"])
     assert len({e.layout.micro_batch for e in free.candidates}) > 1
-    assert (free.chosen.layout.tp, free.chosen.layout.pp) == (1, 1)
     out = free.to_json(top=3)
     assert set(out["chosen"]) >= {"dp", "tp", "pp", "microbatches", "fsdp", "activationCheckpointing",
                                   "est_step_seconds", "est_memory_bytes"}
@@ -167,9 +169,11 @@ def test_auto_becomes_a_concrete_layout_valid_at_every_world_size():
                           master_port=1, checkpoint_dir="/tmp/ckpt", launcher=("flywheel", "launch"))
     env_spec = parse_spec(__import__("json").loads(plan_workers(job, placement)[0].env["FLYWHEEL_SPEC"]))
     par, training = env_spec.trainer.parallelism, env_spec.trainer.training
-    assert not par.auto and par.tp == par.pp == 1
-    for world in (2, 4, 6):  # elastic: the micro batch divides the per-rank batch at every size
-        assert (48 // world) % training.micro_batch == 0
-    with pytest.raises(PlanError, match="globalBatch: 50 is not divisible by the world size 4"):
+    assert not par.auto and 2 % par.tp == 0  # tp stays inside a worker of 2 ranks
+    for world in (2, 4, 6):  # elastic: tp x pp divides every size, the micro batch the per-rank batch
+        assert world % (par.tp * par.pp) == 0
+        assert (48 // (world // (par.tp * par.pp))) % training.micro_batch == 0
+    with pytest.raises(PlanError, match=r"globalBatch: 50 cannot be split over the data-parallel ranks at every "
+                                        r"world size \(2, 4, 6\)"):
         job.spec.trainer.training.global_batch = 50
         plan_workers(job, placement)
