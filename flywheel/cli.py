@@ -96,7 +96,10 @@ def _plan(args: argparse.Namespace) -> int:
         console.print(f"[red]{err}[/]", highlight=False)
         return EXIT_BAD_INPUT
     if args.output == "json":
-        print(json.dumps({"workers": describe_plan(plans), "layout": layout and layout.to_json(args.top)}, indent=2))
+        # `chosen` and `candidates` at the top (the shape); `layout` keeps them with the search's context.
+        summary = layout.to_json(args.top) if layout else None
+        print(json.dumps({"workers": describe_plan(plans), "chosen": summary and summary["chosen"],
+                          "candidates": summary["candidates"] if summary else [], "layout": summary}, indent=2))
         return 0
     table = Table(title=f"{job.name}: {replicas} workers x {job.spec.procs_per_replica} ranks")
     for column in ("index", "name", "ranks", "command", "rendezvous", "checkpoints", "metrics port"):
