@@ -119,6 +119,24 @@ def worker_volumes(job: TrainingJob, settings: OperatorSettings) -> tuple[list[d
     return volumes, mounts
 
 
+def topology_affinity(job: TrainingJob) -> dict[str, Any] | None:
+    """`scheduling.topologyKey` (e.g. `topology.kubernetes.io/zone` or a rack label): every worker pod of the job in
+    one topology domain, by pod affinity to the job's own label. Required for gang jobs (they start and run only
+    together, so a worker outside the domain would drag the whole job over the slow link), preferred (weight 100)
+    otherwise. The scheduler places the first pod anywhere (a pod matching its own affinity term may start a
+    domain); later ones, replacements after a restart included, join the domain of the job's pods. Ranks are
+    row-major by replica index (worker i holds ranks i x procsPerReplica ... (i + 1) x procsPerReplica - 1), so tp
+    groups stay inside a worker and pp and dp run across workers, all of them inside the domain."""
+    key = job.spec.scheduling.topology_key
+    if not key:
+        return None
+    term = {"labelSelector": {"matchLabels": labels(job.name)}, "topologyKey": key}
+    if job.spec.scheduling.gang:
+        return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    return {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": term}]}}
+
+
 def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: OperatorSettings) -> dict[str, Any]:
     spec = job.spec
     meta_labels = {**labels(job.name), INDEX_LABEL: str(worker.index), GENERATION_LABEL: str(generation)}
@@ -151,6 +169,9 @@ def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: Operato
         "containers": [container],
         "volumes": volumes,
     }
+    affinity = topology_affinity(job)
+    if affinity:
+        pod_spec["affinity"] = affinity
     kind = gang(job, settings)
     if kind is not None:
         if "label" in kind:
