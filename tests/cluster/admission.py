@@ -7,7 +7,7 @@ import itertools
 import re
 from typing import Any
 
-from tests.cluster import schema
+from tests.cluster import deployments, schema
 from tests.cluster.errors import ApiError
 from tests.cluster.resources import CRD_KEY, ResourceType
 
@@ -117,6 +117,8 @@ def admit_create(resource_type: ResourceType, obj: dict[str, Any], strict: bool)
         obj["type"] = obj.get("type") or "Opaque"
     elif resource_type.key == CRD_KEY:
         errors = _crd_admit(obj)
+    elif resource_type.key == deployments.DEPLOYMENTS:
+        errors = deployments.admit(obj, None)
     elif resource_type.custom and resource_type.status_subresource:
         obj.pop("status", None)  # status of a CR with a status subresource is only written through /status
     if errors:
@@ -126,8 +128,8 @@ def admit_create(resource_type: ResourceType, obj: dict[str, Any], strict: bool)
 
 def admit_custom(resource_type: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
                  strict: bool) -> dict[str, Any]:
-    if resource_type.key == CRD_KEY and old is not None:
-        errors = _crd_admit(obj)
+    if resource_type.key in (CRD_KEY, deployments.DEPLOYMENTS) and old is not None:
+        errors = _crd_admit(obj) if resource_type.key == CRD_KEY else deployments.admit(obj, old)
         if errors:
             raise ApiError.invalid(resource_type.group_kind, obj["metadata"]["name"], errors)
     if not resource_type.custom:

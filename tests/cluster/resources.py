@@ -80,6 +80,10 @@ BUILTIN_TYPES: list[ResourceType] = [
     _builtin("", "serviceaccounts", "ServiceAccount", True, ["sa"]),
     _builtin("", "nodes", "Node", False, ["no"], status=True),
     _builtin("coordination.k8s.io", "leases", "Lease", True),
+    # Reconciled by the minimal deployment controller (deployments.py): pods directly, no ReplicaSets.
+    ResourceType(group="apps", versions=["v1"], plural="deployments", singular="deployment", kind="Deployment",
+                 namespaced=True, short_names=["deploy"], categories=["all"], status_subresource=True,
+                 scale={"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}),
     _builtin("apiextensions.k8s.io", "customresourcedefinitions", "CustomResourceDefinition", False,
              ["crd", "crds"], status=True),
     # Stored only (no controllers), so that RBAC objects from a Helm chart can be applied.

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from tests.cluster.apiserver import ApiServer
 from tests.cluster.controllers import ControlPlane
+from tests.cluster.deployments import DeploymentController
 from tests.cluster.kubelet import ProcessKubelet
 from tests.cluster.resources import Registry
 from tests.cluster.store import Store
@@ -97,6 +98,7 @@ class EmulatedCluster:
         self.api_url = f"http://127.0.0.1:{self.port}"
         self.store = Store(Registry(), history_size)
         self.control_plane = ControlPlane(self.store, node_monitor_grace_seconds)
+        self.deployment_controller = DeploymentController(self.store)
         self.log_dir = self.work_dir / "pod-logs"
         self.server = ApiServer(self.store, self.control_plane, self.log_dir, bookmark_interval)
         self.kubelet: ProcessKubelet | None = None
@@ -136,6 +138,7 @@ class EmulatedCluster:
             self.etcd = await loop.run_in_executor(None, EtcdProcess.start, self.work_dir / "etcd-data",
                                                    self.work_dir / "etcd.log")
         self.control_plane.start()
+        self.deployment_controller.start()
         self._runner = web.AppRunner(self.server.app, access_log=None, shutdown_timeout=1.0,
                                      handler_cancellation=True)  # so a disconnected watcher is dropped at once
         await self._runner.setup()
@@ -144,6 +147,7 @@ class EmulatedCluster:
             await self.kubelet.start()
 
     async def stop(self) -> None:
+        await self.deployment_controller.stop()
         if self.kubelet is not None:
             await self.kubelet.stop()
         self.store.drop_watches()

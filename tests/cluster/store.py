@@ -26,7 +26,8 @@ ObjectKey = tuple[str, str]  # (namespace or "", name)
 NAMESPACES: ResourceKey = ("", "namespaces")
 PODS: ResourceKey = ("", "pods")
 _NOT_SPEC = ("metadata", "status", "apiVersion", "kind")
-_GENERATION_KINDS = {CRD_KEY, PODS}  # built-ins with metadata.generation (configmaps, nodes, ... have none)
+DEPLOYMENTS: ResourceKey = ("apps", "deployments")
+_GENERATION_KINDS = {CRD_KEY, PODS, DEPLOYMENTS}  # built-ins with metadata.generation (configmaps, nodes, ... none)
 
 
 def now_rfc3339(offset_seconds: float = 0) -> str:
@@ -95,6 +96,7 @@ class Store:
         self._forced_conflicts: dict[tuple[ResourceKey, ObjectKey], int] = {}
         self.on_removed: list[Callable[[ResourceType, dict[str, Any]], None]] = []
         self.on_deleting: list[Callable[[ResourceType, dict[str, Any]], None]] = []
+        self.on_changed: list[Callable[[ResourceKey], None]] = []  # after every write (controllers mark work)
         for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.create(self.registry.get(NAMESPACES), "", {"apiVersion": "v1", "kind": "Namespace",
                                                             "metadata": {"name": name}})
@@ -130,6 +132,8 @@ class Store:
         self.history.append(event)
         for watcher in list(self.watchers):
             watcher.offer(event)
+        for callback in self.on_changed:
+            callback(rt.key)
 
     def _index(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         ref = (rt.key, (obj["metadata"].get("namespace", ""), obj["metadata"]["name"]))

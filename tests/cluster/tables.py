@@ -7,6 +7,7 @@ import datetime
 import re
 from typing import Any
 
+from tests.cluster import deployments
 from tests.cluster.resources import ResourceType
 
 _STEP = re.compile(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]|\[\?\(@\.([A-Za-z0-9_.-]+)\s*==\s*['\"]([^'\"]*)['\"]\)\]")
@@ -102,6 +103,9 @@ def columns_and_cells(rt: ResourceType, version: str):
         return columns, _pod_cells
     if rt.key == ("", "nodes"):
         return [_column("Name"), _column("Status"), _column("Roles"), _column("Age"), _column("Version")], _node_cells
+    if rt.key == deployments.DEPLOYMENTS:
+        return [_column(n, k) for n, k in deployments.TABLE_COLUMNS], lambda obj: deployments.table_cells(
+            obj, human_duration(obj["metadata"].get("creationTimestamp")))
     if rt.custom and rt.printer_columns:
         printer = rt.printer_columns
 
