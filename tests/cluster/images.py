@@ -7,7 +7,8 @@ the two image failures a real kubelet does, so the operator's handling of them c
   kubelet fails the same way), e.g. `registry.invalid/flywheel:latest` -> waiting `ErrImagePull`, then
   `ImagePullBackOff` while it backs off, retried for as long as the pod lives.
 
-Every other image "pulls" at once.
+Every other image "pulls" at once. The project's own image (repository name `flywheel`, from any registry) has the
+ENTRYPOINT and CMD of the repository's Dockerfile, so a container with only `args` runs `flywheel <args>`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,18 @@ class Pull(str, Enum):
     OK = "ok"
     INVALID = "InvalidImageName"
     UNPULLABLE = "ErrImagePull"
+
+
+# The Dockerfile's ENTRYPOINT and CMD, by the last component of the repository path.
+ENTRYPOINTS: dict[str, tuple[list[str], list[str]]] = {"flywheel": (["flywheel"], ["--help"])}
+
+
+def entrypoint(image: str) -> tuple[list[str], list[str]] | None:
+    """(ENTRYPOINT, CMD) of a known image, else None."""
+    repository = image.split("@", 1)[0]
+    last = repository.rsplit("/", 1)[-1].split(":", 1)[0]
+    known = ENTRYPOINTS.get(last)
+    return (list(known[0]), list(known[1])) if known else None
 
 
 def _registry(image: str) -> str:

@@ -71,6 +71,8 @@ class ProcessKubelet:
         self.api_host, self.api_port = parsed.hostname or "127.0.0.1", parsed.port or 80
         self.node_names = list(node_names)
         self.log_dir = log_dir
+        self.api_url = api_url
+        self.credentials_dir = log_dir.parent / "serviceaccounts"  # <pod uid>/{token,namespace,kubeconfig}
         self.heartbeat_seconds, self.node_status_seconds = heartbeat_seconds, node_status_seconds
         self.scheduler_names = scheduler_names  # None: schedule every pod, whatever its schedulerName
         self.lost: set[str] = set()
@@ -371,7 +373,10 @@ class ProcessKubelet:
         """Start the first container; return an exit code at once if it cannot start."""
         container = pod["spec"]["containers"][0]
         try:
-            env = await podenv.container_env(pod, container, self.api_host, self.api_port, self._fetch)
+            mounted = {}
+            if await podenv.automounts_token(pod, self._fetch):
+                mounted = podenv.write_service_account(self.credentials_dir / running.uid, pod, self.api_url)
+            env = await podenv.container_env(pod, container, self.api_host, self.api_port, self._fetch, mounted)
             argv = podenv.container_argv(container, env)
         except podenv.ConfigError as err:
             await self._report(running, "Pending", {"waiting": {"reason": "CreateContainerConfigError",

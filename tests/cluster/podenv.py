@@ -1,5 +1,6 @@
 """How the process kubelet builds a container's environment and argv: env values, valueFrom (fieldRef,
-configMapKeyRef, secretKeyRef), envFrom, and $(VAR) expansion in env, command and args, as the kubelet does."""
+configMapKeyRef, secretKeyRef), envFrom, and $(VAR) expansion in env, command and args, as the kubelet does; the
+image's entrypoint when a container has no command; and the pod's service account credentials."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ import os
 import re
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
+
+import yaml
+
+from tests.cluster import images
 
 POD_IP = "127.0.0.1"
 _REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
@@ -65,14 +71,50 @@ async def _key_ref(ref: dict[str, Any], plural: str, namespace: str, fetch: Fetc
     return data[ref["key"]]
 
 
+def service_account_token(namespace: str, name: str) -> str:
+    """The bearer token of a service account: its user name, so the API's request log (requestlog.py) keys each
+    pod's requests by the identity RBAC would see (a real token is a signed JWT; the emulator checks none)."""
+    return f"system:serviceaccount:{namespace}:{name}"
+
+
+async def automounts_token(pod: dict[str, Any], fetch: Fetch) -> bool:
+    """`automountServiceAccountToken` of the pod, else of its ServiceAccount, else true."""
+    spec = pod.get("spec") or {}
+    if spec.get("automountServiceAccountToken") is not None:
+        return bool(spec["automountServiceAccountToken"])
+    account = await fetch("serviceaccounts", pod["metadata"]["namespace"], spec.get("serviceAccountName") or "default")
+    return (account or {}).get("automountServiceAccountToken") is not False
+
+
+def write_service_account(directory: Path, pod: dict[str, Any], api_url: str) -> dict[str, str]:
+    """What a kubelet mounts at /var/run/secrets/kubernetes.io/serviceaccount -- `token` and `namespace` (no
+    `ca.crt`: the API is plain HTTP) -- written to `directory`, plus a kubeconfig over them: the pods cannot see a
+    fixed absolute path of their own, so in-cluster clients are pointed at it with $KUBECONFIG (returned as env)."""
+    namespace = pod["metadata"]["namespace"]
+    account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
+    token = service_account_token(namespace, account)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "token").write_text(token)
+    (directory / "namespace").write_text(namespace)
+    config = {"apiVersion": "v1", "kind": "Config", "current-context": "in-cluster",
+              "clusters": [{"name": "in-cluster", "cluster": {"server": api_url}}],
+              "users": [{"name": account, "user": {"token": token}}],
+              "contexts": [{"name": "in-cluster", "context": {"cluster": "in-cluster", "user": account,
+                                                              "namespace": namespace}}]}
+    (directory / "kubeconfig").write_text(yaml.safe_dump(config, sort_keys=False))
+    return {"KUBECONFIG": str(directory / "kubeconfig")}
+
+
 async def container_env(pod: dict[str, Any], container: dict[str, Any], api_host: str, api_port: int,
-                        fetch: Fetch) -> dict[str, str]:
-    """The process environment: the kubelet's own (so local tools are found), then the pod's."""
+                        fetch: Fetch, mounted: dict[str, str] | None = None) -> dict[str, str]:
+    """The process environment: the kubelet's own (so local tools are found), then what the kubelet gives every
+    pod (`mounted`: the service account's $KUBECONFIG), then the pod's."""
     namespace = pod["metadata"]["namespace"]
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "/usr/bin:/bin")
     env.update(HOSTNAME=(pod.get("spec") or {}).get("hostname") or pod["metadata"]["name"],
                KUBERNETES_SERVICE_HOST=api_host, KUBERNETES_SERVICE_PORT=str(api_port))
+    env.update(mounted or {})
     pod_env: dict[str, str] = {}
     for source in container.get("envFrom") or []:
         prefix = source.get("prefix", "")
@@ -107,10 +149,22 @@ async def container_env(pod: dict[str, Any], container: dict[str, Any], api_host
 
 
 def container_argv(container: dict[str, Any], env: dict[str, str]) -> list[str]:
-    """command + args with $(VAR) expanded; `python`/`python3` mean the interpreter running the kubelet."""
-    argv = [expand(str(part), env) for part in (container.get("command") or []) + (container.get("args") or [])]
+    """command + args with $(VAR) expanded, as a runtime combines them with the image's ENTRYPOINT and CMD
+    (`command` replaces both; `args` alone follow the ENTRYPOINT). `python`/`python3` mean the interpreter running
+    the kubelet, and `flywheel` (the project image's ENTRYPOINT, a console script) `<that interpreter> -m
+    flywheel.cli`."""
+    command, args = list(container.get("command") or []), list(container.get("args") or [])
+    if not command:
+        known = images.entrypoint(str(container.get("image", "")))
+        if known is None and not args:
+            raise ConfigError("the process kubelet needs a command or args (the image's entrypoint is unknown)")
+        if known is not None:
+            command, args = known[0], args or known[1]
+    argv = [expand(str(part), env) for part in command + args]
     if not argv:
-        raise ConfigError("the process kubelet needs a command or args (no image entrypoints here)")
+        raise ConfigError("the process kubelet needs a command or args")
     if argv[0] in ("python", "python3"):
         argv[0] = sys.executable
+    elif argv[0] == "flywheel":
+        argv[:1] = [sys.executable, "-m", "flywheel.cli"]
     return argv
