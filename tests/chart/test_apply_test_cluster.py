@@ -1,32 +1,37 @@
-"""The rendered chart on the test cluster (API emulator + process kubelet + real etcd) with real kubectl.
+"""The rendered chart installed on the test cluster (API emulator + process kubelet + real etcd) with the real kubectl,
+as on a real cluster: `helm template --include-crds | kubectl apply -f -`.
 
-The test cluster serves the core kinds, CRDs and (stored only) RBAC, but no Deployments/StatefulSets and no
-authorization. So: the chart's CRD, ServiceAccount, RBAC, Services and ConfigMaps are applied with kubectl; the
-operator runs as a process with exactly the arguments of the chart's Deployment (the etcd endpoint pointed at the test
-cluster's etcd, plus --kubeconfig); and examples/operator-tiny.yaml, applied as NOTES.txt says, runs to Succeeded.
-That exercises the default namespaced mode (`--namespace=<release namespace>`)."""
+Every rendered object is applied: the CRD, the ServiceAccount, RBAC (stored, not enforced), ConfigMaps and the
+operator's Deployment. The test cluster's deployment controller (tests/cluster/deployments.py) creates the operator
+pod from the Deployment's template and the process kubelet runs it: no image is pulled, the container's `args` follow
+the image's ENTRYPOINT (`flywheel`), and the pod reaches the API through its service account's credentials
+($KUBECONFIG written by the kubelet: there is no /var/run/secrets mount). The values are the defaults plus what one
+shared host needs: the test cluster's etcd (etcd.externalEndpoints: the chart's etcd StatefulSet is not rendered),
+free ports for the operator's metrics and liveness endpoints (all pods share 127.0.0.1), no worker metrics port,
+one torch thread per worker, and an events directory on the host (`operator.eventsDir`: volumes are not mounted,
+so its mountPath is a host path). examples/operator-tiny.yaml, applied as NOTES.txt says, runs to Succeeded; deleting
+the release's objects takes the operator pod with them (garbage collection through its owner reference)."""
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 import yaml
 
+from tests.chart import rbac
 from tests.chart.conftest import CHART, KUBE_VERSION, NAMESPACE, RELEASE, ROOT, find_tool, run_helm
 
-SERVED = {"CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
-          "Service", "ConfigMap"}
 KUBECTL = find_tool("kubectl")
+OPERATOR = f"{RELEASE}-flywheel-operator"
 
 
 def free_port() -> int:
@@ -35,15 +40,50 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class Env:
-    def __init__(self, cluster: Any, tmp: Path, ports: dict[str, int], docs: list[dict[str, Any]]) -> None:
-        self.cluster, self.tmp, self.ports, self.docs = cluster, tmp, ports, docs
+def wait_for(what: str, check: Callable[[], Any], timeout: float, describe: Callable[[], str] = str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"{what} within {timeout}s: {describe()}"
+        time.sleep(0.3)
 
-    def kubectl(self, *args: str, stdin: str | None = None) -> str:
+
+class Env:
+    def __init__(self, cluster: Any, tmp: Path, ports: dict[str, int], manifest: Path) -> None:
+        self.cluster, self.tmp, self.ports, self.manifest = cluster, tmp, ports, manifest
+        self.docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+
+    def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 30) -> str:
         result = subprocess.run([str(KUBECTL), "--kubeconfig", str(self.cluster.kubeconfig), *args], input=stdin,
-                                capture_output=True, text=True, timeout=30)
+                                capture_output=True, text=True, timeout=timeout)
         assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
         return result.stdout
+
+    def operator_pods(self) -> list[dict[str, Any]]:
+        dep = next(d for d in self.docs if d["kind"] == "Deployment" and d["metadata"]["name"] == OPERATOR)
+        selector = ",".join(f"{k}={v}" for k, v in dep["spec"]["selector"]["matchLabels"].items())
+        return json.loads(self.kubectl("get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "json"))["items"]
+
+    def admin(self, action: str, method: str = "GET") -> Any:
+        request = urllib.request.Request(f"{self.cluster.api_url}/_flywheel/{action}", method=method)
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return json.loads(r.read())
+
+    def wait_live(self, url: str) -> None:
+        def answers() -> bool:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    return r.status == 200 and r.headers["Content-Type"].startswith("application/json")
+            except OSError:
+                return False
+
+        wait_for(f"{url} answers", answers, 60, self.operator_log)
+
+    def operator_log(self) -> str:
+        logs = sorted(self.cluster.log_dir.glob(f"{NAMESPACE}_{OPERATOR}-*.log"), key=lambda p: p.stat().st_mtime)
+        return logs[-1].read_text()[-3000:] if logs else "(no operator pod log)"
 
 
 @pytest.fixture(scope="module")
@@ -51,85 +91,103 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     if KUBECTL is None:
         pytest.skip("kubectl not found (make tools)")
     fixtures = pytest.importorskip("tests.cluster.fixtures")
-    ports = {"metrics": free_port(), "liveness": free_port()}
-    # Values for one shared host: workers serve no metrics port (they would all want 9400), one torch thread each.
-    rendered = run_helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION,
-                        "--include-crds", "--set", "api.enabled=true",
-                        "--set", f"operator.metricsPort={ports['metrics']}",
-                        "--set", f"operator.livenessPort={ports['liveness']}", "--set", "operator.workerMetricsPortBase=0",
-                        "--set", "operator.workerEnv.OMP_NUM_THREADS=1").stdout
-    docs = [d for d in yaml.safe_load_all(rendered) if d]
     tmp = tmp_path_factory.mktemp("chart-cluster")
+    events = tmp / "events"
+    events.mkdir()
+    ports = {"metrics": free_port(), "liveness": free_port()}
     with fixtures.start_cluster(tmp / "cluster", nodes=2, etcd=True, node_monitor_grace_seconds=3.0,
                                 heartbeat_seconds=0.5) as cluster:
-        yield Env(cluster, tmp, ports, docs)
-
-
-def test_chart_objects_apply(env: Env):
-    assert {d["kind"] for d in env.docs} - SERVED == {"Deployment", "StatefulSet"}
-    assert len([d for d in env.docs if d["kind"] == "ServiceAccount"]) == 2  # the operator's and the API's
-    served = [d for d in env.docs if d["kind"] in SERVED]
-    crds = [d for d in served if d["kind"] == "CustomResourceDefinition"]
-    rest = [d for d in served if d["kind"] != "CustomResourceDefinition"]
-    assert len(crds) == 1
-    env.kubectl("create", "namespace", NAMESPACE)
-    env.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(crds))
-    env.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(rest))
-    for doc in rest:
-        ns = doc["metadata"].get("namespace")
-        env.kubectl("get", doc["kind"].lower(), doc["metadata"]["name"], *(["-n", ns] if ns else []))
+        etcd = urlparse(cluster.etcd_url)
+        rendered = run_helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION,
+                            "--include-crds", "--set", "etcd.enabled=false",
+                            "--set", f"etcd.externalEndpoints={{{etcd.hostname}:{etcd.port}}}",
+                            "--set", f"operator.metricsPort={ports['metrics']}",
+                            "--set", f"operator.livenessPort={ports['liveness']}",
+                            "--set", "operator.workerMetricsPortBase=0",
+                            "--set", "operator.workerEnv.OMP_NUM_THREADS=1",
+                            "--set", "operator.eventsDir.existingClaim=flywheel-events",
+                            "--set", f"operator.eventsDir.mountPath={events}").stdout
+        manifest = tmp / "flywheel.yaml"
+        manifest.write_text(rendered)
+        yield Env(cluster, tmp, ports, manifest)
 
 
 @pytest.mark.slow
-def test_operator_with_the_chart_args_runs_the_example_to_succeeded(env: Env):
-    if "trainingjobs.flywheel.dev" not in env.kubectl("get", "crd"):
-        pytest.skip("test_chart_objects_apply did not install the CRD")
-    dep = next(d for d in env.docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-operator"))
-    (op,) = dep["spec"]["template"]["spec"]["containers"]
-    assert op["args"][0] == "operator"
-    args = [a if not a.startswith("--etcd-endpoints=") else f"--etcd-endpoints={env.cluster.etcd_url}"
-            for a in op["args"][1:]]
-    assert f"--namespace={NAMESPACE}" in args
-    log = env.tmp / "operator.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "flywheel.cli", "operator", "--kubeconfig",
-                                 str(env.cluster.kubeconfig), *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"})
-    try:
-        # The chart's liveness and readiness probes: kopf's endpoint on the port named in the probe.
-        ports = {p["name"]: p["containerPort"] for p in op["ports"]}
-        assert ports == env.ports
-        for probe in (op["livenessProbe"]["httpGet"], op["readinessProbe"]["httpGet"]):
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    url = f"http://127.0.0.1:{ports[probe['port']]}{probe['path']}"
-                    with urllib.request.urlopen(url, timeout=2) as r:
-                        assert r.status == 200 and r.headers["Content-Type"].startswith("application/json")
-                        break
-                except OSError:
-                    assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-                    time.sleep(0.2)
-        with urllib.request.urlopen(f"http://127.0.0.1:{env.ports['metrics']}/metrics", timeout=5) as r:
-            assert b"flywheel_operator_jobs" in r.read()
-        job = yaml.safe_load((ROOT / "examples" / "operator-tiny.yaml").read_text())
-        job["spec"]["checkpoint"]["dir"] = str(env.tmp / "ckpt")  # /ckpt on a real cluster (a shared volume)
-        env.kubectl("apply", "-n", NAMESPACE, "-f", "-", stdin=yaml.safe_dump(job))
-        deadline = time.monotonic() + 150
-        phase = ""
-        while phase != "Succeeded":
-            obj = json.loads(env.kubectl("get", "tj", "op-tiny", "-n", NAMESPACE, "-o", "json"))
-            phase = (obj.get("status") or {}).get("phase", "")
-            assert phase != "Failed", obj.get("status")
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, f"still {phase}: {obj.get('status')}\n{log.read_text()[-3000:]}"
-            time.sleep(0.5)
-        table = env.kubectl("get", "tj", "-n", NAMESPACE).splitlines()
-        assert table[1].split()[:2] == ["op-tiny", "Succeeded"]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+def test_chart_installs_with_kubectl_and_runs_the_example_to_succeeded(env: Env):
+    kinds = {d["kind"] for d in env.docs}
+    assert {"CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+            "Deployment"} <= kinds
+    assert "StatefulSet" not in kinds  # etcd.enabled=false: the test cluster's etcd instead
+    env.admin("record-requests?on=true", "POST")  # each caller's requests, by bearer token (requestlog.py)
+    env.kubectl("create", "namespace", NAMESPACE)
+    applied = env.kubectl("apply", "-f", str(env.manifest))
+    assert f"deployment.apps/{OPERATOR} created" in applied, applied
+    for doc in env.docs:  # everything is served and stored
+        ns, group = doc["metadata"].get("namespace"), doc["apiVersion"].rpartition("/")[0]
+        env.kubectl("get", doc["kind"].lower() + (f".{group}" if group else ""), doc["metadata"]["name"],
+                    *(["-n", ns] if ns else []))
+    again = env.kubectl("apply", "-f", str(env.manifest)).splitlines()
+    assert len(again) == len(env.docs) and all(line.endswith(" unchanged") for line in again), again
+
+    # The Deployment's pod: Running, its liveness endpoint answers, `kubectl rollout status` is satisfied.
+    env.kubectl("rollout", "status", f"deployment/{OPERATOR}", "-n", NAMESPACE, "--timeout=60s", timeout=70)
+    (pod,) = env.operator_pods()
+    assert pod["status"]["phase"] == "Running"
+    assert pod["metadata"]["ownerReferences"][0]["kind"] == "Deployment"
+    (container,) = pod["spec"]["containers"]
+    assert "command" not in container and container["args"][0] == "operator"  # the image's ENTRYPOINT runs it
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == env.ports
+    for probe in (container["livenessProbe"]["httpGet"], container["readinessProbe"]["httpGet"]):
+        env.wait_live(f"http://127.0.0.1:{ports[probe['port']]}{probe['path']}")
+    with urllib.request.urlopen(f"http://127.0.0.1:{env.ports['metrics']}/metrics", timeout=5) as r:
+        assert b"flywheel_operator_jobs" in r.read()
+    pid = env.cluster.kubelet.pid_of(NAMESPACE, pod["metadata"]["name"])
+    assert pid is not None
+
+    # The example job, as NOTES.txt says to apply it.
+    job = yaml.safe_load((ROOT / "examples" / "operator-tiny.yaml").read_text())
+    job["spec"]["checkpoint"]["dir"] = str(env.tmp / "ckpt")  # /ckpt on a real cluster (a shared volume)
+    env.kubectl("apply", "-n", NAMESPACE, "-f", "-", stdin=yaml.safe_dump(job))
+
+    def finished() -> dict[str, Any] | None:
+        obj = json.loads(env.kubectl("get", "tj", "op-tiny", "-n", NAMESPACE, "-o", "json"))
+        status = obj.get("status") or {}
+        assert status.get("phase") != "Failed", status
+        assert env.cluster.kubelet.pid_of(NAMESPACE, pod["metadata"]["name"]) == pid, env.operator_log()
+        return status if status.get("phase") == "Succeeded" else None
+
+    status = wait_for("op-tiny Succeeded", finished, 150, env.operator_log)
+    assert status["step"] == job["spec"]["trainer"]["training"]["steps"], status  # from the workers' event logs
+    table = env.kubectl("get", "tj", "-n", NAMESPACE).splitlines()
+    assert table[1].split()[:2] == ["op-tiny", "Succeeded"]
+    # The pod called the API as the Deployment's ServiceAccount, and the chart's RBAC allows all it asked for
+    # (test_rbac_recorded.py checks the converse: no grant goes unused).
+    account = pod["spec"]["serviceAccountName"]
+    requests = [tuple(r) for r in env.admin("recorded-requests")[f"system:serviceaccount:{NAMESPACE}:{account}"]]
+    assert ("watch", "flywheel.dev", "trainingjobs", NAMESPACE) in requests
+    assert rbac.missing(rbac.grants_for(env.docs, account, NAMESPACE), requests) == []
+
+    # Uninstall. The job first, while the operator runs to remove its finalizer (on a real cluster a CRD's deletion
+    # waits for its objects, and a finalizer nobody removes holds them); then the release's objects: the operator
+    # pod goes with its Deployment (ownerReference GC; SIGTERM to the process).
+    env.kubectl("delete", "tj", "op-tiny", "-n", NAMESPACE, "--wait=true", timeout=40)
+
+    # A new template rolls out by the chart's Recreate strategy: the old operator pod is gone before the new one
+    # exists, so two operators never act at once.
+    old = pod["metadata"]["name"]
+    env.kubectl("rollout", "restart", f"deployment/{OPERATOR}", "-n", NAMESPACE)
+
+    def replaced() -> dict[str, Any] | None:
+        pods = env.operator_pods()
+        names = [p["metadata"]["name"] for p in pods]
+        assert not (old in names and len(names) > 1), names
+        return next((p for p in pods if p["metadata"]["name"] != old), None)
+
+    pod = wait_for("a new operator pod", replaced, 40, lambda: str(env.operator_pods()))
+    env.kubectl("rollout", "status", f"deployment/{OPERATOR}", "-n", NAMESPACE, "--timeout=60s", timeout=70)
+    env.wait_live(f"http://127.0.0.1:{env.ports['liveness']}/healthz")
+    env.kubectl("delete", "-f", str(env.manifest), "--wait=true", timeout=60)
+    wait_for("the operator pod deleted", lambda: not env.operator_pods(), 40, lambda: str(env.operator_pods()))
+    assert env.cluster.kubelet.pid_of(NAMESPACE, pod["metadata"]["name"]) is None
+    assert "trainingjobs.flywheel.dev" not in env.kubectl("get", "crd")
