@@ -143,9 +143,10 @@ def measure(shape: ModelShape, layout: Layout, steps: int, workdir: Path, live_m
 
 
 def run_config(name: str, shape: ModelShape, device: Device, layouts: list[Layout], peer: Layout, pick: Layout,
-               steps: int, rounds: int, tmp: Path) -> tuple[list[dict], dict[Layout, list[float]]]:
-    """Estimate and measure each layout (live peak, then a timed run), then more alternating rounds of the pick
-    and its peer. Returns the rows and the timed step seconds per layout."""
+               steps: int, rounds: int, tmp: Path, quick: bool) -> tuple[list[dict], dict[Layout, list[float]]]:
+    """Estimate and measure each layout (live peak, then a timed run; quick: one run that gives both, timed with
+    the mmap threshold), then more alternating rounds of the pick and its peer. Returns the rows and the timed
+    step seconds per layout."""
     batch = Batch(GLOBAL_BATCH, "fp32")
     rows: list[dict] = []
     timed: dict[Layout, list[float]] = {}
@@ -153,12 +154,14 @@ def run_config(name: str, shape: ModelShape, device: Device, layouts: list[Layou
         world = world_of(lay)
         est = estimate(shape, batch, lay, bed_device(world, device), ranks_per_worker=world)
         tag = f"{name}-{len(rows)}"
-        _, live = measure(shape, lay, WARMUP + 1, tmp / f"live-{tag}", live_memory=True)
-        seconds, rss = measure(shape, lay, steps, tmp / f"timed-{tag}")
+        seconds, live = measure(shape, lay, steps if quick else WARMUP + 1, tmp / f"live-{tag}", live_memory=True)
+        if not quick:
+            seconds, rss = measure(shape, lay, steps, tmp / f"timed-{tag}")
         timed[lay] = [seconds]
         rows.append({"config": name, "layout": lay.describe(), "world": world, "pick": lay == pick,
                      "peer": lay == peer, "est_step_seconds": est.step_seconds, "step_seconds": seconds,
-                     "est_memory_bytes": est.memory_bytes, "peak_live_bytes": live, "peak_rss_bytes": rss,
+                     "est_memory_bytes": est.memory_bytes, "peak_live_bytes": live,
+                     "peak_rss_bytes": None if quick else rss,
                      "memory_error": est.memory_bytes / live - 1, "time_error": est.step_seconds / seconds - 1})
     for r in range(rounds - 1 if pick != peer else 0):  # more alternating rounds for the pick vs its peer
         for lay in (pick, peer) if r % 2 == 0 else (peer, pick):
@@ -169,7 +172,8 @@ def run_config(name: str, shape: ModelShape, device: Device, layouts: list[Layou
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true",
-                        help="a small model; plain DP, tp2, pp2 and the picks with their peers (CI smoke)")
+                        help="a small model; plain DP, tp2, pp2 and the picks with their peers, one run each "
+                             "(CI smoke)")
     parser.add_argument("--rounds", type=int, help="timed rounds of each pick and its peer (default 3, quick 1)")
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (1 if args.quick else 3)
@@ -186,9 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fw-planner-") as tmp:
         rows, timed = run_config("base", shape, device, QUICK_LAYOUTS if args.quick else LAYOUTS, PLAIN, pick,
-                                 steps, args.rounds, Path(tmp))
+                                 steps, args.rounds, Path(tmp), args.quick)
         capped_rows, capped_timed = run_config("capped", shape, capped, [], dp_only, capped_pick, steps,
-                                               args.rounds, Path(tmp))
+                                               args.rounds, Path(tmp), args.quick)
     table = Table(title=f"planner estimates vs measured ({shape}, cpu; capped: memoryBytes {cap / 2**20:.0f} MiB)")
     for col in ("config", "layout", "ranks", "est step s", "step s", "time err", "est MiB", "peak live MiB",
                 "memory err", "peak RSS MiB (glibc default)"):
@@ -199,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(r["config"], name, str(r["world"]), f"{r['est_step_seconds']:.3f}", f"{r['step_seconds']:.3f}",
                       f"{r['time_error']:+.1%}", f"{r['est_memory_bytes'] / 2**20:.0f}",
                       f"{r['peak_live_bytes'] / 2**20:.0f}", f"{r['memory_error']:+.1%}",
-                      f"{r['peak_rss_bytes'] / 2**20:.0f}")
+                      "-" if r["peak_rss_bytes"] is None else f"{r['peak_rss_bytes'] / 2**20:.0f}")
     Console(width=160).print(table)
     every = rows + capped_rows
     worst = max(abs(r["memory_error"]) for r in every)
