@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ import pytest
 import yaml
 
 from tests.chart import rbac
+from tests.waiting import eventually
 from tests.chart.conftest import CHART, KUBE_VERSION, NAMESPACE, RELEASE, ROOT, find_tool, run_helm
 
 KUBECTL = find_tool("kubectl")
@@ -41,13 +41,11 @@ def free_port() -> int:
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float, describe: Callable[[], str] = str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"{what} within {timeout}s: {describe()}"
-        time.sleep(0.3)
+    """tests/waiting.eventually, with what the cluster looked like when it timed out."""
+    try:
+        return eventually(check, timeout, what, interval=0.3)
+    except AssertionError as err:
+        raise AssertionError(f"{what} within {timeout}s: {describe()}") from err
 
 
 class Env:

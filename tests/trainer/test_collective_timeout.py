@@ -53,15 +53,8 @@ def test_collective_timeout_exits_5_and_is_counted(tmp_path: Path):
     steady = collective_timeouts(parse_spec(spec).fault_tolerance).steady.total_seconds()
     assert steady < PROGRESS_TIMEOUT  # the collective gives up first
     procs = launch(spec, tmp_path, [{"id": "h0", "kind": "hang", "rank": 1, "step": 3}])
-    try:
-        code = procs[0].wait(timeout=120)
-        ended = time.time()
-        stopped = procs[1].poll() is None  # SIGSTOPped: it cannot exit by itself
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    code, stopped = workers.wait_while_peer_stopped(procs, timeout=120)
+    ended = time.time()
     assert code == exitcodes.COLLECTIVE_TIMEOUT, workers.logs(tmp_path)
     assert stopped
     events = workers.events(tmp_path)

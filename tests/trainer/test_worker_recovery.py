@@ -85,14 +85,7 @@ def test_sigterm_to_one_rank_stops_all_with_an_emergency_checkpoint(tmp_path, re
 def test_stalled_peer_makes_the_watchdog_exit_hang(tmp_path):
     doc = workers.job_spec(2, steps=STEPS, lr=1e-2, progress_timeout=2)
     procs = workers.launch(2, doc, tmp_path, faults=[{"id": "h0", "kind": "hang", "rank": 1, "step": 3}])
-    try:
-        code = procs[0].wait(timeout=90)
-        stopped = procs[1].poll() is None  # SIGSTOPped: it cannot exit by itself
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    code, stopped = workers.wait_while_peer_stopped(procs, timeout=90)
     assert code == exitcodes.HANG, workers.logs(tmp_path)
     assert stopped
     events = workers.events(tmp_path)

@@ -62,6 +62,20 @@ def run(world_size: int, spec: dict[str, Any], workdir: Path, *, timeout: float 
                 p.wait()
 
 
+def wait_while_peer_stopped(procs: list[subprocess.Popen], timeout: float) -> tuple[int, bool]:
+    """Rank 0's exit code while rank 1 is SIGSTOPped (by a hang fault), and whether rank 1 was still stopped then
+    (it cannot exit by itself); every rank still there is killed afterwards."""
+    try:
+        code = procs[0].wait(timeout=timeout)
+        stopped = procs[1].poll() is None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return code, stopped
+
+
 def events(workdir: Path) -> list[dict[str, Any]]:
     path = workdir / "events.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
