@@ -14,9 +14,7 @@ Each save finishes writing before the next one starts. Writes go to a temp dir (
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import statistics
 import tempfile
@@ -31,6 +29,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch import nn  # noqa: E402
 
+from bench.common import RESULTS, write_result  # noqa: E402
 from flywheel.spec import CheckpointSpec  # noqa: E402
 from flywheel.trainer.checkpoint import AppState, Checkpointer  # noqa: E402
 
@@ -155,7 +154,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="~50 MB of state instead of ~0.55 GB (CI smoke)")
     parser.add_argument("--reps", type=int, default=None, help="measured saves per method (default 5, quick 3)")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "checkpoint_stall.json"))
+    parser.add_argument("--out", type=Path, default=RESULTS / "checkpoint_stall.json")
     parser.add_argument("--dir", default=None, help="where to write checkpoints (default: a temp dir)")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -197,28 +196,14 @@ def main() -> None:
               + " ".join(f"{v:.4f}" for v in values))
     ratio, ratio_vs_sync = ours / peer, ours / sync
     passed = ratio <= GOAL_VS_ASYNC and ratio_vs_sync <= GOAL_VS_SYNC
-    result = {
-        "metric": "checkpoint_loop_blocking_seconds",
-        "value": ours,
-        "unit": "s",
-        "peer": "dcp.async_save (thread executor, default stager)",
-        "peer_value": peer,
-        "ratio": ratio,
-        "goal": f"ours <= {GOAL_VS_ASYNC}x dcp.async_save and <= {GOAL_VS_SYNC:.0%} of sync dcp.save",
-        "pass": passed,
-        "sync_value": sync,
-        "ratio_vs_sync": ratio_vs_sync,
-        "runs": runs,
-        "state_bytes": state_bytes,
-        "train_step_seconds": step_seconds,
-        "quick": args.quick,
-        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}, "
-                   "CPU gloo world 1, OMP_NUM_THREADS=1",
-    }
+    write_result("checkpoint_stall", path=args.out, metric="checkpoint_loop_blocking_seconds", value=ours, unit="s",
+                 peer="dcp.async_save (thread executor, default stager)", peer_value=peer, ratio=ratio,
+                 goal=f"ours <= {GOAL_VS_ASYNC}x dcp.async_save and <= {GOAL_VS_SYNC:.0%} of sync dcp.save",
+                 passed=passed, runs=runs, sync_value=sync, ratio_vs_sync=ratio_vs_sync, state_bytes=state_bytes,
+                 train_step_seconds=step_seconds, quick=args.quick,
+                 setup=f"torch {torch.__version__}, CPU gloo world 1, OMP_NUM_THREADS=1")
     print(f"ours / dcp.async_save = {ratio:.3f} (goal <= {GOAL_VS_ASYNC}), ours / sync = {ratio_vs_sync:.4f} "
           f"(goal <= {GOAL_VS_SYNC}): {'PASS' if passed else 'FAIL'}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":
