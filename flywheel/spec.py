@@ -172,6 +172,9 @@ class FaultTolerance(_Model):
     first_step_timeout_seconds: float = Field(600, ge=1, description="Allowance for start-up and the first step.")
     restart_scope: Literal["job", "worker"] = Field("job", description="Recreate every worker or only the failed one.")
     node_failure_grace_seconds: float = Field(30, ge=0, description="Pods stuck on a dead node are force-deleted after this.")
+    start_failure_grace_seconds: float = Field(
+        60, ge=0, description="How long a worker may wait on an image pull error or a missing Secret/ConfigMap before "
+                              "the job fails (an unparseable image name fails at once).")
 
 
 class Scheduling(_Model):

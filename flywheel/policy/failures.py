@@ -55,19 +55,21 @@ _IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidIma
 # reasons are failures of their own. An image name that does not parse, or an image that may never be pulled, fails
 # on every retry: at once. A pull error may be a registry or network blip (the kubelet retries with a back-off of
 # 10 s, 20 s, 40 s, ...), and a missing Secret or ConfigMap may be created yet: they fail once the container has
-# waited START_FAILURE_GRACE_SECONDS (three pull attempts).
+# waited a grace: the job's `faultTolerance.startFailureGraceSeconds`, by default START_FAILURE_GRACE_SECONDS
+# (three pull attempts; the spec's default is the same 60 s).
 START_FAILURE_GRACE_SECONDS = 60.0
 START_FAILURES_AT_ONCE = {"InvalidImageName": FailureKind.IMAGE_PULL, "ErrImageNeverPull": FailureKind.IMAGE_PULL}
 START_FAILURES_AFTER_GRACE = {"ErrImagePull": FailureKind.IMAGE_PULL, "ImagePullBackOff": FailureKind.IMAGE_PULL,
                               "CreateContainerConfigError": FailureKind.CONFIG_ERROR}
 
 
-def classify_waiting(reason: str | None, waiting_seconds: float) -> FailureKind | None:
+def classify_waiting(reason: str | None, waiting_seconds: float,
+                     grace_seconds: float = START_FAILURE_GRACE_SECONDS) -> FailureKind | None:
     """A container that has been waiting `waiting_seconds` with this waiting reason: a failure, or None while it
-    may still start (any other reason, e.g. ContainerCreating, or a retryable one within the grace)."""
+    may still start (any other reason, e.g. ContainerCreating, or a retryable one within `grace_seconds`)."""
     if reason in START_FAILURES_AT_ONCE:
         return START_FAILURES_AT_ONCE[reason]
-    if reason in START_FAILURES_AFTER_GRACE and waiting_seconds >= START_FAILURE_GRACE_SECONDS:
+    if reason in START_FAILURES_AFTER_GRACE and waiting_seconds >= grace_seconds:
         return START_FAILURES_AFTER_GRACE[reason]
     return None
 

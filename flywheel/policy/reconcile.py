@@ -134,7 +134,9 @@ def _budget(status: dict[str, Any]) -> RestartBudget:
     return RestartBudget(int(status.get("restarts", 0)), int(status.get("lastCheckpoint", {}).get("step", 0)))
 
 
-def _failure_of(pod: PodView, now: float) -> FailureKind | None:
+def _failure_of(pod: PodView, now: float, start_grace: float) -> FailureKind | None:
+    """The failure `pod` shows at `now`, or None. `start_grace`: how long a container may wait on a retryable start
+    failure (an image pull error, a missing Secret or ConfigMap) first: the job's startFailureGraceSeconds."""
     if pod.phase == "Succeeded":
         return None
     if pod.liveness_lost or pod.node_lost:
@@ -142,7 +144,7 @@ def _failure_of(pod: PodView, now: float) -> FailureKind | None:
     if pod.disruption is not None:
         return classify_pod(pod.phase, pod.reason, pod.exit_code, disruption=True)
     if pod.phase == "Pending" and pod.waiting_since is not None:
-        return classify_waiting(pod.reason, now - pod.waiting_since)
+        return classify_waiting(pod.reason, now - pod.waiting_since, start_grace)
     if pod.phase != "Failed":
         return None
     return classify_pod(pod.phase, pod.reason, pod.exit_code) or FailureKind.CRASH
@@ -213,13 +215,18 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
     scope_job = spec.fault_tolerance.restart_scope == "job"
     # Hangs and requested restarts restart every worker.
     hang_restart = status.get("lastRestartReason") in (FailureKind.HANG.value, R.RESTART_REQUESTED)
+    start_grace = spec.fault_tolerance.start_failure_grace_seconds
+
+    def failure(p: PodView) -> FailureKind | None:  # this job's start-failure grace, at this pass's time
+        return _failure_of(p, now, start_grace)
+
     grace = spec.fault_tolerance.node_failure_grace_seconds
     for p in pods:
         if p.deleting_since is not None:
             if (p.node_lost or p.liveness_lost) and now - p.deleting_since >= grace:
                 out.actions.append(DeletePod(p.name, p.uid, force=True))
                 out.events.append(Event("Warning", R.FORCE_DELETED, R.MSG_FORCE_DELETED.format(pod=p.name)))
-        elif p.index >= desired or (p.generation < current_gen and (scope_job or _failure_of(p, now) is not None
+        elif p.index >= desired or (p.generation < current_gen and (scope_job or failure(p) is not None
                                                                       or hang_restart)):
             out.actions.append(DeletePod(p.name, p.uid))
 
@@ -257,19 +264,19 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
 
     # A pod preempted or evicted (DisruptionTarget) is being deleted by someone else: still a failure to decide.
     disrupted = [p for p in mine if p.generation == current_gen and p.deleting_since is not None and p.disruption]
-    failed = sorted((p for p in current + disrupted if _failure_of(p, now) is not None), key=lambda p: p.index)
+    failed = sorted((p for p in current + disrupted if failure(p) is not None), key=lambda p: p.index)
     # A True Hung condition is the health monitor's restart request (policy/health_status.py).
     hung = condition(status, "Hung")
     hang = str(hung.get("message", "")) if hung is not None and hung.get("status") == "True" else None
     if failed or hang is not None:
         if failed:
             pod = failed[0]
-            kind = _failure_of(pod, now)
+            kind = failure(pod)
             assert kind is not None
             detail = _failure_detail(pod, kind, now)
         else:
             kind, detail = FailureKind.HANG, R.MSG_HANG_DECIDED.format(finding=hang)
-        live = sum(1 for p in current if p.active and _failure_of(p, now) is None)
+        live = sum(1 for p in current if p.active and failure(p) is None)
         decision = decide_restart(spec, kind, _budget(status), int(status.get("lastCheckpoint", {}).get("step", 0)),
                                   live)
         status["restartBudget"] = {"used": decision.budget.used, "windowStartStep": decision.budget.window_start_step}
@@ -295,7 +302,7 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: dict
         peer_lost = any(p.node_lost or p.liveness_lost for p in failed)
         grace = HUNG_POD_GRACE_SECONDS if (hang is not None and not failed) or peer_lost else None
         for p in pods:
-            if p.deleting_since is None and (whole or _failure_of(p, now) is not None):
+            if p.deleting_since is None and (whole or failure(p) is not None):
                 out.actions.append(DeletePod(p.name, p.uid, grace_seconds=grace))
             elif p.deleting_since is None:  # a survivor joins the new generation (worker scope / shrink)
                 out.actions.append(Relabel(p.name, current_gen + 1))

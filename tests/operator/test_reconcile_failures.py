@@ -43,6 +43,10 @@ def test_waiting_reasons_fail_at_once_or_after_the_grace() -> None:
     assert classify_waiting("CreateContainerConfigError", GRACE - 1) is None
     assert classify_waiting("CreateContainerConfigError", GRACE) is FailureKind.CONFIG_ERROR
     assert classify_waiting("ContainerCreating", 10 * GRACE) is None and classify_waiting(None, 10 * GRACE) is None
+    # The grace is the caller's (the job's startFailureGraceSeconds); START_FAILURE_GRACE_SECONDS is the default.
+    assert classify_waiting("ErrImagePull", 5, grace_seconds=5) is FailureKind.IMAGE_PULL
+    assert classify_waiting("ErrImagePull", 4.9, grace_seconds=5) is None
+    assert classify_waiting("InvalidImageName", 0, grace_seconds=1000) is FailureKind.IMAGE_PULL
 
 
 def test_invalid_image_name_fails_the_job_at_once_with_a_clear_condition() -> None:
@@ -68,6 +72,23 @@ def test_pull_errors_get_a_grace_for_a_registry_blip(reason: str) -> None:
     # Elastic or not, the image is the job's: a pull error is not a lost worker to shrink away from.
     elastic = reconcile(spec(**ELASTIC), None, {}, [pod(0), waiting(1, reason, GRACE)], Progress(), NOW)
     assert elastic.status["phase"] == "Failed"
+
+
+def test_the_jobs_start_failure_grace_replaces_the_default() -> None:
+    """faultTolerance.startFailureGraceSeconds: 5 fails an ErrImagePull worker after 5 s, not before; the default
+    is START_FAILURE_GRACE_SECONDS."""
+    assert spec().fault_tolerance.start_failure_grace_seconds == GRACE
+    short = spec(**{"faultTolerance.startFailureGraceSeconds": 5})
+    early = reconcile(short, None, {}, [pod(0), waiting(1, "ErrImagePull", 4.9)], Progress(), NOW)
+    assert early.status["phase"] == "Pending" and deletes(early) == [] and condition(early.status, "Failed") is None
+    late = reconcile(short, None, early.status, [pod(0), waiting(1, "ErrImagePull", 5)], Progress(), NOW)
+    assert late.status["phase"] == "Failed" and condition(late.status, "Failed")["reason"] == "ImagePullError"
+    assert "waiting 5s: ErrImagePull" in condition(late.status, "Failed")["message"]
+    assert deletes(late) == ["j-worker-0", "j-worker-1"]
+    # A longer grace (a large image on a slow registry) keeps the job waiting past the default.
+    long = spec(**{"faultTolerance.startFailureGraceSeconds": 10 * GRACE})
+    patient = reconcile(long, None, {}, [pod(0), waiting(1, "ImagePullBackOff", 2 * GRACE)], Progress(), NOW)
+    assert patient.status["phase"] == "Pending" and deletes(patient) == []
 
 
 def test_missing_config_fails_after_the_grace_and_starting_containers_never_do() -> None:
