@@ -15,13 +15,14 @@ Times are measured from the stopped rank's last step. Goals (the issue's): detec
 resume <= detect + 5 s.
 
     python -m bench.hang_recovery            # 5 trials of ours, 2 of each torchrun variant (~10 min)
-    python -m bench.hang_recovery --quick    # 1 / 1 (the workaround variant only; ~2 min)
+    python -m bench.hang_recovery --quick    # 1 / 1 (the workaround variant only, nnodes 1; ~1.5 min)
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -87,21 +88,23 @@ def _probe_args(log: Path, marker: Path, gloo_timeout: float) -> list[str]:
     return [str(PROBE), str(log), str(marker), "--gloo-timeout", str(gloo_timeout)]
 
 
-def torchrun_trial(index: int, workdir: Path, gloo_timeout: float, shared_store: bool) -> Trial:
+def torchrun_trial(index: int, workdir: Path, gloo_timeout: float, shared_store: bool, nnodes: str = "1:2") -> Trial:
     launcher = "torchrun" if shared_store else "torchrun-no-shared-store"
     log, marker = workdir / f"{launcher}-{index}.log", workdir / f"{launcher}-{index}.marker"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc-per-node", "2",
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc-per-node", "2",
             "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
             "--rdzv-id", f"hang-{index}-{os.getpid()}", *_probe_args(log, marker, gloo_timeout)]
     env = {k: v for k, v in os.environ.items() if k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
     env["OMP_NUM_THREADS"] = "1"
     if not shared_store:
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     try:
-        subprocess.run(argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=TRIAL_TIMEOUT_S, start_new_session=True)
-    except subprocess.TimeoutExpired:
-        pass
+        proc.wait(timeout=TRIAL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:  # torchrun and its ranks (one may still be stopped): the whole session
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     last, error, first_after = _probe_times(log)
     if last is None:
         return Trial(launcher, None, None, "none")
@@ -189,7 +192,10 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--peer-trials", type=int, default=2, help="trials of each torchrun variant")
     parser.add_argument("--quick", action="store_true",
-                        help="1 trial of ours and 1 of torchrun without the shared store (~2 min)")
+                        help="1 trial of ours and 1 of torchrun without the shared store, fixed size (~1.5 min)")
+    parser.add_argument("--peer-nnodes", default="1:2",
+                        help="torchrun's --nnodes (quick: 1, which skips the 30 s last-call wait of a re-forming "
+                             "elastic group: a faster peer than the default)")
     parser.add_argument("--no-default-peer", action="store_true",
                         help="skip torchrun with defaults (CI smoke: it may not recover within the trial)")
     parser.add_argument("--peer-gloo-timeout", type=float, default=GLOO_TIMEOUT_S,
@@ -197,7 +203,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "hang_recovery.json")
     args = parser.parse_args()
     if args.quick:
-        args.trials, args.peer_trials, args.no_default_peer = 1, 1, True
+        args.trials, args.peer_trials, args.no_default_peer, args.peer_nnodes = 1, 1, True, "1"
     started = time.monotonic()
     ours: list[Trial] = []
     peers: dict[str, list[Trial]] = {"torchrun-no-shared-store": []}
@@ -213,7 +219,8 @@ def main() -> int:
             harness.close()
         for launcher, runs in peers.items():
             for i in range(args.peer_trials):
-                runs.append(torchrun_trial(i, Path(tmp), args.peer_gloo_timeout, launcher == "torchrun"))
+                runs.append(torchrun_trial(i, Path(tmp), args.peer_gloo_timeout, launcher == "torchrun",
+                                           args.peer_nnodes))
                 print(f"{launcher} trial {i + 1}/{args.peer_trials}: {runs[-1]}", flush=True)
     head = _stats(ours)
     peer_stats = {launcher: _stats(runs) for launcher, runs in peers.items()}
@@ -225,7 +232,8 @@ def main() -> int:
     write_result("hang_recovery", path=args.out,
                  metric="hang: stopped rank's last step -> first step after recovery, median",
                  value=resume, unit="s",
-                 peer=f"torchrun --max-restarts 3, {args.peer_gloo_timeout:g} s gloo timeout, same script, "
+                 peer=f"torchrun --nnodes {args.peer_nnodes} --max-restarts 3, {args.peer_gloo_timeout:g} s gloo "
+                      "timeout, same script, "
                       "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (with defaults see stats.torchrun)",
                  peer_value=peer["resume_median_s"],
                  goal=f"detect <= progressTimeoutSeconds ({PROGRESS_TIMEOUT_S:g} s) + 10 s by the Hung condition; "
@@ -234,7 +242,7 @@ def main() -> int:
                  runs={"flywheel": [{**asdict(t), "after_detect_s": t.after_detect_s} for t in ours],
                        **{launcher: [asdict(t) for t in runs] for launcher, runs in peers.items()}},
                  progress_timeout_seconds=PROGRESS_TIMEOUT_S, gloo_timeout_seconds=GLOO_TIMEOUT_S,
-                 peer_gloo_timeout_seconds=args.peer_gloo_timeout,
+                 peer_gloo_timeout_seconds=args.peer_gloo_timeout, peer_nnodes=args.peer_nnodes, quick=args.quick,
                  scrape_interval_seconds=SCRAPE_INTERVAL_S, load_average_1m=os.getloadavg()[0],
                  bench_seconds=time.monotonic() - started)
     print(f"ours: detect {detect} s, resume {resume} s ({after} s after detection); " + "; ".join(

@@ -45,9 +45,10 @@ def test_trainer_overhead_smoke(tmp_path):
 
 def test_restart_latency_smoke(tmp_path):
     out = tmp_path / "restart_latency.json"
-    run_bench(tmp_path, "bench.restart_latency", "--trials", "1", "--peer-trials", "1", "--fixed-trials", "1",
-              "--out", str(out))
-    check_record(out)
+    # torchrun as typed may never re-form after the kill (pytorch#135712): its trial then counts as the timeout.
+    run_bench(tmp_path, "bench.restart_latency", "--quick", "--out", str(out))
+    record = check_record(out)
+    assert record["stats"]["fixed"]["flywheel"]["recovered"] == 1
 
 
 def test_planner_accuracy_smoke(tmp_path):
@@ -61,8 +62,7 @@ def test_hang_recovery_smoke(tmp_path):
     if not (REPO / ".tools" / "bin" / "kubectl").exists() or not shutil.which("prometheus"):
         pytest.skip("kubectl or prometheus missing: run scripts/install-tools.sh")
     # torchrun's trial waits for the probe's gloo timeout and then ~30 s for the stopped rank: keep it short here.
-    run_bench(tmp_path, "bench.hang_recovery", "--trials", "1", "--peer-trials", "1", "--peer-gloo-timeout", "3",
-              "--no-default-peer")
+    run_bench(tmp_path, "bench.hang_recovery", "--quick", "--peer-gloo-timeout", "3")
     record = check_record(tmp_path / "hang_recovery.json")
     assert [t["detected_by"] for t in record["runs"]["flywheel"]] == ["Hung"]
 
@@ -86,7 +86,7 @@ def test_operator_scale_smoke(tmp_path):
 def test_dead_worker_smoke(tmp_path):
     if not (REPO / ".tools" / "bin" / "kubectl").exists() or not shutil.which("etcd"):
         pytest.skip("kubectl or etcd missing: run scripts/install-tools.sh")
-    run_bench(tmp_path, "bench.dead_worker", "--quick", "--node-grace", "6")
+    run_bench(tmp_path, "bench.dead_worker", "--quick")
     record = check_record(tmp_path / "dead_worker.json")
     ours, peer = record["runs"]["ours"][0], record["runs"]["peer"][0]
     assert ours["reason"] == peer["reason"] == "NodeLost"
@@ -96,9 +96,8 @@ def test_dead_worker_smoke(tmp_path):
 def test_goodput_smoke(tmp_path):
     """Ours and the tuned torchrun each train ~10 s with one rank SIGKILLed and recover from it."""
     out = tmp_path / "goodput.json"
-    run_bench(tmp_path, "bench.goodput", "--quick", "--clean-steps", "60", "--periods", "6", "--seconds", "10",
-              "--max-faults", "1", "--out", str(out))
+    run_bench(tmp_path, "bench.goodput", "--quick", "--out", str(out))
     record = check_record(out)
-    for side, run in record["runs"]["period_6s"].items():
+    for side, run in record["runs"]["period_10s"].items():
         assert run["finished"] and run["summary"]["faults"] == 1, side
         assert run["summary"]["recovered"] == run["summary"]["faults"], side
