@@ -9,7 +9,7 @@ timeline, /healthz. Peer: the same load against a bare FastAPI/uvicorn app repla
 round's p99 (a busy neighbour on a shared machine can stall one round), ratio = ours / the peer's.
 
     python -m bench.api_latency                   # 200 req/s, 500 jobs, 3 rounds of 20 s each (~2.5 min)
-    python -m bench.api_latency --quick           # 1 round of 5 s
+    python -m bench.api_latency --quick           # 1 round of 3 s
     python -m bench.api_latency --rate 400 --clients 2 --duration 10
 """
 
@@ -225,10 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=32, help="HTTP connection pool size, all clients")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-peer", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="1 round of 5 s")
+    parser.add_argument("--quick", action="store_true", help="1 round of 3 s")
     args = parser.parse_args(argv)
     if args.quick:
-        args.duration, args.rounds = min(args.duration, 5.0), 1
+        args.duration, args.rounds = min(args.duration, 3.0), 1
     count = int(args.rate * (args.duration + WARMUP_S))
     urls = workload(count, args.jobs, args.seed)
     kinds = ["ours"] + ([] if args.no_peer else ["peer"])

@@ -14,7 +14,7 @@ Both sides force-delete the pod stuck Terminating on the dead node after the job
 decision in `status.restarts`. Ratio = ours / peer, time to the first step after (goal <= 0.5).
 
     python -m bench.dead_worker            # 3 trials of ours, 1 of the peer (~4 min)
-    python -m bench.dead_worker --quick    # 1 and 1 (~2 min)
+    python -m bench.dead_worker --quick    # 1 and 1, node grace 6 s unless given (~45 s)
 
 Measured (2 shared cores, quick): ours detected 4.9 s, replacement Running 10.3 s, first step 14.5 s after the loss;
 the pod-status path 40.8 / 46.4 / 51.4 s.
@@ -87,12 +87,14 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--peer-trials", type=int, default=1)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--node-grace", type=float, default=NODE_MONITOR_GRACE_S,
-                        help="the node monitor's grace period in seconds (CI's smoke shortens it)")
+    parser.add_argument("--node-grace", type=float,
+                        help=f"the node monitor's grace period in seconds (default {NODE_MONITOR_GRACE_S:g}, "
+                             "Kubernetes' own; quick 6: a faster peer, to keep the quick run short)")
     parser.add_argument("--out", type=Path, default=RESULTS / "dead_worker.json")
     args = parser.parse_args()
     if args.quick:
         args.trials, args.peer_trials = 1, 1
+    args.node_grace = args.node_grace or (6.0 if args.quick else NODE_MONITOR_GRACE_S)
     if not KUBECTL.exists():
         print("kubectl missing: run scripts/install-tools.sh")
         return 2
@@ -122,15 +124,19 @@ def main() -> int:
     Console().print(table)
     ours, peer = summary["ours"]["first_step_s"], summary["peer"]["first_step_s"]
     ratio = ours / peer
+    judged = args.node_grace == NODE_MONITOR_GRACE_S  # a shorter grace makes a faster peer than the goal's
     write_result("dead_worker", path=args.out, metric="lost node -> first step after (median)", value=ours, unit="s",
-                 peer=f"same operator without the etcd lease watch (pod/node status path, {args.node_grace:g} s node grace)",
-                 peer_value=peer, ratio=ratio, goal=f"ratio <= {GOAL_RATIO}", passed=ratio <= GOAL_RATIO,
+                 peer=f"same operator without the etcd lease watch (pod/node status path, {args.node_grace:g} s "
+                      "node grace)",
+                 peer_value=peer, ratio=ratio, goal=f"ratio <= {GOAL_RATIO} at Kubernetes' {NODE_MONITOR_GRACE_S:g} s "
+                 "node grace", passed=judged and ratio <= GOAL_RATIO,
                  runs={**runs, "median": summary,
                        "kubernetes_eviction_s": args.node_grace + K8S_EVICTION_S},
                  quick=args.quick, node_monitor_grace_s=args.node_grace,
                  node_failure_grace_s=FORCE_DELETE_GRACE_S)
     print(f"ours {ours:.1f} s, peer {peer:.1f} s to the first step after a lost node: ratio {ratio:.2f} "
-          f"({'PASS' if ratio <= GOAL_RATIO else 'FAIL'}) -> {args.out}")
+          f"({'PASS' if ratio <= GOAL_RATIO else 'FAIL'}{'' if judged else ', not judged: node grace shortened'})"
+          f" -> {args.out}")
     return 0
 
 

@@ -26,7 +26,7 @@ done before the kill that were replayed).
 
     python -m bench.goodput           # clean runs, 1 kill/min (ours and both peers, 4 min of training each),
                                       # 1 kill/5 min (ours, 10 min): ~30 min
-    python -m bench.goodput --quick   # clean runs + 30 s at 1 kill / 15 s, ours and torchrun-tuned (~2 min)
+    python -m bench.goodput --quick   # clean runs + 10 s with one kill after 5 s, ours and torchrun-tuned (~1 min)
 """
 
 from __future__ import annotations
@@ -234,8 +234,8 @@ def _fmt(v: Any, spec: str = ".2f") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="short runs at 1 kill / 15 s (ours, torchrun-tuned)")
-    parser.add_argument("--clean-steps", type=int, help="steps of each fault-free run (default 1000, quick 100)")
+    parser.add_argument("--quick", action="store_true", help="10 s runs with one kill (ours, torchrun-tuned)")
+    parser.add_argument("--clean-steps", type=int, help="steps of each fault-free run (default 1000, quick 40)")
     parser.add_argument("--periods", type=float, nargs="+", help="kill periods in seconds (default 60 300)")
     parser.add_argument("--seconds", type=float, nargs="+",
                         help="fault-free training seconds of each faulted run, one per period (default 240 600)")
@@ -244,9 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-faults", type=int, help="at most this many faults per run (smoke tests)")
     parser.add_argument("--out", type=Path, default=RESULTS / "goodput.json")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the periods of the result in --out that this run does not measure (each period's "
+                             "runs carry their own clean reference); e.g. rerun only --periods 300 --seconds 600")
     args = parser.parse_args(argv)
     if args.quick:
-        periods, seconds, clean_steps, peers = [15.0], [30.0], 100, ["torchrun-tuned"]
+        periods, seconds, clean_steps, peers = [10.0], [10.0], 40, ["torchrun-tuned"]
+        args.max_faults = args.max_faults or 1
     else:
         periods, seconds, clean_steps, peers = [60.0, 300.0], [240.0, 600.0], 1000, ["torchrun", "torchrun-tuned"]
     periods = args.periods or periods
@@ -283,12 +287,20 @@ def main(argv: list[str] | None = None) -> int:
                               f"{s['goodput_e2e']:.3f}), {s['faults']} faults, "
                               f"wall {run['wall_s']:.0f} s", highlight=False)
 
+    merged_from = None
+    if args.merge and args.out.exists():
+        old = json.loads(args.out.read_text())
+        kept = {k: v for k, v in old["runs"].items() if k.startswith("period_") and k not in runs}
+        runs.update(kept)
+        runs.setdefault("clean_of_kept_periods", old["runs"].get("clean"))
+        merged_from = {"periods": sorted(kept), "bench_seconds": old.get("bench_seconds")}
+        periods = sorted({*periods, *(float(k[len("period_"):-1]) for k in kept)})
     table = Table(title=f"goodput under injected rank SIGKILLs (tiny GPT, {REPLICAS} workers x {PROCS} ranks)")
     for col in ("run", "side", "steps", "faults", "goodput", "vs clean run", "e2e", "detect s (med)", "restart s (med)",
                 "lost steps", "stall s", "replay s"):
         table.add_column(col, justify="right" if col not in ("run", "side") else "left")
     for key, by_side in runs.items():
-        if key == "clean":
+        if not key.startswith("period_"):
             continue
         for side, run in by_side.items():
             s = run["summary"]
@@ -302,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     for col in ("run", "side", "kind", "rank", "at step", "detect", "restart", "stall", "lost steps", "extra starts"):
         faults.add_column(col)
     for key, by_side in runs.items():
-        for side, run in by_side.items():
+        for side, run in by_side.items() if key.startswith("period_") else ():
             for f in run["faults"]:
                 faults.add_row(key, side, f["kind"], str(f["target"]), str(f["step_at_fault"]), _fmt(f["detect_s"]),
                                _fmt(f["restart_s"]), _fmt(f["stall_s"]), _fmt(f["lost_steps"]),
@@ -334,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                  peer_value=peer_value, ratio=ratio, ratios_by_peer=ratios,
                  goal=f"ours >= 95% at 1 kill / 5 min, >= 85% at 1 kill / min, >= {GOAL_RATIO}x torchrun at 1 kill / "
                       "min (each side against its own fault-free run)",
-                 passed=passed, checks=checks, quick=args.quick, seed=args.seed, runs=runs,
+                 passed=passed, checks=checks, quick=args.quick, seed=args.seed, runs=runs, merged_from=merged_from,
                  bench_seconds=time.monotonic() - started, load_average_1m=os.getloadavg()[0])
     console.print(f"ours {value:.3f} at {head_key}; "
                   + "; ".join(f"vs {side} {head[side]['summary']['goodput']:.3f} (ratio {_fmt(r)})"

@@ -73,11 +73,11 @@ def plain_steps(workdir: Path, steps: int) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 12 steps")
-    parser.add_argument("--rounds", type=int, help="A/B rounds (default 8, quick 2)")
+    parser.add_argument("--quick", action="store_true", help="1 round of 8 steps")
+    parser.add_argument("--rounds", type=int, help="A/B rounds (default 8, quick 1)")
     parser.add_argument("--steps", type=int, help="steps per run (default 30, quick 12)")
     args = parser.parse_args(argv)
-    rounds, steps = (2, 12) if args.quick else (8, 30)
+    rounds, steps = (1, 8) if args.quick else (8, 30)
     rounds, steps = args.rounds or rounds, args.steps or steps
     ours: list[list[float]] = []
     peer: list[list[float]] = []
