@@ -33,6 +33,8 @@ def write_result(name: str, *, metric: str, value: float, unit: str, peer: str, 
     record = {"metric": metric, "value": value, "unit": unit, "peer": peer, "peer_value": peer_value,
               "ratio": ratio, "goal": goal, "pass": bool(passed),
               "runs": runs, "machine": machine(), **extra}
+    if os.environ.get("FLYWHEEL_BENCH_LANES"):  # run beside the other lane of `python -m bench --quick`
+        record["concurrent_lanes"] = True
     path = path or RESULTS / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")

@@ -62,7 +62,7 @@ def table(names: tuple[str, ...], results: Path = RESULTS) -> list[str]:
         r = json.loads(path.read_text())
         rows.append(f"| {name} | {r['metric']} | {_fmt(r['value'])} {r.get('unit', '')} | {r['peer']} | "
                     f"{_fmt(r['peer_value'])} | {_fmt(r['ratio'])} | {r['goal']} | {'yes' if r['pass'] else 'NO'} | "
-                    f"{'quick' if r.get('quick') else 'full'} |")
+                    f"{'quick' if r.get('quick') else 'full'}{' (lanes)' if r.get('concurrent_lanes') else ''} |")
     return rows
 
 

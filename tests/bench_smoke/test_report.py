@@ -35,3 +35,14 @@ def test_readme_table_is_replaced_between_its_markers(tmp_path):
     plain = tmp_path / "PLAIN.md"
     plain.write_text("no markers\n")
     assert not update_readme(("fast",), tmp_path, plain) and plain.read_text() == "no markers\n"
+
+
+def test_a_result_from_the_quick_lanes_says_so(tmp_path, monkeypatch):
+    import bench.__main__ as entry
+
+    assert sorted(entry.CPU_LANE + entry.CLUSTER_LANE) == sorted(entry.BENCHMARKS)
+    monkeypatch.setenv("FLYWHEEL_BENCH_LANES", "1")
+    write_result("laned", metric="latency", value=1.5, unit="s", peer="torchrun", peer_value=30.0, goal="<= 3 s",
+                 passed=True, runs=[], path=tmp_path / "laned.json", quick=True)
+    report = write_report(("laned",), tmp_path).read_text()
+    assert "| yes | quick (lanes) |" in report
