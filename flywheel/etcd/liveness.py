@@ -58,13 +58,19 @@ class WorkerRegistration:
         self.key = keys.worker_key(run_id, replica_id)
         self.ttl = ttl
         self._lease: KeptLease | None = None
+        self._since = 0.0  # when the key was last (re)registered
 
     def start(self) -> "WorkerRegistration":
         self._lease = self.session.start_lease(self.ttl, on_new_lease=self._put)
         return self
 
     async def _put(self, lease_id: int, exited: bool = False) -> None:
-        info = {"replica": self.replica_id, "host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+        # The exited marker keeps the registration time: the operator tells a replacement pod's key from its
+        # predecessor's by `since`, and a marker written as the old agent ends (after the replacement was created)
+        # must still read as the predecessor's.
+        if not exited:
+            self._since = time.time()
+        info = {"replica": self.replica_id, "host": socket.gethostname(), "pid": os.getpid(), "since": self._since}
         if exited:
             info["exited"] = True
         await self.session.call_async(lambda c: c.put(self.key, json.dumps(info).encode(), lease=lease_id))

@@ -129,6 +129,8 @@ class JobRunner:
             self.seen_live[view.uid] = None
             if key.exited:  # its agent ended by itself: the pod's own status decides, not the key's expiry
                 self.exited_agents.add(view.uid)
+            else:  # a live agent of this pod (registered after any exited marker): its expiry counts again
+                self.exited_agents.discard(view.uid)
             return False
         if view.uid in self.exited_agents:
             return False

@@ -180,6 +180,27 @@ def test_an_agent_that_exited_by_itself_is_not_a_lost_worker() -> None:
     assert runner._liveness_lost(other, created=200.0, now=204.5)
 
 
+def test_a_live_key_after_an_exited_marker_makes_the_lease_count_again() -> None:
+    """An exited marker seen for a pod (e.g. its predecessor's, written as that agent ended) and then the pod's own
+    agent registering: when that key expires the worker is lost (goodput_operator found a lost node detected only
+    by the 40 s node grace after a pod delete and a node loss of the same worker)."""
+    import logging
+
+    from flywheel.etcd.liveness import LiveWorker
+    from flywheel.operator.executor import JobRunner
+    from flywheel.policy.reconcile import PodView
+
+    runner = JobRunner(None, SETTINGS, "ml", "j", "uid", logging.getLogger("t"))  # type: ignore[arg-type]
+    pod = PodView(name="j-worker-1", uid="b", index=1, generation=1, phase="Running", ready=True)
+    runner.live = {"1": LiveWorker("1", "h", 2, since=100.5, lease_id=2, exited=True)}
+    assert not runner._liveness_lost(pod, created=100.0, now=101.0)
+    runner.live = {"1": LiveWorker("1", "h", 3, since=103.0, lease_id=3)}  # this pod's agent registered
+    assert not runner._liveness_lost(pod, created=100.0, now=104.0)
+    runner.live = {}  # its node died: the lease expired
+    assert not runner._liveness_lost(pod, created=100.0, now=110.0)
+    assert runner._liveness_lost(pod, created=100.0, now=111.5)
+
+
 def test_operator_metrics_count_each_decided_restart_once() -> None:
     from flywheel.monitor.metrics import OperatorMetrics
 

@@ -45,6 +45,8 @@ def test_watch_workers_follows_registrations_expiry_and_etcd_restart(etcd_server
             first.close()  # an agent ending by itself: marked exited, then gone after its TTL
             marked = list_live_workers(session, "job-a")
             assert marked["0"].exited and not marked["1"].exited
+            # The marker keeps the registration time, so it never reads as a newer pod's key.
+            assert marked["0"].since == live["0"].since
             assert next_change(changes) == {"0", "1"}  # the marker is a put
             assert watch.live_workers["0"].exited
             assert next_change(changes, timeout=5.0) == {"1"}
