@@ -57,6 +57,7 @@ REPLICAS, PROCS = 2, 2
 WORLD = REPLICAS * PROCS
 CKPT_EVERY = 50  # CheckpointSpec.every_steps default
 PROGRESS_TIMEOUT_S = 20.0
+EXIT_GRACE_S = 15.0  # after the last step's "done": processes that have not exited by then are killed
 GOALS = {60.0: 0.85, 300.0: 0.95}
 GOAL_RATIO = 1.2
 
@@ -143,11 +144,17 @@ def run_side(side: str, workdir: Path, steps: int, period_s: float | None, seed:
     deadline = time.monotonic() + timeout_s
     ended_by = "finished"
     tail = EventTail(events_file)
-    last_progress = time.time()
+    last_progress, done_at = time.time(), None
     try:
         while any(p.poll() is None for p in popens):
-            if any(e["event"] == "step" for e in tail.read_new()):
+            new = tail.read_new()
+            if any(e["event"] == "step" for e in new):
                 last_progress = time.time()
+            if done_at is None and any(e["event"] == "done" for e in new):
+                done_at = time.monotonic()
+            if done_at is not None and time.monotonic() - done_at > EXIT_GRACE_S:
+                ended_by = "finished, killed at exit"  # trained to the end, then hung in shutdown: not charged
+                break
             if time.monotonic() > deadline:
                 ended_by = "timeout"
                 break
