@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,19 @@ def write_result(name: str, *, metric: str, value: float, unit: str, peer: str, 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def run_session(argv: list[str], env: dict[str, str], cwd: Path, timeout_s: float) -> int | None:
+    """Run a launcher in its own session, output discarded; its exit code, or None when it outlived `timeout_s`
+    and was killed with everything it started (ranks, some perhaps SIGSTOPped, included)."""
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return None
 
 
 def median(values: list[float]) -> float:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -35,7 +34,7 @@ from pathlib import Path
 import yaml
 from kubernetes import client, config
 
-from bench.common import RESULTS, write_result
+from bench.common import RESULTS, run_session, write_result
 from flywheel.crd import GROUP, PLURAL, VERSION
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,13 +97,7 @@ def torchrun_trial(index: int, workdir: Path, gloo_timeout: float, shared_store:
     env["OMP_NUM_THREADS"] = "1"
     if not shared_store:
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    try:
-        proc.wait(timeout=TRIAL_TIMEOUT_S)
-    except subprocess.TimeoutExpired:  # torchrun and its ranks (one may still be stopped): the whole session
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    run_session(argv, env, REPO, TRIAL_TIMEOUT_S)  # a timeout: the probe's log tells how far it got
     last, error, first_after = _probe_times(log)
     if last is None:
         return Trial(launcher, None, None, "none")

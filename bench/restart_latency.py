@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +32,7 @@ import torch.distributed as dist
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import RESULTS, write_result
+from bench.common import RESULTS, run_session, write_result
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = REPO / "examples" / "scripts" / "restart_probe.py"
@@ -91,14 +89,8 @@ def run_trial(launcher: str, topology: str, index: int, store_endpoint: str, wor
         argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc-per-node", "2",
                 "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
                 "--rdzv-id", run_id, str(PROBE)]
-    proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    try:
-        code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:  # the launcher and its ranks: the whole session
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        code = -1
+    code = run_session(argv, env, REPO, timeout_s)
+    code = -1 if code is None else code
     latency, extra = _parse_probe_log(log)
     return Trial(launcher, topology, latency, extra, code)
 
