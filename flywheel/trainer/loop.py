@@ -32,7 +32,7 @@ from flywheel.spec import SpecError, TrainingJobSpec, parse_spec
 from flywheel.trainer.checkpoint import AppState, Checkpointer
 from flywheel.trainer.collective_env import (CollectiveTimeouts, apply_collective_env, collective_env,
                                              collective_timeouts, shorten_timeouts)
-from flywheel.trainer.data import DataError, MicroBatch, SampleLoader, build_source
+from flywheel.trainer.data import DataError, MicroBatch, SampleLoader, SampleSource, build_source
 from flywheel.trainer.events import EventLog
 from flywheel.trainer.faults import Fault, FaultInjector, faults_from_env
 from flywheel.trainer.metrics import TrainerMetrics
@@ -40,8 +40,8 @@ from flywheel.trainer.model import GPT, GPTConfig
 from flywheel.trainer.moe import aux_loss_of
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 from flywheel.trainer.parallel_pp import PipelinedModel, full_model_state
-from flywheel.trainer.parallelize import (DP, ParallelismError, build_mesh, clip_grad_norm, gradient_sync, parallelize,
-                                         settle_ddp_buckets)
+from flywheel.trainer.parallelize import (DP, ParallelismError, build_mesh, check_layout, clip_grad_norm,
+                                         gradient_sync, parallelize, settle_ddp_buckets)
 from flywheel.trainer.watchdog import ProgressWatchdog
 
 log = logging.getLogger("flywheel.trainer")
@@ -176,9 +176,20 @@ def forward_backward(model: nn.Module, batches: list[MicroBatch], device: torch.
     return loss_sum / len(batches), aux_sum / len(batches)
 
 
-def train(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics, watchdog: ProgressWatchdog,
-          stop: StopRequest, timeouts: CollectiveTimeouts) -> int:
-    """Runs set-up and training in an initialised process group; returns the exit code."""
+def preflight(env: WorkerEnv) -> SampleSource:
+    """Checks what the spec alone decides (the layout at this world size, the data against the model) and opens
+    the data; raises a user error. Runs before the rendezvous: a rank that failed after it could take the store
+    its peers are still joining through (rank 0 hosts it under env://), and they would exit COLLECTIVE_TIMEOUT."""
+    trainer = env.spec.trainer
+    cfg = GPTConfig.from_spec(trainer.model)
+    check_layout(env.world_size, trainer.parallelism, trainer.training, cfg)
+    return build_source(trainer.data.source, cfg.vocab, cfg.seq_len, trainer.training.seed)
+
+
+def train(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: TrainerMetrics,
+          watchdog: ProgressWatchdog, stop: StopRequest, timeouts: CollectiveTimeouts) -> int:
+    """Runs set-up and training in an initialised process group, reading `source` (from `preflight`); returns
+    the exit code."""
     spec = env.spec
     training, parallelism = spec.trainer.training, spec.trainer.parallelism
     device = pick_device(env.local_rank)
@@ -189,13 +200,10 @@ def train(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics, watchdog: P
     # so one of them contributes it to the all-reduce and the sum is divided by dp.
     coordinate = dict(zip(mesh.mesh_dim_names or (), mesh.get_coordinate() or ()))
     loss_weight = float(all(c == 0 for name, c in coordinate.items() if name != DP))
-    if training.global_batch % (training.micro_batch * dp_size):
-        raise UserError(f"trainer.training.globalBatch ({training.global_batch}) is not divisible by microBatch x dp"
-                        f" = {training.micro_batch} x {dp_size} at world size {env.world_size}")
 
     torch.manual_seed(training.seed)
     cfg = GPTConfig.from_spec(spec.trainer.model)
-    loader = SampleLoader(build_source(spec.trainer.data.source, cfg.vocab, cfg.seq_len, training.seed))
+    loader = SampleLoader(source)
     model = GPT(cfg, seed=training.seed).to(device)
     tokens_per_step = training.global_batch * cfg.seq_len
     if env.rank == 0:
@@ -333,6 +341,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     # Started before the rendezvous: the first-step allowance covers start-up and restore too.
     watchdog = _watchdog(env, events, metrics).start()
     try:
+        source = preflight(env)
         began = time.monotonic()
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         # The collective-watchdog env (NCCL async error handling, flight recorder, dump pipe) is set in one place.
@@ -340,7 +349,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         apply_collective_env(collective_env(env.checkpoint_dir, timeouts))
         dist.init_process_group(backend, timeout=timeouts.startup)
         metrics.rendezvous_seconds.set(time.monotonic() - began)
-        code = train(env, events, metrics, watchdog, stop, timeouts)
+        code = train(env, source, events, metrics, watchdog, stop, timeouts)
         watchdog.stop()  # shutting down below may take a while; the code is decided
         dist.destroy_process_group()
         return code

@@ -24,9 +24,10 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from flywheel.spec import Parallelism, Training
+from flywheel.trainer.model import GPTConfig
 from flywheel.trainer.parallel_ep import ExpertParallelError, apply_ep, expert_mesh, fully_shard_experts
 from flywheel.trainer.parallel_pp import PipelineError, pipeline
-from flywheel.trainer.parallel_tp import TensorParallelError, apply_tp
+from flywheel.trainer.parallel_tp import TensorParallelError, apply_tp, check_tp_sizes
 
 DP, PP, TP = "dp", "pp", "tp"
 
@@ -60,24 +61,46 @@ def build_mesh(world_size: int, parallelism: Parallelism, device_type: str = "cp
     return init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape))
 
 
-def parallelize(model: nn.Module, mesh: DeviceMesh, parallelism: Parallelism, training: Training) -> nn.Module:
-    """Returns the module to train: the same object for FSDP2 (it is modified in place), a DDP wrapper otherwise,
-    and with pp > 1 a `PipelinedModel` (this rank's stages; train it with `forward_backward` in loop.py). The model
-    must already be on the mesh's device. Build the optimizer after this."""
-    names = mesh.mesh_dim_names or ()
-    if TP in names and not parallelism.fsdp:
+def check_layout(world_size: int, parallelism: Parallelism, training: Training, cfg: GPTConfig) -> None:
+    """Raises ParallelismError for a layout that cannot run on `world_size` ranks: everything decidable from the
+    spec alone. Run before the rendezvous, so every rank fails alike without waiting on (or breaking) its peers."""
+    shape = mesh_shape(world_size, parallelism)
+    if parallelism.tp > 1 and not parallelism.fsdp:
         # DDP takes no DTensor parameters; torch's bridge (local shards between forwards) loses them from the
         # state dict, so checkpoints would be wrong. FSDP2 over dp (also at dp = 1) composes with TP.
         raise ParallelismError(f"trainer.parallelism: tp={parallelism.tp} needs fsdp: true (DDP cannot replicate "
                                "tensor-parallel parameters)")
-    if parallelism.ep > 1 and (not parallelism.fsdp or PP in names):
-        raise ParallelismError(f"trainer.parallelism: ep={parallelism.ep} needs fsdp: true and pp: 1")
-    if PP not in names:
-        return _parallelize_dense(model, mesh, parallelism, training)
-    dp = mesh[DP].size()
+    if parallelism.ep > 1:
+        if not parallelism.fsdp or parallelism.pp > 1:
+            raise ParallelismError(f"trainer.parallelism: ep={parallelism.ep} needs fsdp: true and pp: 1")
+        if cfg.moe is None:
+            raise ParallelismError(f"trainer.parallelism.ep: ep = {parallelism.ep} needs an MoE model; set "
+                                   "trainer.model.moe or ep: 1")
+        if cfg.moe.experts % parallelism.ep:
+            raise ParallelismError(f"trainer.parallelism.ep: ep = {parallelism.ep} does not divide the "
+                                   f"{cfg.moe.experts} experts of trainer.model.moe; choose an ep that divides them")
+    if parallelism.tp > 1:
+        try:
+            check_tp_sizes(cfg.dim, cfg.heads, cfg.seq_len, parallelism.tp)
+        except TensorParallelError as err:
+            raise ParallelismError(str(err)) from None
+    dp = shape[DP]
     if training.global_batch % (dp * training.micro_batch):
         raise ParallelismError(f"trainer.training.globalBatch ({training.global_batch}) is not divisible by "
-                               f"microBatch x dp = {training.micro_batch} x {dp}")
+                               f"microBatch x dp = {training.micro_batch} x {dp} at world size {world_size}")
+    problem = parallelism.pipeline_problem(cfg.layers, training.global_batch // (dp * training.micro_batch))
+    if problem:
+        raise ParallelismError(problem)
+
+
+def parallelize(model: nn.Module, mesh: DeviceMesh, parallelism: Parallelism, training: Training) -> nn.Module:
+    """Returns the module to train: the same object for FSDP2 (it is modified in place), a DDP wrapper otherwise,
+    and with pp > 1 a `PipelinedModel` (this rank's stages; train it with `forward_backward` in loop.py). The model
+    must already be on the mesh's device. Build the optimizer after this."""
+    check_layout(mesh.size(), parallelism, training, model.cfg)  # type: ignore[arg-type]
+    if PP not in (mesh.mesh_dim_names or ()):
+        return _parallelize_dense(model, mesh, parallelism, training)
+    dp = mesh[DP].size()
     try:
         return pipeline(model, mesh, parallelism, micro_batch=training.micro_batch,
                         local_microbatches=training.global_batch // (dp * training.micro_batch),
