@@ -72,7 +72,9 @@ def collective_env(checkpoint_dir: str | os.PathLike[str], timeouts: CollectiveT
         # The heartbeat monitor kills a rank whose NCCL watchdog thread itself is stuck; give it room beyond the
         # collective timeout so the normal timeout path reports first.
         "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(int(max(60.0, 2 * timeouts.steady.total_seconds()))),
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": str(TRACE_BUFFER_ENTRIES),
+        # The flight recorder's size under its current name; the old one (TORCH_NCCL_TRACE_BUFFER_SIZE) makes torch
+        # warn that it is deprecated, and ProcessGroupNCCL's own reading of it defaults to the same 2000.
+        "TORCH_FR_BUFFER_SIZE": str(TRACE_BUFFER_ENTRIES),
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(debug / "nccl_trace_rank_"),  # torch appends the rank
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(debug / "nccl_pipe_rank_"),  # torch appends "<rank>.pipe"

@@ -28,7 +28,7 @@ def test_timeouts_follow_the_spec() -> None:
 def test_environment_points_dumps_into_the_checkpoint_volume(tmp_path: Path) -> None:
     env = collective_env(tmp_path, CollectiveTimeouts(timedelta(seconds=600), timedelta(seconds=48)))
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
-    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(env["TORCH_FR_BUFFER_SIZE"]) > 0
     assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == "96"
     assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(debug_dir(tmp_path) / "nccl_trace_rank_")
     assert str(dump_pipe_path(tmp_path, 3)) == env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] + "3.pipe"
@@ -36,16 +36,16 @@ def test_environment_points_dumps_into_the_checkpoint_volume(tmp_path: Path) -> 
 
 def test_apply_logs_every_variable_and_keeps_explicit_ones(tmp_path: Path, caplog) -> None:
     desired = collective_env(tmp_path / "ckpt", CollectiveTimeouts(timedelta(seconds=60), timedelta(seconds=10)))
-    environ = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "PATH": "/bin"}
+    environ = {"TORCH_FR_BUFFER_SIZE": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "PATH": "/bin"}
     with caplog.at_level(logging.INFO, logger="flywheel.trainer.collective_env"):
         effective = apply_collective_env(desired, environ)
-    assert effective["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "0" == environ["TORCH_NCCL_TRACE_BUFFER_SIZE"]
+    assert effective["TORCH_FR_BUFFER_SIZE"] == "0" == environ["TORCH_FR_BUFFER_SIZE"]
     assert environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2" and environ["PATH"] == "/bin"
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == len(desired)
     for key in desired:
         assert sum(key in m for m in messages) == 1, key
-    kept = [r for r in caplog.records if "TRACE_BUFFER_SIZE" in r.getMessage()][0]
+    kept = [r for r in caplog.records if "FR_BUFFER_SIZE" in r.getMessage()][0]
     assert kept.levelno == logging.WARNING and "kept" in kept.getMessage()
     assert debug_dir(tmp_path / "ckpt").is_dir()
 
