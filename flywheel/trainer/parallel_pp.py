@@ -25,13 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                          ScheduleInterleaved1F1B)
 from torch.distributed.tensor import DTensor
 
 from flywheel.spec import Parallelism
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
 TIED = "head.weight"  # on the last stage, a copy of the first stage's tok_emb.weight
 TIED_SOURCE = "tok_emb.weight"
 
@@ -189,12 +186,17 @@ def pipeline(model: nn.Module, mesh: DeviceMesh, parallelism: Parallelism, *, mi
     hidden = torch.empty(micro_batch, cfg.seq_len // tp, cfg.dim, device="meta", requires_grad=True)
     tokens = torch.empty(micro_batch, cfg.seq_len, dtype=torch.long, device="meta")
     logits = torch.empty(micro_batch, cfg.seq_len, cfg.vocab, device="meta", requires_grad=True)
+    # Imported here: torch.distributed.pipelining pulls in torch._dynamo, ~0.7 s of CPU at every rank start that
+    # jobs without pp would pay for nothing.
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
     pipeline_stages = [
         PipelineStage(module, s, num_stages, device, input_args=tokens if s == 0 else hidden,
                       output_args=logits if s == num_stages - 1 else hidden, group=pipe.pp_group)
         for module, s in zip(wrapped, stage_ids)]
     loss_fn = pipe.make_loss_fn(local_microbatches)
-    schedule_cls = SCHEDULES[parallelism.schedule]
+    schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
+                    "interleaved-1f1b": ScheduleInterleaved1F1B}[parallelism.schedule]
     if schedule_cls is ScheduleInterleaved1F1B:
         pipe.schedule = schedule_cls(pipeline_stages, n_microbatches=per_run, loss_fn=loss_fn, scale_grads=False)
     else:
