@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
+
+from flywheel.local.procs import kill_tree
 
 # Smoke runs in the test suite point this elsewhere so they never overwrite the committed results.
 RESULTS = Path(os.environ.get("FLYWHEEL_BENCH_RESULTS", Path(__file__).resolve().parent / "results"))
@@ -51,7 +52,9 @@ def run_session(argv: list[str], env: dict[str, str], cwd: Path, timeout_s: floa
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        # The whole tree, not just the session: torch elastic starts each worker in a session of its own, so a
+        # timed-out torchrun's ranks would outlive a killpg (found as orphans of censored trials, still running).
+        kill_tree(proc.pid)
         proc.wait()
         return None
 
