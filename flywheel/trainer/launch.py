@@ -107,7 +107,9 @@ def _is_loopback(endpoint: str) -> bool:
 
 
 TRAINER_MODULE = "flywheel.trainer"
-WARM_PRELOAD = ("flywheel.trainer.loop",)  # imports torch, the model, parallelize, DCP: all a rank needs
+# All a rank imports: torch, the model, parallelize, DCP (flywheel.trainer.loop); torch._dynamo, which DDP and
+# FSDP import when they wrap the model; the pipeline schedules, which only pp jobs import (parallel_pp.py).
+WARM_PRELOAD = ("flywheel.trainer.loop", "torch._dynamo", "torch.distributed.pipelining")
 
 
 def trainer_command() -> tuple[str, ...]:
