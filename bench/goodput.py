@@ -26,7 +26,7 @@ done before the kill that were replayed).
 
     python -m bench.goodput           # clean runs, 1 kill/min (ours and both peers, 4 min of training each),
                                       # 1 kill/5 min (ours, 10 min): ~30 min
-    python -m bench.goodput --quick   # clean runs + 10 s with one kill after 5 s, ours and torchrun-tuned (~1 min)
+    python -m bench.goodput --quick   # clean runs + 6 s with one kill after 3 s, ours and torchrun-tuned (~1.5 min)
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def _fmt(v: Any, spec: str = ".2f") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="10 s runs with one kill (ours, torchrun-tuned)")
+    parser.add_argument("--quick", action="store_true", help="6 s runs with one kill (ours, torchrun-tuned)")
     parser.add_argument("--clean-steps", type=int, help="steps of each fault-free run (default 1000, quick 40)")
     parser.add_argument("--periods", type=float, nargs="+", help="kill periods in seconds (default 60 300)")
     parser.add_argument("--seconds", type=float, nargs="+",
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                              "runs carry their own clean reference); e.g. rerun only --periods 300 --seconds 600")
     args = parser.parse_args(argv)
     if args.quick:
-        periods, seconds, clean_steps, peers = [10.0], [10.0], 40, ["torchrun-tuned"]
+        periods, seconds, clean_steps, peers = [6.0], [6.0], 40, ["torchrun-tuned"]
         args.max_faults = args.max_faults or 1
     else:
         periods, seconds, clean_steps, peers = [60.0, 300.0], [240.0, 600.0], 1000, ["torchrun", "torchrun-tuned"]

@@ -16,7 +16,7 @@ first step of the next start), lost steps (steps done before the fault and repla
 from the local run (bench/goodput.py); no peer runs here: the peer value is the fault-free run's goodput (1.0).
 
     python -m bench.goodput_operator            # one fault per 60 s over ~6 min of training (~9 min)
-    python -m bench.goodput_operator --quick    # one fault of each kind, every 10 s, 30 s of training (~1.5 min)
+    python -m bench.goodput_operator --quick    # one fault of each kind, every 4 s, 12 s of training (~1 min)
 """
 
 from __future__ import annotations
@@ -162,7 +162,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "goodput_operator.json")
     args = parser.parse_args()
     if args.quick:
-        args.period, args.minutes, args.clean_steps, args.max_faults = 10.0, 0.5, 60, 3
+        # Each fault fires once the job trains again after the previous one: one of each kind, back to back.
+        args.period, args.minutes, args.clean_steps, args.max_faults = 4.0, 0.2, 40, 3
     if not KUBECTL.exists():
         print("kubectl missing: run scripts/install-tools.sh")
         return 2
