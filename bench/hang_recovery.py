@@ -15,7 +15,8 @@ Times are measured from the stopped rank's last step. Goals (the issue's): detec
 resume <= detect + 5 s.
 
     python -m bench.hang_recovery            # 5 trials of ours, 2 of each torchrun variant (~10 min)
-    python -m bench.hang_recovery --quick    # 1 / 1 (the workaround variant only, nnodes 1, its gloo timeout 3 s, beside ours; ~45 s)
+    python -m bench.hang_recovery --quick    # 1 / 1 (the workaround variant only, nnodes 1, its gloo timeout
+                                             # 3 s, beside ours; ~45 s)
 """
 
 from __future__ import annotations
@@ -187,7 +188,8 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--peer-trials", type=int, default=2, help="trials of each torchrun variant")
     parser.add_argument("--quick", action="store_true",
-                        help="1 trial of ours and 1 of torchrun without the shared store, fixed size, the peer's gloo timeout 3 s (~1 min)")
+                        help="1 trial of ours and 1 of torchrun without the shared store, fixed size, the peer's gloo "
+                             "timeout 3 s, run beside ours (~45 s)")
     parser.add_argument("--peer-nnodes", default="1:2",
                         help="torchrun's --nnodes (quick: 1, which skips the 30 s last-call wait of a re-forming "
                              "elastic group: a faster peer than the default)")

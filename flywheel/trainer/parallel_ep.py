@@ -52,16 +52,22 @@ def expert_mesh(dp_mesh: DeviceMesh, ep: int) -> DeviceMesh:
     return dp_mesh._unflatten(0, (dp_mesh.size() // ep, ep), (EDP, EP))
 
 
+def check_ep_sizes(experts: list[int], ep: int) -> None:
+    """`experts`: the expert count of each MoE layer (none for a dense model)."""
+    if not experts:
+        raise ExpertParallelError(f"trainer.parallelism.ep: ep = {ep} needs an MoE model; set trainer.model.moe or "
+                                  "ep: 1")
+    for count in experts:
+        if count % ep:
+            raise ExpertParallelError(f"trainer.parallelism.ep: ep = {ep} does not divide the {count} experts of "
+                                      "trainer.model.moe; choose an ep that divides them")
+
+
 def apply_ep(model: nn.Module, mesh: DeviceMesh) -> None:
     """Replaces every MoE layer's `experts` with its expert-parallel form on `mesh` (edp, ep), in place."""
     layers = [m for m in model.modules() if isinstance(m, MoE)]
-    if not layers:
-        raise ExpertParallelError(f"trainer.parallelism.ep: ep = {mesh[EP].size()} needs an MoE model; set "
-                                  "trainer.model.moe or ep: 1")
+    check_ep_sizes([layer.cfg.experts for layer in layers], mesh[EP].size())
     for layer in layers:
-        if layer.cfg.experts % mesh[EP].size():
-            raise ExpertParallelError(f"trainer.parallelism.ep: ep = {mesh[EP].size()} does not divide the "
-                                      f"{layer.cfg.experts} experts")
         layer.experts = ExpertParallelExperts(layer.experts, mesh)
 
 

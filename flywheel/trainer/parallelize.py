@@ -25,7 +25,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from flywheel.spec import Parallelism, Training
 from flywheel.trainer.model import GPTConfig
-from flywheel.trainer.parallel_ep import ExpertParallelError, apply_ep, expert_mesh, fully_shard_experts
+from flywheel.trainer.parallel_ep import (ExpertParallelError, apply_ep, check_ep_sizes, expert_mesh,
+                                         fully_shard_experts)
 from flywheel.trainer.parallel_pp import PipelineError, pipeline
 from flywheel.trainer.parallel_tp import TensorParallelError, apply_tp, check_tp_sizes
 
@@ -73,12 +74,10 @@ def check_layout(world_size: int, parallelism: Parallelism, training: Training, 
     if parallelism.ep > 1:
         if not parallelism.fsdp or parallelism.pp > 1:
             raise ParallelismError(f"trainer.parallelism: ep={parallelism.ep} needs fsdp: true and pp: 1")
-        if cfg.moe is None:
-            raise ParallelismError(f"trainer.parallelism.ep: ep = {parallelism.ep} needs an MoE model; set "
-                                   "trainer.model.moe or ep: 1")
-        if cfg.moe.experts % parallelism.ep:
-            raise ParallelismError(f"trainer.parallelism.ep: ep = {parallelism.ep} does not divide the "
-                                   f"{cfg.moe.experts} experts of trainer.model.moe; choose an ep that divides them")
+        try:
+            check_ep_sizes([cfg.moe.experts] if cfg.moe else [], parallelism.ep)
+        except ExpertParallelError as err:
+            raise ParallelismError(str(err)) from None
     if parallelism.tp > 1:
         try:
             check_tp_sizes(cfg.dim, cfg.heads, cfg.seq_len, parallelism.tp)
