@@ -19,7 +19,7 @@ EXAMPLE = REPO / "examples" / "operator-tiny.yaml"
 
 class Bed:
     def __init__(self, workdir: Path, node_grace: float, nodes: int = 2) -> None:
-        from tests.cluster.fixtures import start_cluster
+        from tests.k8s_emulator.fixtures import start_cluster
         from tests.operator.conftest import OperatorProcess
 
         self.workdir = workdir

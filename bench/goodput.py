@@ -49,7 +49,7 @@ from rich.table import Table
 from bench.common import RESULTS, median, write_result
 from bench.goodput_faults import Injector, agent_failure_times, analyse_faults, read_events, schedule
 from flywheel.local import procs
-from flywheel.local.events import EventTail
+from flywheel.local.run_record import EventTail
 
 REPO = Path(__file__).resolve().parents[1]
 PEER = REPO / "examples" / "scripts" / "goodput_peer.py"

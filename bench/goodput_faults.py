@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.local import procs
-from flywheel.local.events import EventTail
+from flywheel.local.run_record import EventTail
 
 KINDS = ("kill", "hang", "lose-worker")
 

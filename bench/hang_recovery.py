@@ -112,7 +112,7 @@ class OursHarness:
     """The test cluster, a real Prometheus scraping the two ranks' progress ports, and the operator."""
 
     def __init__(self, workdir: Path, gloo_timeout: float = GLOO_TIMEOUT_S):
-        from tests.cluster.fixtures import start_cluster
+        from tests.k8s_emulator.fixtures import start_cluster
         from tests.monitoring.prometheus_server import PrometheusServer, ScrapeJob
         from tests.operator.conftest import OperatorProcess
 

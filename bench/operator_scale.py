@@ -91,7 +91,7 @@ def rss_mb(pid: int) -> tuple[float, float]:
 
 class Harness:
     def __init__(self, workdir: Path):
-        from tests.cluster.fixtures import start_cluster
+        from tests.k8s_emulator.fixtures import start_cluster
         from tests.operator.conftest import OperatorProcess
 
         self.cluster = start_cluster(workdir / "cluster", nodes=1, etcd=True, run_kubelet=False)

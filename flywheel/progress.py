@@ -22,8 +22,8 @@ import threading
 import time
 from collections.abc import Mapping
 
-from flywheel.trainer.events import EventLog
-from flywheel.trainer.metrics import TrainerMetrics
+from flywheel.trainer.event_writer import EventLog
+from flywheel.trainer.trainer_metrics import TrainerMetrics
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from flywheel.local.events import RunRecord  # noqa: E402
+from flywheel.local.run_record import RunRecord  # noqa: E402
 
 
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> Path:

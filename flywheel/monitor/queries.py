@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from flywheel.monitor.prometheus import Sample, finite
-from flywheel.policy.health import RankProgress, RankStepTime
+from flywheel.policy.health_checks import RankProgress, RankStepTime
 from flywheel.policy.xid import XidSample
 
 log = logging.getLogger(__name__)

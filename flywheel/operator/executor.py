@@ -21,8 +21,8 @@ from flywheel.etcd.liveness import WorkerWatch, reset_rendezvous, watch_workers
 from flywheel.operator import manifests as m
 from flywheel.operator.kube import ApiError, Kube
 from flywheel.operator.node_cache import LostNodes
-from flywheel.monitor.metrics import OperatorMetrics
-from flywheel.operator.progress import EventLogTail, events_file
+from flywheel.monitor.operator_metrics import OperatorMetrics
+from flywheel.operator.event_log import EventLogTail, events_file
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.policy import reasons as R
 from flywheel.policy.checkpoint_events import CheckpointEventState, next_event, seed

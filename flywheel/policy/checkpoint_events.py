@@ -1,6 +1,6 @@
 """`CheckpointCommitted` events (pure): the cluster's record of checkpoints over time, rate-limited per job.
 
-The operator learns of committed checkpoints from the job's event log (flywheel/operator/progress.py keeps the most
+The operator learns of committed checkpoints from the job's event log (flywheel/operator/event_log.py keeps the most
 recent `RECENT_CHECKPOINTS`, numbered in the order they were logged). Each one becomes a Kubernetes event, but at
 most one event per job every `CHECKPOINT_EVENT_INTERVAL_SECONDS`: events are objects in the API server's etcd,
 and a job that checkpoints every few steps must not post one a second. Checkpoints committed within the interval

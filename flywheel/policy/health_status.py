@@ -1,6 +1,6 @@
 """How the health monitor's findings change a TrainingJob's conditions (pure).
 
-The operator writes the returned conditions with a resourceVersion precondition (flywheel/operator/health.py). A
+The operator writes the returned conditions with a resourceVersion precondition (flywheel/operator/health_executor.py). A
 True `Hung` condition is also the restart request: the next reconcile pass decides the restart with
 `FailureKind.HANG` and sets it False again (reconcile.py), so restarts are decided and counted in one place.
 """

@@ -57,7 +57,7 @@ MSG_CHECKPOINTS_COALESCED = "; {count} checkpoints since the last event, at step
 CREATE_FAILED = "CreateFailed"
 MSG_CREATE_FAILED = "could not create {kind} {name}: {error}"
 
-# Health monitor (flywheel/monitor -> flywheel/operator/health.py). A True `Hung` condition is also the monitor's
+# Health monitor (flywheel/monitor -> flywheel/operator/health_executor.py). A True `Hung` condition is also the monitor's
 # request to restart the job: the next reconcile pass decides it (FailureKind.HANG) and sets it False again.
 HUNG = "ProgressStalled"  # message: HangFinding.message
 RESTART_REQUESTED = "RestartRequested"

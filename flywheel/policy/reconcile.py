@@ -62,7 +62,7 @@ class PodView:
 
 @dataclass(frozen=True)
 class Progress:
-    """Training progress read from the job's event log (see flywheel/operator/progress.py)."""
+    """Training progress read from the job's event log (see flywheel/operator/event_log.py)."""
 
     step: int = 0
     world_size: int = 0

@@ -5,7 +5,7 @@ import sys
 import traceback
 
 from flywheel import exitcodes
-from flywheel.trainer.loop import main
+from flywheel.trainer.train_loop import main
 
 if __name__ == "__main__":
     try:

@@ -5,7 +5,7 @@ Two triggers, both set up by the progress watchdog when it starts (`install()`):
 
 - a request file, `<checkpointDir>/.debug/dump-request` (the checkpoint volume is shared by all workers and outlives
   restarts): whoever writes a new token into it -- the operator's health monitor when it marks a job Hung
-  (flywheel/operator/health.py), or a person with the volume mounted -- makes every rank dump all its threads'
+  (flywheel/operator/health_executor.py), or a person with the volume mounted -- makes every rank dump all its threads'
   stacks into its log (stderr) and appended to `<checkpointDir>/.debug/stacks_rank_<rank>.txt`. A daemon thread
   polls the file every `POLL_SECONDS`; the token present when a rank starts is not acted on (an old request).
 - `SIGUSR1` (e.g. `kill -USR1 <pid>` in the worker's container): faulthandler writes the same dump to stderr from
@@ -29,7 +29,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 DEBUG_SUBDIR = ".debug"  # the same directory as the NCCL dump pipes (collective_env.py)
-REQUEST_FILE = "dump-request"  # flywheel/operator/health.py writes it (by name: the operator does not import torch)
+REQUEST_FILE = "dump-request"  # flywheel/operator/health_executor.py writes it (by name: the operator does not import torch)
 POLL_SECONDS = 0.25  # a hung job's pods are deleted with a 1 s grace right after the request
 
 

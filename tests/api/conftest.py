@@ -17,12 +17,12 @@ import yaml
 from fastapi.testclient import TestClient
 from kubernetes import client, config
 
-from flywheel.api.actions import KubeActions
+from flywheel.api.job_actions import KubeActions
 from flywheel.api.app import create_app
 from flywheel.api.auth import TokenFileAuth
 from flywheel.api.cache import KubeCache
 from flywheel.crd import GROUP, PLURAL, VERSION
-from tests.cluster.fixtures import RunningCluster, start_cluster
+from tests.k8s_emulator.fixtures import RunningCluster, start_cluster
 from tests.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ import pytest
 
 from flywheel.cli import main
 from tests.api.conftest import ADMIN, REPO, ApiEnv, eventually
-from tests.cluster.runtime import free_port
+from tests.k8s_emulator.runtime import free_port
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from schemathesis.core import NOT_SET
 
 from bench.api_jobs import populate
-from flywheel.api.actions import ActionError
+from flywheel.api.job_actions import ActionError
 from flywheel.api.app import DNS, create_app
 from flywheel.api.auth import Principal, TokenFileAuth
 from flywheel.api.cache import MemorySource

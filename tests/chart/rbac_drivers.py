@@ -25,9 +25,9 @@ from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.monitor import HealthMonitor, MonitorSettings, OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
-from flywheel.operator.health import KubeHealthActions, KubeJobInventory
+from flywheel.operator.health_executor import KubeHealthActions, KubeJobInventory
 from flywheel.operator.kube import Kube
-from flywheel.policy.health import HealthSettings
+from flywheel.policy.health_checks import HealthSettings
 from flywheel.policy.reconcile import iso
 from tests.fakes.prometheus_api import FakePrometheus
 

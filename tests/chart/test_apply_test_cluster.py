@@ -2,7 +2,7 @@
 as on a real cluster: `helm template --include-crds | kubectl apply -f -`.
 
 Every rendered object is applied: the CRD, the ServiceAccount, RBAC (stored, not enforced), ConfigMaps and the
-operator's Deployment. The test cluster's deployment controller (tests/cluster/deployments.py) creates the operator
+operator's Deployment. The test cluster's deployment controller (tests/k8s_emulator/deployments.py) creates the operator
 pod from the Deployment's template and the process kubelet runs it: no image is pulled, the container's `args` follow
 the image's ENTRYPOINT (`flywheel`), and the pod reaches the API through its service account's credentials
 ($KUBECONFIG written by the kubelet: there is no /var/run/secrets mount). The values are the defaults plus what one
@@ -88,7 +88,7 @@ class Env:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     if KUBECTL is None:
         pytest.skip("kubectl not found (make tools)")
-    fixtures = pytest.importorskip("tests.cluster.fixtures")
+    fixtures = pytest.importorskip("tests.k8s_emulator.fixtures")
     tmp = tmp_path_factory.mktemp("chart-cluster")
     events = tmp / "events"
     events.mkdir()

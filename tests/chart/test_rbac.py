@@ -13,7 +13,7 @@ import pytest
 from tests.chart import rbac
 from tests.chart.conftest import CHART, KUBE_VERSION, NAMESPACE, RELEASE, ROOT, by_kind, one, render, run_helm
 from tests.chart.rbac import rules_of
-from tests.cluster.requestlog import RequestRecorder, rbac_attributes
+from tests.k8s_emulator.requestlog import RequestRecorder, rbac_attributes
 
 OPERATOR_SA, API_SA = f"{RELEASE}-flywheel", f"{RELEASE}-flywheel-api"
 

@@ -1,7 +1,7 @@
 """The chart's RBAC equals what the code asks for, derived from the requests it really makes.
 
 The test cluster's API emulator records every request as Kubernetes' authorizer sees it (verb, apiGroup,
-resource[/subresource], namespace), keyed by the caller's token (tests/cluster/requestlog.py). The operator runs as
+resource[/subresource], namespace), keyed by the caller's token (tests/k8s_emulator/requestlog.py). The operator runs as
 a process with exactly the chart Deployment's arguments and its own token, and one job goes from apply to Succeeded
 to its TTL deletion (kopf's watches, finalizer and namespace/CRD observers, the executor's pods, Service, PodGroup,
 status, events, nodes and job deletion); then the paths one clean run does not take are driven in-process with the
@@ -34,7 +34,7 @@ from tests.chart import rbac
 from tests.chart.conftest import NAMESPACE, RELEASE, ROOT, find_tool, render
 from tests.chart.rbac_drivers import drive_api, drive_executor, drive_health, kubeconfig_with_token
 from tests.chart.test_apply_test_cluster import free_port
-from tests.cluster.runtime import TOKEN as ADMIN_TOKEN
+from tests.k8s_emulator.runtime import TOKEN as ADMIN_TOKEN
 
 pytestmark = pytest.mark.slow
 
@@ -96,7 +96,7 @@ class Env:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     if KUBECTL is None:
         pytest.skip("kubectl not found (make tools)")
-    fixtures = pytest.importorskip("tests.cluster.fixtures")
+    fixtures = pytest.importorskip("tests.k8s_emulator.fixtures")
     tmp = tmp_path_factory.mktemp("rbac-recorded")
     # No node is lost here: a long node grace keeps a slow kubelet heartbeat on a loaded machine from looking like one.
     with fixtures.start_cluster(tmp / "cluster", nodes=2, etcd=True, node_monitor_grace_seconds=30.0,

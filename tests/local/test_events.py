@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from flywheel.local.events import EventTail, fold
+from flywheel.local.run_record import EventTail, fold
 
 T0 = 1000.0
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from flywheel.local.faults import FaultFlagError, LoseWorker, check_targets, parse_faults, worker_faults
+from flywheel.local.fault_flags import FaultFlagError, LoseWorker, check_targets, parse_faults, worker_faults
 from flywheel.plan import faults_env
 
 

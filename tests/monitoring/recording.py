@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from flywheel.policy.health import Degradation, HangFinding, WatchedJob
+from flywheel.policy.health_checks import Degradation, HangFinding, WatchedJob
 from flywheel.policy.xid import NodeFault, WatchedPod, RankRestart
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from flywheel.policy.health import (HealthSettings, HealthState, WatchedJob, Observations, RankProgress, RankStepTime,
+from flywheel.policy.health_checks import (HealthSettings, HealthState, WatchedJob, Observations, RankProgress, RankStepTime,
                                     evaluate, find_hangs, update_stragglers)
 from flywheel.policy.xid import WatchedPod, XidSample
 

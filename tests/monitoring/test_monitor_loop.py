@@ -12,7 +12,7 @@ import pytest
 from flywheel.monitor import (HealthMonitor, MonitorSettings, OperatorMetrics, PrometheusClient, PrometheusError,
                               Sample, add_monitor_arguments, settings_from_args)
 from flywheel.monitor import queries
-from flywheel.policy.health import WatchedJob
+from flywheel.policy.health_checks import WatchedJob
 from flywheel.policy.xid import WatchedPod
 from tests.fakes.dcgm_exporter import FakeGpus
 from tests.monitoring.prometheus_server import ChildProcess, PrometheusServer

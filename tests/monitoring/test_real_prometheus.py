@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from flywheel.monitor import HealthMonitor, MonitorSettings, OperatorMetrics, PrometheusClient
-from flywheel.policy.health import HealthSettings, WatchedJob
+from flywheel.policy.health_checks import HealthSettings, WatchedJob
 from flywheel.policy.xid import WatchedPod
 from tests.monitoring.prometheus_server import ChildProcess, PrometheusServer, ScrapeJob
 from tests.monitoring.recording import RecordingActions, StaticInventory
@@ -188,7 +188,7 @@ def test_unreachable_and_unresponsive_prometheus_are_metered_and_survived(caplog
                 stop.set()
                 await task
 
-            with caplog.at_level(logging.WARNING, logger="flywheel.monitor.loop"):
+            with caplog.at_level(logging.WARNING, logger="flywheel.monitor.health_loop"):
                 asyncio.run(run_for(1.2))
             evaluations = metrics.registry.get_sample_value("flywheel_monitor_evaluations_total")
             assert evaluations >= 2, reason

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.fixtures import RunningCluster, start_cluster
+from tests.k8s_emulator.fixtures import RunningCluster, start_cluster
 from tests.waiting import eventually as _eventually
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
-"""`python -m tests.cluster up` starts what the operator needs -- the API, the kubelet and an etcd -- by default;
-`--no-etcd` leaves etcd out. (Here rather than in tests/cluster_tests/: it is the operator's test bed.)"""
+"""`python -m tests.k8s_emulator up` starts what the operator needs -- the API, the kubelet and an etcd -- by default;
+`--no-etcd` leaves etcd out. (Here rather than in tests/emulator_fidelity/: it is the operator's test bed.)"""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.__main__ import build_parser
-from tests.cluster.runtime import ETCD_BINARY
+from tests.k8s_emulator.__main__ import build_parser
+from tests.k8s_emulator.runtime import ETCD_BINARY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run([sys.executable, "-m", "tests.cluster", *args], cwd=REPO_ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "tests.k8s_emulator", *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=90)
 
 

@@ -1,4 +1,4 @@
-"""The health monitor's Kubernetes side (`flywheel/operator/health.py`) against the API emulator, with no kubelet
+"""The health monitor's Kubernetes side (`flywheel/operator/health_executor.py`) against the API emulator, with no kubelet
 and no trainers: TrainingJobs and Running pods are written directly, Prometheus is `tests/fakes/prometheus_api.py`,
 and the job's reconcile pass is `JobRunner.reconcile_once()` called by hand."""
 
@@ -19,12 +19,12 @@ from flywheel.monitor import HealthMonitor, MonitorSettings
 from flywheel.monitor import OperatorMetrics as MonitorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
-from flywheel.operator.health import BackgroundMonitor, KubeHealthActions, KubeJobInventory
+from flywheel.operator.health_executor import BackgroundMonitor, KubeHealthActions, KubeJobInventory
 from flywheel.operator.kube import Connection, Kube
-from flywheel.monitor.metrics import OperatorMetrics
-from flywheel.policy.health import HealthSettings
+from flywheel.monitor.operator_metrics import OperatorMetrics
+from flywheel.policy.health_checks import HealthSettings
 from flywheel.policy.reconcile import condition, iso
-from tests.cluster.fixtures import RunningCluster, start_cluster
+from tests.k8s_emulator.fixtures import RunningCluster, start_cluster
 from tests.fakes.prometheus_api import FakePrometheus
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.fixtures import start_cluster
+from tests.k8s_emulator.fixtures import start_cluster
 from tests.fakes.prometheus_api import FakePrometheus
 from tests.operator.conftest import CRD, KUBECTL, OpEnv, OperatorProcess, eventually
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from flywheel.operator import manifests as m
-from flywheel.operator.progress import EventLogTail
+from flywheel.operator.event_log import EventLogTail
 from flywheel.spec import SpecError, parse_job
 
 JOB = parse_job({"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
@@ -202,7 +202,7 @@ def test_a_live_key_after_an_exited_marker_makes_the_lease_count_again() -> None
 
 
 def test_operator_metrics_count_each_decided_restart_once() -> None:
-    from flywheel.monitor.metrics import OperatorMetrics
+    from flywheel.monitor.operator_metrics import OperatorMetrics
 
     metrics = OperatorMetrics()
     running = {"phase": "Running", "restarts": 0, "goodput": {"ratio": 0.5}}

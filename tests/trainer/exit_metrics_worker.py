@@ -11,8 +11,8 @@ import sys
 
 from prometheus_client import generate_latest
 
-from flywheel.trainer import loop
-from flywheel.trainer.metrics import TrainerMetrics
+from flywheel.trainer import train_loop
+from flywheel.trainer.trainer_metrics import TrainerMetrics
 
 made: list[TrainerMetrics] = []
 
@@ -24,8 +24,8 @@ class RecordedMetrics(TrainerMetrics):
 
 
 if __name__ == "__main__":
-    loop.TrainerMetrics = RecordedMetrics  # type: ignore[misc]
-    code = loop.main()
+    train_loop.TrainerMetrics = RecordedMetrics  # type: ignore[misc]
+    code = train_loop.main()
     if made:
         with open(os.environ["FLYWHEEL_TEST_METRICS_OUT"], "wb") as out:
             out.write(generate_latest(made[-1].registry))

@@ -1,5 +1,5 @@
 """Stack dumps on request (flywheel/trainer/stackdump.py) and the operator's side of it (request_dumps in
-flywheel/operator/health.py): the request file and the NCCL pipes, a stale request, SIGUSR1, and a real two-rank
+flywheel/operator/health_executor.py): the request file and the NCCL pipes, a stale request, SIGUSR1, and a real two-rank
 gloo run whose rank 0 is stuck in a collective (its peer SIGSTOPped) dumping its stacks when asked."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.operator import health
+from flywheel.operator import health_executor
 from flywheel.trainer import collective_env, stackdump
 
 from . import workers
@@ -29,9 +29,9 @@ def wait_for(check, timeout: float, what: str, procs: list[subprocess.Popen[byte
 
 
 def test_operator_and_trainer_agree_on_the_names(tmp_path: Path):
-    assert health.DEBUG_SUBDIR == stackdump.DEBUG_SUBDIR == collective_env.DEBUG_SUBDIR
-    assert health.STACK_REQUEST == stackdump.REQUEST_FILE
-    assert collective_env.dump_pipe_path(tmp_path, 3).match(health.NCCL_PIPES)
+    assert health_executor.DEBUG_SUBDIR == stackdump.DEBUG_SUBDIR == collective_env.DEBUG_SUBDIR
+    assert health_executor.STACK_REQUEST == stackdump.REQUEST_FILE
+    assert collective_env.dump_pipe_path(tmp_path, 3).match(health_executor.NCCL_PIPES)
 
 
 def test_request_dumps_writes_the_request_file_and_each_read_nccl_pipe(tmp_path: Path):

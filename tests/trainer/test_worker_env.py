@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from flywheel.trainer.faults import Fault
-from flywheel.trainer.loop import UserError, WorkerEnv, params_sha256
+from flywheel.trainer.fault_injection import Fault
+from flywheel.trainer.train_loop import UserError, WorkerEnv, params_sha256
 from flywheel.trainer.model import GPT, GPTConfig
 
 from .workers import free_port, job_spec

@@ -1,0 +1,54 @@
+"""`--fault` flags of `flywheel run` (docs/contracts.md, "Injected faults").
+
+`kill:rank=R:step=S` and `hang:rank=R:step=S` are fired by the trainer (handed over in FLYWHEEL_FAULTS);
+`lose-worker:replica=I:step=S` is carried out by the supervisor, which SIGKILLs worker I's whole process tree once
+the event log shows step S.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from flywheel.trainer.fault_injection import RANK_KINDS as RANK_FAULT_KINDS
+from flywheel.trainer.fault_injection import parse_fault_flag
+
+WORKER_FAULT_KINDS = ("lose-worker",)
+
+
+class FaultFlagError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class LoseWorker:
+    """Kill worker `replica` (agent and ranks) once training reached `step`."""
+
+    id: str
+    replica: int
+    step: int
+
+
+def parse_faults(flags: Iterable[str]) -> list[dict[str, object]]:
+    """All `--fault` flags -> [{"id", "kind", "rank"|"replica", "step"}], ids f0, f1, ... in the order given (the
+    trainer's once-only markers use them). The trainer owns the flag grammar; errors become FaultFlagError."""
+    faults = []
+    for index, flag in enumerate(flags):
+        try:
+            faults.append(parse_fault_flag(flag, index).to_json())
+        except ValueError as err:
+            raise FaultFlagError(str(err)) from None
+    return faults
+
+
+def check_targets(faults: Iterable[dict[str, object]], replicas: int, world_size: int) -> None:
+    """Faults must name a rank/replica that exists in the planned world."""
+    for f in faults:
+        key, limit = ("rank", world_size) if f["kind"] in RANK_FAULT_KINDS else ("replica", replicas)
+        if int(f[key]) >= limit:  # type: ignore[call-overload]
+            raise FaultFlagError(f"--fault {f['kind']}: {key}={f[key]} does not exist ({key}s are 0..{limit - 1})")
+
+
+def worker_faults(faults: Iterable[dict[str, object]]) -> list[LoseWorker]:
+    return [LoseWorker(id=str(f["id"]), replica=int(f["replica"]), step=int(f["step"]))  # type: ignore[call-overload]
+            for f in faults if f["kind"] in WORKER_FAULT_KINDS]

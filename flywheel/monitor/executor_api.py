@@ -1,0 +1,44 @@
+"""What the health monitor needs from its executor (the operator implements both protocols).
+
+The monitor decides nothing about budgets or status: it reports findings. The executor records them (conditions,
+events, metrics) and carries them out, e.g. a hang as `policy.decide_restart(spec, FailureKind.HANG, ...)`.
+Every method may raise; the monitor logs and meters the failure and goes on (a hang whose hand-over failed is
+reported again at the next evaluation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from flywheel.policy.health_checks import Degradation, HangFinding, WatchedJob
+from flywheel.policy.xid import NodeFault, WatchedPod, RankRestart
+
+
+class JobInventory(Protocol):
+    async def jobs(self) -> Sequence[WatchedJob]:
+        """The TrainingJobs to watch with their pods (node, phase, replica index, when they began Running)."""
+        ...
+
+
+class HealthActions(Protocol):
+    async def mark_hung(self, finding: HangFinding) -> None:
+        """Set the `Hung` condition and an event, request stack dumps (the trainer's dump pipe, see
+        trainer/collective_env.py), then restart by policy. Called once per hang episode."""
+        ...
+
+    async def cordon_node(self, node: str, fault: NodeFault) -> None:
+        """Mark `node` unschedulable (only called when cordoning is enabled), with an event naming the XIDs."""
+        ...
+
+    async def replace_pods(self, pods: Sequence[WatchedPod], fault: NodeFault) -> None:
+        """Delete these pods of one job so replacements are scheduled elsewhere (after cordon_node, if any)."""
+        ...
+
+    async def restart_ranks(self, restart: RankRestart) -> None:
+        """Restart the ranks in these pods (app-level XID); the node stays in service."""
+        ...
+
+    async def mark_degraded(self, change: Degradation) -> None:
+        """Set (degraded=True) or clear the `Degraded` condition, with the stragglers in its message."""
+        ...

@@ -1,0 +1,252 @@
+"""The health monitor's executor side: what it watches (`KubeJobInventory`) and how its findings become changes to
+Kubernetes objects (`KubeHealthActions`). Decisions stay in policy/: a hang is only *marked* here (the `Hung`
+condition); the job's own reconcile pass decides, counts and carries out the restart (policy/reconcile.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.monitor import HealthMonitor, MonitorSettings
+from flywheel.monitor import OperatorMetrics
+from flywheel.operator import manifests as m
+from flywheel.operator.kube import ApiError, Kube
+from flywheel.policy import reasons as R
+from flywheel.policy.health_checks import Degradation, HangFinding, WatchedJob
+from flywheel.policy.health_status import Conditions, mark_degraded, mark_hung
+from flywheel.policy.xid import NodeFault, RankRestart, WatchedPod
+from flywheel.spec import SpecError, parse_job
+
+log = logging.getLogger(__name__)
+
+JobKey = tuple[str, str]
+CONFLICT_RETRIES = 5
+# Where the trainer listens for dump requests, under <checkpointDir> (named here, not imported: the operator stays
+# torch-free; tests/trainer/test_stackdump.py checks that the names agree):
+DEBUG_SUBDIR = ".debug"
+# trainer/collective_env.py: writing to nccl_pipe_rank_<rank>.pipe makes that rank dump its NCCL flight recorder.
+NCCL_PIPES = "nccl_pipe_rank_*.pipe"
+# trainer/stackdump.py: a new token in this file makes every rank dump all its threads' stacks (gloo too) into its
+# log and .debug/stacks_rank_<rank>.txt.
+STACK_REQUEST = "dump-request"
+
+
+@dataclass(frozen=True)
+class DumpRequest:
+    nccl_pipes: int  # flight-recorder pipes written (ranks with a reader)
+    stack_request: Path | None  # the request file written, None when there is no debug directory
+
+
+def watched_pod(obj: dict[str, Any]) -> WatchedPod | None:
+    """A worker Pod as the monitor sees it; None for a pod without the job and replica labels."""
+    meta, status = obj["metadata"], obj.get("status") or {}
+    labels = meta.get("labels") or {}
+    job, replica = labels.get(m.JOB_LABEL), labels.get(m.INDEX_LABEL)
+    if not job or replica is None:
+        return None
+    # A terminating pod is not Running for the hang rule: the operator is already replacing it.
+    phase = "Terminating" if meta.get("deletionTimestamp") else str(status.get("phase", "Pending"))
+    started = None
+    for cs in status.get("containerStatuses") or []:
+        started = started or m.timestamp(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
+    if started is None and phase == "Running":
+        started = m.timestamp(status.get("startTime"))
+    node = str((obj.get("spec") or {}).get("nodeName") or "")
+    return WatchedPod(meta["name"], meta["namespace"], job, replica, node, phase, started)
+
+
+def request_dumps(debug_dir: Path, token: str | None = None) -> DumpRequest:
+    """Ask every rank whose checkpoint directory holds `debug_dir` for a dump: a new token in the stack-dump request
+    file (every rank of the embedded trainer, gloo or NCCL) and a byte to each NCCL flight-recorder pipe that has a
+    reader. Nothing is created where no rank ever ran (no `debug_dir`)."""
+    if not debug_dir.is_dir():
+        return DumpRequest(0, None)
+    request = debug_dir / STACK_REQUEST
+    try:
+        tmp = debug_dir / f".{STACK_REQUEST}.{os.getpid()}"
+        tmp.write_text((token or f"{time.time():.6f}-{os.getpid()}") + "\n")
+        os.replace(tmp, request)  # atomic: a rank never reads half a token
+    except OSError as err:
+        log.warning("cannot write the stack-dump request %s: %s", request, err)
+        request = None
+    count = 0
+    for pipe in sorted(debug_dir.glob(NCCL_PIPES)):
+        try:
+            if not stat.S_ISFIFO(pipe.stat().st_mode):
+                continue
+            fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO when no rank reads it: skip, never block
+        except OSError:
+            continue
+        try:
+            os.write(fd, b"1\n")
+            count += 1
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return DumpRequest(count, request)
+
+
+class KubeJobInventory:
+    """Every TrainingJob (in `namespaces`, default all) with its worker pods, read from the API each evaluation.
+    Remembers each job's `status.restarts` and checkpoint dir as seen, for the actions."""
+
+    def __init__(self, kube: Kube, namespaces: Sequence[str] = ()) -> None:
+        self.kube, self.namespaces = kube, tuple(namespaces)
+        self.restarts: dict[JobKey, int] = {}
+        self.checkpoint_dirs: dict[JobKey, str] = {}
+
+    async def _list(self, all_path: str, ns_path: Callable[[str], str], selector: str = "") -> list[dict[str, Any]]:
+        if not self.namespaces:
+            return await self.kube.list(all_path, selector)
+        return [o for ns in self.namespaces for o in await self.kube.list(ns_path(ns), selector)]
+
+    async def jobs(self) -> Sequence[WatchedJob]:
+        objs = await self._list(f"/apis/{GROUP}/{VERSION}/{PLURAL}", lambda ns: Kube.custom(GROUP, VERSION, ns, PLURAL))
+        pod_objs = await self._list("/api/v1/pods", lambda ns: Kube.core(ns, "pods"), m.JOB_LABEL)
+        by_owner: dict[str, list[WatchedPod]] = {}
+        for obj in pod_objs:
+            pod = watched_pod(obj)
+            if pod is None:
+                continue
+            for owner in obj["metadata"].get("ownerReferences") or []:
+                by_owner.setdefault(str(owner.get("uid")), []).append(pod)
+        out: list[WatchedJob] = []
+        restarts: dict[JobKey, int] = {}
+        dirs: dict[JobKey, str] = {}
+        for obj in objs:
+            try:
+                spec = parse_job(obj).spec
+            except SpecError:
+                continue  # marked Invalid by the reconcile pass; nothing runs
+            meta, status = obj["metadata"], obj.get("status") or {}
+            key = (meta["namespace"], meta["name"])
+            restarts[key], dirs[key] = int(status.get("restarts", 0)), spec.checkpoint.dir
+            pods = sorted(by_owner.get(meta["uid"], []), key=lambda p: (len(p.replica), p.replica))
+            ft = spec.fault_tolerance
+            out.append(WatchedJob(key[0], key[1], str(status.get("phase", "Pending")), ft.progress_timeout_seconds,
+                                  ft.first_step_timeout_seconds, tuple(pods)))
+        self.restarts, self.checkpoint_dirs = restarts, dirs
+        return out
+
+
+class KubeHealthActions:
+    """Carries the monitor's decisions out on Kubernetes objects. `wake(namespace, job)` pokes that job's reconcile
+    pass so a restart request is acted on at once rather than at the next tick."""
+
+    def __init__(self, kube: Kube, inventory: KubeJobInventory,
+                 wake: Callable[[str, str], None] | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.kube, self.inventory, self.wake, self.clock = kube, inventory, wake, clock
+
+    @staticmethod
+    def _path(namespace: str, job: str) -> str:
+        return Kube.custom(GROUP, VERSION, namespace, PLURAL, job)
+
+    async def _write_conditions(self, namespace: str, job: str,
+                                change: Callable[[dict[str, Any]], Conditions | None]) -> dict[str, Any] | None:
+        """Read, change and write the job's conditions with its resourceVersion (the reconcile pass writes the
+        status too); retried on a conflict. The object written, or None when there was nothing to change."""
+        for _ in range(CONFLICT_RETRIES):
+            obj = await self.kube.get(self._path(namespace, job))
+            if obj is None:
+                return None
+            conditions = change(obj.get("status") or {})
+            if conditions is None:
+                return None
+            try:
+                await self.kube.merge_patch(self._path(namespace, job) + "/status", {
+                    "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
+                    "status": {"conditions": conditions}})
+                return obj
+            except ApiError as err:
+                if err.status != 409:
+                    raise
+        raise RuntimeError(f"{namespace}/{job} kept changing; conditions not written")
+
+    async def _job_event(self, namespace: str, job: str, etype: str, reason: str, message: str,
+                         obj: dict[str, Any] | None = None) -> None:
+        obj = obj or await self.kube.get(self._path(namespace, job))
+        if obj is not None:
+            await self.kube.post_event(obj, etype, reason, message)
+
+    async def _delete_pods(self, namespace: str, names: Sequence[str]) -> None:
+        for name in names:  # the reconcile pass recreates each once it is gone (no restart is counted)
+            await self.kube.delete(Kube.core(namespace, "pods", name))
+
+    async def _request_dumps(self, key: JobKey) -> None:
+        directory = self.inventory.checkpoint_dirs.get(key)
+        done = await asyncio.to_thread(request_dumps, Path(directory, DEBUG_SUBDIR)) if directory else None
+        if done is not None and done.stack_request is not None:
+            log.warning("job %s/%s: stack dumps requested in %s (each rank: its log and stacks_rank_<rank>.txt "
+                        "there); %d NCCL flight-recorder pipe(s) written", *key, done.stack_request, done.nccl_pipes)
+        else:
+            log.info("job %s/%s: %s/%s is not reachable from the operator (it must mount the checkpoint volume at "
+                     "the same path); no dump requested", *key, directory, DEBUG_SUBDIR)
+
+    async def mark_hung(self, finding: HangFinding) -> None:
+        key = (finding.namespace, finding.job)
+        seen = self.inventory.restarts.get(key)
+        if seen is None:
+            return
+        await self._request_dumps(key)  # first: the restart this write requests ends the hung processes
+        obj = await self._write_conditions(*key, lambda s: mark_hung(s, finding.message, self.clock(), seen))
+        if obj is None:
+            log.info("job %s/%s: not marked Hung (no longer Running, restarted already, or marked)", *key)
+            return
+        await self._job_event(*key, "Warning", R.HUNG, finding.message, obj)
+        if self.wake is not None:
+            self.wake(*key)
+
+    async def cordon_node(self, node: str, fault: NodeFault) -> None:
+        obj = await self.kube.merge_patch(f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}})
+        await self.kube.post_event({"apiVersion": "v1", "kind": "Node", **obj}, "Warning", R.NODE_CORDONED,
+                                   R.MSG_NODE_CORDONED.format(fault=fault.message))
+
+    async def replace_pods(self, pods: Sequence[WatchedPod], fault: NodeFault) -> None:
+        namespace, job = pods[0].namespace, pods[0].job
+        await self._delete_pods(namespace, [p.name for p in pods])
+        state = R.NODE_STATE_CORDONED if fault.cordon else R.NODE_STATE_KEPT
+        await self._job_event(namespace, job, "Warning", R.GPU_FATAL_XID,
+                              R.MSG_GPU_FATAL_XID.format(fault=fault.message, node_state=state))
+
+    async def restart_ranks(self, restart: RankRestart) -> None:
+        await self._delete_pods(restart.namespace, restart.pods)
+        await self._job_event(restart.namespace, restart.job, "Warning", R.GPU_APP_XID, restart.message)
+
+    async def mark_degraded(self, change: Degradation) -> None:
+        obj = await self._write_conditions(
+            change.namespace, change.job, lambda s: mark_degraded(s, change.degraded, change.message, self.clock()))
+        if obj is not None:
+            reason = R.STRAGGLER if change.degraded else R.STRAGGLER_RECOVERED
+            await self._job_event(change.namespace, change.job, "Warning" if change.degraded else "Normal", reason,
+                                  change.message, obj)
+
+
+class BackgroundMonitor:
+    """The health monitor as a task of the operator's event loop; `close()` stops it (kopf's cleanup)."""
+
+    def __init__(self, kube: Kube, settings: MonitorSettings, namespaces: Sequence[str],
+                 metrics: OperatorMetrics | None, wake: Callable[[str, str], None] | None) -> None:
+        """`metrics`: the operator's (one registry for every operator series); None = a private one."""
+        inventory = KubeJobInventory(kube, namespaces)
+        metrics = metrics if metrics is not None else OperatorMetrics()
+        self.monitor = HealthMonitor(settings, inventory, KubeHealthActions(kube, inventory, wake), metrics)
+        self.stop = asyncio.Event()
+        self.task = asyncio.create_task(self.monitor.run(self.stop), name="flywheel-health-monitor")
+
+    async def close(self, timeout: float = 5.0) -> None:
+        self.stop.set()
+        done, _ = await asyncio.wait({self.task}, timeout=timeout)
+        if not done:  # stuck in a slow API call: cancel it
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)

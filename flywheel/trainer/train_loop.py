@@ -1,0 +1,366 @@
+"""The worker's training loop: `python -m flywheel.trainer` under the elastic agent (docs/contracts.md).
+
+Set-up order: env -> process group -> mesh -> model (seeded, on CPU) -> parallelize -> DDP bucket settling ->
+optimizer/scheduler -> data -> Checkpointer.restore. Each step: injected faults, gradient accumulation over micro
+batches (gradient sync only on the last), an async all-reduce carrying the loss and the SIGTERM flag (so every rank
+stops at the same step), clip, `wait_staged` (an async save may still be copying the weights), optimizer step,
+waiting for that all-reduce, metrics, watchdog beat, `step` event, periodic save. The same seeds and world size give bitwise the same losses and weights, and a resume
+from step k reproduces steps k+1.. bitwise: nothing here depends on time or on global RNG state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from types import FrameType
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from flywheel import exitcodes
+from flywheel.spec import SpecError, TrainingJobSpec, parse_spec
+from flywheel.trainer.checkpoint import AppState, Checkpointer
+from flywheel.trainer.collective_env import (CollectiveTimeouts, apply_collective_env, collective_env,
+                                             collective_timeouts, shorten_timeouts)
+from flywheel.trainer.data import DataError, MicroBatch, SampleLoader, SampleSource, build_source
+from flywheel.trainer.event_writer import EventLog
+from flywheel.trainer.fault_injection import Fault, FaultInjector, faults_from_env
+from flywheel.trainer.trainer_metrics import TrainerMetrics
+from flywheel.trainer.model import GPT, GPTConfig
+from flywheel.trainer.moe import aux_loss_of
+from flywheel.trainer.optim import build_optimizer, build_scheduler
+from flywheel.trainer.parallel_pp import PipelinedModel, full_model_state
+from flywheel.trainer.parallelize import (DP, ParallelismError, build_mesh, check_layout, clip_grad_norm,
+                                         gradient_sync, parallelize, settle_ddp_buckets)
+from flywheel.trainer.watchdog import ProgressWatchdog
+
+log = logging.getLogger("flywheel.trainer")
+
+class UserError(Exception):
+    """Configuration or data that a restart cannot fix: exit USER_ERROR."""
+
+
+USER_ERRORS = (UserError, SpecError, DataError, ParallelismError)
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """What the worker contract's environment says about this process."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    restart_count: int
+    namespace: str
+    job: str
+    replica: str
+    spec: TrainingJobSpec
+    checkpoint_dir: str
+    metrics_port: int
+    events_file: str | None
+    faults: list[Fault] = field(default_factory=list)
+    fault_dir: str | None = None
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str]) -> WorkerEnv:
+        def integer(key: str, default: int | None = None) -> int:
+            raw = env.get(key)
+            if raw is None or raw == "":
+                if default is None:
+                    raise UserError(f"{key} is not set; start the trainer with `flywheel launch` or torchrun")
+                return default
+            try:
+                return int(raw)
+            except ValueError:
+                raise UserError(f"{key}={raw!r} is not an integer") from None
+
+        raw_spec = env.get("FLYWHEEL_SPEC")
+        if not raw_spec:
+            raise UserError("FLYWHEEL_SPEC is not set; it must hold the TrainingJob spec as JSON")
+        try:
+            spec = parse_spec(json.loads(raw_spec))
+        except ValueError as err:  # JSONDecodeError and SpecError are ValueErrors
+            raise UserError(f"FLYWHEEL_SPEC: {err}") from None
+        namespace, _, name = env.get("FLYWHEEL_JOB", "default/flywheel").rpartition("/")
+        checkpoint_dir = env.get("FLYWHEEL_CHECKPOINT_DIR") or spec.checkpoint.dir
+        try:
+            faults = faults_from_env(env.get("FLYWHEEL_FAULTS"))
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        return cls(rank=integer("RANK"), local_rank=integer("LOCAL_RANK", 0), world_size=integer("WORLD_SIZE"),
+                   restart_count=integer("TORCHELASTIC_RESTART_COUNT", 0), namespace=namespace or "default",
+                   job=name, replica=env.get("FLYWHEEL_REPLICA_INDEX", "0"), spec=spec,
+                   checkpoint_dir=checkpoint_dir, metrics_port=integer("FLYWHEEL_METRICS_PORT", 0),
+                   events_file=env.get("FLYWHEEL_EVENTS_FILE") or None, faults=faults,
+                   # Markers must outlive restarts and be shared by all workers, like the checkpoints.
+                   fault_dir=env.get("FLYWHEEL_FAULT_DIR") or os.path.join(checkpoint_dir, ".faults"))
+
+
+class StopRequest:
+    """SIGTERM sets a flag; the loop acts on it at the next step boundary that all ranks agree on."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.requested = True
+
+
+def pick_device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def autocast_for(device: torch.device, precision: str) -> AbstractContextManager[object]:
+    if precision != "bf16":
+        return nullcontext()
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        log.warning("bf16 requested but %s does not support it; training in fp32", device)
+        return nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def params_sha256(model: nn.Module) -> str | None:
+    """sha256 over the full (unsharded) state dict: keys sorted, each tensor's fp32 contiguous bytes. A collective;
+    the digest is returned on rank 0 only (the others get None)."""
+    state = full_model_state(model)
+    if state is None:
+        return None
+    digest = hashlib.sha256()
+    for key in sorted(state):
+        digest.update(state[key].detach().float().contiguous().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def forward_backward(model: nn.Module, batches: list[MicroBatch], device: torch.device,
+                     autocast: AbstractContextManager[object]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accumulates gradients over this rank's micro batches (reducing them across dp only with the last one);
+    returns this rank's mean language-model loss and mean MoE load-balancing loss (weighted; zero for a dense
+    model), detached. The gradient is that of their sum. A pipelined model runs them through its schedule instead
+    (the loss then comes from the last stage, on every pp rank)."""
+    aux_sum = torch.zeros((), device=device)
+    if isinstance(model, PipelinedModel):
+        return model.train_step(batches, device, autocast), aux_sum
+    loss_sum = torch.zeros((), device=device)
+    for i, (inputs, targets) in enumerate(batches):
+        inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        with gradient_sync(model, enabled=i == len(batches) - 1):
+            with autocast:
+                logits = model(inputs)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+            # Backward does not need the logits: holding them through it would add a (batch x seq x vocab) buffer
+            # to peak memory.
+            del logits
+            aux = aux_loss_of(model)
+            # Micro batches are equally sized: dividing by their number averages over this rank's share of the
+            # global batch, and the gradient reduction (an average) then over all of it.
+            ((loss if aux is None else loss + aux) / len(batches)).backward()
+        loss_sum += loss.detach()
+        if aux is not None:
+            aux_sum += aux.detach()
+    return loss_sum / len(batches), aux_sum / len(batches)
+
+
+def preflight(env: WorkerEnv) -> SampleSource:
+    """Checks what the spec alone decides (the layout at this world size, the data against the model) and opens
+    the data; raises a user error. Runs before the rendezvous: a rank that failed after it could take the store
+    its peers are still joining through (rank 0 hosts it under env://), and they would exit COLLECTIVE_TIMEOUT."""
+    trainer = env.spec.trainer
+    cfg = GPTConfig.from_spec(trainer.model)
+    check_layout(env.world_size, trainer.parallelism, trainer.training, cfg)
+    return build_source(trainer.data.source, cfg.vocab, cfg.seq_len, trainer.training.seed)
+
+
+def train(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: TrainerMetrics,
+          watchdog: ProgressWatchdog, stop: StopRequest, timeouts: CollectiveTimeouts) -> int:
+    """Runs set-up and training in an initialised process group, reading `source` (from `preflight`); returns
+    the exit code."""
+    spec = env.spec
+    training, parallelism = spec.trainer.training, spec.trainer.parallelism
+    device = pick_device(env.local_rank)
+    mesh = build_mesh(env.world_size, parallelism, device.type)
+    # The data follows the dp coordinate: every tp and pp rank of one dp index reads the same batch.
+    dp_rank, dp_size = mesh[DP].get_local_rank(), mesh[DP].size()
+    # The logged loss: tp ranks and (after the pipeline's broadcast) pp ranks of one dp index hold the same value,
+    # so one of them contributes it to the all-reduce and the sum is divided by dp.
+    coordinate = dict(zip(mesh.mesh_dim_names or (), mesh.get_coordinate() or ()))
+    loss_weight = float(all(c == 0 for name, c in coordinate.items() if name != DP))
+
+    torch.manual_seed(training.seed)
+    cfg = GPTConfig.from_spec(spec.trainer.model)
+    loader = SampleLoader(source)
+    model = GPT(cfg, seed=training.seed).to(device)
+    tokens_per_step = training.global_batch * cfg.seq_len
+    if env.rank == 0:
+        log.info("model: %s, %.2fM parameters, %.3g FLOPs/token; world %d, dp %d, tp %d, pp %d%s%s, %s", cfg,
+                 model.num_params() / 1e6, model.flops_per_token(), env.world_size, dp_size, parallelism.tp,
+                 parallelism.pp, f" ({parallelism.schedule})" if parallelism.pp > 1 else "",
+                 f", ep {parallelism.ep}" if cfg.moe else "", "fsdp" if parallelism.fsdp else "ddp")
+    model = parallelize(model, mesh, parallelism, training)
+    autocast = autocast_for(device, training.precision)
+    with autocast:
+        settle_ddp_buckets(model, torch.zeros(training.micro_batch, cfg.seq_len, dtype=torch.long, device=device))
+    optimizer = build_optimizer(model, training)
+    scheduler = build_scheduler(optimizer, training)
+
+    ckpt = Checkpointer(spec.checkpoint, env.checkpoint_dir, events=events, metrics=metrics)
+    app = AppState(model, optimizer, scheduler, loader, rank=env.rank, world_size=env.world_size)
+    start = ckpt.restore(app) or 0
+    if loader.consumed_samples != start * training.global_batch:
+        log.warning("restored data position is %d samples, not step %d x globalBatch %d (globalBatch changed?); "
+                    "continuing from the restored position", loader.consumed_samples, start, training.global_batch)
+    if env.rank == 0:
+        events.emit("start", rank=env.rank, world_size=env.world_size, dp=dp_size,
+                    restart_count=env.restart_count, resumed_from=start or None)
+        log.info("training steps %d..%d%s", start + 1, training.steps, f" (resumed from {start})" if start else "")
+    injector = FaultInjector(env.faults, rank=env.rank, fault_dir=env.fault_dir, events=events)
+
+    for step in range(start + 1, training.steps + 1):
+        injector.maybe_fire(step)
+        began = time.perf_counter()
+        batches = loader.next_microbatches(dp_rank, dp_size, training.global_batch, training.micro_batch)
+        rank_loss, rank_aux = forward_backward(model, batches, device, autocast)
+        # One collective for the logged losses and the stop flag: every rank sees the same sum, so all stop together.
+        # Started now and awaited after the optimizer step, so it overlaps clipping and the update.
+        totals = torch.stack([rank_loss * loss_weight, rank_aux * loss_weight,
+                              torch.tensor(float(stop.requested), device=device)])
+        totals_reduced = dist.all_reduce(totals, async_op=True)
+        if training.grad_clip > 0:
+            clip_grad_norm(model, training.grad_clip)
+        ckpt.wait_staged()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step == start + 1:  # start-up and the first step are done: from now on a stuck collective fails fast
+            shorten_timeouts(timeouts)
+
+        totals_reduced.wait()
+        mean_loss, stop_now = totals[0].item() / dp_size, totals[2].item() > 0
+        # The language-model loss is what `loss` reports (comparable with a dense model); an MoE model's weighted
+        # load-balancing loss, also in the gradient, is reported beside it.
+        aux = {"aux_loss": totals[1].item() / dp_size} if cfg.moe else {}
+        step_seconds = time.perf_counter() - began
+        tokens_per_second = tokens_per_step / step_seconds
+        metrics.record_step(loss=mean_loss, step_seconds=step_seconds, tokens_per_second=tokens_per_second,
+                            timestamp=time.time())
+        watchdog.beat()
+        if env.rank == 0:
+            events.emit("step", step=step, loss=mean_loss, step_seconds=step_seconds,
+                        tokens_per_second=tokens_per_second, world_size=env.world_size, **aux)
+            log.info("step %d/%d loss %.4f%s lr %.3g %.3fs %.0f tok/s", step, training.steps, mean_loss,
+                     "".join(f" aux {v:.4f}" for v in aux.values()), scheduler.get_last_lr()[0], step_seconds,
+                     tokens_per_second)
+        if stop_now and step < training.steps:  # at the last step, finishing is the quickest way to stop
+            log.info("SIGTERM: emergency checkpoint at step %d, then exit %d", step, exitcodes.STOPPED)
+            ckpt.save(step, app, blocking=True)  # returns at once if this step's save was already taken
+            ckpt.close()
+            return exitcodes.STOPPED
+        if ckpt.due(step):
+            ckpt.save(step, app)
+
+    # The end (waiting for an in-flight write, the final save, gathering the full state) is no step: a slow disk
+    # must not look like a hang. A peer failing here still raises from its collective.
+    watchdog.stop()
+    if training.steps > start:  # a run restored at its last step has nothing new to save
+        # Blocking: waits for an in-flight save; a no-op when the last step's own save was already taken.
+        ckpt.save(training.steps, app, blocking=True)
+    ckpt.close()
+    digest = params_sha256(model)
+    if env.rank == 0:
+        events.emit("done", step=training.steps, params_sha256=digest)
+        log.info("done: step %d, params sha256 %s", training.steps, digest)
+    return exitcodes.SUCCESS
+
+
+def _watchdog(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics) -> ProgressWatchdog:
+    ft = env.spec.fault_tolerance
+
+    def on_hang(seconds_since_step: float) -> None:
+        metrics.watchdog_fired_total.inc()
+        events.emit("hang", rank=env.rank, seconds_since_step=seconds_since_step)
+
+    return ProgressWatchdog(ft.progress_timeout_seconds, ft.first_step_timeout_seconds, on_hang)
+
+
+def _is_collective_failure(err: BaseException) -> bool:
+    if isinstance(err, dist.DistError):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and any(
+        s in text for s in ("gloo", "Gloo", "NCCL", "Timed out", "timed out", "Connection closed by peer"))
+
+
+def main(environ: Mapping[str, str] | None = None) -> int:
+    """The worker entry point; returns the process exit code (exitcodes.py)."""
+    environ = os.environ if environ is None else environ
+    rank = environ.get("RANK", "?")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
+    # One intra-op thread per rank unless told otherwise: ranks share the cores, and more threads per rank made
+    # CPU training several times slower (DESIGN.md).
+    threads = environ.get("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else 1)
+    try:
+        env = WorkerEnv.from_environ(environ)
+    except UserError as err:
+        log.error("%s", err)
+        return exitcodes.USER_ERROR
+    if env.spec.command:
+        log.error("spec.command is set: the job runs a user command, not the embedded trainer")
+        return exitcodes.USER_ERROR
+    training = env.spec.trainer.training
+    if training.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for deterministic matmuls
+        # On CUDA some kernels (e.g. attention backward) have no deterministic version: warn rather than fail.
+        torch.use_deterministic_algorithms(True, warn_only=torch.cuda.is_available())
+
+    events = EventLog(env.events_file)
+    labels = {"job": env.job, "namespace": env.namespace, "replica": env.replica, "rank": str(env.rank)}
+    try:
+        metrics = TrainerMetrics(env.metrics_port if env.local_rank == 0 else 0, labels)
+    except OSError as err:  # e.g. the port is still held by the previous incarnation: train without serving
+        log.warning("cannot serve metrics on port %d (%s); continuing without", env.metrics_port, err)
+        metrics = TrainerMetrics(0, labels)
+    stop = StopRequest()
+    stop.install()
+    # Started before the rendezvous: the first-step allowance covers start-up and restore too.
+    watchdog = _watchdog(env, events, metrics).start()
+    try:
+        source = preflight(env)
+        began = time.monotonic()
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        # The collective-watchdog env (NCCL async error handling, flight recorder, dump pipe) is set in one place.
+        timeouts = collective_timeouts(env.spec.fault_tolerance)
+        apply_collective_env(collective_env(env.checkpoint_dir, timeouts))
+        dist.init_process_group(backend, timeout=timeouts.startup)
+        metrics.rendezvous_seconds.set(time.monotonic() - began)
+        code = train(env, source, events, metrics, watchdog, stop, timeouts)
+        watchdog.stop()  # shutting down below may take a while; the code is decided
+        dist.destroy_process_group()
+        return code
+    except USER_ERRORS as err:
+        log.error("%s", err)
+        return exitcodes.USER_ERROR
+    except Exception as err:
+        log.exception("training failed")
+        if _is_collective_failure(err):
+            metrics.collective_failures_total.inc()
+            # The counter dies with the process; the event log keeps the fact for the executor and the timeline.
+            events.emit("collective_timeout", rank=env.rank, error=str(err)[:500])
+            return exitcodes.COLLECTIVE_TIMEOUT
+        return exitcodes.CRASH

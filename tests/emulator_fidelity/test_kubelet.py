@@ -1,0 +1,170 @@
+"""The process kubelet: pods run as local processes, report phase and exit codes, die on deletion, and a
+lost node leaves its pods Terminating until they are force-deleted."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from tests.k8s_emulator.fixtures import RunningCluster
+from tests.waiting import eventually as wait_for
+
+
+@pytest.fixture
+def core(cluster: RunningCluster) -> Iterator[client.CoreV1Api]:
+    api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    yield client.CoreV1Api(api_client)
+    api_client.close()
+
+
+def pod(name: str, code: str, restart: str = "Never", grace: int = 30, node: str | None = None,
+        env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"restartPolicy": restart, "terminationGracePeriodSeconds": grace,
+                            "containers": [{"name": "main", "image": "python:3.11",
+                                            "command": ["python", "-c", code], "env": env or []}]}
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "demo"},
+                                                            "annotations": {"team": "ml"}}, "spec": spec}
+
+
+def phase_is(core: client.CoreV1Api, name: str, *phases: str) -> Callable[[], client.V1Pod | None]:
+    def check() -> client.V1Pod | None:
+        current = core.read_namespaced_pod(name, "default")
+        return current if current.status.phase in phases else None
+    return check
+
+
+def gone(core: client.CoreV1Api, name: str) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            core.read_namespaced_pod(name, "default")
+        except ApiException as err:
+            return err.status == 404
+        return False
+    return check
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().split()[2] != "Z"
+
+
+def test_pod_runs_to_succeeded_with_env_and_logs(cluster: RunningCluster, core: client.CoreV1Api) -> None:
+    env = [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+           {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+           {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+           {"name": "TEAM", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['team']"}}},
+           {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+           {"name": "GREETING", "value": "hi $(POD)"}]
+    code = "import os; print(*(os.environ[k] for k in ('POD', 'NS', 'APP', 'TEAM', 'IP', 'GREETING')), os.getcwd())"
+    core.create_namespaced_pod("default", pod("ok", code, env=env))
+    done = wait_for(phase_is(core, "ok", "Succeeded"), what="Succeeded")
+    terminated = done.status.container_statuses[0].state.terminated
+    assert (terminated.exit_code, terminated.reason) == (0, "Completed")
+    assert done.spec.node_name in ("node-1", "node-2") and done.status.pod_ip == "127.0.0.1"
+    repo_root = str(Path(__file__).resolve().parents[2])
+    assert core.read_namespaced_pod_log("ok", "default") == f"ok default demo ml 127.0.0.1 hi ok {repo_root}\n"
+    reasons = [e.reason for e in core.list_namespaced_event("default", field_selector="involvedObject.name=ok").items]
+    assert {"Scheduled", "Started"} <= set(reasons)
+
+
+def test_failing_pod_reports_its_exit_code(core: client.CoreV1Api) -> None:
+    core.create_namespaced_pod("default", pod("fails", "import sys; sys.exit(3)"))
+    failed = wait_for(phase_is(core, "fails", "Failed"), what="Failed")
+    terminated = failed.status.container_statuses[0].state.terminated
+    assert (terminated.exit_code, terminated.reason) == (3, "Error")
+
+
+def test_on_failure_restarts_in_place(core: client.CoreV1Api, tmp_path: Path) -> None:
+    marker = tmp_path / "tried"
+    code = (f"import pathlib, sys; m = pathlib.Path({str(marker)!r}); first = not m.exists(); m.touch(); "
+            "sys.exit(5 if first else 0)")
+    core.create_namespaced_pod("default", pod("retry", code, restart="OnFailure"))
+    done = wait_for(phase_is(core, "retry", "Succeeded"), what="Succeeded after a restart")
+    status = done.status.container_statuses[0]
+    assert status.restart_count == 1 and status.last_state.terminated.exit_code == 5
+
+
+def test_oom_hook_reports_oomkilled(cluster: RunningCluster, core: client.CoreV1Api) -> None:
+    core.create_namespaced_pod("default", pod("hog", "import time; time.sleep(60)"))
+    wait_for(lambda: cluster.kubelet.pid_of("default", "hog"), what="process start")
+    assert cluster.kubelet.oom_kill("default", "hog")
+    failed = wait_for(phase_is(core, "hog", "Failed"), what="Failed")
+    terminated = failed.status.container_statuses[0].state.terminated
+    assert (terminated.exit_code, terminated.reason) == (137, "OOMKilled")
+
+
+def test_delete_sends_sigterm_then_sigkill_after_grace(cluster: RunningCluster, core: client.CoreV1Api,
+                                                       tmp_path: Path) -> None:
+    marker, ready = tmp_path / "term", tmp_path / "ready"
+    code = (f"import pathlib, signal, time\n"
+            f"signal.signal(signal.SIGTERM, lambda *a: pathlib.Path({str(marker)!r}).write_text('TERM'))\n"
+            f"pathlib.Path({str(ready)!r}).touch()\n"
+            "while True: time.sleep(0.05)")
+    core.create_namespaced_pod("default", pod("stubborn", code, grace=1))
+    wait_for(phase_is(core, "stubborn", "Running"), what="Running")
+    # Running means the process exists, not that Python has installed its handler yet (slow under load).
+    wait_for(ready.exists, what="handler installed")
+    pid = wait_for(lambda: cluster.kubelet.pid_of("default", "stubborn"), what="pid")
+    started = time.monotonic()
+    core.delete_namespaced_pod("stubborn", "default")
+    assert core.read_namespaced_pod("stubborn", "default").metadata.deletion_timestamp is not None
+    wait_for(marker.exists, what="SIGTERM handled")
+    wait_for(gone(core, "stubborn"), what="pod removed")
+    assert time.monotonic() - started >= 0.9  # it ignored SIGTERM, so only SIGKILL after the grace ended it
+    wait_for(lambda: not alive(pid), what="process dead")
+
+
+def test_lost_node_leaves_pods_terminating_until_force_deleted(cluster: RunningCluster,
+                                                               core: client.CoreV1Api) -> None:
+    core.create_namespaced_pod("default", pod("stranded", "import time; time.sleep(60)", grace=1, node="node-1"))
+    wait_for(phase_is(core, "stranded", "Running"), what="Running")
+    pid = wait_for(lambda: cluster.kubelet.pid_of("default", "stranded"), what="pid")
+    cluster.kubelet.lose_node("node-1")
+    # Frozen, like a dead machine. The stop takes effect when the target next runs: under load, not at once.
+    wait_for(lambda: Path(f"/proc/{pid}/stat").read_text().split()[2] == "T", what="the pod's process stopped")
+
+    def node_unknown() -> bool:
+        node = core.read_node("node-1")
+        ready = next(c for c in node.status.conditions if c.type == "Ready")
+        return ready.status == "Unknown" and any(t.key == "node.kubernetes.io/unreachable"
+                                                 for t in node.spec.taints or [])
+
+    wait_for(node_unknown, timeout=10, what="node Ready=Unknown")
+    core.delete_namespaced_pod("stranded", "default")
+    time.sleep(2.0)  # twice the grace period: a live kubelet would have finished by now
+    stuck = core.read_namespaced_pod("stranded", "default")
+    assert stuck.metadata.deletion_timestamp is not None
+    assert next(c for c in stuck.status.conditions if c.type == "Ready").status == "False"
+    core.delete_namespaced_pod("stranded", "default", grace_period_seconds=0)
+    wait_for(gone(core, "stranded"), what="force delete")
+    assert alive(pid)  # nobody on the dead node has killed it yet
+    cluster.kubelet.restore_node("node-1")
+    wait_for(lambda: not alive(pid), what="orphan killed after restore")
+    node = core.read_node("node-1")
+    assert next(c for c in node.status.conditions if c.type == "Ready").status == "True"
+
+
+def test_pod_finalizer_holds_a_terminated_pod(cluster: RunningCluster, core: client.CoreV1Api) -> None:
+    body = pod("held", "import time; time.sleep(60)", grace=5)
+    body["metadata"]["finalizers"] = ["flywheel.dev/keep"]
+    core.create_namespaced_pod("default", body)
+    pid = wait_for(lambda: cluster.kubelet.pid_of("default", "held"), what="pid")
+    core.delete_namespaced_pod("held", "default")
+    wait_for(lambda: not alive(pid), what="SIGTERM kills the sleeper")
+    wait_for(lambda: core.read_namespaced_pod("held", "default").metadata.deletion_grace_period_seconds == 0,
+             what="kubelet's final delete")
+    core.patch_namespaced_pod("held", "default", {"metadata": {"finalizers": None}})
+    wait_for(gone(core, "held"), what="removal after the finalizer")

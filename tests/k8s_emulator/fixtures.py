@@ -1,0 +1,141 @@
+"""In-process test cluster for pytest: `start_cluster()` runs an `EmulatedCluster` on a background event loop
+thread and returns a `RunningCluster` with synchronous handles; `cluster` is a ready-made pytest fixture."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from tests.k8s_emulator.runtime import EmulatedCluster, write_kubeconfig
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="test-cluster-loop", daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return future.result(timeout)
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        async def invoke() -> Any:
+            return fn(*args)
+        return self.run(invoke())
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+class KubeletHandle:
+    """Thread-safe controls of the process kubelet."""
+
+    def __init__(self, cluster: EmulatedCluster, loop: _LoopThread) -> None:
+        assert cluster.kubelet is not None
+        self._kubelet, self._loop = cluster.kubelet, loop
+        self.node_names = list(cluster.kubelet.node_names)
+
+    def lose_node(self, node: str) -> None:
+        self._loop.run(self._kubelet.lose_node(node))
+
+    def restore_node(self, node: str) -> None:
+        self._loop.run(self._kubelet.restore_node(node))
+
+    def pid_of(self, namespace: str, name: str) -> int | None:
+        return self._loop.call(self._kubelet.pid_of, namespace, name)
+
+    def oom_kill(self, namespace: str, name: str) -> bool:
+        return self._loop.run(self._kubelet.oom_kill(namespace, name))
+
+
+class ApiHandle:
+    """Thread-safe fault hooks of the API emulator."""
+
+    def __init__(self, cluster: EmulatedCluster, loop: _LoopThread) -> None:
+        self._cluster, self._loop = cluster, loop
+
+    def drop_watches(self) -> int:
+        return self._loop.call(self._cluster.store.drop_watches)
+
+    def force_conflict(self, resource: str, namespace: str, name: str, group: str = "", count: int = 1) -> None:
+        self._loop.call(self._cluster.store.force_conflict, (group, resource), namespace, name, count)
+
+    def pause(self) -> None:
+        self._loop.call(self._cluster.server.pause)
+
+    def resume(self) -> None:
+        self._loop.call(self._cluster.server.resume)
+
+    @property
+    def watch_count(self) -> int:
+        return len(self._cluster.store.watchers)
+
+    @property
+    def resource_version(self) -> int:
+        return self._cluster.store.rv
+
+
+class RunningCluster:
+    def __init__(self, cluster: EmulatedCluster, loop: _LoopThread, kubeconfig: Path) -> None:
+        self._cluster, self._loop = cluster, loop
+        self.kubeconfig = kubeconfig
+        self.api_url = cluster.api_url
+        self.work_dir = cluster.work_dir
+        self.log_dir = cluster.log_dir
+        self.etcd_url = cluster.etcd_url
+        self.api = ApiHandle(cluster, loop)
+        self.kubelet = KubeletHandle(cluster, loop) if cluster.kubelet is not None else None
+        self._stopped = False
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            self._loop.run(self._cluster.stop())
+        finally:
+            self._loop.close()
+
+    def __enter__(self) -> RunningCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_cluster(work_dir: Path | None = None, nodes: int = 2, etcd: bool = False,
+                  node_monitor_grace_seconds: float = 40.0, heartbeat_seconds: float = 2.0,
+                  **options: Any) -> RunningCluster:
+    """Start a whole test cluster in this process; call `.stop()` (or use it as a context manager)."""
+    loop = _LoopThread()
+    cluster = EmulatedCluster(work_dir, nodes=nodes, etcd=etcd, node_monitor_grace_seconds=node_monitor_grace_seconds,
+                              heartbeat_seconds=heartbeat_seconds, **options)
+    try:
+        loop.run(cluster.start())
+    except BaseException:
+        loop.run(cluster.stop())
+        loop.close()
+        raise
+    kubeconfig = cluster.work_dir / "kubeconfig"
+    write_kubeconfig(kubeconfig, cluster.api_url)
+    return RunningCluster(cluster, loop, kubeconfig)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[RunningCluster]:
+    running = start_cluster(tmp_path / "cluster", nodes=2, node_monitor_grace_seconds=3.0, heartbeat_seconds=0.5)
+    try:
+        yield running
+    finally:
+        running.stop()

@@ -1,0 +1,440 @@
+"""The process kubelet: registers N fake nodes (Node + Lease heartbeats), schedules unassigned pods onto them,
+runs each pod's first container as a local process group, reports pod status, and kills on deletion
+(SIGTERM, grace, SIGKILL). `lose_node` freezes a node like a dead machine; `restore_node` brings it back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import functools
+import itertools
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from flywheel.local import procs
+from tests.k8s_emulator import images, podenv
+from tests.k8s_emulator.httpclient import ApiStatusError, KubeHttpClient, resource_path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+WORKDIR_ANNOTATION = "tests.flywheel.dev/workdir"
+KUBELET_VERSION = "v1.33.0-flywheel"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _micro_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class PodProcess:
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    process: asyncio.subprocess.Process | None = None
+    restart_count: int = 0
+    started_at: str = ""
+    terminating: bool = False
+    oom_killed: bool = False
+    last_terminated: dict[str, Any] | None = None
+    task: asyncio.Task[None] | None = None
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def signal(self, sig: int) -> None:
+        """SIGTERM goes to the container's process group, as the runtime sends it to PID 1 (torch's agent passes
+        it on to the ranks). SIGKILL and the freeze of a lost node (SIGSTOP/SIGCONT) reach every process below it,
+        as a cgroup kill or a dead machine does: torch's agent starts each rank in a session of its own, which
+        the process group alone would miss."""
+        if self.process is None or self.process.returncode is not None:
+            return
+        below = procs.descendants(self.process.pid) if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT) else []
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+
+
+class ProcessKubelet:
+    def __init__(self, api_url: str, node_names: list[str], log_dir: Path, heartbeat_seconds: float = 2.0,
+                 node_status_seconds: float = 10.0, scheduler_names: set[str] | None = None) -> None:
+        self.api = KubeHttpClient(api_url)
+        parsed = urlparse(api_url)
+        self.api_host, self.api_port = parsed.hostname or "127.0.0.1", parsed.port or 80
+        self.node_names = list(node_names)
+        self.log_dir = log_dir
+        self.api_url = api_url
+        self.credentials_dir = log_dir.parent / "serviceaccounts"  # <pod uid>/{token,namespace,kubeconfig}
+        self.heartbeat_seconds, self.node_status_seconds = heartbeat_seconds, node_status_seconds
+        self.scheduler_names = scheduler_names  # None: schedule every pod, whatever its schedulerName
+        self.lost: set[str] = set()
+        self.unscheduled: set[str] = set()  # pods no node could take (lost or cordoned): retried on heartbeats
+        self.pods: dict[str, PodProcess] = {}  # by pod uid
+        self._latest: dict[str, dict[str, Any]] = {}  # last seen pod object by uid
+        self._round_robin = itertools.cycle(self.node_names)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ---- lifecycle -----------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for node in self.node_names:
+            await self._register(node)
+        self._tasks = [asyncio.create_task(self._heartbeats()), asyncio.create_task(self._watch_pods())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for pod in list(self.pods.values()):
+            pod.terminating = True
+            pod.signal(signal.SIGKILL)  # also ends SIGSTOPped processes
+            if pod.task is not None:
+                pod.task.cancel()
+        for pod in list(self.pods.values()):
+            if pod.process is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(pod.process.wait(), 5)
+        await asyncio.gather(*self._tasks, *(p.task for p in self.pods.values() if p.task), return_exceptions=True)
+        await self.api.close()
+
+    # ---- nodes ---------------------------------------------------------------------------------------------
+    def _node_status(self, node: str) -> dict[str, Any]:
+        now = _now()
+        ok = [("MemoryPressure", "False", "KubeletHasSufficientMemory"),
+              ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
+              ("PIDPressure", "False", "KubeletHasSufficientPID"), ("Ready", "True", "KubeletReady")]
+        return {"conditions": [{"type": t, "status": s, "reason": r, "message": f"kubelet: {r}",
+                                "lastHeartbeatTime": now, "lastTransitionTime": now} for t, s, r in ok],
+                "addresses": [{"type": "InternalIP", "address": podenv.POD_IP}, {"type": "Hostname", "address": node}],
+                "capacity": {"cpu": str(os.cpu_count() or 1), "memory": "16Gi", "pods": "110"},
+                "allocatable": {"cpu": str(os.cpu_count() or 1), "memory": "16Gi", "pods": "110"},
+                "nodeInfo": {"kubeletVersion": KUBELET_VERSION, "kubeProxyVersion": "", "operatingSystem": "linux",
+                             "architecture": "amd64", "containerRuntimeVersion": "process://local",
+                             "kernelVersion": os.uname().release, "osImage": "process kubelet", "machineID": node,
+                             "systemUUID": node, "bootID": node}}
+
+    async def _register(self, node: str) -> None:
+        body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {
+            "kubernetes.io/hostname": node, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}}}
+        with contextlib.suppress(ApiStatusError):
+            await self.api.request("POST", resource_path("nodes"), body)
+        await self._post_node_status(node)
+        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                 "metadata": {"name": node, "namespace": "kube-node-lease"},
+                 "spec": {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": _micro_now()}}
+        with contextlib.suppress(ApiStatusError):
+            await self.api.request("POST", resource_path("leases", "kube-node-lease",
+                                                         group_version="coordination.k8s.io/v1"), lease)
+
+    async def _post_node_status(self, node: str) -> None:
+        await self.api.merge_patch(resource_path("nodes", name=node, subresource="status"),
+                                   {"status": self._node_status(node)})
+
+    async def _renew_lease(self, node: str) -> None:
+        await self.api.merge_patch(resource_path("leases", "kube-node-lease", node,
+                                                 group_version="coordination.k8s.io/v1"),
+                                   {"spec": {"renewTime": _micro_now()}})
+
+    async def _heartbeats(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_status = loop.time()
+        while True:
+            await asyncio.sleep(self.heartbeat_seconds)
+            post_status = loop.time() - last_status >= self.node_status_seconds
+            for node in self.node_names:
+                if node in self.lost:
+                    continue
+                with contextlib.suppress(ApiStatusError, OSError, asyncio.TimeoutError):
+                    await self._renew_lease(node)
+                    if post_status:
+                        await self._post_node_status(node)
+            if post_status:
+                last_status = loop.time()
+            if self.unscheduled:  # e.g. a node was uncordoned: the scheduler retries pending pods
+                with contextlib.suppress(ApiStatusError, OSError, asyncio.TimeoutError):
+                    await self._resync()
+
+    async def lose_node(self, node: str) -> None:
+        """The node dies: no more heartbeats or status, its processes freeze, its pods stay Terminating."""
+        self.lost.add(node)
+        for pod in self.pods.values():
+            if pod.node == node:
+                pod.signal(signal.SIGSTOP)
+
+    async def restore_node(self, node: str) -> None:
+        self.lost.discard(node)
+        await self._renew_lease(node)
+        await self._post_node_status(node)
+        for pod in list(self.pods.values()):
+            if pod.node == node:
+                pod.signal(signal.SIGCONT)
+        await self._resync()
+
+    # ---- pods ----------------------------------------------------------------------------------------------
+    async def _watch_pods(self) -> None:
+        resource_version = ""
+        while True:
+            try:
+                if not resource_version:
+                    resource_version = await self._resync()
+                async for event in self.api.watch(resource_path("pods"), resource_version):
+                    obj = event["object"]
+                    if event["type"] == "ERROR":
+                        resource_version = ""  # 410 Gone: relist
+                        break
+                    resource_version = obj["metadata"].get("resourceVersion", resource_version)
+                    if event["type"] == "DELETED":
+                        self.unscheduled.discard(obj["metadata"]["uid"])
+                        self._pod_gone(obj["metadata"]["uid"])
+                    elif event["type"] != "BOOKMARK":
+                        await self._reconcile(obj)
+            except (TimeoutError, ApiStatusError, OSError, ValueError):
+                resource_version = ""
+                await asyncio.sleep(0.5)
+            except Exception:  # a pod the kubelet cannot handle must not stop it from serving the others
+                await asyncio.sleep(0.5)
+
+    async def _resync(self) -> str:
+        listing = await self.api.request("GET", resource_path("pods"))
+        seen = set()
+        for pod in listing["items"]:
+            seen.add(pod["metadata"]["uid"])
+            await self._reconcile(pod)
+        for uid in list(self.pods):
+            if uid not in seen:
+                self._pod_gone(uid)
+        self.unscheduled &= seen
+        return listing["metadata"]["resourceVersion"]
+
+    async def _pick_node(self, pod: dict[str, Any]) -> str | None:
+        """Round robin over the nodes that are neither lost nor cordoned (`spec.unschedulable`)."""
+        nodes = await self.api.request("GET", resource_path("nodes"))
+        cordoned = {n["metadata"]["name"] for n in nodes["items"] if (n.get("spec") or {}).get("unschedulable")}
+        usable = [n for n in self.node_names if n not in self.lost and n not in cordoned]
+        wanted = ((pod.get("spec") or {}).get("nodeSelector") or {}).get("kubernetes.io/hostname")
+        if wanted:
+            return wanted if wanted in usable else None
+        for _ in self.node_names:
+            node = next(self._round_robin)
+            if node in usable:
+                return node
+        return None
+
+    async def _reconcile(self, pod: dict[str, Any]) -> None:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        uid, node = meta["uid"], spec.get("nodeName")
+        if not node:
+            scheduler = spec.get("schedulerName", "default-scheduler")
+            if meta.get("deletionTimestamp") or (self.scheduler_names is not None
+                                                 and scheduler not in self.scheduler_names):
+                return
+            chosen = await self._pick_node(pod)
+            if chosen is None:
+                if uid not in self.unscheduled:  # as the scheduler reports it, once
+                    self.unscheduled.add(uid)
+                    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                 "lastTransitionTime": _now(),
+                                 "message": f"0/{len(self.node_names)} nodes are available (lost or cordoned)"}
+                    with contextlib.suppress(ApiStatusError, OSError, asyncio.TimeoutError):
+                        await self.api.merge_patch(resource_path("pods", meta["namespace"], meta["name"], "status"),
+                                                   {"status": {"phase": "Pending", "conditions": [condition]}})
+            else:
+                self.unscheduled.discard(uid)
+                await self.api.merge_patch(resource_path("pods", meta["namespace"], meta["name"]),
+                                           {"spec": {"nodeName": chosen}})
+                await self._event(pod, "Scheduled", f"Successfully assigned {meta['namespace']}/{meta['name']} "
+                                  f"to {chosen}", component="default-scheduler")
+            return
+        if node not in self.node_names:
+            return
+        self._latest[uid] = pod
+        if node in self.lost:
+            return
+        running = self.pods.get(uid)
+        if meta.get("deletionTimestamp"):
+            if running is None:
+                await self._final_delete(pod)
+            elif not running.terminating:
+                running.terminating = True
+                await self._event(pod, "Killing", f"Stopping container {pod['spec']['containers'][0]['name']}")
+                asyncio.create_task(self._terminate(running, int(meta.get("deletionGracePeriodSeconds") or 0)))
+            return
+        phase = (pod.get("status") or {}).get("phase")
+        if running is None and phase not in ("Succeeded", "Failed"):
+            runtime = PodProcess(uid=uid, namespace=meta["namespace"], name=meta["name"], node=node)
+            self.pods[uid] = runtime
+            runtime.task = asyncio.create_task(self._run(runtime))
+
+    def _pod_gone(self, uid: str) -> None:
+        """The pod object is gone (force-deleted or finished): its processes must not outlive it."""
+        self._latest.pop(uid, None)
+        running = self.pods.get(uid)
+        if running is None or running.node in self.lost:
+            return  # a dead node cannot act; restore_node() cleans up
+        running.terminating = True
+        running.signal(signal.SIGCONT)
+        running.signal(signal.SIGKILL)
+        running.gone.set()
+
+    async def _terminate(self, running: PodProcess, grace: int) -> None:
+        running.signal(signal.SIGTERM)
+        if running.process is not None and running.process.returncode is None:
+            try:
+                await asyncio.wait_for(running.process.wait(), max(grace, 0))
+            except TimeoutError:
+                running.signal(signal.SIGKILL)
+                await running.process.wait()
+        while running.node in self.lost:
+            await asyncio.sleep(0.2)
+        pod = self._latest.get(running.uid)
+        if pod is not None:
+            await self._final_delete(pod)
+
+    async def _final_delete(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        with contextlib.suppress(ApiStatusError):
+            await self.api.request("DELETE", resource_path("pods", meta["namespace"], meta["name"]),
+                                   {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}})
+        self.pods.pop(meta["uid"], None)
+
+    async def oom_kill(self, namespace: str, name: str) -> bool:
+        """Memory hook: SIGKILL the pod's processes and report the container OOMKilled (exit code 137)."""
+        for pod in self.pods.values():
+            if (pod.namespace, pod.name) == (namespace, name) and pod.process is not None:
+                pod.oom_killed = True
+                pod.signal(signal.SIGKILL)
+                return True
+        return False
+
+    def pid_of(self, namespace: str, name: str) -> int | None:
+        for pod in self.pods.values():
+            if (pod.namespace, pod.name) == (namespace, name) and pod.process is not None \
+                    and pod.process.returncode is None:
+                return pod.process.pid
+        return None
+
+    async def _event(self, pod: dict[str, Any], reason: str, message: str, component: str = "kubelet",
+                     kind: str = "Normal") -> None:
+        """A core/v1 Event about the pod, as the scheduler and kubelet post them (`kubectl describe pod`)."""
+        meta, now = pod["metadata"], _now()
+        body = {"apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                                   "namespace": meta["namespace"], "uid": meta["uid"]},
+                "reason": reason, "message": message, "type": kind, "count": 1, "firstTimestamp": now,
+                "lastTimestamp": now, "source": {"component": component, "host": pod["spec"].get("nodeName", "")}}
+        with contextlib.suppress(ApiStatusError, OSError, asyncio.TimeoutError):
+            await self.api.request("POST", resource_path("events", meta["namespace"]), body)
+
+    # ---- running one pod -----------------------------------------------------------------------------------
+    async def _fetch(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self.api.get_or_none(resource_path(plural, namespace, name))
+
+    async def _report(self, running: PodProcess, phase: str, state: dict[str, Any], ready: bool,
+                      reason: str = "") -> None:
+        if running.node in self.lost:
+            return
+        pod = self._latest.get(running.uid)
+        if pod is None:
+            return
+        container = (pod["spec"]["containers"] or [{}])[0]
+        now = _now()
+        status_word = "True" if ready else "False"
+        container_status = {"name": container.get("name", ""), "image": container.get("image", ""),
+                            "imageID": "", "containerID": f"process://{running.uid}/{running.restart_count}",
+                            "ready": ready, "started": "running" in state, "restartCount": running.restart_count,
+                            "state": state}
+        if running.last_terminated:
+            container_status["lastState"] = {"terminated": running.last_terminated}
+        status = {"phase": phase, "hostIP": podenv.POD_IP, "podIP": podenv.POD_IP, "podIPs": [{"ip": podenv.POD_IP}],
+                  "startTime": running.started_at or now, "containerStatuses": [container_status],
+                  "conditions": [{"type": t, "status": s, "lastTransitionTime": now} for t, s in (
+                      ("PodScheduled", "True"), ("Initialized", "True"), ("ContainersReady", status_word),
+                      ("Ready", status_word))]}
+        if reason:
+            status["reason"] = reason
+        with contextlib.suppress(ApiStatusError, OSError, asyncio.TimeoutError):
+            await self.api.merge_patch(resource_path("pods", running.namespace, running.name, "status"),
+                                       {"status": status})
+
+    async def _waiting(self, running: PodProcess, pod: dict[str, Any], reason: str, message: str) -> None:
+        """The container cannot start yet: Pending, waiting with `reason`, and the kubelet's Warning event."""
+        await self._report(running, "Pending", {"waiting": {"reason": reason, "message": message}}, False)
+        await self._event(pod, "Failed", f"Error: {reason}: {message}", kind="Warning")
+
+    async def _start_process(self, running: PodProcess, pod: dict[str, Any]) -> int | None:
+        """Start the first container; return an exit code at once if it cannot start."""
+        container = pod["spec"]["containers"][0]
+        try:
+            mounted = {}
+            if await podenv.automounts_token(pod, self._fetch):
+                mounted = podenv.write_service_account(self.credentials_dir / running.uid, pod, self.api_url)
+            env = await podenv.container_env(pod, container, self.api_host, self.api_port, self._fetch, mounted)
+            argv = podenv.container_argv(container, env)
+        except podenv.ConfigError as err:
+            await self._report(running, "Pending", {"waiting": {"reason": "CreateContainerConfigError",
+                                                                "message": str(err)}}, False)
+            return None
+        workdir = (pod["metadata"].get("annotations") or {}).get(WORKDIR_ANNOTATION) or str(REPO_ROOT)
+        log_path = self.log_dir / f"{running.namespace}_{running.name}_{running.uid}.log"
+        with open(log_path, "ab") as log:
+            try:
+                running.process = await asyncio.create_subprocess_exec(
+                    *argv, cwd=workdir, env=env, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                    stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+            except OSError as err:
+                log.write(f"process kubelet: cannot start {argv!r}: {err}\n".encode())
+                return 128
+        return None
+
+    async def _run(self, running: PodProcess) -> None:
+        running.started_at = running.started_at or _now()  # the kubelet took the pod (status.startTime)
+        pod = self._latest.get(running.uid)
+        image = (pod or {}).get("spec", {}).get("containers", [{}])[0].get("image", "")
+        if pod is None or not await images.pull_image(image, functools.partial(self._waiting, running, pod),
+                                                      lambda: running.terminating):
+            return
+        while not running.terminating:
+            pod = self._latest.get(running.uid)
+            if pod is None:
+                return
+            started = _now()
+            early_exit = await self._start_process(running, pod)
+            if running.process is None and early_exit is None:
+                await asyncio.sleep(1.0)  # config error: retry, like the kubelet's sync loop
+                continue
+            if early_exit is None:
+                await self._report(running, "Running", {"running": {"startedAt": started}}, True)
+                await self._event(pod, "Started", f"Started container {pod['spec']['containers'][0]['name']} "
+                                  f"(pid {running.process.pid})")
+                code = await running.process.wait()
+            else:
+                code = early_exit
+            if running.terminating:
+                return
+            exit_code = 128 - code if code < 0 else code  # killed by signal N -> 128+N, as container runtimes say
+            reason = "OOMKilled" if running.oom_killed else "Completed" if exit_code == 0 else \
+                "StartError" if early_exit is not None else "Error"
+            running.oom_killed = False
+            terminated = {"exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": _now(),
+                          "containerID": f"process://{running.uid}/{running.restart_count}"}
+            policy = pod["spec"].get("restartPolicy", "Always")
+            if policy == "Always" or (policy == "OnFailure" and exit_code != 0):
+                running.last_terminated = terminated
+                running.restart_count += 1
+                running.process = None
+                backoff = min(0.5 * 2 ** (running.restart_count - 1), 5.0)
+                await self._report(running, "Running", {"waiting": {"reason": "CrashLoopBackOff",
+                                                                    "message": f"back-off {backoff}s"}}, False)
+                await asyncio.sleep(backoff)
+                continue
+            phase = "Succeeded" if exit_code == 0 else "Failed"
+            await self._report(running, phase, {"terminated": terminated}, False)
+            return

@@ -1,0 +1,161 @@
+"""Assembles a test cluster inside one asyncio loop: store + control plane + API server on a loopback port,
+the process kubelet, and optionally a real etcd. Also writes the kubeconfig that kubectl and clients use."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from tests.k8s_emulator.apiserver import ApiServer
+from tests.k8s_emulator.controllers import ControlPlane
+from tests.k8s_emulator.deployments import DeploymentController
+from tests.k8s_emulator.kubelet import ProcessKubelet
+from tests.k8s_emulator.resources import Registry
+from tests.k8s_emulator.store import Store
+
+ETCD_BINARY = "/usr/bin/etcd"
+TOKEN = "flywheel-test-token"  # accepted, never checked: the emulator has no authentication
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def write_kubeconfig(path: Path, api_url: str, namespace: str = "default") -> None:
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "flywheel-test",
+        "clusters": [{"name": "flywheel-test", "cluster": {"server": api_url}}],
+        "users": [{"name": "flywheel-test", "user": {"token": TOKEN}}],
+        "contexts": [{"name": "flywheel-test", "context": {"cluster": "flywheel-test", "user": "flywheel-test",
+                                                           "namespace": namespace}}],
+        "preferences": {},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+@dataclass
+class EtcdProcess:
+    process: subprocess.Popen[bytes]
+    client_url: str
+    data_dir: Path
+
+    @classmethod
+    def start(cls, data_dir: Path, log_path: Path, timeout: float = 20.0) -> EtcdProcess:
+        client_port, peer_port = free_port(), free_port()
+        client_url, peer_url = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        command = [ETCD_BINARY, "--name", "flywheel-test", "--data-dir", str(data_dir),
+                   "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+                   "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                   "--initial-cluster", f"flywheel-test={peer_url}"]
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                       env={"ETCD_UNSUPPORTED_ARCH": "", "PATH": "/usr/bin:/bin"})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"etcd exited with {process.returncode}; see {log_path}")
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", client_port), timeout=0.2).close()
+                return cls(process, client_url, data_dir)
+            time.sleep(0.1)
+        process.kill()
+        raise RuntimeError(f"etcd did not listen on {client_url} within {timeout}s; see {log_path}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class EmulatedCluster:
+    """One cluster on the running loop. `await start()`, then `api_url`; `await stop()` ends everything."""
+
+    def __init__(self, work_dir: Path | None = None, nodes: int = 2, port: int = 0, etcd: bool = False,
+                 node_monitor_grace_seconds: float = 40.0, heartbeat_seconds: float = 2.0,
+                 history_size: int = 20000, bookmark_interval: float = 30.0, run_kubelet: bool = True) -> None:
+        self._owns_work_dir = work_dir is None
+        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="flywheel-cluster-"))
+        self.port = port or free_port()
+        self.api_url = f"http://127.0.0.1:{self.port}"
+        self.store = Store(Registry(), history_size)
+        self.control_plane = ControlPlane(self.store, node_monitor_grace_seconds)
+        self.deployment_controller = DeploymentController(self.store)
+        self.log_dir = self.work_dir / "pod-logs"
+        self.server = ApiServer(self.store, self.control_plane, self.log_dir, bookmark_interval)
+        self.kubelet: ProcessKubelet | None = None
+        if run_kubelet:
+            self.kubelet = ProcessKubelet(self.api_url, [f"node-{i}" for i in range(1, nodes + 1)], self.log_dir,
+                                          heartbeat_seconds, node_status_seconds=max(heartbeat_seconds * 5, 5.0))
+            self._register_kubelet_admin(self.kubelet)
+        self.want_etcd = etcd
+        self.etcd: EtcdProcess | None = None
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def etcd_url(self) -> str | None:
+        return self.etcd.client_url if self.etcd else None
+
+    def _register_kubelet_admin(self, kubelet: ProcessKubelet) -> None:
+        async def lose(parts: list[str], query: dict[str, str]) -> dict[str, Any]:
+            await kubelet.lose_node(query["node"])
+            return {"lost": query["node"]}
+
+        async def restore(parts: list[str], query: dict[str, str]) -> dict[str, Any]:
+            await kubelet.restore_node(query["node"])
+            return {"restored": query["node"]}
+
+        async def pid(parts: list[str], query: dict[str, str]) -> dict[str, Any]:
+            return {"pid": kubelet.pid_of(query.get("namespace", "default"), query["name"])}
+
+        async def oom(parts: list[str], query: dict[str, str]) -> dict[str, Any]:
+            return {"killed": await kubelet.oom_kill(query.get("namespace", "default"), query["name"])}
+
+        self.server.admin_handlers.update({"lose-node": lose, "restore-node": restore, "pod-pid": pid,
+                                           "oom-kill": oom})
+
+    async def start(self) -> None:
+        if self.want_etcd:
+            loop = asyncio.get_running_loop()
+            self.etcd = await loop.run_in_executor(None, EtcdProcess.start, self.work_dir / "etcd-data",
+                                                   self.work_dir / "etcd.log")
+        self.control_plane.start()
+        self.deployment_controller.start()
+        self._runner = web.AppRunner(self.server.app, access_log=None, shutdown_timeout=1.0,
+                                     handler_cancellation=True)  # so a disconnected watcher is dropped at once
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        if self.kubelet is not None:
+            await self.kubelet.start()
+
+    async def stop(self) -> None:
+        await self.deployment_controller.stop()
+        if self.kubelet is not None:
+            await self.kubelet.stop()
+        self.store.drop_watches()
+        self.server.resume()
+        await self.control_plane.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self.etcd is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.etcd.stop)
+        if self._owns_work_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
