@@ -24,14 +24,14 @@ from typing import Any, Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.distributed.checkpoint as dcp  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
 
-from bench.common import RESULTS, write_result  # noqa: E402
-from flywheel.spec import CheckpointSpec  # noqa: E402
-from flywheel.trainer.checkpoint import AppState, Checkpointer  # noqa: E402
+from bench.common import RESULTS, write_result
+from flywheel.spec import CheckpointSpec
+from flywheel.trainer.checkpoint import AppState, Checkpointer
 
 GOAL_VS_SYNC = 0.05
 GOAL_VS_ASYNC = 0.5

@@ -8,7 +8,6 @@ FLYWHEEL_REPLICA_INDEX set, LOCAL_RANK not.
 
 from __future__ import annotations
 
-import os
 import random
 import re
 import signal

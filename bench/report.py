@@ -14,9 +14,9 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # no display on CI machines
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from bench.common import RESULTS  # noqa: E402
+from bench.common import RESULTS
 
 
 def _fmt(value: object) -> str:

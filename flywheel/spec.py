@@ -21,7 +21,13 @@ from pydantic.alias_generators import to_camel
 from flywheel.spec_base import _Model
 from flywheel.spec_parallel import MoESpec, Parallelism, check_experts_fit
 from flywheel.spec_status import (  # noqa: F401 (re-exported: flywheel.spec is the schema's one import)
-    CheckpointStatus, Condition, GoodputStatus, ReplicaStatus, RestartBudgetStatus, TrainingJobStatus)
+    CheckpointStatus,
+    Condition,
+    GoodputStatus,
+    ReplicaStatus,
+    RestartBudgetStatus,
+    TrainingJobStatus,
+)
 
 API_VERSION = "flywheel.dev/v1alpha1"
 KIND = "TrainingJob"

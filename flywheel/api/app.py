@@ -25,9 +25,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from flywheel import __version__
 from flywheel.api import views
-from flywheel.api.job_actions import ActionError, Actions
 from flywheel.api.auth import Access, Auth, Principal
 from flywheel.api.cache import JobSource
+from flywheel.api.job_actions import ActionError, Actions
 from flywheel.api.schemas import (
     ActionResult,
     ErrorBody,

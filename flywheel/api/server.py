@@ -45,9 +45,9 @@ def kube_client(kubeconfig: str | None) -> Any:
 
 def attach(app: Any, cfg: ServerConfig, wait_seconds: float = 30.0) -> Any:
     """Fill app.state with a started cache, auth and actions; returns the function that stops them."""
-    from flywheel.api.job_actions import KubeActions
     from flywheel.api.auth import KubeAuth
     from flywheel.api.cache import KubeCache
+    from flywheel.api.job_actions import KubeActions
 
     api_client = kube_client(cfg.kubeconfig)
     auth = TokenFileAuth.from_file(cfg.token_file) if cfg.token_file else KubeAuth(api_client)

@@ -6,7 +6,6 @@ import datetime as dt
 import re
 from typing import Any
 
-from flywheel.crd import RESTART_ANNOTATION
 from flywheel.api.schemas import (
     CheckpointRecord,
     JobDetail,
@@ -20,6 +19,7 @@ from flywheel.api.schemas import (
     TimelineEntry,
     Worker,
 )
+from flywheel.crd import RESTART_ANNOTATION
 from flywheel.policy import reasons as R
 from flywheel.spec import CheckpointStatus, TrainingJobStatus
 

@@ -10,8 +10,14 @@ from flywheel but itself).
 See docs/etcd-rendezvous.md for the design and the reasons for `aetcd`.
 """
 
-from flywheel.etcd.liveness import (LiveWorker, WorkerRegistration, WorkerWatch, delete_run, list_live_workers,
-                                    watch_workers)
+from flywheel.etcd.liveness import (
+                                    LiveWorker,
+                                    WorkerRegistration,
+                                    WorkerWatch,
+                                    delete_run,
+                                    list_live_workers,
+                                    watch_workers,
+)
 from flywheel.etcd.session import EtcdSession, EtcdUnavailableError, parse_endpoints
 
 __all__ = ["EtcdSession", "EtcdUnavailableError", "LiveWorker", "WorkerRegistration", "WorkerWatch", "delete_run",

@@ -189,7 +189,7 @@ class WorkerWatch:
         self._workers = dict(workers)
         try:
             self._on_change(dict(workers))
-        except Exception:  # noqa: BLE001 - a consumer's bug must not end the watch
+        except Exception:
             log.exception("on_change callback failed")
 
     async def _follow(self) -> None:

@@ -9,11 +9,11 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import matplotlib.pyplot as plt
+from rich.console import Console
+from rich.table import Table
 
-from flywheel.local.run_record import RunRecord  # noqa: E402
+from flywheel.local.run_record import RunRecord
 
 
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> Path:

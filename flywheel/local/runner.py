@@ -13,10 +13,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from flywheel.local.run_record import RunRecord
 from flywheel.local.fault_flags import FaultFlagError, check_targets, parse_faults, worker_faults
 from flywheel.local.progress_bar import make_progress
 from flywheel.local.report import print_summary, write_report
+from flywheel.local.run_record import RunRecord
 from flywheel.local.supervisor import Outcome, Supervisor
 from flywheel.plan import Placement, faults_env, plan_workers
 from flywheel.spec import SpecError, TrainingJob, check_local_paths, load_job

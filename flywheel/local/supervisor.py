@@ -18,9 +18,9 @@ from typing import IO
 
 from flywheel import exitcodes
 from flywheel.local import procs
-from flywheel.local.run_record import EventTail, RunRecord
 from flywheel.local.fault_flags import LoseWorker
 from flywheel.local.progress_bar import ProgressView
+from flywheel.local.run_record import EventTail, RunRecord
 from flywheel.plan import WorkerPlan
 from flywheel.policy import Action, RestartBudget, classify_exit, decide_restart
 from flywheel.spec import TrainingJobSpec

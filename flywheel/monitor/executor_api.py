@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from flywheel.policy.health_checks import Degradation, HangFinding, WatchedJob
-from flywheel.policy.xid import NodeFault, WatchedPod, RankRestart
+from flywheel.policy.xid import NodeFault, RankRestart, WatchedPod
 
 
 class JobInventory(Protocol):

@@ -18,17 +18,28 @@ import kopf
 
 from flywheel.crd import GROUP, PLURAL, RESTART_ANNOTATION, VERSION
 from flywheel.etcd.liveness import WorkerWatch, reset_rendezvous, watch_workers
+from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
+from flywheel.operator.event_log import EventLogTail, events_file
 from flywheel.operator.kube import ApiError, Kube
 from flywheel.operator.node_cache import LostNodes
-from flywheel.monitor.operator_metrics import OperatorMetrics
-from flywheel.operator.event_log import EventLogTail, events_file
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.policy import reasons as R
 from flywheel.policy.checkpoint_events import CheckpointEventState, next_event, seed
 from flywheel.policy.conditions import parse_iso
-from flywheel.policy.reconcile import (LIVENESS_GRACE_SECONDS, TERMINAL, CreatePod, DeleteJob, DeletePod, Pass,
-                                       PodView, Progress, Relabel, ResetRendezvous, reconcile)
+from flywheel.policy.reconcile import (
+    LIVENESS_GRACE_SECONDS,
+    TERMINAL,
+    CreatePod,
+    DeleteJob,
+    DeletePod,
+    Pass,
+    PodView,
+    Progress,
+    Relabel,
+    ResetRendezvous,
+    reconcile,
+)
 from flywheel.spec import SpecError, TrainingJob, parse_job
 
 TICK_SECONDS = 1.0

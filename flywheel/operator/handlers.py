@@ -16,11 +16,11 @@ import kopf
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.etcd.liveness import delete_run
 from flywheel.monitor import MonitorSettings
+from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.health_executor import BackgroundMonitor
 from flywheel.operator.kube import Kube, load_connection
-from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator.node_cache import LostNodes
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.spec import SpecError, parse_job

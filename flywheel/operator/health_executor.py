@@ -15,10 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 from flywheel.crd import GROUP, PLURAL, VERSION
-from flywheel.monitor import HealthMonitor, MonitorSettings
-from flywheel.monitor import OperatorMetrics
+from flywheel.monitor import HealthMonitor, MonitorSettings, OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.kube import ApiError, Kube
 from flywheel.policy import reasons as R

@@ -23,7 +23,6 @@ from flywheel.planner.cost import Batch, Estimate, Layout, ModelShape, estimate
 from flywheel.planner.devices import GIB, Device
 from flywheel.spec import PRESETS, TrainingJobSpec
 
-
 NEAR_TIE = 0.02  # estimated step times this close are a tie (bench/planner_accuracy.py: time errors of 1-20%)
 
 

@@ -11,8 +11,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from flywheel.policy.xid import (GpuKey, NodeFault, WatchedPod, RankRestart, XidEvent, XidSample, decide_xids,
-                                 xid_events)
+from flywheel.policy.xid import GpuKey, NodeFault, RankRestart, WatchedPod, XidEvent, XidSample, decide_xids, xid_events
 
 JobKey = tuple[str, str]  # (namespace, name)
 RankKey = tuple[str, str, str, str]  # (namespace, job, replica, rank)

@@ -274,8 +274,12 @@ def _run_agent(settings: LaunchSettings, command: Sequence[str]) -> int:
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent  # noqa: F401
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
-    from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousParameters
-    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous  # noqa: F401
+    from torch.distributed.elastic.rendezvous import (  # noqa: F401
+        RendezvousError,
+        RendezvousParameters,
+        c10d_rendezvous_backend,
+        dynamic_rendezvous,
+    )
 
     if caller_loglevel is None:
         del os.environ["LOGLEVEL"]

@@ -25,8 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from flywheel.spec import Parallelism, Training
 from flywheel.trainer.model import GPTConfig
-from flywheel.trainer.parallel_ep import (ExpertParallelError, apply_ep, check_ep_sizes, expert_mesh,
-                                         fully_shard_experts)
+from flywheel.trainer.parallel_ep import ExpertParallelError, apply_ep, check_ep_sizes, expert_mesh, fully_shard_experts
 from flywheel.trainer.parallel_pp import PipelineError, pipeline
 from flywheel.trainer.parallel_tp import TensorParallelError, apply_tp, check_tp_sizes
 

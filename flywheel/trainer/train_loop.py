@@ -30,18 +30,31 @@ from torch import nn
 from flywheel import exitcodes
 from flywheel.spec import SpecError, TrainingJobSpec, parse_spec
 from flywheel.trainer.checkpoint import AppState, Checkpointer
-from flywheel.trainer.collective_env import (CollectiveTimeouts, apply_collective_env, collective_env,
-                                             collective_timeouts, shorten_timeouts)
+from flywheel.trainer.collective_env import (
+    CollectiveTimeouts,
+    apply_collective_env,
+    collective_env,
+    collective_timeouts,
+    shorten_timeouts,
+)
 from flywheel.trainer.data import DataError, MicroBatch, SampleLoader, SampleSource, build_source
 from flywheel.trainer.event_writer import EventLog
 from flywheel.trainer.fault_injection import Fault, FaultInjector, faults_from_env
-from flywheel.trainer.trainer_metrics import TrainerMetrics
 from flywheel.trainer.model import GPT, GPTConfig
 from flywheel.trainer.moe import aux_loss_of
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 from flywheel.trainer.parallel_pp import PipelinedModel, full_model_state
-from flywheel.trainer.parallelize import (DP, ParallelismError, build_mesh, check_layout, clip_grad_norm,
-                                         gradient_sync, parallelize, settle_ddp_buckets)
+from flywheel.trainer.parallelize import (
+    DP,
+    ParallelismError,
+    build_mesh,
+    check_layout,
+    clip_grad_norm,
+    gradient_sync,
+    parallelize,
+    settle_ddp_buckets,
+)
+from flywheel.trainer.trainer_metrics import TrainerMetrics
 from flywheel.trainer.watchdog import ProgressWatchdog
 
 log = logging.getLogger("flywheel.trainer")

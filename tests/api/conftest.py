@@ -17,10 +17,10 @@ import yaml
 from fastapi.testclient import TestClient
 from kubernetes import client, config
 
-from flywheel.api.job_actions import KubeActions
 from flywheel.api.app import create_app
 from flywheel.api.auth import TokenFileAuth
 from flywheel.api.cache import KubeCache
+from flywheel.api.job_actions import KubeActions
 from flywheel.crd import GROUP, PLURAL, VERSION
 from tests.k8s_emulator.fixtures import RunningCluster, start_cluster
 from tests.waiting import eventually

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from schemathesis.core import NOT_SET
 
 from bench.api_jobs import populate
-from flywheel.api.job_actions import ActionError
 from flywheel.api.app import DNS, create_app
 from flywheel.api.auth import Principal, TokenFileAuth
 from flywheel.api.cache import MemorySource
+from flywheel.api.job_actions import ActionError
 from flywheel.crd import RESTART_ANNOTATION
 
 ADMIN = "schemathesis-admin-token"

@@ -27,8 +27,8 @@ import pytest
 import yaml
 
 from tests.chart import rbac
-from tests.waiting import eventually
 from tests.chart.conftest import CHART, KUBE_VERSION, NAMESPACE, RELEASE, ROOT, find_tool, run_helm
+from tests.waiting import eventually
 
 KUBECTL = find_tool("kubectl")
 OPERATOR = f"{RELEASE}-flywheel-operator"

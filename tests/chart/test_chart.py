@@ -6,7 +6,6 @@ Prometheus Operator objects against their CRD schemas: test_monitoring_objects.p
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,8 +13,18 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.chart.conftest import CHART, KUBE_VERSION, NAMESPACE, RELEASE, ROOT, by_kind, find_tool, one, render, \
-    run_helm
+from tests.chart.conftest import (
+    CHART,
+    KUBE_VERSION,
+    NAMESPACE,
+    RELEASE,
+    ROOT,
+    by_kind,
+    find_tool,
+    one,
+    render,
+    run_helm,
+)
 
 
 def operator_deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from tests.waiting import eventually as _eventually
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,8 +13,8 @@ import pytest
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from tests.k8s_emulator.fixtures import RunningCluster, start_cluster
 from tests.emulator_fidelity.conftest import GROUP, MINIJOB_CRD, PLURAL, VERSION, minijob
+from tests.k8s_emulator.fixtures import RunningCluster, start_cluster
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.k8s_emulator.fixtures import RunningCluster
 from tests.emulator_fidelity.conftest import GROUP, MINIJOB_CRD, PLURAL, VERSION, minijob
+from tests.k8s_emulator.fixtures import RunningCluster
 
 pytest.importorskip("kopf")
-from kubernetes import client, config  # noqa: E402
-from kubernetes.client.exceptions import ApiException  # noqa: E402
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
 OPERATOR = Path(__file__).with_name("kopf_operator.py")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.k8s_emulator.fixtures import RunningCluster
 from tests.emulator_fidelity.conftest import KUBECTL, MINIJOB_CRD, minijob
+from tests.k8s_emulator.fixtures import RunningCluster
 
 pytestmark = pytest.mark.skipif(not KUBECTL.exists(), reason="run scripts/install-tools.sh for .tools/bin/kubectl")
 

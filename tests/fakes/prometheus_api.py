@@ -22,7 +22,7 @@ class FakePrometheus:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 url = urlparse(self.path)
                 query = parse_qs(url.query).get("query", [""])[0]
                 status, body = fake._answer(url.path, query)

@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 
 import yaml
-
 from conftest import PYTHON, REPO, child_env, write_job
 
 

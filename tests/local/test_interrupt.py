@@ -8,8 +8,8 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import PYTHON, REPO, alive, child_env, processes_with_env, write_job
+
 from flywheel.local.procs import descendants
 
 LONG_JOB = """  replicas: {{min: 2, max: 2}}

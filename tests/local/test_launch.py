@@ -8,8 +8,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import PYTHON, REPO, SCRIPTS, alive, child_env
+
 from flywheel import exitcodes
 from flywheel.local.procs import descendants
 from flywheel.trainer.launch import LaunchConfigError, first_failure_exit_code, settings_from_env

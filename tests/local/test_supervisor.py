@@ -7,7 +7,6 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import PYTHON, REPO, SCRIPTS, child_env, processes_with_env, write_job
 
 

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import PYTHON, SCRIPTS, alive
+
 from flywheel.trainer import warm
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork + /proc")

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from flywheel.policy.health_checks import Degradation, HangFinding, WatchedJob
-from flywheel.policy.xid import NodeFault, WatchedPod, RankRestart
+from flywheel.policy.xid import NodeFault, RankRestart, WatchedPod
 
 
 @dataclass

@@ -29,8 +29,7 @@ from kubernetes import client, config
 
 from flywheel.crd import GROUP, PLURAL, VERSION
 from tests.k8s_emulator.fixtures import start_cluster
-from tests.monitoring.prometheus_server import (PROMETHEUS_BINARY, ChildProcess, PrometheusServer, ScrapeJob,
-                                                free_port)
+from tests.monitoring.prometheus_server import PROMETHEUS_BINARY, ChildProcess, PrometheusServer, ScrapeJob, free_port
 from tests.operator.conftest import CRD, KUBECTL, OpEnv, OperatorProcess, eventually
 
 pytestmark = pytest.mark.slow

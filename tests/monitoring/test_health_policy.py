@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from flywheel.policy.health_checks import (HealthSettings, HealthState, WatchedJob, Observations, RankProgress, RankStepTime,
-                                    evaluate, find_hangs, update_stragglers)
+from flywheel.policy.health_checks import (
+    HealthSettings,
+    HealthState,
+    Observations,
+    RankProgress,
+    RankStepTime,
+    WatchedJob,
+    evaluate,
+    find_hangs,
+    update_stragglers,
+)
 from flywheel.policy.xid import WatchedPod, XidSample
 
 NS = "ml"

@@ -9,9 +9,17 @@ import time
 
 import pytest
 
-from flywheel.monitor import (HealthMonitor, MonitorSettings, OperatorMetrics, PrometheusClient, PrometheusError,
-                              Sample, add_monitor_arguments, settings_from_args)
-from flywheel.monitor import queries
+from flywheel.monitor import (
+    HealthMonitor,
+    MonitorSettings,
+    OperatorMetrics,
+    PrometheusClient,
+    PrometheusError,
+    Sample,
+    add_monitor_arguments,
+    queries,
+    settings_from_args,
+)
 from flywheel.policy.health_checks import WatchedJob
 from flywheel.policy.xid import WatchedPod
 from tests.fakes.dcgm_exporter import FakeGpus

@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from flywheel.policy.xid import (APP_XIDS, FATAL_XIDS, IGNORED_XIDS, WatchedPod, XidClass, XidSample, classify_xid,
-                                 decide_xids, same_node, xid_events)
+from flywheel.policy.xid import (
+    APP_XIDS,
+    FATAL_XIDS,
+    IGNORED_XIDS,
+    WatchedPod,
+    XidClass,
+    XidSample,
+    classify_xid,
+    decide_xids,
+    same_node,
+    xid_events,
+)
 
 
 def pod(name: str, node: str, job: str = "train", phase: str = "Running", namespace: str = "ml") -> WatchedPod:

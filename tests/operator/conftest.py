@@ -15,8 +15,8 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 

@@ -12,10 +12,17 @@ from typing import Any
 
 from flywheel.api import views
 from flywheel.operator import manifests as m
-from flywheel.operator.executor import JobRunner
 from flywheel.operator.event_log import EventLogTail, events_file
-from flywheel.policy.checkpoint_events import (CHECKPOINT_EVENT_INTERVAL_SECONDS, MAX_LISTED_STEPS, RECENT_CHECKPOINTS,
-                                               CheckpointEventState, CommittedCheckpoint, next_event, seed)
+from flywheel.operator.executor import JobRunner
+from flywheel.policy.checkpoint_events import (
+    CHECKPOINT_EVENT_INTERVAL_SECONDS,
+    MAX_LISTED_STEPS,
+    RECENT_CHECKPOINTS,
+    CheckpointEventState,
+    CommittedCheckpoint,
+    next_event,
+    seed,
+)
 from flywheel.policy.conditions import iso
 
 T0 = 1_800_000_000.0

@@ -17,15 +17,15 @@ import yaml
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.monitor import HealthMonitor, MonitorSettings
 from flywheel.monitor import OperatorMetrics as MonitorMetrics
+from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.health_executor import BackgroundMonitor, KubeHealthActions, KubeJobInventory
 from flywheel.operator.kube import Connection, Kube
-from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.policy.health_checks import HealthSettings
 from flywheel.policy.reconcile import condition, iso
-from tests.k8s_emulator.fixtures import RunningCluster, start_cluster
 from tests.fakes.prometheus_api import FakePrometheus
+from tests.k8s_emulator.fixtures import RunningCluster, start_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "operator-tiny.yaml"

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.k8s_emulator.fixtures import start_cluster
 from tests.fakes.prometheus_api import FakePrometheus
+from tests.k8s_emulator.fixtures import start_cluster
 from tests.operator.conftest import CRD, KUBECTL, OpEnv, OperatorProcess, eventually
 
 

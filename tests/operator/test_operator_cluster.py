@@ -116,7 +116,7 @@ def test_force_deleted_pod_is_replaced_and_the_agents_recover(op_env: OpEnv) -> 
 
 def _restart_etcd(env: OpEnv, down_seconds: float) -> None:
     """Stop the cluster's etcd and start it again on the same ports and data dir (the cluster has no hook)."""
-    etcd = env.cluster._cluster.etcd  # noqa: SLF001  (test-only reach into the running cluster)
+    etcd = env.cluster._cluster.etcd
     assert etcd is not None
     argv = list(etcd.process.args)  # type: ignore[arg-type]
     etcd.stop()

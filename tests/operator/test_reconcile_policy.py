@@ -4,8 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from flywheel.policy.reconcile import (HUNG_POD_GRACE_SECONDS, CreatePod, DeleteJob, DeletePod, PodView, Progress,
-                                       Relabel, ResetRendezvous, condition, iso, reconcile)
+from flywheel.policy.reconcile import (
+    HUNG_POD_GRACE_SECONDS,
+    CreatePod,
+    DeleteJob,
+    DeletePod,
+    PodView,
+    Progress,
+    Relabel,
+    ResetRendezvous,
+    condition,
+    iso,
+    reconcile,
+)
 from flywheel.spec import TrainingJobSpec, parse_spec
 
 NOW = 1_800_000_000.0

@@ -20,11 +20,11 @@ import torch.distributed as dist
 from flywheel.spec import CheckpointSpec, ModelSpec, Parallelism, Training
 from flywheel.trainer.checkpoint import AppState, Checkpointer
 from flywheel.trainer.data import SampleLoader, build_source
-from flywheel.trainer.train_loop import forward_backward
 from flywheel.trainer.model import GPT, GPTConfig
-from flywheel.trainer.parallel_pp import full_model_state
 from flywheel.trainer.optim import build_optimizer, build_scheduler
+from flywheel.trainer.parallel_pp import full_model_state
 from flywheel.trainer.parallelize import DP, build_mesh, clip_grad_norm, parallelize
+from flywheel.trainer.train_loop import forward_backward
 
 
 def main() -> None:

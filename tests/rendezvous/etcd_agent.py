@@ -6,8 +6,9 @@ usage: etcd_agent.py ENDPOINT RUN_ID OUT_DIR WORKER_TTL
 import os
 import sys
 
-import flywheel.trainer.rendezvous  # noqa: F401  (registers etcd-v3)
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+import flywheel.trainer.rendezvous  # noqa: F401  (registers etcd-v3)
 
 endpoint, run_id, out_dir, worker_ttl = sys.argv[1:5]
 config = LaunchConfig(

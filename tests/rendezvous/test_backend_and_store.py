@@ -11,6 +11,7 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
+from flywheel.etcd.session import Endpoint
 from flywheel.trainer.rendezvous import (
     EtcdSession,
     EtcdStore,
@@ -19,7 +20,6 @@ from flywheel.trainer.rendezvous import (
     delete_run,
     parse_endpoints,
 )
-from flywheel.etcd.session import Endpoint
 
 from .etcd_server import EtcdServer
 

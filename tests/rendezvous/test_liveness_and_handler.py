@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
 
+from flywheel.etcd import keys as etcd_keys
 from flywheel.trainer.rendezvous import (
     EtcdSession,
     EtcdStore,
@@ -17,7 +18,6 @@ from flywheel.trainer.rendezvous import (
     list_live_workers,
     watch_workers,
 )
-from flywheel.etcd import keys as etcd_keys
 
 from .etcd_server import EtcdServer
 

@@ -12,8 +12,14 @@ from datetime import timedelta
 from pathlib import Path
 
 from flywheel.spec import FaultTolerance
-from flywheel.trainer.collective_env import (CollectiveTimeouts, apply_collective_env, collective_env,
-                                             collective_timeouts, debug_dir, dump_pipe_path)
+from flywheel.trainer.collective_env import (
+    CollectiveTimeouts,
+    apply_collective_env,
+    collective_env,
+    collective_timeouts,
+    debug_dir,
+    dump_pipe_path,
+)
 
 
 def test_timeouts_follow_the_spec() -> None:

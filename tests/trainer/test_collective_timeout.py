@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from flywheel import exitcodes
-from flywheel.trainer.collective_env import collective_timeouts
 from flywheel.spec import parse_spec
+from flywheel.trainer.collective_env import collective_timeouts
 
 from . import workers
 

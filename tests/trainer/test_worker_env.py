@@ -6,8 +6,8 @@ import torch
 import torch.distributed as dist
 
 from flywheel.trainer.fault_injection import Fault
-from flywheel.trainer.train_loop import UserError, WorkerEnv, params_sha256
 from flywheel.trainer.model import GPT, GPTConfig
+from flywheel.trainer.train_loop import UserError, WorkerEnv, params_sha256
 
 from .workers import free_port, job_spec
 

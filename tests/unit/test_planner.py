@@ -5,8 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from flywheel.planner import (DEVICES, Batch, DeviceTableError, Layout, ModelShape, PlanError, device_table, estimate,
-                              plan_for_spec, plan_layout)
+from flywheel.planner import (
+    DEVICES,
+    Batch,
+    DeviceTableError,
+    Layout,
+    ModelShape,
+    PlanError,
+    device_table,
+    estimate,
+    plan_for_spec,
+    plan_layout,
+)
 from flywheel.planner.cost import memory_breakdown
 from flywheel.planner.search import NEAR_TIE, layouts
 from flywheel.spec import PRESETS, parse_spec

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
+from flywheel.plan import Placement, plan_workers
 from flywheel.planner import DEVICES, Batch, PlanError, device_table, estimate, plan_for_spec, resolve_auto
 from flywheel.planner.search import NEAR_TIE, auto_layout, shape_of
-from flywheel.plan import Placement, plan_workers
 from flywheel.spec import PRESETS, TrainingJob, TrainingJobSpec, parse_spec
 from flywheel.trainer.parallel_tp import check_tp_sizes
 

@@ -7,8 +7,14 @@ The torch-free pieces (session, key layout, worker liveness and the operator-sid
 
 from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
-from flywheel.etcd.liveness import (LiveWorker, WorkerRegistration, WorkerWatch, delete_run, list_live_workers,
-                                    watch_workers)
+from flywheel.etcd.liveness import (
+                                    LiveWorker,
+                                    WorkerRegistration,
+                                    WorkerWatch,
+                                    delete_run,
+                                    list_live_workers,
+                                    watch_workers,
+)
 from flywheel.etcd.session import EtcdSession, EtcdUnavailableError, parse_endpoints
 
 from .backend import BACKEND_NAME, EtcdV3RendezvousBackend
