@@ -4,7 +4,7 @@ PIP := .venv/bin/pip
 STAMP := .venv/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast venv tools crd bench bench-quick clean
+.PHONY: demo test test-fast lint venv tools crd bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -24,8 +24,13 @@ demo: $(STAMP)
 	rm -rf runs/tiny
 	.venv/bin/flywheel run examples/tiny.yaml --fault kill:rank=1:step=25
 
-test: $(STAMP) tools
+test: $(STAMP) tools lint
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# ruff (lint + import order) and mypy (strict on policy, spec, plan and planner); both must be clean.
+lint: $(STAMP)
+	.venv/bin/ruff check flywheel tests bench
+	.venv/bin/mypy
 
 # Pure and single-process tests only (seconds).
 test-fast: $(STAMP)
