@@ -2,9 +2,9 @@
 
 Every error names the field (camelCase path, as written in YAML) and how to fix it. The cross-field layout rules
 are `spec_layout.py`'s (one definition, also used by the planner and the trainer), checked here at every replica
-count; the CRD's CEL rules (`crd_rules.py`) mirror the ones a Kubernetes API server can check. The parallel layout and MoE models
-live in `spec_parallel.py`, the status subresource in `spec_status.py`; both are re-exported here, so the rest of
-Flywheel imports the schema from `flywheel.spec` alone.
+count; the CRD's CEL rules (`crd.py`) mirror the ones a Kubernetes API server can check. The parallel layout and
+MoE models live in `spec_parallel.py`, the status subresource in `spec_status.py`; both are re-exported here, so
+the rest of Flywheel imports the schema from `flywheel.spec` alone.
 """
 
 from __future__ import annotations
