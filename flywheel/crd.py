@@ -233,8 +233,8 @@ def render_spec_reference() -> str:
              "# TrainingJob spec reference", "",
              f"`apiVersion: {API_VERSION}`, `kind: TrainingJob`, short name `{SHORT_NAME}`. Cross-field rules (also "
              "CEL rules in the CRD where CEL can decide them, see flywheel/spec_layout.py): replicas.min <= max; "
-             "tp x pp and tp x pp x ep divide every world size; globalBatch is a multiple of microBatch x dp at every replica "
-             "count; tp and ep need fsdp; model.dim is divisible by model.heads.", "",
+             "tp x pp and tp x pp x ep divide every world size; globalBatch is a multiple of microBatch x dp at "
+             "every replica count; tp and ep need fsdp; model.dim is divisible by model.heads.", "",
              "| field | type | default | meaning |", "|---|---|---|---|"]
     lines += _reference_rows(openapi_schema(TrainingJobSpec, "spec"), "spec")
     return "\n".join(lines) + "\n"
