@@ -23,34 +23,70 @@ DEFAULT_PATH = Path("crds") / f"{CRD_NAME}.yaml"
 
 _DROP = {"title", "discriminator"}
 
-# CEL rules (x-kubernetes-validations) by the JSON path of the object they sit on.
+# CEL rules (x-kubernetes-validations) by the JSON path of the object they sit on. The layout rules mirror
+# spec_layout.py's (COVERED_RULES names which; tests/unit/test_crd_rules.py checks the verdicts agree on random
+# specs). World-size rules hold at every replica count r in [min, max], world = r x procsPerReplica: for "k divides
+# every world", min == max needs k | min x p, and min < max needs k | p (k divides r p and (r+1) p, so their
+# difference p; and k | p gives every r p). The batch rule is checked at each of the first MAX_CEL_REPLICA_COUNTS
+# counts of the range (CEL has no loops; the operator's validation covers wider ranges).
+MAX_CEL_REPLICA_COUNTS = 64
+_TRAINER = "size(self.command) > 0 || self.trainer.parallelism.auto || "
+_P, _T = "self.procsPerReplica", "self.trainer.parallelism"
+_MIN, _MAX, _G, _MB = "self.replicas.min", "self.replicas.max", "self.trainer.training.globalBatch", \
+    "self.trainer.training.microBatch"
+
+
+def _every_world_divisible_by(k: str) -> str:
+    return f"({_MIN} == {_MAX} ? ({_MIN} * {_P}) % ({k}) == 0 : {_P} % ({k}) == 0)"
+
+
+_COUNTS = "[" + ", ".join(str(i) for i in range(MAX_CEL_REPLICA_COUNTS)) + "]"
 _SPEC_RULES = [
-    {"rule": "size(self.command) > 0 || self.trainer.parallelism.auto || "
-             "self.trainer.training.globalBatch % self.trainer.training.microBatch == 0",
-     "message": "trainer.training.globalBatch must be a multiple of microBatch",
+    {"rule": _TRAINER + f"{_G} % {_MB} == 0",
+     "message": "trainer.training.globalBatch is not divisible by microBatch; make globalBatch a multiple of "
+                "microBatch",
      "fieldPath": ".trainer.training.globalBatch"},
-    {"rule": "size(self.command) > 0 || self.trainer.parallelism.auto || "
-             "((self.replicas.min * self.procsPerReplica) % (self.trainer.parallelism.tp * self.trainer.parallelism.pp)"
-             " == 0 && (self.replicas.max * self.procsPerReplica) % "
-             "(self.trainer.parallelism.tp * self.trainer.parallelism.pp) == 0)",
-     "message": "trainer.parallelism tp*pp must divide the world size (replicas x procsPerReplica) at min and max",
-     "fieldPath": ".trainer.parallelism"},
+    {"rule": _TRAINER + _every_world_divisible_by(f"{_T}.tp * {_T}.pp"),
+     "message": "trainer.parallelism.tp: tp x pp does not divide every world size (replicas x procsPerReplica); "
+                "choose tp and pp whose product divides every world size in replicas [min, max] x procsPerReplica",
+     "fieldPath": ".trainer.parallelism.tp"},
+    {"rule": _TRAINER + f"!{_every_world_divisible_by(f'{_T}.tp * {_T}.pp')} || "
+             + _every_world_divisible_by(f"{_T}.tp * {_T}.pp * {_T}.ep"),
+     "message": "trainer.parallelism.ep: ep does not divide dp = world / (tp x pp) at every replica count; expert "
+                "parallelism borrows from the data-parallel ranks, so choose an ep that divides dp at every world "
+                "size",
+     "fieldPath": ".trainer.parallelism.ep"},
+    {"rule": _TRAINER + f"{_COUNTS}.all(i, {_MIN} + i > {_MAX} || (({_MIN} + i) * {_P}) % ({_T}.tp * {_T}.pp) != 0"
+             f" || {_G} % ({_MB} * (({_MIN} + i) * {_P} / ({_T}.tp * {_T}.pp))) == 0)",
+     "message": "trainer.training.globalBatch is not divisible by microBatch x dp at some replica count in [min, "
+                "max]; make globalBatch a multiple of microBatch x dp at every replica count",
+     "fieldPath": ".trainer.training.globalBatch"},
+    {"rule": _TRAINER + f"{_T}.tp == 1 || {_T}.fsdp",
+     "message": "trainer.parallelism.fsdp: tp > 1 needs fsdp: true (DDP cannot replicate tensor-parallel "
+                "parameters); set fsdp: true or tp: 1",
+     "fieldPath": ".trainer.parallelism.fsdp"},
+    {"rule": _TRAINER + f"{_T}.ep == 1 || !has(self.trainer.model.moe) || {_T}.fsdp",
+     "message": "trainer.parallelism.fsdp: ep > 1 needs fsdp: true; set fsdp: true or ep: 1",
+     "fieldPath": ".trainer.parallelism.fsdp"},
 ]
+# spec_layout.py's rule ids that the rules above decide for every job in their reach.
+COVERED_RULES = frozenset({"batch-micro", "mesh", "ep-dp", "batch-dp", "tp-fsdp", "ep-fsdp"})
 _RULES: dict[str, list[dict[str, str]]] = {
     "spec": _SPEC_RULES,
     "spec.replicas": [
-        {"rule": "self.min <= self.max", "message": "replicas.min must be <= replicas.max"},
+        {"rule": "self.min <= self.max", "message": "replicas: min is greater than max; set min <= max"},
         {"rule": "!has(self.target) || (self.target >= self.min && self.target <= self.max)",
-         "message": "replicas.target must lie within [min, max]"},
+         "message": "replicas: target is outside [min, max]; scale within the bounds or widen them"},
     ],
     "spec.trainer.parallelism": [
         {"rule": "(self.stagesPerRank == 1) == (self.schedule != 'interleaved-1f1b')",
-         "message": "parallelism.stagesPerRank above 1 goes with schedule interleaved-1f1b, and only with it",
+         "message": "trainer.parallelism.stagesPerRank above 1 goes with schedule interleaved-1f1b, and only with it; "
+                    "set stagesPerRank: 1 or schedule: interleaved-1f1b",
          "fieldPath": ".stagesPerRank"},
     ],
     "spec.trainer.model": [
         {"rule": "!has(self.dim) || !has(self.heads) || self.dim % self.heads == 0",
-         "message": "model.dim must be divisible by model.heads"},
+         "message": "trainer.model.heads does not divide dim; pick heads that divide dim", "fieldPath": ".heads"},
     ],
 }
 
@@ -196,8 +232,9 @@ def render_spec_reference() -> str:
     lines = ["<!-- Generated by `flywheel crd` from flywheel/spec.py. Do not edit by hand. -->",
              "# TrainingJob spec reference", "",
              f"`apiVersion: {API_VERSION}`, `kind: TrainingJob`, short name `{SHORT_NAME}`. Cross-field rules (also "
-             "CEL rules in the CRD): replicas.min <= max; tp*pp divides every world size; globalBatch is a multiple "
-             "of microBatch x dp at every replica count; model.dim is divisible by model.heads.", "",
+             "CEL rules in the CRD where CEL can decide them, see flywheel/spec_layout.py): replicas.min <= max; "
+             "tp x pp and tp x pp x ep divide every world size; globalBatch is a multiple of microBatch x dp at "
+             "every replica count; tp and ep need fsdp; model.dim is divisible by model.heads.", "",
              "| field | type | default | meaning |", "|---|---|---|---|"]
     lines += _reference_rows(openapi_schema(TrainingJobSpec, "spec"), "spec")
     return "\n".join(lines) + "\n"

@@ -29,7 +29,6 @@ class Placement:
     events_file: str | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
     hostname_suffix: str = ""  # on a cluster: ".<job>-workers.<namespace>.svc" so peers resolve through the Service
-    device: str = "cpu"  # the planner's device kind for `parallelism.auto` (planner/devices.py)
 
 
 @dataclass(frozen=True)
@@ -59,8 +58,9 @@ def plan_workers(job: TrainingJob, placement: Placement) -> list[WorkerPlan]:
                          f"[{spec.replicas.min}, {spec.replicas.max}]")
     procs = spec.procs_per_replica
     world = placement.replicas * procs
-    # Workers get a concrete layout: `parallelism.auto` is resolved here, once for all of them.
-    spec_json = spec_to_env_json(resolve_auto(spec, DEVICES[placement.device]))
+    # Workers get a concrete layout: `parallelism.auto` is resolved here, once for all of them, on the device
+    # profile the job was validated with (so this pick exists: the schema ran the same search).
+    spec_json = spec_to_env_json(resolve_auto(spec, DEVICES[spec.trainer.parallelism.device]))
     argv = tuple(placement.launcher) + (("--", *spec.command) if spec.command else ())
     plans = []
     for index in range(placement.replicas):

@@ -1,9 +1,10 @@
 """The TrainingJob schema: defaults, validation, and the one source of the CRD schema.
 
-Every error names the field (camelCase path, as written in YAML) and how to fix it. Cross-field rules that a
-Kubernetes API server can also check are mirrored as CEL rules in `crd.py`. The parallel layout and MoE models
-live in `spec_parallel.py`, the status subresource in `spec_status.py`; both are re-exported here, so the rest of
-Flywheel imports the schema from `flywheel.spec` alone.
+Every error names the field (camelCase path, as written in YAML) and how to fix it. The cross-field layout rules
+are `spec_layout.py`'s (one definition, also used by the planner and the trainer), checked here at every replica
+count; the CRD's CEL rules (`crd.py`) mirror the ones a Kubernetes API server can check. The parallel layout and
+MoE models live in `spec_parallel.py`, the status subresource in `spec_status.py`; both are re-exported here, so
+the rest of Flywheel imports the schema from `flywheel.spec` alone.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from flywheel.planner.devices import DEVICES
+from flywheel.planner.search import PlanError, auto_layout
 from flywheel.spec_base import _Model
-from flywheel.spec_parallel import MoESpec, Parallelism, check_experts_fit
+from flywheel.spec_layout import JobLayout, Problem, data_problems, job_problems, model_problems
+from flywheel.spec_parallel import MoESpec, Parallelism
 from flywheel.spec_status import (  # noqa: F401 (re-exported: flywheel.spec is the schema's one import)
     CheckpointStatus,
     Condition,
@@ -98,12 +102,6 @@ class ModelSpec(_Model):
         missing = [k for k, v in dims.items() if v is None]
         if missing:
             raise ValueError(f"no preset and missing {', '.join(missing)}; set a preset or give every size")
-        if dims["dim"] % dims["heads"]:
-            raise ValueError(f"dim ({dims['dim']}) is not divisible by heads ({dims['heads']}); "
-                             "pick heads that divide dim")
-        if self.moe is not None and self.moe.every > dims["layers"]:
-            raise ValueError(f"moe.every: {self.moe.every} is more than layers ({dims['layers']}), so no block "
-                             "would get experts; lower every")
         return self
 
     def resolved(self) -> dict[str, Any]:
@@ -155,10 +153,14 @@ class TrainerSpec(_Model):
     training: Training = Field(default_factory=Training)
     data: Data = Field(default_factory=Data)
 
-    @model_validator(mode="after")
-    def _experts_fit(self) -> TrainerSpec:
-        check_experts_fit(self.model.moe, self.parallelism)
-        return self
+    def layout(self) -> JobLayout:
+        """What the layout rules (spec_layout.py) read: resolved model sizes, degrees, batch, data source."""
+        sizes, moe, par, tr = self.model.resolved(), self.model.moe, self.parallelism, self.training
+        return JobLayout(layers=sizes["layers"], dim=sizes["dim"], heads=sizes["heads"], vocab=sizes["vocab"],
+                         seq_len=sizes["seqLen"], experts=moe.experts if moe else 0, top_k=moe.top_k if moe else 0,
+                         moe_every=moe.every if moe else 1, tp=par.tp, pp=par.pp, ep=par.ep, fsdp=par.fsdp,
+                         schedule=par.schedule, stages_per_rank=par.stages_per_rank, microbatches=par.microbatches,
+                         global_batch=tr.global_batch, micro_batch=tr.micro_batch, data_source=self.data.source)
 
 
 class CheckpointSpec(_Model):
@@ -177,7 +179,8 @@ class FaultTolerance(_Model):
     progress_timeout_seconds: float = Field(60, ge=0, description="No step for this long means hung; 0 disables.")
     first_step_timeout_seconds: float = Field(600, ge=1, description="Allowance for start-up and the first step.")
     restart_scope: Literal["job", "worker"] = Field("job", description="Recreate every worker or only the failed one.")
-    node_failure_grace_seconds: float = Field(30, ge=0, description="Pods stuck on a dead node are force-deleted after this.")
+    node_failure_grace_seconds: float = Field(30, ge=0,
+                                              description="Pods stuck on a dead node are force-deleted after this.")
     start_failure_grace_seconds: float = Field(
         60, ge=0, description="How long a worker may wait on an image pull error or a missing Secret/ConfigMap before "
                               "the job fails (an unparseable image name fails at once).")
@@ -213,40 +216,34 @@ class TrainingJobSpec(_Model):
 
     @model_validator(mode="after")
     def _layout_fits(self) -> TrainingJobSpec:
-        if self.command:
-            return self
-        par, tr = self.trainer.parallelism, self.trainer.training
-        if par.auto:
-            return self
-        if tr.global_batch % tr.micro_batch:
-            raise ValueError(f"trainer.training.globalBatch: {tr.global_batch} is not divisible by microBatch "
-                             f"({tr.micro_batch}); make globalBatch a multiple of microBatch")
-        model_parallel = par.tp * par.pp
-        for n in range(self.replicas.min, self.replicas.max + 1):
-            world = n * self.procs_per_replica
-            if world % model_parallel:
-                raise ValueError(f"trainer.parallelism.tp: tp*pp = {model_parallel} does not divide the world size "
-                                 f"{world} ({n} replicas x {self.procs_per_replica} procsPerReplica); choose tp and "
-                                 "pp whose product divides every world size in replicas [min, max]")
-            dp = world // model_parallel
-            if dp % par.ep:
-                raise ValueError(f"trainer.parallelism.ep: ep = {par.ep} does not divide dp = {dp} (world {world} / "
-                                 f"tp x pp = {model_parallel}) at {n} replicas; expert parallelism borrows from the "
-                                 "data-parallel ranks, so choose an ep that divides dp at every world size")
-            if tr.global_batch % (tr.micro_batch * dp):
-                raise ValueError(f"trainer.training.globalBatch: {tr.global_batch} is not divisible by microBatch "
-                                 f"x dp = {tr.micro_batch} x {dp} at {n} replicas; make globalBatch a multiple of "
-                                 f"{tr.micro_batch * dp}")
-            problem = par.pipeline_problem(self.trainer.model.resolved()["layers"],
-                                           tr.global_batch // (tr.micro_batch * dp))
-            if problem:
-                raise ValueError(f"{problem} (at {n} replicas)")
+        problems = layout_problems_of(self)
+        if problems:  # one line per problem, each "field: what; fix" (split again by _problems)
+            raise ValueError("\n".join(str(p) for p in problems))
         return self
 
     def world_sizes(self) -> range:
         """Every world size the job may run at (elastic jobs resize between these)."""
         return range(self.replicas.min * self.procs_per_replica,
                      self.replicas.max * self.procs_per_replica + 1, self.procs_per_replica)
+
+
+def layout_problems_of(spec: TrainingJobSpec) -> list[Problem]:
+    """The layout rules (spec_layout.py) for this job at every replica count in [min, max]. A user command owns
+    its parallelism: only the model's shape is checked. `parallelism.auto` runs the planner on the job's device
+    profile now, so a job no layout can serve is refused here, not retried where it runs."""
+    layout = spec.trainer.layout()
+    problems = model_problems(layout)
+    if spec.command or problems:
+        return problems
+    problems = data_problems(layout)
+    if spec.trainer.parallelism.auto:
+        if not problems:
+            try:
+                auto_layout(spec, DEVICES[spec.trainer.parallelism.device])
+            except PlanError as err:
+                problems.append(err.problem)
+        return problems
+    return problems + job_problems(layout, range(spec.replicas.min, spec.replicas.max + 1), spec.procs_per_replica)
 
 
 class Metadata(_Model):
@@ -307,10 +304,12 @@ def _problems(err: ValidationError) -> list[str]:
         elif e["type"] == "missing":
             msg = "required field is missing; add it"
         path = _field_path(e["loc"])
-        nested = _NESTED_FIELD.match(msg)
-        if nested:  # a cross-field validator names the sub-field itself: "trainer.training.globalBatch: ..."
-            path, msg = f"{path}.{nested.group(1)}", nested.group(2)
-        out.append(f"{path}: {msg}")
+        for line in msg.split("\n"):
+            nested = _NESTED_FIELD.match(line)
+            if nested:  # a cross-field validator names the sub-field itself: "trainer.training.globalBatch: ..."
+                out.append(f"{path}.{nested.group(1)}: {nested.group(2)}".removeprefix("(document)."))
+            else:
+                out.append(f"{path}: {line}")
     return out
 
 

@@ -1,12 +1,13 @@
 """The parallel layout and mixture-of-experts parts of the TrainingJob schema (`trainer.parallelism`,
-`trainer.model.moe`), with the checks that tie them together. `spec.py` builds the job from these and re-exports them.
+`trainer.model.moe`). The rules that tie them to the model, the batch and the world size are in `spec_layout.py`;
+`spec.py` builds the job from these and re-exports them.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from flywheel.spec_base import _Model
 
@@ -28,13 +29,10 @@ class MoESpec(_Model):
                                           "choices after all first choices) skip the layer. null: no cap, no token "
                                           "is dropped.")
 
-    @model_validator(mode="after")
-    def _k_fits(self) -> MoESpec:
-        if self.top_k > self.experts:
-            raise ValueError(f"topK ({self.top_k}) is more than experts ({self.experts}); route to at most every "
-                             "expert")
-        return self
 
+# The planner's built-in device profiles (planner/devices.py; a unit test keeps the two lists equal).
+DEVICE_KINDS = ("cpu", "a100", "h100", "h200")
+DeviceKind = Literal["cpu", "a100", "h100", "h200"]
 
 
 class Parallelism(_Model):
@@ -54,53 +52,7 @@ class Parallelism(_Model):
     ep: int = Field(1, ge=1, description="Expert-parallel degree (MoE models): each MoE layer's experts are split "
                                          "over ep ranks taken from the data-parallel ranks (ep divides dp = world / "
                                          "(tp x pp)); tokens reach their experts by all-to-all. Needs fsdp.")
-    auto: bool = Field(False, description="Let the planner choose the layout.")
-
-    @model_validator(mode="after")
-    def _schedule_fits(self) -> Parallelism:
-        if self.stages_per_rank > 1 and self.schedule != "interleaved-1f1b":
-            raise ValueError(f"stagesPerRank: {self.stages_per_rank} stages per rank need schedule: "
-                             f"interleaved-1f1b (not {self.schedule}); set stagesPerRank: 1 or change the schedule")
-        if self.schedule == "interleaved-1f1b" and self.stages_per_rank < 2:
-            raise ValueError("stagesPerRank: interleaved-1f1b needs stagesPerRank >= 2; set stagesPerRank: 2 or use "
-                             "schedule: 1f1b")
-        return self
-
-    def pipeline_problem(self, layers: int, local_microbatches: int) -> str | None:
-        """What keeps this pipeline layout from running (None if nothing), given the model's layers and the micro
-        batches each dp rank runs per step (globalBatch / (dp x microBatch)). Names the field and the fix."""
-        if self.pp == 1:
-            return None
-        stages = self.pp * self.stages_per_rank
-        if layers % stages:
-            return (f"trainer.parallelism.pp: {layers} layers do not split evenly into pp x stagesPerRank = {stages} "
-                    "stages; choose pp and stagesPerRank whose product divides trainer.model.layers")
-        per_run = self.microbatches or local_microbatches
-        if local_microbatches % per_run:
-            return (f"trainer.parallelism.microbatches: {per_run} does not divide the {local_microbatches} micro "
-                    "batches per dp rank and step (globalBatch / (dp x microBatch)); pick a divisor or leave it unset")
-        if self.schedule == "1f1b" and per_run < self.pp:
-            return (f"trainer.parallelism.microbatches: 1f1b needs at least pp = {self.pp} micro batches per run, "
-                    f"got {per_run}; raise globalBatch or microbatches, or lower microBatch")
-        if self.schedule == "interleaved-1f1b" and per_run % max(1, per_run // self.pp):
-            return (f"trainer.parallelism.microbatches: interleaved-1f1b runs {per_run} micro batches in rounds of "
-                    f"pp = {self.pp}; make the count a multiple of pp or smaller than it")
-        return None
-
-
-def check_experts_fit(moe: MoESpec | None, par: Parallelism) -> None:
-    """Raises ValueError (naming the field, relative to `trainer`) if the expert layout cannot run this model."""
-    if moe is None:
-        if par.ep > 1:
-            raise ValueError(f"parallelism.ep: ep = {par.ep} splits experts, but the model has none; set "
-                             "model.moe (e.g. {experts: 8, topK: 2}) or ep: 1")
-        return
-    if moe.experts % par.ep:
-        raise ValueError(f"parallelism.ep: ep = {par.ep} does not divide model.moe.experts ({moe.experts}); pick "
-                         "an ep that divides the number of experts")
-    if par.ep > 1 and not par.fsdp:
-        raise ValueError(f"parallelism.fsdp: ep = {par.ep} needs fsdp: true (DDP cannot replicate the "
-                         "expert-parallel DTensor parameters); set fsdp: true or ep: 1")
-    if par.pp > 1:
-        raise ValueError(f"parallelism.pp: an MoE model runs with pp: 1 (got {par.pp}); its load-balancing loss "
-                         "is not carried between pipeline stages. Use dp, tp and ep, or a dense model")
+    auto: bool = Field(False, description="Let the planner choose the layout, when the job is validated; a job no "
+                                          "layout can serve is invalid.")
+    device: DeviceKind = Field("cpu", description="With auto: the device profile the planner sizes layouts for "
+                                                  "(memory, speed and links per rank).")

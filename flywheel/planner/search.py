@@ -4,11 +4,13 @@ experts, with FSDP and pp = 1, as the trainer runs it. Among the layouts that fi
 fastest estimate count as equally fast (the cost model is not finer than that); of those the one closest to the
 spec's own layout wins, then the least memory. So a job keeps its layout unless another is clearly faster.
 
-`parallelism: {auto: true}` (`resolve_auto`) searches the same layouts, keeping those the job can run at every
-world size its replica range allows: tp divides procsPerReplica (a tp group stays inside one worker), and the
-concrete spec the workers would get passes the spec's own validation (tp x pp divides every world size, ep the
-dp, the micro batch the per-rank batch, the pipeline's stage and micro-batch rules) and fits in memory at the
-smallest world, where each rank holds the most.
+Every candidate passes the spec's own layout rules (`spec_layout.py`, the one definition the schema and the
+trainer use). `parallelism: {auto: true}` (`auto_layout`, run when the job is validated, and `resolve_auto`)
+searches the same layouts, keeping those the job can run at every world size its replica range allows: tp divides
+procsPerReplica (a tp group stays inside one worker), the rules hold at every replica count, and it fits in memory
+at the smallest world, where each rank holds the most.
+
+The spec is read, never imported at run time (`flywheel.spec` validates `auto` jobs with this module).
 """
 
 from __future__ import annotations
@@ -16,18 +18,24 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
 
 from flywheel.planner.cost import Batch, Estimate, Layout, ModelShape, estimate
 from flywheel.planner.devices import GIB, Device
-from flywheel.spec import PRESETS, TrainingJobSpec
+from flywheel.spec_layout import JobLayout, Problem, elastic_problems, layout_problems, static_problems
+
+if TYPE_CHECKING:
+    from flywheel.spec import TrainingJobSpec
 
 NEAR_TIE = 0.02  # estimated step times this close are a tie (bench/planner_accuracy.py: time errors of 1-20%)
 
 
 class PlanError(ValueError):
-    """No layout fits or the job cannot be split; the message says what to change."""
+    """No layout fits or the job cannot be split; the problem names the field and what to change."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        super().__init__(str(problem))
 
 
 @dataclass(frozen=True)
@@ -59,64 +67,67 @@ def estimate_json(e: Estimate) -> dict[str, object]:
 
 def shape_of(spec: TrainingJobSpec) -> ModelShape:
     m = spec.trainer.model
-    preset = PRESETS.get(m.preset or "", {})
-
-    def pick(value: int | None, key: str) -> int:
-        chosen = value if value is not None else preset.get(key)
-        if chosen is None:
-            raise PlanError(f"trainer.model.{key}: not set and no preset gives it")
-        return chosen
-
+    sizes = m.resolved()  # complete: the schema refuses a model without a preset or every size
     moe = {"experts": m.moe.experts, "top_k": m.moe.top_k, "moe_every": m.moe.every} if m.moe else {}
-    return ModelShape(layers=pick(m.layers, "layers"), dim=pick(m.dim, "dim"), heads=pick(m.heads, "heads"),
-                      vocab=pick(m.vocab, "vocab"), seq_len=pick(m.seq_len, "seqLen"), **moe)
+    return ModelShape(layers=sizes["layers"], dim=sizes["dim"], heads=sizes["heads"], vocab=sizes["vocab"],
+                      seq_len=sizes["seqLen"], **moe)
+
+
+def rules_base(shape: ModelShape, global_batch: int) -> JobLayout:
+    """The layout rules' view of a model and batch, before the planner picks degrees (the default schedule)."""
+    return JobLayout(layers=shape.layers, dim=shape.dim, heads=shape.heads, vocab=shape.vocab,
+                     seq_len=shape.seq_len, experts=shape.experts, top_k=shape.top_k, moe_every=shape.moe_every,
+                     global_batch=global_batch)
+
+
+def as_job_layout(base: JobLayout, layout: Layout) -> JobLayout:
+    """`base` with the planner's degrees and micro batch (and the spec's microbatches unless a pipeline's)."""
+    return replace(base, tp=layout.tp, pp=layout.pp, ep=layout.ep, fsdp=layout.fsdp, micro_batch=layout.micro_batch)
 
 
 def layouts(shape: ModelShape, global_batch: int, world_size: int, *,
-            micro_batches: tuple[int, ...] | None = None, ep_limit: int | None = None) -> Iterator[Layout]:
-    """Every layout the model allows: tp divides the heads, seqLen and the MLP width (the trainer's tensor-parallel
-    rules), pp the layers, dp x microBatch the global batch; tp needs FSDP (DDP cannot replicate tensor-parallel
-    parameters). An MoE model runs with pp = 1 and ep a divisor of dp and of the experts (and of `ep_limit` when
-    given), with FSDP above 1."""
+            micro_batches: tuple[int, ...] | None = None, ep_limit: int | None = None,
+            base: JobLayout | None = None) -> Iterator[Layout]:
+    """Every layout the spec's layout rules (`spec_layout.layout_problems`, on `base`: the spec's schedule and
+    data, or the defaults) allow at this world size: tp x pp x dp the world, ep a divisor of dp (and of `ep_limit`
+    when given), micro batches dividing the per-rank batch; DDP or FSDP (ZeRO-3/2), recompute or not."""
+    rules = base or rules_base(shape, global_batch)
+    verdicts: dict[Layout, bool] = {}
     for tp in _divisors(world_size):
-        if shape.heads % tp or shape.seq_len % tp or (4 * shape.dim) % tp:
-            continue
         for pp in _divisors(world_size // tp):
-            if shape.layers % pp or (shape.experts and pp > 1):
-                continue
             dp = world_size // (tp * pp)
             if global_batch % dp:
                 continue
-            eps = [ep for ep in _divisors(dp) if shape.experts % ep == 0 and (ep_limit or ep) % ep == 0]
-            for ep in eps if shape.experts else [1]:
+            for ep in [ep for ep in _divisors(dp) if (ep_limit or ep) % ep == 0]:
                 for mb in micro_batches or _divisors(global_batch // dp):
-                    if (global_batch // dp) % mb:
-                        continue
                     for fsdp, zero in ((False, 3), (True, 3), (True, 2)):
-                        if (tp > 1 or ep > 1) and not fsdp:
-                            continue
-                        for ac in (False, True):
-                            yield Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, fsdp=fsdp, zero=zero,
-                                         activation_checkpointing=ac, ep=ep)
+                        key = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, fsdp=fsdp, zero=3,
+                                     activation_checkpointing=False, ep=ep)
+                        if key not in verdicts:
+                            verdicts[key] = not layout_problems(as_job_layout(rules, key), world_size)
+                        if verdicts[key]:
+                            for ac in (False, True):
+                                yield replace(key, zero=zero, activation_checkpointing=ac)
 
 
 def plan_layout(shape: ModelShape, batch: Batch, world_size: int, ranks_per_worker: int, device: Device, *,
                 micro_batches: tuple[int, ...] | None = None, preferred: Layout | None = None,
                 ep_limit: int | None = None, accept: Callable[[Layout], bool] | None = None,
-                memory_world: int | None = None) -> PlanResult:
+                memory_world: int | None = None, base: JobLayout | None = None) -> PlanResult:
     """The layouts at `world_size`, fastest first, and the choice among them. `accept` narrows the search (e.g. to
     what an elastic job runs at every size); a layout must fit in memory at `memory_world` too (an elastic job's
     smallest world size: dp is lowest there, so each rank holds the most)."""
     if world_size < 1 or ranks_per_worker < 1:
-        raise PlanError(f"world size {world_size} / ranks per worker {ranks_per_worker}: both must be >= 1")
+        raise PlanError(Problem("world", "replicas", f"world size {world_size} / ranks per worker "
+                                f"{ranks_per_worker}", "both must be >= 1"))
     estimates = [estimate(shape, batch, lay, device, ranks_per_worker)
                  for lay in layouts(shape, batch.global_batch, world_size, micro_batches=micro_batches,
-                                    ep_limit=ep_limit)
+                                    ep_limit=ep_limit, base=base)
                  if accept is None or accept(lay)]
     if not estimates:
-        raise PlanError(f"trainer.training.globalBatch: {batch.global_batch} cannot be split over any data-parallel"
-                        f" degree of world size {world_size} (with microBatch {micro_batches}); use a multiple of "
-                        "the world size")
+        raise PlanError(Problem("plan-batch", "trainer.training.globalBatch", f"{batch.global_batch} cannot be "
+                                f"split over any layout of world size {world_size} (with microBatch "
+                                f"{micro_batches}) that the layout rules allow", "use a multiple of the world size"))
     low = {e.layout: e if memory_world in (None, world_size)
            else estimate(shape, batch, _at_world(e.layout, memory_world), device, ranks_per_worker)
            for e in estimates}
@@ -125,9 +136,11 @@ def plan_layout(shape: ModelShape, batch: Batch, world_size: int, ranks_per_work
     if not fitting:
         smallest = min(low.values(), key=lambda e: e.memory_bytes)
         where = f" at world size {memory_world}" if memory_world not in (None, world_size) else ""
-        raise PlanError(f"no layout fits in {device.memory_bytes / GIB:.1f} GiB per rank on {device.name}{where}: "
-                        f"the smallest, {smallest.layout.describe()}, needs {smallest.memory_bytes / GIB:.1f} GiB; "
-                        "use more ranks, a smaller model or seqLen, or a device with more memory (--device/--devices)")
+        raise PlanError(Problem("plan-memory", "trainer.parallelism.device", f"no layout fits in "
+                                f"{device.memory_bytes / GIB:.1f} GiB per rank on {device.name}{where}: the smallest, "
+                                f"{smallest.layout.describe()}, needs {smallest.memory_bytes / GIB:.1f} GiB",
+                                "use more ranks, a smaller model or seqLen, or a device with more memory "
+                                "(parallelism.device, or --device/--devices for flywheel plan)"))
     near = [e for e in fitting if e.step_seconds <= fitting[0].step_seconds * (1 + NEAR_TIE)]
     chosen = min(near, key=lambda e: (_distance(e.layout, preferred), e.memory_bytes, e.step_seconds))
     return PlanResult(device=device, world_size=world_size, ranks_per_worker=ranks_per_worker, chosen=chosen,
@@ -153,11 +166,13 @@ def plan_for_spec(spec: TrainingJobSpec, world_size: int, device: Device) -> Pla
     shape, batch = shape_of(spec), Batch(training.global_batch, training.precision)
     if not spec.trainer.parallelism.auto or spec.command:
         return plan_layout(shape, batch, world_size, spec.procs_per_replica, device,
-                           micro_batches=(training.micro_batch,), preferred=spec_layout(spec, world_size))
+                           micro_batches=(training.micro_batch,), preferred=spec_layout(spec, world_size),
+                           base=spec.trainer.layout())
     pick = _at_world(auto_layout(spec, device), world_size)
     worlds = list(spec.world_sizes())
     result = plan_layout(shape, batch, world_size, spec.procs_per_replica, device, preferred=pick,
-                         ep_limit=math.gcd(*worlds), accept=_auto_rules(spec), memory_world=min(worlds))
+                         ep_limit=math.gcd(*worlds), accept=_auto_rules(spec), memory_world=min(worlds),
+                         base=_auto_base(spec))
     chosen = next((e for e in result.candidates if e.layout == pick), None)
     if chosen is None:  # world_size outside the replica range: show the pick's estimate there anyway
         chosen = estimate(shape, batch, pick, device, spec.procs_per_replica)
@@ -182,36 +197,38 @@ def _at_world(layout: Layout, world_size: int) -> Layout:
 
 
 def concrete_spec(spec: TrainingJobSpec, layout: Layout) -> TrainingJobSpec:
-    """`spec` with `parallelism.auto` replaced by `layout` (dp follows the world size), validated as any spec is:
-    raises pydantic's ValidationError if the workers would reject it. A pipeline runs all of a dp rank's micro
-    batches in one schedule run (`microbatches` unset), the smallest bubble and what cost.py estimates; the spec's
-    schedule and stagesPerRank are kept."""
+    """`spec` with `parallelism.auto` replaced by `layout` (dp follows the world size), validated as any spec is.
+    A pipeline runs all of a dp rank's micro batches in one schedule run (`microbatches` unset), the smallest bubble
+    and what cost.py estimates; the spec's schedule and stagesPerRank are kept."""
     doc = spec.model_dump(by_alias=True, mode="json")
     doc["trainer"]["parallelism"].update({"auto": False, "tp": layout.tp, "pp": layout.pp, "fsdp": layout.fsdp,
                                           "zero": layout.zero, "ep": layout.ep, "microbatches": None})
     doc["trainer"]["training"].update({"microBatch": layout.micro_batch,
                                        "activationCheckpointing": layout.activation_checkpointing})
-    return TrainingJobSpec.model_validate(doc)
+    return type(spec).model_validate(doc)
+
+
+def _auto_base(spec: TrainingJobSpec) -> JobLayout:
+    """The spec's rules view for auto: its model, batch, schedule and data; degrees and micro batches the pick's."""
+    return replace(spec.trainer.layout(), microbatches=None)
 
 
 def _auto_rules(spec: TrainingJobSpec) -> Callable[[Layout], bool]:
     """What `auto` may hand the workers, whatever the world size in the replica range: tp inside one worker (tp
     divides procsPerReplica: the fastest links, and the rank order keeps a tp group on one worker), no pipeline
-    under gpipe (it keeps every micro batch's activations, which cost.py, estimating 1F1B, does not count), and a
-    concrete spec that passes the spec's validation at every world size."""
+    under gpipe (it keeps every micro batch's activations, which cost.py, estimating 1F1B, does not count), and the
+    layout rules (`spec_layout.py`) at every replica count."""
     valid: dict[tuple[object, ...], bool] = {}
     gpipe = spec.trainer.parallelism.schedule == "gpipe"
+    base, counts = _auto_base(spec), range(spec.replicas.min, spec.replicas.max + 1)
 
     def accept(layout: Layout) -> bool:
         if spec.procs_per_replica % layout.tp or (gpipe and layout.pp > 1):
             return False
-        key = (layout.tp, layout.pp, layout.ep, layout.micro_batch, layout.fsdp, layout.zero)
+        key = (layout.tp, layout.pp, layout.ep, layout.micro_batch, layout.fsdp)
         if key not in valid:
-            try:
-                concrete_spec(spec, layout)
-                valid[key] = True
-            except ValidationError:
-                valid[key] = False
+            job = as_job_layout(base, layout)
+            valid[key] = not static_problems(job) and not elastic_problems(job, counts, spec.procs_per_replica)
         return valid[key]
 
     return accept
@@ -220,20 +237,22 @@ def _auto_rules(spec: TrainingJobSpec) -> Callable[[Layout], bool]:
 def auto_layout(spec: TrainingJobSpec, device: Device) -> Layout:
     """The planner's pick for `parallelism.auto`, at the largest world size (its dp; smaller worlds run the same
     layout with a smaller dp): among the layouts `_auto_rules` allows that fit at the smallest world size, the
-    fastest, near-ties going to the spec's own layout."""
+    fastest, near-ties going to the spec's own layout. Raises PlanError (naming the field) if there is none."""
     training = spec.trainer.training
     worlds = list(spec.world_sizes())
     shape, batch = shape_of(spec), Batch(training.global_batch, training.precision)
-    rules = _auto_rules(spec)
-    if not any(rules(lay) for lay in layouts(shape, batch.global_batch, max(worlds), ep_limit=math.gcd(*worlds))):
-        raise PlanError(f"trainer.training.globalBatch: {training.global_batch} cannot be split over the data-"
-                        f"parallel ranks at every world size ({', '.join(map(str, worlds))}) that replicas "
-                        f"[{spec.replicas.min}, {spec.replicas.max}] allow, with tp dividing procsPerReplica "
-                        f"({spec.procs_per_replica}) and tp x pp every world size; use a multiple of every world "
-                        "size")
+    rules, base = _auto_rules(spec), _auto_base(spec)
+    if not any(rules(lay) for lay in layouts(shape, batch.global_batch, max(worlds), ep_limit=math.gcd(*worlds),
+                                             base=base)):
+        raise PlanError(Problem("plan-batch", "trainer.training.globalBatch", f"{training.global_batch} cannot be "
+                                "split over the data-parallel ranks at every world size "
+                                f"({', '.join(map(str, worlds))}) that replicas [{spec.replicas.min}, "
+                                f"{spec.replicas.max}] allow, with tp dividing procsPerReplica "
+                                f"({spec.procs_per_replica}) and tp x pp every world size",
+                                "use a multiple of every world size"))
     result = plan_layout(shape, batch, max(worlds), spec.procs_per_replica, device,
                          preferred=spec_layout(spec, max(worlds)), ep_limit=math.gcd(*worlds), accept=rules,
-                         memory_world=min(worlds))
+                         memory_world=min(worlds), base=base)
     return result.chosen.layout
 
 

@@ -35,6 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
+from flywheel.spec_layout import JobLayout, static_problems
 from flywheel.trainer.moe import Experts, MoE, expert_mlps
 
 EDP, EP = "edp", "ep"
@@ -53,14 +54,13 @@ def expert_mesh(dp_mesh: DeviceMesh, ep: int) -> DeviceMesh:
 
 
 def check_ep_sizes(experts: list[int], ep: int) -> None:
-    """`experts`: the expert count of each MoE layer (none for a dense model)."""
-    if not experts:
-        raise ExpertParallelError(f"trainer.parallelism.ep: ep = {ep} needs an MoE model; set trainer.model.moe or "
-                                  "ep: 1")
-    for count in experts:
-        if count % ep:
-            raise ExpertParallelError(f"trainer.parallelism.ep: ep = {ep} does not divide the {count} experts of "
-                                      "trainer.model.moe; choose an ep that divides them")
+    """`experts`: the expert count of each MoE layer (none for a dense model); the expert-parallel rules of
+    `spec_layout.py` (the one definition) on them."""
+    for count in experts or [0]:
+        job = JobLayout(layers=1, dim=8, heads=1, vocab=2, seq_len=2, experts=count, top_k=min(1, count), ep=ep)
+        problems = [p for p in static_problems(job) if p.rule.startswith("ep-")]
+        if problems:
+            raise ExpertParallelError("; ".join(f"spec.{p}" for p in problems))
 
 
 def apply_ep(model: nn.Module, mesh: DeviceMesh) -> None:

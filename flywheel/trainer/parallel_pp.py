@@ -28,6 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from flywheel.spec import Parallelism
+from flywheel.spec_layout import JobLayout, pipeline_problem, static_problems
 
 TIED = "head.weight"  # on the last stage, a copy of the first stage's tok_emb.weight
 TIED_SOURCE = "tok_emb.weight"
@@ -162,9 +163,12 @@ def pipeline(model: nn.Module, mesh: DeviceMesh, parallelism: Parallelism, *, mi
     """Cuts `model` into this rank's stages, applies `wrap` (TP, checkpointing, FSDP2/DDP) to each and builds the
     schedule. `local_microbatches`: micro batches per dp rank and step."""
     cfg = model.cfg  # type: ignore[attr-defined]
-    problem = parallelism.pipeline_problem(cfg.layers, local_microbatches)
-    if problem:
-        raise PipelineError(problem)
+    job = JobLayout(layers=cfg.layers, dim=cfg.dim, heads=cfg.heads, vocab=cfg.vocab, seq_len=cfg.seq_len,
+                    pp=parallelism.pp, schedule=parallelism.schedule, stages_per_rank=parallelism.stages_per_rank,
+                    microbatches=parallelism.microbatches)
+    problems = [p for p in static_problems(job) if p.rule == "pp-layers"] + [pipeline_problem(job, local_microbatches)]
+    if any(problems):  # the pipeline rules of spec_layout.py, the one definition
+        raise PipelineError("; ".join(f"spec.{p}" for p in problems if p))
     pp_mesh = mesh["pp"]
     pp, pp_rank = pp_mesh.size(), pp_mesh.get_local_rank()
     num_stages = pp * parallelism.stages_per_rank

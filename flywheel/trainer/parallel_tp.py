@@ -38,6 +38,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from flywheel.spec_layout import JobLayout, static_problems
 from flywheel.trainer.moe import MoE
 
 
@@ -46,12 +47,11 @@ class TensorParallelError(ValueError):
 
 
 def check_tp_sizes(dim: int, heads: int, seq_len: int, tp: int) -> None:
-    problems = [f"{name} ({value}) is not divisible by tp ({tp})"
-                for name, value in (("heads", heads), ("seqLen", seq_len)) if value % tp]
-    if (4 * dim) % tp:
-        problems.append(f"the MLP width 4 x dim ({4 * dim}) is not divisible by tp ({tp})")
+    """The tensor-parallel rules of `spec_layout.py` (the one definition) on these sizes."""
+    job = JobLayout(layers=1, dim=dim, heads=heads, vocab=2, seq_len=seq_len, tp=tp)
+    problems = [p for p in static_problems(job) if p.rule.startswith("tp-")]
     if problems:
-        raise TensorParallelError("trainer.parallelism.tp: " + "; ".join(problems))
+        raise TensorParallelError("; ".join(f"spec.{p}" for p in problems))
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:

@@ -24,10 +24,11 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from flywheel.spec import Parallelism, Training
+from flywheel.spec_layout import JobLayout, layout_problems
 from flywheel.trainer.model import GPTConfig
-from flywheel.trainer.parallel_ep import ExpertParallelError, apply_ep, check_ep_sizes, expert_mesh, fully_shard_experts
+from flywheel.trainer.parallel_ep import ExpertParallelError, apply_ep, expert_mesh, fully_shard_experts
 from flywheel.trainer.parallel_pp import PipelineError, pipeline
-from flywheel.trainer.parallel_tp import TensorParallelError, apply_tp, check_tp_sizes
+from flywheel.trainer.parallel_tp import TensorParallelError, apply_tp
 
 DP, PP, TP = "dp", "pp", "tp"
 
@@ -38,16 +39,9 @@ class ParallelismError(ValueError):
 
 def mesh_shape(world_size: int, parallelism: Parallelism) -> dict[str, int]:
     """Named mesh dimensions, outermost first: dp always, pp and tp when above 1. ep is no dimension of its own:
-    it must divide dp, which `parallelize` then views as (edp, ep)."""
+    it divides dp (`check_layout`), which `parallelize` then views as (edp, ep)."""
     model_parallel = parallelism.tp * parallelism.pp
-    if world_size % model_parallel:
-        raise ParallelismError(f"trainer.parallelism: tp x pp = {parallelism.tp} x {parallelism.pp} does not divide "
-                               f"the world size {world_size}; choose degrees whose product divides it")
-    if (world_size // model_parallel) % parallelism.ep:
-        raise ParallelismError(f"trainer.parallelism.ep: ep = {parallelism.ep} does not divide dp = "
-                               f"{world_size // model_parallel} (world {world_size} / tp x pp = {model_parallel}); "
-                               "expert parallelism borrows from the data-parallel ranks")
-    shape = {DP: world_size // model_parallel}
+    shape = {DP: max(1, world_size // model_parallel)}
     if parallelism.pp > 1:
         shape[PP] = parallelism.pp
     if parallelism.tp > 1:
@@ -61,34 +55,28 @@ def build_mesh(world_size: int, parallelism: Parallelism, device_type: str = "cp
     return init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape))
 
 
-def check_layout(world_size: int, parallelism: Parallelism, training: Training, cfg: GPTConfig) -> None:
+def job_layout(parallelism: Parallelism, training: Training, cfg: GPTConfig,
+               data_source: str = "synthetic") -> JobLayout:
+    """The layout rules' view (spec_layout.py) of this model, layout and batch."""
+    moe = cfg.moe
+    return JobLayout(layers=cfg.layers, dim=cfg.dim, heads=cfg.heads, vocab=cfg.vocab, seq_len=cfg.seq_len,
+                     experts=moe.experts if moe else 0, top_k=moe.top_k if moe else 0,
+                     moe_every=moe.every if moe else 1, tp=parallelism.tp, pp=parallelism.pp, ep=parallelism.ep,
+                     fsdp=parallelism.fsdp, schedule=parallelism.schedule,
+                     stages_per_rank=parallelism.stages_per_rank, microbatches=parallelism.microbatches,
+                     global_batch=training.global_batch, micro_batch=training.micro_batch, data_source=data_source)
+
+
+def check_layout(world_size: int, parallelism: Parallelism, training: Training, cfg: GPTConfig,
+                 data_source: str = "synthetic") -> None:
     """Raises ParallelismError for a layout that cannot run on `world_size` ranks: everything decidable from the
-    spec alone. Run before the rendezvous, so every rank fails alike without waiting on (or breaking) its peers."""
-    shape = mesh_shape(world_size, parallelism)
-    if parallelism.tp > 1 and not parallelism.fsdp:
-        # DDP takes no DTensor parameters; torch's bridge (local shards between forwards) loses them from the
-        # state dict, so checkpoints would be wrong. FSDP2 over dp (also at dp = 1) composes with TP.
-        raise ParallelismError(f"trainer.parallelism: tp={parallelism.tp} needs fsdp: true (DDP cannot replicate "
-                               "tensor-parallel parameters)")
-    if parallelism.ep > 1:
-        if not parallelism.fsdp or parallelism.pp > 1:
-            raise ParallelismError(f"trainer.parallelism: ep={parallelism.ep} needs fsdp: true and pp: 1")
-        try:
-            check_ep_sizes([cfg.moe.experts] if cfg.moe else [], parallelism.ep)
-        except ExpertParallelError as err:
-            raise ParallelismError(str(err)) from None
-    if parallelism.tp > 1:
-        try:
-            check_tp_sizes(cfg.dim, cfg.heads, cfg.seq_len, parallelism.tp)
-        except TensorParallelError as err:
-            raise ParallelismError(str(err)) from None
-    dp = shape[DP]
-    if training.global_batch % (dp * training.micro_batch):
-        raise ParallelismError(f"trainer.training.globalBatch ({training.global_batch}) is not divisible by "
-                               f"microBatch x dp = {training.micro_batch} x {dp} at world size {world_size}")
-    problem = parallelism.pipeline_problem(cfg.layers, training.global_batch // (dp * training.micro_batch))
-    if problem:
-        raise ParallelismError(problem)
+    spec alone, by the one definition of those rules (`spec_layout.layout_problems`, which the schema also checks
+    at every replica count). Run before the rendezvous, so every rank fails alike without waiting on (or
+    breaking) its peers."""
+    problems = layout_problems(job_layout(parallelism, training, cfg, data_source), world_size)
+    if problems:
+        # One line (a failed worker's reason is its exception's last line), the world size first.
+        raise ParallelismError(f"at world size {world_size}: " + " | ".join(f"spec.{p}" for p in problems))
 
 
 def parallelize(model: nn.Module, mesh: DeviceMesh, parallelism: Parallelism, training: Training) -> nn.Module:

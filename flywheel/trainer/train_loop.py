@@ -195,7 +195,7 @@ def preflight(env: WorkerEnv) -> SampleSource:
     its peers are still joining through (rank 0 hosts it under env://), and they would exit COLLECTIVE_TIMEOUT."""
     trainer = env.spec.trainer
     cfg = GPTConfig.from_spec(trainer.model)
-    check_layout(env.world_size, trainer.parallelism, trainer.training, cfg)
+    check_layout(env.world_size, trainer.parallelism, trainer.training, cfg, trainer.data.source)
     return build_source(trainer.data.source, cfg.vocab, cfg.seq_len, trainer.training.seed)
 
 

@@ -27,13 +27,13 @@ def test_layouts_that_run_pass(world, parallelism, training, cfg):
 
 @pytest.mark.parametrize("world, parallelism, training, cfg, message", [
     (6, Parallelism(fsdp=True, tp=4), BATCH, TINY, "tp x pp = 4 x 1 does not divide the world size 6"),
-    (2, Parallelism(tp=2, fsdp=False), BATCH, TINY, "tp=2 needs fsdp: true"),
-    (2, Parallelism(fsdp=True, ep=2), BATCH, TINY, "ep = 2 needs an MoE model"),
+    (2, Parallelism(tp=2, fsdp=False), BATCH, TINY, "trainer.parallelism.fsdp: tp = 2 needs fsdp: true"),
+    (2, Parallelism(fsdp=True, ep=2), BATCH, TINY, "ep = 2 splits experts, but the model has none"),
     (4, Parallelism(fsdp=True, ep=4),
      BATCH, GPTConfig(layers=2, dim=64, heads=4, vocab=256, seq_len=64, moe=MoEConfig(experts=6, top_k=2)),
-     "ep = 4 does not divide the 6 experts"),
+     r"ep = 4 does not divide model.moe.experts \(6\)"),
     (8, Parallelism(fsdp=True, tp=8), BATCH, TINY, r"tp: seqLen \(64\)|tp: heads \(4\) is not divisible by tp \(8\)"),
-    (3, Parallelism(), BATCH, TINY, r"globalBatch \(8\) is not divisible by microBatch x dp = 2 x 3 at world size 3"),
+    (3, Parallelism(), BATCH, TINY, r"at world size 3: spec.trainer.training.globalBatch: 8 is not divisible by microBatch x dp = 2 x 3"),
     (2, Parallelism(pp=2, schedule="gpipe"), BATCH,
      GPTConfig(layers=3, dim=64, heads=4, vocab=256, seq_len=64), "3 layers do not split evenly"),
 ], ids=["tp-world", "tp-ddp", "ep-dense", "ep-experts", "tp-heads", "batch", "pp-layers"])

@@ -5,13 +5,15 @@ replica range (checked here against the spec's and the trainer's own rules, not 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from flywheel.plan import Placement, plan_workers
 from flywheel.planner import DEVICES, Batch, PlanError, device_table, estimate, plan_for_spec, resolve_auto
 from flywheel.planner.search import NEAR_TIE, auto_layout, shape_of
-from flywheel.spec import PRESETS, TrainingJob, TrainingJobSpec, parse_spec
+from flywheel.spec import PRESETS, SpecError, TrainingJob, TrainingJobSpec, parse_spec
+from flywheel.spec_layout import pipeline_problem
 from flywheel.trainer.parallel_tp import check_tp_sizes
 
 GIB = 1 << 30
@@ -21,7 +23,8 @@ SMALL = device_table({"small": {"base": "h100", "memoryBytes": 10 * GIB}})["smal
 def spec(preset: str = "gpt-1.3b", replicas: tuple[int, int] = (2, 2), procs: int = 4, global_batch: int = 64,
          micro_batch: int = 1, **parallelism: object) -> TrainingJobSpec:
     return parse_spec({"replicas": {"min": replicas[0], "max": replicas[1]}, "procsPerReplica": procs,
-                       "trainer": {"model": {"preset": preset}, "parallelism": {"auto": True, **parallelism},
+                       "trainer": {"model": {"preset": preset}, "parallelism": {"auto": True, "device": "h100",
+                                                                   **parallelism},
                                    "training": {"globalBatch": global_batch, "microBatch": micro_batch,
                                                 "precision": "bf16"}}})
 
@@ -31,12 +34,12 @@ def runs_everywhere(s: TrainingJobSpec, tp: int, pp: int, micro_batch: int) -> N
     model = {**PRESETS[s.trainer.model.preset or ""]}
     check_tp_sizes(model["dim"], model["heads"], model["seqLen"], tp)  # raises what the trainer would
     assert s.procs_per_replica % tp == 0  # a tp group is consecutive ranks of one worker
-    par = s.trainer.parallelism.model_copy(update={"tp": tp, "pp": pp, "auto": False, "microbatches": None})
     for world in s.world_sizes():
         assert world % (tp * pp) == 0
         dp = world // (tp * pp)
         assert s.trainer.training.global_batch % (dp * micro_batch) == 0
-        assert par.pipeline_problem(model["layers"], s.trainer.training.global_batch // (dp * micro_batch)) is None
+        concrete = replace(s.trainer.layout(), tp=tp, pp=pp, micro_batch=micro_batch, microbatches=None)
+        assert pipeline_problem(concrete, s.trainer.training.global_batch // (dp * micro_batch)) is None
 
 
 def test_auto_picks_tp_and_pp_when_clearly_faster_than_data_parallel():
@@ -56,7 +59,7 @@ def test_auto_picks_tp_and_pp_when_clearly_faster_than_data_parallel():
     job = TrainingJob.model_validate({"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
                                       "metadata": {"name": "big"}, "spec": s.model_dump(by_alias=True)})
     placement = Placement(replicas=2, rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:1", master_addr="127.0.0.1",
-                          master_port=1, checkpoint_dir="/tmp/ckpt", launcher=("flywheel", "launch"), device="h100")
+                          master_port=1, checkpoint_dir="/tmp/ckpt", launcher=("flywheel", "launch"))
     env_spec = parse_spec(json.loads(plan_workers(job, placement)[0].env["FLYWHEEL_SPEC"]))
     assert not env_spec.trainer.parallelism.auto  # h100's 80 GiB: a layout valid at every size, maybe plain DP
     runs_everywhere(s, env_spec.trainer.parallelism.tp, env_spec.trainer.parallelism.pp,
@@ -125,5 +128,6 @@ def test_near_ties_keep_the_spec_layout():
 def test_auto_fits_at_the_smallest_world_or_says_so():
     with pytest.raises(PlanError, match=r"no layout fits in 10\.0 GiB per rank on small at world size 4"):
         resolve_auto(spec(replicas=(1, 2), global_batch=64), SMALL)
-    with pytest.raises(PlanError, match=r"globalBatch: 64 cannot be split .* \(8, 12, 16\)"):
-        resolve_auto(spec(replicas=(2, 4), global_batch=64), SMALL)
+    # No layout at all: the job is refused when it is validated (auto is resolved there), naming the field.
+    with pytest.raises(SpecError, match=r"spec\.trainer\.training\.globalBatch: 64 cannot be split .* \(8, 12, 16\)"):
+        spec(replicas=(2, 4), global_batch=64)

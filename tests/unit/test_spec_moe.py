@@ -62,7 +62,7 @@ INVALID = [
     ({"parallelism": {"ep": 2, "tp": 4}}, "spec.trainer.parallelism.ep: ep = 2 does not divide dp = 1"),
     ({"parallelism": {"fsdp": False}}, "spec.trainer.parallelism.fsdp: ep = 2 needs fsdp: true"),
     ({"parallelism": {"ep": 1, "pp": 2}}, "spec.trainer.parallelism.pp: an MoE model runs with pp: 1"),
-    ({"model": {"moe": {"experts": 4, "topK": 5}}}, "spec.trainer.model.moe: topK (5) is more than experts (4)"),
+    ({"model": {"moe": {"experts": 4, "topK": 5}}}, "spec.trainer.model.moe.topK: topK (5) is more than experts (4)"),
     ({"model": {"moe": {"every": 3}}}, "spec.trainer.model.moe.every: 3 is more than layers (2)"),
     ({"model": {"moe": {"experts": 1}}}, "spec.trainer.model.moe.experts"),
     ({"model": {"moe": {"auxLossWeight": -0.1}}}, "spec.trainer.model.moe.auxLossWeight"),

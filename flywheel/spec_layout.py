@@ -1,0 +1,195 @@
+"""Every rule that the spec alone decides about a job's layout, in one place: the model's shape, the parallel
+degrees, the batch, the data format and the world size. Pure and torch-free over plain data (`JobLayout`), so the
+schema's validation (`spec.py`), the planner's search, the trainer's preflight and the CRD's CEL rules (checked
+against it by tests/unit/test_crd_rules.py) all ask the same question and get the same answer.
+
+Each `Problem` names the field (its path under `spec`, camelCase as in YAML) and the fix. `rule` is a short stable
+id, so the CRD's CEL rules can say which rules they mirror.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+BYTE_VOCAB = 256  # a .txt data source is read as bytes
+
+
+@dataclass(frozen=True)
+class Problem:
+    rule: str  # a stable id, e.g. "mesh", "tp-heads"
+    field: str  # the path under spec, e.g. "trainer.parallelism.tp"
+    detail: str  # what is wrong, with the numbers
+    fix: str  # what to change
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.detail}; {self.fix}"
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    """What the rules read: the model's resolved sizes, the parallel degrees, the batch and the data source."""
+
+    layers: int
+    dim: int
+    heads: int
+    vocab: int
+    seq_len: int
+    experts: int = 0  # 0: a dense model
+    top_k: int = 0
+    moe_every: int = 1
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    fsdp: bool = True
+    schedule: str = "1f1b"
+    stages_per_rank: int = 1
+    microbatches: int | None = None
+    global_batch: int = 32
+    micro_batch: int = 4
+    data_source: str = "synthetic"
+
+
+def model_problems(job: JobLayout) -> list[Problem]:
+    """The model's own shape and the pipeline schedule's form: checked even for a user command."""
+    out = []
+    if job.dim % job.heads:
+        out.append(Problem("model-heads", "trainer.model.heads", f"dim ({job.dim}) is not divisible by heads "
+                           f"({job.heads})", "pick heads that divide dim"))
+    if job.experts and job.top_k > job.experts:
+        out.append(Problem("moe-topk", "trainer.model.moe.topK", f"topK ({job.top_k}) is more than experts "
+                           f"({job.experts})", "route to at most every expert"))
+    if job.experts and job.moe_every > job.layers:
+        out.append(Problem("moe-every", "trainer.model.moe.every", f"{job.moe_every} is more than layers "
+                           f"({job.layers}), so no block would get experts", "lower every"))
+    if job.stages_per_rank > 1 and job.schedule != "interleaved-1f1b":
+        out.append(Problem("pp-schedule", "trainer.parallelism.stagesPerRank", f"{job.stages_per_rank} stages per "
+                           f"rank need schedule: interleaved-1f1b (not {job.schedule})",
+                           "set stagesPerRank: 1 or schedule: interleaved-1f1b"))
+    if job.schedule == "interleaved-1f1b" and job.stages_per_rank < 2:
+        out.append(Problem("pp-schedule", "trainer.parallelism.stagesPerRank", "interleaved-1f1b needs "
+                           "stagesPerRank >= 2", "set stagesPerRank: 2 or use schedule: 1f1b"))
+    return out
+
+
+def static_problems(job: JobLayout) -> list[Problem]:
+    """The trainer's layout rules that hold at any world size: batch, tensor, expert and pipeline parallel."""
+    out = []
+    if job.global_batch % job.micro_batch:
+        out.append(Problem("batch-micro", "trainer.training.globalBatch", f"{job.global_batch} is not divisible by "
+                           f"microBatch ({job.micro_batch})", "make globalBatch a multiple of microBatch"))
+    out += _tp_problems(job) + _ep_problems(job)
+    stages = job.pp * job.stages_per_rank
+    if job.layers % stages:
+        out.append(Problem("pp-layers", "trainer.parallelism.pp", f"{job.layers} layers do not split evenly into "
+                           f"pp x stagesPerRank = {stages} stages",
+                           "choose pp and stagesPerRank whose product divides trainer.model.layers"))
+    return out
+
+
+def data_problems(job: JobLayout) -> list[Problem]:
+    """What the data source's format says about the model, whatever the layout (its contents are checked where it
+    is read)."""
+    if job.data_source.endswith(".txt") and job.vocab < BYTE_VOCAB:
+        return [Problem("data-vocab", "trainer.model.vocab", f"text data ({job.data_source}) uses byte tokens but "
+                        f"vocab is {job.vocab}", f"set trainer.model.vocab to at least {BYTE_VOCAB}")]
+    return []
+
+
+def _tp_problems(job: JobLayout) -> list[Problem]:
+    # Sequence parallel shards the sequence and the heads over tp; the MLP width 4 x dim then divides too
+    # (heads divide dim). The embeddings and the tied head stay whole, so vocab is free.
+    if job.tp == 1:
+        return []
+    out = []
+    if not job.fsdp:  # DDP takes no DTensor parameters; torch's bridge would lose them from the state dict
+        out.append(Problem("tp-fsdp", "trainer.parallelism.fsdp", f"tp = {job.tp} needs fsdp: true (DDP cannot "
+                           "replicate tensor-parallel parameters)", "set fsdp: true or tp: 1"))
+    if job.heads % job.tp:
+        out.append(Problem("tp-heads", "trainer.parallelism.tp", f"heads ({job.heads}) is not divisible by tp "
+                           f"({job.tp})", "choose a tp that divides trainer.model.heads"))
+    if job.seq_len % job.tp:
+        out.append(Problem("tp-seq", "trainer.parallelism.tp", f"seqLen ({job.seq_len}) is not divisible by tp "
+                           f"({job.tp}) (sequence parallel)", "choose a tp that divides trainer.model.seqLen"))
+    return out
+
+
+def _ep_problems(job: JobLayout) -> list[Problem]:
+    if not job.experts:
+        return [Problem("ep-dense", "trainer.parallelism.ep", f"ep = {job.ep} splits experts, but the model has "
+                        "none", "set model.moe (e.g. {experts: 8, topK: 2}) or ep: 1")] if job.ep > 1 else []
+    out = []
+    if job.experts % job.ep:
+        out.append(Problem("ep-experts", "trainer.parallelism.ep", f"ep = {job.ep} does not divide "
+                           f"model.moe.experts ({job.experts})", "pick an ep that divides the number of experts"))
+    if job.ep > 1 and not job.fsdp:
+        out.append(Problem("ep-fsdp", "trainer.parallelism.fsdp", f"ep = {job.ep} needs fsdp: true (DDP cannot "
+                           "replicate the expert-parallel DTensor parameters)", "set fsdp: true or ep: 1"))
+    if job.pp > 1:
+        out.append(Problem("moe-pp", "trainer.parallelism.pp", f"an MoE model runs with pp: 1 (got {job.pp}); its "
+                           "load-balancing loss is not carried between pipeline stages",
+                           "use dp, tp and ep, or a dense model"))
+    return out
+
+
+def world_problems(job: JobLayout, world: int) -> list[Problem]:
+    """The rules that depend on the world size (ranks): the mesh, expert and data parallel, the pipeline's micro
+    batches. Once one fails, the later ones (which need dp) are not asked."""
+    model_parallel = job.tp * job.pp
+    if world % model_parallel:
+        return [Problem("mesh", "trainer.parallelism.tp", f"tp x pp = {job.tp} x {job.pp} does not divide the "
+                        f"world size {world}", "choose tp and pp whose product divides every world size in "
+                        "replicas [min, max] x procsPerReplica")]
+    dp = world // model_parallel
+    if dp % job.ep:
+        return [Problem("ep-dp", "trainer.parallelism.ep", f"ep = {job.ep} does not divide dp = {dp} (world {world} "
+                        f"/ tp x pp = {model_parallel})", "expert parallelism borrows from the data-parallel ranks, "
+                        "so choose an ep that divides dp at every world size")]
+    if job.global_batch % (job.micro_batch * dp):
+        return [Problem("batch-dp", "trainer.training.globalBatch", f"{job.global_batch} is not divisible by "
+                        f"microBatch x dp = {job.micro_batch} x {dp}",
+                        f"make globalBatch a multiple of {job.micro_batch * dp}")]
+    problem = pipeline_problem(job, job.global_batch // (job.micro_batch * dp))
+    return [problem] if problem else []
+
+
+def pipeline_problem(job: JobLayout, local_microbatches: int) -> Problem | None:
+    """The pipeline schedule's rule on the micro batches each dp rank runs per step (globalBatch / (dp x
+    microBatch)); None without a pipeline or when it holds."""
+    if job.pp == 1:
+        return None
+    per_run = job.microbatches or local_microbatches
+    if local_microbatches % per_run:
+        return Problem("pp-microbatches", "trainer.parallelism.microbatches", f"{per_run} does not divide the "
+                       f"{local_microbatches} micro batches per dp rank and step (globalBatch / (dp x microBatch))",
+                       "pick a divisor or leave it unset")
+    if job.schedule == "1f1b" and per_run < job.pp:
+        return Problem("pp-microbatches", "trainer.parallelism.microbatches", f"1f1b needs at least pp = {job.pp} "
+                       f"micro batches per run, got {per_run}", "raise globalBatch or microbatches, or lower "
+                       "microBatch")
+    if job.schedule == "interleaved-1f1b" and per_run % max(1, per_run // job.pp):
+        return Problem("pp-microbatches", "trainer.parallelism.microbatches", f"interleaved-1f1b runs {per_run} "
+                       f"micro batches in rounds of pp = {job.pp}", "make the count a multiple of pp or smaller "
+                       "than it")
+    return None
+
+
+def layout_problems(job: JobLayout, world: int) -> list[Problem]:
+    """Everything that keeps this layout from running on `world` ranks (empty: it runs)."""
+    return model_problems(job) + data_problems(job) + static_problems(job) + world_problems(job, world)
+
+
+def elastic_problems(job: JobLayout, replica_counts: Iterable[int], procs_per_replica: int) -> list[Problem]:
+    """The world-size rules at every replica count an elastic job may run at (world = replicas x procsPerReplica),
+    the first failure of each rule, naming the replica count."""
+    seen: dict[str, Problem] = {}
+    for replicas in replica_counts:
+        for p in world_problems(job, replicas * procs_per_replica):
+            seen.setdefault(p.rule, Problem(p.rule, p.field, f"{p.detail} at {replicas} replicas", p.fix))
+    return list(seen.values())
+
+
+def job_problems(job: JobLayout, replica_counts: Iterable[int], procs_per_replica: int) -> list[Problem]:
+    """The layout rules for a job the trainer runs, at every replica count in its range (the model's shape and the
+    data are `model_problems` and `data_problems`)."""
+    return static_problems(job) + elastic_problems(job, replica_counts, procs_per_replica)
