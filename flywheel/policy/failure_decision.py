@@ -13,7 +13,7 @@ from flywheel.policy.failures import FailureKind
 from flywheel.policy.finish import finish
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import PodView
-from flywheel.policy.restart import Action, Decision, RestartBudget, decide_restart
+from flywheel.policy.restart import Action, Decision, Recovery, RestartBudget, decide_restart, recovery
 from flywheel.spec_status import ConditionType, Phase, RestartBudgetStatus, TrainingJobStatus
 
 HUNG_POD_GRACE_SECONDS = 1  # SIGTERM -> SIGKILL for the pods of a job restarted because it hung
@@ -83,7 +83,7 @@ def decide_failure(out: Pass, job: JobView) -> Pass | None:
     decision = decide_restart(job.spec, kind, budget_of(status), status.last_checkpoint.step, live)
     status.restart_budget = RestartBudgetStatus(used=decision.budget.used,
                                                 window_start_step=decision.budget.window_start_step)
-    if decision.action is Action.FAIL:
+    if recovery(decision.action) is Recovery.END_JOB:
         return finish(out, job.pods, Phase.FAILED, decision.reason, f"{detail}; {decision.message}", job.now)
     return _restart(out, job, decision, detail, failed, hang)
 
@@ -93,7 +93,7 @@ def _restart(out: Pass, job: JobView, decision: Decision, detail: str, failed: l
     """Record the restart and replace the doomed pods: every one for a job restart (a hang may hold every rank:
     restart all), else the failed ones; the survivors are relabelled to the new generation."""
     status, now = out.status, job.now
-    whole = decision.action is Action.RESTART_JOB or not failed
+    whole = recovery(decision.action) is Recovery.REPLACE_ALL or not failed
     action, note = decision.action, decision.message
     if whole and action is not Action.RESTART_JOB:
         action, note = Action.RESTART_JOB, R.MSG_HANG_RESTART_ALL.format(reason=decision.reason)
