@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from enum import StrEnum
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from flywheel.spec_base import _Model
+
+
+class Phase(StrEnum):  # status.phase (no docstring: it would become the CRD field's description)
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+class ConditionType(StrEnum):  # status.conditions[].type: history (Created, Invalid), state (policy/conditions.py)
+    CREATED = "Created"
+    INVALID = "Invalid"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    DEGRADED = "Degraded"
+    HUNG = "Hung"
+    UNSCHEDULABLE = "Unschedulable"
 
 
 class Condition(_Model):
@@ -47,7 +70,7 @@ class TrainingJobStatus(_Model):
     """What the operator writes (status subresource). Also the shape the REST API serves."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
-    phase: Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"] = "Pending"
+    phase: Phase = Phase.PENDING
     conditions: list[Condition] = Field(default_factory=list)
     replicas: ReplicaStatus = Field(default_factory=ReplicaStatus)
     selector: str = ""
@@ -61,3 +84,13 @@ class TrainingJobStatus(_Model):
     # The flywheel.dev/restart-requested-at value already acted on, so each request restarts the job once.
     restart_request_handled: str = ""
     observed_generation: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The status as written to Kubernetes: only the fields that were read or set (an unset field keeps the
+        server's value under a merge patch), no nulls (a null in a merge patch deletes the field)."""
+        return self.model_dump(by_alias=True, exclude_unset=True, exclude_none=True, mode="json")
+
+    @property
+    def has_restart_budget(self) -> bool:
+        """False for a status written before the schema kept the restart budget."""
+        return "restart_budget" in self.model_fields_set

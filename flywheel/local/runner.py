@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -36,11 +37,12 @@ class RunOptions:
     launcher: tuple[str, ...] = field(default_factory=lambda: (sys.executable, "-m", "flywheel.cli", "launch"))
 
 
-def _host_store() -> object:
-    """The c10d rendezvous store, hosted here so it outlives any worker (agents connect with is_host=False)."""
+def _host_store() -> Any:
+    """The c10d rendezvous store (a torch TCPStore, which torch.distributed re-exports without declaring it), hosted
+    here so it outlives any worker (agents connect with is_host=False)."""
     import torch.distributed as dist
 
-    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    return getattr(dist, "TCPStore")("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
 
 
 def _fresh_out_dir(out: Path) -> None:
@@ -78,7 +80,7 @@ def run_job(options: RunOptions, console: Console | None = None) -> int:
     ckpt_dir = Path(options.checkpoint_dir or spec.checkpoint.dir).resolve()
     events_file = out / "events.jsonl"
     store = _host_store()
-    host, port = "127.0.0.1", store.port  # type: ignore[attr-defined]
+    host, port = "127.0.0.1", int(store.port)
     placement = Placement(replicas=spec.replicas.desired, rdzv_backend="c10d", rdzv_endpoint=f"{host}:{port}",
                           master_addr=host, master_port=port, checkpoint_dir=str(ckpt_dir),
                           launcher=options.launcher, metrics_port_base=options.metrics_port_base,

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import IO
+from typing import IO, assert_never
 
 from flywheel import exitcodes
 from flywheel.local import procs
@@ -22,7 +22,7 @@ from flywheel.local.fault_flags import LoseWorker
 from flywheel.local.progress_bar import ProgressView
 from flywheel.local.run_record import EventTail, RunRecord
 from flywheel.plan import WorkerPlan
-from flywheel.policy import Action, RestartBudget, classify_exit, decide_restart
+from flywheel.policy import Action, Recovery, RestartBudget, classify_exit, decide_restart, recovery
 from flywheel.spec import TrainingJobSpec
 
 POLL_INTERVAL_S = 0.2
@@ -69,7 +69,6 @@ class Supervisor:
         self.pending_faults = list(lose_worker)
         self.workers: dict[int, WorkerProcess] = {}
         self.succeeded: set[int] = set()
-        self.retired: set[int] = set()  # replicas given up by a SHRINK decision
         self.budget = RestartBudget()
         self.stop = _Stop()
         self.outcome: Outcome | None = None
@@ -201,16 +200,21 @@ class Supervisor:
         self.budget = decision.budget
         self.progress.notice(f"[red]worker {index} exited {code} ({kind.value})[/] -> {decision.action.value}: "
                              f"{decision.message}")
-        if decision.action is Action.RESTART_WORKER:
-            self.record.add_recreation(time.time(), (index,), decision.action.value, decision.reason)
-            self._start(self.plans[index])
-        elif decision.action is Action.RESTART_JOB:
-            self.stop.restart_job_after = True
-            self._stop_all(None, JOB_RESTART_GRACE_S)
-        elif decision.action is Action.SHRINK:
-            self.retired.add(index)
-        else:
-            self._stop_all(Outcome.FAILED, SHUTDOWN_GRACE_S, decision.message)
+        self._carry_out(index, decision.action, decision.reason, decision.message)
+
+    def _carry_out(self, index: int, action: Action, reason: str, message: str) -> None:
+        """The decision table (policy.recovery) the operator carries out too."""
+        match recovery(action):
+            case Recovery.REPLACE_FAILED:  # RESTART_WORKER, or SHRINK: the survivors go on, the worker rejoins
+                self.record.add_recreation(time.time(), (index,), action.value, reason)
+                self._start(self.plans[index])
+            case Recovery.REPLACE_ALL:
+                self.stop.restart_job_after = True
+                self._stop_all(None, JOB_RESTART_GRACE_S)
+            case Recovery.END_JOB:
+                self._stop_all(Outcome.FAILED, SHUTDOWN_GRACE_S, message)
+            case _:
+                assert_never(recovery(action))
 
     def _maybe_finish(self) -> None:
         if self.workers:
@@ -221,11 +225,11 @@ class Supervisor:
         elif self.stop.restart_job_after:
             self.stop.restart_job_after = False
             self.generation += 1
-            indices = tuple(i for i in self.plans if i not in self.retired)
+            indices = tuple(self.plans)
             self.record.add_recreation(time.time(), indices, Action.RESTART_JOB.value, "restart")
             for i in indices:
                 self._start(self.plans[i])
-        elif self.record.done is not None or set(self.plans) - self.retired <= self.succeeded:
+        elif self.record.done is not None or set(self.plans) <= self.succeeded:
             self.outcome, self.message = Outcome.SUCCEEDED, "training finished"
         else:
             self.outcome, self.message = Outcome.FAILED, "workers exited without finishing training"

@@ -1,7 +1,8 @@
 """What the health monitor needs from its executor (the operator implements both protocols).
 
-The monitor decides nothing about budgets or status: it reports findings. The executor records them (conditions,
-events, metrics) and carries them out, e.g. a hang as `policy.decide_restart(spec, FailureKind.HANG, ...)`.
+The monitor decides nothing about budgets or status: it reports findings. The executor hands hangs and straggler
+verdicts to the job's reconcile pass (monitor/findings.py), which alone writes the job's status: its conditions,
+events and the restart (`policy.decide_restart(spec, FailureKind.HANG, ...)`). Node faults act on pods and nodes.
 Every method may raise; the monitor logs and meters the failure and goes on (a hang whose hand-over failed is
 reported again at the next evaluation).
 """
@@ -23,8 +24,8 @@ class JobInventory(Protocol):
 
 class HealthActions(Protocol):
     async def mark_hung(self, finding: HangFinding) -> None:
-        """Set the `Hung` condition and an event, request stack dumps (the trainer's dump pipe, see
-        trainer/collective_env.py), then restart by policy. Called once per hang episode."""
+        """Request stack dumps (the trainer's dump pipe, see trainer/collective_env.py), then report the hang to the
+        job's reconcile pass, which restarts it by policy. Called once per hang episode."""
         ...
 
     async def cordon_node(self, node: str, fault: NodeFault) -> None:
@@ -40,5 +41,5 @@ class HealthActions(Protocol):
         ...
 
     async def mark_degraded(self, change: Degradation) -> None:
-        """Set (degraded=True) or clear the `Degraded` condition, with the stragglers in its message."""
+        """Report the straggler verdict (degraded or recovered) to the job's reconcile pass, which sets `Degraded`."""
         ...

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -144,22 +145,22 @@ class HealthMonitor:
         for hang in d.hangs:
             log.warning("job %s/%s is hung: %s", hang.namespace, hang.job, hang.message)
             self.metrics.time_to_detect_seconds.labels("Hang").observe(hang.idle_seconds)
-            if not await self._act("mark_hung", lambda h=hang: self.actions.mark_hung(h)):
+            if not await self._act("mark_hung", functools.partial(self.actions.mark_hung, hang)):
                 self.state = self.state.forget_hang((hang.namespace, hang.job))
         for fault in d.node_faults:
             log.error("%s", fault.message)
             if fault.cordon:
-                await self._act("cordon_node", lambda f=fault: self.actions.cordon_node(f.node, f))
-            for job in sorted({(p.namespace, p.job) for p in fault.pods}):
-                pods = [p for p in fault.pods if (p.namespace, p.job) == job]
-                await self._act("replace_pods", lambda f=fault, ps=pods: self.actions.replace_pods(ps, f))
+                await self._act("cordon_node", functools.partial(self.actions.cordon_node, fault.node, fault))
+            for key in sorted({(p.namespace, p.job) for p in fault.pods}):
+                pods = [p for p in fault.pods if (p.namespace, p.job) == key]
+                await self._act("replace_pods", functools.partial(self.actions.replace_pods, pods, fault))
         for restart in d.rank_restarts:
             log.warning("job %s/%s: %s", restart.namespace, restart.job, restart.message)
-            await self._act("restart_ranks", lambda r=restart: self.actions.restart_ranks(r))
+            await self._act("restart_ranks", functools.partial(self.actions.restart_ranks, restart))
         for change in d.degradations:
             log.warning("job %s/%s %s: %s", change.namespace, change.job,
                         "degraded" if change.degraded else "recovered", change.message)
-            await self._act("mark_degraded", lambda c=change: self.actions.mark_degraded(c))
+            await self._act("mark_degraded", functools.partial(self.actions.mark_degraded, change))
         for notice in d.notices:
             s = notice.sample
             level = logging.INFO if notice.xid_class is XidClass.IGNORED else logging.WARNING

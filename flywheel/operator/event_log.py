@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.policy.checkpoint_events import RECENT_CHECKPOINTS, CommittedCheckpoint
-from flywheel.policy.reconcile import Progress
+from flywheel.policy.observed import ObservedProgress as Progress
 
 
 class ProgressFold:

@@ -12,37 +12,31 @@ import asyncio
 import logging
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import Any, assert_never, cast
 
 import kopf
 
 from flywheel.crd import GROUP, PLURAL, RESTART_ANNOTATION, VERSION
 from flywheel.etcd.liveness import WorkerWatch, reset_rendezvous, watch_workers
+from flywheel.monitor.findings import FindingsInbox
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.event_log import EventLogTail, events_file
 from flywheel.operator.kube import ApiError, Kube
 from flywheel.operator.node_cache import LostNodes
 from flywheel.operator.shared_etcd import SharedEtcd
+from flywheel.plan import WorkerPlan
 from flywheel.policy import reasons as R
 from flywheel.policy.checkpoint_events import CheckpointEventState, next_event, seed
-from flywheel.policy.conditions import parse_iso
-from flywheel.policy.reconcile import (
-    LIVENESS_GRACE_SECONDS,
-    TERMINAL,
-    CreatePod,
-    DeleteJob,
-    DeletePod,
-    Pass,
-    PodView,
-    Progress,
-    Relabel,
-    ResetRendezvous,
-    reconcile,
-)
+from flywheel.policy.conditions import TERMINAL, parse_iso
+from flywheel.policy.decisions import CreatePod, DeleteJob, DeletePod, JobAction, Pass, Relabel, ResetRendezvous
+from flywheel.policy.observed import ObservedProgress, PodView
+from flywheel.policy.reconcile import LIVENESS_GRACE_SECONDS, reconcile
 from flywheel.spec import SpecError, TrainingJob, parse_job
+from flywheel.spec_status import Phase, TrainingJobStatus
 
 TICK_SECONDS = 1.0
+SERVICE_RECHECK_SECONDS = 10.0  # how soon a deleted headless Service is created again
 
 
 class JobRunner:
@@ -66,7 +60,9 @@ class JobRunner:
         # Pods judged dead by their lease stay so while Terminating: the force delete after nodeFailureGraceSeconds
         # must not wait for the node monitor (40 s) to confirm what etcd already said.
         self.dead_by_lease: set[str] = set()
-        self.service_ok = False
+        self.service_checked_at: float | None = None  # monotonic time the headless Service was last seen
+        self.pod_group_tried = False
+        self.findings = FindingsInbox(self.poke)  # the health monitor's reports (monitor/findings.py)
         self.watch: WorkerWatch | None = None
         self.recovering_reason = ""  # the last restart's reason, for the time-to-recover histogram
         self.recoveries_seen_until = time.time()  # recoveries before this process started were measured before
@@ -89,7 +85,7 @@ class JobRunner:
 
         try:
             self.watch = watch_workers(await self.etcd.session(), m.run_id(job, self.uid), changed)
-        except Exception as err:  # etcd down: pod status still works; try again next pass
+        except Exception as err:  # noqa: BLE001 (etcd down, any client error: pod status still works; retried)
             self.logger.warning(f"etcd liveness watch unavailable: {err}")
 
     async def run(self, stopped: kopf.DaemonStopped) -> None:
@@ -154,7 +150,7 @@ class JobRunner:
         self.dead_by_lease.add(view.uid)
         return True
 
-    async def _observe(self) -> tuple[list[PodView], Progress]:
+    async def _observe(self) -> tuple[list[PodView], ObservedProgress]:
         pods = await self.kube.list(Kube.core(self.namespace, "pods"), f"{m.JOB_LABEL}={self.name}")
         pods = [p for p in pods if any(o.get("uid") == self.uid for o in p["metadata"].get("ownerReferences", []))]
         lost = await self.lost_nodes.get()
@@ -169,7 +165,7 @@ class JobRunner:
         self.seen_live = {k: v for k, v in self.seen_live.items() if k in alive}
         self.dead_by_lease &= alive
         self.exited_agents &= alive
-        progress = self.tail.poll() if self.tail is not None else Progress()
+        progress = self.tail.poll() if self.tail is not None else ObservedProgress()
         return views, progress
 
     async def reconcile_once(self) -> None:
@@ -183,39 +179,51 @@ class JobRunner:
         except SpecError as err:
             invalid = "; ".join(err.problems)
         views, progress = await self._observe()
-        status_in = dict(obj.get("status") or {})
+        status_in = TrainingJobStatus.model_validate(obj.get("status") or {})
         if self.checkpoint_events is None:  # what the operator before this process had seen: not posted again
             self.checkpoint_events = seed(progress.checkpoints, _checkpoint_time(status_in))
-        status_in["selector"] = f"{m.JOB_LABEL}={self.name}"
+        status_in.selector = f"{m.JOB_LABEL}={self.name}"
         annotations = obj["metadata"].get("annotations") or {}
+        findings = self.findings.snapshot()
         result = reconcile(job.spec if job else None, invalid, status_in, views, progress, time.time(),
-                           int(obj["metadata"].get("generation", 0)), annotations.get(RESTART_ANNOTATION))
-        if job is not None and result.status.get("phase") not in ("Succeeded", "Failed", "Suspended"):
+                           int(obj["metadata"].get("generation", 0)), annotations.get(RESTART_ANNOTATION), findings)
+        written = result.status.to_json()
+        if not await self._write_status(obj, written):
+            return
+        # Everything below only after the status that decided it is written: a lost race (409) does nothing.
+        self.findings.consumed(findings)
+        if job is not None and result.status.phase not in (Phase.SUCCEEDED, Phase.FAILED, Phase.SUSPENDED):
             await self._start_liveness(job)
             await self._ensure_service(obj, job)
-        if result.status != (obj.get("status") or {}):
-            try:
-                await self.kube.merge_patch(self.path + "/status", {
-                    "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": result.status})
-            except ApiError as err:
-                if err.status == 409:
-                    self.logger.info("status changed under us; redoing the pass")
-                    self.wake.set()
-                    return
-                raise
         if self.metrics is not None:
-            self._record_metrics(result.status, int(status_in.get("restarts", 0)), views, progress)
+            self._record_metrics(written, status_in.restarts, views, progress)
         await self._act(obj, job, result)
         for ev in result.events:
             await self._event(obj, ev.type, ev.reason, ev.message)
-        await self._checkpoint_event(obj, result.status, progress)
+        await self._checkpoint_event(obj, result.status.phase in TERMINAL, progress)
 
-    async def _checkpoint_event(self, obj: dict[str, Any], status: dict[str, Any], progress: Progress) -> None:
+    async def _write_status(self, obj: dict[str, Any], status: dict[str, Any]) -> bool:
+        """Write `status` if it changed, with the resourceVersion read (one writer per job: this runner). False
+        when the object changed under us: the pass is redone from fresh observations."""
+        if status == (obj.get("status") or {}):
+            return True
+        try:
+            await self.kube.merge_patch(self.path + "/status", {
+                "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": status})
+        except ApiError as err:
+            if err.status == 409:
+                self.logger.info("status changed under us; redoing the pass")
+                self.wake.set()
+                return False
+            raise
+        return True
+
+    async def _checkpoint_event(self, obj: dict[str, Any], finished: bool, progress: ObservedProgress) -> None:
         """At most one CheckpointCommitted event per interval for the checkpoints committed since the last one
         (policy/checkpoint_events.py); a finished job's are posted at once. Not retried: a lost event is lost."""
         assert self.checkpoint_events is not None
         event, self.checkpoint_events = next_event(progress.checkpoints, self.checkpoint_events, time.time(),
-                                                   flush=status.get("phase") in TERMINAL)
+                                                   flush=finished)
         if event is None:
             return
         try:
@@ -224,7 +232,8 @@ class JobRunner:
         except ApiError as err:
             self.logger.warning(f"could not post event {R.CHECKPOINT_COMMITTED}: {err}")
 
-    def _record_metrics(self, status: dict[str, Any], previous_restarts: int, views: list[PodView], progress: Progress) -> None:
+    def _record_metrics(self, status: dict[str, Any], previous_restarts: int, views: list[PodView],
+                        progress: ObservedProgress) -> None:
         """Metrics of a written status: phase, restarts, goodput; time to detect a pod failure (its container's end
         -> the restart decision; a hang's is the monitor's); time to recover (the last step before a restart -> the
         first step after it, from the event log; only recoveries seen by this operator process)."""
@@ -249,57 +258,88 @@ class JobRunner:
             self.logger.warning(f"could not post event {reason}: {err}")
 
     async def _ensure_service(self, obj: dict[str, Any], job: TrainingJob) -> None:
-        if self.service_ok:
+        """The headless Service (created again when someone deleted it: looked at every SERVICE_RECHECK_SECONDS),
+        and the PodGroup once (a failure to create it is reported, and the job runs without a gang)."""
+        now = time.monotonic()
+        if self.service_checked_at is None or now - self.service_checked_at >= SERVICE_RECHECK_SECONDS:
+            body = m.service(job)
+            if await self.kube.get(Kube.core(self.namespace, "services", body["metadata"]["name"])) is None:
+                _adopt(body, obj)
+                await self.kube.create(Kube.core(self.namespace, "services"), body)
+            self.service_checked_at = now
+        if self.pod_group_tried:
             return
-        body = m.service(job)
-        kopf.adopt(body, owner=obj)
-        await self.kube.create(Kube.core(self.namespace, "services"), body)
         group = m.pod_group(job, self.settings)
         if group is not None:
-            kopf.adopt(group, owner=obj)
+            _adopt(group, obj)
             try:
                 await self.kube.create(f"/apis/{group['apiVersion']}/namespaces/{self.namespace}/podgroups", group)
             except ApiError as err:  # e.g. the scheduler's CRDs are not installed: run without a gang
                 await self._event(obj, "Warning", R.CREATE_FAILED,
                                   R.MSG_CREATE_FAILED.format(kind="PodGroup", name=job.name, error=err))
-        self.service_ok = True
+        self.pod_group_tried = True
 
-    async def _reset_rendezvous(self, run_id: str) -> None:
+    async def _reset_rendezvous(self, job: TrainingJob) -> None:
+        run_id = m.run_id(job, self.uid)
+        if self.etcd is None:  # the rendezvous is not in etcd (no --etcd-endpoints): nothing to forget
+            self.logger.debug(f"new workers: no etcd rendezvous to reset for run {run_id}")
+            return
         try:
-            session = await self.etcd.session()  # type: ignore[union-attr]
+            session = await self.etcd.session()
             deleted = await asyncio.get_running_loop().run_in_executor(None, reset_rendezvous, session, run_id)
             self.logger.info(f"new workers: reset the rendezvous of run {run_id} ({deleted} keys)")
-        except Exception as err:  # etcd down: the new agents still form their group, after the old heartbeats expire
+        except Exception as err:  # noqa: BLE001 (etcd down: the group still forms once old heartbeats expire)
             self.logger.warning(f"could not reset the rendezvous of run {run_id}: {err}")
 
     async def _act(self, obj: dict[str, Any], job: TrainingJob | None, result: Pass) -> None:
         creates = job is not None and any(isinstance(a, CreatePod) for a in result.actions)
         # Planned only when a pod is to be created: the plan serializes the spec for every worker's env.
-        workers = {w.index: w for w in m.plan(job, self.uid, self.settings, self.events_path)} if creates else {}
+        workers = {w.index: w for w in m.plan(job, self.uid, self.settings, self.events_path)} \
+            if creates and job is not None else {}
         for action in result.actions:
-            if isinstance(action, DeletePod):
-                await self.kube.delete(Kube.core(self.namespace, "pods", action.name), action.uid,
-                                       0 if action.force else action.grace_seconds)
-            elif isinstance(action, Relabel):
-                await self.kube.merge_patch(Kube.core(self.namespace, "pods", action.name),
-                                            {"metadata": {"labels": {m.GENERATION_LABEL: str(action.generation)}}})
-            elif isinstance(action, CreatePod) and job is not None and action.index in workers:
-                body = m.pod(job, workers[action.index], action.generation, self.settings)
-                kopf.adopt(body, owner=obj)
-                try:
-                    await self.kube.create(Kube.core(self.namespace, "pods"), body)
-                except ApiError as err:
-                    await self._event(obj, "Warning", R.CREATE_FAILED,
-                                      R.MSG_CREATE_FAILED.format(kind="pod", name=body["metadata"]["name"], error=err))
-            elif isinstance(action, ResetRendezvous) and job is not None and self.etcd is not None:
-                await self._reset_rendezvous(m.run_id(job, self.uid))
-            elif isinstance(action, DeleteJob):
+            await self._act_one(obj, job, workers, action)
+
+    async def _act_one(self, obj: dict[str, Any], job: TrainingJob | None, workers: dict[int, WorkerPlan],
+                       action: JobAction) -> None:
+        """Carry out one action; every kind of action has its branch (a new one fails the type check here)."""
+        match action:
+            case DeletePod(name=name, uid=uid, force=force, grace_seconds=grace):
+                await self.kube.delete(Kube.core(self.namespace, "pods", name), uid, 0 if force else grace)
+            case Relabel(name=name, generation=generation):
+                await self.kube.merge_patch(Kube.core(self.namespace, "pods", name),
+                                            {"metadata": {"labels": {m.GENERATION_LABEL: str(generation)}}})
+            case CreatePod(index=index, generation=generation):
+                if job is None or index not in workers:
+                    raise RuntimeError(f"reconcile decided to create worker {index} of {self.namespace}/{self.name} "
+                                       f"but it has no plan for it (spec valid: {job is not None}): a policy bug")
+                await self._create_pod(obj, m.pod(job, workers[index], generation, self.settings))
+            case ResetRendezvous():
+                if job is None:
+                    raise RuntimeError(f"reconcile decided to reset the rendezvous of the invalid job "
+                                       f"{self.namespace}/{self.name}: a policy bug")
+                await self._reset_rendezvous(job)
+            case DeleteJob():
                 self.logger.info("ttlSecondsAfterFinished passed: deleting the TrainingJob")
                 await self.kube.delete(self.path, self.uid)
+            case _:
+                assert_never(action)
+
+    async def _create_pod(self, obj: dict[str, Any], body: dict[str, Any]) -> None:
+        _adopt(body, obj)
+        try:
+            await self.kube.create(Kube.core(self.namespace, "pods"), body)
+        except ApiError as err:
+            await self._event(obj, "Warning", R.CREATE_FAILED,
+                              R.MSG_CREATE_FAILED.format(kind="pod", name=body["metadata"]["name"], error=err))
 
 
-def _checkpoint_time(status: dict[str, Any]) -> float | None:
+def _adopt(body: dict[str, Any], owner: dict[str, Any]) -> None:
+    """Make `owner` (the TrainingJob as read) the controller of `body`: garbage-collected with it."""
+    kopf.adopt(body, owner=cast(kopf.Body, owner))
+
+
+def _checkpoint_time(status: TrainingJobStatus) -> float | None:
     try:
-        return parse_iso((status.get("lastCheckpoint") or {}).get("time"))
+        return parse_iso(status.last_checkpoint.time)
     except ValueError:
         return None

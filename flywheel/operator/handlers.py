@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,7 @@ import kopf
 
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.etcd.liveness import delete_run
-from flywheel.monitor import MonitorSettings
+from flywheel.monitor import FindingsInbox, MonitorSettings
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
@@ -26,6 +27,7 @@ from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.spec import SpecError, parse_job
 
 FINALIZER = f"{GROUP}/cleanup"
+Logger = logging.Logger | logging.LoggerAdapter[Any]  # what kopf passes its handlers
 
 
 @dataclass(frozen=True)
@@ -58,11 +60,17 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.health = None
     if config.monitor is not None:
         memo.health = BackgroundMonitor(memo.kube, config.monitor, config.namespaces, memo.metrics,
-                                        lambda namespace, name: poke(memo, namespace, name))
+                                        lambda namespace, name: findings_inbox(memo, namespace, name))
+
+
+def findings_inbox(memo: kopf.Memo, namespace: str, name: str) -> FindingsInbox | None:
+    """Where the health monitor reports this job's findings: its runner's inbox (reporting wakes the runner)."""
+    runner: JobRunner | None = memo.runners.get((namespace, name))
+    return runner.findings if runner is not None else None
 
 
 def poke(memo: kopf.Memo, namespace: str, name: str) -> None:
-    """Run this job's reconcile pass now (e.g. after the health monitor marked it Hung)."""
+    """Run this job's reconcile pass now (e.g. after one of its pods changed)."""
     runner = memo.runners.get((namespace, name))
     if runner is not None:
         runner.poke()
@@ -85,8 +93,9 @@ def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
-async def run_job(name: str, namespace: str, uid: str, stopped: kopf.DaemonStopped, memo: kopf.Memo,
-                  logger: logging.Logger, **_: Any) -> None:
+async def run_job(name: str, namespace: str | None, uid: str, stopped: kopf.DaemonStopped, memo: Any,
+                  logger: Logger, **_: Any) -> None:
+    assert namespace is not None, "TrainingJobs are namespaced"
     runner = JobRunner(memo.kube, memo.config.settings, namespace, name, uid, logger, memo.metrics, memo.etcd,
                        memo.lost_nodes)
     memo.runners[(namespace, name)] = runner
@@ -98,12 +107,13 @@ async def run_job(name: str, namespace: str, uid: str, stopped: kopf.DaemonStopp
 
 
 @kopf.on.event("", "v1", "pods", labels={m.JOB_LABEL: kopf.PRESENT})
-def pod_changed(namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
-    poke(memo, namespace, labels[m.JOB_LABEL])
+def pod_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
+    if namespace is not None:
+        poke(memo, namespace, labels[m.JOB_LABEL])
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-async def cleanup_etcd(body: kopf.Body, uid: str, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+async def cleanup_etcd(body: kopf.Body, uid: str, memo: Any, logger: Logger, **_: Any) -> None:
     """Finalizer: delete this run's rendezvous and liveness keys (pods and Service go by garbage collection)."""
     try:
         job = parse_job(dict(body))

@@ -1,6 +1,8 @@
-"""The health monitor's executor side: what it watches (`KubeJobInventory`) and how its findings become changes to
-Kubernetes objects (`KubeHealthActions`). Decisions stay in policy/: a hang is only *marked* here (the `Hung`
-condition); the job's own reconcile pass decides, counts and carries out the restart (policy/reconcile.py).
+"""The health monitor's executor side: what it watches (`KubeJobInventory`) and how its findings are carried out
+(`KubeHealthActions`). A hang or a straggler verdict is never written here: it goes to the job's findings inbox
+(monitor/findings.py), and the job's reconcile pass -- the one writer of its status -- decides the conditions, the
+events and the restart (policy/failure_decision.py, policy/running_state.py). Node faults delete pods and cordon
+nodes, which the reconcile pass then sees as failures to replace.
 """
 
 from __future__ import annotations
@@ -15,20 +17,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flywheel.crd import GROUP, PLURAL, VERSION
-from flywheel.monitor import HealthMonitor, MonitorSettings, OperatorMetrics
+from flywheel.crd import GROUP, PLURAL, RESTART_ANNOTATION, VERSION
+from flywheel.monitor import FindingsInbox, HealthMonitor, MonitorSettings, OperatorMetrics
 from flywheel.operator import manifests as m
-from flywheel.operator.kube import ApiError, Kube
+from flywheel.operator.kube import Kube
 from flywheel.policy import reasons as R
+from flywheel.policy.conditions import iso
 from flywheel.policy.health_checks import Degradation, HangFinding, WatchedJob
-from flywheel.policy.health_status import Conditions, mark_degraded, mark_hung
 from flywheel.policy.xid import NodeFault, RankRestart, WatchedPod
 from flywheel.spec import SpecError, parse_job
 
 log = logging.getLogger(__name__)
 
 JobKey = tuple[str, str]
-CONFLICT_RETRIES = 5
+InboxOf = Callable[[str, str], FindingsInbox | None]  # (namespace, job) -> that job's runner's inbox, if it runs here
 # Where the trainer listens for dump requests, under <checkpointDir> (named here, not imported: the operator stays
 # torch-free; tests/trainer/test_stackdump.py checks that the names agree):
 DEBUG_SUBDIR = ".debug"
@@ -69,11 +71,11 @@ def request_dumps(debug_dir: Path, token: str | None = None) -> DumpRequest:
     reader. Nothing is created where no rank ever ran (no `debug_dir`)."""
     if not debug_dir.is_dir():
         return DumpRequest(0, None)
-    request = debug_dir / STACK_REQUEST
+    request: Path | None = debug_dir / STACK_REQUEST
     try:
         tmp = debug_dir / f".{STACK_REQUEST}.{os.getpid()}"
         tmp.write_text((token or f"{time.time():.6f}-{os.getpid()}") + "\n")
-        os.replace(tmp, request)  # atomic: a rank never reads half a token
+        os.replace(tmp, debug_dir / STACK_REQUEST)  # atomic: a rank never reads half a token
     except OSError as err:
         log.warning("cannot write the stack-dump request %s: %s", request, err)
         request = None
@@ -139,37 +141,20 @@ class KubeJobInventory:
 
 
 class KubeHealthActions:
-    """Carries the monitor's decisions out on Kubernetes objects. `wake(namespace, job)` pokes that job's reconcile
-    pass so a restart request is acted on at once rather than at the next tick."""
+    """Carries the monitor's decisions out. `inbox(namespace, job)`: the findings inbox of that job's runner in this
+    operator (None when it has none: a hang is then requested as a restart through the annotation the REST API
+    uses, `flywheel.dev/restart-requested-at`)."""
 
-    def __init__(self, kube: Kube, inventory: KubeJobInventory,
-                 wake: Callable[[str, str], None] | None = None, clock: Callable[[], float] = time.time) -> None:
-        self.kube, self.inventory, self.wake, self.clock = kube, inventory, wake, clock
+    def __init__(self, kube: Kube, inventory: KubeJobInventory, inbox: InboxOf | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.kube, self.inventory, self.inbox, self.clock = kube, inventory, inbox, clock
 
     @staticmethod
     def _path(namespace: str, job: str) -> str:
         return Kube.custom(GROUP, VERSION, namespace, PLURAL, job)
 
-    async def _write_conditions(self, namespace: str, job: str,
-                                change: Callable[[dict[str, Any]], Conditions | None]) -> dict[str, Any] | None:
-        """Read, change and write the job's conditions with its resourceVersion (the reconcile pass writes the
-        status too); retried on a conflict. The object written, or None when there was nothing to change."""
-        for _ in range(CONFLICT_RETRIES):
-            obj = await self.kube.get(self._path(namespace, job))
-            if obj is None:
-                return None
-            conditions = change(obj.get("status") or {})
-            if conditions is None:
-                return None
-            try:
-                await self.kube.merge_patch(self._path(namespace, job) + "/status", {
-                    "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
-                    "status": {"conditions": conditions}})
-                return obj
-            except ApiError as err:
-                if err.status != 409:
-                    raise
-        raise RuntimeError(f"{namespace}/{job} kept changing; conditions not written")
+    def _inbox(self, key: JobKey) -> FindingsInbox | None:
+        return self.inbox(*key) if self.inbox is not None else None
 
     async def _job_event(self, namespace: str, job: str, etype: str, reason: str, message: str,
                          obj: dict[str, Any] | None = None) -> None:
@@ -196,14 +181,15 @@ class KubeHealthActions:
         seen = self.inventory.restarts.get(key)
         if seen is None:
             return
-        await self._request_dumps(key)  # first: the restart this write requests ends the hung processes
-        obj = await self._write_conditions(*key, lambda s: mark_hung(s, finding.message, self.clock(), seen))
-        if obj is None:
-            log.info("job %s/%s: not marked Hung (no longer Running, restarted already, or marked)", *key)
+        await self._request_dumps(key)  # first: the restart this report causes ends the hung processes
+        inbox = self._inbox(key)
+        if inbox is not None:
+            inbox.report_hang(finding.message, seen)
             return
-        await self._job_event(*key, "Warning", R.HUNG, finding.message, obj)
-        if self.wake is not None:
-            self.wake(*key)
+        log.warning("job %s/%s: no runner in this operator; requesting a restart through %s", *key,
+                    RESTART_ANNOTATION)
+        await self.kube.merge_patch(self._path(*key), {"metadata": {"annotations": {
+            RESTART_ANNOTATION: iso(self.clock())}}})
 
     async def cordon_node(self, node: str, fault: NodeFault) -> None:
         obj = await self.kube.merge_patch(f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}})
@@ -222,23 +208,24 @@ class KubeHealthActions:
         await self._job_event(restart.namespace, restart.job, "Warning", R.GPU_APP_XID, restart.message)
 
     async def mark_degraded(self, change: Degradation) -> None:
-        obj = await self._write_conditions(
-            change.namespace, change.job, lambda s: mark_degraded(s, change.degraded, change.message, self.clock()))
-        if obj is not None:
-            reason = R.STRAGGLER if change.degraded else R.STRAGGLER_RECOVERED
-            await self._job_event(change.namespace, change.job, "Warning" if change.degraded else "Normal", reason,
-                                  change.message, obj)
+        key = (change.namespace, change.job)
+        inbox, seen = self._inbox(key), self.inventory.restarts.get(key)
+        if inbox is None or seen is None:
+            log.info("job %s/%s: no runner in this operator; straggler verdict not recorded", *key)
+            return
+        inbox.report_straggler(change.degraded, change.message, seen)
 
 
 class BackgroundMonitor:
     """The health monitor as a task of the operator's event loop; `close()` stops it (kopf's cleanup)."""
 
     def __init__(self, kube: Kube, settings: MonitorSettings, namespaces: Sequence[str],
-                 metrics: OperatorMetrics | None, wake: Callable[[str, str], None] | None) -> None:
-        """`metrics`: the operator's (one registry for every operator series); None = a private one."""
+                 metrics: OperatorMetrics | None, inbox: InboxOf | None) -> None:
+        """`metrics`: the operator's (one registry for every operator series); None = a private one. `inbox`: see
+        `KubeHealthActions`."""
         inventory = KubeJobInventory(kube, namespaces)
         metrics = metrics if metrics is not None else OperatorMetrics()
-        self.monitor = HealthMonitor(settings, inventory, KubeHealthActions(kube, inventory, wake), metrics)
+        self.monitor = HealthMonitor(settings, inventory, KubeHealthActions(kube, inventory, inbox), metrics)
         self.stop = asyncio.Event()
         self.task = asyncio.create_task(self.monitor.run(self.stop), name="flywheel-health-monitor")
 

@@ -1,5 +1,6 @@
-"""Status conditions (pure): reading and setting them, and `set_phase`, the one place where the phase is written
-together with every condition that describes the job's current state, so that the two never disagree.
+"""Status conditions (pure): reading and setting them on the typed status, and `set_phase`, the one place where the
+phase is written together with every condition that describes the job's current state, so that the two never
+disagree.
 
 Conditions of two sorts live in `status.conditions`:
 
@@ -13,19 +14,23 @@ Conditions of two sorts live in `status.conditions`:
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Literal
 
-PHASE_CONDITIONS = ("Running", "Restarting", "Suspended", "Succeeded", "Failed")
+from flywheel.spec_status import Condition, ConditionType, Phase, TrainingJobStatus
+
+C = ConditionType
+PHASE_CONDITIONS = (C.RUNNING, C.RESTARTING, C.SUSPENDED, C.SUCCEEDED, C.FAILED)
 # Besides its own, the state conditions that may be True in each phase; set_phase turns the others False.
-MAY_HOLD: dict[str, frozenset[str]] = {
-    "Pending": frozenset({"Unschedulable"}),
-    "Restarting": frozenset({"Unschedulable"}),
-    "Running": frozenset({"Degraded", "Hung", "Unschedulable"}),
-    "Suspended": frozenset(),
-    "Succeeded": frozenset(),
-    "Failed": frozenset(),
+MAY_HOLD: dict[Phase, frozenset[ConditionType]] = {
+    Phase.PENDING: frozenset({C.UNSCHEDULABLE}),
+    Phase.RESTARTING: frozenset({C.UNSCHEDULABLE}),
+    Phase.RUNNING: frozenset({C.DEGRADED, C.HUNG, C.UNSCHEDULABLE}),
+    Phase.SUSPENDED: frozenset(),
+    Phase.SUCCEEDED: frozenset(),
+    Phase.FAILED: frozenset(),
 }
-STATE_CONDITIONS = PHASE_CONDITIONS + ("Degraded", "Hung", "Unschedulable")
+STATE_CONDITIONS = PHASE_CONDITIONS + (C.DEGRADED, C.HUNG, C.UNSCHEDULABLE)
+TERMINAL = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 
 
 def iso(t: float) -> str:
@@ -38,31 +43,38 @@ def parse_iso(text: str | None) -> float | None:
     return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
 
 
-def condition(status: dict[str, Any], ctype: str) -> dict[str, Any] | None:
-    return next((c for c in status.get("conditions", []) if c.get("type") == ctype), None)
+def condition(status: TrainingJobStatus, ctype: ConditionType) -> Condition | None:
+    return next((c for c in status.conditions if c.type == ctype), None)
 
 
-def holds(status: dict[str, Any], ctype: str) -> bool:
-    return (condition(status, ctype) or {}).get("status") == "True"
+def holds(status: TrainingJobStatus, ctype: ConditionType) -> bool:
+    cond = condition(status, ctype)
+    return cond is not None and cond.status == "True"
 
 
-def set_condition(status: dict[str, Any], ctype: str, truth: bool, reason: str, message: str, now: float) -> None:
+def since(status: TrainingJobStatus, ctype: ConditionType) -> float | None:
+    """When `ctype` last changed (its lastTransitionTime), or None."""
+    cond = condition(status, ctype)
+    return parse_iso(cond.last_transition_time) if cond is not None else None
+
+
+def set_condition(status: TrainingJobStatus, ctype: ConditionType, truth: bool, reason: str, message: str,
+                  now: float) -> None:
     """Set a condition; lastTransitionTime changes only when its status flips."""
-    value = "True" if truth else "False"
-    conds = status.setdefault("conditions", [])
+    value: Literal["True", "False"] = "True" if truth else "False"
     old = condition(status, ctype)
     if old is None:
         if not truth:
             return  # a condition that never held is simply absent
-        conds.append({"type": ctype, "status": value, "reason": reason, "message": message,
-                      "lastTransitionTime": iso(now)})
+        status.conditions = [*status.conditions, Condition(type=ctype.value, status=value, reason=reason,
+                                                           message=message, last_transition_time=iso(now))]
         return
-    if old["status"] != value:
-        old["lastTransitionTime"] = iso(now)
-    old.update(status=value, reason=reason, message=message)
+    if old.status != value:
+        old.last_transition_time = iso(now)
+    old.status, old.reason, old.message = value, reason, message
 
 
-def set_phase(status: dict[str, Any], phase: str, reason: str, message: str, now: float, *,
+def set_phase(status: TrainingJobStatus, phase: Phase, reason: str, message: str, now: float, *,
               refresh: bool = True) -> None:
     """Write `phase` and make the state conditions agree with it: the condition named after the phase is True
     (Pending has none), and every other state condition that `MAY_HOLD` does not allow in this phase is False.
@@ -70,10 +82,10 @@ def set_phase(status: dict[str, Any], phase: str, reason: str, message: str, now
     A condition this turns False takes `reason` and `message` (why it ended); one already False keeps its own. With
     `refresh=False` a phase condition that is already True keeps its reason and message (a Restarting condition goes
     on naming the failure that started it)."""
-    status["phase"] = phase
+    status.phase = phase
     allowed = MAY_HOLD[phase]
     for ctype in STATE_CONDITIONS:
-        if ctype == phase:
+        if ctype.value == phase.value:
             if refresh or not holds(status, ctype):
                 set_condition(status, ctype, True, reason, message, now)
         elif ctype not in allowed and holds(status, ctype):

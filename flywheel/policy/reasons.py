@@ -57,8 +57,8 @@ MSG_CHECKPOINTS_COALESCED = "; {count} checkpoints since the last event, at step
 CREATE_FAILED = "CreateFailed"
 MSG_CREATE_FAILED = "could not create {kind} {name}: {error}"
 
-# Health monitor (flywheel/monitor -> flywheel/operator/health_executor.py). A True `Hung` condition is also the monitor's
-# request to restart the job: the next reconcile pass decides it (FailureKind.HANG) and sets it False again.
+# Health monitor findings (flywheel/monitor/findings.py), decided by the reconcile pass: a hang report restarts the job
+# (FailureKind.HANG; Hung is recorded True, then False once restarted); a straggler verdict sets Degraded.
 HUNG = "ProgressStalled"  # message: HangFinding.message
 RESTART_REQUESTED = "RestartRequested"
 MSG_RESTART_REQUESTED = ("restart requested at {at} (annotation flywheel.dev/restart-requested-at): restarting every "

@@ -1,9 +1,17 @@
-"""Restart decisions: a failure plus the restart budget -> what to do (pure; local executor and operator alike)."""
+"""Restart decisions: a failure plus the restart budget -> what to do (pure; local executor and operator alike).
+
+`recovery(action)` is the one decision table both executors carry out (flywheel/local/supervisor.py and, through
+policy/failure_decision.py, the operator): which workers an action replaces. SHRINK means the same in both: the
+job goes on at once with the survivors, and the lost worker's replacement is started too, joining (the elastic
+agents re-rendezvous) when it is up -- on a cluster once a node has room for it. A shrink never retires a replica
+for good: an elastic job grows back to its desired size when capacity returns.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from enum import Enum
+from enum import Enum, StrEnum
+from typing import assert_never
 
 from flywheel.policy import reasons as R
 from flywheel.policy.failures import EXTERNAL, PERMANENT, FailureKind
@@ -15,6 +23,26 @@ class Action(str, Enum):
     RESTART_JOB = "RestartJob"  # recreate every worker
     SHRINK = "Shrink"  # go on with fewer workers (elastic jobs, while >= min are alive)
     FAIL = "Fail"  # give up with a clear reason
+
+
+class Recovery(StrEnum):
+    """What an executor does about a decided failure."""
+
+    REPLACE_FAILED = "ReplaceFailed"  # start the failed workers again; the survivors keep running and re-rendezvous
+    REPLACE_ALL = "ReplaceAll"  # stop every worker, then start all of them (a new generation, a fresh rendezvous)
+    END_JOB = "EndJob"  # stop every worker; the job failed
+
+
+def recovery(action: Action) -> Recovery:
+    match action:
+        case Action.RESTART_WORKER | Action.SHRINK:
+            return Recovery.REPLACE_FAILED
+        case Action.RESTART_JOB:
+            return Recovery.REPLACE_ALL
+        case Action.FAIL:
+            return Recovery.END_JOB
+        case _:
+            assert_never(action)
 
 
 @dataclass(frozen=True)

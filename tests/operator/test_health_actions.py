@@ -1,6 +1,6 @@
-"""The health monitor's Kubernetes side (`flywheel/operator/health_executor.py`) against the API emulator, with no kubelet
-and no trainers: TrainingJobs and Running pods are written directly, Prometheus is `tests/fakes/prometheus_api.py`,
-and the job's reconcile pass is `JobRunner.reconcile_once()` called by hand."""
+"""The health monitor's Kubernetes side (`flywheel/operator/health_executor.py`) against the API emulator, with no
+kubelet and no trainers: TrainingJobs and Running pods are written directly, Prometheus is
+`tests/fakes/prometheus_api.py`, and the job's reconcile pass is `JobRunner.reconcile_once()` called by hand."""
 
 from __future__ import annotations
 
@@ -14,18 +14,20 @@ from typing import Any
 import pytest
 import yaml
 
-from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.crd import GROUP, PLURAL, RESTART_ANNOTATION, VERSION
 from flywheel.monitor import HealthMonitor, MonitorSettings
 from flywheel.monitor import OperatorMetrics as MonitorMetrics
+from flywheel.monitor.findings import FindingsInbox
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.health_executor import BackgroundMonitor, KubeHealthActions, KubeJobInventory
 from flywheel.operator.kube import Connection, Kube
+from flywheel.policy.conditions import iso
 from flywheel.policy.health_checks import HealthSettings
-from flywheel.policy.reconcile import condition, iso
 from tests.fakes.prometheus_api import FakePrometheus
 from tests.k8s_emulator.fixtures import RunningCluster, start_cluster
+from tests.operator.reconcile_json import condition
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "operator-tiny.yaml"
@@ -39,7 +41,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster
     try:
         async def install() -> None:
             kube = Kube(Connection(running.api_url))
-            await kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", yaml.safe_load(CRD.read_text()))
+            await kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                              yaml.safe_load(CRD.read_text()))
             await kube.close()
         asyncio.run(install())
         yield running
@@ -106,22 +109,32 @@ class World:
 
     async def deleted_pods(self) -> list[str]:
         """Workers deleted (gone, or terminating: no kubelet here to finish the deletion)."""
-        pods = {p["metadata"]["name"]: p for p in await self.kube.list(Kube.core(NS, "pods"), f"{m.JOB_LABEL}={self.name}")}
-        return [f"{self.name}-worker-{i}" for i in range(2)
-                if f"{self.name}-worker-{i}" not in pods or pods[f"{self.name}-worker-{i}"]["metadata"].get("deletionTimestamp")]
+        listed = await self.kube.list(Kube.core(NS, "pods"), f"{m.JOB_LABEL}={self.name}")
+        pods = {p["metadata"]["name"]: p for p in listed}
+        names = [f"{self.name}-worker-{i}" for i in range(2)]
+        return [n for n in names if n not in pods or pods[n]["metadata"].get("deletionTimestamp")]
 
     async def events(self, involved: str | None = None) -> list[tuple[str, str]]:
         items = await self.kube.list(Kube.core(NS, "events"))
         return [(e["reason"], e["message"]) for e in items if e["involvedObject"]["name"] == (involved or self.name)]
 
 
-def monitor(kube: Kube, prom: FakePrometheus, cordon: bool = True) -> tuple[HealthMonitor, list[tuple[str, str]]]:
+def monitor(kube: Kube, prom: FakePrometheus, cordon: bool = True,
+            runners: tuple[JobRunner, ...] = ()) -> tuple[HealthMonitor, list[tuple[str, str]]]:
+    """The monitor with the findings inboxes of `runners`; the list: the jobs whose inbox was looked up."""
     inventory = KubeJobInventory(kube)
     woken: list[tuple[str, str]] = []
+    by_key = {(r.namespace, r.name): r for r in runners}
+
+    def inbox(namespace: str, name: str) -> FindingsInbox | None:
+        woken.append((namespace, name))
+        runner = by_key.get((namespace, name))
+        return runner.findings if runner is not None else None
+
     settings = MonitorSettings(prometheus_url=prom.url, interval_seconds=0.05, query_timeout_seconds=2.0,
                                health=HealthSettings(staleness_allowance_seconds=1.0, cordon_nodes=cordon,
                                                      straggler_evaluations=1))
-    actions = KubeHealthActions(kube, inventory, wake=lambda ns, name: woken.append((ns, name)))
+    actions = KubeHealthActions(kube, inventory, inbox)
     return HealthMonitor(settings, inventory, actions, MonitorMetrics()), woken
 
 
@@ -146,35 +159,57 @@ def run(cluster: RunningCluster, scenario: Any) -> None:
     asyncio.run(main())
 
 
-def test_hang_sets_hung_posts_an_event_and_the_reconcile_pass_restarts_the_job(
+def test_hang_is_reported_to_the_runner_whose_pass_marks_and_restarts_the_job(
         cluster: RunningCluster, prom: FakePrometheus, tmp_path: Path) -> None:
     async def scenario(kube: Kube) -> None:
         world = await World.create(kube, "hang", ("hang-a", "hang-b"), tmp_path, progressTimeoutSeconds=5)
         now = time.time()
         prom.set("last_step", [rank("hang", 0, now - 50), rank("hang", 1, now - 0.5)])
-        mon, woken = monitor(kube, prom)
+        mon, woken = monitor(kube, prom, runners=(world.runner,))
         try:
-            prom.unavailable = True  # Prometheus down: the check is skipped, nothing is marked, nothing raises
+            prom.unavailable = True  # Prometheus down: the check is skipped, nothing is reported, nothing raises
             assert (await mon.evaluate_once()).hangs == ()
-            assert condition(await world.status(), "Hung") is None
+            assert world.runner.findings.snapshot().hang is None
             assert mon.metrics.registry.get_sample_value("flywheel_monitor_query_errors_total",
                                                          {"query": "progress", "reason": "http"}) == 1
             prom.unavailable = False
             assert [h.job for h in (await mon.evaluate_once()).hangs] == ["hang"]
         finally:
             await mon.aclose()
-        hung = await world.condition("Hung")
-        assert hung["status"] == "True" and hung["reason"] == "ProgressStalled" and "replica 0 rank 0" in hung["message"]
-        assert [r for r, _ in await world.events()].count("ProgressStalled") == 1
-        assert woken == [(NS, "hang")] and await world.deleted_pods() == []
-        # The job's reconcile pass carries the restart out: counted as a Hang, every worker deleted.
+        # Reported, not written: the runner's pass is the one writer of the status (and it was woken).
+        report = world.runner.findings.snapshot().hang
+        assert report is not None and "replica 0 rank 0" in report.message and report.generation == 0
+        assert world.runner.wake.is_set() and woken == [(NS, "hang")]
+        assert condition(await world.status(), "Hung") is None and await world.deleted_pods() == []
+        # The job's reconcile pass records the hang and carries the restart out: counted as a Hang.
         await world.runner.reconcile_once()
         status = await world.status()
         assert status["restarts"] == 1 and status["lastRestartReason"] == "Hang" and status["phase"] == "Restarting"
         assert condition(status, "Hung")["status"] == "False"
-        assert condition(status, "Hung")["reason"] == "RestartedAfterHang"
+        assert condition(status, "Hung")["reason"] == "RestartedAfterHang" and "replica 0 rank 0" in \
+            condition(status, "Hung")["message"]
         assert await world.deleted_pods() == ["hang-worker-0", "hang-worker-1"]
-        assert "Restarting" in [r for r, _ in await world.events()]
+        reasons = [r for r, _ in await world.events()]
+        assert reasons.count("ProgressStalled") == 1 and "Restarting" in reasons
+        assert world.runner.findings.snapshot().hang is None  # consumed by the pass that wrote its status
+    run(cluster, scenario)
+
+
+def test_hang_of_a_job_without_a_runner_here_requests_a_restart_by_annotation(
+        cluster: RunningCluster, prom: FakePrometheus, tmp_path: Path) -> None:
+    async def scenario(kube: Kube) -> None:
+        world = await World.create(kube, "orphan", ("orphan-a", "orphan-b"), tmp_path, progressTimeoutSeconds=5)
+        prom.set("last_step", [rank("orphan", 0, time.time() - 50), rank("orphan", 1, time.time())])
+        mon, _ = monitor(kube, prom)
+        try:
+            await mon.evaluate_once()
+        finally:
+            await mon.aclose()
+        obj = await kube.get(world.path)
+        assert obj is not None and RESTART_ANNOTATION in obj["metadata"]["annotations"]
+        await world.runner.reconcile_once()
+        status = await world.status()
+        assert status["restarts"] == 1 and status["lastRestartReason"] == "RestartRequested"
     run(cluster, scenario)
 
 
@@ -226,22 +261,26 @@ def test_app_level_xid_restarts_only_the_affected_pod(
     run(cluster, scenario)
 
 
-def test_straggler_sets_and_clears_degraded(cluster: RunningCluster, prom: FakePrometheus, tmp_path: Path) -> None:
+def test_straggler_verdict_sets_and_clears_degraded_through_the_pass(
+        cluster: RunningCluster, prom: FakePrometheus, tmp_path: Path) -> None:
     async def scenario(kube: Kube) -> None:
         world = await World.create(kube, "slow", ("slow-a", "slow-b"), tmp_path)
         prom.set("step_seconds", [rank("slow", 0, 1.0), rank("slow", 1, 3.0)])
-        mon, _ = monitor(kube, prom)
+        mon, _ = monitor(kube, prom, runners=(world.runner,))
         try:
             await mon.evaluate_once()
+            assert condition(await world.status(), "Degraded") is None  # reported, not written
+            await world.runner.reconcile_once()
             degraded = await world.condition("Degraded")
             assert degraded["status"] == "True" and degraded["reason"] == "Straggler"
             assert "replica 1 rank 1" in degraded["message"]
-            await world.runner.reconcile_once()  # the reconcile pass keeps the monitor's verdict
+            await world.runner.reconcile_once()  # the verdict holds until the monitor changes it
             assert (await world.condition("Degraded"))["reason"] == "Straggler"
             prom.set("step_seconds", [rank("slow", 0, 1.0), rank("slow", 1, 1.1)])
             await mon.evaluate_once()
         finally:
             await mon.aclose()
+        await world.runner.reconcile_once()
         cleared = await world.condition("Degraded")
         assert cleared["status"] == "False" and cleared["reason"] == "StragglerRecovered"
         assert sorted(r for r, _ in await world.events() if r.startswith("Straggler")) == ["Straggler",

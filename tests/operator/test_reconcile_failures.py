@@ -10,11 +10,13 @@ from typing import Any
 import pytest
 
 from flywheel.operator import manifests as m
-from flywheel.policy.conditions import MAY_HOLD, PHASE_CONDITIONS, STATE_CONDITIONS, condition
+from flywheel.policy.conditions import MAY_HOLD, PHASE_CONDITIONS, STATE_CONDITIONS
+from flywheel.policy.decisions import DeletePod, Relabel
 from flywheel.policy.failures import START_FAILURE_GRACE_SECONDS, FailureKind, classify_waiting
-from flywheel.policy.health_status import mark_hung
-from flywheel.policy.reconcile import DeletePod, PodView, Progress, Relabel, reconcile
-from tests.operator.test_reconcile_policy import NOW, creates, deletes, pod, spec
+from flywheel.policy.observed import ObservedProgress as Progress
+from flywheel.policy.observed import PodView
+from tests.operator.reconcile_json import condition, reconcile
+from tests.operator.test_reconcile_policy import NOW, creates, deletes, hang, pod, spec
 
 GRACE = START_FAILURE_GRACE_SECONDS
 ELASTIC = {"replicas.min": 1, "replicas.max": 2}
@@ -185,11 +187,12 @@ def test_a_running_job_that_loses_its_workers_is_not_running_any_more() -> None:
 
 def test_a_restart_request_also_serves_a_pending_hang() -> None:
     running = reconcile(spec(), None, {}, [pod(0), pod(1)], Progress(), NOW).status
-    hung = {**running, "conditions": mark_hung(running, "no step for 99s", NOW, seen_restarts=0)}
-    asked = reconcile(spec(), None, hung, [pod(0), pod(1)], Progress(), NOW + 1, restart_requested_at="t1")
-    assert asked.status["restarts"] == 1 and condition(asked.status, "Hung")["status"] == "False"
+    asked = reconcile(spec(), None, running, [pod(0), pod(1)], Progress(), NOW + 1, restart_requested_at="t1",
+                      findings=hang("no step for 99s"))
+    assert asked.status["restarts"] == 1 and condition(asked.status, "Hung") is None
     assert_consistent(asked.status)
-    after = reconcile(spec(), None, asked.status, [], Progress(), NOW + 2, restart_requested_at="t1")
+    after = reconcile(spec(), None, asked.status, [], Progress(), NOW + 2, restart_requested_at="t1",
+                      findings=hang("no step for 99s"))
     assert after.status["restarts"] == 1  # not restarted a second time for the hang
 
 
@@ -208,15 +211,16 @@ def test_every_pass_leaves_consistent_conditions() -> None:
     specs = [spec(), spec(**ELASTIC), spec(**{**ELASTIC, "faultTolerance.restartScope": "worker"})]
     base = reconcile(spec(**ELASTIC), None, {}, [pod(0), pod(1, "Pending")], Progress(), NOW - 10).status  # degraded
     restarting = reconcile(spec(), None, base, [pod(0), pod(1, "Failed", exit_code=1)], Progress(), NOW - 5).status
-    hung = {**base, "conditions": mark_hung(base, "no step", NOW - 5, seen_restarts=0)}
+    starts = [(base, None), (restarting, None), (base, hang("no step"))]  # the last: a hang reported
     checked = 0
     pairs = itertools.product(POD_STATES, POD_STATES)
-    for s, start, (a, b) in itertools.product(specs, (base, restarting, hung), pairs):
+    for s, (start, findings), (a, b) in itertools.product(specs, starts, pairs):
         gen = int(start.get("restarts", 0))
         pods = [f(i, gen) for i, f in enumerate((a, b)) if f is not None]
-        status = reconcile(s, None, start, pods, Progress(), NOW).status
+        extra = {"findings": findings} if findings is not None else {}
+        status = reconcile(s, None, start, pods, Progress(), NOW, **extra).status
         assert_consistent(status)
-        assert_consistent(reconcile(s, None, status, pods, Progress(), NOW + 1).status)
+        assert_consistent(reconcile(s, None, status, pods, Progress(), NOW + 1, **extra).status)
         checked += 1
     assert checked == 3 * 3 * len(POD_STATES) ** 2
 

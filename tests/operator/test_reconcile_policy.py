@@ -4,20 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from flywheel.policy.reconcile import (
-    HUNG_POD_GRACE_SECONDS,
-    CreatePod,
-    DeleteJob,
-    DeletePod,
-    PodView,
-    Progress,
-    Relabel,
-    ResetRendezvous,
-    condition,
-    iso,
-    reconcile,
-)
+from flywheel.policy.conditions import iso
+from flywheel.policy.decisions import CreatePod, DeleteJob, DeletePod, Relabel, ResetRendezvous
+from flywheel.policy.failure_decision import HUNG_POD_GRACE_SECONDS
+from flywheel.policy.observed import HangReport, HealthFindings, PodView, StragglerReport
+from flywheel.policy.observed import ObservedProgress as Progress
 from flywheel.spec import TrainingJobSpec, parse_spec
+from tests.operator.reconcile_json import condition, reconcile
 
 NOW = 1_800_000_000.0
 
@@ -178,15 +171,17 @@ def test_unschedulable_condition_after_the_grace() -> None:
     assert creates(late) == [] and deletes(late) == []
 
 
-def test_hung_condition_restarts_every_worker_once_and_counts_a_hang() -> None:
-    from flywheel.policy.health_status import mark_hung
+def hang(message: str, generation: int = 0) -> HealthFindings:
+    return HealthFindings(hang=HangReport(message, generation))
 
+
+def test_hang_finding_restarts_every_worker_once_and_counts_a_hang() -> None:
     s = spec(**{"faultTolerance.restartScope": "worker"})  # a hang restarts every worker whatever the scope
     running = reconcile(s, None, {}, [pod(0), pod(1)], Progress(), NOW).status
-    assert mark_hung(running, "no step", NOW, seen_restarts=1) is None  # restarted since the monitor looked
-    hung = {**running, "conditions": mark_hung(running, "no training step for 99s", NOW, seen_restarts=0)}
-    assert condition(hung, "Hung")["status"] == "True" and mark_hung(hung, "again", NOW, 0) is None
-    decided = reconcile(s, None, hung, [pod(0), pod(1)], Progress(), NOW + 1)
+    stale = reconcile(s, None, running, [pod(0), pod(1)], Progress(), NOW, findings=hang("no step", generation=1))
+    assert stale.status == running and stale.actions == []  # a report about another generation: ignored
+    decided = reconcile(s, None, running, [pod(0), pod(1)], Progress(), NOW + 1,
+                        findings=hang("no training step for 99s"))
     assert decided.status["restarts"] == 1 and decided.status["lastRestartReason"] == "Hang"
     assert deletes(decided) == ["j-worker-0", "j-worker-1"] and not [a for a in decided.actions
                                                                       if isinstance(a, Relabel)]
@@ -194,34 +189,48 @@ def test_hung_condition_restarts_every_worker_once_and_counts_a_hang() -> None:
     assert {a.grace_seconds for a in decided.actions if isinstance(a, DeletePod)} == {HUNG_POD_GRACE_SECONDS}
     assert condition(decided.status, "Hung")["status"] == "False"
     assert condition(decided.status, "Hung")["reason"] == "RestartedAfterHang"
+    assert [e.reason for e in decided.events] == ["ProgressStalled", "Restarting"]
     assert "RestartJob" in decided.events[-1].message and "99s" in decided.events[-1].message
-    # Repeated (operator killed before deleting): only cleanup, no second restart; then the new generation.
-    repeat = reconcile(s, None, decided.status, [pod(0), pod(1)], Progress(), NOW + 2)
+    # Repeated (operator killed before deleting) with the report still there: only cleanup, no second restart.
+    repeat = reconcile(s, None, decided.status, [pod(0), pod(1)], Progress(), NOW + 2,
+                       findings=hang("no training step for 99s"))
     assert repeat.status["restarts"] == 1 and deletes(repeat) == ["j-worker-0", "j-worker-1"]
-    assert mark_hung(decided.status, "x", NOW, 1) is None  # not Running: nothing to mark
-    # Suspending a hung job drops the request: resuming does not restart the fresh workers.
-    resumed = reconcile(s, None, reconcile(spec(suspend=True), None, hung, [], Progress(), NOW).status, [],
-                        Progress(), NOW + 1)
+    # A suspended job ignores a hang report: resuming does not restart the fresh workers.
+    paused = reconcile(spec(suspend=True), None, running, [], Progress(), NOW, findings=hang("x"))
+    resumed = reconcile(s, None, paused.status, [], Progress(), NOW + 1, findings=hang("x"))
     assert resumed.status.get("restarts", 0) == 0 and creates(resumed) == [0, 1]
     assert isinstance(resumed.actions[0], ResetRendezvous)  # the suspended workers' agents are gone
 
 
-def test_straggler_degraded_is_kept_while_all_workers_run_and_cleared_by_a_restart() -> None:
-    from flywheel.policy.health_status import mark_degraded
+def straggler(degraded: bool, message: str, generation: int = 0) -> HealthFindings:
+    return HealthFindings(straggler=StragglerReport(degraded, message, generation))
 
+
+def test_straggler_verdict_sets_degraded_while_all_workers_run_and_a_restart_clears_it() -> None:
     running = reconcile(spec(), None, {}, [pod(0), pod(1)], Progress(), NOW).status
-    slow = {**running, "conditions": mark_degraded(running, True, "replica 1 rank 1 slow", NOW)}
-    kept = reconcile(spec(), None, slow, [pod(0), pod(1)], Progress(), NOW + 1).status
-    assert condition(kept, "Degraded")["reason"] == "Straggler" and condition(kept, "Degraded")["status"] == "True"
-    assert mark_degraded(kept, True, "replica 1 rank 1 slow", NOW) is None  # unchanged
+    slow_pass = reconcile(spec(), None, running, [pod(0), pod(1)], Progress(), NOW + 1,
+                          findings=straggler(True, "replica 1 rank 1 slow"))
+    slow = slow_pass.status
+    assert condition(slow, "Degraded")["reason"] == "Straggler" and condition(slow, "Degraded")["status"] == "True"
+    assert [(e.type, e.reason) for e in slow_pass.events] == [("Warning", "Straggler")]
+    kept = reconcile(spec(), None, slow, [pod(0), pod(1)], Progress(), NOW + 2,
+                     findings=straggler(True, "replica 1 rank 1 slow"))
+    assert kept.status == {**slow, "conditions": kept.status["conditions"]} and kept.events == []  # unchanged
+    assert reconcile(spec(), None, slow, [pod(0), pod(1)], Progress(), NOW + 2).status == slow  # no verdict: kept
     elastic = spec(**{"replicas.min": 1, "replicas.max": 2})
-    fewer = reconcile(elastic, None, slow, [pod(0), pod(1, "Pending")], Progress(), NOW + 1).status
-    assert condition(fewer, "Degraded")["reason"] == "FewerWorkers"
-    assert mark_degraded(fewer, False, "ok", NOW) is None  # the monitor never clears the operator's own reason
+    fewer = reconcile(elastic, None, slow, [pod(0), pod(1, "Pending")], Progress(), NOW + 1,
+                      findings=straggler(False, "ok")).status
+    assert condition(fewer, "Degraded")["reason"] == "FewerWorkers"  # fewer workers take precedence
     restarted = reconcile(spec(), None, slow, [pod(0), pod(1, "Failed", exit_code=1)], Progress(), NOW + 1).status
     assert condition(restarted, "Degraded")["status"] == "False"
-    cleared = mark_degraded(kept, False, "no rank is slow", NOW)
-    assert cleared is not None and [c for c in cleared if c["type"] == "Degraded"][0]["status"] == "False"
+    stale = reconcile(spec(), None, restarted, [pod(0, generation=1), pod(1, generation=1)], Progress(), NOW + 2,
+                      findings=straggler(True, "replica 1 rank 1 slow", generation=0)).status
+    assert condition(stale, "Degraded")["status"] == "False"  # judged before the restart: ignored
+    cleared = reconcile(spec(), None, slow, [pod(0), pod(1)], Progress(), NOW + 3,
+                        findings=straggler(False, "no rank is slow"))
+    assert condition(cleared.status, "Degraded")["status"] == "False"
+    assert condition(cleared.status, "Degraded")["reason"] == "StragglerRecovered"
+    assert [(e.type, e.reason) for e in cleared.events] == [("Normal", "StragglerRecovered")]
 
 
 def test_restart_request_restarts_every_worker_once_without_spending_budget() -> None:

@@ -1,0 +1,35 @@
+"""Time limits (pure): `runPolicy.activeDeadlineSeconds` while the job runs, `ttlSecondsAfterFinished` after."""
+
+from __future__ import annotations
+
+from flywheel.policy import reasons as R
+from flywheel.policy.conditions import since
+from flywheel.policy.decisions import DeleteJob, DeletePod, Pass
+from flywheel.policy.finish import finish
+from flywheel.policy.job_view import JobView
+from flywheel.spec_status import ConditionType, Phase
+
+
+def deadline(out: Pass, job: JobView) -> Pass | None:
+    """Failed once the job has existed longer than its active deadline (from its Created condition); None when
+    the deadline has not passed."""
+    limit = job.spec.run_policy.active_deadline_seconds
+    created = since(out.status, ConditionType.CREATED) or job.now
+    if limit is None or job.now - created <= limit:
+        return None
+    return finish(out, job.pods, Phase.FAILED, R.DEADLINE, R.MSG_DEADLINE.format(seconds=limit), job.now)
+
+
+def after_finish(out: Pass, job: JobView) -> Pass:
+    """A finished job: delete what still runs (force-delete pods stuck on a lost node), and the job itself once
+    its TTL after finishing has passed."""
+    out.actions += [DeletePod(p.name, p.uid) for p in job.pods if p.active]
+    grace = job.spec.fault_tolerance.node_failure_grace_seconds
+    for p in job.pods:
+        if p.deleting_since is not None and p.node_lost and job.now - p.deleting_since >= grace:
+            out.actions.append(DeletePod(p.name, p.uid, force=True))
+    ttl = job.spec.run_policy.ttl_seconds_after_finished
+    finished = since(out.status, ConditionType(out.status.phase.value))
+    if ttl is not None and finished is not None and job.now - finished >= ttl:
+        out.actions.append(DeleteJob())
+    return out

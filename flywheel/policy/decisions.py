@@ -1,0 +1,62 @@
+"""What a reconcile pass decides: the new status, the actions that make the world match it, and the events to post
+after the status write. Executors dispatch on `JobAction` exhaustively (`match` + `assert_never`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from flywheel.spec_status import TrainingJobStatus
+
+
+@dataclass(frozen=True)
+class CreatePod:
+    index: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+    uid: str
+    force: bool = False
+    grace_seconds: int | None = None  # None: the pod's terminationGracePeriodSeconds
+
+
+@dataclass(frozen=True)
+class Relabel:
+    name: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    pass
+
+
+@dataclass(frozen=True)
+class ResetRendezvous:
+    """Forget the run's rendezvous state before an entirely new set of workers starts (after a job restart or a
+    resume): otherwise the new agents wait for the old participants' heartbeats to expire (keep_alive_interval x
+    keep_alive_max_attempt, 6 s) before their group forms. Only when no pod of the job exists any more."""
+
+
+JobAction = CreatePod | DeletePod | Relabel | DeleteJob | ResetRendezvous
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass
+class Pass:
+    status: TrainingJobStatus
+    actions: list[JobAction] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+    def keep_only_force_deletes(self) -> None:
+        """Drop every action decided so far but a force delete (a stuck pod on a lost node goes regardless)."""
+        self.actions = [a for a in self.actions if isinstance(a, DeletePod) and a.force]

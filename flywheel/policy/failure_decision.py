@@ -1,0 +1,121 @@
+"""Failures of the current generation (pure): a failed pod, a hang the health monitor found, or a user's restart
+request -> the restart decision (policy/restart.py), recorded in the status with the pods to replace.
+
+`status.restarts` is also the worker generation: deciding bumps it in the status write, so a pass repeated after a
+crash sees the pods as an older generation and only cleans up (see policy/reconcile.py)."""
+
+from __future__ import annotations
+
+from flywheel.policy import reasons as R
+from flywheel.policy.conditions import condition, set_condition, set_phase
+from flywheel.policy.decisions import DeletePod, Event, Pass, Relabel
+from flywheel.policy.failures import FailureKind
+from flywheel.policy.finish import finish
+from flywheel.policy.job_view import JobView
+from flywheel.policy.observed import PodView
+from flywheel.policy.restart import Action, Decision, Recovery, RestartBudget, decide_restart, recovery
+from flywheel.spec_status import ConditionType, Phase, RestartBudgetStatus, TrainingJobStatus
+
+HUNG_POD_GRACE_SECONDS = 1  # SIGTERM -> SIGKILL for the pods of a job restarted because it hung
+
+
+def budget_of(status: TrainingJobStatus) -> RestartBudget:
+    if status.has_restart_budget:
+        return RestartBudget(status.restart_budget.used, status.restart_budget.window_start_step)
+    # The schema did not keep the budget: count every restart against it, since the last checkpoint.
+    return RestartBudget(status.restarts, status.last_checkpoint.step)
+
+
+def failure_detail(pod: PodView, kind: FailureKind, now: float) -> str:
+    detail = f": {pod.message}" if pod.message else ""
+    if pod.disruption is not None and kind is FailureKind.EVICTED:
+        return R.MSG_WORKER_DISRUPTED.format(pod=pod.name, kind=kind.value, reason=pod.disruption, detail=detail)
+    if pod.phase == "Pending" and pod.waiting_since is not None:
+        return R.MSG_WORKER_NOT_STARTING.format(pod=pod.name, kind=kind.value, seconds=now - pod.waiting_since,
+                                                reason=pod.reason, detail=detail)
+    return R.MSG_WORKER_FAILED.format(pod=pod.name, kind=kind.value, code=pod.exit_code, reason=pod.reason)
+
+
+def current_hang(status: TrainingJobStatus, job: JobView) -> str | None:
+    """The monitor's hang finding, when it is about this generation of a Running job (else it is stale)."""
+    hang = job.findings.hang
+    if hang is None or hang.generation != job.generation or status.phase is not Phase.RUNNING:
+        return None
+    return hang.message
+
+
+def requested_restart(out: Pass, job: JobView) -> Pass | None:
+    """A user's restart (REST API or `kubectl annotate`): every worker from the last checkpoint, once per request
+    value, without spending the failure budget. None when there is no new request."""
+    at = job.restart_requested_at
+    status = out.status
+    if not at or at == status.restart_request_handled:
+        return None
+    message = R.MSG_RESTART_REQUESTED.format(at=at)
+    status.restart_request_handled = at
+    status.restarts = job.generation + 1
+    status.last_restart_reason = R.RESTART_REQUESTED
+    set_phase(status, Phase.RESTARTING, R.RESTART_REQUESTED, message, job.now)  # also serves a pending hang
+    out.events.append(Event("Normal", R.RESTART_REQUESTED, message))
+    out.keep_only_force_deletes()
+    out.actions += [DeletePod(p.name, p.uid) for p in job.pods if p.deleting_since is None]
+    return out
+
+
+def decide_failure(out: Pass, job: JobView) -> Pass | None:
+    """Decide the first failed pod (or the hang): fail the job, or restart it, bumping the generation. None when
+    nothing failed."""
+    failed = job.failed
+    hang = current_hang(out.status, job)
+    if not failed and hang is None:
+        return None
+    if hang is not None:  # the finding is recorded, then (below) answered by the restart or the failure
+        set_condition(out.status, ConditionType.HUNG, True, R.HUNG, hang, job.now)
+        out.events.append(Event("Warning", R.HUNG, hang))
+    if failed:
+        kind = job.failure(failed[0])
+        assert kind is not None
+        detail = failure_detail(failed[0], kind, job.now)
+    else:
+        kind, detail = FailureKind.HANG, R.MSG_HANG_DECIDED.format(finding=hang)
+    live = sum(1 for p in job.current if p.active and job.failure(p) is None)
+    status = out.status
+    decision = decide_restart(job.spec, kind, budget_of(status), status.last_checkpoint.step, live)
+    status.restart_budget = RestartBudgetStatus(used=decision.budget.used,
+                                                window_start_step=decision.budget.window_start_step)
+    if recovery(decision.action) is Recovery.END_JOB:
+        return finish(out, job.pods, Phase.FAILED, decision.reason, f"{detail}; {decision.message}", job.now)
+    return _restart(out, job, decision, detail, failed, hang)
+
+
+def _restart(out: Pass, job: JobView, decision: Decision, detail: str, failed: list[PodView],
+             hang: str | None) -> Pass:
+    """Record the restart and replace the doomed pods: every one for a job restart (a hang may hold every rank:
+    restart all), else the failed ones; the survivors are relabelled to the new generation."""
+    status, now = out.status, job.now
+    whole = recovery(decision.action) is Recovery.REPLACE_ALL or not failed
+    action, note = decision.action, decision.message
+    if whole and action is not Action.RESTART_JOB:
+        action, note = Action.RESTART_JOB, R.MSG_HANG_RESTART_ALL.format(reason=decision.reason)
+    status.restarts = job.generation + 1
+    status.last_restart_reason = decision.reason
+    if hang is not None:
+        set_condition(status, ConditionType.HUNG, False, R.HANG_RESTARTED, R.MSG_HANG_RESTARTED.format(finding=hang),
+                      now)
+    degraded = condition(status, ConditionType.DEGRADED)
+    if degraded is not None and degraded.reason == R.STRAGGLER:
+        set_condition(status, ConditionType.DEGRADED, False, R.STRAGGLER_RECOVERED, R.MSG_STRAGGLER_RESTART, now)
+    set_phase(status, Phase.RESTARTING, decision.reason, f"{detail}; {note}", now)
+    out.events.append(Event("Warning", R.RESTARTING, f"{detail}; {note} ({action.value})"))
+    out.actions = [a for a in out.actions if not isinstance(a, DeletePod) or a.force]
+    # A hung job cannot take its emergency checkpoint (it is a collective), and a stopped rank would hold the full
+    # termination grace: hung pods get a short one. So do the survivors of a lost worker: their collectives wait on
+    # a peer that is gone, so their checkpoint cannot complete either.
+    peer_lost = any(p.node_lost or p.liveness_lost for p in failed)
+    stop_grace = HUNG_POD_GRACE_SECONDS if (hang is not None and not failed) or peer_lost else None
+    for p in job.pods:
+        if p.deleting_since is None and (whole or job.failure(p) is not None):
+            out.actions.append(DeletePod(p.name, p.uid, grace_seconds=stop_grace))
+        elif p.deleting_since is None:  # a survivor joins the new generation (worker scope / shrink)
+            out.actions.append(Relabel(p.name, job.generation + 1))
+    return out

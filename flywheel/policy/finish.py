@@ -1,0 +1,40 @@
+"""Ending a job (pure): an invalid spec, success seen from the pods or the event log, and the common `finish`."""
+
+from __future__ import annotations
+
+from flywheel.policy import reasons as R
+from flywheel.policy.conditions import set_condition, set_phase
+from flywheel.policy.decisions import DeletePod, Event, Pass
+from flywheel.policy.job_view import JobView
+from flywheel.policy.observed import PodView
+from flywheel.spec_status import ConditionType, Phase
+
+
+def finish(out: Pass, pods: list[PodView], phase: Phase, reason: str, message: str, now: float) -> Pass:
+    """Set the terminal `phase`, delete every active pod, and say so in an event."""
+    set_phase(out.status, phase, reason, message, now)
+    out.actions += [DeletePod(p.name, p.uid) for p in pods if p.active]
+    out.events.append(Event("Normal" if phase is Phase.SUCCEEDED else "Warning", reason, message))
+    return out
+
+
+def invalid_job(out: Pass, pods: list[PodView], problems: str | None, now: float) -> Pass:
+    """A TrainingJob whose spec does not parse fails once, with the problems as the reason's message."""
+    if out.status.phase is Phase.FAILED:
+        return out
+    set_condition(out.status, ConditionType.INVALID, True, R.INVALID, problems or "", now)
+    return finish(out, pods, Phase.FAILED, R.INVALID, problems or R.INVALID, now)
+
+
+def success(out: Pass, job: JobView) -> Pass | None:
+    """Succeeded once a worker of the current generation succeeded (or the event log says done) and none of the
+    others still runs; while they exit the job stays Running and nothing is replaced. None: not finishing."""
+    current = job.current
+    if not any(p.phase == "Succeeded" for p in current) and not job.progress.done:
+        return None
+    if not any(p.phase in ("Running", "Pending") and p.index < job.desired for p in current):
+        done = R.MSG_SUCCEEDED.format(step=out.status.step)  # no event log: no step
+        return finish(out, job.pods, Phase.SUCCEEDED, R.SUCCEEDED, done, job.now)
+    ready = out.status.replicas.ready
+    set_phase(out.status, Phase.RUNNING, R.RUNNING, R.MSG_RUNNING.format(ready=ready), job.now, refresh=False)
+    return out

@@ -1,0 +1,69 @@
+"""One pass's observations with what every policy derives from them: the generation, the current pods, and
+which of them failed (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from flywheel.policy.failures import FailureKind, classify_pod, classify_waiting
+from flywheel.policy.observed import HealthFindings, ObservedProgress, PodView
+from flywheel.spec import TrainingJobSpec
+
+
+def failure_of(pod: PodView, now: float, start_grace: float) -> FailureKind | None:
+    """The failure `pod` shows at `now`, or None. `start_grace`: how long a container may wait on a retryable start
+    failure (an image pull error, a missing Secret or ConfigMap) first: the job's startFailureGraceSeconds."""
+    if pod.phase == "Succeeded":
+        return None
+    if pod.liveness_lost or pod.node_lost:
+        return FailureKind.NODE_LOST
+    if pod.disruption is not None:
+        return classify_pod(pod.phase, pod.reason, pod.exit_code, disruption=True)
+    if pod.phase == "Pending" and pod.waiting_since is not None:
+        return classify_waiting(pod.reason, now - pod.waiting_since, start_grace)
+    if pod.phase != "Failed":
+        return None
+    return classify_pod(pod.phase, pod.reason, pod.exit_code) or FailureKind.CRASH
+
+
+@dataclass(frozen=True)
+class JobView:
+    """`generation` is `status.restarts` at the start of the pass: the generation the current pods belong to."""
+
+    spec: TrainingJobSpec
+    pods: list[PodView]
+    progress: ObservedProgress
+    now: float
+    generation: int
+    restart_requested_at: str | None = None
+    findings: HealthFindings = field(default_factory=HealthFindings)
+
+    @property
+    def desired(self) -> int:
+        return self.spec.replicas.desired
+
+    def failure(self, pod: PodView) -> FailureKind | None:
+        """`failure_of` with this job's start-failure grace, at this pass's time."""
+        return failure_of(pod, self.now, self.spec.fault_tolerance.start_failure_grace_seconds)
+
+    @property
+    def mine(self) -> list[PodView]:
+        """Pods within the desired count, and every pod that is not active any more."""
+        return [p for p in self.pods if p.index < self.desired or not p.active]
+
+    @property
+    def current(self) -> list[PodView]:
+        """Pods of the current generation not being deleted."""
+        return [p for p in self.mine if p.generation == self.generation and p.deleting_since is None]
+
+    @property
+    def disrupted(self) -> list[PodView]:
+        """Pods of the current generation preempted or evicted (DisruptionTarget): being deleted by someone else,
+        still a failure to decide."""
+        return [p for p in self.mine if p.generation == self.generation and p.deleting_since is not None
+                and p.disruption]
+
+    @property
+    def failed(self) -> list[PodView]:
+        return sorted((p for p in self.current + self.disrupted if self.failure(p) is not None),
+                      key=lambda p: p.index)

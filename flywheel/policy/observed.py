@@ -1,0 +1,78 @@
+"""What one reconcile pass observes besides the spec and the remembered status (plain data, built by executors):
+the worker pods, the training progress read from the job's event log, and the health monitor's findings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from flywheel.policy.checkpoint_events import CommittedCheckpoint
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What one observed worker pod means for the job (built by the executor from the Pod object)."""
+
+    name: str
+    uid: str
+    index: int
+    generation: int
+    phase: str  # Pending | Running | Succeeded | Failed | Unknown
+    ready: bool = False
+    deleting_since: float | None = None  # unix time of metadata.deletionTimestamp
+    node_lost: bool = False  # bound to a node that is not Ready
+    reason: str | None = None  # container terminated/waiting reason, or the pod's reason
+    exit_code: int | None = None
+    unschedulable_since: float | None = None
+    liveness_lost: bool = False  # its etcd liveness key vanished while the pod still ran
+    finished_at: float | None = None  # when its container terminated (the failure's time, for metrics)
+    message: str | None = None  # the container's waiting message (why it cannot start)
+    waiting_since: float | None = None  # its container is waiting (not started yet) since then
+    disruption: str | None = None  # reason of a True DisruptionTarget condition (preempted, evicted)
+
+    @property
+    def active(self) -> bool:
+        return self.deleting_since is None and self.phase in ("Pending", "Running", "Unknown")
+
+
+@dataclass(frozen=True)
+class ObservedProgress:
+    """Training progress read from the job's event log (see flywheel/operator/event_log.py)."""
+
+    step: int = 0
+    world_size: int = 0
+    checkpoint_step: int = 0
+    checkpoint_time: float | None = None
+    checkpoint_path: str = ""
+    done: bool = False
+    goodput: dict[str, Any] = field(default_factory=dict)
+    # (time of the first step after a restart, seconds since the last step before it), oldest first.
+    recoveries: tuple[tuple[float, float], ...] = ()
+    checkpoints: tuple[CommittedCheckpoint, ...] = ()  # the most recent committed checkpoints, oldest first
+
+
+@dataclass(frozen=True)
+class HangReport:
+    """The health monitor found no step progress (policy/health_checks.py) while the job had `generation`
+    restarts: a report about an older generation is stale and ignored."""
+
+    message: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class StragglerReport:
+    """The health monitor's latest straggler verdict for the job's `generation`."""
+
+    degraded: bool
+    message: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class HealthFindings:
+    """The health monitor's findings handed to the job's reconcile pass (flywheel/monitor/findings.py): observed
+    input like the pods, never written to the status by anyone but the pass."""
+
+    hang: HangReport | None = None
+    straggler: StragglerReport | None = None

@@ -1,0 +1,45 @@
+"""Pods to delete and to create (pure): the leftovers of a decided failure or of a scale-down go, a pod stuck
+terminating on a lost node is force-deleted, and every missing replica index is created -- a whole new group only
+once the old one is gone, on a fresh rendezvous."""
+
+from __future__ import annotations
+
+from flywheel.policy import reasons as R
+from flywheel.policy.conditions import condition
+from flywheel.policy.decisions import CreatePod, DeletePod, Event, Pass, ResetRendezvous
+from flywheel.policy.failures import FailureKind
+from flywheel.policy.job_view import JobView
+from flywheel.spec_status import ConditionType
+
+
+def clean_up(out: Pass, job: JobView) -> Pass:
+    """Delete pods above the desired count and the leftovers of a decided failure (pods of an older generation:
+    never decided again); force-delete a pod stuck terminating on a lost node after nodeFailureGraceSeconds."""
+    scope_job = job.spec.fault_tolerance.restart_scope == "job"
+    # Hangs and requested restarts restart every worker.
+    restart_all = out.status.last_restart_reason in (FailureKind.HANG.value, R.RESTART_REQUESTED)
+    node_grace = job.spec.fault_tolerance.node_failure_grace_seconds
+    for p in job.pods:
+        if p.deleting_since is not None:
+            if (p.node_lost or p.liveness_lost) and job.now - p.deleting_since >= node_grace:
+                out.actions.append(DeletePod(p.name, p.uid, force=True))
+                out.events.append(Event("Warning", R.FORCE_DELETED, R.MSG_FORCE_DELETED.format(pod=p.name)))
+        elif p.index >= job.desired or (p.generation < job.generation
+                                         and (scope_job or job.failure(p) is not None or restart_all)):
+            out.actions.append(DeletePod(p.name, p.uid))
+    return out
+
+
+def create_missing(out: Pass, job: JobView) -> Pass:
+    """Create every replica index below the desired count whose name is free (a name is reused only once its old
+    pod is gone). A whole new group (job restart, resume) starts once the old group is gone -- pods on a lost node
+    or without liveness excepted -- on a fresh rendezvous, so that it forms at once."""
+    held = {p.index for p in job.pods}
+    creates = [CreatePod(i, job.generation) for i in range(job.desired) if i not in held]
+    if creates and not any(p.generation >= job.generation for p in job.pods):
+        if any(not (p.node_lost or p.liveness_lost) for p in job.pods):
+            creates = []
+        elif job.generation > 0 or condition(out.status, ConditionType.SUSPENDED) is not None:
+            out.actions.append(ResetRendezvous())
+    out.actions += creates
+    return out

@@ -1,0 +1,42 @@
+"""Builders for the policy tests: a spec, pods, a typed status and a JobView."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flywheel.policy.decisions import Pass
+from flywheel.policy.job_view import JobView
+from flywheel.policy.observed import HealthFindings, ObservedProgress, PodView
+from flywheel.spec import TrainingJobSpec, parse_spec
+from flywheel.spec_status import Phase, TrainingJobStatus
+
+NOW = 1_800_000_000.0
+
+
+def spec(**changes: Any) -> TrainingJobSpec:
+    doc: dict[str, Any] = {"replicas": {"min": 2, "max": 2},
+                           "trainer": {"training": {"globalBatch": 8, "microBatch": 2}},
+                           "faultTolerance": {"maxRestarts": 2, "nodeFailureGraceSeconds": 5}}
+    for dotted, value in changes.items():
+        node = doc
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return parse_spec(doc)
+
+
+def pod(index: int, phase: str = "Running", generation: int = 0, **kw: Any) -> PodView:
+    return PodView(name=f"j-worker-{index}", uid=f"u{index}-{generation}", index=index, generation=generation,
+                   phase=phase, ready=phase == "Running", **kw)
+
+
+def view(s: TrainingJobSpec, pods: list[PodView], generation: int = 0, now: float = NOW,
+         progress: ObservedProgress | None = None, findings: HealthFindings | None = None,
+         restart_requested_at: str | None = None) -> JobView:
+    return JobView(s, pods, progress or ObservedProgress(), now, generation, restart_requested_at,
+                   findings or HealthFindings())
+
+
+def fresh(phase: Phase = Phase.RUNNING, **fields: Any) -> Pass:
+    return Pass(TrainingJobStatus(phase=phase, **fields))
