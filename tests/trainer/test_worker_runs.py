@@ -49,7 +49,7 @@ def test_unsupported_layout_is_a_user_error(tmp_path):
     spec = workers.job_spec(2, steps=2)  # DDP
     spec["trainer"]["parallelism"]["tp"] = 2
     assert workers.run(2, spec, tmp_path) == [exitcodes.USER_ERROR] * 2
-    assert "tp=2 needs fsdp: true" in workers.logs(tmp_path)
+    assert "tp = 2 needs fsdp: true" in workers.logs(tmp_path)
 
 
 @pytest.mark.slow
