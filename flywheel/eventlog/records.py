@@ -156,7 +156,7 @@ def _parse(name: EventName, t: float, raw: Mapping[str, Any]) -> Record:
 def parse_record(raw: Mapping[str, Any]) -> Record | None:
     """The typed record of one line's object; None when the name is unknown or a required field is missing."""
     try:
-        name = EventName(raw.get("event"))
+        name = EventName(str(raw.get("event")))
         return _parse(name, float(raw.get("time") or 0.0), raw)
     except (KeyError, TypeError, ValueError):
         return None
