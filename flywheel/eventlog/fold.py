@@ -19,11 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flywheel import exitcodes
 from flywheel.eventlog.records import (
     RANK_FAILURES,
     Checkpoint,
     CheckpointFailed,
     Done,
+    EventName,
     Failure,
     LogReset,
     Record,
@@ -69,12 +71,14 @@ class FailureEntry:
 
     @property
     def reason(self) -> str:
-        return self.record.reason or self.incident.reason
+        """The record's own reason; a worker's USER_ERROR exit takes its rank's (the `user_error` record)."""
+        if self.record.reason or self.record.exit_code != exitcodes.USER_ERROR:
+            return self.record.reason
+        return self.incident.reason
 
     @property
     def detail(self) -> str:
-        """What the failures table shows: the record's detail and, when it lacks it, the incident's reason (a
-        worker's USER_ERROR exit says why its rank gave up)."""
+        """What the failures table shows: the record's detail, and its reason when the detail lacks it."""
         detail, reason = self.record.detail, self.reason
         return f"{detail}: {reason}" if reason and reason not in detail else detail
 
@@ -95,7 +99,7 @@ class RunFold:
         self.restores: list[Restore] = []
         self.checkpoints: list[Checkpoint] = []
         self.checkpoint_failures: list[CheckpointFailed] = []
-        self.failures: list[FailureEntry] = []
+        self._failures: list[FailureEntry] = []
         self.incidents: list[Incident] = []
         self.done: Done | None = None
         self.first_time: float | None = None
@@ -166,7 +170,7 @@ class RunFold:
             self._rank_failure_since_start = True
         incident = self._open or self._begin(f.time, f.kind)
         incident.reason = incident.reason or f.reason
-        self.failures.append(FailureEntry(f, incident))
+        self._failures.append(FailureEntry(f, incident))
 
     def _begin(self, t: float, cause: str) -> Incident:
         self._open = Incident(began=t, cause=cause, step_at_failure=self._high,
@@ -175,6 +179,14 @@ class RunFold:
         return self._open
 
     # --- views -------------------------------------------------------------------------------------------------
+    @property
+    def failures(self) -> list[FailureEntry]:
+        """The failure records, less collective timeouts in an incident that another record explains (a rank whose
+        peer died sees its collective fail: a symptom, not a second failure)."""
+        symptom = EventName.COLLECTIVE_TIMEOUT
+        explained = {id(f.incident) for f in self._failures if f.record.event is not symptom}
+        return [f for f in self._failures if f.record.event is not symptom or id(f.incident) not in explained]
+
     @property
     def last_step(self) -> int:
         """The highest step trained."""
@@ -232,8 +244,8 @@ class RunFold:
 
     @property
     def failure_reason(self) -> str:
-        """Why training stopped or last stopped: the reason of the latest incident that gave one."""
-        return next((i.reason for i in reversed(self.incidents) if i.reason), "")
+        """Why training is stopped: the reason the incident not recovered from gave (a user error's), or ""."""
+        return self._open.reason if self._open is not None else ""
 
     @property
     def log_wall_seconds(self) -> float:

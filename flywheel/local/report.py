@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from flywheel.local.run_record import RunRecord
@@ -88,7 +89,7 @@ def print_summary(console: Console, summary: dict[str, Any], out_dir: Path) -> N
         ("checkpoints", str(len(summary["checkpoints"])) +
          (f" ({summary['checkpoint_failures']} failed)" if summary["checkpoint_failures"] else "")),
         ("goodput", f"{summary['goodput']:.1%} of {summary['wall_seconds']:.1f} s"),
-        *([("reason", summary["failure_reason"])] if summary.get("failure_reason") else []),
+        *([("reason", escape(summary["failure_reason"]))] if summary.get("failure_reason") else []),
         ("params sha256", (summary["final_params_sha256"] or "-")[:16]),
         ("output", str(out_dir)),
     ]
@@ -101,7 +102,8 @@ def print_summary(console: Console, summary: dict[str, Any], out_dir: Path) -> N
             failures.add_column(column)
         for f in summary["failures"]:
             failures.add_row(f"{f['time']:.1f} s", "-" if f["rank"] is None else str(f["rank"]),
-                             "-" if f["replica"] is None else str(f["replica"]), f["kind"], f["detail"],
+                             "-" if f["replica"] is None else str(f["replica"]), escape(f["kind"]),
+                             escape(f["detail"]),
                              _seconds(f["recovered_seconds"]) if f["recovered_seconds"] is not None else
                              "not recovered")
         console.print(failures)

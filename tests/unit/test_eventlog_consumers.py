@@ -86,3 +86,21 @@ def test_a_worker_that_exits_user_error_says_why_in_every_view(tmp_path: Path) -
     assert tail.failure_reason == reason
     api = EventLogSource(parse_job(JOB), path).jobs()[0]["status"]
     assert api["phase"] == "Restarting" and api["conditions"][0]["message"] == reason
+
+
+def test_the_failures_table_prints_a_reason_that_looks_like_markup(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from flywheel.local.report import print_summary
+
+    error = "[/__w/pytorch/third_party/gloo/pair.cc:553] Connection closed by peer"
+    record = RunRecord()
+    for r in [start(0), step(1, 1), {"event": "collective_timeout", "time": T0 + 2, "rank": 0, "error": error}]:
+        record.add_event(r)
+    summary = record.summary(job="tiny", status="Failed", exit_code=1, world_size=2, start_time=T0,
+                             wall_seconds=3.0)
+    out = io.StringIO()
+    print_summary(Console(file=out, width=300), summary, tmp_path)
+    assert "pair.cc:553] Connection closed" in out.getvalue()
