@@ -48,8 +48,8 @@ from rich.table import Table
 
 from bench.common import RESULTS, median, write_result
 from bench.goodput_faults import Injector, agent_failure_times, analyse_faults, read_events, schedule
+from flywheel.eventlog import Done, EventName, EventTail, Failure, Start, Step
 from flywheel.local import procs
-from flywheel.local.run_record import EventTail
 
 REPO = Path(__file__).resolve().parents[1]
 PEER = REPO / "examples" / "scripts" / "goodput_peer.py"
@@ -148,9 +148,9 @@ def run_side(side: str, workdir: Path, steps: int, period_s: float | None, seed:
     try:
         while any(p.poll() is None for p in popens):
             new = tail.read_new()
-            if any(e["event"] == "step" for e in new):
+            if any(isinstance(e, Step) for e in new):
                 last_progress = time.time()
-            if done_at is None and any(e["event"] == "done" for e in new):
+            if done_at is None and any(isinstance(e, Done) for e in new):
                 done_at = time.monotonic()
             if done_at is not None and time.monotonic() - done_at > EXIT_GRACE_S:
                 ended_by = "finished, killed at exit"  # trained to the end, then hung in shutdown: not charged
@@ -173,29 +173,29 @@ def run_side(side: str, workdir: Path, steps: int, period_s: float | None, seed:
             p.wait(timeout=10)
     ended = time.time()
     events = read_events(events_file)
-    steps_seen = [e for e in events if e["event"] == "step"]
+    steps_seen = [e for e in events if isinstance(e, Step)]
     fired = injector.fired if injector else []
     faults = analyse_faults(fired, events, agent_failure_times(logs),
-                            [e["time"] for e in events if e["event"] == "hang"])
-    finished = any(e["event"] == "done" for e in events)
+                            [e.time for e in events if isinstance(e, Failure) and e.event is EventName.HANG])
+    finished = any(isinstance(e, Done) for e in events)
     # A run that did not finish is charged until it was given up on, not only until its last step.
-    window_end = steps_seen[-1]["time"] if finished and steps_seen else ended
+    window_end = steps_seen[-1].time if finished and steps_seen else ended
     return {"side": side, "steps": steps, "period_s": period_s, "wall_s": ended - began, "ended_by": ended_by,
             "exit_codes": [p.returncode for p in popens], "finished": finished,
-            "useful_steps": max((int(e["step"]) for e in steps_seen), default=0),
-            "step_attempts": len(steps_seen), "starts": sum(e["event"] == "start" for e in events),
-            "first_step_time": steps_seen[0]["time"] if steps_seen else None,
-            "last_step_time": steps_seen[-1]["time"] if steps_seen else None,
-            "window_s": window_end - steps_seen[0]["time"] if steps_seen else None,
+            "useful_steps": max((e.step for e in steps_seen), default=0),
+            "step_attempts": len(steps_seen), "starts": sum(isinstance(e, Start) for e in events),
+            "first_step_time": steps_seen[0].time if steps_seen else None,
+            "last_step_time": steps_seen[-1].time if steps_seen else None,
+            "window_s": window_end - steps_seen[0].time if steps_seen else None,
             "pace_s": pace(steps_seen),
             "start_time": began, "faults": faults, "load_average_1m": os.getloadavg()[0]}
 
 
-def pace(steps: list[dict[str, Any]]) -> float | None:
+def pace(steps: list[Step]) -> float | None:
     """The run's own fault-free step time: the median wall time between consecutive steps (a restart, a replay
     or a checkpoint falls outside the median). On a shared machine the background load drifts between runs; this
     reference moves with it, while the fault-free run's time per step was measured minutes earlier."""
-    deltas = [b["time"] - a["time"] for a, b in zip(steps, steps[1:]) if int(b["step"]) == int(a["step"]) + 1]
+    deltas = [b.time - a.time for a, b in zip(steps, steps[1:]) if b.step == a.step + 1]
     return median(deltas) if deltas else None
 
 
@@ -231,7 +231,8 @@ def summarise(run: dict[str, Any], clean_s: float, ours_clean_s: float) -> dict[
             "detect_median_s": med("detect_s"), "restart_median_s": med("restart_s"),
             "lost_steps_total": sum(lost), "lost_steps_median": median(lost) if lost else None,
             "stall_s_total": stall, "replay_s_total": sum(lost) * clean_s,
-            "unexplained_s": (run["window_s"] or 0.0) - (run["useful_steps"] - 1) * clean_s - stall - sum(lost) * clean_s,
+            "unexplained_s": (run["window_s"] or 0.0) - (run["useful_steps"] - 1) * clean_s - stall
+            - sum(lost) * clean_s,
             "clean_step_s": clean_s}
 
 
@@ -290,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs.setdefault(f"period_{period:g}s", {})[side] = run
                 s = run["summary"]
                 console.print(f"{side} 1 kill / {period:g} s: {run['useful_steps']}/{steps} steps ({run['ended_by']}),"
-                              f" goodput {s['goodput']:.3f} (vs the fault-free run's pace {s['goodput_vs_clean_run']:.3f}, e2e "
+                              f" goodput {s['goodput']:.3f} (vs the fault-free run's pace "
+                              f"{s['goodput_vs_clean_run']:.3f}, e2e "
                               f"{s['goodput_e2e']:.3f}), {s['faults']} faults, "
                               f"wall {run['wall_s']:.0f} s", highlight=False)
 

@@ -2,8 +2,8 @@
 
 A rank process is a descendant of the launcher(s) named `fw-rank-<RANK>` (ours: forked by the warm-start zygote),
 or whose environment has LOCAL_RANK while its parent's has not (a cold rank, the peer's: the elastic agent sets it
-per rank; a rank's own helper processes inherit it, so they are excluded); its global rank is its RANK. A worker (ours) is the `flywheel launch` agent:
-FLYWHEEL_REPLICA_INDEX set, LOCAL_RANK not.
+per rank; a rank's own helper processes inherit it, so they are excluded); its global rank is its RANK. A worker
+(ours) is the `flywheel launch` agent: FLYWHEEL_REPLICA_INDEX set, LOCAL_RANK not.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from flywheel.eventlog import EventName, EventTail, Failure, Incident, Record, Start, Step, fold, read_records
 from flywheel.local import procs
-from flywheel.local.run_record import EventTail
 
 KINDS = ("kill", "hang", "lose-worker")
 
@@ -143,12 +144,12 @@ class Injector:
         pending = list(self.plan)
         while pending and not self._halt.wait(0.05):
             for ev in tail.read_new():
-                if ev["event"] == "start":
-                    last_start = ev["time"]
-                elif ev["event"] == "step":
-                    last_step, last_step_time = int(ev["step"]), ev["time"]
+                if isinstance(ev, Start):
+                    last_start = ev.time
+                elif isinstance(ev, Step):
+                    last_step, last_step_time = ev.step, ev.time
                     if self.first_step_time is None:
-                        self.first_step_time = ev["time"]
+                        self.first_step_time = ev.time
             if self.first_step_time is None or last_step >= self.stop_at_step:
                 continue
             due = pending[0]
@@ -201,32 +202,41 @@ def agent_failure_times(logs: list[Path]) -> list[float]:
     return sorted(out)
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
-    return EventTail(path).read_new()
+def read_events(path: Path) -> list[Record]:
+    return read_records(path)
 
 
-def analyse_faults(fired: list[dict[str, Any]], events: list[dict[str, Any]], failure_times: list[float],
-                   extra_detections: list[float] = ()) -> list[dict[str, Any]]:
-    """Per fault: detection (fault -> first failure an agent or the trainer reported), restart (fault -> first
-    step of the next start), lost steps (steps done before the fault that were replayed after it)."""
-    starts = [e for e in events if e["event"] == "start"]
-    steps = [e for e in events if e["event"] == "step"]
+def _incident_at(incidents: list[Incident], t: float) -> Incident | None:
+    """The incident a fault injected at `t` belongs to: the last one begun by then."""
+    return next((i for i in reversed(incidents) if i.began <= t), None)
+
+
+def analyse_faults(fired: list[dict[str, Any]], events: list[Record], failure_times: list[float],
+                   extra_detections: Sequence[float] = ()) -> list[dict[str, Any]]:
+    """Per fault: detection (fault -> first failure an agent or the trainer reported), and from the one fold of the
+    log (flywheel/eventlog/fold.py) with the injected faults added as failure records at their times: restart
+    (recovery time: fault -> first step of a group started after it), stall (last step before the fault -> that
+    step) and lost steps (the steps reached before it that were trained again)."""
+    injected = [Failure(f["time"], EventName.FAULT, f["kind"], "injected by the benchmark") for f in fired]
+    log = fold(sorted([*events, *injected], key=lambda r: r.time), keep_attempts=False)
     detections = sorted([*failure_times, *extra_detections])
     rows = []
     for i, f in enumerate(fired):
         t = f["time"]
         until = fired[i + 1]["time"] if i + 1 < len(fired) else float("inf")
         detect = next((d for d in detections if t - 0.05 <= d < until), None)
-        start = next((s for s in starts if s["time"] > t), None)
-        first = next((s for s in steps if start is not None and s["time"] >= start["time"]), None)
-        done_before = max((int(s["step"]) for s in steps if s["time"] <= t), default=0)
-        resumed = int(start.get("resumed_from") or 0) if start else None
-        last_before = max((s["time"] for s in steps if s["time"] <= t), default=None)
         rows.append({**f, "detect_s": None if detect is None else detect - t,
-                     "restart_s": None if first is None else first["time"] - t,
-                     "stall_s": None if first is None or last_before is None else first["time"] - last_before,
-                     "restarts_until_next_step": sum(1 for s in starts if t < s["time"] <= (first or {}).get(
-                         "time", float("inf"))),
-                     "lost_steps": None if resumed is None else max(done_before - resumed, 0),
-                     "step_at_fault": done_before, "resumed_from": resumed})
+                     **_recovery_columns(_incident_at(log.incidents, t))})
     return rows
+
+
+def _recovery_columns(incident: Incident | None) -> dict[str, Any]:
+    if incident is None:
+        return {"restart_s": None, "stall_s": None, "restarts_until_next_step": 0, "lost_steps": None,
+                "step_at_fault": 0, "resumed_from": None}
+    at, healthy = incident.recovered_at, incident.healthy_until
+    return {"restart_s": incident.recovery_seconds,
+            "stall_s": None if at is None or healthy is None else at - healthy,
+            "restarts_until_next_step": incident.starts,
+            "lost_steps": None if at is None else incident.lost_steps,
+            "step_at_fault": incident.step_at_failure, "resumed_from": incident.resumed_from}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -37,6 +38,7 @@ from rich.table import Table
 from bench.cluster_bed import KUBECTL, Bed, wait
 from bench.common import RESULTS, median, write_result
 from bench.goodput_faults import agent_failure_times, analyse_faults, find_ranks, read_events
+from flywheel.eventlog import Record, Start, Step
 from flywheel.local import procs
 
 KINDS = ("kill-rank", "delete-pod", "lose-node")
@@ -57,7 +59,7 @@ class ActionClock(threading.Thread):
             try:
                 status = self.bed.get("tj", self.job).get("status", {})
                 pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.bed.pods(self.job)}
-            except Exception:  # a kubectl hiccup: the next poll
+            except (subprocess.SubprocessError, ValueError, KeyError):  # a kubectl hiccup: the next poll
                 continue
             now = time.time()
             replaced = any(name in uids and uids[name] != uid for name, uid in pods.items())
@@ -66,11 +68,11 @@ class ActionClock(threading.Thread):
             restarts, uids = int(status.get("restarts", 0)), {**uids, **pods}
 
 
-def training_since(events: list[dict[str, Any]], t: float) -> bool:
+def training_since(events: list[Record], t: float) -> bool:
     """The group was (re)started after `t` and has stepped since: recovered from a fault at `t`. A step logged
     just after a fault by the old group (in flight) does not count."""
-    starts = [e["time"] for e in events if e["event"] == "start"]
-    steps = [e["time"] for e in events if e["event"] == "step"]
+    starts = [e.time for e in events if isinstance(e, Start)]
+    steps = [e.time for e in events if isinstance(e, Step)]
     return bool(starts and steps) and max(starts) > t and max(steps) > max(starts)
 
 
@@ -109,15 +111,15 @@ def run_job(bed: Bed, name: str, steps: int, period_s: float | None, seed: int,
     rng, fired, lost_nodes = random.Random(seed), [], []
     began = time.time()
     path = wait(f"{name}'s event log", lambda: bed.events_file(name), 300, interval=0.2)
-    first = wait(f"{name}'s first step", lambda: next((e["time"] for e in read_events(path)
-                                                       if e["event"] == "step"), None), 300, interval=0.1)
+    first = wait(f"{name}'s first step", lambda: next((e.time for e in read_events(path)
+                                                       if isinstance(e, Step)), None), 300, interval=0.1)
     deadline = time.time() + 60 * 60
     while time.time() < deadline:
         phase = bed.get("tj", name).get("status", {}).get("phase")
         if phase in ("Succeeded", "Failed"):
             break
         events = read_events(path)
-        last_step = max((int(e["step"]) for e in events if e["event"] == "step"), default=0)
+        last_step = max((e.step for e in events if isinstance(e, Step)), default=0)
         recovered = training_since(events, fired[-1]["time"] if fired else 0.0)
         if lost_nodes and recovered:  # the dead node comes back once the job trains without it
             bed.cluster.kubelet.restore_node(lost_nodes.pop())
@@ -138,15 +140,15 @@ def run_job(bed: Bed, name: str, steps: int, period_s: float | None, seed: int,
     clock.halt.set()
     clock.join(5)
     events = read_events(path)
-    steps_ev = [e for e in events if e["event"] == "step"]
+    steps_ev = [e for e in events if isinstance(e, Step)]
     # A killed rank is handled by its worker's agent (a new round of the etcd rendezvous) without the operator:
     # its detection is the agent's failure line in the pod's log.
     pod_logs = sorted(bed.workdir.glob(f"cluster/**/default_{name}-worker-*.log"))
     agent_failures = agent_failure_times(pod_logs)
     phase = bed.get("tj", name).get("status", {}).get("phase")
     return {"name": name, "phase": phase, "steps": steps, "fired": fired, "first_step": first,
-            "last_step_time": steps_ev[-1]["time"], "wall_s": steps_ev[-1]["time"] - first,
-            "e2e_s": steps_ev[-1]["time"] - began,
+            "last_step_time": steps_ev[-1].time, "wall_s": steps_ev[-1].time - first,
+            "e2e_s": steps_ev[-1].time - began,
             "operator_actions": clock.times, "agent_failures": agent_failures,
             "faults": analyse_faults(fired, events, agent_failures, clock.times) if fired else []}
 

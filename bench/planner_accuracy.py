@@ -38,6 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import median, write_result
+from flywheel.eventlog import Step, read_records
 from flywheel.planner import DEVICES, Batch, Device, Layout, ModelShape, device_table, estimate, plan_layout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,9 +131,8 @@ def measure(shape: ModelShape, layout: Layout, steps: int, workdir: Path, live_m
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                 raise RuntimeError(f"{layout.describe()}: ranks exited early or timed out; see {workdir}")
             peaks = [_peak_rss(p.pid, peak) for p, peak in zip(procs, peaks)]
-            if events_file.exists():
-                events = [json.loads(line) for line in events_file.read_text().splitlines()]
-                step_seconds = [e["step_seconds"] for e in events if e["event"] == "step"]
+            # the ranks are writing it: the tailer holds a half-written last line back
+            step_seconds = [e.step_seconds for e in read_records(events_file) if isinstance(e, Step)]
             time.sleep(0.05)
         peaks = [_peak_rss(p.pid, peak) for p, peak in zip(procs, peaks)]
     finally:

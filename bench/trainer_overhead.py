@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from bench.common import median, write_result
+from flywheel.eventlog import Step, read_records
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD = 2
@@ -62,8 +63,7 @@ def _run_ranks(argv: list[str], workdir: Path, job: dict, metrics_port: int) -> 
 
 def flywheel_steps(workdir: Path, steps: int) -> list[float]:
     _run_ranks([sys.executable, "-m", "flywheel.trainer"], workdir, spec(steps), _free_port())
-    events = [json.loads(line) for line in (workdir / "events.jsonl").read_text().splitlines()]
-    return [e["step_seconds"] for e in events if e["event"] == "step"][WARMUP:]
+    return [e.step_seconds for e in read_records(workdir / "events.jsonl") if isinstance(e, Step)][WARMUP:]
 
 
 def plain_steps(workdir: Path, steps: int) -> list[float]:

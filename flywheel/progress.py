@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Mapping
 
-from flywheel.trainer.event_writer import EventLog
+from flywheel.eventlog import EventLog, EventName
 from flywheel.trainer.trainer_metrics import TrainerMetrics
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class ProgressReporter:
         tokens_per_second = tokens / seconds if tokens and seconds > 0 else None
         if tokens_per_second is not None:
             m.train_tokens_per_second.set(tokens_per_second)
-        self.events.emit("step", step=int(step), loss=loss, step_seconds=seconds,
+        self.events.emit(EventName.STEP, step=int(step), loss=loss, step_seconds=seconds,
                          tokens_per_second=tokens_per_second, world_size=self.world_size)
 
 

@@ -5,7 +5,6 @@ same schema as a cluster job. Read-only: the actions need the supervisor's coope
 from __future__ import annotations
 
 import datetime as dt
-import json
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -13,108 +12,81 @@ from typing import Any
 
 from flywheel.api.cache import JOB_LABEL
 from flywheel.api.views import CHECKPOINT_REASON
+from flywheel.eventlog import EventTail, FailureEntry, RunFold
 from flywheel.policy import reasons as R
 from flywheel.spec import TrainingJob
 
 Obj = dict[str, Any]
-_FAILURE_KIND = {"kill": "Killed", "hang": "Hang"}
+_FAILURE_KIND = {"kill": "Killed", "hang": "Hang", "collective-timeout": "CollectiveTimeout",
+                 "user-error": "UserError"}
 
 
 def _iso(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _failure_reason(f: FailureEntry) -> str:
+    """A rank failure's kind as a reason; a worker exit carries its failure kind (Killed, UserError, ...) already."""
+    return _FAILURE_KIND.get(f.record.kind, f.record.kind or "Hang")
+
+
+def _failure_message(f: FailureEntry) -> str:
+    r = f.record
+    who = f"rank {r.rank}" if r.replica is None else f"worker {r.replica}"
+    return f"{who} failed: {_failure_reason(f)} ({f.detail})"
+
+
 class EventLogSource:
-    """Re-reads only the new lines of the event log on each request (a file the workers append to)."""
+    """Re-reads only the new lines of the event log on each request (a file the workers append to), with the one
+    tailer and the one fold (flywheel/eventlog): a log truncated by a new run is folded from scratch."""
 
     def __init__(self, job: TrainingJob, events_file: str | Path, namespace: str = "local") -> None:
         self.tj, self.path, self.namespace = job, Path(events_file), namespace
         self._lock = threading.Lock()
-        self._offset, self._partial = 0, b""
-        self._reset()
-
-    def _reset(self) -> None:
-        self._starts: list[Obj] = []
-        self._steps: dict[int, Obj] = {}
-        self._attempts = 0
-        self._checkpoints: list[Obj] = []
-        self._failures: list[Obj] = []
-        self._done: Obj | None = None
-        self._first_time: float | None = None
-        self._last_time = 0.0
+        self._tail, self._log = EventTail(self.path), RunFold(keep_attempts=False)
 
     def _read(self) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                size = f.seek(0, 2)
-                if size < self._offset:  # a new run truncated the log: fold from scratch
-                    self._offset, self._partial = 0, b""
-                    self._reset()
-                f.seek(self._offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return
-        self._offset += len(chunk)
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue  # a fragment left by a killed writer
-            if isinstance(ev, dict) and "event" in ev:
-                self._fold(ev)
+        self._log.add_all(self._tail.read_new())
 
-    def _fold(self, ev: Obj) -> None:
-        kind, t = ev["event"], float(ev.get("time", 0.0))
-        self._first_time = t if self._first_time is None else min(self._first_time, t)
-        self._last_time = max(self._last_time, t)
-        if kind == "start":
-            self._starts.append(ev)
-        elif kind == "step":
-            self._steps[int(ev["step"])] = ev
-            self._attempts += 1
-        elif kind == "checkpoint":
-            self._checkpoints.append(ev)
-        elif kind in ("fault", "hang"):
-            # one failure per incarnation: every blocked rank's watchdog may fire after one hang
-            if not self._failures or self._failures[-1]["incarnation"] != len(self._starts):
-                self._failures.append({**ev, "incarnation": len(self._starts)})
-        elif kind == "done":
-            self._done = ev
+    def _phase(self) -> str:
+        log = self._log
+        if log.done:
+            return "Succeeded"
+        if log.open_incident is not None:
+            return "Restarting"
+        return "Running" if log.starts or log.last else "Pending"
 
     def _status(self) -> Obj:
-        spec = self.tj.spec
-        step = max(self._steps, default=0)
-        last_step = self._steps.get(step, {})
-        restarts = max(len(self._starts) - 1, 0)
-        failed_since = self._failures and (not self._steps or self._failures[-1]["time"] > last_step.get("time", 0))
-        phase = ("Succeeded" if self._done else "Restarting" if failed_since else
-                 "Running" if self._starts else "Pending")
-        wall = max(self._last_time - (self._first_time or self._last_time), 0.0)
-        productive = sum(float(s.get("step_seconds", 0.0)) for s in self._steps.values())
-        status: Obj = {"phase": phase, "step": step, "restarts": restarts,
-                       "worldSize": int(last_step.get("world_size") or spec.replicas.desired * spec.procs_per_replica),
+        spec, log = self.tj.spec, self._log
+        phase = self._phase()
+        mean = log.mean_time_to_recover
+        status: Obj = {"phase": phase, "step": log.last_step, "restarts": log.restarts,
+                       "worldSize": (log.last.world_size if log.last else 0)
+                       or spec.replicas.desired * spec.procs_per_replica,
                        "replicas": {"desired": spec.replicas.desired, "current": spec.replicas.desired,
                                     "ready": spec.replicas.desired if phase == "Running" else 0},
-                       "goodput": {"ratio": round(productive / wall, 4) if wall else 0.0,
-                                   "productiveSeconds": round(productive, 3),
-                                   "lostSteps": self._attempts - len(self._steps)}}
-        if self._failures:
-            status["lastRestartReason"] = _FAILURE_KIND.get(str(self._failures[-1].get("kind", "hang")), "Hang")
-        if self._checkpoints:
-            c = self._checkpoints[-1]
-            status["lastCheckpoint"] = {"step": int(c["step"]), "path": c.get("path", ""), "time": _iso(c["time"])}
-        if self._starts:
+                       "goodput": {"ratio": round(min(1.0, log.productive_seconds / log.log_wall_seconds), 4)
+                                   if log.log_wall_seconds else 0.0,
+                                   "productiveSeconds": round(log.productive_seconds, 3),
+                                   "lostSteps": log.lost_steps,
+                                   "meanTimeToRecoverSeconds": round(mean, 3) if mean is not None else 0.0}}
+        if log.failures:
+            status["lastRestartReason"] = _failure_reason(log.failures[-1])
+        if log.checkpoints:
+            c = log.checkpoints[-1]
+            status["lastCheckpoint"] = {"step": c.step, "path": c.path, "time": _iso(c.time)}
+        if log.starts or log.last:
             status["conditions"] = [{"type": phase, "status": "True", "reason": phase,
-                                     "lastTransitionTime": _iso(self._last_time)}]
+                                     "lastTransitionTime": _iso(log.last_time or 0.0)}]
+            if log.failure_reason:
+                status["conditions"][0]["message"] = log.failure_reason
         return status
 
     def _job_obj(self) -> Obj:
         meta = {"name": self.tj.name, "namespace": self.namespace, "uid": f"local-{self.tj.name}",
                 "generation": 1}
-        if self._first_time is not None:
-            meta["creationTimestamp"] = _iso(self._first_time)
+        if self._log.first_time is not None:
+            meta["creationTimestamp"] = _iso(self._log.first_time)
         return {"apiVersion": self.tj.api_version, "kind": self.tj.kind, "metadata": meta,
                 "spec": self.tj.spec.model_dump(by_alias=True, mode="json"), "status": self._status()}
 
@@ -150,14 +122,13 @@ class EventLogSource:
             return []
         with self._lock:
             self._read()
-            out = [self._event("Warning", R.RESTARTING, f["time"],
-                               f"rank {f.get('rank')} failed: {_FAILURE_KIND.get(str(f.get('kind')), 'Hang')} "
-                               f"(at step {f.get('step', '?')})") for f in self._failures]
-            out += [self._event("Normal", CHECKPOINT_REASON, c["time"], f"step {c['step']} committed to "
-                                f"{c.get('path', '')}") for c in self._checkpoints]
-            if self._done:
-                out.append(self._event("Normal", R.SUCCEEDED, self._done["time"],
-                                       R.MSG_SUCCEEDED.format(step=self._done.get("step"))))
+            log = self._log
+            out = [self._event("Warning", R.RESTARTING, f.record.time, _failure_message(f)) for f in log.failures]
+            out += [self._event("Normal", CHECKPOINT_REASON, c.time, f"step {c.step} committed to {c.path}")
+                    for c in log.checkpoints]
+            if log.done:
+                out.append(self._event("Normal", R.SUCCEEDED, log.done.time,
+                                       R.MSG_SUCCEEDED.format(step=log.done.step)))
         return out
 
     def _event(self, kind: str, reason: str, t: float, message: str) -> Obj:

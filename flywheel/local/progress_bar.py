@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -54,7 +54,8 @@ class RichProgress:
         self._progress.stop()
 
     def update(self, record: RunRecord) -> None:
-        self._progress.update(self._task, completed=record.last_step, **status_fields(record))
+        fields: dict[str, Any] = dict(status_fields(record))  # the task's own columns, passed through **fields
+        self._progress.update(self._task, completed=record.last_step, **fields)
 
     def notice(self, message: str) -> None:
         self._progress.console.print(message)

@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from flywheel.local.run_record import RunRecord
@@ -41,18 +42,18 @@ def plot_loss(out_dir: Path, summary: dict[str, Any]) -> Path:
 def plot_timeline(out_dir: Path, record: RunRecord, summary: dict[str, Any], start_time: float) -> Path:
     """Step vs wall time, every attempt (replayed steps show as a drop), with failures/restarts/checkpoints."""
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    if record.step_attempts:
-        ax.plot([s.time - start_time for s in record.step_attempts], [s.step for s in record.step_attempts],
+    log = record.log
+    if log.attempts:
+        ax.plot([s.time - start_time for s in log.attempts], [s.step for s in log.attempts],
                 ".", markersize=3, label="step")
-    for i, f in enumerate(record.failures):
-        ax.axvline(f.time - start_time, color="red", linestyle="--", linewidth=1,
+    for i, f in enumerate(log.failures):
+        ax.axvline(f.record.time - start_time, color="red", linestyle="--", linewidth=1,
                    label="failure" if i == 0 else None)
-    for i, s in enumerate(record.starts[1:]):
-        ax.axvline(float(s["time"]) - start_time, color="green", linewidth=1, label="restart" if i == 0 else None)
-    if record.checkpoints:
-        ax.plot([float(c["time"]) - start_time for c in record.checkpoints],
-                [int(c["step"]) for c in record.checkpoints], "s", color="orange", markersize=5,
-                label="checkpoint committed")
+    for i, s in enumerate(log.starts[1:]):
+        ax.axvline(s.time - start_time, color="green", linewidth=1, label="restart" if i == 0 else None)
+    if log.checkpoints:
+        ax.plot([c.time - start_time for c in log.checkpoints], [c.step for c in log.checkpoints], "s",
+                color="orange", markersize=5, label="checkpoint committed")
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("step")
     ax.set_title(f"{summary['job']}: {summary['restarts']} restarts, goodput {summary['goodput']:.0%}")
@@ -88,6 +89,7 @@ def print_summary(console: Console, summary: dict[str, Any], out_dir: Path) -> N
         ("checkpoints", str(len(summary["checkpoints"])) +
          (f" ({summary['checkpoint_failures']} failed)" if summary["checkpoint_failures"] else "")),
         ("goodput", f"{summary['goodput']:.1%} of {summary['wall_seconds']:.1f} s"),
+        *([("reason", escape(summary["failure_reason"]))] if summary.get("failure_reason") else []),
         ("params sha256", (summary["final_params_sha256"] or "-")[:16]),
         ("output", str(out_dir)),
     ]
@@ -100,7 +102,8 @@ def print_summary(console: Console, summary: dict[str, Any], out_dir: Path) -> N
             failures.add_column(column)
         for f in summary["failures"]:
             failures.add_row(f"{f['time']:.1f} s", "-" if f["rank"] is None else str(f["rank"]),
-                             "-" if f["replica"] is None else str(f["replica"]), f["kind"], f["detail"],
+                             "-" if f["replica"] is None else str(f["replica"]), escape(f["kind"]),
+                             escape(f["detail"]),
                              _seconds(f["recovered_seconds"]) if f["recovered_seconds"] is not None else
                              "not recovered")
         console.print(failures)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, assert_never
 
 from flywheel import exitcodes
+from flywheel.eventlog import EventLog, EventName
 from flywheel.local import procs
 from flywheel.local.fault_flags import LoseWorker
 from flywheel.local.progress_bar import ProgressView
@@ -65,6 +66,7 @@ class Supervisor:
                  record: RunRecord, progress: ProgressView, lose_worker: list[LoseWorker]):
         self.spec, self.plans = spec, {p.index: p for p in plans}
         self.events, self.logs_dir = EventTail(events_file), logs_dir
+        self.exits = EventLog(events_file)  # worker exits go into the event log beside the ranks' records
         self.record, self.progress = record, progress
         self.pending_faults = list(lose_worker)
         self.workers: dict[int, WorkerProcess] = {}
@@ -146,6 +148,7 @@ class Supervisor:
                 signal.signal(s, handler)
             self.kill_everything()
             atexit.unregister(self.kill_everything)
+            self.exits.close()
         return self.outcome
 
     def _drain_events(self) -> None:
@@ -189,7 +192,7 @@ class Supervisor:
         kind = classify_exit(code)
         assert kind is not None
         detail = "injected lose-worker" if w.lost else f"exit {code} ({exitcodes.describe(code)})"
-        self.record.add_worker_exit(time.time(), index, code, kind.value, detail)
+        self.exits.emit(EventName.WORKER_EXIT, replica=index, exit_code=code, kind=kind.value, detail=detail)
         if self.stop.reason is not None:
             return
         if self.succeeded or self.record.done is not None:

@@ -116,13 +116,20 @@ def trainer_command() -> tuple[str, ...]:
     return (sys.executable, "-m", TRAINER_MODULE)
 
 
+# A command starting with one of these runs under this agent's own interpreter, not whatever PATH finds first.
+_THIS_PYTHON = ("python", "python3")
+
+
 def rank_command(user_command: Sequence[str]) -> tuple[str, ...]:
-    """What each rank runs: the embedded trainer, or the user command (a bare script.py runs under this Python,
-    as with `torchrun script.py`)."""
+    """What each rank runs: the embedded trainer, or the user command. A bare script.py runs under this Python, as
+    with `torchrun script.py`; so does a leading `python`/`python3`: under `flywheel run` that is the interpreter
+    `flywheel run` runs under (its virtualenv, activated or not), the one Flywheel and its deps are installed in."""
     if not user_command:
         return trainer_command()
     if user_command[0].endswith(".py"):
         return (sys.executable, "-u", *user_command)
+    if user_command[0] in _THIS_PYTHON:
+        return (sys.executable, *user_command[1:])
     return tuple(user_command)
 
 

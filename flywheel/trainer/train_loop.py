@@ -4,8 +4,9 @@ Set-up order: env -> process group -> mesh -> model (seeded, on CPU) -> parallel
 optimizer/scheduler -> data -> Checkpointer.restore. Each step: injected faults, gradient accumulation over micro
 batches (gradient sync only on the last), an async all-reduce carrying the loss and the SIGTERM flag (so every rank
 stops at the same step), clip, `wait_staged` (an async save may still be copying the weights), optimizer step,
-waiting for that all-reduce, metrics, watchdog beat, `step` event, periodic save. The same seeds and world size give bitwise the same losses and weights, and a resume
-from step k reproduces steps k+1.. bitwise: nothing here depends on time or on global RNG state.
+waiting for that all-reduce, metrics, watchdog beat, `step` event, periodic save. The same seeds and world size
+give bitwise the same losses and weights, and a resume from step k reproduces steps k+1.. bitwise: nothing here
+depends on time or on global RNG state.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flywheel import exitcodes
+from flywheel.eventlog import EventLog, EventName, one_line
 from flywheel.spec import SpecError, TrainingJobSpec, parse_spec
 from flywheel.trainer.checkpoint import AppState, Checkpointer
 from flywheel.trainer.collective_env import (
@@ -38,7 +40,6 @@ from flywheel.trainer.collective_env import (
     shorten_timeouts,
 )
 from flywheel.trainer.data import DataError, MicroBatch, SampleLoader, SampleSource, build_source
-from flywheel.trainer.event_writer import EventLog
 from flywheel.trainer.fault_injection import Fault, FaultInjector, faults_from_env
 from flywheel.trainer.model import GPT, GPTConfig
 from flywheel.trainer.moe import aux_loss_of
@@ -310,6 +311,15 @@ def _watchdog(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics) -> Prog
     return ProgressWatchdog(ft.progress_timeout_seconds, ft.first_step_timeout_seconds, on_hang)
 
 
+def user_error(events: EventLog, rank: int | str, err: Exception) -> int:
+    """A permanent error: logged, and its reason (the exception's last line) put in the event log, so the summary
+    and the job's status say why without the worker log."""
+    log.error("%s", err)
+    events.emit(EventName.USER_ERROR, rank=int(rank) if str(rank).isdigit() else None,
+                reason=one_line(f"{type(err).__name__}: {err}"))
+    return exitcodes.USER_ERROR
+
+
 def _is_collective_failure(err: BaseException) -> bool:
     if isinstance(err, dist.DistError):
         return True
@@ -331,11 +341,10 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     try:
         env = WorkerEnv.from_environ(environ)
     except UserError as err:
-        log.error("%s", err)
-        return exitcodes.USER_ERROR
+        return user_error(EventLog(environ.get("FLYWHEEL_EVENTS_FILE") or None), rank, err)
     if env.spec.command:
-        log.error("spec.command is set: the job runs a user command, not the embedded trainer")
-        return exitcodes.USER_ERROR
+        return user_error(EventLog(env.events_file), env.rank,
+                          UserError("spec.command is set: the job runs a user command, not the embedded trainer"))
     training = env.spec.trainer.training
     if training.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for deterministic matmuls
@@ -367,13 +376,12 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         dist.destroy_process_group()
         return code
     except USER_ERRORS as err:
-        log.error("%s", err)
-        return exitcodes.USER_ERROR
+        return user_error(events, env.rank, err)
     except Exception as err:
         log.exception("training failed")
         if _is_collective_failure(err):
             metrics.collective_failures_total.inc()
             # The counter dies with the process; the event log keeps the fact for the executor and the timeline.
-            events.emit("collective_timeout", rank=env.rank, error=str(err)[:500])
+            events.emit(EventName.COLLECTIVE_TIMEOUT, rank=env.rank, error=str(err)[:500])
             return exitcodes.COLLECTIVE_TIMEOUT
         return exitcodes.CRASH

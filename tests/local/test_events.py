@@ -65,13 +65,18 @@ def test_failures_restarts_and_recovery():
 
 def test_worker_exits_and_recreations_from_the_supervisor():
     record = fold(_run_with_replay()[:9])  # up to the kill fault: no restart yet
-    record.add_worker_exit(T0 + 6.6, replica=1, exit_code=-9, kind="Killed", detail="injected lose-worker")
+    record.add_event({"event": "worker_exit", "time": T0 + 6.6, "replica": 1, "exit_code": -9, "kind": "Killed",
+                      "detail": "injected lose-worker"})
     record.add_recreation(T0 + 6.7, (0, 1), "RestartJob", "Killed")
+    record.add_event({"event": "start", "time": T0 + 11, "resumed_from": 4})
     record.add_event(_step(5, 12, 4.0))
     summary = record.summary(job="j", status="Failed", exit_code=1, world_size=4, start_time=T0, wall_seconds=13)
     kinds = [(f["kind"], f["rank"], f["replica"]) for f in summary["failures"]]
     assert kinds == [("kill", 1, None), ("Killed", None, 1)]
     assert summary["failures"][1]["recovered_seconds"] == pytest.approx(12 - 6.6)
+    # one incident, from its first failure record (the fault at 6.5) to the first step of the new group
+    assert summary["mean_time_to_recover_seconds"] == pytest.approx(12 - 6.5)
+    assert summary["lost_steps"] == 2  # steps 5 and 6 were reached and are trained again
     assert summary["worker_recreations"][0]["replicas"] == [0, 1]
     assert summary["final_params_sha256"] is None and summary["steps_completed"] == 6
 
@@ -82,14 +87,14 @@ def test_a_second_epoch_counts_its_own_failure():
                {"event": "start", "time": T0 + 16, "rank": 0, "world_size": 4, "dp": 4, "restart_count": 2,
                 "resumed_from": 4}]
     record = fold(events)
-    assert [f.kind for f in record.failures] == ["kill", "hang"]
-    assert record.restarts == 2 and record.agent_restarts == 2
+    assert [f.record.kind for f in record.log.failures] == ["kill", "hang"]
+    assert record.restarts == 2 and record.log.agent_restarts == 2
 
 
 def test_steps_before_a_resume_from_an_earlier_run_are_null():
     events = [{"event": "start", "time": T0, "rank": 0, "world_size": 2, "dp": 2, "restart_count": 0,
                "resumed_from": 2}, _step(3, 1, 1.5), _step(4, 2, 1.25)]
-    assert fold(events).losses() == [None, None, 1.5, 1.25]
+    assert fold(events).log.losses() == [None, None, 1.5, 1.25]
 
 
 def test_event_tail_waits_for_complete_lines(tmp_path):
@@ -98,8 +103,8 @@ def test_event_tail_waits_for_complete_lines(tmp_path):
     assert tail.read_new() == []  # no file yet
     with open(path, "w") as f:
         f.write(json.dumps(_step(1, 1, 2.0)) + "\n" + '{"event": "step", "ti')
-    assert [e["step"] for e in tail.read_new()] == [1]
+    assert [e.step for e in tail.read_new()] == [1]
     with open(path, "a") as f:
         f.write('me": 1, "step": 2, "loss": 1.0}\nnot json\n')
-    assert [e["step"] for e in tail.read_new()] == [2]
+    assert [e.step for e in tail.read_new()] == [2]
     assert tail.read_new() == []

@@ -1,0 +1,263 @@
+"""The one fold of an event log into what the run did (pure: records in, numbers out; no I/O).
+
+The local runner's summary, the operator's status, the API's local-run view and the benchmarks all read these
+numbers, so they agree. Two definitions (docs/contracts.md, "Event log"):
+
+- An *incident* is one interruption of training. It begins at its first failure record (a rank's `fault`, `hang`,
+  `collective_timeout` or `user_error`, or a `worker_exit`) or, for a restart that left no failure record (a pod
+  killed outright), at the last step before the `start` that followed. It ends at its *recovery*: the first step of a
+  group started after it began (in a log without `start` records, a user script's, the first step after it).
+- **Recovery time** = that first step's time - the incident's beginning.
+- **Lost steps** = the highest step reached before the recovery (since the previous one) - the step resumed from
+  (the first step after the recovery - 1): the steps trained again. An incident never recovered lost none yet.
+
+A step replayed after a recovery replaces the lost attempt: losses and productive seconds count each step's last
+attempt once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flywheel import exitcodes
+from flywheel.eventlog.records import (
+    RANK_FAILURES,
+    Checkpoint,
+    CheckpointFailed,
+    Done,
+    EventName,
+    Failure,
+    LogReset,
+    Record,
+    Restore,
+    Start,
+    Step,
+)
+
+RESTART_WITHOUT_RECORD = "restart"  # an incident's cause when the log holds no failure record for it
+
+
+@dataclass
+class Incident:
+    began: float
+    cause: str  # the first failure record's kind, or RESTART_WITHOUT_RECORD
+    step_at_failure: int  # the highest step reached since the previous recovery (in-flight steps included)
+    healthy_until: float | None  # the last step before it began
+    reason: str = ""  # the first reason a failure record of it gave
+    starts: int = 0  # `start` records since it began
+    recovered_at: float | None = None
+    resumed_from: int | None = None
+
+    @property
+    def recovery_seconds(self) -> float | None:
+        return None if self.recovered_at is None else self.recovered_at - self.began
+
+    @property
+    def lost_steps(self) -> int:
+        return 0 if self.resumed_from is None else max(self.step_at_failure - self.resumed_from, 0)
+
+
+@dataclass(frozen=True)
+class FailureEntry:
+    """A failure record and the incident it belongs to."""
+
+    record: Failure
+    incident: Incident
+
+    @property
+    def recovered_seconds(self) -> float | None:
+        at = self.incident.recovered_at
+        return None if at is None else at - self.record.time
+
+    @property
+    def reason(self) -> str:
+        """The record's own reason; a worker's USER_ERROR exit takes its rank's (the `user_error` record)."""
+        if self.record.reason or self.record.exit_code != exitcodes.USER_ERROR:
+            return self.record.reason
+        return self.incident.reason
+
+    @property
+    def detail(self) -> str:
+        """What the failures table shows: the record's detail, and its reason when the detail lacks it."""
+        detail, reason = self.record.detail, self.reason
+        return f"{detail}: {reason}" if reason and reason not in detail else detail
+
+
+class RunFold:
+    """Folds records in log order. `keep_attempts=False` keeps one record per step, not every attempt (a long-lived
+    reader such as the operator does not need the timeline)."""
+
+    def __init__(self, keep_attempts: bool = True) -> None:
+        self.keep_attempts = keep_attempts
+        self._clear()
+
+    def _clear(self) -> None:
+        self.steps: dict[int, Step] = {}  # the last attempt of each step
+        self.attempts: list[Step] = []  # every attempt in log order (keep_attempts)
+        self.last: Step | None = None  # the latest step record
+        self.starts: list[Start] = []
+        self.restores: list[Restore] = []
+        self.checkpoints: list[Checkpoint] = []
+        self.checkpoint_failures: list[CheckpointFailed] = []
+        self._failures: list[FailureEntry] = []
+        self.incidents: list[Incident] = []
+        self.done: Done | None = None
+        self.first_time: float | None = None
+        self.last_time: float | None = None
+        self.productive_seconds = 0.0  # step_seconds of the last attempt of each step
+        self._open: Incident | None = None
+        self._high = 0  # the highest step since the previous recovery
+        self._stepped_since_start = False
+        self._rank_failure_since_start = False
+
+    def add_all(self, records: list[Record]) -> RunFold:
+        for record in records:
+            self.add(record)
+        return self
+
+    def add(self, record: Record) -> None:
+        if isinstance(record, LogReset):
+            self._clear()
+            return
+        t = record.time
+        self.first_time = t if self.first_time is None else min(self.first_time, t)
+        self.last_time = t if self.last_time is None else max(self.last_time, t)
+        if isinstance(record, Step):
+            self._on_step(record)
+        elif isinstance(record, Start):
+            self._on_start(record)
+        elif isinstance(record, Failure):
+            self._on_failure(record)
+        elif isinstance(record, Checkpoint):
+            self.checkpoints.append(record)
+        elif isinstance(record, CheckpointFailed):
+            self.checkpoint_failures.append(record)
+        elif isinstance(record, Restore):
+            self.restores.append(record)
+        else:
+            self.done = record
+
+    def _on_step(self, s: Step) -> None:
+        incident = self._open
+        if incident is not None and (incident.starts > 0 or not self.starts):
+            incident.recovered_at, incident.resumed_from = s.time, s.step - 1
+            self._open, self._high = None, 0
+        elif incident is not None:  # the failed group's step in flight: reached, and to be trained again
+            incident.step_at_failure = max(incident.step_at_failure, s.step)
+        previous = self.steps.get(s.step)
+        self.productive_seconds += s.step_seconds - (previous.step_seconds if previous else 0.0)
+        self.steps[s.step] = s
+        if self.keep_attempts:
+            self.attempts.append(s)
+        self.last = s
+        self._high = max(self._high, s.step)
+        self._stepped_since_start = True
+
+    def _on_start(self, s: Start) -> None:
+        if self._open is not None:
+            self._open.starts += 1
+        elif self._stepped_since_start and self.last is not None:
+            self._begin(self.last.time, RESTART_WITHOUT_RECORD).starts = 1
+        self.starts.append(s)
+        self._stepped_since_start = self._rank_failure_since_start = False
+
+    def _on_failure(self, f: Failure) -> None:
+        if f.event in RANK_FAILURES:
+            if self._rank_failure_since_start:  # the same outage seen by another rank
+                if self._open is not None and not self._open.reason:
+                    self._open.reason = f.reason
+                return
+            self._rank_failure_since_start = True
+        incident = self._open or self._begin(f.time, f.kind)
+        incident.reason = incident.reason or f.reason
+        self._failures.append(FailureEntry(f, incident))
+
+    def _begin(self, t: float, cause: str) -> Incident:
+        self._open = Incident(began=t, cause=cause, step_at_failure=self._high,
+                              healthy_until=self.last.time if self.last else None)
+        self.incidents.append(self._open)
+        return self._open
+
+    # --- views -------------------------------------------------------------------------------------------------
+    @property
+    def failures(self) -> list[FailureEntry]:
+        """The failure records, less collective timeouts in an incident that another record explains (a rank whose
+        peer died sees its collective fail: a symptom, not a second failure)."""
+        symptom = EventName.COLLECTIVE_TIMEOUT
+        explained = {id(f.incident) for f in self._failures if f.record.event is not symptom}
+        return [f for f in self._failures if f.record.event is not symptom or id(f.incident) not in explained]
+
+    @property
+    def last_step(self) -> int:
+        """The highest step trained."""
+        return max(self.steps, default=0)
+
+    @property
+    def current_step(self) -> int:
+        """Where training is now: the latest step record's (lower than last_step while replaying), or done's."""
+        current = self.last.step if self.last else 0
+        return max(current, self.done.step) if self.done else current
+
+    @property
+    def steps_completed(self) -> int:
+        return self.done.step if self.done else self.last_step
+
+    @property
+    def last_loss(self) -> float | None:
+        return self.steps[self.last_step].loss if self.steps else None
+
+    @property
+    def committed_step(self) -> int:
+        return max((c.step for c in self.checkpoints), default=0)
+
+    @property
+    def restarts(self) -> int:
+        """Times training started again: every rank-level restart or worker recreation logs a new `start`."""
+        return max(len(self.starts) - 1, 0)
+
+    @property
+    def agent_restarts(self) -> int:
+        """Starts whose restart_count grew: rank-level restarts done by the elastic agent."""
+        count = previous = 0
+        for s in self.starts:
+            count += s.restart_count > previous
+            previous = s.restart_count
+        return count
+
+    @property
+    def open_incident(self) -> Incident | None:
+        """The incident training has not recovered from yet, if any."""
+        return self._open
+
+    @property
+    def recoveries(self) -> list[Incident]:
+        return [i for i in self.incidents if i.recovered_at is not None]
+
+    @property
+    def lost_steps(self) -> int:
+        return sum(i.lost_steps for i in self.incidents)
+
+    @property
+    def mean_time_to_recover(self) -> float | None:
+        seconds = [i.recovery_seconds for i in self.recoveries if i.recovery_seconds is not None]
+        return sum(seconds) / len(seconds) if seconds else None
+
+    @property
+    def failure_reason(self) -> str:
+        """Why training is stopped: the reason the incident not recovered from gave (a user error's), or ""."""
+        return self._open.reason if self._open is not None else ""
+
+    @property
+    def log_wall_seconds(self) -> float:
+        """From the first `start` (the first record when there is none) to the latest record."""
+        first = self.starts[0].time if self.starts else self.first_time
+        return max(self.last_time - first, 0.0) if first is not None and self.last_time is not None else 0.0
+
+    def losses(self) -> list[float | None]:
+        """One value per step 1..N (N = steps completed); None for a step never seen or reported without a loss."""
+        last = max(self.steps_completed, self.last_step)
+        return [self.steps[s].loss if s in self.steps else None for s in range(1, last + 1)]
+
+
+def fold(records: list[Record], keep_attempts: bool = True) -> RunFold:
+    return RunFold(keep_attempts).add_all(records)

@@ -1,0 +1,162 @@
+"""The event log's names and typed records (docs/contracts.md, "Event log").
+
+A line is one JSON object with `event` (an `EventName`) and `time` (unix seconds). `parse_record` turns a line's
+object into its typed record, or None for a name this version does not know or a line whose required fields are
+missing (a newer writer, a hand-edited file): readers skip what they cannot use rather than fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from flywheel import exitcodes
+
+
+class EventName(StrEnum):
+    START = "start"  # rank 0, after restore: a (re)started group trains
+    STEP = "step"  # rank 0 (the trainer or flywheel.progress), after each optimizer step
+    CHECKPOINT = "checkpoint"  # rank 0, when a checkpoint is committed
+    CHECKPOINT_FAILED = "checkpoint_failed"  # any rank
+    RESTORE = "restore"  # rank 0, a checkpoint was loaded
+    FAULT = "fault"  # any rank, just before an injected fault fires
+    HANG = "hang"  # any rank, the progress watchdog fired (exit HANG)
+    COLLECTIVE_TIMEOUT = "collective_timeout"  # any rank, a collective timed out or was aborted
+    USER_ERROR = "user_error"  # any rank, a bad configuration or data (exit USER_ERROR); `reason` says which
+    WORKER_EXIT = "worker_exit"  # the local supervisor, a worker process exited unasked with a non-zero code
+    DONE = "done"  # rank 0, training finished
+
+
+# Reported by the ranks of one group: after one outage every blocked rank may report too; one per start counts.
+RANK_FAILURES = frozenset({EventName.FAULT, EventName.HANG, EventName.COLLECTIVE_TIMEOUT, EventName.USER_ERROR})
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    time: float
+    world_size: int = 0
+    restart_count: int = 0
+    resumed_from: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    time: float
+    step: int
+    loss: float | None = None  # optional: a user script may report a step alone
+    step_seconds: float = 0.0
+    tokens_per_second: float | None = None
+    world_size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    time: float
+    step: int
+    path: str = ""
+    blocking_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointFailed:
+    time: float
+    step: int | None
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    time: float
+    step: int
+    path: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failure record: a rank's (`fault`, `hang`, `collective_timeout`, `user_error`) or a worker's exit."""
+
+    time: float
+    event: EventName
+    kind: str  # kill / hang / collective-timeout / user-error, or the worker exit's failure kind
+    detail: str = ""
+    reason: str = ""  # why, in one line (a user error's exception, a collective's error)
+    rank: int | None = None
+    replica: int | None = None
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    time: float
+    step: int
+    params_sha256: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LogReset:
+    """Not a line: the tailer's marker that the file was truncated or replaced, so a fold starts over."""
+
+    time: float = 0.0
+
+
+Record = Start | Step | Checkpoint | CheckpointFailed | Restore | Failure | Done | LogReset
+
+
+def _float(raw: Mapping[str, Any], key: str) -> float | None:
+    value = raw.get(key)
+    return None if value is None else float(value)
+
+
+def _int(raw: Mapping[str, Any], key: str) -> int | None:
+    value = raw.get(key)
+    return None if value is None else int(value)
+
+
+def one_line(text: object, limit: int = 500) -> str:
+    """An exception or error as one line: what a table cell or a condition message can hold."""
+    return " ".join(str(text).split())[:limit]
+
+
+def _failure(name: EventName, t: float, raw: Mapping[str, Any]) -> Failure:
+    rank, reason = _int(raw, "rank"), one_line(raw.get("reason") or raw.get("error") or "")
+    if name is EventName.FAULT:
+        return Failure(t, name, str(raw.get("kind", "kill")), f"injected at step {raw.get('step')}", rank=rank)
+    if name is EventName.HANG:
+        return Failure(t, name, "hang", f"watchdog: {raw.get('seconds_since_step', '?')} s without a step", rank=rank)
+    if name is EventName.COLLECTIVE_TIMEOUT:
+        return Failure(t, name, "collective-timeout", reason, reason, rank=rank)
+    if name is EventName.USER_ERROR:
+        return Failure(t, name, "user-error", reason, reason, rank=rank)
+    code = _int(raw, "exit_code")
+    detail = str(raw.get("detail") or (f"exit {code} ({exitcodes.describe(code)})" if code is not None else ""))
+    return Failure(t, name, str(raw.get("kind", "")), detail, reason, replica=_int(raw, "replica"), exit_code=code)
+
+
+def _parse(name: EventName, t: float, raw: Mapping[str, Any]) -> Record:
+    if name is EventName.STEP:
+        return Step(t, int(raw["step"]), _float(raw, "loss"), _float(raw, "step_seconds") or 0.0,
+                    _float(raw, "tokens_per_second"), _int(raw, "world_size") or 0)
+    if name is EventName.START:
+        return Start(t, _int(raw, "world_size") or 0, _int(raw, "restart_count") or 0, _int(raw, "resumed_from"))
+    if name is EventName.CHECKPOINT:
+        return Checkpoint(t, int(raw["step"]), str(raw.get("path") or ""), _float(raw, "blocking_seconds") or 0.0,
+                          _float(raw, "total_seconds") or 0.0)
+    if name is EventName.CHECKPOINT_FAILED:
+        return CheckpointFailed(t, _int(raw, "step"), str(raw.get("error") or ""))
+    if name is EventName.RESTORE:
+        return Restore(t, int(raw["step"]), str(raw.get("path") or ""))
+    if name is EventName.DONE:
+        return Done(t, int(raw["step"]), raw.get("params_sha256"))
+    return _failure(name, t, raw)
+
+
+def parse_record(raw: Mapping[str, Any]) -> Record | None:
+    """The typed record of one line's object; None when the name is unknown or a required field is missing."""
+    try:
+        name = EventName(str(raw.get("event")))
+        return _parse(name, float(raw.get("time") or 0.0), raw)
+    except (KeyError, TypeError, ValueError):
+        return None
