@@ -76,6 +76,8 @@ def decide_failure(out: Pass, job: JobView) -> Pass | None:
         kind = job.failure(failed[0])
         assert kind is not None
         detail = failure_detail(failed[0], kind, job.now)
+        if job.progress.failure_reason:  # the worker's own words beat an exit code
+            detail = f"{detail}: {job.progress.failure_reason}"
     else:
         kind, detail = FailureKind.HANG, R.MSG_HANG_DECIDED.format(finding=hang)
     live = sum(1 for p in job.current if p.active and job.failure(p) is None)

@@ -49,6 +49,8 @@ class ObservedProgress:
     # (time of the first step after a restart, seconds since the last step before it), oldest first.
     recoveries: tuple[tuple[float, float], ...] = ()
     checkpoints: tuple[CommittedCheckpoint, ...] = ()  # the most recent committed checkpoints, oldest first
+    # Why the open incident's worker failed, in its own words (a USER_ERROR's exception line); "" once recovered.
+    failure_reason: str = ""
 
 
 @dataclass(frozen=True)

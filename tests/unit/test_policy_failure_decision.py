@@ -1,7 +1,7 @@
 from flywheel.policy.decisions import DeletePod, Relabel
 from flywheel.policy.failure_decision import HUNG_POD_GRACE_SECONDS, budget_of, decide_failure, requested_restart
-from flywheel.policy.observed import HangReport, HealthFindings
-from flywheel.spec_status import Phase, RestartBudgetStatus, TrainingJobStatus
+from flywheel.policy.observed import HangReport, HealthFindings, ObservedProgress
+from flywheel.spec_status import ConditionType, Phase, RestartBudgetStatus, TrainingJobStatus
 from tests.unit.policy_helpers import fresh, pod, spec, view
 
 
@@ -40,3 +40,13 @@ def test_a_restart_request_is_served_once() -> None:
     out = requested_restart(fresh(), view(spec(), [pod(0)], restart_requested_at="t1"))
     assert out is not None and out.status.restart_request_handled == "t1" and out.status.restarts == 1
     assert requested_restart(out, view(spec(), [pod(0)], generation=1, restart_requested_at="t1")) is None
+
+
+def test_a_worker_s_own_failure_reason_is_in_the_condition_and_the_event() -> None:
+    said = ObservedProgress(failure_reason="ParallelismError: tp 2 does not divide 3 heads")
+    s = spec(**{"faultTolerance.maxRestarts": 0})
+    out = decide_failure(fresh(), view(s, [pod(0), pod(1, "Failed", exit_code=3)], progress=said))
+    assert out is not None and out.status.phase is Phase.FAILED
+    failed = next(c for c in out.status.conditions if c.type == ConditionType.FAILED)
+    assert "tp 2 does not divide 3 heads" in failed.message
+    assert any("tp 2 does not divide 3 heads" in e.message for e in out.events)
