@@ -4,24 +4,20 @@ same schema as a cluster job. Read-only: the actions need the supervisor's coope
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from flywheel.api.cache import JOB_LABEL
 from flywheel.api.views import CHECKPOINT_REASON
+from flywheel.labels import INDEX_LABEL, JOB_LABEL
 from flywheel.policy import reasons as R
 from flywheel.spec import TrainingJob
+from flywheel.timefmt import rfc3339
 
 Obj = dict[str, Any]
 _FAILURE_KIND = {"kill": "Killed", "hang": "Hang"}
-
-
-def _iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class EventLogSource:
@@ -104,17 +100,17 @@ class EventLogSource:
             status["lastRestartReason"] = _FAILURE_KIND.get(str(self._failures[-1].get("kind", "hang")), "Hang")
         if self._checkpoints:
             c = self._checkpoints[-1]
-            status["lastCheckpoint"] = {"step": int(c["step"]), "path": c.get("path", ""), "time": _iso(c["time"])}
+            status["lastCheckpoint"] = {"step": int(c["step"]), "path": c.get("path", ""), "time": rfc3339(c["time"])}
         if self._starts:
             status["conditions"] = [{"type": phase, "status": "True", "reason": phase,
-                                     "lastTransitionTime": _iso(self._last_time)}]
+                                     "lastTransitionTime": rfc3339(self._last_time)}]
         return status
 
     def _job_obj(self) -> Obj:
         meta = {"name": self.tj.name, "namespace": self.namespace, "uid": f"local-{self.tj.name}",
                 "generation": 1}
         if self._first_time is not None:
-            meta["creationTimestamp"] = _iso(self._first_time)
+            meta["creationTimestamp"] = rfc3339(self._first_time)
         return {"apiVersion": self.tj.api_version, "kind": self.tj.kind, "metadata": meta,
                 "spec": self.tj.spec.model_dump(by_alias=True, mode="json"), "status": self._status()}
 
@@ -139,7 +135,7 @@ class EventLogSource:
             return []
         phase = {"Succeeded": "Succeeded", "Pending": "Pending"}.get(obj["status"]["phase"], "Running")
         return [{"metadata": {"name": f"{job}-worker-{i}", "namespace": namespace,
-                              "labels": {JOB_LABEL: job, "flywheel.dev/replica-index": str(i)}},
+                              "labels": {JOB_LABEL: job, INDEX_LABEL: str(i)}},
                  "spec": {"nodeName": "localhost"},
                  "status": {"phase": phase, "conditions": [{"type": "Ready",
                                                             "status": str(phase == "Running")}]}}
@@ -161,6 +157,6 @@ class EventLogSource:
         return out
 
     def _event(self, kind: str, reason: str, t: float, message: str) -> Obj:
-        return {"type": kind, "reason": reason, "message": message, "count": 1, "firstTimestamp": _iso(t),
-                "lastTimestamp": _iso(t), "involvedObject": {"kind": "TrainingJob", "name": self.tj.name,
+        return {"type": kind, "reason": reason, "message": message, "count": 1, "firstTimestamp": rfc3339(t),
+                "lastTimestamp": rfc3339(t), "involvedObject": {"kind": "TrainingJob", "name": self.tj.name,
                                                              "namespace": self.namespace}}

@@ -18,12 +18,13 @@ from typing import Any
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.monitor import HealthMonitor, MonitorSettings, OperatorMetrics
 from flywheel.operator import manifests as m
-from flywheel.operator.kube import ApiError, Kube
+from flywheel.operator.kube import Kube, KubeApiError
 from flywheel.policy import reasons as R
 from flywheel.policy.health_checks import Degradation, HangFinding, WatchedJob
 from flywheel.policy.health_status import Conditions, mark_degraded, mark_hung
 from flywheel.policy.xid import NodeFault, RankRestart, WatchedPod
 from flywheel.spec import SpecError, parse_job
+from flywheel.timefmt import parse_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +57,9 @@ def watched_pod(obj: dict[str, Any]) -> WatchedPod | None:
     phase = "Terminating" if meta.get("deletionTimestamp") else str(status.get("phase", "Pending"))
     started = None
     for cs in status.get("containerStatuses") or []:
-        started = started or m.timestamp(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
+        started = started or parse_rfc3339(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
     if started is None and phase == "Running":
-        started = m.timestamp(status.get("startTime"))
+        started = parse_rfc3339(status.get("startTime"))
     node = str((obj.get("spec") or {}).get("nodeName") or "")
     return WatchedPod(meta["name"], meta["namespace"], job, replica, node, phase, started)
 
@@ -166,7 +167,7 @@ class KubeHealthActions:
                     "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
                     "status": {"conditions": conditions}})
                 return obj
-            except ApiError as err:
+            except KubeApiError as err:
                 if err.status != 409:
                     raise
         raise RuntimeError(f"{namespace}/{job} kept changing; conditions not written")

@@ -7,7 +7,6 @@ time) or the in-cluster service account. Only JSON, only the calls the operator 
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import os
 import ssl
 import tempfile
@@ -18,10 +17,12 @@ from typing import Any
 import aiohttp
 import yaml
 
+from flywheel.timefmt import rfc3339
+
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
-class ApiError(Exception):
+class KubeApiError(Exception):
     def __init__(self, status: int, body: Any) -> None:
         self.status, self.body = status, body
         message = body.get("message") if isinstance(body, dict) else body
@@ -68,14 +69,6 @@ def load_connection(kubeconfig: str | None) -> Connection:
     return Connection(cluster["server"], user.get("token"), ca, insecure, cert, key)
 
 
-def now_rfc3339() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def rfc3339(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class Kube:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -112,7 +105,7 @@ class Kube:
                                    headers={"Content-Type": content_type}) as resp:
             data = await resp.json(content_type=None) if resp.content_length != 0 else None
             if resp.status >= 400:
-                raise ApiError(resp.status, data)
+                raise KubeApiError(resp.status, data)
             return data
 
     # paths
@@ -127,7 +120,7 @@ class Kube:
     async def get(self, path: str) -> dict[str, Any] | None:
         try:
             return await self.request("GET", path)
-        except ApiError as err:
+        except KubeApiError as err:
             if err.status == 404:
                 return None
             raise
@@ -140,7 +133,7 @@ class Kube:
         """Create; None when it already exists (the caller's next pass will see it)."""
         try:
             return await self.request("POST", path, body)
-        except ApiError as err:
+        except KubeApiError as err:
             if err.status == 409:
                 return None
             raise
@@ -153,7 +146,7 @@ class Kube:
             body["gracePeriodSeconds"] = grace_seconds
         try:
             await self.request("DELETE", path, body)
-        except ApiError as err:
+        except KubeApiError as err:
             if err.status not in (404, 409):  # gone already, or replaced by a newer object (uid precondition)
                 raise
 
@@ -167,7 +160,7 @@ class Kube:
         those times (default: one, now)."""
         meta = involved["metadata"]
         namespace = meta.get("namespace") or "default"  # events about cluster-scoped objects (nodes) live there
-        ts = now_rfc3339()
+        ts = rfc3339()
         first = rfc3339(first_time) if first_time is not None else ts
         last = rfc3339(last_time) if last_time is not None else ts
         body = {

@@ -12,8 +12,9 @@ Conditions of two sorts live in `status.conditions`:
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
+
+from flywheel.timefmt import parse_rfc3339, rfc3339
 
 PHASE_CONDITIONS = ("Running", "Restarting", "Suspended", "Succeeded", "Failed")
 # Besides its own, the state conditions that may be True in each phase; set_phase turns the others False.
@@ -29,13 +30,11 @@ STATE_CONDITIONS = PHASE_CONDITIONS + ("Degraded", "Hung", "Unschedulable")
 
 
 def iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(t)
 
 
 def parse_iso(text: str | None) -> float | None:
-    if not text:
-        return None
-    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
+    return parse_rfc3339(text)
 
 
 def condition(status: dict[str, Any], ctype: str) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from flywheel.api.app import create_app
 from flywheel.api.auth import Access, AuthConfigError, KubeAuth, Principal, TokenFileAuth
-from flywheel.api.cache import MemorySource
+from tests.api.memory_source import MemorySource
 
 
 class StubAuthn:

@@ -97,6 +97,7 @@ class Store:
         self.on_removed: list[Callable[[ResourceType, dict[str, Any]], None]] = []
         self.on_deleting: list[Callable[[ResourceType, dict[str, Any]], None]] = []
         self.on_changed: list[Callable[[ResourceKey], None]] = []  # after every write (controllers mark work)
+        self.pod_hooks: list[Callable[[dict[str, Any]], None]] = []  # pod mutation at create (pod_hooks.py)
         for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.create(self.registry.get(NAMESPACES), "", {"apiVersion": "v1", "kind": "Namespace",
                                                             "metadata": {"name": name}})
@@ -192,6 +193,9 @@ class Store:
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339())
         if rt.custom or rt.key in _GENERATION_KINDS:
             meta["generation"] = 1
+        if rt.key == PODS:
+            for hook in self.pod_hooks:  # mutating admission, before validation (as webhooks run)
+                hook(obj)
         obj = admission.admit_create(rt, obj, strict)
         if dry_run:
             return obj

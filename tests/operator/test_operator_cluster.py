@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from flywheel.operator.manifests import timestamp
+from flywheel.timefmt import parse_rfc3339
 from tests.operator.conftest import OpEnv, eventually
 
 # 400 steps of gpt-tiny take ~10 s on 2 cores: long enough to hit a worker or the operator mid-run.
@@ -222,7 +222,7 @@ def test_lost_node_pod_force_deleted_and_replaced(op_env: OpEnv) -> None:
 
 
 def _ts(text: str) -> float:
-    value = timestamp(text)
+    value = parse_rfc3339(text)
     assert value is not None
     return value
 
