@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.labels import JOB_LABEL
@@ -100,7 +100,7 @@ class Reflector:
             try:
                 rv = self._relist()
                 while not self._stop.is_set():
-                    self._watch = watch.Watch()
+                    self._watch = cast(Any, watch).Watch()  # the kubernetes package is untyped
                     for event in self._watch.stream(self._lister, resource_version=rv,
                                                     timeout_seconds=self._watch_seconds,
                                                     allow_watch_bookmarks=True):

@@ -63,7 +63,7 @@ async def _principal(request: Request,
         raise ProblemError(401, "Unauthorized", "missing bearer token: send 'Authorization: Bearer <token>'",
                            challenge)
     auth = state(request).auth
-    who = await _off_loop(auth, auth.authenticate, creds.credentials.strip())
+    who: Principal | None = await _off_loop(auth, auth.authenticate, creds.credentials.strip())
     if who is None:
         raise ProblemError(401, "Unauthorized", "the bearer token was not accepted (unknown, expired or revoked)",
                            challenge)
@@ -91,7 +91,7 @@ def job(request: Request, namespace: str, name: str) -> dict[str, Any]:
     app_state = state(request)
     if not app_state.source.ready():
         raise ProblemError(503, "NotReady", NOT_SYNCED)
-    obj = app_state.source.job(namespace, name)
+    obj: dict[str, Any] | None = app_state.source.job(namespace, name)
     if obj is None:
         raise ProblemError(404, "NotFound", f"TrainingJob {namespace}/{name} not found")
     return obj

@@ -40,7 +40,7 @@ def act(request: Request, who: Principal, namespace: str, name: str, action: str
         raise ProblemError(err.status, err.reason, err.message) from None
     # The Kubernetes audit log names the server's account (no impersonation, docs/api.md): name the caller here.
     log.info("%s %s/%s by %r", action, namespace, name, who.user)
-    return ActionResult(action=action, job=detail(request, updated))  # type: ignore[arg-type]
+    return ActionResult(action=action, job=detail(request, updated))
 
 
 @router.post("/suspend", response_model=ActionResult, responses=ACT_ERRORS)

@@ -19,7 +19,7 @@ from flywheel.api.schemas import (
 )
 from flywheel.labels import GENERATION_LABEL, INDEX_LABEL, RESTART_ANNOTATION
 from flywheel.policy import reasons as R
-from flywheel.spec import CheckpointStatus, TrainingJobStatus
+from flywheel.spec_status import CheckpointStatus, TrainingJobStatus
 from flywheel.timefmt import parse_rfc3339, rfc3339
 
 Obj = dict[str, Any]

@@ -23,6 +23,8 @@ SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
 class KubeApiError(Exception):
+    """A status >= 400 from the Kubernetes API server: the HTTP status and the decoded body (a Status object)."""
+
     def __init__(self, status: int, body: Any) -> None:
         self.status, self.body = status, body
         message = body.get("message") if isinstance(body, dict) else body
@@ -56,7 +58,7 @@ def load_connection(kubeconfig: str | None) -> Connection:
     cfg = yaml.safe_load(Path(kubeconfig).read_text())
     context = next(c["context"] for c in cfg["contexts"] if c["name"] == cfg["current-context"])
     cluster = next(c["cluster"] for c in cfg["clusters"] if c["name"] == context["cluster"])
-    user = next((u["user"] for u in cfg.get("users", []) if u["name"] == context.get("user")), {}) or {}
+    user: dict[str, Any] = next((u["user"] for u in cfg.get("users", []) if u["name"] == context.get("user")), {}) or {}
     def path_or_data(node: dict[str, Any], field: str, suffix: str) -> str | None:
         if node.get(field):
             return str(node[field])
@@ -100,6 +102,7 @@ class Kube:
 
     async def request(self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None,
                       content_type: str = "application/json") -> Any:
+        """The decoded JSON answer (None for an empty body); KubeApiError for any status >= 400."""
         session = await self.session()
         async with session.request(method, path, json=body, params=params,
                                    headers={"Content-Type": content_type}) as resp:
@@ -119,7 +122,8 @@ class Kube:
 
     async def get(self, path: str) -> dict[str, Any] | None:
         try:
-            return await self.request("GET", path)
+            found: dict[str, Any] = await self.request("GET", path)
+            return found
         except KubeApiError as err:
             if err.status == 404:
                 return None
@@ -132,7 +136,8 @@ class Kube:
     async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """Create; None when it already exists (the caller's next pass will see it)."""
         try:
-            return await self.request("POST", path, body)
+            created: dict[str, Any] = await self.request("POST", path, body)
+            return created
         except KubeApiError as err:
             if err.status == 409:
                 return None
@@ -151,7 +156,8 @@ class Kube:
                 raise
 
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return await self.request("PATCH", path, patch, content_type="application/merge-patch+json")
+        patched: dict[str, Any] = await self.request("PATCH", path, patch, content_type="application/merge-patch+json")
+        return patched
 
     async def post_event(self, involved: dict[str, Any], event_type: str, reason: str, message: str,
                          component: str = "flywheel-operator", *, count: int = 1, first_time: float | None = None,
