@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -31,11 +32,13 @@ def wait_for(check, timeout: float, what: str, procs: list[subprocess.Popen[byte
 def test_operator_and_trainer_agree_on_the_names(tmp_path: Path):
     assert health_executor.DEBUG_SUBDIR == stackdump.DEBUG_SUBDIR == collective_env.DEBUG_SUBDIR
     assert health_executor.STACK_REQUEST == stackdump.REQUEST_FILE
-    assert collective_env.dump_pipe_path(tmp_path, 3).match(health_executor.NCCL_PIPES)
+    timeouts = collective_env.CollectiveTimeouts(timedelta(seconds=60), timedelta(seconds=10))
+    pipe_prefix = collective_env.collective_env(tmp_path, timeouts)["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"]
+    assert Path(pipe_prefix + "3.pipe").match(health_executor.NCCL_PIPES)  # torch appends "<rank>.pipe"
 
 
 def test_request_dumps_writes_the_request_file_and_each_read_nccl_pipe(tmp_path: Path):
-    assert health.request_dumps(tmp_path / "missing") == health.DumpRequest(0, None)
+    assert health_executor.request_dumps(tmp_path / "missing") == health_executor.DumpRequest(0, None)
     assert not (tmp_path / "missing").exists()  # no rank ever ran there: nothing is created
     debug = tmp_path / ".debug"
     debug.mkdir()
@@ -44,11 +47,11 @@ def test_request_dumps_writes_the_request_file_and_each_read_nccl_pipe(tmp_path:
     (debug / "nccl_pipe_rank_2.pipe").write_text("not a pipe")
     reader = os.open(debug / "nccl_pipe_rank_0.pipe", os.O_RDONLY | os.O_NONBLOCK)  # rank 1's has no reader
     try:
-        first = health.request_dumps(debug, token="t1")
-        assert first == health.DumpRequest(1, debug / "dump-request")
+        first = health_executor.request_dumps(debug, token="t1")
+        assert first == health_executor.DumpRequest(1, debug / "dump-request")
         assert os.read(reader, 16) == b"1\n"
         assert (debug / "dump-request").read_text() == "t1\n"
-        second = health.request_dumps(debug)  # every request is a new token
+        second = health_executor.request_dumps(debug)  # every request is a new token
         assert second.stack_request is not None and (debug / "dump-request").read_text().strip() not in ("", "t1")
     finally:
         os.close(reader)
@@ -95,7 +98,7 @@ def test_a_rank_stuck_in_a_gloo_collective_dumps_its_stacks_on_request(tmp_path:
     try:
         wait_for(lambda: any(e["event"] == "fault" for e in workers.events(tmp_path)), 90, "the hang", procs[:1])
         time.sleep(0.5)  # rank 0 is in step 3's collective by now
-        done = health.request_dumps(debug)
+        done = health_executor.request_dumps(debug)
         assert done.stack_request == debug / "dump-request" and done.nccl_pipes == 0  # gloo: no NCCL pipes
         stacks = debug / "stacks_rank_0.txt"
         wait_for(lambda: stacks.exists() and "most recent call first" in stacks.read_text(), 20, "rank 0's stacks",
