@@ -199,7 +199,7 @@ class ProcessKubelet:
             except (TimeoutError, ApiStatusError, OSError, ValueError):
                 resource_version = ""
                 await asyncio.sleep(0.5)
-            except Exception:  # a pod the kubelet cannot handle must not stop it from serving the others
+            except Exception:  # noqa: BLE001 - a pod the kubelet cannot handle must not stop it serving the others
                 await asyncio.sleep(0.5)
 
     async def _resync(self) -> str:
