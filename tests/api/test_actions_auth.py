@@ -13,7 +13,8 @@ def test_missing_or_bad_token_is_401_with_a_clear_body(api_env: ApiEnv) -> None:
     api_env.create_job("au")
     for headers in ({}, {"Authorization": "Basic YWxpY2U6eA=="}, {"Authorization": "Bearer "},
                     {"Authorization": "Bearer not-a-known-token"}):
-        for method, path in (("GET", "/v1/jobs"), ("GET", "/v1/jobs/default/au"), ("POST", "/v1/jobs/default/au/suspend")):
+        for method, path in (("GET", "/v1/jobs"), ("GET", "/v1/jobs/default/au"),
+                             ("POST", "/v1/jobs/default/au/suspend")):
             resp = api_env.http.request(method, path, headers=headers)
             assert resp.status_code == 401, (headers, path)
             assert resp.headers["www-authenticate"] == "Bearer"

@@ -232,8 +232,8 @@ def _failed_condition(status: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_invalid_image_name_fails_the_job_at_once(op_env: OpEnv) -> None:
-    """The kubelet reports InvalidImageName for a name that is no image reference (tests/k8s_emulator/images.py): the job
-    fails at once, naming the worker, the reason and the fix, instead of waiting Pending for ever."""
+    """The kubelet reports InvalidImageName for a name that is no image reference (tests/k8s_emulator/images.py): the
+    job fails at once, naming the worker, the reason and the fix, instead of waiting Pending for ever."""
     name = "bad-image"
     op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, image="Flywheel:Latest")))
     status = op_env.wait_phase(name, "Failed", 30)

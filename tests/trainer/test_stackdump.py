@@ -1,6 +1,6 @@
 """Stack dumps on request (flywheel/trainer/stackdump.py) and the operator's side of it (request_dumps in
-flywheel/operator/health_executor.py): the request file and the NCCL pipes, a stale request, SIGUSR1, and a real two-rank
-gloo run whose rank 0 is stuck in a collective (its peer SIGSTOPped) dumping its stacks when asked."""
+flywheel/operator/health_executor.py): the request file and the NCCL pipes, a stale request, SIGUSR1, and a real
+two-rank gloo run whose rank 0 is stuck in a collective (its peer SIGSTOPped) dumping its stacks when asked."""
 
 from __future__ import annotations
 
