@@ -10,7 +10,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from flywheel.crd import GROUP, RESTART_ANNOTATION, VERSION
+from flywheel.crd import GROUP, VERSION
+from flywheel.labels import RESTART_ANNOTATION
 
 Obj = dict[str, Any]
 NAMESPACES = ("default", "ml", "team-a", "team-b", "research")

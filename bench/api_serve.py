@@ -23,7 +23,7 @@ from fastapi import FastAPI, Request, Response
 from bench.api_jobs import populate
 from flywheel.api.app import create_app
 from flywheel.api.auth import TokenFileAuth
-from flywheel.api.cache import MemorySource
+from tests.api.memory_source import MemorySource
 
 
 def ours(jobs: int, token_file: str, seed: int = 0) -> FastAPI:

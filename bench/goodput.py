@@ -9,7 +9,7 @@ fault schedule SIGKILLs a random rank every T seconds.
   same model, data and optimizer, with a synchronous DCP save every 50 steps and a resume from the latest on start.
   `torchrun` is that command as a user types it (the issue's peer); `torchrun-tuned` adds
   TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (pytorch#135712: with the shared store a restarted group often fails to
-  connect; DESIGN.md measured 5 of 6 restarts needing extra rounds), the strongest torchrun we know to set up.
+  connect; measured: 5 of 6 restarts needed extra rounds, docs/architecture.md), the strongest torchrun we know.
 - Schedule: faults at (k + 1/2) x T after the first step; the victim (a global rank) comes from a seeded RNG, so both
   sides get the same schedule. A fault waits until the group trains again (never inside a recovery).
 

@@ -118,7 +118,7 @@ class OursHarness:
 
         self.workdir, self.gloo_timeout = workdir, gloo_timeout
         self.cluster = start_cluster(workdir / "cluster", nodes=2, etcd=True, heartbeat_seconds=0.5)
-        port = _free_port()  # worker i serves on port + i
+        port = _free_port()  # the test cluster moves worker i to port + i (tests/k8s_emulator/pod_hooks.py)
         self.prometheus = PrometheusServer(workdir / "prometheus", [ScrapeJob(
             "ranks", [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"], honor_labels=True)])
         events = workdir / "events"
@@ -126,7 +126,7 @@ class OursHarness:
         self.operator = OperatorProcess(self.cluster, events, workdir / "operator.log")
         self.operator.monitor_args = ["--prometheus-url", self.prometheus.url, "--health-interval", "0.25",
                                       "--scrape-interval", str(SCRAPE_INTERVAL_S)]
-        self.operator.extra_args = ["--metrics-port-base", str(port), "--host-network-ports"]
+        self.operator.extra_args = ["--metrics-port-base", str(port)]
         kubectl = REPO / ".tools" / "bin" / "kubectl"
         subprocess.run([str(kubectl), "--kubeconfig", str(self.cluster.kubeconfig), "apply", "-f", str(CRD)],
                        check=True, capture_output=True)

@@ -16,8 +16,6 @@ from flywheel.spec import API_VERSION, MAX_NAME_LENGTH, TrainingJobSpec, Trainin
 
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL, SINGULAR, SHORT_NAME = "trainingjobs", "trainingjob", "tj"
-# Set to an RFC 3339 time to restart the job once (the REST API's `restart`, or `kubectl annotate`).
-RESTART_ANNOTATION = f"{GROUP}/restart-requested-at"
 CRD_NAME = f"{PLURAL}.{GROUP}"
 DEFAULT_PATH = Path("crds") / f"{CRD_NAME}.yaml"
 

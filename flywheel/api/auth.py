@@ -135,7 +135,7 @@ class KubeAuth:
 
     def authorize(self, who: Principal, access: Access) -> tuple[bool, str]:
         key = (who, access)
-        cached = self._decisions.get(key)
+        cached: tuple[bool, str] | None = self._decisions.get(key)
         if cached is not None:
             return cached
         attrs = {"group": GROUP, "resource": PLURAL, "verb": access.verb}

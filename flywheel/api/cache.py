@@ -1,5 +1,5 @@
-"""Where the API reads from: a watch-backed cache of TrainingJobs, their pods and events (cluster), or an
-in-memory source (the local job, tests). Requests never call the Kubernetes API for reads."""
+"""Where the API reads from: a watch-backed cache of TrainingJobs, their pods and events (cluster); the local run
+has its own source (localrun.py). Requests never call the Kubernetes API for reads."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.labels import JOB_LABEL
 
-JOB_LABEL = "flywheel.dev/job"
 Obj = dict[str, Any]
 Key = tuple[str, str]
 log = logging.getLogger(__name__)
 
 
-def _key(obj: Obj) -> Key:
+def object_key(obj: Obj) -> Key:
     meta = obj.get("metadata") or {}
     return meta.get("namespace") or "default", meta.get("name") or ""
 
@@ -34,8 +34,8 @@ class JobSource(Protocol):
     def events(self, namespace: str, names: Iterable[str]) -> list[Obj]: ...
 
 
-class _IndexedStore:
-    """The three indexes both sources keep, and the reads the app makes on them (under one lock)."""
+class IndexedStore:
+    """The three indexes a source keeps, and the reads the app makes on them (under one lock)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -63,22 +63,6 @@ class _IndexedStore:
                     if ns == namespace and (e.get("involvedObject") or {}).get("name") in wanted]
 
 
-class MemorySource(_IndexedStore):
-    """A JobSource held in memory: `flywheel run` puts its one job here; tests use it without a cluster."""
-
-    def put(self, kind: str, obj: Obj) -> None:
-        table = {"job": self._jobs, "pod": self._pods, "event": self._events}[kind]
-        with self._lock:
-            table[_key(obj)] = obj
-
-    def remove(self, kind: str, namespace: str, name: str) -> None:
-        with self._lock:
-            {"job": self._jobs, "pod": self._pods, "event": self._events}[kind].pop((namespace, name), None)
-
-    def ready(self) -> bool:
-        return True
-
-
 class Reflector:
     """List, then watch from the list's resourceVersion; relist on any error or 410. Keeps raw dicts."""
 
@@ -102,7 +86,7 @@ class Reflector:
     def _relist(self) -> str:
         resp = self._lister(_preload_content=False)
         body = json.loads(resp.data)
-        fresh = {_key(o): o for o in body.get("items") or []}
+        fresh = {object_key(o): o for o in body.get("items") or []}
         with self._lock:
             self._store.clear()
             self._store.update(fresh)
@@ -116,7 +100,7 @@ class Reflector:
             try:
                 rv = self._relist()
                 while not self._stop.is_set():
-                    self._watch = watch.Watch()
+                    self._watch = cast(Any, watch).Watch()  # the kubernetes package is untyped
                     for event in self._watch.stream(self._lister, resource_version=rv,
                                                     timeout_seconds=self._watch_seconds,
                                                     allow_watch_bookmarks=True):
@@ -126,9 +110,9 @@ class Reflector:
                         rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
                         with self._lock:
                             if kind == "DELETED":
-                                self._store.pop(_key(obj), None)
+                                self._store.pop(object_key(obj), None)
                             elif kind in ("ADDED", "MODIFIED"):
-                                self._store[_key(obj)] = obj
+                                self._store[object_key(obj)] = obj
                     rv = self._watch.resource_version or rv
             except Exception as err:  # noqa: BLE001 - any failure: back off, relist from scratch
                 if self._stop.is_set():
@@ -137,7 +121,7 @@ class Reflector:
                 self._stop.wait(1.0)
 
 
-class KubeCache(_IndexedStore):
+class KubeCache(IndexedStore):
     """TrainingJobs, pods labelled `flywheel.dev/job`, and events, kept current by three watches."""
 
     def __init__(self, api_client: Any, namespace: str | None = None, watch_seconds: int = 60) -> None:

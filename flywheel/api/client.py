@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from flywheel.api.server import DEFAULT_PORT
+from flywheel.timefmt import parse_rfc3339
 
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 
@@ -86,8 +87,7 @@ def _message(resp: httpx.Response) -> str:
 def _age(created: str | None) -> str:
     if not created:
         return ""
-    then = dt.datetime.fromisoformat(created)
-    seconds = int((dt.datetime.now(dt.UTC) - then).total_seconds())
+    seconds = int(time.time() - (parse_rfc3339(created) or 0.0))
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds // size}{unit}"

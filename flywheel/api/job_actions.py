@@ -9,11 +9,12 @@ operator carries them out and Kubernetes' RBAC and audit log see every change.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from typing import Any, Protocol
 
-from flywheel.crd import GROUP, PLURAL, RESTART_ANNOTATION, VERSION
+from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.labels import RESTART_ANNOTATION
+from flywheel.timefmt import rfc3339
 
 MERGE_PATCH = "application/merge-patch+json"
 Obj = dict[str, Any]
@@ -31,10 +32,6 @@ class Actions(Protocol):
     def suspend(self, namespace: str, name: str, value: bool) -> Obj: ...
     def restart(self, namespace: str, name: str) -> Obj: ...
     def scale(self, namespace: str, name: str, replicas: int) -> Obj: ...
-
-
-def now_rfc3339() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class KubeActions:
@@ -59,7 +56,7 @@ class KubeActions:
                           {"spec": {"suspend": value}}, _content_type=MERGE_PATCH)
 
     def restart(self, namespace: str, name: str) -> Obj:
-        patch = {"metadata": {"annotations": {RESTART_ANNOTATION: now_rfc3339()}}}
+        patch = {"metadata": {"annotations": {RESTART_ANNOTATION: rfc3339()}}}
         return self._call(self._custom.patch_namespaced_custom_object, namespace, PLURAL, name, patch,
                           _content_type=MERGE_PATCH)
 

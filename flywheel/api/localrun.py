@@ -4,25 +4,21 @@ same schema as a cluster job. Read-only: the actions need the supervisor's coope
 
 from __future__ import annotations
 
-import datetime as dt
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from flywheel.api.cache import JOB_LABEL
 from flywheel.api.views import CHECKPOINT_REASON
 from flywheel.eventlog import EventTail, FailureEntry, RunFold
+from flywheel.labels import INDEX_LABEL, JOB_LABEL
 from flywheel.policy import reasons as R
 from flywheel.spec import TrainingJob
+from flywheel.timefmt import rfc3339
 
 Obj = dict[str, Any]
 _FAILURE_KIND = {"kill": "Killed", "hang": "Hang", "collective-timeout": "CollectiveTimeout",
                  "user-error": "UserError"}
-
-
-def _iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _failure_reason(f: FailureEntry) -> str:
@@ -74,10 +70,10 @@ class EventLogSource:
             status["lastRestartReason"] = _failure_reason(log.failures[-1])
         if log.checkpoints:
             c = log.checkpoints[-1]
-            status["lastCheckpoint"] = {"step": c.step, "path": c.path, "time": _iso(c.time)}
+            status["lastCheckpoint"] = {"step": c.step, "path": c.path, "time": rfc3339(c.time)}
         if log.starts or log.last:
             status["conditions"] = [{"type": phase, "status": "True", "reason": phase,
-                                     "lastTransitionTime": _iso(log.last_time or 0.0)}]
+                                     "lastTransitionTime": rfc3339(log.last_time or 0.0)}]
             if log.failure_reason:
                 status["conditions"][0]["message"] = log.failure_reason
         return status
@@ -86,7 +82,7 @@ class EventLogSource:
         meta = {"name": self.tj.name, "namespace": self.namespace, "uid": f"local-{self.tj.name}",
                 "generation": 1}
         if self._log.first_time is not None:
-            meta["creationTimestamp"] = _iso(self._log.first_time)
+            meta["creationTimestamp"] = rfc3339(self._log.first_time)
         return {"apiVersion": self.tj.api_version, "kind": self.tj.kind, "metadata": meta,
                 "spec": self.tj.spec.model_dump(by_alias=True, mode="json"), "status": self._status()}
 
@@ -111,7 +107,7 @@ class EventLogSource:
             return []
         phase = {"Succeeded": "Succeeded", "Pending": "Pending"}.get(obj["status"]["phase"], "Running")
         return [{"metadata": {"name": f"{job}-worker-{i}", "namespace": namespace,
-                              "labels": {JOB_LABEL: job, "flywheel.dev/replica-index": str(i)}},
+                              "labels": {JOB_LABEL: job, INDEX_LABEL: str(i)}},
                  "spec": {"nodeName": "localhost"},
                  "status": {"phase": phase, "conditions": [{"type": "Ready",
                                                             "status": str(phase == "Running")}]}}
@@ -132,6 +128,6 @@ class EventLogSource:
         return out
 
     def _event(self, kind: str, reason: str, t: float, message: str) -> Obj:
-        return {"type": kind, "reason": reason, "message": message, "count": 1, "firstTimestamp": _iso(t),
-                "lastTimestamp": _iso(t), "involvedObject": {"kind": "TrainingJob", "name": self.tj.name,
+        return {"type": kind, "reason": reason, "message": message, "count": 1, "firstTimestamp": rfc3339(t),
+                "lastTimestamp": rfc3339(t), "involvedObject": {"kind": "TrainingJob", "name": self.tj.name,
                                                              "namespace": self.namespace}}

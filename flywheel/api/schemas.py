@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from flywheel.spec import CheckpointStatus, Condition, GoodputStatus
+from flywheel.spec_status import CheckpointStatus, Condition, GoodputStatus, ReplicaStatus
 
 Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
 
@@ -17,17 +17,11 @@ class _Out(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
 
 
-class ReplicaCounts(_Out):
-    desired: int = 0
-    current: int = 0
-    ready: int = 0
-
-
 class JobSummary(_Out):
     namespace: str
     name: str
     phase: Phase
-    replicas: ReplicaCounts
+    replicas: ReplicaStatus
     step: int = 0
     restarts: int = 0
     suspended: bool = False
@@ -101,7 +95,7 @@ class JobDetail(_Out):
     phase: Phase
     spec: SpecSummary
     conditions: list[Condition] = Field(default_factory=list)
-    replicas: ReplicaCounts
+    replicas: ReplicaStatus
     world_size: int = 0
     step: int = 0
     workers: list[Worker] = Field(default_factory=list)

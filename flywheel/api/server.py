@@ -4,6 +4,7 @@ authenticator and the actions. Used by `flywheel api` and by `uvicorn flywheel.a
 from __future__ import annotations
 
 import getpass
+import importlib
 import os
 import secrets
 import threading
@@ -33,7 +34,7 @@ class ServerConfig:
 
 
 def kube_client(kubeconfig: str | None) -> Any:
-    from kubernetes import config
+    config: Any = importlib.import_module("kubernetes.config")  # untyped package; imported when a server starts
 
     if kubeconfig:  # read explicitly: the package would otherwise pick $KUBECONFIG at import
         return config.new_client_from_config(config_file=kubeconfig)

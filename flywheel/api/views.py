@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from typing import Any
 
@@ -11,7 +10,6 @@ from flywheel.api.schemas import (
     JobDetail,
     JobEvent,
     JobSummary,
-    ReplicaCounts,
     RestartRecord,
     Restarts,
     SpecSummary,
@@ -19,12 +17,12 @@ from flywheel.api.schemas import (
     TimelineEntry,
     Worker,
 )
-from flywheel.crd import RESTART_ANNOTATION
+from flywheel.labels import GENERATION_LABEL, INDEX_LABEL, RESTART_ANNOTATION
 from flywheel.policy import reasons as R
-from flywheel.spec import CheckpointStatus, TrainingJobStatus
+from flywheel.spec_status import CheckpointStatus, TrainingJobStatus
+from flywheel.timefmt import parse_rfc3339, rfc3339
 
 Obj = dict[str, Any]
-INDEX_LABEL, GENERATION_LABEL = "flywheel.dev/replica-index", "flywheel.dev/generation"
 # Checkpoint events: one per checkpoint on local runs; on a cluster the operator's, at most one per job every 30 s
 # with the checkpoints in between coalesced into it (flywheel/policy/checkpoint_events.py).
 CHECKPOINT_REASON = R.CHECKPOINT_COMMITTED
@@ -45,27 +43,19 @@ def _ts(value: Any) -> str | None:
     if not value:
         return None
     try:
-        parsed = dt.datetime.fromisoformat(str(value))
+        return rfc3339(parse_rfc3339(str(value)))
     except ValueError:
         return str(value)
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.UTC)
-    return parsed.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _meta(obj: Obj) -> Obj:
     return obj.get("metadata") or {}
 
 
-def _replicas(status: TrainingJobStatus) -> ReplicaCounts:
-    return ReplicaCounts(desired=status.replicas.desired, current=status.replicas.current,
-                         ready=status.replicas.ready)
-
-
 def summary(obj: Obj) -> JobSummary:
     status, meta, spec = _status(obj), _meta(obj), obj.get("spec") or {}
     return JobSummary(namespace=meta.get("namespace", "default"), name=meta.get("name", ""), phase=status.phase,
-                      replicas=_replicas(status), step=status.step, restarts=status.restarts,
+                      replicas=status.replicas, step=status.step, restarts=status.restarts,
                       suspended=bool(spec.get("suspend")), created=_ts(meta.get("creationTimestamp")))
 
 
@@ -134,7 +124,7 @@ def detail(obj: Obj, pods: list[Obj], raw_events: list[Obj]) -> JobDetail:
     return JobDetail(namespace=meta.get("namespace", "default"), name=meta.get("name", ""), uid=meta.get("uid", ""),
                      created=_ts(meta.get("creationTimestamp")), generation=int(meta.get("generation") or 0),
                      observed_generation=status.observed_generation, phase=status.phase, spec=spec_summary(spec),
-                     conditions=status.conditions, replicas=_replicas(status), world_size=status.world_size,
+                     conditions=status.conditions, replicas=status.replicas, world_size=status.world_size,
                      step=status.step, workers=workers, restarts=restarts(status, events(raw_events)),
                      last_checkpoint=status.last_checkpoint,
                      checkpoints=[CheckpointRecord(time=i.time, step=i.step, message=i.message)

@@ -15,9 +15,9 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aetcd
 import aetcd.exceptions
@@ -125,13 +125,13 @@ class EtcdSession:
     def in_loop_thread(self) -> bool:
         return threading.current_thread() is self._thread
 
-    def run(self, coro: Awaitable[T], timeout: float | None = None) -> T:
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run a coroutine on the session's loop and wait for its result in the calling thread."""
         if self.in_loop_thread():
             raise RuntimeError("EtcdSession.run called from its own loop thread (would deadlock)")
         if self._loop.is_closed():  # e.g. a keep-alive timer firing after the atexit cleanup
             raise EtcdUnavailableError("the etcd session is closed")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:

@@ -1,4 +1,4 @@
-"""The operator's own metrics, health monitor included: every name in one place (DESIGN.md, "Metrics").
+"""The operator's own metrics, health monitor included: every name in one place (prefix `flywheel_`).
 
 Per-job series carry `job` and `namespace` like the trainer's, so the operator's scrape must keep them
 (`honorLabels: true` in the PodMonitor/ServiceMonitor; see docs/monitoring.md). The operator creates one

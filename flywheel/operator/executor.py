@@ -16,24 +16,26 @@ from typing import Any, assert_never, cast
 
 import kopf
 
-from flywheel.crd import GROUP, PLURAL, RESTART_ANNOTATION, VERSION
+from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.etcd.liveness import WorkerWatch, reset_rendezvous, watch_workers
+from flywheel.labels import RESTART_ANNOTATION
 from flywheel.monitor.findings import FindingsInbox
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.event_log import EventLogTail, events_file
-from flywheel.operator.kube import ApiError, Kube
+from flywheel.operator.kube import Kube, KubeApiError
 from flywheel.operator.node_cache import LostNodes
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.plan import WorkerPlan
 from flywheel.policy import reasons as R
 from flywheel.policy.checkpoint_events import CheckpointEventState, next_event, seed
-from flywheel.policy.conditions import TERMINAL, parse_iso
+from flywheel.policy.conditions import TERMINAL
 from flywheel.policy.decisions import CreatePod, DeleteJob, DeletePod, JobAction, Pass, Relabel, ResetRendezvous
 from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.reconcile import LIVENESS_GRACE_SECONDS, reconcile
 from flywheel.spec import SpecError, TrainingJob, parse_job
 from flywheel.spec_status import Phase, TrainingJobStatus
+from flywheel.timefmt import parse_rfc3339
 
 TICK_SECONDS = 1.0
 SERVICE_RECHECK_SECONDS = 10.0  # how soon a deleted headless Service is created again
@@ -98,7 +100,7 @@ class JobRunner:
                 try:
                     await self.reconcile_once()
                     result = "ok"
-                except ApiError as err:
+                except KubeApiError as err:
                     self.logger.warning(f"API error during reconcile (retrying): {err}")
                 except Exception:
                     self.logger.exception("reconcile pass failed (retrying)")
@@ -159,7 +161,7 @@ class JobRunner:
         for obj in pods:
             view = m.pod_view(obj, lost)
             if view is not None:
-                created = m.timestamp(obj["metadata"].get("creationTimestamp")) or 0.0
+                created = parse_rfc3339(obj["metadata"].get("creationTimestamp")) or 0.0
                 views.append(PodView(**{**asdict(view), "liveness_lost": self._liveness_lost(view, created, now)}))
         alive = {v.uid for v in views}
         self.seen_live = {k: v for k, v in self.seen_live.items() if k in alive}
@@ -210,7 +212,7 @@ class JobRunner:
         try:
             await self.kube.merge_patch(self.path + "/status", {
                 "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": status})
-        except ApiError as err:
+        except KubeApiError as err:
             if err.status == 409:
                 self.logger.info("status changed under us; redoing the pass")
                 self.wake.set()
@@ -229,7 +231,7 @@ class JobRunner:
         try:
             await self.kube.post_event(obj, "Normal", R.CHECKPOINT_COMMITTED, event.message, count=event.count,
                                        first_time=event.first_time, last_time=event.last_time)
-        except ApiError as err:
+        except KubeApiError as err:
             self.logger.warning(f"could not post event {R.CHECKPOINT_COMMITTED}: {err}")
 
     def _record_metrics(self, status: dict[str, Any], previous_restarts: int, views: list[PodView],
@@ -254,7 +256,7 @@ class JobRunner:
     async def _event(self, obj: dict[str, Any], etype: str, reason: str, message: str) -> None:
         try:
             await self.kube.post_event(obj, etype, reason, message)
-        except ApiError as err:
+        except KubeApiError as err:
             self.logger.warning(f"could not post event {reason}: {err}")
 
     async def _ensure_service(self, obj: dict[str, Any], job: TrainingJob) -> None:
@@ -274,7 +276,7 @@ class JobRunner:
             _adopt(group, obj)
             try:
                 await self.kube.create(f"/apis/{group['apiVersion']}/namespaces/{self.namespace}/podgroups", group)
-            except ApiError as err:  # e.g. the scheduler's CRDs are not installed: run without a gang
+            except KubeApiError as err:  # e.g. the scheduler's CRDs are not installed: run without a gang
                 await self._event(obj, "Warning", R.CREATE_FAILED,
                                   R.MSG_CREATE_FAILED.format(kind="PodGroup", name=job.name, error=err))
         self.pod_group_tried = True
@@ -328,7 +330,7 @@ class JobRunner:
         _adopt(body, obj)
         try:
             await self.kube.create(Kube.core(self.namespace, "pods"), body)
-        except ApiError as err:
+        except KubeApiError as err:
             await self._event(obj, "Warning", R.CREATE_FAILED,
                               R.MSG_CREATE_FAILED.format(kind="pod", name=body["metadata"]["name"], error=err))
 
@@ -340,6 +342,6 @@ def _adopt(body: dict[str, Any], owner: dict[str, Any]) -> None:
 
 def _checkpoint_time(status: TrainingJobStatus) -> float | None:
     try:
-        return parse_iso(status.last_checkpoint.time)
+        return parse_rfc3339(status.last_checkpoint.time)
     except ValueError:
         return None

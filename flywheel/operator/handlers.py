@@ -16,6 +16,7 @@ import kopf
 
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.etcd.liveness import delete_run
+from flywheel.labels import FINALIZER
 from flywheel.monitor import FindingsInbox, MonitorSettings
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
@@ -26,7 +27,6 @@ from flywheel.operator.node_cache import LostNodes
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.spec import SpecError, parse_job
 
-FINALIZER = f"{GROUP}/cleanup"
 Logger = logging.Logger | logging.LoggerAdapter[Any]  # what kopf passes its handlers
 
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flywheel.crd import GROUP, PLURAL, RESTART_ANNOTATION, VERSION
+from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.labels import RESTART_ANNOTATION
 from flywheel.monitor import FindingsInbox, HealthMonitor, MonitorSettings, OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.kube import Kube
@@ -26,6 +27,7 @@ from flywheel.policy.conditions import iso
 from flywheel.policy.health_checks import Degradation, HangFinding, WatchedJob
 from flywheel.policy.xid import NodeFault, RankRestart, WatchedPod
 from flywheel.spec import SpecError, parse_job
+from flywheel.timefmt import parse_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +60,9 @@ def watched_pod(obj: dict[str, Any]) -> WatchedPod | None:
     phase = "Terminating" if meta.get("deletionTimestamp") else str(status.get("phase", "Pending"))
     started = None
     for cs in status.get("containerStatuses") or []:
-        started = started or m.timestamp(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
+        started = started or parse_rfc3339(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
     if started is None and phase == "Running":
-        started = m.timestamp(status.get("startTime"))
+        started = parse_rfc3339(status.get("startTime"))
     node = str((obj.get("spec") or {}).get("nodeName") or "")
     return WatchedPod(meta["name"], meta["namespace"], job, replica, node, phase, started)
 

@@ -7,7 +7,6 @@ time) or the in-cluster service account. Only JSON, only the calls the operator 
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import os
 import ssl
 import tempfile
@@ -18,10 +17,14 @@ from typing import Any
 import aiohttp
 import yaml
 
+from flywheel.timefmt import rfc3339
+
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
-class ApiError(Exception):
+class KubeApiError(Exception):
+    """A status >= 400 from the Kubernetes API server: the HTTP status and the decoded body (a Status object)."""
+
     def __init__(self, status: int, body: Any) -> None:
         self.status, self.body = status, body
         message = body.get("message") if isinstance(body, dict) else body
@@ -55,7 +58,7 @@ def load_connection(kubeconfig: str | None) -> Connection:
     cfg = yaml.safe_load(Path(kubeconfig).read_text())
     context = next(c["context"] for c in cfg["contexts"] if c["name"] == cfg["current-context"])
     cluster = next(c["cluster"] for c in cfg["clusters"] if c["name"] == context["cluster"])
-    user = next((u["user"] for u in cfg.get("users", []) if u["name"] == context.get("user")), {}) or {}
+    user: dict[str, Any] = next((u["user"] for u in cfg.get("users", []) if u["name"] == context.get("user")), {}) or {}
     def path_or_data(node: dict[str, Any], field: str, suffix: str) -> str | None:
         if node.get(field):
             return str(node[field])
@@ -66,14 +69,6 @@ def load_connection(kubeconfig: str | None) -> Connection:
     key = path_or_data(user, "client-key", ".key")
     insecure = bool(cluster.get("insecure-skip-tls-verify"))
     return Connection(cluster["server"], user.get("token"), ca, insecure, cert, key)
-
-
-def now_rfc3339() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def rfc3339(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Kube:
@@ -107,12 +102,13 @@ class Kube:
 
     async def request(self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None,
                       content_type: str = "application/json") -> Any:
+        """The decoded JSON answer (None for an empty body); KubeApiError for any status >= 400."""
         session = await self.session()
         async with session.request(method, path, json=body, params=params,
                                    headers={"Content-Type": content_type}) as resp:
             data = await resp.json(content_type=None) if resp.content_length != 0 else None
             if resp.status >= 400:
-                raise ApiError(resp.status, data)
+                raise KubeApiError(resp.status, data)
             return data
 
     # paths
@@ -126,8 +122,9 @@ class Kube:
 
     async def get(self, path: str) -> dict[str, Any] | None:
         try:
-            return await self.request("GET", path)
-        except ApiError as err:
+            found: dict[str, Any] = await self.request("GET", path)
+            return found
+        except KubeApiError as err:
             if err.status == 404:
                 return None
             raise
@@ -139,8 +136,9 @@ class Kube:
     async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """Create; None when it already exists (the caller's next pass will see it)."""
         try:
-            return await self.request("POST", path, body)
-        except ApiError as err:
+            created: dict[str, Any] = await self.request("POST", path, body)
+            return created
+        except KubeApiError as err:
             if err.status == 409:
                 return None
             raise
@@ -153,12 +151,13 @@ class Kube:
             body["gracePeriodSeconds"] = grace_seconds
         try:
             await self.request("DELETE", path, body)
-        except ApiError as err:
+        except KubeApiError as err:
             if err.status not in (404, 409):  # gone already, or replaced by a newer object (uid precondition)
                 raise
 
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return await self.request("PATCH", path, patch, content_type="application/merge-patch+json")
+        patched: dict[str, Any] = await self.request("PATCH", path, patch, content_type="application/merge-patch+json")
+        return patched
 
     async def post_event(self, involved: dict[str, Any], event_type: str, reason: str, message: str,
                          component: str = "flywheel-operator", *, count: int = 1, first_time: float | None = None,
@@ -167,7 +166,7 @@ class Kube:
         those times (default: one, now)."""
         meta = involved["metadata"]
         namespace = meta.get("namespace") or "default"  # events about cluster-scoped objects (nodes) live there
-        ts = now_rfc3339()
+        ts = rfc3339()
         first = rfc3339(first_time) if first_time is not None else ts
         last = rfc3339(last_time) if last_time is not None else ts
         body = {

@@ -24,10 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the PersistentVolumeClaim holding --events-dir: mounted there in every worker (it must exist "
                         "in each job's namespace)")
     p.add_argument("--metrics-port-base", type=int, default=9400, help="workers serve metrics here; 0 = none")
-    p.add_argument("--host-network-ports", action="store_true",
-                   help="all pods share one host (test cluster): worker i uses metrics port base + i")
     p.add_argument("--worker-env", action="append", default=[], metavar="K=V", help="extra env for every worker")
-    p.add_argument("--workdir", default="", help="test cluster only: working directory annotation for workers")
     p.add_argument("--gang-scheduler", choices=("none", "scheduler-plugins", "volcano"), default="none",
                    help="create a PodGroup of this scheduler for jobs with scheduling.gang (its CRDs must exist)")
     p.add_argument("--no-worker-liveness", dest="worker_liveness", action="store_false",
@@ -80,13 +77,11 @@ def run(argv: Sequence[str] | None = None, serve_api: Callable[[argparse.Namespa
 
     from flywheel.operator import handlers
 
-    env = tuple(tuple(item.split("=", 1)) for item in args.worker_env if "=" in item)
+    env = tuple((key, value) for key, _, value in (item.partition("=") for item in args.worker_env if "=" in item))
     settings = OperatorSettings(etcd_endpoints=args.etcd_endpoints, events_dir=args.events_dir,
-                                events_claim=args.events_claim,
-                                metrics_port_base=args.metrics_port_base, host_network_ports=args.host_network_ports,
-                                worker_env=env, workdir_annotation=args.workdir,
-                                gang_scheduler=args.gang_scheduler,
-                                worker_liveness=args.worker_liveness)  # type: ignore[arg-type]
+                                events_claim=args.events_claim, metrics_port_base=args.metrics_port_base,
+                                worker_env=env, gang_scheduler=args.gang_scheduler,
+                                worker_liveness=args.worker_liveness)
     kopf.configure(verbose=args.verbose)
     if not args.verbose:  # httpx logs every Prometheus query of the health monitor at INFO
         logging.getLogger("httpx").setLevel(logging.WARNING)

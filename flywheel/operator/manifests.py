@@ -3,19 +3,18 @@ the reverse: a worker Pod object -> the `PodView` the reconcile policy reads."""
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from flywheel.crd import GROUP
+from flywheel.labels import GENERATION_LABEL as GENERATION_LABEL  # re-exported: m.JOB_LABEL etc. in the operator
+from flywheel.labels import INDEX_LABEL as INDEX_LABEL
+from flywheel.labels import JOB_LABEL as JOB_LABEL
+from flywheel.labels import QUEUE_LABEL as QUEUE_LABEL
 from flywheel.plan import Placement, WorkerPlan, plan_workers, rdzv_run_id
 from flywheel.policy.reconcile import PodView
 from flywheel.spec import TrainingJob
+from flywheel.timefmt import parse_rfc3339
 
-JOB_LABEL = f"{GROUP}/job"
-INDEX_LABEL = f"{GROUP}/replica-index"
-GENERATION_LABEL = f"{GROUP}/generation"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 RDZV_PORT = 29400  # MASTER_PORT hint; with etcd-v3 the rendezvous publishes the real one
 TERMINATION_GRACE_SECONDS = 30  # the trainer's emergency checkpoint after SIGTERM
 WORKER_UID = 10001  # the image's user (Dockerfile)
@@ -30,9 +29,7 @@ class OperatorSettings:
     events_dir: str = ""  # shared with the workers; "" = no event log (no step/checkpoint in status)
     events_claim: str = ""  # the PVC holding events_dir, mounted there in every worker ("" = nothing mounted)
     metrics_port_base: int = 9400
-    host_network_ports: bool = False  # test cluster: every pod shares one host, so ports are base + index
     worker_env: tuple[tuple[str, str], ...] = ()  # extra env for every worker (e.g. OMP_NUM_THREADS=1)
-    workdir_annotation: str = ""  # test cluster: the kubelet's working-directory annotation value
     gang_scheduler: str = "none"  # none | scheduler-plugins | volcano: which PodGroup to create for gang jobs
     worker_liveness: bool = True  # watch the workers' etcd lease keys; off: dead workers seen by pod/node status only
 
@@ -58,7 +55,7 @@ def plan(job: TrainingJob, uid: str, settings: OperatorSettings, events_file: st
         replicas=spec.replicas.desired, rdzv_backend="etcd-v3", rdzv_endpoint=settings.etcd_endpoints,
         master_addr=f"{job.name}-worker-0.{service_name(job.name)}.{ns}.svc", master_port=RDZV_PORT,
         checkpoint_dir=spec.checkpoint.dir, launcher=WORKER_LAUNCHER, metrics_port_base=settings.metrics_port_base,
-        per_worker_metrics_port=settings.host_network_ports, events_file=events_file, extra_env=extra,
+        per_worker_metrics_port=False, events_file=events_file, extra_env=extra,
         hostname_suffix=f".{service_name(job.name)}.{ns}.svc")
     return plan_workers(job, placement)
 
@@ -144,9 +141,7 @@ def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: Operato
     queue = job_labels.get(QUEUE_LABEL) or spec.scheduling.queue  # Kueue: the job's own label passes through
     if queue:
         meta_labels[QUEUE_LABEL] = queue
-    annotations = {}
-    if settings.workdir_annotation:
-        annotations["tests.flywheel.dev/workdir"] = settings.workdir_annotation
+    annotations: dict[str, str] = {}
     env = {**WORKER_ENV_DEFAULTS, **worker.env}
     volumes, mounts = worker_volumes(job, settings)
     container: dict[str, Any] = {
@@ -189,12 +184,6 @@ def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: Operato
             "spec": pod_spec}
 
 
-def timestamp(text: str | None) -> float | None:
-    if not text:
-        return None
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
 def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = False) -> PodView | None:
     meta, status = obj["metadata"], obj.get("status") or {}
     try:
@@ -208,21 +197,22 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
         state = cs.get("state") or {}
         if "terminated" in state:
             reason, code = state["terminated"].get("reason") or reason, state["terminated"].get("exitCode")
-            finished = timestamp(state["terminated"].get("finishedAt"))
+            finished = parse_rfc3339(state["terminated"].get("finishedAt"))
         elif "waiting" in state:
             reason = state["waiting"].get("reason") or reason
             message = state["waiting"].get("message") or None
             # Never started (restartPolicy Never): waiting since the kubelet took the pod (its startTime).
             if "lastState" not in cs or not (cs.get("lastState") or {}).get("terminated"):
-                waiting_since = timestamp(status.get("startTime")) or timestamp(meta.get("creationTimestamp"))
+                waiting_since = (parse_rfc3339(status.get("startTime"))
+                                 or parse_rfc3339(meta.get("creationTimestamp")))
     conds = {c.get("type"): c for c in status.get("conditions") or []}
     ready = conds.get("Ready", {}).get("status") == "True"
     sched = conds.get("PodScheduled", {})
-    unsched = timestamp(sched.get("lastTransitionTime")) if sched.get("reason") == "Unschedulable" else None
+    unsched = parse_rfc3339(sched.get("lastTransitionTime")) if sched.get("reason") == "Unschedulable" else None
     target = conds.get("DisruptionTarget", {})  # preempted or evicted (Kubernetes 1.26+)
     disruption = str(target.get("reason") or "DisruptionTarget") if target.get("status") == "True" else None
     node = (obj.get("spec") or {}).get("nodeName")
-    deleting = timestamp(meta.get("deletionTimestamp"))  # graceful deletes stamp the end of the grace period
+    deleting = parse_rfc3339(meta.get("deletionTimestamp"))  # graceful deletes stamp the end of the grace period
     if deleting is not None:
         deleting -= float(meta.get("deletionGracePeriodSeconds") or 0)
     return PodView(name=meta["name"], uid=meta["uid"], index=index, generation=generation,

@@ -13,10 +13,10 @@ Conditions of two sorts live in `status.conditions`:
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Literal
 
 from flywheel.spec_status import Condition, ConditionType, Phase, TrainingJobStatus
+from flywheel.timefmt import parse_rfc3339, rfc3339
 
 C = ConditionType
 PHASE_CONDITIONS = (C.RUNNING, C.RESTARTING, C.SUSPENDED, C.SUCCEEDED, C.FAILED)
@@ -34,13 +34,11 @@ TERMINAL = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 
 
 def iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(t)
 
 
 def parse_iso(text: str | None) -> float | None:
-    if not text:
-        return None
-    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
+    return parse_rfc3339(text)
 
 
 def condition(status: TrainingJobStatus, ctype: ConditionType) -> Condition | None:

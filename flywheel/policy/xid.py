@@ -1,4 +1,4 @@
-"""GPU XID errors -> what to do (pure). Codes and classes as in DESIGN.md.
+"""GPU XID errors -> what to do (pure). Codes and classes below; the table with the actions is in docs/monitoring.md.
 
 dcgm-exporter's `DCGM_FI_DEV_XID_ERRORS` is a per-GPU gauge holding the *last* XID seen, named again in its
 `err_code` label. A series that stays put is an old event, not a new one: decisions are taken on changes between

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from flywheel.trainer.torch_compat import dtensor_local, dtensor_with_local
+
 Path = tuple[Any, ...]
 
 
@@ -58,13 +60,13 @@ class StagingBuffers:
     def _rebuild(self, obj: Any, path: Path, copies: list[tuple[torch.Tensor, torch.Tensor]],
                  seen: set[Path]) -> Any:
         if isinstance(obj, DTensor):
-            local = obj._local_tensor.detach()
+            local = dtensor_local(obj).detach()
             buf = self._buffer_for(path, local)
             seen.add(path)
             copies.append((buf, local))
             # DTensor.from_local would move the buffer back to the mesh's device; keep the spec (global shape,
             # mesh, placements) and swap in the CPU shard, as DCP's own staging does.
-            return DTensor(buf, obj._spec, requires_grad=False)
+            return dtensor_with_local(buf, obj)
         if isinstance(obj, torch.Tensor):
             src = obj.detach()
             buf = self._buffer_for(path, src)
@@ -87,9 +89,9 @@ def snapshot_unsafe_tensors(state: dict[str, Any], parameter_storages: set[int])
 
     def visit(obj: Any) -> Any:
         if isinstance(obj, DTensor):
-            if obj._local_tensor.untyped_storage().data_ptr() in parameter_storages:
+            if dtensor_local(obj).untyped_storage().data_ptr() in parameter_storages:
                 return obj
-            return DTensor(obj._local_tensor.detach().clone(), obj._spec, requires_grad=False)
+            return dtensor_with_local(dtensor_local(obj).detach().clone(), obj)
         if isinstance(obj, torch.Tensor):
             if obj.untyped_storage().data_ptr() in parameter_storages:
                 return obj

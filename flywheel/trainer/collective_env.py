@@ -55,11 +55,6 @@ def debug_dir(checkpoint_dir: str | os.PathLike[str]) -> Path:
     return Path(checkpoint_dir) / DEBUG_SUBDIR
 
 
-def dump_pipe_path(checkpoint_dir: str | os.PathLike[str], rank: int) -> Path:
-    """Writing a byte to this named pipe makes that rank dump its flight recorder (NCCL only; torch creates it)."""
-    return debug_dir(checkpoint_dir) / f"nccl_pipe_rank_{rank}.pipe"
-
-
 def collective_env(checkpoint_dir: str | os.PathLike[str], timeouts: CollectiveTimeouts) -> dict[str, str]:
     """The environment the collective watchdog needs (pure)."""
     debug = debug_dir(checkpoint_dir)
@@ -106,10 +101,11 @@ def apply_collective_env(desired: Mapping[str, str], environ: MutableMapping[str
 def shorten_timeouts(timeouts: CollectiveTimeouts, group: object | None = None) -> None:
     """After the first step: from now on a collective waits `timeouts.steady` at most (gloo and NCCL)."""
     import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _set_pg_timeout  # public API has no way to change it later
+
+    from flywheel.trainer.torch_compat import set_pg_timeout  # the public API has no way to change it later
 
     if not dist.is_initialized():
         return
-    _set_pg_timeout(timeouts.steady, group)  # type: ignore[arg-type]
+    set_pg_timeout(timeouts.steady, group)
     log.info("collective timeout %.0fs -> %.0fs after the first step", timeouts.startup.total_seconds(),
              timeouts.steady.total_seconds())

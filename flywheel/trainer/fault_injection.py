@@ -83,11 +83,6 @@ def parse_fault_flag(flag: str, index: int = 0) -> Fault:
         raise ValueError(f"--fault {flag!r}: {err}; {usage}") from None
 
 
-def faults_to_env(faults: list[Fault]) -> str:
-    """The FLYWHEEL_FAULTS value for a list of faults."""
-    return json.dumps([f.to_json() for f in faults], separators=(",", ":"))
-
-
 def faults_from_env(value: str | None) -> list[Fault]:
     if not value:
         return []

@@ -3,7 +3,7 @@
 One of these runs per worker (a Pod on a cluster, a process group under `flywheel run`). It starts
 PET_NPROC_PER_NODE local ranks of `python -m flywheel.trainer` (or the user command), joins the rendezvous and lets
 torch's LocalElasticAgent restart crashed ranks. Settings that make restarts fast and clean on this stack (measured,
-see DESIGN.md): last_call_timeout 1 s, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a fresh store per round avoids stale
+docs/architecture.md): last_call_timeout 1 s, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a fresh store per round avoids stale
 gloo addresses), keep_alive_max_attempt >= 3 (2 allowed split brain).
 
 Exit status (flywheel/exitcodes.py): 0 when every rank succeeded; otherwise the exit code of the first failing rank
@@ -199,6 +199,8 @@ def _build_agent_class() -> type:
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
+    from flywheel.trainer import torch_compat
+
     class FlywheelAgent(LocalElasticAgent):
         """LocalElasticAgent that does not restart ranks after a permanent user error, and that gives ranks a short
         grace when it stops them after a failure (a peer already failed, so no emergency checkpoint can be taken; a
@@ -210,7 +212,7 @@ def _build_agent_class() -> type:
             # When one rank fails, torch's process context closes the others itself (`_poll` -> `close()`) with a
             # 30 s grace, which a SIGSTOPped or collective-blocked rank always uses up. Failure-triggered closes
             # get the short grace; explicit ones (the agent's own shutdown) keep the timeout they ask for.
-            pcontext = self._pcontext
+            pcontext = torch_compat.agent_process_context(self)
             if pcontext is not None:
                 close = pcontext.close
 
@@ -224,14 +226,14 @@ def _build_agent_class() -> type:
         def _stop_workers(self, worker_group: WorkerGroup) -> None:
             # A healthy group is stopped for a membership change: give it time to agree on an emergency checkpoint.
             failed = worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
-            self._shutdown(timeout=RESTART_STOP_GRACE_SECONDS if failed else self._shutdown_timeout)
+            torch_compat.stop_agent_ranks(self, RESTART_STOP_GRACE_SECONDS if failed else None)
 
         def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
             result = super()._monitor_workers(worker_group)
             if result.is_failed() and any(f.exitcode == exitcodes.USER_ERROR for f in result.failures.values()):
                 logging.getLogger(__name__).error("a rank exited USER_ERROR (%d): not restarting",
                                                   exitcodes.USER_ERROR)
-                self._remaining_restarts = 0
+                torch_compat.forbid_agent_restarts(self)
             return result
 
     return FlywheelAgent

@@ -30,13 +30,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
 from flywheel.spec_layout import JobLayout, static_problems
 from flywheel.trainer.moe import Experts, MoE, expert_mlps
+from flywheel.trainer.torch_compat import all_to_all_single_autograd, unflatten_mesh
 
 EDP, EP = "edp", "ep"
 
@@ -50,7 +50,7 @@ def expert_mesh(dp_mesh: DeviceMesh, ep: int) -> DeviceMesh:
     if dp_mesh.size() % ep:
         raise ExpertParallelError(f"trainer.parallelism.ep: ep = {ep} does not divide dp = {dp_mesh.size()}; "
                                   "expert parallelism borrows from the data-parallel ranks")
-    return dp_mesh._unflatten(0, (dp_mesh.size() // ep, ep), (EDP, EP))
+    return unflatten_mesh(dp_mesh, 0, (dp_mesh.size() // ep, ep), (EDP, EP))
 
 
 def check_ep_sizes(experts: list[int], ep: int) -> None:

@@ -335,7 +335,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
     # One intra-op thread per rank unless told otherwise: ranks share the cores, and more threads per rank made
-    # CPU training several times slower (DESIGN.md).
+    # CPU training several times slower (2 threads per rank at world 4: 4.7x slower, docs/architecture.md).
     threads = environ.get("OMP_NUM_THREADS", "1")
     torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else 1)
     try:

@@ -1,4 +1,4 @@
-"""The trainer's Prometheus metrics (names as in DESIGN.md), on a private registry.
+"""The trainer's Prometheus metrics (prefix `flywheel_`; docs/monitoring.md), on a private registry.
 
 Labels are job, namespace, replica, rank: low cardinality, never the step. Each metric is exposed as a child
 already bound to this process's labels, e.g. `metrics.checkpoint_blocking_seconds.observe(s)`.

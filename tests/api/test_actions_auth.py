@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flywheel.crd import RESTART_ANNOTATION
+from flywheel.labels import RESTART_ANNOTATION
 from tests.api.conftest import ADMIN, VIEWER, ApiEnv, eventually
 
 
@@ -13,7 +13,8 @@ def test_missing_or_bad_token_is_401_with_a_clear_body(api_env: ApiEnv) -> None:
     api_env.create_job("au")
     for headers in ({}, {"Authorization": "Basic YWxpY2U6eA=="}, {"Authorization": "Bearer "},
                     {"Authorization": "Bearer not-a-known-token"}):
-        for method, path in (("GET", "/v1/jobs"), ("GET", "/v1/jobs/default/au"), ("POST", "/v1/jobs/default/au/suspend")):
+        for method, path in (("GET", "/v1/jobs"), ("GET", "/v1/jobs/default/au"),
+                             ("POST", "/v1/jobs/default/au/suspend")):
             resp = api_env.http.request(method, path, headers=headers)
             assert resp.status_code == 401, (headers, path)
             assert resp.headers["www-authenticate"] == "Bearer"
@@ -36,7 +37,7 @@ def test_viewer_reads_but_may_not_act(api_env: ApiEnv) -> None:
 
 
 def test_suspend_resume_restart_and_scale_change_the_trainingjob(api_env: ApiEnv, caplog) -> None:
-    caplog.set_level("INFO", logger="flywheel.api.app")
+    caplog.set_level("INFO", logger="flywheel.api.routes_actions")
     api_env.create_job("act", rmin=1, rmax=3)
     resp = api_env.http.post("/v1/jobs/default/act/suspend", headers=api_env.headers(ADMIN))
     assert resp.status_code == 200 and resp.json()["action"] == "suspend"
@@ -55,7 +56,7 @@ def test_suspend_resume_restart_and_scale_change_the_trainingjob(api_env: ApiEnv
     assert resp.status_code == 200 and resp.json()["job"]["spec"]["replicasTarget"] == 2
     assert api_env.job("act")["spec"]["replicas"] == {"min": 1, "max": 3, "target": 2}
     # The audit log names the server's account: the server's own log names the caller of each action.
-    actions = [r.getMessage() for r in caplog.records if r.name == "flywheel.api.app"]
+    actions = [r.getMessage() for r in caplog.records if r.name == "flywheel.api.routes_actions"]
     assert [a.split()[0] for a in actions] == ["suspend", "resume", "restart", "scale"]
     assert all("default/act by 'alice'" in a for a in actions), actions
 

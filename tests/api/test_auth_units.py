@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from flywheel.api.app import create_app
 from flywheel.api.auth import Access, AuthConfigError, KubeAuth, Principal, TokenFileAuth
-from flywheel.api.cache import MemorySource
+from tests.api.memory_source import MemorySource
 
 
 class StubAuthn:
@@ -36,7 +36,8 @@ class StubAuthz:
     def create_subject_access_review(self, body: dict[str, Any]) -> dict[str, Any]:
         self.reviews.append(body["spec"])
         attrs = body["spec"]["resourceAttributes"]
-        ok = attrs["verb"] == "get" or (attrs["verb"] == "list" and attrs.get("namespace") != "secret") or (attrs.get("namespace") == "ml" and "subresource" not in attrs)
+        ok = (attrs["verb"] == "get" or (attrs["verb"] == "list" and attrs.get("namespace") != "secret")
+              or (attrs.get("namespace") == "ml" and "subresource" not in attrs))
         return {"status": {"allowed": ok, **({} if ok else {"reason": "RBAC: no rule allows it"})}}
 
 

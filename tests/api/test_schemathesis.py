@@ -20,11 +20,12 @@ from hypothesis import strategies as st
 from schemathesis.core import NOT_SET
 
 from bench.api_jobs import populate
-from flywheel.api.app import DNS, create_app
+from flywheel.api.app import create_app
 from flywheel.api.auth import Principal, TokenFileAuth
-from flywheel.api.cache import MemorySource
+from flywheel.api.deps import DNS
 from flywheel.api.job_actions import ActionError
-from flywheel.crd import RESTART_ANNOTATION
+from flywheel.labels import RESTART_ANNOTATION
+from tests.api.memory_source import MemorySource
 
 ADMIN = "schemathesis-admin-token"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from tests.k8s_emulator import cel, patches, schema
-from tests.k8s_emulator.errors import ApiError
+from tests.k8s_emulator.errors import StatusError
 from tests.k8s_emulator.resources import Registry
 from tests.k8s_emulator.selectors import field_selector, label_selector
 from tests.k8s_emulator.store import Store
@@ -31,7 +31,7 @@ def test_field_selectors_and_bad_selector() -> None:
     assert field_selector("metadata.name=x,status.phase!=Failed")(obj)
     assert not field_selector("spec.nodeName=node-1")(obj)
     assert field_selector("spec.nodeName=")(obj)  # a missing field is the empty string
-    with pytest.raises(ApiError):
+    with pytest.raises(StatusError):
         label_selector("app in web")(obj)
 
 
@@ -42,7 +42,7 @@ def test_merge_and_json_patch() -> None:
            {"op": "move", "from": "/a/b", "path": "/b"}, {"op": "test", "path": "/d", "value": 5}]
     assert patches.json_patch(doc, ops) == {"a": {"c": [1, 2, 3]}, "d": 5, "b": 1}
     assert doc == {"a": {"b": 1, "c": [1, 2]}, "d": 1}  # inputs are never mutated
-    with pytest.raises(ApiError) as failed:
+    with pytest.raises(StatusError) as failed:
         patches.json_patch(doc, [{"op": "test", "path": "/d", "value": 9}])
     assert failed.value.code == 422
 
@@ -114,7 +114,7 @@ def test_store_rules_generation_noop_and_graceful_pod_delete() -> None:
         assert deleting["metadata"]["deletionGracePeriodSeconds"] == 30  # waits for the kubelet
         assert store.delete(pods, "default", "p", grace=0)["metadata"]["uid"] == pod["metadata"]["uid"]
         assert store.peek(("", "pods"), "default", "p") is None
-        with pytest.raises(ApiError) as invalid:
+        with pytest.raises(StatusError) as invalid:
             store.create(pods, "default", {"metadata": {"name": "Bad_Name"}, "spec": {"containers": []}})
         assert invalid.value.code == 422
 

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from tests.k8s_emulator import deployments, schema
-from tests.k8s_emulator.errors import ApiError
+from tests.k8s_emulator.errors import StatusError
 from tests.k8s_emulator.resources import CRD_KEY, ResourceType
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -22,7 +22,7 @@ def validate_name(resource_type: ResourceType, name: str) -> None:
     limit = 63 if label_only else 253
     if not pattern.match(name) or len(name) > limit:
         what = "RFC 1123 label" if label_only else "RFC 1123 subdomain"
-        raise ApiError.invalid(resource_type.group_kind, name, [
+        raise StatusError.invalid(resource_type.group_kind, name, [
             f'metadata.name: Invalid value: "{name}": a lowercase {what} must consist of lower case alphanumeric '
             "characters, '-' or '.', and must start and end with an alphanumeric character"])
 
@@ -122,7 +122,7 @@ def admit_create(resource_type: ResourceType, obj: dict[str, Any], strict: bool)
     elif resource_type.custom and resource_type.status_subresource:
         obj.pop("status", None)  # status of a CR with a status subresource is only written through /status
     if errors:
-        raise ApiError.invalid(resource_type.group_kind, obj["metadata"]["name"], errors)
+        raise StatusError.invalid(resource_type.group_kind, obj["metadata"]["name"], errors)
     return admit_custom(resource_type, obj, None, strict)
 
 
@@ -131,14 +131,14 @@ def admit_custom(resource_type: ResourceType, obj: dict[str, Any], old: dict[str
     if resource_type.key in (CRD_KEY, deployments.DEPLOYMENTS) and old is not None:
         errors = _crd_admit(obj) if resource_type.key == CRD_KEY else deployments.admit(obj, old)
         if errors:
-            raise ApiError.invalid(resource_type.group_kind, obj["metadata"]["name"], errors)
+            raise StatusError.invalid(resource_type.group_kind, obj["metadata"]["name"], errors)
     if not resource_type.custom:
         return obj
     version = obj.get("apiVersion", "").rpartition("/")[2]
     root = resource_type.schemas.get(version) or next(iter(resource_type.schemas.values()), {})
     obj, dropped, errors = schema.admit(obj, root, old)
     if strict and dropped:
-        raise ApiError.bad_request("strict decoding error: " + ", ".join(f'unknown field "{p}"' for p in dropped))
+        raise StatusError.bad_request("strict decoding error: " + ", ".join(f'unknown field "{p}"' for p in dropped))
     if errors:
-        raise ApiError.invalid(resource_type.group_kind, obj["metadata"]["name"], errors)
+        raise StatusError.invalid(resource_type.group_kind, obj["metadata"]["name"], errors)
     return obj

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from tests.k8s_emulator import openapi, patches, protobuf, tables
 from tests.k8s_emulator.controllers import ControlPlane
-from tests.k8s_emulator.errors import ApiError
+from tests.k8s_emulator.errors import StatusError
 from tests.k8s_emulator.requestlog import RequestRecorder
 from tests.k8s_emulator.resources import ResourceType
 from tests.k8s_emulator.selectors import field_selector, label_selector
@@ -81,7 +81,7 @@ class ApiServer:
                 self.recorder.record(request.method, request.path, request.query, request.headers)
         try:
             return await handler(request)
-        except ApiError as err:
+        except StatusError as err:
             return _json(err.status(), err.code)
 
     # ---- routing -------------------------------------------------------------------------------------------
@@ -111,7 +111,7 @@ class ApiServer:
                 return self._found(self.registry.api_group(parts[1]))
             group, version, rest = parts[1], parts[2], parts[3:]
         else:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            raise StatusError(404, "NotFound", "the server could not find the requested resource")
         if not rest:
             return self._found(self.registry.resource_list(group, version))
         return await self.resource(request, group, version, rest)
@@ -119,7 +119,7 @@ class ApiServer:
     @staticmethod
     def _found(body: dict[str, Any] | None) -> web.Response:
         if body is None:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            raise StatusError(404, "NotFound", "the server could not find the requested resource")
         return _json(body)
 
     def openapi(self, rest: list[str]) -> web.Response:
@@ -137,11 +137,11 @@ class ApiServer:
         rt = self.registry.lookup(group, version, plural)
         if rt is None or len(rest) > 3 or (namespace and not rt.namespaced) or (
                 rt.namespaced and name is not None and not namespace):
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            raise StatusError(404, "NotFound", "the server could not find the requested resource")
         if subresource is not None and not (
                 (subresource == "status" and rt.status_subresource) or (subresource == "scale" and rt.scale)
                 or subresource in rt.extra_subresources):
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            raise StatusError(404, "NotFound", "the server could not find the requested resource")
         query = request.query
         dry_run = query.get("dryRun") == "All"
         strict = query.get("fieldValidation", "").lower() == "strict"
@@ -182,7 +182,7 @@ class ApiServer:
                                         options.get("preconditions"), dry_run)
             still_there = self.store.peek(rt.key, namespace, name) is not None
             return _json(self._versioned(deleted, rt, version), 202 if still_there else 200)
-        raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+        raise StatusError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
 
     # ---- helpers -------------------------------------------------------------------------------------------
     @staticmethod
@@ -192,7 +192,7 @@ class ApiServer:
             try:
                 return protobuf.decode(raw)
             except (protobuf.UnsupportedProtobuf, IndexError, UnicodeDecodeError) as err:
-                raise ApiError(415, "UnsupportedMediaType", f"the emulator decodes protobuf only for "
+                raise StatusError(415, "UnsupportedMediaType", f"the emulator decodes protobuf only for "
                                f"{', '.join(protobuf.KINDS)}; send JSON ({err})") from None
         if not raw and allow_empty:
             return {}
@@ -202,9 +202,9 @@ class ApiServer:
             else:
                 body = json.loads(raw)
         except (ValueError, yaml.YAMLError) as err:
-            raise ApiError.bad_request(f"invalid request body: {err}") from None
+            raise StatusError.bad_request(f"invalid request body: {err}") from None
         if not isinstance(body, (dict, list)):
-            raise ApiError.bad_request("request body must be an object")
+            raise StatusError.bad_request("request body must be an object")
         return body
 
     @staticmethod
@@ -212,7 +212,7 @@ class ApiServer:
         body.setdefault("apiVersion", rt.api_version(version))
         body.setdefault("kind", rt.kind)
         if body["kind"] != rt.kind:
-            raise ApiError.bad_request(f"the kind {body['kind']!r} does not match the resource {rt.plural!r}")
+            raise StatusError.bad_request(f"the kind {body['kind']!r} does not match the resource {rt.plural!r}")
 
     @staticmethod
     def _versioned(obj: dict[str, Any], rt: ResourceType, version: str) -> dict[str, Any]:
@@ -251,7 +251,7 @@ class ApiServer:
             meta = item["metadata"]
             try:
                 self.store.delete(rt, meta.get("namespace", ""), meta["name"])
-            except ApiError as err:
+            except StatusError as err:
                 if err.code != 404:
                     raise
         return _json({"kind": f"{rt.kind}List", "apiVersion": rt.api_version(version),
@@ -305,7 +305,7 @@ class ApiServer:
                     subresource: str | None, dry_run: bool, strict: bool) -> web.Response:
         content_type = request.content_type
         if content_type not in PATCH_TYPES:
-            raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - "
+            raise StatusError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - "
                            f"accepted media types include: {', '.join(PATCH_TYPES)}")
         body = await self._body(request)
         if content_type == "application/apply-patch+yaml" and self.store.peek(rt.key, namespace, name) is None:
@@ -315,7 +315,7 @@ class ApiServer:
         current = self.store.get(rt, namespace, name)
         patched = self._apply_patch(rt, content_type, current, body)
         if not isinstance(patched, dict):
-            raise ApiError(422, "Invalid", "the patch did not produce an object")
+            raise StatusError(422, "Invalid", "the patch did not produce an object")
         sent_rv = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
         patched.setdefault("metadata", {})["resourceVersion"] = sent_rv or current["metadata"]["resourceVersion"]
         updated = self.store.update(rt, namespace, name, patched, subresource, dry_run, strict)
@@ -327,7 +327,7 @@ class ApiServer:
             return patches.json_patch(current, body)
         if content_type == "application/strategic-merge-patch+json":
             if rt.custom:
-                raise ApiError(415, "UnsupportedMediaType", "strategic merge patch is not supported for custom "
+                raise StatusError(415, "UnsupportedMediaType", "strategic merge patch is not supported for custom "
                                "resources; use a merge or JSON patch")
             return patches.strategic_merge(current, body)
         return patches.merge_patch(current, body)  # merge patch, and apply patch as a simplified merge
@@ -351,7 +351,7 @@ class ApiServer:
         if request.method == "GET":
             return _json(self._scale_of(rt, current))
         if request.method not in ("PUT", "PATCH"):
-            raise ApiError(405, "MethodNotAllowed", "scale supports get, update and patch")
+            raise StatusError(405, "MethodNotAllowed", "scale supports get, update and patch")
         body = await self._body(request)
         scale = self._scale_of(rt, current)
         sent_rv = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
@@ -361,7 +361,7 @@ class ApiServer:
             scale = self._apply_patch(rt, request.content_type, scale, body)
         replicas = (scale.get("spec") or {}).get("replicas")
         if not isinstance(replicas, int) or replicas < 0:
-            raise ApiError.invalid("Scale", name, [f"spec.replicas: Invalid value: {replicas!r}: must be greater "
+            raise StatusError.invalid("Scale", name, [f"spec.replicas: Invalid value: {replicas!r}: must be greater "
                                                    "than or equal to 0"])
         updated = copy.deepcopy(current)
         _set(updated, rt.scale["specReplicasPath"], replicas)
@@ -373,7 +373,7 @@ class ApiServer:
         pod = self.store.get(rt, namespace, name)
         path = (self.pod_log_dir or Path("/nonexistent")) / f"{namespace}_{name}_{pod['metadata']['uid']}.log"
         if not path.exists():
-            raise ApiError(400, "BadRequest", f'container in pod "{name}" is waiting to start: no log yet')
+            raise StatusError(400, "BadRequest", f'container in pod "{name}" is waiting to start: no log yet')
         text = path.read_text(errors="replace")
         if query.get("tailLines"):
             text = "".join(text.splitlines(keepends=True)[-int(query["tailLines"]):])
@@ -387,7 +387,7 @@ class ApiServer:
         if action == "conflict":
             rt = self.registry.get((query.get("group", ""), query["resource"]))
             if rt is None:
-                raise ApiError(404, "NotFound", f"no resource {query['resource']!r}")
+                raise StatusError(404, "NotFound", f"no resource {query['resource']!r}")
             self.store.force_conflict(rt.key, query.get("namespace", ""), query["name"], int(query.get("count", 1)))
             return _json({"ok": True})
         if action == "pause":
@@ -404,4 +404,4 @@ class ApiServer:
             return _json(self.recorder.as_json() if self.recorder is not None else {})
         if action in self.admin_handlers:
             return _json(await self.admin_handlers[action](parts[1:], dict(query)))
-        raise ApiError(404, "NotFound", f"unknown admin action {action!r}")
+        raise StatusError(404, "NotFound", f"unknown admin action {action!r}")

@@ -9,7 +9,7 @@ import copy
 import datetime
 from typing import Any
 
-from tests.k8s_emulator.errors import ApiError
+from tests.k8s_emulator.errors import StatusError
 from tests.k8s_emulator.resources import ResourceType
 from tests.k8s_emulator.store import NAMESPACES, PODS, Store, now_rfc3339
 
@@ -57,7 +57,7 @@ class ControlPlane:
             return
         try:
             self.store.delete(rt, namespace, name, propagation=propagation)
-        except ApiError:
+        except StatusError:
             pass  # already gone, or a conflict the next pass resolves
 
     def _collect_orphans_of(self, owner_uid: str) -> None:
@@ -114,7 +114,7 @@ class ControlPlane:
                     self._collect_orphans_of(uid)
                 else:
                     self._owner_finalizers(uid)
-            except ApiError:
+            except StatusError:
                 self._queue.put_nowait((kind, uid))  # e.g. a forced conflict: retry, as the real GC does
                 await asyncio.sleep(0.1)
 
@@ -186,5 +186,5 @@ class ControlPlane:
             await asyncio.sleep(min(1.0, self.node_monitor_grace_seconds / 4))
             try:
                 self.check_nodes()
-            except ApiError:
+            except StatusError:
                 pass  # a forced conflict from a fault hook; the next pass retries

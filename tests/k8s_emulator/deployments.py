@@ -25,7 +25,7 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from tests.k8s_emulator.errors import ApiError
+from tests.k8s_emulator.errors import StatusError
 from tests.k8s_emulator.resources import ResourceKey, ResourceType
 
 if TYPE_CHECKING:
@@ -166,7 +166,7 @@ class DeploymentController:
             for deployment in list(self.store.bucket(DEPLOYMENTS).values()):
                 try:
                     self.reconcile(deployment)
-                except ApiError:
+                except StatusError:
                     self._dirty.set()  # e.g. a forced conflict: the next pass retries
 
     def _owned_pods(self, deployment: dict[str, Any]) -> list[dict[str, Any]]:
@@ -185,7 +185,7 @@ class DeploymentController:
             return  # the garbage collector takes the pods (foreground deletion waits for them)
         pods_rt = self.store.registry.get(PODS)
         assert pods_rt is not None
-        namespace, wanted = meta["namespace"], int(spec.get("replicas", 1))
+        wanted = int(spec.get("replicas", 1))
         current_hash = template_hash(spec.get("template") or {})
         pods = self._owned_pods(deployment)
         active = [p for p in pods if _active(p)]
@@ -230,7 +230,7 @@ class DeploymentController:
                 "spec": template.get("spec") or {}}
         try:
             self.store.create(pods_rt, meta["namespace"], body)
-        except ApiError as err:
+        except StatusError as err:
             if err.code not in (403, 404, 409, 422):  # terminating/missing namespace, name clash, invalid pod
                 raise
 
@@ -239,7 +239,7 @@ class DeploymentController:
             return
         try:
             self.store.delete(pods_rt, pod["metadata"]["namespace"], pod["metadata"]["name"])
-        except ApiError as err:
+        except StatusError as err:
             if err.code != 404:
                 raise
 

@@ -1,11 +1,12 @@
-"""The API's error, answered as a metav1.Status with the HTTP code and reason a real API server uses."""
+"""The emulated API server's error, `StatusError`: answered as a metav1.Status with the HTTP code and reason a real
+API server uses."""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-class ApiError(Exception):
+class StatusError(Exception):
     def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.code, self.reason, self.message, self.details = code, reason, message, details or {}
@@ -18,26 +19,26 @@ class ApiError(Exception):
         return body
 
     @classmethod
-    def not_found(cls, group_kind: str, name: str) -> ApiError:
+    def not_found(cls, group_kind: str, name: str) -> StatusError:
         return cls(404, "NotFound", f'{group_kind} "{name}" not found', {"name": name, "kind": group_kind})
 
     @classmethod
-    def already_exists(cls, group_kind: str, name: str) -> ApiError:
+    def already_exists(cls, group_kind: str, name: str) -> StatusError:
         return cls(409, "AlreadyExists", f'{group_kind} "{name}" already exists', {"name": name, "kind": group_kind})
 
     @classmethod
-    def conflict(cls, group_kind: str, name: str) -> ApiError:
+    def conflict(cls, group_kind: str, name: str) -> StatusError:
         return cls(409, "Conflict", f'Operation cannot be fulfilled on {group_kind} "{name}": the object has been '
                    "modified; please apply your changes to the latest version and try again",
                    {"name": name, "kind": group_kind})
 
     @classmethod
-    def invalid(cls, group_kind: str, name: str, causes: list[str]) -> ApiError:
+    def invalid(cls, group_kind: str, name: str, causes: list[str]) -> StatusError:
         return cls(422, "Invalid", f'{group_kind} "{name}" is invalid: ' + ", ".join(causes),
                    {"name": name, "kind": group_kind, "causes": [_cause(c) for c in causes]})
 
     @classmethod
-    def bad_request(cls, message: str) -> ApiError:
+    def bad_request(cls, message: str) -> StatusError:
         return cls(400, "BadRequest", message)
 
 

@@ -21,7 +21,6 @@ from tests.k8s_emulator import images, podenv
 from tests.k8s_emulator.httpclient import ApiStatusError, KubeHttpClient, resource_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-WORKDIR_ANNOTATION = "tests.flywheel.dev/workdir"
 KUBELET_VERSION = "v1.33.0-flywheel"
 
 
@@ -65,12 +64,14 @@ class PodProcess:
 
 class ProcessKubelet:
     def __init__(self, api_url: str, node_names: list[str], log_dir: Path, heartbeat_seconds: float = 2.0,
-                 node_status_seconds: float = 10.0, scheduler_names: set[str] | None = None) -> None:
+                 node_status_seconds: float = 10.0, scheduler_names: set[str] | None = None,
+                 workdir: Path | None = None) -> None:
         self.api = KubeHttpClient(api_url)
         parsed = urlparse(api_url)
         self.api_host, self.api_port = parsed.hostname or "127.0.0.1", parsed.port or 80
         self.node_names = list(node_names)
         self.log_dir = log_dir
+        self.workdir = workdir or REPO_ROOT  # every pod's process runs here
         self.api_url = api_url
         self.credentials_dir = log_dir.parent / "serviceaccounts"  # <pod uid>/{token,namespace,kubeconfig}
         self.heartbeat_seconds, self.node_status_seconds = heartbeat_seconds, node_status_seconds
@@ -198,7 +199,7 @@ class ProcessKubelet:
             except (TimeoutError, ApiStatusError, OSError, ValueError):
                 resource_version = ""
                 await asyncio.sleep(0.5)
-            except Exception:  # a pod the kubelet cannot handle must not stop it from serving the others
+            except Exception:  # noqa: BLE001 - a pod the kubelet cannot handle must not stop it serving the others
                 await asyncio.sleep(0.5)
 
     async def _resync(self) -> str:
@@ -382,12 +383,11 @@ class ProcessKubelet:
             await self._report(running, "Pending", {"waiting": {"reason": "CreateContainerConfigError",
                                                                 "message": str(err)}}, False)
             return None
-        workdir = (pod["metadata"].get("annotations") or {}).get(WORKDIR_ANNOTATION) or str(REPO_ROOT)
         log_path = self.log_dir / f"{running.namespace}_{running.name}_{running.uid}.log"
         with open(log_path, "ab") as log:
             try:
                 running.process = await asyncio.create_subprocess_exec(
-                    *argv, cwd=workdir, env=env, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                    *argv, cwd=self.workdir, env=env, stdout=log, stderr=asyncio.subprocess.STDOUT,
                     stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
             except OSError as err:
                 log.write(f"process kubelet: cannot start {argv!r}: {err}\n".encode())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tests.k8s_emulator.errors import ApiError
+from tests.k8s_emulator.errors import StatusError
 
 # Field name -> merge key for lists that strategic merge merges by key (from the core/v1 Go struct tags).
 MERGE_KEYS: dict[str, str] = {
@@ -45,7 +45,7 @@ def _pointer(path: str) -> list[str]:
     if path == "":
         return []
     if not path.startswith("/"):
-        raise ApiError(422, "Invalid", f"JSON pointer must start with '/': {path!r}")
+        raise StatusError(422, "Invalid", f"JSON pointer must start with '/': {path!r}")
     return [_unescape(t) for t in path[1:].split("/")]
 
 
@@ -81,7 +81,7 @@ def _remove(doc: Any, tokens: list[str]) -> Any:
 
 def json_patch(target: Any, operations: Any) -> Any:
     if not isinstance(operations, list):
-        raise ApiError.bad_request("json patch must be a list of operations")
+        raise StatusError.bad_request("json patch must be a list of operations")
     doc = copy.deepcopy(target)
     for op in operations:
         kind, tokens = op.get("op"), _pointer(op.get("path", ""))
@@ -104,11 +104,11 @@ def json_patch(target: Any, operations: Any) -> Any:
                 doc = _add(doc, tokens, copy.deepcopy(_walk(doc, _pointer(op["from"]))))
             elif kind == "test":
                 if _walk(doc, tokens) != op.get("value"):
-                    raise ApiError(422, "Invalid", f"the server rejected our request: test failed at {op['path']}")
+                    raise StatusError(422, "Invalid", f"the server rejected our request: test failed at {op['path']}")
             else:
-                raise ApiError.bad_request(f"unknown json patch op {kind!r}")
+                raise StatusError.bad_request(f"unknown json patch op {kind!r}")
         except (KeyError, IndexError, ValueError, TypeError) as err:
-            raise ApiError(422, "Invalid",
+            raise StatusError(422, "Invalid",
                            f"the server rejected our request: {kind} {op.get('path')}: {err!r}") from None
     return doc
 

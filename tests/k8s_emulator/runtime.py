@@ -10,6 +10,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from tests.k8s_emulator.apiserver import ApiServer
 from tests.k8s_emulator.controllers import ControlPlane
 from tests.k8s_emulator.deployments import DeploymentController
 from tests.k8s_emulator.kubelet import ProcessKubelet
+from tests.k8s_emulator.pod_hooks import DEFAULT_POD_HOOKS, PodHook
 from tests.k8s_emulator.resources import Registry
 from tests.k8s_emulator.store import Store
 
@@ -91,12 +93,16 @@ class EmulatedCluster:
 
     def __init__(self, work_dir: Path | None = None, nodes: int = 2, port: int = 0, etcd: bool = False,
                  node_monitor_grace_seconds: float = 40.0, heartbeat_seconds: float = 2.0,
-                 history_size: int = 20000, bookmark_interval: float = 30.0, run_kubelet: bool = True) -> None:
+                 history_size: int = 20000, bookmark_interval: float = 30.0, run_kubelet: bool = True,
+                 pod_hooks: Sequence[PodHook] = DEFAULT_POD_HOOKS, pod_workdir: Path | None = None) -> None:
+        """`pod_hooks` mutate each pod at creation (pod_hooks.py); `pod_workdir` is where the kubelet runs pod
+        processes (default: the repository root, so `python -m flywheel...` and relative paths work)."""
         self._owns_work_dir = work_dir is None
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="flywheel-cluster-"))
         self.port = port or free_port()
         self.api_url = f"http://127.0.0.1:{self.port}"
         self.store = Store(Registry(), history_size)
+        self.store.pod_hooks.extend(pod_hooks)
         self.control_plane = ControlPlane(self.store, node_monitor_grace_seconds)
         self.deployment_controller = DeploymentController(self.store)
         self.log_dir = self.work_dir / "pod-logs"
@@ -104,7 +110,8 @@ class EmulatedCluster:
         self.kubelet: ProcessKubelet | None = None
         if run_kubelet:
             self.kubelet = ProcessKubelet(self.api_url, [f"node-{i}" for i in range(1, nodes + 1)], self.log_dir,
-                                          heartbeat_seconds, node_status_seconds=max(heartbeat_seconds * 5, 5.0))
+                                          heartbeat_seconds, node_status_seconds=max(heartbeat_seconds * 5, 5.0),
+                                          workdir=pod_workdir)
             self._register_kubelet_admin(self.kubelet)
         self.want_etcd = etcd
         self.etcd: EtcdProcess | None = None

@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from tests.k8s_emulator.errors import ApiError
+from tests.k8s_emulator.errors import StatusError
 
 Predicate = Callable[[dict[str, Any]], bool]
 
@@ -49,7 +49,7 @@ def _label_term(term: str) -> Callable[[dict[str, str]], bool]:
         if negate:
             return lambda labels: key not in labels
         return lambda labels: key in labels
-    raise ApiError.bad_request(f"unable to parse requirement: {term!r}")
+    raise StatusError.bad_request(f"unable to parse requirement: {term!r}")
 
 
 def label_selector(selector: str | None) -> Predicate:
@@ -101,7 +101,7 @@ def field_selector(selector: str | None) -> Predicate:
     for term in _split_terms(selector):
         match = _EQ_TERM.match(term) or re.match(r"^\s*([A-Za-z0-9._/-]+)\s*(==|!=|=)\s*(.*?)\s*$", term)
         if not match:
-            raise ApiError.bad_request(f"invalid field selector term: {term!r}")
+            raise StatusError.bad_request(f"invalid field selector term: {term!r}")
         path, op, value = match.groups()
         checks.append((path, op == "!=", value))
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tests.k8s_emulator import admission
-from tests.k8s_emulator.errors import ApiError
+from tests.k8s_emulator.errors import StatusError
 from tests.k8s_emulator.resources import CRD_KEY, Registry, ResourceKey, ResourceType, resource_type_from_crd
 from tests.k8s_emulator.selectors import Predicate
 
@@ -97,6 +97,7 @@ class Store:
         self.on_removed: list[Callable[[ResourceType, dict[str, Any]], None]] = []
         self.on_deleting: list[Callable[[ResourceType, dict[str, Any]], None]] = []
         self.on_changed: list[Callable[[ResourceKey], None]] = []  # after every write (controllers mark work)
+        self.pod_hooks: list[Callable[[dict[str, Any]], None]] = []  # pod mutation at create (pod_hooks.py)
         for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.create(self.registry.get(NAMESPACES), "", {"apiVersion": "v1", "kind": "Namespace",
                                                             "metadata": {"name": name}})
@@ -111,7 +112,7 @@ class Store:
     def get(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any]:
         obj = self.peek(rt.key, namespace, name)
         if obj is None:
-            raise ApiError.not_found(rt.group_kind, name)
+            raise StatusError.not_found(rt.group_kind, name)
         return copy.deepcopy(obj)
 
     def list(self, rt: ResourceType, namespace: str, predicate: Predicate) -> list[dict[str, Any]]:
@@ -159,9 +160,9 @@ class Store:
             return
         ns = self.peek(NAMESPACES, "", namespace)
         if ns is None:
-            raise ApiError.not_found("namespaces", namespace)
+            raise StatusError.not_found("namespaces", namespace)
         if ns["metadata"].get("deletionTimestamp"):
-            raise ApiError(403, "Forbidden", f"unable to create new content in namespace {namespace} because it "
+            raise StatusError(403, "Forbidden", f"unable to create new content in namespace {namespace} because it "
                            "is being terminated")
 
     def create(self, rt: ResourceType, namespace: str, body: dict[str, Any], dry_run: bool = False,
@@ -173,12 +174,12 @@ class Store:
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
         if not meta.get("name"):
-            raise ApiError.invalid(rt.group_kind, "", ["metadata.name: Required value: name or generateName is "
+            raise StatusError.invalid(rt.group_kind, "", ["metadata.name: Required value: name or generateName is "
                                                        "required"])
         admission.validate_name(rt, meta["name"])
         if rt.namespaced:
             if meta.get("namespace") and meta["namespace"] != namespace:
-                raise ApiError.bad_request("the namespace of the provided object does not match the namespace "
+                raise StatusError.bad_request("the namespace of the provided object does not match the namespace "
                                            "sent on the request")
             meta["namespace"] = namespace
         else:
@@ -186,12 +187,15 @@ class Store:
             namespace = ""
         self._check_namespace(rt, namespace)
         if self.peek(rt.key, namespace, meta["name"]) is not None:
-            raise ApiError.already_exists(rt.group_kind, meta["name"])
+            raise StatusError.already_exists(rt.group_kind, meta["name"])
         for field in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields"):
             meta.pop(field, None)
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339())
         if rt.custom or rt.key in _GENERATION_KINDS:
             meta["generation"] = 1
+        if rt.key == PODS:
+            for hook in self.pod_hooks:  # mutating admission, before validation (as webhooks run)
+                hook(obj)
         obj = admission.admit_create(rt, obj, strict)
         if dry_run:
             return obj
@@ -205,23 +209,23 @@ class Store:
         ref = (rt.key, (namespace, name))
         if self._forced_conflicts.get(ref, 0) > 0:
             self._forced_conflicts[ref] -= 1
-            raise ApiError.conflict(rt.group_kind, name)
+            raise StatusError.conflict(rt.group_kind, name)
 
     def update(self, rt: ResourceType, namespace: str, name: str, body: dict[str, Any],
                subresource: str | None = None, dry_run: bool = False, strict: bool = False,
                require_rv: bool = False) -> dict[str, Any]:
         old = self.peek(rt.key, namespace, name)
         if old is None:
-            raise ApiError.not_found(rt.group_kind, name)
+            raise StatusError.not_found(rt.group_kind, name)
         self._take_forced_conflict(rt, namespace, name)
         sent_meta = body.get("metadata") or {}
         if sent_meta.get("name", name) != name:
-            raise ApiError.bad_request("the name of the object does not match the name on the URL")
+            raise StatusError.bad_request("the name of the object does not match the name on the URL")
         sent_rv = sent_meta.get("resourceVersion")
         if sent_rv and sent_rv != old["metadata"]["resourceVersion"]:
-            raise ApiError.conflict(rt.group_kind, name)
+            raise StatusError.conflict(rt.group_kind, name)
         if not sent_rv and require_rv and rt.custom:
-            raise ApiError.invalid(rt.group_kind, name, ["metadata.resourceVersion: Invalid value: 0x0: must be "
+            raise StatusError.invalid(rt.group_kind, name, ["metadata.resourceVersion: Invalid value: 0x0: must be "
                                                          "specified for an update"])
         if subresource == "status":
             obj = copy.deepcopy(old)
@@ -250,7 +254,7 @@ class Store:
         if old_meta.get("deletionTimestamp"):
             added = set(meta.get("finalizers") or []) - set(old_meta.get("finalizers") or [])
             if added:
-                raise ApiError.invalid(rt.group_kind, name, [f"metadata.finalizers: Forbidden: no new finalizers "
+                raise StatusError.invalid(rt.group_kind, name, [f"metadata.finalizers: Forbidden: no new finalizers "
                                                              f"can be added if the object is being deleted, found "
                                                              f"new finalizers {sorted(added)}"])
         obj = admission.admit_custom(rt, obj, old, strict)
@@ -299,12 +303,12 @@ class Store:
                dry_run: bool = False) -> dict[str, Any]:
         old = self.peek(rt.key, namespace, name)
         if old is None:
-            raise ApiError.not_found(rt.group_kind, name)
+            raise StatusError.not_found(rt.group_kind, name)
         meta = old["metadata"]
         for field in ("uid", "resourceVersion"):
             wanted = (preconditions or {}).get(field)
             if wanted and wanted != meta.get(field):
-                raise ApiError(409, "Conflict", f"Precondition failed: {field} in precondition: {wanted}, "
+                raise StatusError(409, "Conflict", f"Precondition failed: {field} in precondition: {wanted}, "
                                f"{field} in object meta: {meta.get(field)}", {"name": name, "kind": rt.group_kind})
         if dry_run:
             return copy.deepcopy(old)
@@ -354,9 +358,9 @@ class Store:
             try:
                 since_rv = int(since)
             except ValueError:
-                raise ApiError.bad_request(f"invalid resourceVersion {since!r}") from None
+                raise StatusError.bad_request(f"invalid resourceVersion {since!r}") from None
             if since_rv < self.compacted_rv:
-                watcher.send("ERROR", ApiError(410, "Expired", f"too old resource version: {since_rv} "
+                watcher.send("ERROR", StatusError(410, "Expired", f"too old resource version: {since_rv} "
                                                f"({self.compacted_rv + 1})").status())
                 watcher.close()
                 return watcher

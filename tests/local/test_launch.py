@@ -23,7 +23,8 @@ def test_settings_follow_the_contract_env():
     assert (s.min_nodes, s.max_nodes, s.nproc_per_node, s.max_restarts) == (1, 2, 2, 4)
     assert (s.rdzv_backend, s.rdzv_endpoint, s.run_id) == ("c10d", "127.0.0.1:29400", "job")
     assert s.command == (sys.executable, "-m", "flywheel.trainer")
-    # fast, clean restarts (DESIGN.md): 1 s last call, >= 3 keep-alive attempts; the store is hosted elsewhere
+    # fast, clean restarts (docs/architecture.md): 1 s last call, >= 3 keep-alive attempts; the store is hosted
+    # elsewhere
     assert s.rdzv_configs["last_call_timeout"] == 1 and s.rdzv_configs["keep_alive_max_attempt"] >= 3
     assert s.rdzv_configs["is_host"] is False
     assert s.local_addr == "127.0.0.1"

@@ -81,7 +81,7 @@ def hang_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OpEnv, 
         pytest.skip("real kubectl or prometheus missing: run scripts/install-tools.sh")
     tmp = tmp_path_factory.mktemp("hang-e2e")
     cluster = start_cluster(tmp / "cluster", nodes=1, etcd=True, heartbeat_seconds=0.5)
-    metrics_port = free_port()  # worker i serves on metrics_port + i (--host-network-ports): one worker here
+    metrics_port = free_port()  # the test cluster moves worker i to metrics_port + i (pod_hooks.py): one worker here
     # GPU 0 of the node is used by the XID test's pod (dcgm-exporter's pod mapping); the exporter pod's own
     # namespace/pod are target labels, so Prometheus keeps the user's as exported_namespace/exported_pod.
     dcgm = ChildProcess("tests.fakes.dcgm_exporter", "--hostname", NODE, "--gpus", "2",
@@ -95,7 +95,7 @@ def hang_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OpEnv, 
     operator = OperatorProcess(cluster, events_dir, tmp / "operator.log")
     operator.monitor_args = ["--prometheus-url", prom.url, "--health-interval", "0.25",
                              "--scrape-interval", str(SCRAPE_INTERVAL)]
-    operator.extra_args = ["--metrics-port-base", str(metrics_port), "--host-network-ports"]
+    operator.extra_args = ["--metrics-port-base", str(metrics_port)]
     env = OpEnv(cluster, operator, events_dir, tmp)
     try:
         env.kubectl("apply", "-f", str(CRD))

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from flywheel.crd import GROUP, PLURAL, RESTART_ANNOTATION, VERSION
+from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.labels import RESTART_ANNOTATION
 from flywheel.monitor import HealthMonitor, MonitorSettings
 from flywheel.monitor import OperatorMetrics as MonitorMetrics
 from flywheel.monitor.findings import FindingsInbox

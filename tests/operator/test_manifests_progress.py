@@ -19,7 +19,7 @@ JOB = parse_job({"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
                           "scheduling": {"queue": "team-a", "schedulerName": "volcano"},
                           "checkpoint": {"dir": "/ckpt/j"}}})
 SETTINGS = m.OperatorSettings(etcd_endpoints="etcd:2379", events_dir="/ev", metrics_port_base=9400,
-                              host_network_ports=True, worker_env=(("OMP_NUM_THREADS", "1"),))
+                              worker_env=(("OMP_NUM_THREADS", "1"),))
 
 
 def test_pods_follow_the_worker_contract() -> None:
@@ -30,7 +30,10 @@ def test_pods_follow_the_worker_contract() -> None:
     assert env["PET_RDZV_BACKEND"] == "etcd-v3" and env["PET_RDZV_ENDPOINT"] == "etcd:2379"
     assert env["PET_RDZV_ID"] == "ml-j-01234567" and env["PET_NNODES"] == "1:3" and env["PET_NPROC_PER_NODE"] == "2"
     assert env["WORLD_SIZE"] == "4" and env["FLYWHEEL_REPLICA_INDEX"] == "1" and env["FLYWHEEL_JOB"] == "ml/j"
-    assert env["FLYWHEEL_METRICS_PORT"] == "9401" and env["FLYWHEEL_CHECKPOINT_DIR"] == "/ckpt/j"
+    # Every pod has its own network namespace on a cluster: one port for all (the test cluster spreads them).
+    assert env["FLYWHEEL_METRICS_PORT"] == "9400" and env["FLYWHEEL_CHECKPOINT_DIR"] == "/ckpt/j"
+    assert body["spec"]["containers"][0]["ports"] == [{"name": "metrics", "containerPort": 9400}]
+    assert body["metadata"]["annotations"] == {}  # no test-only annotation (the kubelet picks its directory)
     assert env["FLYWHEEL_EVENTS_FILE"] == "/ev/x.jsonl" and env["OMP_NUM_THREADS"] == "1"
     assert json.loads(env["FLYWHEEL_SPEC"])["replicas"]["target"] == 2
     assert body["spec"]["containers"][0]["command"] == ["python", "-m", "flywheel.cli", "launch"]

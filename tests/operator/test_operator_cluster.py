@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from flywheel.operator.manifests import timestamp
+from flywheel.timefmt import parse_rfc3339
 from tests.operator.conftest import OpEnv, eventually
 
 # 400 steps of gpt-tiny take ~10 s on 2 cores: long enough to hit a worker or the operator mid-run.
@@ -222,7 +222,7 @@ def test_lost_node_pod_force_deleted_and_replaced(op_env: OpEnv) -> None:
 
 
 def _ts(text: str) -> float:
-    value = timestamp(text)
+    value = parse_rfc3339(text)
     assert value is not None
     return value
 
@@ -232,8 +232,8 @@ def _failed_condition(status: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_invalid_image_name_fails_the_job_at_once(op_env: OpEnv) -> None:
-    """The kubelet reports InvalidImageName for a name that is no image reference (tests/k8s_emulator/images.py): the job
-    fails at once, naming the worker, the reason and the fix, instead of waiting Pending for ever."""
+    """The kubelet reports InvalidImageName for a name that is no image reference (tests/k8s_emulator/images.py): the
+    job fails at once, naming the worker, the reason and the fix, instead of waiting Pending for ever."""
     name = "bad-image"
     op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, image="Flywheel:Latest")))
     status = op_env.wait_phase(name, "Failed", 30)

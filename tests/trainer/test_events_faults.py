@@ -8,7 +8,12 @@ import pytest
 
 from flywheel.trainer import fault_injection as faults_mod
 from flywheel.trainer.event_writer import EventLog
-from flywheel.trainer.fault_injection import Fault, FaultInjector, faults_from_env, faults_to_env, parse_fault_flag
+from flywheel.trainer.fault_injection import Fault, FaultInjector, faults_from_env, parse_fault_flag
+
+
+def faults_to_env(faults: list[Fault]) -> str:
+    """The FLYWHEEL_FAULTS value for a list of faults, as `flywheel run --fault` hands them over."""
+    return json.dumps([f.to_json() for f in faults], separators=(",", ":"))
 
 
 def test_event_lines_are_json_with_event_and_time(tmp_path):

@@ -1,6 +1,6 @@
 """Stack dumps on request (flywheel/trainer/stackdump.py) and the operator's side of it (request_dumps in
-flywheel/operator/health_executor.py): the request file and the NCCL pipes, a stale request, SIGUSR1, and a real two-rank
-gloo run whose rank 0 is stuck in a collective (its peer SIGSTOPped) dumping its stacks when asked."""
+flywheel/operator/health_executor.py): the request file and the NCCL pipes, a stale request, SIGUSR1, and a real
+two-rank gloo run whose rank 0 is stuck in a collective (its peer SIGSTOPped) dumping its stacks when asked."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,9 @@ def wait_for(check, timeout: float, what: str, procs: list[subprocess.Popen[byte
 def test_operator_and_trainer_agree_on_the_names(tmp_path: Path):
     assert health_executor.DEBUG_SUBDIR == stackdump.DEBUG_SUBDIR == collective_env.DEBUG_SUBDIR
     assert health_executor.STACK_REQUEST == stackdump.REQUEST_FILE
-    assert collective_env.dump_pipe_path(tmp_path, 3).match(health_executor.NCCL_PIPES)
+    timeouts = collective_env.CollectiveTimeouts(timedelta(seconds=60), timedelta(seconds=10))
+    pipe_prefix = collective_env.collective_env(tmp_path, timeouts)["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"]
+    assert Path(pipe_prefix + "3.pipe").match(health_executor.NCCL_PIPES)  # torch appends "<rank>.pipe"
 
 
 def test_request_dumps_writes_the_request_file_and_each_read_nccl_pipe(tmp_path: Path):

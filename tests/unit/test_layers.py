@@ -1,4 +1,4 @@
-"""The layer rules of DESIGN.md, enforced with import-linter (contracts in pyproject.toml)."""
+"""The layer rules of docs/architecture.md, enforced with import-linter (contracts in pyproject.toml)."""
 
 import shutil
 import subprocess

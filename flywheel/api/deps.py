@@ -1,0 +1,106 @@
+"""What every route shares: the problem error (the documented ErrorBody answer), path parameter types, the
+documented error responses, and the dependencies that authenticate the caller, check its rights and find a job."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import Depends, HTTPException, Path, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from flywheel.api import views
+from flywheel.api.auth import Access, Auth, Principal
+from flywheel.api.schemas import ErrorBody, JobDetail
+
+MAX_PAGE = 500
+DNS = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+Namespace = Annotated[str, Path(pattern=DNS, max_length=63)]
+Name = Annotated[str, Path(pattern=DNS, max_length=63)]
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "no or bad bearer token"},
+    403: {"model": ErrorBody, "description": "the token's user may not do this"},
+    503: {"model": ErrorBody, "description": "the cache has not synced yet"},
+}
+JOB_ERRORS = {**ERRORS, 404: {"model": ErrorBody, "description": "no such TrainingJob"}}
+NOT_SYNCED = "the job cache has not synced with the Kubernetes API yet; retry"
+
+
+class ProblemError(HTTPException):
+    """An HTTP error the app answers in the documented ErrorBody shape: `{"detail": ..., "reason": ...}`, with the
+    reason spelled the Kubernetes way (Unauthorized, Forbidden, NotFound, ...)."""
+
+    def __init__(self, status: int, reason: str, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(status, detail, headers)
+        self.reason = reason
+
+
+def state(request: Request) -> Any:
+    app_state = request.app.state
+    if getattr(app_state, "source", None) is None:
+        raise ProblemError(503, "NotReady", "the API has no job source yet (still starting)")
+    return app_state
+
+
+_bearer = HTTPBearer(auto_error=False, description="a Kubernetes bearer token (cluster) or one from the token file")
+
+
+async def _off_loop(auth: Auth, fn: Callable[..., Any], *args: Any) -> Any:
+    """Run an auth call: TokenReview/SubjectAccessReview block on the network, so those go to a worker thread;
+    a token file (`blocking = False`) answers on the event loop. The reads are async handlers (they only read the
+    in-memory cache) because the three thread hops of a sync one (dependency, handler, response check) were
+    about 40% of a read's CPU (bench/api_latency.py); the actions, which call the Kubernetes API, stay sync."""
+    if getattr(auth, "blocking", True):
+        return await run_in_threadpool(fn, *args)
+    return fn(*args)
+
+
+async def _principal(request: Request,
+                     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)] = None) -> Principal:
+    challenge = {"WWW-Authenticate": "Bearer"}
+    if creds is None or not creds.credentials.strip():
+        raise ProblemError(401, "Unauthorized", "missing bearer token: send 'Authorization: Bearer <token>'",
+                           challenge)
+    auth = state(request).auth
+    who: Principal | None = await _off_loop(auth, auth.authenticate, creds.credentials.strip())
+    if who is None:
+        raise ProblemError(401, "Unauthorized", "the bearer token was not accepted (unknown, expired or revoked)",
+                           challenge)
+    return who
+
+
+Who = Annotated[Principal, Depends(_principal)]
+
+
+def allow(request: Request, who: Principal, access: Access) -> None:
+    _decide(who, access, *state(request).auth.authorize(who, access))
+
+
+async def may_read(request: Request, who: Principal, access: Access) -> None:
+    auth = state(request).auth
+    _decide(who, access, *await _off_loop(auth, auth.authorize, who, access))
+
+
+def _decide(who: Principal, access: Access, allowed: bool, message: str) -> None:
+    if not allowed:
+        raise ProblemError(403, "Forbidden", message or f"user {who.user!r} may not {access.verb} this TrainingJob")
+
+
+def job(request: Request, namespace: str, name: str) -> dict[str, Any]:
+    app_state = state(request)
+    if not app_state.source.ready():
+        raise ProblemError(503, "NotReady", NOT_SYNCED)
+    obj: dict[str, Any] | None = app_state.source.job(namespace, name)
+    if obj is None:
+        raise ProblemError(404, "NotFound", f"TrainingJob {namespace}/{name} not found")
+    return obj
+
+
+def detail(request: Request, obj: dict[str, Any]) -> JobDetail:
+    source = request.app.state.source
+    meta = obj["metadata"]
+    ns, name = meta.get("namespace", "default"), meta["name"]
+    pods = source.pods(ns, name)
+    raw = source.events(ns, {name, *(p["metadata"]["name"] for p in pods)})
+    return views.detail(obj, pods, raw)

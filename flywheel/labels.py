@@ -1,0 +1,19 @@
+"""The labels and annotations Flywheel puts on Kubernetes objects, defined once for the operator, the REST API and
+the tests. The API group is the TrainingJob's (`flywheel.dev/v1alpha1`, spec.API_VERSION)."""
+
+from __future__ import annotations
+
+GROUP = "flywheel.dev"
+
+# On every worker pod (and the job's Service and PodGroup): which TrainingJob it belongs to.
+JOB_LABEL = f"{GROUP}/job"
+# On every worker pod: its replica index (ranks index x procsPerReplica ...) and the restart generation it was
+# created for (the policy decides failures only for pods of the current generation).
+INDEX_LABEL = f"{GROUP}/replica-index"
+GENERATION_LABEL = f"{GROUP}/generation"
+# On a TrainingJob: set to an RFC 3339 time to restart the job once (the REST API's `restart`, or `kubectl annotate`).
+RESTART_ANNOTATION = f"{GROUP}/restart-requested-at"
+# The operator's finalizer on a TrainingJob (kopf's persistence setting).
+FINALIZER = f"{GROUP}/cleanup"
+# Kueue's queue label: the job's own passes through to its pods.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

@@ -1,0 +1,80 @@
+"""Every private torch internal Flywheel relies on, named in one place. Each one is checked against the installed
+torch by tests/unit/test_torch_compat.py, which fails loudly on a torch upgrade: re-check the seams below against
+the new torch's source, then move TESTED_TORCH.
+
+- LocalElasticAgent (torch.distributed.elastic): `flywheel launch`'s agent overrides the hooks in AGENT_HOOKS and
+  reads or sets `_pcontext` (the ranks' process context, to shorten the grace of a failure-triggered close),
+  `_shutdown`/`_shutdown_timeout` (stop the ranks with a chosen grace), `_remaining_restarts` (no restart after a
+  USER_ERROR exit).
+- DeviceMesh._unflatten: the dp dimension viewed as (edp, ep) for expert parallelism.
+- DTensor's `_local_tensor`/`_spec` and its constructor: checkpoint staging swaps a CPU shard into a DTensor
+  without moving it back to the mesh's device (DTensor.from_local would), as DCP's own staging does.
+- Private functions (PRIVATE_IMPORTS), imported lazily through this module so that `flywheel launch` does not pay
+  for them: `all_to_all_single_autograd` (differentiable all-to-all of the MoE dispatch), `checkpoint_wrapper`
+  (activation checkpointing of a block), `_set_pg_timeout` (shorten the collective timeout after the first step:
+  the public API sets it only at init_process_group).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+TESTED_TORCH = "2.13"  # the torch minor version these seams were read against (pyproject pins torch 2.13.x)
+
+# The LocalElasticAgent methods launch.FlywheelAgent overrides, with the parameters it expects.
+AGENT_HOOKS = {"_start_workers": ("self", "worker_group"), "_stop_workers": ("self", "worker_group"),
+               "_monitor_workers": ("self", "worker_group"), "_shutdown": ("self", "death_sig", "timeout")}
+# The agent attributes read or set here (set by LocalElasticAgent/SimpleElasticAgent.__init__).
+AGENT_ATTRIBUTES = ("_pcontext", "_shutdown_timeout", "_remaining_restarts")
+PRIVATE_IMPORTS = {
+    "all_to_all_single_autograd": ("torch.distributed._functional_collectives", "all_to_all_single_autograd"),
+    "checkpoint_wrapper": ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "checkpoint_wrapper"),
+    "set_pg_timeout": ("torch.distributed.distributed_c10d", "_set_pg_timeout"),
+}
+
+
+def agent_process_context(agent: Any) -> PContext | None:
+    """The PContext of the agent's running ranks (None before the first start)."""
+    context: PContext | None = agent._pcontext
+    return context
+
+
+def stop_agent_ranks(agent: Any, timeout: int | None = None) -> None:
+    """Stop the agent's ranks: SIGTERM, then SIGKILL after `timeout` s (default: the agent's shutdown_timeout)."""
+    agent._shutdown(timeout=agent._shutdown_timeout if timeout is None else timeout)
+
+
+def forbid_agent_restarts(agent: Any) -> None:
+    """No more restarts of the ranks: the agent's run ends with the current failure."""
+    agent._remaining_restarts = 0
+
+
+def unflatten_mesh(mesh: DeviceMesh, dim: int, sizes: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
+    """Mesh dimension `dim` viewed as len(sizes) dimensions (row-major, the last innermost)."""
+    return mesh._unflatten(dim, sizes, names)
+
+
+def dtensor_local(tensor: Any) -> Any:
+    """A DTensor's local shard, as it is (no copy, no autograd node; `to_local()` would add one)."""
+    return tensor._local_tensor
+
+
+def dtensor_with_local(local: Any, like: Any) -> Any:
+    """A DTensor with `like`'s global shape, mesh and placements over `local`, wherever `local` lives."""
+    from torch.distributed.tensor import DTensor
+
+    build: Any = DTensor  # the private constructor (untyped): `from_local` would move `local` to the mesh's device
+    return build(local, like._spec, requires_grad=False)
+
+
+def __getattr__(name: str) -> Any:
+    """The functions of PRIVATE_IMPORTS, imported on first use."""
+    if name not in PRIVATE_IMPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = PRIVATE_IMPORTS[name]
+    return getattr(importlib.import_module(module), attribute)

@@ -1,0 +1,103 @@
+"""The private torch internals behind flywheel/trainer/torch_compat.py still exist with the signatures the seams
+expect, and the seams still work. A failure here after a torch upgrade means: read the new torch's source for each
+seam named in torch_compat.py, adapt it, then move TESTED_TORCH."""
+
+from __future__ import annotations
+
+import inspect
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+from flywheel.trainer import torch_compat
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def test_torch_is_the_version_the_seams_were_read_against() -> None:
+    assert torch.__version__.startswith(torch_compat.TESTED_TORCH + "."), (
+        f"torch {torch.__version__} is not {torch_compat.TESTED_TORCH}.x: re-check every seam in "
+        "flywheel/trainer/torch_compat.py against its source, then update TESTED_TORCH")
+
+
+@pytest.mark.parametrize("hook", sorted(torch_compat.AGENT_HOOKS))
+def test_the_elastic_agent_hooks_we_override_keep_their_signature(hook: str) -> None:
+    method = getattr(LocalElasticAgent, hook, None)
+    assert callable(method), f"LocalElasticAgent.{hook} is gone (flywheel/trainer/launch.py overrides it)"
+    assert tuple(inspect.signature(method).parameters) == torch_compat.AGENT_HOOKS[hook]
+
+
+@pytest.mark.parametrize("attribute", torch_compat.AGENT_ATTRIBUTES)
+def test_the_elastic_agent_still_sets_the_attributes_we_read(attribute: str) -> None:
+    init_sources = "".join(inspect.getsource(cls.__init__) for cls in LocalElasticAgent.__mro__
+                           if "__init__" in vars(cls) and cls.__module__.startswith("torch."))
+    assert f"self.{attribute} =" in init_sources or f"self.{attribute}:" in init_sources, (
+        f"LocalElasticAgent no longer sets {attribute} (flywheel/trainer/torch_compat.py reads it)")
+
+
+def test_the_agent_seams_read_and_set_those_attributes() -> None:
+    class Agent:
+        _pcontext, _shutdown_timeout, _remaining_restarts = "ctx", 42, 3
+        stopped_with: int | None = None
+
+        def _shutdown(self, timeout: int) -> None:
+            self.stopped_with = timeout
+
+    agent = Agent()
+    assert torch_compat.agent_process_context(agent) == "ctx"
+    torch_compat.stop_agent_ranks(agent)
+    assert agent.stopped_with == 42
+    torch_compat.stop_agent_ranks(agent, 2)
+    assert agent.stopped_with == 2
+    torch_compat.forbid_agent_restarts(agent)
+    assert agent._remaining_restarts == 0
+
+
+def test_the_process_context_close_keeps_its_signature() -> None:
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    assert tuple(inspect.signature(PContext.close).parameters) == ("self", "death_sig", "timeout")
+
+
+@pytest.mark.parametrize("name", sorted(torch_compat.PRIVATE_IMPORTS))
+def test_the_private_functions_still_import(name: str) -> None:
+    assert callable(getattr(torch_compat, name))
+
+
+def test_an_unknown_seam_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no_such_seam"):
+        getattr(torch_compat, "no_such_seam")
+
+
+def test_private_function_signatures() -> None:
+    params = inspect.signature(torch_compat.all_to_all_single_autograd).parameters
+    assert tuple(params)[:4] == ("self", "output_split_sizes", "input_split_sizes", "group")
+    assert tuple(inspect.signature(torch_compat.set_pg_timeout).parameters) == ("timeout", "group")
+    wrapper = tuple(inspect.signature(torch_compat.checkpoint_wrapper).parameters)
+    assert wrapper[0] == "module" and wrapper[-1] == "checkpoint_fn_kwargs"  # preserve_rng_state goes through
+
+
+def test_mesh_unflatten_and_dtensor_seams_on_one_gloo_rank(tmp_path) -> None:
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timedelta(seconds=30))
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Shard
+
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+        unflat = torch_compat.unflatten_mesh(mesh, 0, (1, 1), ("edp", "ep"))
+        assert unflat.mesh_dim_names == ("edp", "ep") and unflat.shape == (1, 1)
+        dt = DTensor.from_local(torch.arange(4.0), mesh, [Shard(0)])
+        local = torch_compat.dtensor_local(dt)
+        assert torch.equal(local, torch.arange(4.0)) and local.grad_fn is None
+        swapped = torch_compat.dtensor_with_local(torch.ones(4), dt)
+        assert isinstance(swapped, DTensor) and swapped.placements == dt.placements
+        assert torch.equal(swapped.to_local(), torch.ones(4)) and not swapped.requires_grad
+        torch_compat.set_pg_timeout(timedelta(seconds=20), None)
+    finally:
+        dist.destroy_process_group()
