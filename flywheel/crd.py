@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
-from flywheel.spec import API_VERSION, MAX_NAME_LENGTH, TrainingJobSpec, TrainingJobStatus
+from flywheel.spec import API_VERSION, MAX_NAME_LENGTH, TrainingJobSpec
+from flywheel.spec_status import TrainingJobStatus
 
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL, SINGULAR, SHORT_NAME = "trainingjobs", "trainingjob", "tj"
@@ -137,7 +139,7 @@ def _structural(node: dict[str, Any], path: str) -> dict[str, Any]:
     return node
 
 
-def openapi_schema(model: type, path: str) -> dict[str, Any]:
+def openapi_schema(model: type[BaseModel], path: str) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     return _structural(_resolve(raw, raw.get("$defs", {})), path)
 
