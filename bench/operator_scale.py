@@ -68,7 +68,7 @@ class PodClock:
                     if event["type"] == "ADDED" and job:
                         with self.lock:
                             self.seen.setdefault(job, {}).setdefault(pod.metadata.name, time.time())
-            except Exception:  # a dropped stream: resume from the last version
+            except Exception:  # noqa: BLE001 -- any dropped or broken stream: resume from the last version
                 time.sleep(0.1)
 
     def all_seen(self, job: str, count: int) -> float | None:
@@ -194,7 +194,8 @@ def main() -> int:
                                 "burst_s": burst_s, "jobs_per_second": len(ok_many) / burst_s,
                                 "operator_cpu_s": operator_cpu, "emulator_and_bench_cpu_s": bench_cpu},
                        "rss_mb": {"idle_after_wide": idle_rss, "peak": peak, "after_burst": rss_now}},
-                 quick=args.quick or args.smoke, load_average_1m=os.getloadavg()[0], bench_seconds=time.monotonic() - began)
+                 quick=args.quick or args.smoke, load_average_1m=os.getloadavg()[0],
+                 bench_seconds=time.monotonic() - began)
     print(f"1 job {base:.3f} s; {args.wide} replicas {wide} s; {args.many} jobs p50 {p50:.3f} s p99 {p99:.3f} s "
           f"(ratio p50 {ratio50:.2f}, p99 {ratio99:.2f}); {len(ok_many) / burst_s:.0f} jobs/s, operator CPU "
           f"{operator_cpu / max(len(ok_many), 1) * 1000:.1f} ms/job, emulator+bench CPU "

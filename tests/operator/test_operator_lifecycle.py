@@ -214,7 +214,8 @@ def test_operator_serves_the_rest_api_with_a_flag(op_env: OpEnv) -> None:
 
         detail = eventually(lambda: (d := get("/v1/jobs/default/served")) and d["phase"] == "Running" and d,
                             60, "the job through the operator's API")
-        assert [(w["pod"], w["firstRank"]) for w in detail["workers"]] == [("served-worker-0", 0), ("served-worker-1", 1)]
+        served = [(w["pod"], w["firstRank"]) for w in detail["workers"]]
+        assert served == [("served-worker-0", 0), ("served-worker-1", 1)]
         assert httpx.get(base + "/v1/jobs", timeout=5).status_code == 401
         act("POST", "suspend")
         op_env.wait_phase("served", "Suspended", 60)

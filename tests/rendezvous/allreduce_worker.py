@@ -43,5 +43,6 @@ while True:
     time.sleep(0.1)
 
 with open(os.path.join(out_dir, f"done.{tag}.json"), "w") as f:
-    json.dump({"replica": replica, "restart": restart, "pid": os.getpid(), "rank": rank, "world": world, "iterations": iterations}, f)
+    json.dump({"replica": replica, "restart": restart, "pid": os.getpid(), "rank": rank, "world": world,
+               "iterations": iterations}, f)
 dist.destroy_process_group()

@@ -67,7 +67,8 @@ def wait_for_files(out_dir: Path, pattern: str, count: int, timeout: float, agen
             return found
         time.sleep(0.05)
     logs = "\n".join(a.log() for a in agents)
-    pytest.fail(f"{count} x {pattern} not seen in {timeout} s; have {sorted(p.name for p in out_dir.iterdir())}\n{logs}")
+    have = sorted(p.name for p in out_dir.iterdir())
+    pytest.fail(f"{count} x {pattern} not seen in {timeout} s; have {have}\n{logs}")
 
 
 def worker_pids(out_dir: Path, replica: int) -> set[int]:
@@ -161,7 +162,8 @@ def test_etcd_restart_mid_run_then_re_rendezvous(run, etcd_server: EtcdServer) -
     (out / "crash-rank1").touch()
     wait_for_files(out, "running.0.*", 2, 60, agents)
     wait_for_files(out, "running.1.*", 2, 60, agents)
-    print(f"\nafter etcd restart: worker crash -> both re-rendezvoused and training {time.monotonic() - crashed_at:.1f} s")
+    took = time.monotonic() - crashed_at
+    print(f"\nafter etcd restart: worker crash -> both re-rendezvoused and training {took:.1f} s")
     done = finish(out, agents)
     assert sorted((d["rank"], d["world"]) for d in done) == [(0, 2), (1, 2)]
     assert not {d["pid"] for d in done} & first_pids

@@ -33,7 +33,8 @@ def test_layouts_that_run_pass(world, parallelism, training, cfg):
      BATCH, GPTConfig(layers=2, dim=64, heads=4, vocab=256, seq_len=64, moe=MoEConfig(experts=6, top_k=2)),
      r"ep = 4 does not divide model.moe.experts \(6\)"),
     (8, Parallelism(fsdp=True, tp=8), BATCH, TINY, r"tp: seqLen \(64\)|tp: heads \(4\) is not divisible by tp \(8\)"),
-    (3, Parallelism(), BATCH, TINY, r"at world size 3: spec.trainer.training.globalBatch: 8 is not divisible by microBatch x dp = 2 x 3"),
+    (3, Parallelism(), BATCH, TINY,
+     r"at world size 3: spec.trainer.training.globalBatch: 8 is not divisible by microBatch x dp = 2 x 3"),
     (2, Parallelism(pp=2, schedule="gpipe"), BATCH,
      GPTConfig(layers=3, dim=64, heads=4, vocab=256, seq_len=64), "3 layers do not split evenly"),
 ], ids=["tp-world", "tp-ddp", "ep-dense", "ep-experts", "tp-heads", "batch", "pp-layers"])

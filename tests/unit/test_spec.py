@@ -84,7 +84,8 @@ INVALID = [
     ("spec.trainer.model", {"preset": None, "layers": 2, "dim": 30, "heads": 4, "vocab": 256, "seqLen": 16},
      "dim (30) is not divisible by heads (4)"),
     ("spec.trainer.model.layers", 0, "spec.trainer.model.layers"),
-    ("spec.trainer.parallelism", {"tp": 3}, "spec.trainer.parallelism.tp: tp x pp = 3 x 1 does not divide the world size 4"),
+    ("spec.trainer.parallelism", {"tp": 3},
+     "spec.trainer.parallelism.tp: tp x pp = 3 x 1 does not divide the world size 4"),
     ("spec.trainer.parallelism", {"tp": 2, "pp": 4}, "tp x pp = 2 x 4 does not divide"),
     ("spec.trainer.parallelism.microbatches", 0, "spec.trainer.parallelism.microbatches"),
     ("spec.trainer.parallelism", {"pp": 4}, "spec.trainer.parallelism.pp: 2 layers do not split evenly into pp x "
@@ -94,8 +95,10 @@ INVALID = [
     ("spec.trainer.parallelism", {"pp": 2, "microbatches": 3}, "spec.trainer.parallelism.microbatches: 3 does not "
                                                                "divide"),
     ("spec.trainer.parallelism.schedule", "zero-bubble", "spec.trainer.parallelism.schedule"),
-    ("spec.trainer.training", {"globalBatch": 10, "microBatch": 4}, "spec.trainer.training.globalBatch: 10 is not divisible by microBatch (4)"),
-    ("spec.trainer.training", {"globalBatch": 12, "microBatch": 2}, "spec.trainer.training.globalBatch: 12 is not divisible by microBatch x dp"),
+    ("spec.trainer.training", {"globalBatch": 10, "microBatch": 4},
+     "spec.trainer.training.globalBatch: 10 is not divisible by microBatch (4)"),
+    ("spec.trainer.training", {"globalBatch": 12, "microBatch": 2},
+     "spec.trainer.training.globalBatch: 12 is not divisible by microBatch x dp"),
     ("spec.trainer.training.steps", 0, "spec.trainer.training.steps"),
     ("spec.trainer.training.lr", -1.0, "spec.trainer.training.lr"),
     ("spec.trainer.training.precision", "fp8", "spec.trainer.training.precision"),
