@@ -8,6 +8,7 @@ Flywheel imports the schema from `flywheel.spec` alone.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -19,6 +20,8 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 from pydantic.alias_generators import to_camel
 
 from flywheel.spec_base import _Model
+from flywheel.spec_model import PRESETS as MODEL_PRESETS
+from flywheel.spec_model import ModelShape, MoEConfig, shape_problems
 from flywheel.spec_parallel import MoESpec, Parallelism, check_experts_fit
 from flywheel.spec_status import (  # noqa: F401 (re-exported: flywheel.spec is the schema's one import)
     CheckpointStatus,
@@ -32,13 +35,11 @@ from flywheel.spec_status import (  # noqa: F401 (re-exported: flywheel.spec is 
 API_VERSION = "flywheel.dev/v1alpha1"
 KIND = "TrainingJob"
 
-# Model presets: gpt-tiny is for CPU tests; the others are the usual GPT-2/3-style sizes.
+# The presets' sizes by their spec names (layers, dim, heads, vocab, seqLen); the full shapes, llama settings
+# included, are flywheel.spec_model.PRESETS.
 PRESETS: dict[str, dict[str, int]] = {
-    "gpt-tiny": {"layers": 2, "dim": 64, "heads": 4, "vocab": 256, "seqLen": 64},
-    "gpt-125m": {"layers": 12, "dim": 768, "heads": 12, "vocab": 50304, "seqLen": 1024},
-    "gpt-350m": {"layers": 24, "dim": 1024, "heads": 16, "vocab": 50304, "seqLen": 1024},
-    "gpt-1.3b": {"layers": 24, "dim": 2048, "heads": 16, "vocab": 50304, "seqLen": 2048},
-}
+    name: {"layers": s.layers, "dim": s.dim, "heads": s.heads, "vocab": s.vocab, "seqLen": s.seq_len}
+    for name, s in MODEL_PRESETS.items()}
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MAX_NAME_LENGTH = 48  # leaves room for "-worker-NNN" inside the 63-character DNS label limit
@@ -74,15 +75,22 @@ class Replicas(_Model):
 
 
 class ModelSpec(_Model):
-    """A GPT-style decoder: a preset, optionally with explicit sizes that override it."""
+    """A decoder (architecture gpt or llama): a preset, optionally with explicit sizes that override it, or a
+    Hugging Face model directory (`pretrained`)."""
 
     preset: str | None = Field("gpt-tiny", description=f"One of {', '.join(PRESETS)}.")
     layers: int | None = Field(None, ge=1, description="Transformer blocks; overrides the preset.")
     dim: int | None = Field(None, ge=8, description="Model width; overrides the preset.")
     heads: int | None = Field(None, ge=1, description="Attention heads; must divide dim.")
+    kv_heads: int | None = Field(None, ge=1, description="Key/value heads (grouped-query attention, llama "
+                                                         "presets); must divide heads. Default: the preset's.")
+    ffn: int | None = Field(None, ge=1, description="MLP width; default: the preset's (gpt: 4 x dim).")
     vocab: int | None = Field(None, ge=2, description="Vocabulary size (>= 256 for byte-level text).")
     seq_len: int | None = Field(None, ge=2, description="Tokens per sample.")
     moe: MoESpec | None = Field(None, description="Mixture of experts (e.g. {experts: 8, topK: 2}); null: dense.")
+    pretrained: str | None = Field(None, min_length=1, description="A local Hugging Face model directory "
+                                   "(config.json + safetensors): architecture, sizes and initial weights come "
+                                   "from it (Llama, Mistral, Qwen2, GPT-2). Only seqLen may be set beside it.")
 
     @field_validator("preset")
     @classmethod
@@ -94,20 +102,28 @@ class ModelSpec(_Model):
 
     @model_validator(mode="after")
     def _complete(self) -> ModelSpec:
+        if self.pretrained is not None:
+            clash = sorted(self.model_fields_set & {"preset", "layers", "dim", "heads", "kv_heads", "ffn", "vocab",
+                                                    "moe"})
+            if clash:
+                raise ValueError(f"pretrained: the architecture and sizes come from {self.pretrained}/config.json; "
+                                 f"remove {', '.join(clash)} (only seqLen may be set beside pretrained)")
+            return self
         dims = self.resolved()
         missing = [k for k, v in dims.items() if v is None]
         if missing:
             raise ValueError(f"no preset and missing {', '.join(missing)}; set a preset or give every size")
-        if dims["dim"] % dims["heads"]:
-            raise ValueError(f"dim ({dims['dim']}) is not divisible by heads ({dims['heads']}); "
-                             "pick heads that divide dim")
+        problems = shape_problems(self.shape())
+        if problems:
+            raise ValueError("; ".join(problems))
         if self.moe is not None and self.moe.every > dims["layers"]:
             raise ValueError(f"moe.every: {self.moe.every} is more than layers ({dims['layers']}), so no block "
                              "would get experts; lower every")
         return self
 
     def resolved(self) -> dict[str, Any]:
-        """Sizes with explicit fields overriding the preset: layers, dim, heads, vocab, seqLen."""
+        """Sizes with explicit fields overriding the preset: layers, dim, heads, vocab, seqLen (None where neither
+        gives one). Not for a pretrained model, whose sizes are in its config.json."""
         base: dict[str, Any] = dict(PRESETS[self.preset]) if self.preset else {}
         for key in ("layers", "dim", "heads", "vocab"):
             if getattr(self, key) is not None:
@@ -115,6 +131,27 @@ class ModelSpec(_Model):
         if self.seq_len is not None:
             base["seqLen"] = self.seq_len
         return {k: base.get(k) for k in ("layers", "dim", "heads", "vocab", "seqLen")}
+
+    def shape(self) -> ModelShape:
+        """The model to build: the preset's shape with the explicit sizes applied (a gpt's MLP width and positions
+        follow dim and seqLen unless given). A pretrained model's shape comes from its config.json instead
+        (`flywheel.trainer.hf_config`)."""
+        if self.pretrained is not None:
+            raise ValueError("trainer.model.pretrained: the shape is read from config.json, not the spec")
+        sizes = self.resolved()
+        given = {"layers": self.layers, "dim": self.dim, "heads": self.heads, "kv_heads": self.kv_heads,
+                 "ffn": self.ffn, "vocab": self.vocab, "seq_len": self.seq_len}
+        overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+        moe = (MoEConfig(experts=self.moe.experts, top_k=self.moe.top_k, every=self.moe.every,
+                         aux_loss_weight=self.moe.aux_loss_weight, capacity_factor=self.moe.capacity_factor)
+               if self.moe else None)
+        if not self.preset:
+            return ModelShape(layers=sizes["layers"], dim=sizes["dim"], heads=sizes["heads"], vocab=sizes["vocab"],
+                              seq_len=sizes["seqLen"], kv_heads=self.kv_heads or 0, ffn=self.ffn or 0, moe=moe)
+        base = MODEL_PRESETS[self.preset]
+        if base.architecture == "gpt":  # 0: derived again from the new sizes
+            overrides = {"ffn": 0, "max_positions": 0, "kv_heads": 0, **overrides}
+        return dataclasses.replace(base, moe=moe, **overrides)
 
 
 class Training(_Model):
@@ -237,8 +274,9 @@ class TrainingJobSpec(_Model):
                 raise ValueError(f"trainer.training.globalBatch: {tr.global_batch} is not divisible by microBatch "
                                  f"x dp = {tr.micro_batch} x {dp} at {n} replicas; make globalBatch a multiple of "
                                  f"{tr.micro_batch * dp}")
-            problem = par.pipeline_problem(self.trainer.model.resolved()["layers"],
-                                           tr.global_batch // (tr.micro_batch * dp))
+            # A pretrained model's layers are in its config.json: the trainer's preflight checks its pipeline.
+            problem = None if self.trainer.model.pretrained else par.pipeline_problem(
+                self.trainer.model.resolved()["layers"], tr.global_batch // (tr.micro_batch * dp))
             if problem:
                 raise ValueError(f"{problem} (at {n} replicas)")
         return self

@@ -19,9 +19,10 @@ from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
-from flywheel.planner.cost import Batch, Estimate, Layout, ModelShape, estimate
+from flywheel.planner.cost import Batch, Estimate, Layout, estimate
 from flywheel.planner.devices import GIB, Device
-from flywheel.spec import PRESETS, TrainingJobSpec
+from flywheel.spec import TrainingJobSpec
+from flywheel.spec_model import ModelShape, tp_size_problems
 
 NEAR_TIE = 0.02  # estimated step times this close are a tie (bench/planner_accuracy.py: time errors of 1-20%)
 
@@ -59,27 +60,20 @@ def estimate_json(e: Estimate) -> dict[str, object]:
 
 def shape_of(spec: TrainingJobSpec) -> ModelShape:
     m = spec.trainer.model
-    preset = PRESETS.get(m.preset or "", {})
-
-    def pick(value: int | None, key: str) -> int:
-        chosen = value if value is not None else preset.get(key)
-        if chosen is None:
-            raise PlanError(f"trainer.model.{key}: not set and no preset gives it")
-        return chosen
-
-    moe = {"experts": m.moe.experts, "top_k": m.moe.top_k, "moe_every": m.moe.every} if m.moe else {}
-    return ModelShape(layers=pick(m.layers, "layers"), dim=pick(m.dim, "dim"), heads=pick(m.heads, "heads"),
-                      vocab=pick(m.vocab, "vocab"), seq_len=pick(m.seq_len, "seqLen"), **moe)
+    if m.pretrained:
+        raise PlanError("trainer.model.pretrained: the planner does not read config.json yet; plan with the "
+                        "matching preset or explicit sizes instead")
+    return m.shape()
 
 
 def layouts(shape: ModelShape, global_batch: int, world_size: int, *,
             micro_batches: tuple[int, ...] | None = None, ep_limit: int | None = None) -> Iterator[Layout]:
-    """Every layout the model allows: tp divides the heads, seqLen and the MLP width (the trainer's tensor-parallel
-    rules), pp the layers, dp x microBatch the global batch; tp needs FSDP (DDP cannot replicate tensor-parallel
-    parameters). An MoE model runs with pp = 1 and ep a divisor of dp and of the experts (and of `ep_limit` when
-    given), with FSDP above 1."""
+    """Every layout the model allows: tp divides the heads, key/value heads, seqLen and the MLP width (the
+    trainer's tensor-parallel rules), pp the layers, dp x microBatch the global batch; tp needs FSDP (DDP cannot
+    replicate tensor-parallel parameters). An MoE model runs with pp = 1 and ep a divisor of dp and of the experts
+    (and of `ep_limit` when given), with FSDP above 1."""
     for tp in _divisors(world_size):
-        if shape.heads % tp or shape.seq_len % tp or (4 * shape.dim) % tp:
+        if tp_size_problems(shape, tp):
             continue
         for pp in _divisors(world_size // tp):
             if shape.layers % pp or (shape.experts and pp > 1):

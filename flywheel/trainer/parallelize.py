@@ -24,10 +24,10 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from flywheel.spec import Parallelism, Training
-from flywheel.trainer.model import GPTConfig
+from flywheel.spec_model import ModelShape
 from flywheel.trainer.parallel_ep import ExpertParallelError, apply_ep, check_ep_sizes, expert_mesh, fully_shard_experts
 from flywheel.trainer.parallel_pp import PipelineError, pipeline
-from flywheel.trainer.parallel_tp import TensorParallelError, apply_tp, check_tp_sizes
+from flywheel.trainer.parallel_tp import TensorParallelError, apply_tp, check_model_tp
 
 DP, PP, TP = "dp", "pp", "tp"
 
@@ -61,7 +61,7 @@ def build_mesh(world_size: int, parallelism: Parallelism, device_type: str = "cp
     return init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape))
 
 
-def check_layout(world_size: int, parallelism: Parallelism, training: Training, cfg: GPTConfig) -> None:
+def check_layout(world_size: int, parallelism: Parallelism, training: Training, cfg: ModelShape) -> None:
     """Raises ParallelismError for a layout that cannot run on `world_size` ranks: everything decidable from the
     spec alone. Run before the rendezvous, so every rank fails alike without waiting on (or breaking) its peers."""
     shape = mesh_shape(world_size, parallelism)
@@ -79,7 +79,7 @@ def check_layout(world_size: int, parallelism: Parallelism, training: Training, 
             raise ParallelismError(str(err)) from None
     if parallelism.tp > 1:
         try:
-            check_tp_sizes(cfg.dim, cfg.heads, cfg.seq_len, parallelism.tp)
+            check_model_tp(cfg, parallelism.tp)
         except TensorParallelError as err:
             raise ParallelismError(str(err)) from None
     dp = shape[DP]
