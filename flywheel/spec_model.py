@@ -11,8 +11,9 @@ Two architectures:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Architecture = Literal["gpt", "llama"]
 ARCHITECTURES: tuple[str, ...] = ("gpt", "llama")
@@ -200,3 +201,14 @@ PRESETS: dict[str, ModelShape] = {
                             kv_heads=8, ffn=14336, max_positions=131072, norm_eps=1e-5, activation="silu",
                             rope_theta=500000.0, rope_scaling=_LLAMA3_8B_SCALING, tied_embeddings=False),
 }
+
+
+def shape_to_dict(shape: ModelShape) -> dict[str, Any]:
+    """Plain JSON-able data (the trainer records it beside its checkpoints; `flywheel export` reads it back)."""
+    return dataclasses.asdict(shape)
+
+
+def shape_from_dict(data: dict[str, Any]) -> ModelShape:
+    scaling, moe = data.get("rope_scaling"), data.get("moe")
+    return ModelShape(**{**data, "rope_scaling": RopeScaling(**scaling) if scaling else None,
+                         "moe": MoEConfig(**moe) if moe else None})

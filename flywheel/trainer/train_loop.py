@@ -42,6 +42,7 @@ from flywheel.trainer.data import DataError, MicroBatch, SampleLoader, SampleSou
 from flywheel.trainer.event_writer import EventLog
 from flywheel.trainer.fault_injection import Fault, FaultInjector, faults_from_env
 from flywheel.trainer.hf_config import HFConfigError
+from flywheel.trainer.hf_export import write_model_record
 from flywheel.trainer.hf_weights import load_pretrained
 from flywheel.trainer.moe import aux_loss_of
 from flywheel.trainer.optim import build_optimizer, build_scheduler
@@ -218,6 +219,8 @@ def train(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: Train
 
     torch.manual_seed(training.seed)
     cfg = model_shape(spec.trainer.model)
+    if env.rank == 0:  # what `flywheel export` needs to name and configure the weights
+        write_model_record(env.checkpoint_dir, cfg, spec.trainer.model.pretrained)
     loader = SampleLoader(source)
     model = build_model(cfg, seed=training.seed).to(device)
     tokens_per_step = training.global_batch * cfg.seq_len
