@@ -103,11 +103,15 @@ class ModelSpec(_Model):
     @model_validator(mode="after")
     def _complete(self) -> ModelSpec:
         if self.pretrained is not None:
-            clash = sorted(self.model_fields_set & {"preset", "layers", "dim", "heads", "kv_heads", "ffn", "vocab",
-                                                    "moe"})
+            sizes = {"layers": self.layers, "dim": self.dim, "heads": self.heads, "kvHeads": self.kv_heads,
+                     "ffn": self.ffn, "vocab": self.vocab, "moe": self.moe}
+            clash = [k for k, v in sizes.items() if v is not None]
+            if "preset" in self.model_fields_set and self.preset is not None:
+                clash.insert(0, "preset")
             if clash:
                 raise ValueError(f"pretrained: the architecture and sizes come from {self.pretrained}/config.json; "
                                  f"remove {', '.join(clash)} (only seqLen may be set beside pretrained)")
+            self.preset = None  # not the default gpt-tiny: nothing of a preset applies
             return self
         dims = self.resolved()
         missing = [k for k, v in dims.items() if v is None]

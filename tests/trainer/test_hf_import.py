@@ -60,3 +60,14 @@ def test_unsupported_config_names_the_key(tmp_path):
 def test_pretrained_refuses_sizes_beside_it():
     with pytest.raises(ValueError, match="pretrained: the architecture and sizes come from"):
         ModelSpec(pretrained="/models/x", dim=64)
+
+
+def test_pretrained_spec_survives_the_workers_round_trip():
+    from flywheel.spec import parse_spec, spec_to_env_json
+
+    spec = parse_spec({"trainer": {"model": {"pretrained": "/models/llama", "seqLen": 32}}})
+    assert spec.trainer.model.preset is None
+    again = parse_spec(json.loads(spec_to_env_json(spec)))  # FLYWHEEL_SPEC, as the workers read it
+    assert again.trainer.model == spec.trainer.model
+    with pytest.raises(ValueError, match="remove preset"):
+        ModelSpec(pretrained="/models/x", preset="llama-tiny")
