@@ -78,7 +78,8 @@ class ModelSpec(_Model):
     """A decoder (architecture gpt or llama): a preset, optionally with explicit sizes that override it, or a
     Hugging Face model directory (`pretrained`)."""
 
-    preset: str | None = Field("gpt-tiny", description=f"One of {', '.join(PRESETS)}.")
+    preset: str | None = Field("gpt-tiny", description=f"One of {', '.join(PRESETS)} (gpt-*: GPT-2 style, llama*: "
+                                                       "Llama style; docs/models.md).")
     layers: int | None = Field(None, ge=1, description="Transformer blocks; overrides the preset.")
     dim: int | None = Field(None, ge=8, description="Model width; overrides the preset.")
     heads: int | None = Field(None, ge=1, description="Attention heads; must divide dim.")
@@ -86,7 +87,8 @@ class ModelSpec(_Model):
                                                          "presets); must divide heads. Default: the preset's.")
     ffn: int | None = Field(None, ge=1, description="MLP width; default: the preset's (gpt: 4 x dim).")
     vocab: int | None = Field(None, ge=2, description="Vocabulary size (>= 256 for byte-level text).")
-    seq_len: int | None = Field(None, ge=2, description="Tokens per sample.")
+    seq_len: int | None = Field(None, ge=2, description="Tokens per sample (with pretrained: default the model's "
+                                                        "positions, at most 2048).")
     moe: MoESpec | None = Field(None, description="Mixture of experts (e.g. {experts: 8, topK: 2}); null: dense.")
     pretrained: str | None = Field(None, min_length=1, description="A local Hugging Face model directory "
                                    "(config.json + safetensors): architecture, sizes and initial weights come "
