@@ -2,7 +2,8 @@
 AdamW steps, record the loss on a fixed batch, save a checkpoint.
 
 `python -m tests.trainer.hf_worker` with torchrun-style env and HF_RUN = JSON {"pretrained", "parallelism", "steps",
-"checkpointDir", "out"}. Rank 0 writes `out` (torch.save: {"logits", "tokens", "loss"})."""
+"checkpointDir", "out", "stateOnly"}. Rank 0 writes `out` (torch.save: {"logits", "tokens", "loss"}; with
+stateOnly only the loaded parameters, gathered)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from flywheel.trainer.data import SampleLoader, build_source
 from flywheel.trainer.hf_export import write_model_record
 from flywheel.trainer.hf_weights import load_pretrained
 from flywheel.trainer.optim import build_optimizer, build_scheduler
+from flywheel.trainer.parallel_pp import full_model_state
 from flywheel.trainer.parallelize import DP, build_mesh, parallelize
 from flywheel.trainer.train_loop import forward_backward
 
@@ -50,6 +52,13 @@ def main() -> None:
     mesh = build_mesh(dist.get_world_size(), parallelism)
     model = parallelize(build_model(shape, seed=1), mesh, parallelism, training)
     load_pretrained(model, run["pretrained"], shape)
+    if run.get("stateOnly"):  # pipeline stages: no plain forward; the loaded parameters, gathered on rank 0
+        state = full_model_state(model)
+        if dist.get_rank() == 0:
+            torch.save({k: v.detach().clone() for k, v in state.items()}, run["out"])
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     tokens = torch.randint(0, shape.vocab, (2, SEQ), generator=torch.Generator().manual_seed(0))
     logits = forward_only(model, tokens)
 

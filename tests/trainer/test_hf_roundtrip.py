@@ -76,3 +76,24 @@ def test_export_without_a_checkpoint_says_what_it_needs(tmp_path, capsys):
         export_hf(tmp_path, tmp_path / "out")
     assert main(["export", str(tmp_path), "--format", "hf", "--out", str(tmp_path / "out")]) == 2
     assert "no committed checkpoint here" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "llama-untied"])
+def test_pipeline_stages_load_the_same_weights(tmp_path, kind):
+    """Under pp 2 each stage reads its own blocks (the last stage its head: the embedding when tied); gathered, they
+    are the one-process import, whose logits match transformers' (test_hf_import.py)."""
+    from flywheel.spec import ModelSpec
+    from flywheel.trainer.build import build_model, model_shape
+    from flywheel.trainer.hf_weights import load_pretrained
+
+    source = save_hf_model(kind, tmp_path / "hf", max_shard_size="20KB")
+    run = {"pretrained": str(source), "parallelism": {"pp": 2, "fsdp": False}, "steps": 1, "stateOnly": True,
+           "checkpointDir": str(tmp_path / "ckpt"), "out": str(tmp_path / "state.pt")}
+    gathered = run_workers(2, tmp_path, run)
+    shape = model_shape(ModelSpec(pretrained=str(source), seqLen=16))
+    reference = build_model(shape, seed=1)
+    load_pretrained(reference, source, shape)
+    expected = reference.state_dict()
+    assert sorted(gathered) == sorted(expected)
+    assert all(torch.equal(gathered[k], expected[k]) for k in expected)
