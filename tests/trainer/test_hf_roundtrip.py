@@ -79,18 +79,22 @@ def test_export_without_a_checkpoint_says_what_it_needs(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["llama", "llama-untied"])
-def test_pipeline_stages_load_the_same_weights(tmp_path, kind):
-    """Under pp 2 each stage reads its own blocks (the last stage its head: the embedding when tied); gathered, they
-    are the one-process import, whose logits match transformers' (test_hf_import.py)."""
+@pytest.mark.parametrize(("kind", "world", "parallelism"), [
+    ("llama", 2, {"pp": 2, "fsdp": False}),  # the tied head on the last stage reads the embedding
+    ("llama-untied", 2, {"pp": 2, "fsdp": False}),
+    ("llama-untied", 4, {"tp": 2}),  # FSDP2 over dp 2 on top of tp 2: 2-D shards
+], ids=["pp2-tied", "pp2-untied", "dp2xtp2"])
+def test_sharded_layouts_load_the_same_weights(tmp_path, kind, world, parallelism):
+    """Each rank reads only its slices; gathered, they are the one-process import, whose logits match
+    transformers' (test_hf_import.py)."""
     from flywheel.spec import ModelSpec
     from flywheel.trainer.build import build_model, model_shape
     from flywheel.trainer.hf_weights import load_pretrained
 
     source = save_hf_model(kind, tmp_path / "hf", max_shard_size="20KB")
-    run = {"pretrained": str(source), "parallelism": {"pp": 2, "fsdp": False}, "steps": 1, "stateOnly": True,
+    run = {"pretrained": str(source), "parallelism": parallelism, "steps": 1, "stateOnly": True,
            "checkpointDir": str(tmp_path / "ckpt"), "out": str(tmp_path / "state.pt")}
-    gathered = run_workers(2, tmp_path, run)
+    gathered = run_workers(world, tmp_path, run)
     shape = model_shape(ModelSpec(pretrained=str(source), seqLen=16))
     reference = build_model(shape, seed=1)
     load_pretrained(reference, source, shape)
