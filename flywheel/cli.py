@@ -1,5 +1,5 @@
-"""`flywheel run | launch | plan | crd | operator | api | status`: the command line. Each subcommand imports only
-what it needs."""
+"""`flywheel run | launch | plan | export | crd | operator | api | status`: the command line. Each subcommand imports
+only what it needs."""
 
 from __future__ import annotations
 
@@ -208,6 +208,19 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from flywheel.trainer.hf_config import HFConfigError
+    from flywheel.trainer.hf_export import ExportError, export_hf
+
+    try:
+        step_dir = export_hf(args.source, args.out)
+    except (ExportError, HFConfigError) as err:
+        print(f"flywheel export: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"wrote {args.out} (Hugging Face, from {step_dir})")
+    return 0
+
+
 def _crd(args: argparse.Namespace) -> int:
     from flywheel import crd
 
@@ -281,6 +294,13 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--token", help="bearer token (default $FLYWHEEL_API_TOKEN)")
     status.add_argument("--token-file", help="a file holding the bearer token")
     status.set_defaults(func=_status)
+
+    export = sub.add_parser("export", help="write a checkpoint as a Hugging Face model directory")
+    export.add_argument("source", metavar="RUN_OR_CHECKPOINT",
+                        help="a run directory (runs/<name>), a checkpoint directory or one step-NNNNNNNN folder")
+    export.add_argument("--format", choices=("hf",), default="hf", help="hf: config.json + safetensors (default)")
+    export.add_argument("--out", required=True, help="the directory to write")
+    export.set_defaults(func=_export)
 
     crd = sub.add_parser("crd", help="write the TrainingJob CRD generated from the schema")
     crd.add_argument("path", nargs="?", default="crds/trainingjobs.flywheel.dev.yaml")

@@ -9,6 +9,7 @@ the rest of Flywheel imports the schema from `flywheel.spec` alone.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -22,7 +23,9 @@ from pydantic.alias_generators import to_camel
 from flywheel.planner.devices import DEVICES
 from flywheel.planner.search import PlanError, auto_layout
 from flywheel.spec_base import _Model
-from flywheel.spec_layout import JobLayout, Problem, data_problems, job_problems, model_problems
+from flywheel.spec_layout import BYTE_VOCAB, JobLayout, Problem, data_problems, job_problems, model_problems
+from flywheel.spec_model import PRESETS as MODEL_PRESETS
+from flywheel.spec_model import ModelShape, MoEConfig
 from flywheel.spec_parallel import MoESpec, Parallelism
 from flywheel.spec_status import (  # noqa: F401 (re-exported: flywheel.spec is the schema's one import)
     CheckpointStatus,
@@ -36,13 +39,11 @@ from flywheel.spec_status import (  # noqa: F401 (re-exported: flywheel.spec is 
 API_VERSION = "flywheel.dev/v1alpha1"
 KIND = "TrainingJob"
 
-# Model presets: gpt-tiny is for CPU tests; the others are the usual GPT-2/3-style sizes.
+# The presets' sizes by their spec names (layers, dim, heads, vocab, seqLen); the full shapes, llama settings
+# included, are flywheel.spec_model.PRESETS.
 PRESETS: dict[str, dict[str, int]] = {
-    "gpt-tiny": {"layers": 2, "dim": 64, "heads": 4, "vocab": 256, "seqLen": 64},
-    "gpt-125m": {"layers": 12, "dim": 768, "heads": 12, "vocab": 50304, "seqLen": 1024},
-    "gpt-350m": {"layers": 24, "dim": 1024, "heads": 16, "vocab": 50304, "seqLen": 1024},
-    "gpt-1.3b": {"layers": 24, "dim": 2048, "heads": 16, "vocab": 50304, "seqLen": 2048},
-}
+    name: {"layers": s.layers, "dim": s.dim, "heads": s.heads, "vocab": s.vocab, "seqLen": s.seq_len}
+    for name, s in MODEL_PRESETS.items()}
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MAX_NAME_LENGTH = 48  # leaves room for "-worker-NNN" inside the 63-character DNS label limit
@@ -78,15 +79,24 @@ class Replicas(_Model):
 
 
 class ModelSpec(_Model):
-    """A GPT-style decoder: a preset, optionally with explicit sizes that override it."""
+    """A decoder (architecture gpt or llama): a preset, optionally with explicit sizes that override it, or a
+    Hugging Face model directory (`pretrained`)."""
 
-    preset: str | None = Field("gpt-tiny", description=f"One of {', '.join(PRESETS)}.")
+    preset: str | None = Field("gpt-tiny", description=f"One of {', '.join(PRESETS)} (gpt-*: GPT-2 style, llama*: "
+                                                       "Llama style; docs/models.md).")
     layers: int | None = Field(None, ge=1, description="Transformer blocks; overrides the preset.")
     dim: int | None = Field(None, ge=8, description="Model width; overrides the preset.")
     heads: int | None = Field(None, ge=1, description="Attention heads; must divide dim.")
+    kv_heads: int | None = Field(None, ge=1, description="Key/value heads (grouped-query attention, llama "
+                                                         "presets); must divide heads. Default: the preset's.")
+    ffn: int | None = Field(None, ge=1, description="MLP width; default: the preset's (gpt: 4 x dim).")
     vocab: int | None = Field(None, ge=2, description="Vocabulary size (>= 256 for byte-level text).")
-    seq_len: int | None = Field(None, ge=2, description="Tokens per sample.")
+    seq_len: int | None = Field(None, ge=2, description="Tokens per sample (with pretrained: default the model's "
+                                                        "positions, at most 2048).")
     moe: MoESpec | None = Field(None, description="Mixture of experts (e.g. {experts: 8, topK: 2}); null: dense.")
+    pretrained: str | None = Field(None, min_length=1, description="A local Hugging Face model directory "
+                                   "(config.json + safetensors): architecture, sizes and initial weights come "
+                                   "from it (Llama, Mistral, Qwen2, GPT-2). Only seqLen may be set beside it.")
 
     @field_validator("preset")
     @classmethod
@@ -98,6 +108,17 @@ class ModelSpec(_Model):
 
     @model_validator(mode="after")
     def _complete(self) -> ModelSpec:
+        if self.pretrained is not None:
+            sizes = {"layers": self.layers, "dim": self.dim, "heads": self.heads, "kvHeads": self.kv_heads,
+                     "ffn": self.ffn, "vocab": self.vocab, "moe": self.moe}
+            clash = [k for k, v in sizes.items() if v is not None]
+            if "preset" in self.model_fields_set and self.preset is not None:
+                clash.insert(0, "preset")
+            if clash:
+                raise ValueError(f"pretrained: the architecture and sizes come from {self.pretrained}/config.json; "
+                                 f"remove {', '.join(clash)} (only seqLen may be set beside pretrained)")
+            self.preset = None  # not the default gpt-tiny: nothing of a preset applies
+            return self
         dims = self.resolved()
         missing = [k for k, v in dims.items() if v is None]
         if missing:
@@ -105,7 +126,8 @@ class ModelSpec(_Model):
         return self
 
     def resolved(self) -> dict[str, Any]:
-        """Sizes with explicit fields overriding the preset: layers, dim, heads, vocab, seqLen."""
+        """Sizes with explicit fields overriding the preset: layers, dim, heads, vocab, seqLen (None where neither
+        gives one). Not for a pretrained model, whose sizes are in its config.json."""
         base: dict[str, Any] = dict(PRESETS[self.preset]) if self.preset else {}
         for key in ("layers", "dim", "heads", "vocab"):
             if getattr(self, key) is not None:
@@ -113,6 +135,27 @@ class ModelSpec(_Model):
         if self.seq_len is not None:
             base["seqLen"] = self.seq_len
         return {k: base.get(k) for k in ("layers", "dim", "heads", "vocab", "seqLen")}
+
+    def shape(self) -> ModelShape:
+        """The model to build: the preset's shape with the explicit sizes applied (a gpt's MLP width and positions
+        follow dim and seqLen unless given). A pretrained model's shape comes from its config.json instead
+        (`flywheel.trainer.hf_config`)."""
+        if self.pretrained is not None:
+            raise ValueError("trainer.model.pretrained: the shape is read from config.json, not the spec")
+        sizes = self.resolved()
+        given = {"layers": self.layers, "dim": self.dim, "heads": self.heads, "kv_heads": self.kv_heads,
+                 "ffn": self.ffn, "vocab": self.vocab, "seq_len": self.seq_len}
+        overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+        moe = (MoEConfig(experts=self.moe.experts, top_k=self.moe.top_k, every=self.moe.every,
+                         aux_loss_weight=self.moe.aux_loss_weight, capacity_factor=self.moe.capacity_factor)
+               if self.moe else None)
+        if not self.preset:
+            return ModelShape(layers=sizes["layers"], dim=sizes["dim"], heads=sizes["heads"], vocab=sizes["vocab"],
+                              seq_len=sizes["seqLen"], kv_heads=self.kv_heads or 0, ffn=self.ffn or 0, moe=moe)
+        base = MODEL_PRESETS[self.preset]
+        if base.architecture == "gpt":  # 0: derived again from the new sizes
+            overrides = {"ffn": 0, "max_positions": 0, "kv_heads": 0, **overrides}
+        return dataclasses.replace(base, moe=moe, **overrides)
 
 
 class Training(_Model):
@@ -154,13 +197,20 @@ class TrainerSpec(_Model):
     data: Data = Field(default_factory=Data)
 
     def layout(self) -> JobLayout:
-        """What the layout rules (spec_layout.py) read: resolved model sizes, degrees, batch, data source."""
-        sizes, moe, par, tr = self.model.resolved(), self.model.moe, self.parallelism, self.training
-        return JobLayout(layers=sizes["layers"], dim=sizes["dim"], heads=sizes["heads"], vocab=sizes["vocab"],
-                         seq_len=sizes["seqLen"], experts=moe.experts if moe else 0, top_k=moe.top_k if moe else 0,
-                         moe_every=moe.every if moe else 1, tp=par.tp, pp=par.pp, ep=par.ep, fsdp=par.fsdp,
-                         schedule=par.schedule, stages_per_rank=par.stages_per_rank, microbatches=par.microbatches,
-                         global_batch=tr.global_batch, micro_batch=tr.micro_batch, data_source=self.data.source)
+        """What the layout rules (spec_layout.py) read: the model's shape, degrees, batch, data source. A
+        pretrained model's sizes are in its config.json: the rules on them wait for the trainer's preflight."""
+        moe, par, tr = self.model.moe, self.parallelism, self.training
+        common = dict(experts=moe.experts if moe else 0, top_k=moe.top_k if moe else 0,
+                      moe_every=moe.every if moe else 1, tp=par.tp, pp=par.pp, ep=par.ep, fsdp=par.fsdp,
+                      schedule=par.schedule, stages_per_rank=par.stages_per_rank, microbatches=par.microbatches,
+                      global_batch=tr.global_batch, micro_batch=tr.micro_batch, data_source=self.data.source)
+        if self.model.pretrained is not None:
+            return JobLayout(layers=1, dim=1, heads=1, vocab=BYTE_VOCAB, seq_len=self.model.seq_len or 2,
+                             pretrained=True, **common)  # type: ignore[arg-type]
+        shape = self.model.shape()
+        return JobLayout(layers=shape.layers, dim=shape.dim, heads=shape.heads, vocab=shape.vocab,
+                         seq_len=shape.seq_len, architecture=shape.architecture, kv_heads=shape.kv_heads,
+                         ffn=shape.ffn, max_positions=shape.max_positions, **common)  # type: ignore[arg-type]
 
 
 class CheckpointSpec(_Model):

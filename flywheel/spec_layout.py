@@ -48,14 +48,19 @@ class JobLayout:
     global_batch: int = 32
     micro_batch: int = 4
     data_source: str = "synthetic"
+    # The decoder's finer shape (spec_model.ModelShape): 0 means derived (kv_heads = heads, ffn = 4 x dim,
+    # max_positions = seq_len). `pretrained`: the sizes are in a config.json the spec does not hold, so the rules
+    # on the model's sizes are left to the trainer's preflight, which reads it.
+    architecture: str = "gpt"
+    kv_heads: int = 0
+    ffn: int = 0
+    max_positions: int = 0
+    pretrained: bool = False
 
 
 def model_problems(job: JobLayout) -> list[Problem]:
     """The model's own shape and the pipeline schedule's form: checked even for a user command."""
-    out = []
-    if job.dim % job.heads:
-        out.append(Problem("model-heads", "trainer.model.heads", f"dim ({job.dim}) is not divisible by heads "
-                           f"({job.heads})", "pick heads that divide dim"))
+    out = [] if job.pretrained else _shape_problems(job)
     if job.experts and job.top_k > job.experts:
         out.append(Problem("moe-topk", "trainer.model.moe.topK", f"topK ({job.top_k}) is more than experts "
                            f"({job.experts})", "route to at most every expert"))
@@ -72,6 +77,30 @@ def model_problems(job: JobLayout) -> list[Problem]:
     return out
 
 
+def _shape_problems(job: JobLayout) -> list[Problem]:
+    kv_heads, max_positions = job.kv_heads or job.heads, job.max_positions or job.seq_len
+    if job.dim % job.heads:
+        return [Problem("model-heads", "trainer.model.heads", f"dim ({job.dim}) is not divisible by heads "
+                        f"({job.heads})", "pick heads that divide dim")]
+    out = []
+    if job.heads % kv_heads:
+        out.append(Problem("model-kv-heads", "trainer.model.kvHeads", f"kvHeads ({kv_heads}) does not divide heads "
+                           f"({job.heads})", "pick a kvHeads that divides heads"))
+    if job.architecture == "llama" and (job.dim // job.heads) % 2:
+        out.append(Problem("model-rope", "trainer.model.heads", f"dim / heads ({job.dim // job.heads}) is odd; "
+                           "rotary embeddings need an even head width", "pick heads so that dim / heads is even"))
+    if job.architecture == "gpt" and kv_heads != job.heads:
+        out.append(Problem("model-gqa", "trainer.model.kvHeads", "grouped-query attention needs a llama "
+                           "architecture", "remove kvHeads or use a llama preset"))
+    if job.experts and job.architecture != "gpt":
+        out.append(Problem("moe-arch", "trainer.model.moe", "mixture of experts is available for the gpt "
+                           "architecture only", "remove moe or use a gpt preset"))
+    if max_positions < job.seq_len:
+        out.append(Problem("model-positions", "trainer.model.seqLen", f"seqLen ({job.seq_len}) is more than the "
+                           f"model's {max_positions} positions", "lower seqLen"))
+    return out
+
+
 def static_problems(job: JobLayout) -> list[Problem]:
     """The trainer's layout rules that hold at any world size: batch, tensor, expert and pipeline parallel."""
     out = []
@@ -80,7 +109,7 @@ def static_problems(job: JobLayout) -> list[Problem]:
                            f"microBatch ({job.micro_batch})", "make globalBatch a multiple of microBatch"))
     out += _tp_problems(job) + _ep_problems(job)
     stages = job.pp * job.stages_per_rank
-    if job.layers % stages:
+    if job.layers % stages and not job.pretrained:  # a pretrained model's layers: the trainer's preflight
         out.append(Problem("pp-layers", "trainer.parallelism.pp", f"{job.layers} layers do not split evenly into "
                            f"pp x stagesPerRank = {stages} stages",
                            "choose pp and stagesPerRank whose product divides trainer.model.layers"))
@@ -105,13 +134,18 @@ def _tp_problems(job: JobLayout) -> list[Problem]:
     if not job.fsdp:  # DDP takes no DTensor parameters; torch's bridge would lose them from the state dict
         out.append(Problem("tp-fsdp", "trainer.parallelism.fsdp", f"tp = {job.tp} needs fsdp: true (DDP cannot "
                            "replicate tensor-parallel parameters)", "set fsdp: true or tp: 1"))
-    if job.heads % job.tp:
-        out.append(Problem("tp-heads", "trainer.parallelism.tp", f"heads ({job.heads}) is not divisible by tp "
-                           f"({job.tp})", "choose a tp that divides trainer.model.heads"))
-    if job.seq_len % job.tp:
-        out.append(Problem("tp-seq", "trainer.parallelism.tp", f"seqLen ({job.seq_len}) is not divisible by tp "
-                           f"({job.tp}) (sequence parallel)", "choose a tp that divides trainer.model.seqLen"))
-    return out
+    return out + ([] if job.pretrained else tp_size_problems(job.heads, job.kv_heads or job.heads, job.seq_len,
+                                                              job.ffn or 4 * job.dim, job.tp))
+
+
+def tp_size_problems(heads: int, kv_heads: int, seq_len: int, ffn: int, tp: int) -> list[Problem]:
+    """The sizes tensor parallel splits: the heads and key/value heads (attention), the sequence (sequence
+    parallel) and the MLP width. The trainer asks it again with a pretrained model's config.json sizes."""
+    sizes: tuple[tuple[str, str, int, str], ...] = (("tp-heads", "heads", heads, ""), ("tp-kv-heads", "kvHeads", kv_heads, ""),
+             ("tp-seq", "seqLen", seq_len, " (sequence parallel)"), ("tp-ffn", "ffn", ffn, " (the MLP width)"))
+    sizes = tuple(size for size in sizes if size[0] != "tp-kv-heads" or kv_heads != heads)  # said once, as heads
+    return [Problem(rule, "trainer.parallelism.tp", f"{name} ({value}) is not divisible by tp ({tp}){why}",
+                    f"choose a tp that divides trainer.model.{name}") for rule, name, value, why in sizes if value % tp]
 
 
 def _ep_problems(job: JobLayout) -> list[Problem]:

@@ -4,10 +4,12 @@ and a device entry. Pure arithmetic (no torch), so it sizes 1.3B-parameter model
 Memory follows the usual accounting: fp32 parameters, gradients and two AdamW moments (16 bytes per parameter),
 divided by dp where FSDP shards them (ZeRO-3 all four; ZeRO-2 all but the parameters), DDP's gradient buckets (4
 more bytes per parameter), activations per micro batch (about 17 values per token and width per block with
-memory-efficient attention, divided by tp with sequence parallel; the block inputs only under activation
+memory-efficient attention and a 4 x dim GELU MLP, more with a SwiGLU or wider MLP; divided by tp with sequence
+parallel; the block inputs only under activation
 checkpointing), the logits, micro batches in flight under 1F1B pipelining, and a fixed runtime share. Time is the
 compute at the device's achievable FLOP rate, stretched by the pipeline bubble, plus the communication the layout
 adds (data-parallel gradient traffic partly hidden behind backward; tensor-parallel and pipeline traffic exposed).
+The shape (`flywheel.spec_model.ModelShape`, gpt or llama) is the trainer's own, so are its parameter counts.
 
 Mixture of experts (the trainer's moe.py and parallel_ep.py): expert weights are split over ep and FSDP-sharded
 over the remaining dp / ep ranks, so at rest they cost every rank 1/dp of them like the rest; ZeRO-2 and the
@@ -24,68 +26,13 @@ import math
 from dataclasses import dataclass
 
 from flywheel.planner.devices import Device, Link
+from flywheel.spec_model import ModelShape
 
 FP32 = 4
 ADAMW_STATE = 2 * FP32  # exp_avg and exp_avg_sq per parameter
-ACTIVATION_VALUES_PER_TOKEN_WIDTH = 17  # per block: qkv, attention output, MLP 4x hidden and GELU input, norms
-DENSE_MLP_VALUES = 8  # of those 17: the MLP's 4x hidden and GELU input
+ATTENTION_VALUES_PER_TOKEN_WIDTH = 9  # per block: qkv, attention output, norms, residual
 EXPERT_VALUES_PER_ROUTED_TOKEN_WIDTH = 12  # per routed token: 4x hidden, GELU input, routed copies and outputs
 RECOMPUTE_FLOPS = 4 / 3  # one more forward (1/3 of forward + backward)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    layers: int
-    dim: int
-    heads: int
-    vocab: int
-    seq_len: int
-    experts: int = 0  # 0: a dense model
-    top_k: int = 0
-    moe_every: int = 1
-
-    @property
-    def moe_layers(self) -> int:
-        return self.layers // self.moe_every if self.experts else 0
-
-    @property
-    def expert_params(self) -> int:
-        return 8 * self.dim * self.dim  # one expert: dim x 4 dim in and back, no biases
-
-    @property
-    def moe_shared_params(self) -> int:
-        """An MoE block's parameters besides router and experts: attention and the two LayerNorms."""
-        return 4 * self.dim * self.dim + 8 * self.dim
-
-    @property
-    def all_expert_params(self) -> int:
-        return self.moe_layers * self.experts * self.expert_params
-
-    @property
-    def block_params(self) -> int:
-        d = self.dim
-        # qkv (3d^2 + 3d), attention out (d^2 + d), MLP (8d^2 + 5d), two LayerNorms (4d)
-        return 12 * d * d + 13 * d
-
-    @property
-    def embedding_params(self) -> int:
-        return (self.vocab + self.seq_len) * self.dim  # the LM head is tied to the token embedding
-
-    @property
-    def params(self) -> int:
-        moe = self.moe_layers * (self.moe_shared_params + self.dim * self.experts) + self.all_expert_params
-        return ((self.layers - self.moe_layers) * self.block_params + moe + self.embedding_params
-                + 2 * self.dim)  # + final LayerNorm
-
-    def flops_per_token(self) -> float:
-        """Training FLOPs per token, as the trainer counts them (model.py): 6N without the position embedding
-        (and without the E - k experts a token skips), plus attention's 12 * layers * dim * seq."""
-        idle = self.moe_layers * (self.experts - self.top_k) * self.expert_params
-        return 6 * (self.params - self.seq_len * self.dim - idle) + 12 * self.layers * self.dim * self.seq_len
-
-    def moe_flops_per_token(self) -> float:
-        """The part of those FLOPs in router and experts (every tp rank runs it whole)."""
-        return 6 * self.moe_layers * (self.dim * self.experts + self.top_k * self.expert_params)
 
 
 @dataclass(frozen=True)
@@ -148,13 +95,22 @@ def stage_params(shape: ModelShape, layout: Layout) -> float:
     if shape.moe_layers:  # pp is 1
         blocks = (((shape.layers - shape.moe_layers) * shape.block_params + shape.moe_layers * shape.moe_shared_params)
                   / layout.tp + shape.moe_layers * shape.dim * shape.experts)
-    ends = shape.embedding_params if layout.pp == 1 else max(shape.embedding_params, shape.vocab * shape.dim)
-    return blocks + ends + 2 * shape.dim
+    # Pipelined: the token (and position) embeddings on the first stage, the head (a copy when tied) on the last.
+    first_stage = shape.vocab * shape.dim + shape.position_params
+    ends = shape.embedding_params if layout.pp == 1 else max(first_stage, shape.vocab * shape.dim)
+    return blocks + ends + shape.norm_params
 
 
 def rank_expert_params(shape: ModelShape, layout: Layout) -> float:
     """Expert parameters one rank holds before FSDP shards them over edp = dp / ep: E / ep experts per layer."""
     return shape.all_expert_params / layout.ep
+
+
+def mlp_values_per_token_width(shape: ModelShape) -> float:
+    """Activation values a dense MLP keeps per token and width: GELU's hidden and its input (2 x ffn / dim, 8 at the
+    usual 4 x dim); SwiGLU's gate, up, activated gate and product (4 x ffn / dim)."""
+    per_hidden = 2 if shape.architecture == "gpt" else 4
+    return per_hidden * shape.ffn / shape.dim
 
 
 def memory_breakdown(shape: ModelShape, batch: Batch, layout: Layout, device: Device) -> dict[str, float]:
@@ -180,9 +136,10 @@ def memory_breakdown(shape: ModelShape, batch: Batch, layout: Layout, device: De
     act_bytes = FP32 if batch.precision == "fp32" else 2.5  # bf16 autocast keeps norms and the residual in fp32
     tokens = layout.micro_batch * shape.seq_len
     layers_here = math.ceil(shape.layers / layout.pp)
-    per_block = ACTIVATION_VALUES_PER_TOKEN_WIDTH * tokens * shape.dim * act_bytes / layout.tp
+    values = ATTENTION_VALUES_PER_TOKEN_WIDTH + mlp_values_per_token_width(shape)
+    per_block = values * tokens * shape.dim * act_bytes / layout.tp
     # An MoE block: attention and norms as a dense block's; the experts' values per routed token, on every tp rank.
-    moe_block = ((ACTIVATION_VALUES_PER_TOKEN_WIDTH - DENSE_MLP_VALUES) / layout.tp
+    moe_block = (ATTENTION_VALUES_PER_TOKEN_WIDTH / layout.tp
                  + EXPERT_VALUES_PER_ROUTED_TOKEN_WIDTH * shape.top_k) * tokens * shape.dim * act_bytes
     if layout.activation_checkpointing:
         # Each block's input is kept; one block's activations live at a time while it is recomputed.

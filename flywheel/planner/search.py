@@ -20,9 +20,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from flywheel.planner.cost import Batch, Estimate, Layout, ModelShape, estimate
+from flywheel.planner.cost import Batch, Estimate, Layout, estimate
 from flywheel.planner.devices import GIB, Device
 from flywheel.spec_layout import JobLayout, Problem, elastic_problems, layout_problems, static_problems
+from flywheel.spec_model import ModelShape
 
 if TYPE_CHECKING:
     from flywheel.spec import TrainingJobSpec
@@ -67,17 +68,18 @@ def estimate_json(e: Estimate) -> dict[str, object]:
 
 def shape_of(spec: TrainingJobSpec) -> ModelShape:
     m = spec.trainer.model
-    sizes = m.resolved()  # complete: the schema refuses a model without a preset or every size
-    moe = {"experts": m.moe.experts, "top_k": m.moe.top_k, "moe_every": m.moe.every} if m.moe else {}
-    return ModelShape(layers=sizes["layers"], dim=sizes["dim"], heads=sizes["heads"], vocab=sizes["vocab"],
-                      seq_len=sizes["seqLen"], **moe)
+    if m.pretrained:
+        raise PlanError(Problem("plan-pretrained", "trainer.model.pretrained", "the planner does not read "
+                                "config.json", "plan with the matching preset or explicit sizes instead"))
+    return m.shape()
 
 
 def rules_base(shape: ModelShape, global_batch: int) -> JobLayout:
     """The layout rules' view of a model and batch, before the planner picks degrees (the default schedule)."""
     return JobLayout(layers=shape.layers, dim=shape.dim, heads=shape.heads, vocab=shape.vocab,
                      seq_len=shape.seq_len, experts=shape.experts, top_k=shape.top_k, moe_every=shape.moe_every,
-                     global_batch=global_batch)
+                     global_batch=global_batch, architecture=shape.architecture, kv_heads=shape.kv_heads,
+                     ffn=shape.ffn, max_positions=shape.max_positions)
 
 
 def as_job_layout(base: JobLayout, layout: Layout) -> JobLayout:

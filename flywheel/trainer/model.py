@@ -9,36 +9,18 @@ experts (`moe.py`, still under the name `mlp`); a dense model is unchanged, para
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flywheel.spec import ModelSpec
-from flywheel.trainer.moe import Experts, MoE, MoEConfig
+from flywheel.spec_model import ModelShape
+from flywheel.trainer.moe import Experts, MoE
 
 INIT_STD = 0.02
 
 
-@dataclass(frozen=True)
-class GPTConfig:
-    layers: int
-    dim: int
-    heads: int
-    vocab: int
-    seq_len: int
-    moe: MoEConfig | None = None
-
-    @classmethod
-    def from_spec(cls, spec: ModelSpec) -> GPTConfig:
-        sizes = spec.resolved()
-        return cls(layers=sizes["layers"], dim=sizes["dim"], heads=sizes["heads"], vocab=sizes["vocab"],
-                   seq_len=sizes["seqLen"], moe=MoEConfig.from_spec(spec.moe) if spec.moe else None)
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.heads
+GPTConfig = ModelShape  # architecture "gpt"; the one declaration of a model's shape is flywheel.spec_model
 
 
 class CausalSelfAttention(nn.Module):
@@ -62,20 +44,21 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.fc = nn.Linear(cfg.dim, 4 * cfg.dim)
-        self.proj = nn.Linear(4 * cfg.dim, cfg.dim)
+        self.fc = nn.Linear(cfg.dim, cfg.ffn)
+        self.proj = nn.Linear(cfg.ffn, cfg.dim)
+        self.approximate = "tanh" if cfg.activation == "gelu_tanh" else "none"  # GPT-2's own "gelu_new" is tanh
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(F.gelu(self.fc(x)))
+        return self.proj(F.gelu(self.fc(x), approximate=self.approximate))
 
 
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig, moe: bool = False):
         super().__init__()
-        self.ln_attn = nn.LayerNorm(cfg.dim)
+        self.ln_attn = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
         self.attn = CausalSelfAttention(cfg)
-        self.ln_mlp = nn.LayerNorm(cfg.dim)
-        self.mlp: nn.Module = MoE(cfg.dim, cfg.moe) if moe and cfg.moe else MLP(cfg)
+        self.ln_mlp = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        self.mlp: nn.Module = MoE(cfg.dim, cfg.moe, cfg.ffn) if moe and cfg.moe else MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_attn(x))
@@ -89,10 +72,10 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab, cfg.dim)
-        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.dim)
+        self.pos_emb = nn.Embedding(cfg.max_positions, cfg.dim)
         self.blocks = nn.ModuleList(Block(cfg, moe=cfg.moe is not None and cfg.moe.is_moe_block(i))
                                     for i in range(cfg.layers))
-        self.ln_f = nn.LayerNorm(cfg.dim)
+        self.ln_f = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
         self.head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
         self.head.weight = self.tok_emb.weight  # tied: one parameter, seen once by parameters()
         self.init_weights(seed)

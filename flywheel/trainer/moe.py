@@ -18,31 +18,12 @@ whatever the parallel layout, as long as a forward sees the same tokens.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flywheel.spec import MoESpec
-
-
-@dataclass(frozen=True)
-class MoEConfig:
-    experts: int
-    top_k: int
-    every: int = 1
-    aux_loss_weight: float = 0.01
-    capacity_factor: float | None = None
-
-    @classmethod
-    def from_spec(cls, spec: MoESpec) -> MoEConfig:
-        return cls(experts=spec.experts, top_k=spec.top_k, every=spec.every, aux_loss_weight=spec.aux_loss_weight,
-                   capacity_factor=spec.capacity_factor)
-
-    def is_moe_block(self, index: int) -> bool:
-        """Blocks every-1, 2*every-1, ... (0-based) get experts: every block at 1, every other at 2."""
-        return (index + 1) % self.every == 0
+from flywheel.spec_model import MoEConfig
 
 
 def load_balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, experts: int) -> torch.Tensor:
@@ -75,11 +56,11 @@ class Experts(nn.Module):
 class MoE(nn.Module):
     """`forward(x[batch, seq, dim]) -> [batch, seq, dim]`; sets `aux_loss` (weighted) for the loop to add."""
 
-    def __init__(self, dim: int, cfg: MoEConfig):
+    def __init__(self, dim: int, cfg: MoEConfig, hidden: int | None = None):
         super().__init__()
         self.cfg = cfg
         self.router = nn.Linear(dim, cfg.experts, bias=False)
-        self.experts = Experts(cfg.experts, dim, 4 * dim)
+        self.experts = Experts(cfg.experts, dim, hidden or 4 * dim)
         self.aux_loss: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

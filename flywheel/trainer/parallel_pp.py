@@ -1,15 +1,16 @@
 """Pipeline parallel over the "pp" mesh dimension, TorchTitan-style, with torch.distributed.pipelining.
 
-The GPT is cut into pp x stagesPerRank stages of equal numbers of blocks; stage s runs on pp rank s mod pp (the
-loop layout that interleaved 1F1B expects). A stage is a `StageModule` holding the GPT's own children under the
-GPT's attribute names (`tok_emb` and `pos_emb` on the first stage, `blocks` as a ModuleDict keyed by the original
-block index, `ln_f` and `head` on the last), so parameter FQNs are those of the whole model and DCP checkpoints
-reshard between layouts by name. Each stage gets TP, activation checkpointing and FSDP2/DDP like a whole model
-(`parallelize.py`); a rank's stages are then gathered in one `PipelinedModel` (the same children, the same FQNs),
+The GPT or Llama is cut into pp x stagesPerRank stages of equal numbers of blocks; stage s runs on pp rank s mod pp
+(the loop layout that interleaved 1F1B expects). A stage is a `StageModule` holding the model's own children under
+its attribute names (`tok_emb` and `pos_emb`, None for a Llama, on the first stage, `blocks` as a ModuleDict keyed by
+the original block index, `ln_f` and `head` on the last), so parameter FQNs are those of the whole model and DCP
+checkpoints reshard between layouts by name. Each stage gets TP, activation checkpointing and FSDP2/DDP like a whole
+model (`parallelize.py`); a rank's stages are then gathered in one `PipelinedModel` (the same children, the same FQNs),
 which is what the optimizer, clipping and checkpoints see.
 
-The LM head is tied to the token embedding; across stages the tie becomes two copies (first and last stage) whose
-gradients are summed after backward, so both take identical updates. The global gradient norm counts the copy once.
+When the LM head is tied to the token embedding, across stages the tie becomes two copies (first and last stage)
+whose gradients are summed after backward, so both take identical updates. The global gradient norm counts the copy
+once.
 Loss: each micro batch's mean cross entropy divided by the number of micro batches per step, exactly as the
 non-pipelined loop backpropagates it; the logged loss is broadcast from the last stage over the pp group.
 """
@@ -49,16 +50,17 @@ class StageModule(nn.Module):
         self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in layer_ids})
         self.ln_f = model.ln_f if last else None
         self.head = model.head if last else None
-        if last and not first:  # untie: this stage's copy of the embedding, kept equal through the gradient sum
+        if last and not first and model.cfg.tied_embeddings:  # untie: this stage's copy, kept equal by the gradient sum
             self.head.weight = nn.Parameter(model.tok_emb.weight.detach().clone())
         self.autocast: AbstractContextManager[object] = nullcontext()  # set per step by the loop
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The same operations, in the same order, as GPT.forward.
+        # The same operations, in the same order, as GPT.forward and Llama.forward (no learned positions).
         with self.autocast:
             if self.tok_emb is not None:
-                positions = torch.arange(x.shape[1], device=x.device)
-                x = self.tok_emb(x) + self.pos_emb(positions)
+                x = self.tok_emb(x)
+                if self.pos_emb is not None:
+                    x = x + self.pos_emb(torch.arange(x.shape[1], device=x.device))
             for block in self.blocks.values():
                 x = block(x)
             if self.head is not None:
@@ -85,7 +87,8 @@ class PipelinedModel(nn.Module):
         self.has_first = any(s == 0 for s in stage_ids)
         self.has_last = self.pp_rank == self.pp_size - 1
         # Checkpoint key of the head copy's optimizer state: the one name the non-pipelined model uses for it.
-        self.state_dict_aliases = {TIED: TIED_SOURCE} if self.has_last and not self.has_first else {}
+        tied = self.cfg.tied_embeddings and self.has_last and not self.has_first
+        self.state_dict_aliases = {TIED: TIED_SOURCE} if tied else {}
         self.schedule: object = None
         self.runs = 1
         self.last_losses: list[torch.Tensor] = []
@@ -175,7 +178,7 @@ def pipeline(model: nn.Module, mesh: DeviceMesh, parallelism: Parallelism, *, mi
     layer_ids = stage_layer_ids(cfg.layers, num_stages)
     stage_ids = list(range(pp_rank, num_stages, pp))
     stages = [StageModule(model, layer_ids[s], first=s == 0, last=s == num_stages - 1) for s in stage_ids]
-    tie_group = _tie_group(mesh, pp_mesh)
+    tie_group = _tie_group(mesh, pp_mesh) if cfg.tied_embeddings else None
     wrapped = [wrap(stage) for stage in stages]
     pipe = PipelinedModel(stages, wrapped, stage_ids, pp_mesh, tie_group if pp_rank in (0, pp - 1) else None)
     coordinate = dict(zip(mesh.mesh_dim_names or (), mesh.get_coordinate() or ()))

@@ -1,4 +1,5 @@
-"""Tensor parallel with sequence parallel (Megatron-style) on the GPT blocks, through DTensor's parallelize_module.
+"""Tensor parallel with sequence parallel (Megatron-style) on the GPT and Llama blocks, through DTensor's
+parallelize_module.
 
 Per block, on the "tp" mesh dimension:
 - the residual stream between blocks is sharded on the sequence (Shard(1)); LayerNorms run sequence-parallel;
@@ -6,7 +7,10 @@ Per block, on the "tp" mesh dimension:
 - `attn.qkv` and `mlp.fc` are column-wise (output features sharded), `attn.proj` and `mlp.proj` row-wise with a
   reduce-scatter back onto the sequence shard.
 
-The fused `qkv` projection's weight is sharded in contiguous rows (a plain Shard(0), so DCP reshards it like any
+Llama blocks (`llama.py`) have separate q, k, v (column-wise: rank r gets its query heads and its key/value heads,
+so kvHeads must divide by tp too), o row-wise, and a SwiGLU MLP with gate and up column-wise, down row-wise.
+
+The GPT's fused `qkv` projection's weight is sharded in contiguous rows (a plain Shard(0), so DCP reshards it like any
 other parameter), which gives rank r the r-th slice of [q | k | v]; attention needs rank r's heads of each of q, k
 and v. A forward hook regroups the output: all-gather over tp, keep [q_r | k_r | v_r] (backward: reduce-scatter of
 the partial gradients). That costs one extra activation all-gather per block over a split q/k/v projection, which
@@ -31,6 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    ParallelStyle,
     PrepareModuleInput,
     PrepareModuleInputOutput,
     RowwiseParallel,
@@ -38,7 +43,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from flywheel.spec_layout import JobLayout, static_problems
+from flywheel.spec_layout import tp_size_problems
+from flywheel.spec_model import ModelShape
 from flywheel.trainer.moe import MoE
 
 
@@ -47,9 +53,13 @@ class TensorParallelError(ValueError):
 
 
 def check_tp_sizes(dim: int, heads: int, seq_len: int, tp: int) -> None:
-    """The tensor-parallel rules of `spec_layout.py` (the one definition) on these sizes."""
-    job = JobLayout(layers=1, dim=dim, heads=heads, vocab=2, seq_len=seq_len, tp=tp)
-    problems = [p for p in static_problems(job) if p.rule.startswith("tp-")]
+    """The GPT's rules from its sizes alone (heads, seqLen, the 4 x dim MLP); `check_model_tp` for any shape."""
+    check_model_tp(ModelShape(layers=1, dim=dim, heads=heads, vocab=2, seq_len=seq_len), tp)
+
+
+def check_model_tp(shape: ModelShape, tp: int) -> None:
+    """The tensor-parallel rules of `spec_layout.py` (the one definition) on a built model's shape."""
+    problems = tp_size_problems(shape.heads, shape.kv_heads, shape.seq_len, shape.ffn, tp)
     if problems:
         raise TensorParallelError("; ".join(f"spec.{p}" for p in problems))
 
@@ -58,14 +68,15 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """Shards `model.blocks` over `tp_mesh` in place (before activation checkpointing and FSDP/DDP). `model` may
     be a pipeline stage: the sequence is sliced only where the embeddings are, gathered only where `ln_f` is, and
     the stages in between pass the sequence shard on."""
-    cfg = model.cfg  # type: ignore[attr-defined]
-    check_tp_sizes(cfg.dim, cfg.heads, cfg.seq_len, tp_mesh.size())
+    cfg: ModelShape = model.cfg  # type: ignore[assignment]
+    check_model_tp(cfg, tp_mesh.size())
+    llama = cfg.architecture == "llama"
     named_blocks = list(model.blocks.named_children())  # type: ignore[union-attr]
     to_sequence_shard = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
                                            use_local_output=True)
     to_full_sequence = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
                                           use_local_output=True)
-    plan = {}
+    plan: dict[str, ParallelStyle] = {}
     if getattr(model, "tok_emb", None) is not None:
         plan[f"blocks.{named_blocks[0][0]}"] = to_sequence_shard
     if getattr(model, "ln_f", None) is not None:
@@ -76,18 +87,32 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
         output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True)
     for _, block in named_blocks:
-        mlp_plan = ({"mlp": moe_on_full_sequence} if isinstance(block.mlp, MoE) else
-                    {"mlp": to_full_sequence, "mlp.fc": ColwiseParallel(),
-                     "mlp.proj": RowwiseParallel(output_layouts=Shard(1))})
-        parallelize_module(block, tp_mesh, {
-            "ln_attn": SequenceParallel(),
-            "attn": to_full_sequence,
-            "attn.qkv": ColwiseParallel(),
-            "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
-            "ln_mlp": SequenceParallel(),
-            **mlp_plan,
-        })
-        block.attn.qkv.register_forward_hook(_HeadRegroup(tp_mesh))  # type: ignore[union-attr]
+        block_plan = (_llama_block_plan() if llama else
+                      _gpt_block_plan(isinstance(block.mlp, MoE), moe_on_full_sequence))
+        parallelize_module(block, tp_mesh, {"ln_attn": SequenceParallel(), "attn": to_full_sequence,
+                                            "ln_mlp": SequenceParallel(), **block_plan})
+        if not llama:
+            block.attn.qkv.register_forward_hook(_HeadRegroup(tp_mesh))  # type: ignore[union-attr]
+
+
+def _to_full_sequence() -> PrepareModuleInput:
+    return PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)
+
+
+def _gpt_block_plan(moe: bool, moe_on_full_sequence: PrepareModuleInputOutput) -> dict[str, ParallelStyle]:
+    mlp_plan: dict[str, ParallelStyle] = (
+        {"mlp": moe_on_full_sequence} if moe else
+        {"mlp": _to_full_sequence(), "mlp.fc": ColwiseParallel(), "mlp.proj": RowwiseParallel(output_layouts=Shard(1))})
+    return {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(output_layouts=Shard(1)), **mlp_plan}
+
+
+def _llama_block_plan() -> dict[str, ParallelStyle]:
+    """q, k, v, gate and up column-wise (each rank its heads, its kv heads, its MLP columns), o and down row-wise
+    with a reduce-scatter onto the sequence shard. Separate projections: no head regrouping needed."""
+    return {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+            "attn.o": RowwiseParallel(output_layouts=Shard(1)), "mlp": _to_full_sequence(),
+            "mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(),
+            "mlp.down": RowwiseParallel(output_layouts=Shard(1))}
 
 
 class _HeadRegroup:

@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from flywheel.spec import Parallelism, Training
 from flywheel.spec_layout import JobLayout, layout_problems
-from flywheel.trainer.model import GPTConfig
+from flywheel.spec_model import ModelShape
 from flywheel.trainer.parallel_ep import ExpertParallelError, apply_ep, expert_mesh, fully_shard_experts
 from flywheel.trainer.parallel_pp import PipelineError, pipeline
 from flywheel.trainer.parallel_tp import TensorParallelError, apply_tp
@@ -55,7 +55,7 @@ def build_mesh(world_size: int, parallelism: Parallelism, device_type: str = "cp
     return init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape))
 
 
-def job_layout(parallelism: Parallelism, training: Training, cfg: GPTConfig,
+def job_layout(parallelism: Parallelism, training: Training, cfg: ModelShape,
                data_source: str = "synthetic") -> JobLayout:
     """The layout rules' view (spec_layout.py) of this model, layout and batch."""
     moe = cfg.moe
@@ -64,10 +64,12 @@ def job_layout(parallelism: Parallelism, training: Training, cfg: GPTConfig,
                      moe_every=moe.every if moe else 1, tp=parallelism.tp, pp=parallelism.pp, ep=parallelism.ep,
                      fsdp=parallelism.fsdp, schedule=parallelism.schedule,
                      stages_per_rank=parallelism.stages_per_rank, microbatches=parallelism.microbatches,
-                     global_batch=training.global_batch, micro_batch=training.micro_batch, data_source=data_source)
+                     global_batch=training.global_batch, micro_batch=training.micro_batch, data_source=data_source,
+                     architecture=cfg.architecture, kv_heads=cfg.kv_heads, ffn=cfg.ffn,
+                     max_positions=cfg.max_positions)
 
 
-def check_layout(world_size: int, parallelism: Parallelism, training: Training, cfg: GPTConfig,
+def check_layout(world_size: int, parallelism: Parallelism, training: Training, cfg: ModelShape,
                  data_source: str = "synthetic") -> None:
     """Raises ParallelismError for a layout that cannot run on `world_size` ranks: everything decidable from the
     spec alone, by the one definition of those rules (`spec_layout.layout_problems`, which the schema also checks

@@ -31,6 +31,7 @@ from torch import nn
 from flywheel import exitcodes
 from flywheel.eventlog import EventLog, EventName, one_line
 from flywheel.spec import SpecError, TrainingJobSpec, parse_spec
+from flywheel.trainer.build import build_model, model_shape
 from flywheel.trainer.checkpoint import AppState, Checkpointer
 from flywheel.trainer.collective_env import (
     CollectiveTimeouts,
@@ -41,7 +42,9 @@ from flywheel.trainer.collective_env import (
 )
 from flywheel.trainer.data import DataError, MicroBatch, SampleLoader, SampleSource, build_source
 from flywheel.trainer.fault_injection import Fault, FaultInjector, faults_from_env
-from flywheel.trainer.model import GPT, GPTConfig
+from flywheel.trainer.hf_config import HFConfigError
+from flywheel.trainer.hf_export import write_model_record
+from flywheel.trainer.hf_weights import load_pretrained
 from flywheel.trainer.moe import aux_loss_of
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 from flywheel.trainer.parallel_pp import PipelinedModel, full_model_state
@@ -64,7 +67,7 @@ class UserError(Exception):
     """Configuration or data that a restart cannot fix: exit USER_ERROR."""
 
 
-USER_ERRORS = (UserError, SpecError, DataError, ParallelismError)
+USER_ERRORS = (UserError, SpecError, DataError, ParallelismError, HFConfigError)
 
 
 @dataclass(frozen=True)
@@ -195,7 +198,7 @@ def preflight(env: WorkerEnv) -> SampleSource:
     the data; raises a user error. Runs before the rendezvous: a rank that failed after it could take the store
     its peers are still joining through (rank 0 hosts it under env://), and they would exit COLLECTIVE_TIMEOUT."""
     trainer = env.spec.trainer
-    cfg = GPTConfig.from_spec(trainer.model)
+    cfg = model_shape(trainer.model)
     check_layout(env.world_size, trainer.parallelism, trainer.training, cfg, trainer.data.source)
     return build_source(trainer.data.source, cfg.vocab, cfg.seq_len, trainer.training.seed)
 
@@ -216,9 +219,11 @@ def train(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: Train
     loss_weight = float(all(c == 0 for name, c in coordinate.items() if name != DP))
 
     torch.manual_seed(training.seed)
-    cfg = GPTConfig.from_spec(spec.trainer.model)
+    cfg = model_shape(spec.trainer.model)
+    if env.rank == 0:  # what `flywheel export` needs to name and configure the weights
+        write_model_record(env.checkpoint_dir, cfg, spec.trainer.model.pretrained)
     loader = SampleLoader(source)
-    model = GPT(cfg, seed=training.seed).to(device)
+    model = build_model(cfg, seed=training.seed).to(device)
     tokens_per_step = training.global_batch * cfg.seq_len
     if env.rank == 0:
         log.info("model: %s, %.2fM parameters, %.3g FLOPs/token; world %d, dp %d, tp %d, pp %d%s%s, %s", cfg,
@@ -226,6 +231,8 @@ def train(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: Train
                  parallelism.pp, f" ({parallelism.schedule})" if parallelism.pp > 1 else "",
                  f", ep {parallelism.ep}" if cfg.moe else "", "fsdp" if parallelism.fsdp else "ddp")
     model = parallelize(model, mesh, parallelism, training)
+    if spec.trainer.model.pretrained:  # a checkpoint, when there is one, replaces these weights below
+        load_pretrained(model, spec.trainer.model.pretrained, cfg)
     autocast = autocast_for(device, training.precision)
     with autocast:
         settle_ddp_buckets(model, torch.zeros(training.micro_batch, cfg.seq_len, dtype=torch.long, device=device))

@@ -5,7 +5,8 @@ LAYOUT_RUN = JSON {"parallelism": {...}, "steps", "lr", "globalBatch", "microBat
 "checkpointDir", "saveAt", "restore", "optimizer"}. SGD (no momentum) by default: float noise is not amplified;
 "optimizer": "adamw" uses the trainer's AdamW (to check that optimizer state moves between layouts). Rank 0 writes `out`
 (JSON: per-step loss and MoE load-balancing loss averaged over the global batch, the restored step) and `out`.pt
-(the full parameters). "model" is a trainer.model spec (gpt-tiny by default; with "moe" an MoE model).
+(the full parameters). "model" is a trainer.model spec (gpt-tiny by default; with "moe" an MoE model; llama-tiny
+for the Llama).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import torch
 import torch.distributed as dist
 
 from flywheel.spec import CheckpointSpec, ModelSpec, Parallelism, Training
+from flywheel.trainer.build import build_model
 from flywheel.trainer.checkpoint import AppState, Checkpointer
 from flywheel.trainer.data import SampleLoader, build_source
-from flywheel.trainer.model import GPT, GPTConfig
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 from flywheel.trainer.parallel_pp import full_model_state
 from flywheel.trainer.parallelize import DP, build_mesh, clip_grad_norm, parallelize
@@ -38,8 +39,8 @@ def main() -> None:
                         activation_checkpointing=run.get("activationCheckpointing", False))
     mesh = build_mesh(world, parallelism)
     dp_mesh = mesh[DP]
-    cfg = GPTConfig.from_spec(ModelSpec.model_validate(run.get("model", {"preset": "gpt-tiny"})))
-    model = parallelize(GPT(cfg, seed=0), mesh, parallelism, training)
+    cfg = ModelSpec.model_validate(run.get("model", {"preset": "gpt-tiny"})).shape()
+    model = parallelize(build_model(cfg, seed=0), mesh, parallelism, training)
     if run.get("optimizer") == "adamw":  # the trainer's own (optimizer state must move between layouts too)
         optimizer = build_optimizer(model, training)
     else:

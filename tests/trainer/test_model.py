@@ -8,8 +8,8 @@ TINY = GPTConfig(layers=2, dim=32, heads=4, vocab=97, seq_len=16)
 
 
 def test_config_from_spec_uses_preset_and_overrides():
-    assert GPTConfig.from_spec(ModelSpec(preset="gpt-125m")) == GPTConfig(12, 768, 12, 50304, 1024)
-    cfg = GPTConfig.from_spec(ModelSpec(preset="gpt-tiny", layers=3, seqLen=32))
+    assert ModelSpec(preset="gpt-125m").shape() == GPTConfig(12, 768, 12, 50304, 1024)
+    cfg = ModelSpec(preset="gpt-tiny", layers=3, seqLen=32).shape()
     assert (cfg.layers, cfg.dim, cfg.heads, cfg.vocab, cfg.seq_len) == (3, 64, 4, 256, 32)
 
 
@@ -48,7 +48,7 @@ def test_attention_is_causal():
 @pytest.mark.parametrize(("preset", "millions"), [("gpt-125m", 124), ("gpt-350m", 355), ("gpt-1.3b", 1316)])
 def test_presets_have_the_usual_sizes(preset, millions):
     with torch.device("meta"):  # sizes without allocating gigabytes
-        model = GPT(GPTConfig.from_spec(ModelSpec(preset=preset)))
+        model = GPT(ModelSpec(preset=preset).shape())
     assert round(model.num_params() / 1e6) == millions
 
 
@@ -59,7 +59,7 @@ def test_the_planner_counts_parameters_and_flops_like_the_model(preset):
 
     spec = parse_spec({"trainer": {"model": {"preset": preset}}})
     with torch.device("meta"):  # sized without memory
-        model = GPT(GPTConfig.from_spec(spec.trainer.model))
+        model = GPT(spec.trainer.model.shape())
     shape = shape_of(spec)
     assert shape.params == model.num_params()
     assert shape.flops_per_token() == model.flops_per_token()

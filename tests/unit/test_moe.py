@@ -99,8 +99,8 @@ def test_capacity_serves_first_choices_before_second_choices_in_token_order():
 
 
 def test_every_picks_the_moe_blocks_and_dense_blocks_keep_their_mlp():
-    cfg = GPTConfig.from_spec(ModelSpec.model_validate({"preset": "gpt-tiny", "layers": 4,
-                                                        "moe": {"experts": 4, "topK": 1, "every": 2}}))
+    cfg = ModelSpec.model_validate({"preset": "gpt-tiny", "layers": 4,
+                                    "moe": {"experts": 4, "topK": 1, "every": 2}}).shape()
     model = GPT(cfg)
     assert [type(b.mlp) for b in model.blocks] == [MLP, MoE, MLP, MoE]
     assert model.blocks[1].mlp.experts.w1.shape == (4, 64, 256)
@@ -109,7 +109,7 @@ def test_every_picks_the_moe_blocks_and_dense_blocks_keep_their_mlp():
 def test_a_dense_model_is_unchanged():
     # The keys and values of a model without moe are those of the dense GPT (checkpoints from before still load).
     dense = GPT(GPTConfig(2, 16, 2, 32, 8), seed=3).state_dict()
-    assert GPTConfig.from_spec(ModelSpec()).moe is None
+    assert ModelSpec().shape().moe is None
     assert sorted(k.split(".", 2)[-1] for k in dense if k.startswith("blocks.0.")) == [
         "attn.proj.bias", "attn.proj.weight", "attn.qkv.bias", "attn.qkv.weight", "ln_attn.bias", "ln_attn.weight",
         "ln_mlp.bias", "ln_mlp.weight", "mlp.fc.bias", "mlp.fc.weight", "mlp.proj.bias", "mlp.proj.weight"]

@@ -12,9 +12,10 @@ from flywheel.planner import DEVICES, Batch, Layout, ModelShape, estimate, plan_
 from flywheel.planner.cost import _all_to_all_seconds, memory_breakdown
 from flywheel.planner.search import layouts, resolve_auto, shape_of
 from flywheel.spec import parse_spec
-from flywheel.trainer.model import GPT, GPTConfig
+from flywheel.spec_model import MoEConfig
+from flywheel.trainer.model import GPT
 
-MOE = ModelShape(layers=12, dim=768, heads=12, vocab=50304, seq_len=1024, experts=8, top_k=2)
+MOE = ModelShape(layers=12, dim=768, heads=12, vocab=50304, seq_len=1024, moe=MoEConfig(experts=8, top_k=2))
 
 
 def lay(**kw: object) -> Layout:
@@ -26,7 +27,7 @@ def lay(**kw: object) -> Layout:
 def test_the_planner_counts_moe_parameters_and_flops_like_the_model(moe):
     spec = parse_spec({"trainer": {"model": {"preset": "gpt-125m", "moe": moe}}})
     with torch.device("meta"):
-        model = GPT(GPTConfig.from_spec(spec.trainer.model))
+        model = GPT(spec.trainer.model.shape())
     shape = shape_of(spec)
     assert shape.params == model.num_params()
     assert shape.flops_per_token() == model.flops_per_token()

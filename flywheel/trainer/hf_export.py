@@ -1,0 +1,129 @@
+"""`flywheel export RUN_OR_CHECKPOINT --format hf --out DIR`: a committed checkpoint to a Hugging Face directory.
+
+The trainer records the model it trains (`model.json`: its shape, and the `pretrained` directory it started from)
+in the checkpoint directory. Export finds the checkpoint (a run directory: the newest checkpoint its events name;
+a checkpoint directory: its newest committed step; or one `step-NNNNNNNN` folder), loads only the model's tensors
+from the DCP files in this one process (whatever layout and world size wrote them: DCP stores global tensors by
+name), renames them to transformers' names and writes config.json, safetensors (sharded with an index above
+`max_shard_bytes`) and the tokenizer files of the pretrained directory, if it had any.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flywheel.spec_model import ModelShape, shape_from_dict, shape_to_dict
+from flywheel.trainer import checkpoint_store as store
+from flywheel.trainer.hf_config import config_from_shape
+from flywheel.trainer.hf_weights import hf_name
+
+MODEL_RECORD = "model.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "generation_config.json")
+MAX_SHARD_BYTES = 2 << 30
+
+
+class ExportError(ValueError):
+    """Nothing exportable where the user pointed; the message says what was expected."""
+
+
+def write_model_record(checkpoint_dir: str | Path, shape: ModelShape, pretrained: str | None) -> None:
+    root = Path(checkpoint_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    record = {"shape": shape_to_dict(shape), "pretrained": str(Path(pretrained).resolve()) if pretrained else None}
+    (root / MODEL_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def find_checkpoint(source: str | Path) -> Path:
+    """The step folder to export from a run directory, a checkpoint directory or a step folder."""
+    path = Path(source)
+    events = path / "events.jsonl"
+    if events.exists():
+        saved = [json.loads(line) for line in events.read_text().splitlines() if '"checkpoint"' in line]
+        paths = [e["path"] for e in saved if e.get("event") == "checkpoint" and "path" in e]
+        if not paths:
+            raise ExportError(f"{path}: the run saved no checkpoint; give a checkpoint directory instead")
+        path = Path(paths[-1]).parent
+    if store.read_commit(path) is not None:
+        return path
+    committed = store.committed(path)
+    if not committed:
+        raise ExportError(f"{path}: no committed checkpoint here; give a run directory, a checkpoint directory "
+                          "(spec.checkpoint.dir) or one of its step-NNNNNNNN folders")
+    return Path(committed[-1].path)
+
+
+def load_model_state(step_dir: Path) -> dict[str, torch.Tensor]:
+    """The model's full tensors from a DCP checkpoint, in this process (no process group)."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        state = _load_state_dict_from_keys(keys={"model"}, checkpoint_id=str(step_dir))
+    model = state["model"]
+    return {name: tensor for name, tensor in model.items() if isinstance(tensor, torch.Tensor)}
+
+
+def to_hf_state(state: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, tensor in state.items():
+        if name == "head.weight" and shape.tied_embeddings:
+            continue  # transformers ties lm_head to the embedding from config.json
+        theirs, transposed = hf_name(name, shape.architecture)
+        out[theirs] = (tensor.t() if transposed else tensor).contiguous()
+    return out
+
+
+def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    return shards
+
+
+def save_hf(tensors: dict[str, torch.Tensor], config: dict[str, Any], out: Path, max_shard_bytes: int) -> None:
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    shards = _shards(tensors, max_shard_bytes)
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def export_hf(source: str | Path, out: str | Path, *, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
+    """Writes the HF directory `out` from the checkpoint `source` names; returns the step folder used."""
+    step_dir = find_checkpoint(source)
+    record_path = step_dir.parent / MODEL_RECORD
+    if not record_path.exists():
+        raise ExportError(f"{record_path} is missing: the checkpoint was written by a trainer that did not record "
+                          "its model; retrain with this version or export from a newer checkpoint")
+    record = json.loads(record_path.read_text())
+    shape = shape_from_dict(record["shape"])
+    save_hf(to_hf_state(load_model_state(step_dir), shape), config_from_shape(shape), Path(out), max_shard_bytes)
+    pretrained = record.get("pretrained")
+    for name in TOKENIZER_FILES if pretrained else ():
+        if (Path(pretrained) / name).exists():
+            shutil.copy2(Path(pretrained) / name, Path(out) / name)
+    return step_dir
