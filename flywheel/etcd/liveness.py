@@ -142,7 +142,7 @@ def delete_run(endpoints: str | EtcdSession, run_id: str) -> int:
     rdzv, workers = keys.rdzv_prefix(run_id), keys.workers_prefix(run_id)
 
     async def delete_both(client: Client) -> int:
-        return (await client.delete_prefix(rdzv)).deleted + (await client.delete_prefix(workers)).deleted
+        return int((await client.delete_prefix(rdzv)).deleted) + int((await client.delete_prefix(workers)).deleted)
 
     with _SessionRef(endpoints) as session:
         return session.call(delete_both)
@@ -154,7 +154,7 @@ def reset_rendezvous(endpoints: str | EtcdSession, run_id: str) -> int:
     none of the run's agents is alive. Returns the number of keys deleted."""
     prefix = keys.rdzv_prefix(run_id)
     with _SessionRef(endpoints) as session:
-        return session.call(lambda c: c.delete_prefix(prefix)).deleted
+        return int(session.call(lambda c: c.delete_prefix(prefix)).deleted)
 
 
 OnWorkersChange = Callable[[dict[str, LiveWorker]], None]

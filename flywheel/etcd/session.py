@@ -15,9 +15,9 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aetcd
 import aetcd.exceptions
@@ -125,22 +125,22 @@ class EtcdSession:
     def in_loop_thread(self) -> bool:
         return threading.current_thread() is self._thread
 
-    def run(self, coro: Awaitable[T], timeout: float | None = None) -> T:
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run a coroutine on the session's loop and wait for its result in the calling thread."""
         if self.in_loop_thread():
             raise RuntimeError("EtcdSession.run called from its own loop thread (would deadlock)")
         if self._loop.is_closed():  # e.g. a keep-alive timer firing after the atexit cleanup
             raise EtcdUnavailableError("the etcd session is closed")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise
 
-    def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Start a coroutine on the loop without waiting (background tasks: lease keepers, watches)."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def call(self, fn: Callable[[aetcd.Client], Awaitable[T]]) -> T:
         """Run `fn(client)` with retries and failover; the synchronous entry point for backend and store."""
