@@ -11,12 +11,23 @@ previous write returned, so the buffers are free again by then (a second set wou
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch.distributed.tensor import DTensor
 
+if TYPE_CHECKING:
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+
 Path = tuple[Any, ...]
+
+
+class _DTensorConstructor(Protocol):
+    def __call__(self, local_tensor: torch.Tensor, spec: DTensorSpec, *, requires_grad: bool) -> DTensor: ...
+
+
+# DTensor's constructor (unannotated in torch): a local tensor under an existing spec, left where it is.
+_dtensor_like: _DTensorConstructor = DTensor
 
 
 class StagingBuffers:
@@ -42,7 +53,7 @@ class StagingBuffers:
         """A copy of state_dict whose tensors live in our CPU buffers. Runs on the staging thread."""
         seen: set[Path] = set()
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
-        staged = self._rebuild(state_dict, (), copies, seen)
+        staged: dict[str, Any] = self._rebuild(state_dict, (), copies, seen)
         for stale in set(self._buffers) - seen:  # the state's shape changed: free what no longer has a source
             del self._buffers[stale]
         if stream is None:
@@ -64,7 +75,7 @@ class StagingBuffers:
             copies.append((buf, local))
             # DTensor.from_local would move the buffer back to the mesh's device; keep the spec (global shape,
             # mesh, placements) and swap in the CPU shard, as DCP's own staging does.
-            return DTensor(buf, obj._spec, requires_grad=False)
+            return _dtensor_like(buf, obj._spec, requires_grad=False)
         if isinstance(obj, torch.Tensor):
             src = obj.detach()
             buf = self._buffer_for(path, src)
@@ -89,7 +100,7 @@ def snapshot_unsafe_tensors(state: dict[str, Any], parameter_storages: set[int])
         if isinstance(obj, DTensor):
             if obj._local_tensor.untyped_storage().data_ptr() in parameter_storages:
                 return obj
-            return DTensor(obj._local_tensor.detach().clone(), obj._spec, requires_grad=False)
+            return _dtensor_like(obj._local_tensor.detach().clone(), obj._spec, requires_grad=False)
         if isinstance(obj, torch.Tensor):
             if obj.untyped_storage().data_ptr() in parameter_storages:
                 return obj

@@ -56,7 +56,8 @@ class CausalSelfAttention(nn.Module):
         # (batch, heads, seq, head_dim) for SDPA
         q, k, v = (t.view(batch, seq, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(batch, seq, -1))
+        out: torch.Tensor = self.proj(y.transpose(1, 2).reshape(batch, seq, -1))
+        return out
 
 
 class MLP(nn.Module):
@@ -66,7 +67,8 @@ class MLP(nn.Module):
         self.proj = nn.Linear(4 * cfg.dim, cfg.dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(F.gelu(self.fc(x)))
+        out: torch.Tensor = self.proj(F.gelu(self.fc(x)))
+        return out
 
 
 class Block(nn.Module):
@@ -79,7 +81,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_attn(x))
-        return x + self.mlp(self.ln_mlp(x))
+        out: torch.Tensor = x + self.mlp(self.ln_mlp(x))
+        return out
 
 
 class GPT(nn.Module):
@@ -124,7 +127,8 @@ class GPT(nn.Module):
         x = self.tok_emb(tokens) + self.pos_emb(positions)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))
+        logits: torch.Tensor = self.head(self.ln_f(x))
+        return logits
 
     def num_params(self, include_embeddings: bool = True) -> int:
         """Distinct parameters (the tied head counts once); position embeddings optional, as in the FLOP count."""
