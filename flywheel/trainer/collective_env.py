@@ -22,8 +22,12 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flywheel.spec import FaultTolerance
+
+if TYPE_CHECKING:  # the module itself imports no torch
+    from torch.distributed import ProcessGroup
 
 log = logging.getLogger(__name__)
 
@@ -103,13 +107,13 @@ def apply_collective_env(desired: Mapping[str, str], environ: MutableMapping[str
     return effective
 
 
-def shorten_timeouts(timeouts: CollectiveTimeouts, group: object | None = None) -> None:
+def shorten_timeouts(timeouts: CollectiveTimeouts, group: ProcessGroup | None = None) -> None:
     """After the first step: from now on a collective waits `timeouts.steady` at most (gloo and NCCL)."""
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _set_pg_timeout  # public API has no way to change it later
 
     if not dist.is_initialized():
         return
-    _set_pg_timeout(timeouts.steady, group)  # type: ignore[arg-type]
+    _set_pg_timeout(timeouts.steady, group)
     log.info("collective timeout %.0fs -> %.0fs after the first step", timeouts.startup.total_seconds(),
              timeouts.steady.total_seconds())

@@ -31,6 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    ParallelStyle,
     PrepareModuleInput,
     PrepareModuleInputOutput,
     RowwiseParallel,
@@ -39,6 +40,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from flywheel.trainer.moe import MoE
+from flywheel.trainer.parallel_pp import Decoder
 
 
 class TensorParallelError(ValueError):
@@ -54,18 +56,18 @@ def check_tp_sizes(dim: int, heads: int, seq_len: int, tp: int) -> None:
         raise TensorParallelError("trainer.parallelism.tp: " + "; ".join(problems))
 
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+def apply_tp(model: Decoder, tp_mesh: DeviceMesh) -> None:
     """Shards `model.blocks` over `tp_mesh` in place (before activation checkpointing and FSDP/DDP). `model` may
     be a pipeline stage: the sequence is sliced only where the embeddings are, gathered only where `ln_f` is, and
     the stages in between pass the sequence shard on."""
-    cfg = model.cfg  # type: ignore[attr-defined]
+    cfg = model.cfg
     check_tp_sizes(cfg.dim, cfg.heads, cfg.seq_len, tp_mesh.size())
-    named_blocks = list(model.blocks.named_children())  # type: ignore[union-attr]
+    named_blocks = list(model.blocks.named_children())
     to_sequence_shard = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
                                            use_local_output=True)
     to_full_sequence = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
                                           use_local_output=True)
-    plan = {}
+    plan: dict[str, ParallelStyle] = {}
     if getattr(model, "tok_emb", None) is not None:
         plan[f"blocks.{named_blocks[0][0]}"] = to_sequence_shard
     if getattr(model, "ln_f", None) is not None:
@@ -87,7 +89,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
             "ln_mlp": SequenceParallel(),
             **mlp_plan,
         })
-        block.attn.qkv.register_forward_hook(_HeadRegroup(tp_mesh))  # type: ignore[union-attr]
+        block.get_submodule("attn.qkv").register_forward_hook(_HeadRegroup(tp_mesh))
 
 
 class _HeadRegroup:
@@ -101,6 +103,6 @@ class _HeadRegroup:
         tp, rank = self.mesh.size(), self.mesh.get_local_rank()
         # Each rank keeps a different part of the gathered tensor, so its gradient is a partial sum: declaring it
         # Partial makes backward reduce-scatter it onto the column shards.
-        full = DTensor.from_local(output, self.mesh, [Shard(-1)]).redistribute(placements=[Replicate()])
-        full = full.to_local(grad_placements=[Partial()])
-        return full.unflatten(-1, (3, tp, -1))[..., rank, :].flatten(-2)
+        gathered = DTensor.from_local(output, self.mesh, [Shard(-1)]).redistribute(placements=[Replicate()])
+        full = gathered.to_local(grad_placements=[Partial()])
+        return torch.unflatten(full, -1, (3, tp, -1))[..., rank, :].flatten(-2)
