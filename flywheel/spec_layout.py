@@ -141,8 +141,9 @@ def _tp_problems(job: JobLayout) -> list[Problem]:
 def tp_size_problems(heads: int, kv_heads: int, seq_len: int, ffn: int, tp: int) -> list[Problem]:
     """The sizes tensor parallel splits: the heads and key/value heads (attention), the sequence (sequence
     parallel) and the MLP width. The trainer asks it again with a pretrained model's config.json sizes."""
-    sizes: tuple[tuple[str, str, int, str], ...] = (("tp-heads", "heads", heads, ""), ("tp-kv-heads", "kvHeads", kv_heads, ""),
-             ("tp-seq", "seqLen", seq_len, " (sequence parallel)"), ("tp-ffn", "ffn", ffn, " (the MLP width)"))
+    sizes: tuple[tuple[str, str, int, str], ...] = (
+        ("tp-heads", "heads", heads, ""), ("tp-kv-heads", "kvHeads", kv_heads, ""),
+        ("tp-seq", "seqLen", seq_len, " (sequence parallel)"), ("tp-ffn", "ffn", ffn, " (the MLP width)"))
     sizes = tuple(size for size in sizes if size[0] != "tp-kv-heads" or kv_heads != heads)  # said once, as heads
     return [Problem(rule, "trainer.parallelism.tp", f"{name} ({value}) is not divisible by tp ({tp}){why}",
                     f"choose a tp that divides trainer.model.{name}") for rule, name, value, why in sizes if value % tp]

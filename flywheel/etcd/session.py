@@ -138,9 +138,9 @@ class EtcdSession:
             future.cancel()
             raise
 
-    def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Start a coroutine on the loop without waiting (background tasks: lease keepers, watches)."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def call(self, fn: Callable[[aetcd.Client], Awaitable[T]]) -> T:
         """Run `fn(client)` with retries and failover; the synchronous entry point for backend and store."""

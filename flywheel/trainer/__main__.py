@@ -10,7 +10,7 @@ from flywheel.trainer.train_loop import main
 if __name__ == "__main__":
     try:
         code = main()
-    except BaseException:  # KeyboardInterrupt and the like; main() maps every Exception itself
+    except BaseException:  # noqa: BLE001 - KeyboardInterrupt and the like; main() maps every Exception itself
         traceback.print_exc()
         code = exitcodes.CRASH
     sys.stdout.flush()

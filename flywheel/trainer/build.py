@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from torch import nn
-
 from flywheel.spec import ModelSpec
 from flywheel.spec_model import ModelShape
 from flywheel.trainer.hf_config import HFConfigError, shape_from_config
@@ -36,6 +34,6 @@ def model_shape(spec: ModelSpec) -> ModelShape:
     return spec.shape()
 
 
-def build_model(shape: ModelShape, seed: int = 0) -> nn.Module:
+def build_model(shape: ModelShape, seed: int = 0) -> GPT | Llama:
     """The plain model (on CPU, weights a pure function of `seed`); parallelize.py shards it."""
     return Llama(shape, seed=seed) if shape.architecture == "llama" else GPT(shape, seed=seed)

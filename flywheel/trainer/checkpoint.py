@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,8 +35,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from flywheel.spec import CheckpointSpec
 from flywheel.trainer import checkpoint_store as store
@@ -47,6 +50,8 @@ __all__ = ["AppState", "Checkpointer", "describe_failure"]
 log = logging.getLogger("flywheel.checkpoint")
 
 _FAILURES = (Exception, CheckpointException)  # DCP's CheckpointException derives from BaseException
+# torch.cuda.Stream's constructor has no annotations; this is its signature as used here.
+_new_cuda_stream: Callable[[], torch.cuda.Stream] = torch.cuda.Stream
 
 
 def describe_failure(err: BaseException) -> str:
@@ -85,7 +90,7 @@ class Checkpointer:
         self._write_group = dist.new_group(backend="gloo") if self.distributed else None
         self._control_group = dist.new_group(backend="gloo") if self.distributed else None
         self._cuda = torch.cuda.is_available()
-        self._stream = torch.cuda.Stream() if self._cuda else None
+        self._stream = _new_cuda_stream() if self._cuda else None
         self._buffers = StagingBuffers(pin_memory=self._cuda)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-checkpoint")
         self._inflight: _Save | None = None
@@ -137,7 +142,8 @@ class Checkpointer:
         if blocking:
             self._wait_inflight()
         else:
-            busy = self._inflight is not None and not self._inflight.future.done()  # type: ignore[union-attr]
+            future = self._inflight.future if self._inflight is not None else None
+            busy = future is not None and not future.done()
             if self._agree(busy, self._control_group, any_rank=True):
                 prev = self._inflight.step if self._inflight else "?"
                 log.warning("checkpoint at step %d skipped: the save of step %s is still being written; saves are "
@@ -198,8 +204,8 @@ class Checkpointer:
         self._wait_inflight()
         listing: list[Any] = [None]
         if self.rank == 0:
-            for path in store.remove_uncommitted(self.directory):
-                log.info("removed torn checkpoint %s (no commit marker)", path)
+            for torn in store.remove_uncommitted(self.directory):
+                log.info("removed torn checkpoint %s (no commit marker)", torn)
             listing[0] = [(r.step, r.path, r.world_size) for r in reversed(store.committed(self.directory))]
         if self.distributed:
             dist.broadcast_object_list(listing, src=0, group=self._control_group)
@@ -210,7 +216,7 @@ class Checkpointer:
             try:
                 state = app.state_dict(include_rng=saved_world == self.world_size)
                 state["step"] = -1
-                dcp.load(state, storage_reader=dcp.FileSystemReader(path), process_group=self._write_group)
+                dcp_load(state, storage_reader=FileSystemReader(path), process_group=self._write_group)
                 if state["step"] != step:
                     raise ValueError(f"holds step {state['step']} but its commit marker says {step}")
                 app.load_state_dict(state)
@@ -258,7 +264,7 @@ class Checkpointer:
             # Every rank must enter dcp.save or none: a rank that stays out would leave the others hanging.
             if not self._agree(staging_error is None, self._write_group, any_rank=False):
                 raise staging_error or RuntimeError("staging failed on another rank")
-            dcp.save(staged, storage_writer=dcp.FileSystemWriter(record.path), process_group=self._write_group)
+            dcp_save(staged, storage_writer=FileSystemWriter(record.path), process_group=self._write_group)
             # dcp.save returns on rank 0 only after .metadata is written, i.e. after every rank's write finished.
             commit_error: BaseException | None = None
             if self.rank == 0:

@@ -11,7 +11,7 @@ previous write returned, so the buffers are free again by then (a second set wou
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -19,6 +19,17 @@ from torch.distributed.tensor import DTensor
 from flywheel.trainer.torch_compat import dtensor_local, dtensor_with_local
 
 Path = tuple[Any, ...]
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+
+
+class _DTensorConstructor(Protocol):
+    def __call__(self, local_tensor: torch.Tensor, spec: DTensorSpec, *, requires_grad: bool) -> DTensor: ...
+
+
+# DTensor's constructor (unannotated in torch): a local tensor under an existing spec, left where it is.
+_dtensor_like: _DTensorConstructor = DTensor
 
 
 class StagingBuffers:
@@ -44,7 +55,7 @@ class StagingBuffers:
         """A copy of state_dict whose tensors live in our CPU buffers. Runs on the staging thread."""
         seen: set[Path] = set()
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
-        staged = self._rebuild(state_dict, (), copies, seen)
+        staged: dict[str, Any] = self._rebuild(state_dict, (), copies, seen)
         for stale in set(self._buffers) - seen:  # the state's shape changed: free what no longer has a source
             del self._buffers[stale]
         if stream is None:

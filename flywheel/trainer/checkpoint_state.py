@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -12,6 +13,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
+
+# torch.cuda.is_initialized has no annotations; this is its signature.
+_cuda_is_initialized: Callable[[], bool] = torch.cuda.is_initialized
 
 
 class DataPosition(Protocol):
@@ -30,7 +34,7 @@ def capture_rng() -> dict[str, Any]:
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and _cuda_is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
@@ -78,6 +82,7 @@ class AppState(Stateful):
 
         Leave RNG out (include_rng=False) when loading a checkpoint saved at another world size: its ranks'
         streams do not map onto ours, and DCP would fail on keys the checkpoint does not have."""
+        optim_sd: dict[str, Any]  # renamed below: a plain dict, not torch's OptimizerStateType
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         if self.group_params is not None:
             optim_sd = _rename_optim(optim_sd, self.aliases)

@@ -22,8 +22,12 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flywheel.spec import FaultTolerance
+
+if TYPE_CHECKING:  # the module itself imports no torch
+    from torch.distributed import ProcessGroup
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +102,7 @@ def apply_collective_env(desired: Mapping[str, str], environ: MutableMapping[str
     return effective
 
 
-def shorten_timeouts(timeouts: CollectiveTimeouts, group: object | None = None) -> None:
+def shorten_timeouts(timeouts: CollectiveTimeouts, group: ProcessGroup | None = None) -> None:
     """After the first step: from now on a collective waits `timeouts.steady` at most (gloo and NCCL)."""
     import torch.distributed as dist
 

@@ -49,7 +49,7 @@ class SyntheticSource:
         n = self.seq_len + 1
         steps = self.offsets[rng.integers(0, len(self.offsets), size=n)]
         steps[0] = rng.integers(0, self.vocab)  # the start state
-        tokens = self.perm[np.cumsum(steps) % self.vocab]
+        tokens: np.ndarray = self.perm[np.cumsum(steps) % self.vocab]
         noisy = rng.random(n) < SYNTHETIC_NOISE
         tokens[noisy] = rng.integers(0, self.vocab, size=int(noisy.sum()))
         return tokens.astype(np.int64)
@@ -90,7 +90,7 @@ def _open_tokens(path: str, vocab: int) -> np.ndarray:
                             "set trainer.model.vocab to at least 256")
         return np.memmap(file, dtype=np.uint8, mode="r")
     if suffix == ".npy":
-        tokens = np.load(file, mmap_mode="r")
+        tokens: np.ndarray = np.load(file, mmap_mode="r")
         if tokens.dtype != np.uint16 or tokens.ndim != 1:
             raise DataError(f"token file {path!r} holds {tokens.dtype} of shape {tokens.shape}; expected a 1-D "
                             "uint16 array")
@@ -131,7 +131,7 @@ class SampleLoader:
         first = self.consumed_samples + dp_rank * per_rank
         samples = np.stack([self.source.sample(i) for i in range(first, first + per_rank)])
         self.consumed_samples += global_batch
-        batches = torch.from_numpy(samples).split(micro_batch)
+        batches = torch.split(torch.from_numpy(samples), micro_batch)
         return [(b[:, :-1].contiguous(), b[:, 1:].contiguous()) for b in batches]
 
     def state_dict(self) -> dict[str, Any]:

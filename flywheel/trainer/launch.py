@@ -12,18 +12,22 @@ Exit status (flywheel/exitcodes.py): 0 when every rank succeeded; otherwise the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flywheel import exitcodes
 from flywheel.trainer import warm
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.agent.server.api import RunResult
 
 DEFAULT_JOIN_TIMEOUT_S = 900  # generous: a replacement worker may take minutes to be scheduled and start
 DEFAULT_MONITOR_INTERVAL_S = 0.1
@@ -196,7 +200,7 @@ RESTART_STOP_GRACE_SECONDS = 2
 
 
 def _build_agent_class() -> type:
-    from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+    from torch.distributed.elastic.agent.server.api import WorkerGroup, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     from flywheel.trainer import torch_compat
@@ -208,7 +212,7 @@ def _build_agent_class() -> type:
         (preemption, Ctrl-C) still gives ranks the long grace of `_shutdown` for their emergency checkpoint."""
 
         def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-            started = super()._start_workers(worker_group)
+            started: dict[int, Any] = super()._start_workers(worker_group)
             # When one rank fails, torch's process context closes the others itself (`_poll` -> `close()`) with a
             # 30 s grace, which a SIGSTOPped or collective-blocked rank always uses up. Failure-triggered closes
             # get the short grace; explicit ones (the agent's own shutdown) keep the timeout they ask for.
@@ -229,7 +233,7 @@ def _build_agent_class() -> type:
             torch_compat.stop_agent_ranks(self, RESTART_STOP_GRACE_SECONDS if failed else None)
 
         def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-            result = super()._monitor_workers(worker_group)
+            result: RunResult = super()._monitor_workers(worker_group)
             if result.is_failed() and any(f.exitcode == exitcodes.USER_ERROR for f in result.failures.values()):
                 logging.getLogger(__name__).error("a rank exited USER_ERROR (%d): not restarting",
                                                   exitcodes.USER_ERROR)
@@ -277,23 +281,17 @@ def _run_agent(settings: LaunchSettings, command: Sequence[str]) -> int:
 
     # torch's elastic loggers take their level from LOGLEVEL when first imported: INFO for the agent (rendezvous
     # rounds and restarts belong in the worker log), the caller's setting for the ranks.
-    caller_loglevel = os.environ.get("LOGLEVEL")
-    os.environ["LOGLEVEL"] = "INFO"
-    import torch.distributed.elastic.rendezvous.registry as rdzv_registry
-    from torch.distributed.elastic.agent.server.api import WorkerSpec
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent  # noqa: F401
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
-    from torch.distributed.elastic.rendezvous import (  # noqa: F401
-        RendezvousError,
-        RendezvousParameters,
-        c10d_rendezvous_backend,
-        dynamic_rendezvous,
-    )
-
-    if caller_loglevel is None:
-        del os.environ["LOGLEVEL"]
-    else:
-        os.environ["LOGLEVEL"] = caller_loglevel
+    with _loglevel_env("INFO"):
+        import torch.distributed.elastic.rendezvous.registry as rdzv_registry
+        from torch.distributed.elastic.agent.server.api import WorkerSpec
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent  # noqa: F401
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+        from torch.distributed.elastic.rendezvous import (  # noqa: F401
+            RendezvousError,
+            RendezvousParameters,
+            c10d_rendezvous_backend,
+            dynamic_rendezvous,
+        )
 
     # torch registers these handlers only once the ranks start; a signal during the first rendezvous counts too.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -326,14 +324,33 @@ def _run_agent(settings: LaunchSettings, command: Sequence[str]) -> int:
         finally:
             if shutdown_rdzv and rdzv_handler is not None:
                 rdzv_handler.shutdown()
-        if result is None:  # torch's graceful rendezvous exit: this node was not needed
-            return exitcodes.SUCCESS
-        if not result.is_failed():
-            return exitcodes.SUCCESS
-        for rank, failure in sorted(result.failures.items()):
-            log.error("rank %d failed: exit %d (%s): %s", rank, failure.exitcode,
-                      exitcodes.describe(failure.exitcode), failure.message)
-        return first_failure_exit_code({rank: (f.exitcode, float(f.timestamp)) for rank, f in result.failures.items()})
+        return _exit_code(result)
+
+
+@contextlib.contextmanager
+def _loglevel_env(level: str) -> Iterator[None]:
+    """LOGLEVEL set to `level` inside, the caller's value (or none) again after."""
+    caller_loglevel = os.environ.get("LOGLEVEL")
+    os.environ["LOGLEVEL"] = level
+    try:
+        yield
+    finally:
+        if caller_loglevel is None:
+            del os.environ["LOGLEVEL"]
+        else:
+            os.environ["LOGLEVEL"] = caller_loglevel
+
+
+def _exit_code(result: RunResult | None) -> int:
+    """This worker's exit code from the agent's result (logging each failed rank)."""
+    if result is None:  # torch's graceful rendezvous exit: this node was not needed
+        return exitcodes.SUCCESS
+    if not result.is_failed():
+        return exitcodes.SUCCESS
+    for rank, failure in sorted(result.failures.items()):
+        logging.getLogger(__name__).error("rank %d failed: exit %d (%s): %s", rank, failure.exitcode,
+                                          exitcodes.describe(failure.exitcode), failure.message)
+    return first_failure_exit_code({rank: (f.exitcode, float(f.timestamp)) for rank, f in result.failures.items()})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -38,7 +38,8 @@ class CausalSelfAttention(nn.Module):
         # (batch, heads, seq, head_dim) for SDPA
         q, k, v = (t.view(batch, seq, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(batch, seq, -1))
+        out: torch.Tensor = self.proj(y.transpose(1, 2).reshape(batch, seq, -1))
+        return out
 
 
 class MLP(nn.Module):
@@ -49,7 +50,8 @@ class MLP(nn.Module):
         self.approximate = "tanh" if cfg.activation == "gelu_tanh" else "none"  # GPT-2's own "gelu_new" is tanh
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(F.gelu(self.fc(x), approximate=self.approximate))
+        out: torch.Tensor = self.proj(F.gelu(self.fc(x), approximate=self.approximate))
+        return out
 
 
 class Block(nn.Module):
@@ -62,7 +64,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_attn(x))
-        return x + self.mlp(self.ln_mlp(x))
+        out: torch.Tensor = x + self.mlp(self.ln_mlp(x))
+        return out
 
 
 class GPT(nn.Module):
@@ -107,7 +110,8 @@ class GPT(nn.Module):
         x = self.tok_emb(tokens) + self.pos_emb(positions)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))
+        logits: torch.Tensor = self.head(self.ln_f(x))
+        return logits
 
     def num_params(self, include_embeddings: bool = True) -> int:
         """Distinct parameters (the tied head counts once); position embeddings optional, as in the FLOP count."""

@@ -36,7 +36,7 @@ def load_balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, experts: int)
 def expert_mlps(x: torch.Tensor, counts: list[int], w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     """Runs expert e on the e-th block of `counts[e]` rows of `x` (rows grouped by expert); the outputs in the same
     order. `w1` is (experts, dim, hidden), `w2` (experts, hidden, dim): whichever experts the caller holds."""
-    blocks = [F.gelu(chunk @ w1[e]) @ w2[e] for e, chunk in enumerate(x.split(counts))]
+    blocks = [F.gelu(chunk @ w1[e]) @ w2[e] for e, chunk in enumerate(torch.split(x, counts))]
     return torch.cat(blocks) if blocks else x.new_zeros(0, w2.shape[-1])
 
 
@@ -60,14 +60,15 @@ class MoE(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.router = nn.Linear(dim, cfg.experts, bias=False)
-        self.experts = Experts(cfg.experts, dim, hidden or 4 * dim)
+        # parallel_ep.py may swap in a sharded form
+        self.experts: nn.Module = Experts(cfg.experts, dim, hidden or 4 * dim)
         self.aux_loss: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         num_experts, k = self.cfg.experts, self.cfg.top_k
         tokens = x.reshape(-1, x.shape[-1])
         count = tokens.shape[0]
-        probs = self.router(tokens).float().softmax(-1)
+        probs: torch.Tensor = self.router(tokens).float().softmax(-1)
         gates, chosen = probs.topk(k, dim=-1)
         if k > 1:
             gates = gates / gates.sum(-1, keepdim=True)
@@ -82,7 +83,7 @@ class MoE(nn.Module):
         order = torch.argsort(expert, stable=True)
         counts = expert_counts(expert, num_experts)
         routed_slots = order[:int(counts.sum())]
-        out = self.experts(tokens[routed_slots % count], counts)
+        out: torch.Tensor = self.experts(tokens[routed_slots % count], counts)
         out = torch.cat([out, out.new_zeros(order.numel() - out.shape[0], out.shape[1])])
         # Back to slot order (a gather, so deterministic), weighted, summed over the k slots of each token.
         slot_out = out[torch.argsort(order)] * gates.t().reshape(-1, 1).to(out.dtype)

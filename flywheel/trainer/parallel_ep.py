@@ -27,6 +27,9 @@ would do it too, but at edp = 1 torch 2.13 divides twice, and above 1 it needs P
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -68,11 +71,16 @@ def apply_ep(model: nn.Module, mesh: DeviceMesh) -> None:
     layers = [m for m in model.modules() if isinstance(m, MoE)]
     check_ep_sizes([layer.cfg.experts for layer in layers], mesh[EP].size())
     for layer in layers:
-        layer.experts = ExpertParallelExperts(layer.experts, mesh)
+        dense = layer.experts
+        assert isinstance(dense, Experts), "expert parallel applies once, to the dense experts"
+        layer.experts = ExpertParallelExperts(dense, mesh)
 
 
 class ExpertParallelExperts(nn.Module):
     """An `Experts` module whose weights are sharded over ep (same names, same global shapes)."""
+
+    w1: nn.Parameter  # DTensors, set in __init__
+    w2: nn.Parameter
 
     def __init__(self, experts: Experts, mesh: DeviceMesh) -> None:
         super().__init__()
@@ -96,12 +104,12 @@ class ExpertParallelExperts(nn.Module):
         from_each, per_chunk = received.sum(1).tolist(), received.flatten().tolist()
         arrived = all_to_all_single_autograd(routed, from_each, sent, self.group)
         # Source-major -> expert-major (chunk src * local + e), run the local experts, and back.
-        chunks = _ScaleGrad.apply(arrived, float(ep)).split(per_chunk)
+        chunks = torch.split(_scale_grad(arrived, float(ep)), per_chunk)
         expert_major = [src * local + e for e in range(local) for src in range(ep)]
         out = expert_mlps(torch.cat([chunks[i] for i in expert_major]), received.sum(0).tolist(),
                           _local(self.w1), _local(self.w2))
-        out_chunks = dict(zip(expert_major, _ScaleGrad.apply(out, 1.0 / ep).split([per_chunk[i] for i in
-                                                                                   expert_major])))
+        out_chunks = dict(zip(expert_major, torch.split(_scale_grad(out, 1.0 / ep), [per_chunk[i] for i in
+                                                                                      expert_major])))
         source_major = torch.cat([out_chunks[i] for i in range(ep * local)])
         return all_to_all_single_autograd(source_major, sent, from_each, self.group)
 
@@ -110,13 +118,18 @@ class _ScaleGrad(torch.autograd.Function):
     """Identity forward; multiplies the gradient by `scale` in backward."""
 
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, scale: float) -> torch.Tensor:
-        ctx.scale = scale  # type: ignore[attr-defined]
+    def forward(ctx: Any, x: torch.Tensor, scale: float) -> torch.Tensor:  # ctx: Any, as in torch's signature
+        ctx.scale = scale
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad * ctx.scale, None  # type: ignore[attr-defined]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.scale, None
+
+
+def _scale_grad(x: torch.Tensor, scale: float) -> torch.Tensor:
+    apply: Callable[[torch.Tensor, float], torch.Tensor] = _ScaleGrad.apply  # unannotated in torch
+    return apply(x, scale)
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:

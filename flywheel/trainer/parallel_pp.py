@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import torch
 import torch.distributed as dist
@@ -28,8 +29,15 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from flywheel.spec import Parallelism
 from flywheel.spec_layout import JobLayout, pipeline_problem, static_problems
+from flywheel.spec_model import ModelShape
+from flywheel.spec_parallel import Parallelism
+from flywheel.trainer.llama import Llama
+from flywheel.trainer.model import GPT
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
+    from torch.distributed.pipelining.stage import _PipelineStageBase
 
 TIED = "head.weight"  # on the last stage, a copy of the first stage's tok_emb.weight
 TIED_SOURCE = "tok_emb.weight"
@@ -42,15 +50,16 @@ class PipelineError(ValueError):
 class StageModule(nn.Module):
     """One pipeline stage; its attribute names are the GPT's, absent parts are None."""
 
-    def __init__(self, model: nn.Module, layer_ids: Sequence[int], *, first: bool, last: bool) -> None:
+    def __init__(self, model: GPT | Llama, layer_ids: Sequence[int], *, first: bool, last: bool) -> None:
         super().__init__()
-        self.cfg = model.cfg
-        self.tok_emb = model.tok_emb if first else None
-        self.pos_emb = model.pos_emb if first else None
+        self.cfg: ModelShape = model.cfg
+        self.tok_emb: nn.Embedding | None = model.tok_emb if first else None
+        self.pos_emb: nn.Embedding | None = model.pos_emb if first else None
         self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in layer_ids})
-        self.ln_f = model.ln_f if last else None
-        self.head = model.head if last else None
-        if last and not first and model.cfg.tied_embeddings:  # untie: this stage's copy, kept equal by the gradient sum
+        self.ln_f: nn.Module | None = model.ln_f if last else None
+        self.head: nn.Linear | None = model.head if last else None
+        if self.head is not None and not first and model.cfg.tied_embeddings:
+            # Untie: this stage's copy of the embedding, kept equal through the gradient sum.
             self.head.weight = nn.Parameter(model.tok_emb.weight.detach().clone())
         self.autocast: AbstractContextManager[object] = nullcontext()  # set per step by the loop
 
@@ -63,13 +72,22 @@ class StageModule(nn.Module):
                     x = x + self.pos_emb(torch.arange(x.shape[1], device=x.device))
             for block in self.blocks.values():
                 x = block(x)
-            if self.head is not None:
+            if self.head is not None and self.ln_f is not None:  # the last stage has both
                 x = self.head(self.ln_f(x))
         return x
 
 
+Decoder: TypeAlias = GPT | Llama | StageModule  # what tensor parallel, checkpointing and FSDP/DDP apply to
+
+
 class PipelinedModel(nn.Module):
     """This rank's stages as one module with the whole model's FQNs (forward is the schedule's: `train_step`)."""
+
+    # The first and last stage's parts, set from the stages in __init__ (None where this rank has no such stage).
+    tok_emb: nn.Embedding | None
+    pos_emb: nn.Embedding | None
+    ln_f: nn.LayerNorm | None
+    head: nn.Linear | None
 
     def __init__(self, stages: list[StageModule], wrapped: list[nn.Module], stage_ids: list[int],
                  pp_mesh: DeviceMesh, tie_group: dist.ProcessGroup | None) -> None:
@@ -89,7 +107,7 @@ class PipelinedModel(nn.Module):
         # Checkpoint key of the head copy's optimizer state: the one name the non-pipelined model uses for it.
         tied = self.cfg.tied_embeddings and self.has_last and not self.has_first
         self.state_dict_aliases = {TIED: TIED_SOURCE} if tied else {}
-        self.schedule: object = None
+        self.schedule: PipelineScheduleSingle | PipelineScheduleMulti | None = None  # set by pipeline()
         self.runs = 1
         self.last_losses: list[torch.Tensor] = []
 
@@ -98,11 +116,13 @@ class PipelinedModel(nn.Module):
 
     def norm_excluded(self) -> set[int]:
         """Parameters whose gradients another stage already counts in the global norm (the head copy)."""
-        return {id(self.head.weight)} if self.state_dict_aliases else set()
+        return {id(self.head.weight)} if self.state_dict_aliases and self.head is not None else set()
 
     def train_step(self, batches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device,
                    autocast: AbstractContextManager[object]) -> torch.Tensor:
         """Forward and backward over this dp rank's micro batches; returns their mean loss on every pp rank."""
+        if self.schedule is None:
+            raise RuntimeError("PipelinedModel.train_step before pipeline() built its schedule")
         for stage in self.stage_modules:
             stage.autocast = autocast
         self.last_losses = []
@@ -112,8 +132,7 @@ class PipelinedModel(nn.Module):
             inputs = torch.cat([b[0] for b in chunk]).to(device, non_blocking=True)
             targets = torch.cat([b[1] for b in chunk]).to(device, non_blocking=True)
             args = (inputs,) if self.has_first else ()
-            self.schedule.step(*args, target=targets if self.has_last else None,  # type: ignore[attr-defined]
-                               return_outputs=False)
+            self.schedule.step(*args, target=targets if self.has_last else None, return_outputs=False)
         self._sum_tied_grads()
         loss = torch.zeros((), device=device)
         if self.has_last:
@@ -133,10 +152,11 @@ class PipelinedModel(nn.Module):
     def _sum_tied_grads(self) -> None:
         if self.tie_group is None:
             return
-        param = self.tok_emb.weight if self.has_first else self.head.weight if self.has_last else None
-        if param is None:
+        part = self.tok_emb if self.has_first else self.head if self.has_last else None
+        if part is None:
             return
-        grad = param.grad
+        grad = part.weight.grad
+        assert grad is not None, "the tied weight has a gradient after backward"
         local = grad.to_local() if isinstance(grad, DTensor) else grad
         dist.all_reduce(local, group=self.tie_group)
 
@@ -161,11 +181,11 @@ def _tie_group(mesh: DeviceMesh, pp_mesh: DeviceMesh) -> dist.ProcessGroup | Non
     return mine
 
 
-def pipeline(model: nn.Module, mesh: DeviceMesh, parallelism: Parallelism, *, micro_batch: int,
-             local_microbatches: int, wrap: Callable[[nn.Module], nn.Module]) -> PipelinedModel:
+def pipeline(model: GPT | Llama, mesh: DeviceMesh, parallelism: Parallelism, *, micro_batch: int,
+             local_microbatches: int, wrap: Callable[[StageModule], nn.Module]) -> PipelinedModel:
     """Cuts `model` into this rank's stages, applies `wrap` (TP, checkpointing, FSDP2/DDP) to each and builds the
     schedule. `local_microbatches`: micro batches per dp rank and step."""
-    cfg = model.cfg  # type: ignore[attr-defined]
+    cfg = model.cfg
     job = JobLayout(layers=cfg.layers, dim=cfg.dim, heads=cfg.heads, vocab=cfg.vocab, seq_len=cfg.seq_len,
                     pp=parallelism.pp, schedule=parallelism.schedule, stages_per_rank=parallelism.stages_per_rank,
                     microbatches=parallelism.microbatches)
@@ -197,17 +217,17 @@ def pipeline(model: nn.Module, mesh: DeviceMesh, parallelism: Parallelism, *, mi
     # torch._dynamo it pulls in, DDP and FSDP import anyway).
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-    pipeline_stages = [
+    pipeline_stages: list[_PipelineStageBase] = [
         PipelineStage(module, s, num_stages, device, input_args=tokens if s == 0 else hidden,
                       output_args=logits if s == num_stages - 1 else hidden, group=pipe.pp_group)
         for module, s in zip(wrapped, stage_ids)]
     loss_fn = pipe.make_loss_fn(local_microbatches)
-    schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
-                    "interleaved-1f1b": ScheduleInterleaved1F1B}[parallelism.schedule]
-    if schedule_cls is ScheduleInterleaved1F1B:
-        pipe.schedule = schedule_cls(pipeline_stages, n_microbatches=per_run, loss_fn=loss_fn, scale_grads=False)
+    if parallelism.schedule == "interleaved-1f1b":
+        pipe.schedule = ScheduleInterleaved1F1B(pipeline_stages, n_microbatches=per_run, loss_fn=loss_fn,
+                                                scale_grads=False)
     else:
-        pipe.schedule = schedule_cls(pipeline_stages[0], n_microbatches=per_run, loss_fn=loss_fn, scale_grads=False)
+        single_stage = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[parallelism.schedule]
+        pipe.schedule = single_stage(pipeline_stages[0], n_microbatches=per_run, loss_fn=loss_fn, scale_grads=False)
     return pipe
 
 
@@ -216,18 +236,23 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor] | None:
     pipeline parallel the stages are gathered from the pp group of rank 0."""
     if not isinstance(model, PipelinedModel):
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_model_state_dict(model, options=options)
+        state = _tensors(get_model_state_dict(model, options=options))
         return state if dist.get_rank() == 0 else None
     # Without cpu_offload every rank gets its stages' full tensors (with it, only global rank 0 would).
-    state = {k: v.detach().cpu() for k, v in
-             get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)).items()}
+    stages = _tensors(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)))
+    state = {k: v.detach().cpu() for k, v in stages.items()}
     if not model.in_rank0_pp_group:
         return None
-    parts: list[object] = [None] * model.pp_size
+    parts: list[Any] = [None] * model.pp_size  # each rank's `state`, on global rank 0
     dist.gather_object(state, parts if dist.get_rank() == 0 else None, group=model.pp_group, group_dst=0)
     if dist.get_rank() != 0:
         return None
     merged: dict[str, torch.Tensor] = {}
     for part in parts:
-        merged.update(part)  # type: ignore[arg-type]
+        merged.update(part)
     return merged
+
+
+def _tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    # A full model state dict (full_state_dict=True) holds plain tensors only: no DTensors, no other values.
+    return cast(dict[str, torch.Tensor], state)

@@ -46,6 +46,7 @@ from torch.distributed.tensor.parallel import (
 from flywheel.spec_layout import tp_size_problems
 from flywheel.spec_model import ModelShape
 from flywheel.trainer.moe import MoE
+from flywheel.trainer.parallel_pp import Decoder
 
 
 class TensorParallelError(ValueError):
@@ -64,14 +65,14 @@ def check_model_tp(shape: ModelShape, tp: int) -> None:
         raise TensorParallelError("; ".join(f"spec.{p}" for p in problems))
 
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+def apply_tp(model: Decoder, tp_mesh: DeviceMesh) -> None:
     """Shards `model.blocks` over `tp_mesh` in place (before activation checkpointing and FSDP/DDP). `model` may
     be a pipeline stage: the sequence is sliced only where the embeddings are, gathered only where `ln_f` is, and
     the stages in between pass the sequence shard on."""
-    cfg: ModelShape = model.cfg  # type: ignore[assignment]
+    cfg: ModelShape = model.cfg
     check_model_tp(cfg, tp_mesh.size())
     llama = cfg.architecture == "llama"
-    named_blocks = list(model.blocks.named_children())  # type: ignore[union-attr]
+    named_blocks = list(model.blocks.named_children())
     to_sequence_shard = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
                                            use_local_output=True)
     to_full_sequence = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
@@ -126,6 +127,6 @@ class _HeadRegroup:
         tp, rank = self.mesh.size(), self.mesh.get_local_rank()
         # Each rank keeps a different part of the gathered tensor, so its gradient is a partial sum: declaring it
         # Partial makes backward reduce-scatter it onto the column shards.
-        full = DTensor.from_local(output, self.mesh, [Shard(-1)]).redistribute(placements=[Replicate()])
-        full = full.to_local(grad_placements=[Partial()])
-        return full.unflatten(-1, (3, tp, -1))[..., rank, :].flatten(-2)
+        gathered = DTensor.from_local(output, self.mesh, [Shard(-1)]).redistribute(placements=[Replicate()])
+        full = gathered.to_local(grad_placements=[Partial()])
+        return torch.unflatten(full, -1, (3, tp, -1))[..., rank, :].flatten(-2)

@@ -22,11 +22,14 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from flywheel.spec import Parallelism, Training
+from flywheel.spec import Training
 from flywheel.spec_layout import JobLayout, layout_problems
 from flywheel.spec_model import ModelShape
+from flywheel.spec_parallel import Parallelism
+from flywheel.trainer.llama import Llama
+from flywheel.trainer.model import GPT
 from flywheel.trainer.parallel_ep import ExpertParallelError, apply_ep, expert_mesh, fully_shard_experts
-from flywheel.trainer.parallel_pp import PipelineError, pipeline
+from flywheel.trainer.parallel_pp import Decoder, PipelinedModel, PipelineError, pipeline
 from flywheel.trainer.parallel_tp import TensorParallelError, apply_tp
 from flywheel.trainer.torch_compat import checkpoint_wrapper
 
@@ -81,11 +84,11 @@ def check_layout(world_size: int, parallelism: Parallelism, training: Training, 
         raise ParallelismError(f"at world size {world_size}: " + " | ".join(f"spec.{p}" for p in problems))
 
 
-def parallelize(model: nn.Module, mesh: DeviceMesh, parallelism: Parallelism, training: Training) -> nn.Module:
+def parallelize(model: GPT | Llama, mesh: DeviceMesh, parallelism: Parallelism, training: Training) -> nn.Module:
     """Returns the module to train: the same object for FSDP2 (it is modified in place), a DDP wrapper otherwise,
     and with pp > 1 a `PipelinedModel` (this rank's stages; train it with `forward_backward` in loop.py). The model
     must already be on the mesh's device. Build the optimizer after this."""
-    check_layout(mesh.size(), parallelism, training, model.cfg)  # type: ignore[arg-type]
+    check_layout(mesh.size(), parallelism, training, model.cfg)
     if PP not in (mesh.mesh_dim_names or ()):
         return _parallelize_dense(model, mesh, parallelism, training)
     dp = mesh[DP].size()
@@ -97,7 +100,7 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, parallelism: Parallelism, tr
         raise ParallelismError(str(err)) from None
 
 
-def _parallelize_dense(model: nn.Module, mesh: DeviceMesh, parallelism: Parallelism, training: Training) -> nn.Module:
+def _parallelize_dense(model: Decoder, mesh: DeviceMesh, parallelism: Parallelism, training: Training) -> nn.Module:
     """TP, activation checkpointing and FSDP2/DDP on a whole model or one pipeline stage."""
     if TP in (mesh.mesh_dim_names or ()):
         try:
@@ -116,18 +119,18 @@ def _parallelize_dense(model: nn.Module, mesh: DeviceMesh, parallelism: Parallel
     return apply_ddp(model, mesh[DP])
 
 
-def apply_activation_checkpointing(model: nn.Module) -> None:
+def apply_activation_checkpointing(model: Decoder) -> None:
     """Recompute each block's activations in backward. The wrapper's state-dict hooks strip its prefix, so
     checkpoints are interchangeable with and without it. Models have no dropout, so RNG state is not needed."""
-    blocks: nn.Module = model.blocks  # type: ignore[assignment]  # a ModuleList, or a stage's ModuleDict
+    blocks = model.blocks  # a ModuleList, or a stage's ModuleDict
     for name, block in list(blocks.named_children()):
         setattr(blocks, name, checkpoint_wrapper(block, preserve_rng_state=False))
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, reshard_after_forward: bool = True) -> nn.Module:
+def apply_fsdp(model: Decoder, dp_mesh: DeviceMesh, *, reshard_after_forward: bool = True) -> nn.Module:
     """ZeRO-3 (reshard_after_forward: parameters all-gathered again in backward) or ZeRO-2 (kept from forward to
     backward; gradients and optimizer state stay sharded)."""
-    blocks = list(model.blocks.children())  # type: ignore[union-attr]
+    blocks = list(model.blocks.children())
     for i, block in enumerate(blocks):
         # The last block's parameters are needed again at once by backward: keep them unsharded after forward.
         reshard = reshard_after_forward and i < len(blocks) - 1
@@ -174,10 +177,11 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
     """Clips gradients to `max_norm` (when > 0) and returns the total norm before clipping, over all ranks. Under
     pipeline parallel a rank's norm covers its stages: squares are summed over the pp group, and the last stage's
     copy of the tied embedding (`norm_excluded`) is counted once."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    excluded = model.norm_excluded() if hasattr(model, "norm_excluded") else set()
-    grads = [p.grad for p in params]
-    counted = [p.grad for p in params if id(p) not in excluded]
+    with_grads = [(p, p.grad) for p in model.parameters() if p.grad is not None]
+    params = [p for p, _ in with_grads]
+    excluded = model.norm_excluded() if isinstance(model, PipelinedModel) else set()
+    grads = [grad for _, grad in with_grads]
+    counted = [grad for p, grad in with_grads if id(p) not in excluded]
     meshes = {g.device_mesh if isinstance(g, DTensor) else None for g in grads}
     if len(meshes) == 1:
         total_norm = torch.nn.utils.get_total_norm(counted, norm_type=2.0)

@@ -29,7 +29,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 DEBUG_SUBDIR = ".debug"  # the same directory as the NCCL dump pipes (collective_env.py)
-REQUEST_FILE = "dump-request"  # flywheel/operator/health_executor.py writes it (by name: the operator does not import torch)
+# flywheel/operator/health_executor.py writes it (by name: the operator does not import torch).
+REQUEST_FILE = "dump-request"
 POLL_SECONDS = 0.25  # a hung job's pods are deleted with a 1 s grace right after the request
 
 

@@ -186,7 +186,7 @@ def forward_backward(model: nn.Module, batches: list[MicroBatch], device: torch.
             aux = aux_loss_of(model)
             # Micro batches are equally sized: dividing by their number averages over this rank's share of the
             # global batch, and the gradient reduction (an average) then over all of it.
-            ((loss if aux is None else loss + aux) / len(batches)).backward()
+            torch.autograd.backward((loss if aux is None else loss + aux) / len(batches))
         loss_sum += loss.detach()
         if aux is not None:
             aux_sum += aux.detach()
@@ -203,10 +203,60 @@ def preflight(env: WorkerEnv) -> SampleSource:
     return build_source(trainer.data.source, cfg.vocab, cfg.seq_len, trainer.training.seed)
 
 
+@dataclass(frozen=True)
+class _Run:
+    """What set-up built, for the steps."""
+
+    env: WorkerEnv
+    device: torch.device
+    dp_rank: int
+    dp_size: int
+    loss_weight: float  # 1 on the one rank of each dp index that contributes the logged loss, else 0
+    tokens_per_step: int
+    moe: bool
+    model: nn.Module
+    autocast: AbstractContextManager[object]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loader: SampleLoader
+    ckpt: Checkpointer
+    app: AppState
+
+
+@dataclass(frozen=True)
+class _StepResult:
+    loss: float  # mean over all ranks
+    aux: dict[str, float]  # the MoE load-balancing loss, when the model has one
+    seconds: float
+    stop: bool  # some rank got SIGTERM
+
+
 def train(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: TrainerMetrics,
           watchdog: ProgressWatchdog, stop: StopRequest, timeouts: CollectiveTimeouts) -> int:
     """Runs set-up and training in an initialised process group, reading `source` (from `preflight`); returns
     the exit code."""
+    run = _set_up(env, source, events, metrics)
+    start = _restore(run, events)
+    steps = env.spec.trainer.training.steps
+    injector = FaultInjector(env.faults, rank=env.rank, fault_dir=env.fault_dir, events=events)
+    for step in range(start + 1, steps + 1):
+        injector.maybe_fire(step)
+        # Start-up and the first step are done with its update: from then on a stuck collective fails fast.
+        result = _step(run, stop, shorten=timeouts if step == start + 1 else None)
+        _report_step(run, step, result, metrics, watchdog, events)
+        if result.stop and step < steps:  # at the last step, finishing is the quickest way to stop
+            log.info("SIGTERM: emergency checkpoint at step %d, then exit %d", step, exitcodes.STOPPED)
+            run.ckpt.save(step, run.app, blocking=True)  # returns at once if this step's save was already taken
+            run.ckpt.close()
+            return exitcodes.STOPPED
+        if run.ckpt.due(step):
+            run.ckpt.save(step, run.app)
+    _finish(run, start, events, watchdog)
+    return exitcodes.SUCCESS
+
+
+def _set_up(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: TrainerMetrics) -> _Run:
+    """Mesh, model (seeded), parallelism, optimizer, scheduler, data loader and checkpointer; restores nothing."""
     spec = env.spec
     training, parallelism = spec.trainer.training, spec.trainer.parallelism
     device = pick_device(env.local_rank)
@@ -223,14 +273,13 @@ def train(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: Train
     if env.rank == 0:  # what `flywheel export` needs to name and configure the weights
         write_model_record(env.checkpoint_dir, cfg, spec.trainer.model.pretrained)
     loader = SampleLoader(source)
-    model = build_model(cfg, seed=training.seed).to(device)
-    tokens_per_step = training.global_batch * cfg.seq_len
+    plain = build_model(cfg, seed=training.seed).to(device)
     if env.rank == 0:
         log.info("model: %s, %.2fM parameters, %.3g FLOPs/token; world %d, dp %d, tp %d, pp %d%s%s, %s", cfg,
-                 model.num_params() / 1e6, model.flops_per_token(), env.world_size, dp_size, parallelism.tp,
+                 plain.num_params() / 1e6, plain.flops_per_token(), env.world_size, dp_size, parallelism.tp,
                  parallelism.pp, f" ({parallelism.schedule})" if parallelism.pp > 1 else "",
                  f", ep {parallelism.ep}" if cfg.moe else "", "fsdp" if parallelism.fsdp else "ddp")
-    model = parallelize(model, mesh, parallelism, training)
+    model = parallelize(plain, mesh, parallelism, training)
     if spec.trainer.model.pretrained:  # a checkpoint, when there is one, replaces these weights below
         load_pretrained(model, spec.trainer.model.pretrained, cfg)
     autocast = autocast_for(device, training.precision)
@@ -241,71 +290,82 @@ def train(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: Train
 
     ckpt = Checkpointer(spec.checkpoint, env.checkpoint_dir, events=events, metrics=metrics)
     app = AppState(model, optimizer, scheduler, loader, rank=env.rank, world_size=env.world_size)
-    start = ckpt.restore(app) or 0
-    if loader.consumed_samples != start * training.global_batch:
+    return _Run(env=env, device=device, dp_rank=dp_rank, dp_size=dp_size, loss_weight=loss_weight,
+                tokens_per_step=training.global_batch * cfg.seq_len, moe=cfg.moe is not None, model=model,
+                autocast=autocast, optimizer=optimizer, scheduler=scheduler, loader=loader, ckpt=ckpt, app=app)
+
+
+def _restore(run: _Run, events: EventLog) -> int:
+    """Loads the newest committed checkpoint, if any; returns its step (0 without one)."""
+    env, training = run.env, run.env.spec.trainer.training
+    start = run.ckpt.restore(run.app) or 0
+    if run.loader.consumed_samples != start * training.global_batch:
         log.warning("restored data position is %d samples, not step %d x globalBatch %d (globalBatch changed?); "
-                    "continuing from the restored position", loader.consumed_samples, start, training.global_batch)
+                    "continuing from the restored position", run.loader.consumed_samples, start,
+                    training.global_batch)
     if env.rank == 0:
-        events.emit("start", rank=env.rank, world_size=env.world_size, dp=dp_size,
+        events.emit("start", rank=env.rank, world_size=env.world_size, dp=run.dp_size,
                     restart_count=env.restart_count, resumed_from=start or None)
         log.info("training steps %d..%d%s", start + 1, training.steps, f" (resumed from {start})" if start else "")
-    injector = FaultInjector(env.faults, rank=env.rank, fault_dir=env.fault_dir, events=events)
+    return start
 
-    for step in range(start + 1, training.steps + 1):
-        injector.maybe_fire(step)
-        began = time.perf_counter()
-        batches = loader.next_microbatches(dp_rank, dp_size, training.global_batch, training.micro_batch)
-        rank_loss, rank_aux = forward_backward(model, batches, device, autocast)
-        # One collective for the logged losses and the stop flag: every rank sees the same sum, so all stop together.
-        # Started now and awaited after the optimizer step, so it overlaps clipping and the update.
-        totals = torch.stack([rank_loss * loss_weight, rank_aux * loss_weight,
-                              torch.tensor(float(stop.requested), device=device)])
-        totals_reduced = dist.all_reduce(totals, async_op=True)
-        if training.grad_clip > 0:
-            clip_grad_norm(model, training.grad_clip)
-        ckpt.wait_staged()
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step == start + 1:  # start-up and the first step are done: from now on a stuck collective fails fast
-            shorten_timeouts(timeouts)
 
-        totals_reduced.wait()
-        mean_loss, stop_now = totals[0].item() / dp_size, totals[2].item() > 0
-        # The language-model loss is what `loss` reports (comparable with a dense model); an MoE model's weighted
-        # load-balancing loss, also in the gradient, is reported beside it.
-        aux = {"aux_loss": totals[1].item() / dp_size} if cfg.moe else {}
-        step_seconds = time.perf_counter() - began
-        tokens_per_second = tokens_per_step / step_seconds
-        metrics.record_step(loss=mean_loss, step_seconds=step_seconds, tokens_per_second=tokens_per_second,
-                            timestamp=time.time())
-        watchdog.beat()
-        if env.rank == 0:
-            events.emit("step", step=step, loss=mean_loss, step_seconds=step_seconds,
-                        tokens_per_second=tokens_per_second, world_size=env.world_size, **aux)
-            log.info("step %d/%d loss %.4f%s lr %.3g %.3fs %.0f tok/s", step, training.steps, mean_loss,
-                     "".join(f" aux {v:.4f}" for v in aux.values()), scheduler.get_last_lr()[0], step_seconds,
-                     tokens_per_second)
-        if stop_now and step < training.steps:  # at the last step, finishing is the quickest way to stop
-            log.info("SIGTERM: emergency checkpoint at step %d, then exit %d", step, exitcodes.STOPPED)
-            ckpt.save(step, app, blocking=True)  # returns at once if this step's save was already taken
-            ckpt.close()
-            return exitcodes.STOPPED
-        if ckpt.due(step):
-            ckpt.save(step, app)
+def _step(run: _Run, stop: StopRequest, shorten: CollectiveTimeouts | None) -> _StepResult:
+    """One optimizer step over the next global batch; `shorten`: the timeouts to shorten after the update."""
+    training = run.env.spec.trainer.training
+    began = time.perf_counter()
+    batches = run.loader.next_microbatches(run.dp_rank, run.dp_size, training.global_batch, training.micro_batch)
+    rank_loss, rank_aux = forward_backward(run.model, batches, run.device, run.autocast)
+    # One collective for the logged losses and the stop flag: every rank sees the same sum, so all stop together.
+    # Started now and awaited after the optimizer step, so it overlaps clipping and the update.
+    totals = torch.stack([rank_loss * run.loss_weight, rank_aux * run.loss_weight,
+                          torch.tensor(float(stop.requested), device=run.device)])
+    totals_reduced = dist.all_reduce(totals, async_op=True)
+    if training.grad_clip > 0:
+        clip_grad_norm(run.model, training.grad_clip)
+    run.ckpt.wait_staged()
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    if shorten is not None:
+        shorten_timeouts(shorten)
 
-    # The end (waiting for an in-flight write, the final save, gathering the full state) is no step: a slow disk
-    # must not look like a hang. A peer failing here still raises from its collective.
+    totals_reduced.wait()
+    mean_loss, stop_now = totals[0].item() / run.dp_size, totals[2].item() > 0
+    # The language-model loss is what `loss` reports (comparable with a dense model); an MoE model's weighted
+    # load-balancing loss, also in the gradient, is reported beside it.
+    aux = {"aux_loss": totals[1].item() / run.dp_size} if run.moe else {}
+    return _StepResult(loss=mean_loss, aux=aux, seconds=time.perf_counter() - began, stop=stop_now)
+
+
+def _report_step(run: _Run, step: int, result: _StepResult, metrics: TrainerMetrics, watchdog: ProgressWatchdog,
+                 events: EventLog) -> None:
+    env, training = run.env, run.env.spec.trainer.training
+    tokens_per_second = run.tokens_per_step / result.seconds
+    metrics.record_step(loss=result.loss, step_seconds=result.seconds, tokens_per_second=tokens_per_second,
+                        timestamp=time.time())
+    watchdog.beat()
+    if env.rank == 0:
+        events.emit("step", step=step, loss=result.loss, step_seconds=result.seconds,
+                    tokens_per_second=tokens_per_second, world_size=env.world_size, **result.aux)
+        log.info("step %d/%d loss %.4f%s lr %.3g %.3fs %.0f tok/s", step, training.steps, result.loss,
+                 "".join(f" aux {v:.4f}" for v in result.aux.values()), run.scheduler.get_last_lr()[0],
+                 result.seconds, tokens_per_second)
+
+
+def _finish(run: _Run, start: int, events: EventLog, watchdog: ProgressWatchdog) -> None:
+    """The final save and the parameters' digest. No step: a slow disk must not look like a hang. A peer failing
+    here still raises from its collective."""
+    env, training = run.env, run.env.spec.trainer.training
     watchdog.stop()
     if training.steps > start:  # a run restored at its last step has nothing new to save
         # Blocking: waits for an in-flight save; a no-op when the last step's own save was already taken.
-        ckpt.save(training.steps, app, blocking=True)
-    ckpt.close()
-    digest = params_sha256(model)
+        run.ckpt.save(training.steps, run.app, blocking=True)
+    run.ckpt.close()
+    digest = params_sha256(run.model)
     if env.rank == 0:
         events.emit("done", step=training.steps, params_sha256=digest)
         log.info("done: step %d, params sha256 %s", training.steps, digest)
-    return exitcodes.SUCCESS
 
 
 def _watchdog(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics) -> ProgressWatchdog:

@@ -37,6 +37,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, NoReturn
 
 SOCKET_ENV = "FLYWHEEL_WARM_SOCKET"
 PID_ENV = "FLYWHEEL_WARM_PID"
@@ -91,8 +92,8 @@ class Zygote:
             for key, _ in self.selector.select(timeout=0.05):
                 if key.fileobj is self.listener:
                     self._accept()
-                else:
-                    self._client_readable(key.fileobj, key.data)  # type: ignore[arg-type]
+                elif isinstance(key.fileobj, socket.socket):  # a rank's connection
+                    self._client_readable(key.fileobj, key.data)
             self._reap()
         return 0
 
@@ -116,7 +117,7 @@ class Zygote:
         conn.setblocking(False)
         self.selector.register(conn, selectors.EVENT_READ, pid)
 
-    def _become_rank(self, conn: socket.socket, fds: list[int], request: dict) -> None:
+    def _become_rank(self, conn: socket.socket, fds: list[int], request: dict[str, Any]) -> NoReturn:
         code = 1
         try:
             self.selector.close()
@@ -239,7 +240,7 @@ def _connect(path: str, zygote_pid: int) -> socket.socket | None:
     return None
 
 
-def _run_cold(module: str, args: list[str]) -> None:
+def _run_cold(module: str, args: list[str]) -> NoReturn:
     os.execv(sys.executable, [sys.executable, "-m", module, *args])
 
 

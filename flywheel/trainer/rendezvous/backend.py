@@ -7,7 +7,8 @@ rendezvous survives the loss of any worker.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from aetcd import Client
 from aetcd.exceptions import ClientError
@@ -18,6 +19,7 @@ from flywheel.etcd import keys
 from flywheel.etcd.session import EtcdSession, EtcdUnavailableError
 
 BACKEND_NAME = "etcd-v3"
+T = TypeVar("T")
 
 
 class EtcdV3RendezvousBackend(RendezvousBackend):
@@ -65,7 +67,7 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
 
         return self._call(compare_and_set)
 
-    def _call(self, fn: Any) -> Any:
+    def _call(self, fn: Callable[[Client], Awaitable[T]]) -> T:
         try:
             return self._session.call(fn)
         except (EtcdUnavailableError, ClientError) as exc:

@@ -22,6 +22,7 @@ from typing import TypeVar
 import torch.distributed as dist
 from aetcd import Client
 from aetcd.exceptions import ClientError, WatchTimeoutError
+from torch.distributed.distributed_c10d import Store
 
 from flywheel.etcd import keys
 from flywheel.etcd.session import EtcdSession, EtcdUnavailableError
@@ -37,7 +38,9 @@ def _as_bytes(value: StoreValue) -> bytes:
     return value if isinstance(value, bytes) else value.encode()
 
 
-class EtcdStore(dist.Store):
+class EtcdStore(Store):
+    timeout: timedelta  # the pybind property behind set_timeout (missing from torch's type stub)
+
     def __init__(
         self,
         session: EtcdSession,
@@ -67,7 +70,8 @@ class EtcdStore(dist.Store):
             self._wait_until(deadline, [k], what=f"key {key!r}")
             kv = self._call(lambda c: c.get(k))
             if kv is not None:
-                return kv.value
+                value: bytes = kv.value
+                return value
 
     def add(self, key: StoreValue, amount: int) -> int:
         """Atomically add to a decimal counter (missing = 0) and return the new value, as TCPStore does."""
@@ -115,7 +119,8 @@ class EtcdStore(dist.Store):
 
     def num_keys(self) -> int:
         async def count(client: Client) -> int:
-            return (await client.get_prefix(self._prefix, keys_only=True)).count
+            count: int = (await client.get_prefix(self._prefix, keys_only=True)).count
+            return count
 
         return self._call(count)
 
@@ -225,7 +230,8 @@ class EtcdStore(dist.Store):
             while True:
                 committed = await client.get(marker)
                 if committed is not None:
-                    return committed.value
+                    value: bytes = committed.value
+                    return value
                 current = await client.get(key)
                 new = update(None if current is None else current.value)
                 condition = tx.version(key) == 0 if current is None else tx.mod(key) == current.mod_revision
