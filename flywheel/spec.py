@@ -14,7 +14,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -27,6 +27,12 @@ from flywheel.spec_layout import BYTE_VOCAB, JobLayout, Problem, data_problems, 
 from flywheel.spec_model import PRESETS as MODEL_PRESETS
 from flywheel.spec_model import ModelShape, MoEConfig
 from flywheel.spec_parallel import MoESpec, Parallelism
+from flywheel.spec_sections import CheckpointSpec as CheckpointSpec
+from flywheel.spec_sections import Data as Data
+from flywheel.spec_sections import FaultTolerance as FaultTolerance
+from flywheel.spec_sections import RunPolicy as RunPolicy
+from flywheel.spec_sections import Scheduling as Scheduling
+from flywheel.spec_sections import Training as Training
 from flywheel.spec_status import (  # noqa: F401 (re-exported: flywheel.spec is the schema's one import)
     CheckpointStatus,
     Condition,
@@ -158,38 +164,6 @@ class ModelSpec(_Model):
         return dataclasses.replace(base, moe=moe, **overrides)
 
 
-class Training(_Model):
-    steps: int = Field(200, ge=1, description="Optimizer steps to train.")
-    global_batch: int = Field(32, ge=1, description="Samples per optimizer step across all data-parallel ranks.")
-    micro_batch: int = Field(4, ge=1, description="Samples per forward/backward on one rank.")
-    lr: float = Field(3e-4, gt=0, le=10, description="Peak learning rate (AdamW).")
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine floor as a fraction of lr.")
-    warmup_steps: int = Field(10, ge=0, description="Linear warmup steps before the cosine decay.")
-    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay on 2-D weights.")
-    grad_clip: float = Field(1.0, ge=0, description="Max gradient norm; 0 disables clipping.")
-    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 autocasts where the device supports it.")
-    seed: int = Field(0, ge=0, description="Seeds model init and data order.")
-    activation_checkpointing: bool = Field(False, description="Recompute block activations in backward.")
-    deterministic: bool = Field(True, description="Deterministic algorithms (needed for bitwise-exact resume).")
-
-
-class Data(_Model):
-    source: str = Field("synthetic", description="'synthetic', or a path to a text file (.txt, byte tokens) "
-                                                 "or a token file (.npy / .bin of uint16).")
-
-    @property
-    def is_synthetic(self) -> bool:
-        return self.source == "synthetic"
-
-    @field_validator("source")
-    @classmethod
-    def _known_format(cls, v: str) -> str:
-        if v != "synthetic" and Path(v).suffix not in (".txt", ".npy", ".bin"):
-            raise ValueError(f"{v!r} is neither 'synthetic' nor a .txt/.npy/.bin file; convert the data or use "
-                             "source: synthetic")
-        return v
-
-
 class TrainerSpec(_Model):
     model: ModelSpec = Field(default_factory=ModelSpec)
     parallelism: Parallelism = Field(default_factory=Parallelism)
@@ -211,42 +185,6 @@ class TrainerSpec(_Model):
         return JobLayout(layers=shape.layers, dim=shape.dim, heads=shape.heads, vocab=shape.vocab,
                          seq_len=shape.seq_len, architecture=shape.architecture, kv_heads=shape.kv_heads,
                          ffn=shape.ffn, max_positions=shape.max_positions, **common)  # type: ignore[arg-type]
-
-
-class CheckpointSpec(_Model):
-    dir: str = Field("/ckpt", min_length=1, description="Shared by all workers; one subfolder per checkpoint.")
-    every_steps: int = Field(50, ge=0, description="Save every N steps; 0 disables step-based saves.")
-    every_seconds: float = Field(0, ge=0, description="Save when this many seconds passed since the last save.")
-    keep: int = Field(3, ge=1, description="Committed checkpoints kept; older ones are deleted.")
-    async_: bool = Field(True, alias="async", description="Write in the background; training blocks only to stage.")
-    claim_name: str = Field("", description="Cluster only: a ReadWriteMany PersistentVolumeClaim mounted at `dir` "
-                                            "in every worker. Empty: a per-pod emptyDir, which is lost with the pod.")
-
-
-class FaultTolerance(_Model):
-    max_restarts: int = Field(10, ge=0, description="Restarts allowed before the job fails.")
-    budget_reset_after_steps: int = Field(100, ge=0, description="Committed steps after which restarts reset.")
-    progress_timeout_seconds: float = Field(60, ge=0, description="No step for this long means hung; 0 disables.")
-    first_step_timeout_seconds: float = Field(600, ge=1, description="Allowance for start-up and the first step.")
-    restart_scope: Literal["job", "worker"] = Field("job", description="Recreate every worker or only the failed one.")
-    node_failure_grace_seconds: float = Field(30, ge=0,
-                                              description="Pods stuck on a dead node are force-deleted after this.")
-    start_failure_grace_seconds: float = Field(
-        60, ge=0, description="How long a worker may wait on an image pull error or a missing Secret/ConfigMap before "
-                              "the job fails (an unparseable image name fails at once).")
-
-
-class Scheduling(_Model):
-    gang: bool = Field(True, description="Schedule all workers together (PodGroup).")
-    scheduler_name: str = ""
-    queue: str = ""
-    priority_class_name: str = ""
-    topology_key: str = ""
-
-
-class RunPolicy(_Model):
-    ttl_seconds_after_finished: int | None = Field(None, ge=0)
-    active_deadline_seconds: int | None = Field(None, ge=1)
 
 
 class TrainingJobSpec(_Model):

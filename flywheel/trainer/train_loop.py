@@ -12,7 +12,6 @@ depends on time or on global RNG state.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import signal
@@ -20,7 +19,7 @@ import sys
 import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 
 import torch
@@ -30,7 +29,7 @@ from torch import nn
 
 from flywheel import exitcodes
 from flywheel.eventlog import EventLog, EventName, one_line
-from flywheel.spec import SpecError, TrainingJobSpec, parse_spec
+from flywheel.spec import SpecError
 from flywheel.trainer.build import build_model, model_shape
 from flywheel.trainer.checkpoint import AppState, Checkpointer
 from flywheel.trainer.collective_env import (
@@ -41,7 +40,7 @@ from flywheel.trainer.collective_env import (
     shorten_timeouts,
 )
 from flywheel.trainer.data import DataError, MicroBatch, SampleLoader, SampleSource, build_source
-from flywheel.trainer.fault_injection import Fault, FaultInjector, faults_from_env
+from flywheel.trainer.fault_injection import FaultInjector
 from flywheel.trainer.hf_config import HFConfigError
 from flywheel.trainer.hf_export import write_model_record
 from flywheel.trainer.hf_weights import load_pretrained
@@ -60,67 +59,12 @@ from flywheel.trainer.parallelize import (
 )
 from flywheel.trainer.trainer_metrics import TrainerMetrics
 from flywheel.trainer.watchdog import ProgressWatchdog
+from flywheel.trainer.worker_env import UserError, WorkerEnv
 
 log = logging.getLogger("flywheel.trainer")
 
-class UserError(Exception):
-    """Configuration or data that a restart cannot fix: exit USER_ERROR."""
-
 
 USER_ERRORS = (UserError, SpecError, DataError, ParallelismError, HFConfigError)
-
-
-@dataclass(frozen=True)
-class WorkerEnv:
-    """What the worker contract's environment says about this process."""
-
-    rank: int
-    local_rank: int
-    world_size: int
-    restart_count: int
-    namespace: str
-    job: str
-    replica: str
-    spec: TrainingJobSpec
-    checkpoint_dir: str
-    metrics_port: int
-    events_file: str | None
-    faults: list[Fault] = field(default_factory=list)
-    fault_dir: str | None = None
-
-    @classmethod
-    def from_environ(cls, env: Mapping[str, str]) -> WorkerEnv:
-        def integer(key: str, default: int | None = None) -> int:
-            raw = env.get(key)
-            if raw is None or raw == "":
-                if default is None:
-                    raise UserError(f"{key} is not set; start the trainer with `flywheel launch` or torchrun")
-                return default
-            try:
-                return int(raw)
-            except ValueError:
-                raise UserError(f"{key}={raw!r} is not an integer") from None
-
-        raw_spec = env.get("FLYWHEEL_SPEC")
-        if not raw_spec:
-            raise UserError("FLYWHEEL_SPEC is not set; it must hold the TrainingJob spec as JSON")
-        try:
-            spec = parse_spec(json.loads(raw_spec))
-        except ValueError as err:  # JSONDecodeError and SpecError are ValueErrors
-            raise UserError(f"FLYWHEEL_SPEC: {err}") from None
-        namespace, _, name = env.get("FLYWHEEL_JOB", "default/flywheel").rpartition("/")
-        checkpoint_dir = env.get("FLYWHEEL_CHECKPOINT_DIR") or spec.checkpoint.dir
-        try:
-            faults = faults_from_env(env.get("FLYWHEEL_FAULTS"))
-        except ValueError as err:
-            raise UserError(str(err)) from None
-        return cls(rank=integer("RANK"), local_rank=integer("LOCAL_RANK", 0), world_size=integer("WORLD_SIZE"),
-                   restart_count=integer("TORCHELASTIC_RESTART_COUNT", 0), namespace=namespace or "default",
-                   job=name, replica=env.get("FLYWHEEL_REPLICA_INDEX", "0"), spec=spec,
-                   checkpoint_dir=checkpoint_dir, metrics_port=integer("FLYWHEEL_METRICS_PORT", 0),
-                   events_file=env.get("FLYWHEEL_EVENTS_FILE") or None, faults=faults,
-                   # Markers must outlive restarts and be shared by all workers, like the checkpoints.
-                   fault_dir=env.get("FLYWHEEL_FAULT_DIR") or os.path.join(checkpoint_dir, ".faults"))
 
 
 class StopRequest:

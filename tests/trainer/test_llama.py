@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from flywheel.spec import ModelSpec, SpecError, parse_spec
-from flywheel.spec_model import PRESETS, RopeScaling, tp_size_problems
+from flywheel.spec_layout import tp_size_problems
+from flywheel.spec_model import PRESETS, RopeScaling
 from flywheel.trainer.build import build_model
 from flywheel.trainer.llama import Llama, rope_frequencies
 
@@ -84,12 +85,14 @@ def test_spec_overrides_and_checks_kv_heads():
     assert (shape.architecture, shape.kv_heads, shape.ffn) == ("llama", 1, 96)
     with pytest.raises(SpecError, match="kvHeads \\(3\\) does not divide heads \\(4\\)"):
         parse_spec({"trainer": {"model": {"preset": "llama-tiny", "kvHeads": 3}}})
-    with pytest.raises(SpecError, match="grouped-query attention needs architecture: llama"):
+    with pytest.raises(SpecError, match="grouped-query attention needs a llama architecture"):
         parse_spec({"trainer": {"model": {"preset": "gpt-tiny", "kvHeads": 2}}})
-    with pytest.raises(SpecError, match="architecture: gpt only"):
+    with pytest.raises(SpecError, match="for the gpt architecture only"):
         parse_spec({"trainer": {"model": {"preset": "llama-tiny", "moe": {"experts": 2, "topK": 1}}}})
 
 
 def test_tensor_parallel_needs_kv_heads_to_divide():
-    assert tp_size_problems(PRESETS["llama-tiny"], 2) == []
-    assert tp_size_problems(PRESETS["llama-tiny"], 4) == ["kvHeads (2) is not divisible by tp (4)"]
+    tiny = PRESETS["llama-tiny"]
+    assert tp_size_problems(tiny.heads, tiny.kv_heads, tiny.seq_len, tiny.ffn, 2) == []
+    assert [p.detail for p in tp_size_problems(tiny.heads, tiny.kv_heads, tiny.seq_len, tiny.ffn, 4)] == [
+        "kvHeads (2) is not divisible by tp (4)"]
