@@ -30,7 +30,7 @@ _DROP = {"title", "discriminator"}
 # difference p; and k | p gives every r p). The batch rule is checked at each of the first MAX_CEL_REPLICA_COUNTS
 # counts of the range (CEL has no loops; the operator's validation covers wider ranges).
 MAX_CEL_REPLICA_COUNTS = 64
-_TRAINER = "size(self.command) > 0 || self.trainer.parallelism.auto || "
+_TRAINER = "(has(self.command) && size(self.command) > 0) || self.trainer.parallelism.auto || "
 _P, _T = "self.procsPerReplica", "self.trainer.parallelism"
 _MIN, _MAX, _G, _MB = "self.replicas.min", "self.replicas.max", "self.trainer.training.globalBatch", \
     "self.trainer.training.microBatch"
