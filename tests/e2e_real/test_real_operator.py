@@ -7,10 +7,15 @@ import random
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from tests.e2e_real.conftest import RealCluster, eventually
+from tests.integration.test_invalid_jobs import TABLE as INVALID_TABLE
+from tests.integration.test_invalid_jobs import document as invalid_document
+from tests.integration.test_invalid_jobs import names_field_and_fix
 
 LONG = {"trainer.training.steps": 400, "checkpoint.everySteps": 20}
 
@@ -110,3 +115,37 @@ def test_etcd_member_restart_mid_run_is_survived(real: RealCluster, tmp_path: Pa
     real.kubectl("delete", "pod", "-l", selector, "--wait=false", namespace=ns)
     status = real.wait_phase("e2e-etcd", "Succeeded", 1800)
     assert status["step"] == 400
+
+
+@pytest.mark.parametrize("name, changes, field, fix, by_cel", INVALID_TABLE, ids=[row[0] for row in INVALID_TABLE])
+def test_invalid_table_is_refused_before_any_pod(real: RealCluster, tmp_path: Path, name: str,
+                                                   changes: dict[str, Any], field: str, fix: str,
+                                                   by_cel: bool) -> None:
+    """tests/integration/test_invalid_jobs.py's table: what CEL decides is refused by the API server; the rest is
+    marked Invalid by the operator with no pod created, each naming the field and the fix."""
+    doc = invalid_document(f"e2e-inv-{name}", changes)
+    doc["metadata"]["namespace"] = real.namespace
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    if by_cel:
+        result = real.kubectl("apply", "--dry-run=server", "-f", str(path), check=False)
+        assert result.returncode != 0 and names_field_and_fix(result.stderr, field, fix), result.stderr
+        return
+    job = doc["metadata"]["name"]
+    real.kubectl("apply", "-f", str(path))
+    try:
+        status = real.wait_phase(job, "Failed", 120)
+        invalid = next(c for c in status["conditions"] if c["type"] == "Invalid")
+        assert invalid["status"] == "True" and names_field_and_fix(invalid["message"], field, fix)
+        assert real.pods(job) == []
+    finally:
+        real.kubectl("delete", "tj", job, "--wait=false", check=False)
+
+
+def test_deleted_headless_service_is_recreated(real: RealCluster, tmp_path: Path) -> None:
+    real.apply_job("e2e-svc", tmp_path, **LONG)
+    eventually(lambda: real.status("e2e-svc").get("step", 0) >= 10, 900, "step 10")
+    real.kubectl("delete", "service", "e2e-svc-workers")
+    eventually(lambda: real.kubectl("get", "service", "e2e-svc-workers", check=False).returncode == 0, 60,
+               "the Service to come back")
+    assert real.wait_phase("e2e-svc", "Succeeded", 900)["step"] == 400
