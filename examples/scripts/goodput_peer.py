@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from flywheel.spec import parse_spec
 from flywheel.trainer.data import SampleLoader, build_source
-from flywheel.trainer.model import GPT, GPTConfig
+from flywheel.trainer.model import GPT
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 
 KEEP = 3
@@ -57,7 +57,7 @@ def main() -> None:
     events = os.environ["GOODPUT_EVENTS"]
     dist.init_process_group("gloo", timeout=timedelta(seconds=float(os.environ.get("GOODPUT_PG_TIMEOUT", "30"))))
     rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = GPTConfig.from_spec(spec.trainer.model)
+    cfg = spec.trainer.model.shape()
     model = DistributedDataParallel(GPT(cfg, seed=training.seed))
     optimizer = build_optimizer(model, training)
     scheduler = build_scheduler(optimizer, training)

@@ -185,7 +185,7 @@ def test_operator_killed_ten_times_no_duplicates_and_converges(op_env: OpEnv) ->
 
 def test_invalid_jobs_rejected_by_crd_or_marked_invalid(op_env: OpEnv) -> None:
     bad_crd = op_env.kubectl("apply", "-f", str(op_env.job_yaml("bad-minmax", **{"replicas.min": 3})), check=False)
-    assert bad_crd.returncode != 0 and "replicas.min must be <= replicas.max" in bad_crd.stderr
+    assert bad_crd.returncode != 0 and "replicas: min is greater than max; set min <= max" in bad_crd.stderr
     # An unknown model preset is a plain string to the CRD schema; the operator's parse rejects it.
     op_env.kubectl("apply", "-f", str(op_env.job_yaml("bad-preset", **{"trainer.model.preset": "gpt-huge"})))
     status = op_env.wait_phase("bad-preset", "Failed", 30)

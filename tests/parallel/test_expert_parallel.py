@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from flywheel.spec import Parallelism
-from flywheel.trainer.parallelize import ParallelismError, mesh_shape
+from flywheel.spec_layout import JobLayout, world_problems
+from flywheel.trainer.parallelize import mesh_shape
 from tests.trainer import workers
 
 from .harness import loss_relative_difference, max_relative_difference, run_layout
@@ -25,8 +26,9 @@ OPTIONS = {"steps": 20, "lr": 1.0, "gradClip": 0.5, "model": MOE}
 def test_ep_borrows_from_dp():
     # No mesh dimension of its own: parallelize views dp as (edp, ep); ep must divide dp.
     assert mesh_shape(4, Parallelism(ep=2, tp=2)) == {"dp": 2, "tp": 2}
-    with pytest.raises(ParallelismError, match="ep = 4 does not divide dp = 2"):
-        mesh_shape(4, Parallelism(ep=4, tp=2))
+    moe = JobLayout(layers=2, dim=32, heads=4, vocab=256, seq_len=32, experts=4, top_k=1, tp=2, ep=4,
+                    global_batch=8, micro_batch=1)
+    assert [p.detail for p in world_problems(moe, 4)] == ["ep = 4 does not divide dp = 2 (world 4 / tp x pp = 2)"]
 
 
 @pytest.fixture(scope="module")
