@@ -18,6 +18,8 @@ from flywheel.timefmt import parse_rfc3339
 RDZV_PORT = 29400  # MASTER_PORT hint; with etcd-v3 the rendezvous publishes the real one
 TERMINATION_GRACE_SECONDS = 30  # the trainer's emergency checkpoint after SIGTERM
 WORKER_UID = 10001  # the image's user (Dockerfile)
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+TERMINATION_ENV = "FLYWHEEL_TERMINATION_LOG"  # flywheel.trainer.termination_log.ENV
 # Workers run with a read-only root filesystem: HOME and caches go to the /tmp volume.
 WORKER_ENV_DEFAULTS = {"HOME": "/tmp", "XDG_CACHE_HOME": "/tmp/.cache"}
 WORKER_LAUNCHER = ("python", "-m", "flywheel.cli", "launch")
@@ -142,7 +144,7 @@ def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: Operato
     if queue:
         meta_labels[QUEUE_LABEL] = queue
     annotations: dict[str, str] = {}
-    env = {**WORKER_ENV_DEFAULTS, **worker.env}
+    env = {**WORKER_ENV_DEFAULTS, **worker.env, TERMINATION_ENV: TERMINATION_MESSAGE_PATH}
     volumes, mounts = worker_volumes(job, settings)
     container: dict[str, Any] = {
         "name": "worker", "image": spec.image, "command": list(worker.argv),
@@ -151,6 +153,9 @@ def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: Operato
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": mounts,
+        # The worker writes why it exited (flywheel/trainer/termination_log.py); the kubelet keeps it in the pod's
+        # state.terminated.message, or the log's tail when the worker could not write it.
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH, "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     port = int(worker.env.get("FLYWHEEL_METRICS_PORT", "0"))
     if port:
@@ -198,6 +203,7 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
         if "terminated" in state:
             reason, code = state["terminated"].get("reason") or reason, state["terminated"].get("exitCode")
             finished = parse_rfc3339(state["terminated"].get("finishedAt"))
+            message = exit_message(state["terminated"].get("message"))
         elif "waiting" in state:
             reason = state["waiting"].get("reason") or reason
             message = state["waiting"].get("message") or None
@@ -220,6 +226,13 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
                    node_lost=bool(node) and node in lost_nodes, reason=reason, exit_code=code,
                    unschedulable_since=unsched, liveness_lost=liveness_lost, finished_at=finished,
                    message=message, waiting_since=waiting_since, disruption=disruption)
+
+
+def exit_message(text: str | None, limit: int = 500) -> str | None:
+    """The reason a container gave for its exit: the last non-blank line of its termination message (the worker's
+    one line, or the last line of the log tail the kubelet fell back to)."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1][:limit] if lines else None
 
 
 def lost_nodes(nodes: list[dict[str, Any]]) -> set[str]:

@@ -33,7 +33,8 @@ def failure_detail(pod: PodView, kind: FailureKind, now: float) -> str:
     if pod.phase == "Pending" and pod.waiting_since is not None:
         return R.MSG_WORKER_NOT_STARTING.format(pod=pod.name, kind=kind.value, seconds=now - pod.waiting_since,
                                                 reason=pod.reason, detail=detail)
-    return R.MSG_WORKER_FAILED.format(pod=pod.name, kind=kind.value, code=pod.exit_code, reason=pod.reason)
+    return R.MSG_WORKER_FAILED.format(pod=pod.name, kind=kind.value, code=pod.exit_code, reason=pod.reason,
+                                      detail=detail)
 
 
 def current_hang(status: TrainingJobStatus, job: JobView) -> str | None:
@@ -76,8 +77,9 @@ def decide_failure(out: Pass, job: JobView) -> Pass | None:
         kind = job.failure(failed[0])
         assert kind is not None
         detail = failure_detail(failed[0], kind, job.now)
-        if job.progress.failure_reason:  # the worker's own words beat an exit code
-            detail = f"{detail}: {job.progress.failure_reason}"
+        reason = job.progress.failure_reason
+        if reason and reason not in detail:  # the worker's own words beat an exit code
+            detail = f"{detail}: {reason}"
     else:
         kind, detail = FailureKind.HANG, R.MSG_HANG_DECIDED.format(finding=hang)
     live = sum(1 for p in job.current if p.active and job.failure(p) is None)

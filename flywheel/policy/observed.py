@@ -26,7 +26,7 @@ class PodView:
     unschedulable_since: float | None = None
     liveness_lost: bool = False  # its etcd liveness key vanished while the pod still ran
     finished_at: float | None = None  # when its container terminated (the failure's time, for metrics)
-    message: str | None = None  # the container's waiting message (why it cannot start)
+    message: str | None = None  # why its container cannot start (waiting) or exited (its termination message)
     waiting_since: float | None = None  # its container is waiting (not started yet) since then
     disruption: str | None = None  # reason of a True DisruptionTarget condition (preempted, evicted)
 

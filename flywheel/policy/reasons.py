@@ -16,7 +16,8 @@ DEGRADED = "FewerWorkers"
 MSG_DEGRADED = "running with {ready} of {desired} workers (elastic)"
 
 RESTARTING = "Restarting"
-MSG_WORKER_FAILED = "worker {pod} failed: {kind} (exit code {code}, reason {reason})"
+# detail: ": " + the worker's own reason for exiting (its termination message), when it gave one.
+MSG_WORKER_FAILED = "worker {pod} failed: {kind} (exit code {code}, reason {reason}){detail}"
 # Pending with a container that cannot start (policy.failures.classify_waiting).
 MSG_WORKER_NOT_STARTING = "worker {pod} failed: {kind} (container waiting {seconds:.0f}s: {reason}{detail})"
 # A True DisruptionTarget pod condition: preempted or evicted, from outside the job.

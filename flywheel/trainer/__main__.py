@@ -5,13 +5,15 @@ import sys
 import traceback
 
 from flywheel import exitcodes
+from flywheel.trainer import termination_log
 from flywheel.trainer.train_loop import main
 
 if __name__ == "__main__":
     try:
         code = main()
-    except BaseException:  # noqa: BLE001 - KeyboardInterrupt and the like; main() maps every Exception itself
+    except BaseException as err:  # noqa: BLE001 - KeyboardInterrupt and the like; main() maps every Exception itself
         traceback.print_exc()
+        termination_log.write_reason(termination_log.exception_reason(err))
         code = exitcodes.CRASH
     sys.stdout.flush()
     sys.stderr.flush()

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from flywheel import exitcodes
-from flywheel.trainer import warm
+from flywheel.trainer import termination_log, warm
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import RunResult
@@ -320,6 +320,7 @@ def _run_agent(settings: LaunchSettings, command: Sequence[str]) -> int:
             return exitcodes.STOPPED
         except RendezvousError as err:
             log.error("rendezvous failed: %s: %s", type(err).__name__, err)
+            termination_log.write_reason(f"rendezvous failed: {termination_log.exception_reason(err)}")
             return exitcodes.CRASH
         finally:
             if shutdown_rdzv and rdzv_handler is not None:
@@ -350,7 +351,13 @@ def _exit_code(result: RunResult | None) -> int:
     for rank, failure in sorted(result.failures.items()):
         logging.getLogger(__name__).error("rank %d failed: exit %d (%s): %s", rank, failure.exitcode,
                                           exitcodes.describe(failure.exitcode), failure.message)
-    return first_failure_exit_code({rank: (f.exitcode, float(f.timestamp)) for rank, f in result.failures.items()})
+    failures = {rank: (f.exitcode, float(f.timestamp)) for rank, f in result.failures.items()}
+    code = first_failure_exit_code(failures)
+    # The rank's own words win (it wrote its exception first); else the agent's view: the exit code or signal.
+    first = next((r for r, (c, _) in sorted(failures.items()) if (128 - c if c < 0 else c) == code), None)
+    termination_log.write_reason(f"rank {first}: {termination_log.exit_reason(code)}" if first is not None
+                                 else termination_log.exit_reason(code))
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -363,6 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from_env(os.environ, args)
     except LaunchConfigError as err:
         print(f"flywheel launch: {err}", file=sys.stderr)
+        termination_log.write_reason(termination_log.exception_reason(err))
         return exitcodes.USER_ERROR
     return run_agent(settings)
 

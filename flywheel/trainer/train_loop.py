@@ -30,6 +30,7 @@ from torch import nn
 from flywheel import exitcodes
 from flywheel.eventlog import EventLog, EventName, one_line
 from flywheel.spec import SpecError
+from flywheel.trainer import termination_log
 from flywheel.trainer.build import build_model, model_shape
 from flywheel.trainer.checkpoint import AppState, Checkpointer
 from flywheel.trainer.collective_env import (
@@ -328,6 +329,7 @@ def user_error(events: EventLog, rank: int | str, err: Exception) -> int:
     log.error("%s", err)
     events.emit(EventName.USER_ERROR, rank=int(rank) if str(rank).isdigit() else None,
                 reason=one_line(f"{type(err).__name__}: {err}"))
+    termination_log.write_reason(termination_log.exception_reason(err))
     return exitcodes.USER_ERROR
 
 
@@ -390,6 +392,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         return user_error(events, env.rank, err)
     except Exception as err:
         log.exception("training failed")
+        termination_log.write_reason(termination_log.exception_reason(err))
         if _is_collective_failure(err):
             metrics.collective_failures_total.inc()
             # The counter dies with the process; the event log keeps the fact for the executor and the timeline.

@@ -87,6 +87,19 @@ def test_failing_pod_reports_its_exit_code(core: client.CoreV1Api) -> None:
     assert (terminated.exit_code, terminated.reason) == (3, "Error")
 
 
+def test_the_termination_message_is_the_file_or_the_log_tail_on_error(core: client.CoreV1Api) -> None:
+    written = pod("says", "import os, sys; open(os.environ['MSG'], 'w').write('ValueError: no'); sys.exit(1)",
+                  env=[{"name": "MSG", "value": "/dev/termination-log"}])
+    quiet = pod("quiet", "import sys; print('line 1'); print('ImportError: x'); sys.exit(2)")
+    quiet["spec"]["containers"][0]["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    silent = pod("silent", "import sys; print('no message without the policy'); sys.exit(2)")
+    for body in (written, quiet, silent):
+        core.create_namespaced_pod("default", body)
+    messages = {name: wait_for(phase_is(core, name, "Failed"), what="Failed").status.container_statuses[0]
+                .state.terminated.message for name in ("says", "quiet", "silent")}
+    assert messages == {"says": "ValueError: no", "quiet": "line 1\nImportError: x", "silent": None}
+
+
 def test_on_failure_restarts_in_place(core: client.CoreV1Api, tmp_path: Path) -> None:
     marker = tmp_path / "tried"
     code = (f"import pathlib, sys; m = pathlib.Path({str(marker)!r}); first = not m.exists(); m.touch(); "

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from flywheel.local import procs
-from tests.k8s_emulator import images, podenv
+from tests.k8s_emulator import images, podenv, termination
 from tests.k8s_emulator.httpclient import ApiStatusError, KubeHttpClient, resource_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -379,6 +379,8 @@ class ProcessKubelet:
                 mounted = podenv.write_service_account(self.credentials_dir / running.uid, pod, self.api_url)
             env = await podenv.container_env(pod, container, self.api_host, self.api_port, self._fetch, mounted)
             argv = podenv.container_argv(container, env)
+            termination.mount(container, env, termination.host_file(self.log_dir, running.namespace, running.name,
+                                                                    running.uid))
         except podenv.ConfigError as err:
             await self._report(running, "Pending", {"waiting": {"reason": "CreateContainerConfigError",
                                                                 "message": str(err)}}, False)
@@ -425,6 +427,12 @@ class ProcessKubelet:
             running.oom_killed = False
             terminated = {"exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": _now(),
                           "containerID": f"process://{running.uid}/{running.restart_count}"}
+            base = f"{running.namespace}_{running.name}_{running.uid}"
+            said = termination.message(pod["spec"]["containers"][0],
+                                       self.log_dir / f"{base}.termination-log", self.log_dir / f"{base}.log",
+                                       exit_code)
+            if said:
+                terminated["message"] = said
             policy = pod["spec"].get("restartPolicy", "Always")
             if policy == "Always" or (policy == "OnFailure" and exit_code != 0):
                 running.last_terminated = terminated

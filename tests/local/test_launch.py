@@ -88,9 +88,11 @@ def test_a_restart_that_succeeds_exits_zero(rdzv_store, tmp_path):
 
 
 def test_a_signal_death_exits_128_plus_n(rdzv_store, tmp_path):
-    rc, attempts = _launch(rdzv_store, "sigkill", tmp_path, -9, restarts=0)
+    said = tmp_path / "termination-log"
+    rc, attempts = _launch(rdzv_store, "sigkill", tmp_path, -9, restarts=0, FLYWHEEL_TERMINATION_LOG=str(said))
     assert rc == 128 + signal.SIGKILL
     assert attempts == ["0 0", "1 0"]
+    assert said.read_text() == "rank 1: killed by SIGKILL"  # the agent's view, for the pod's termination message
 
 
 def test_sigterm_stops_the_ranks_and_exits_stopped(rdzv_store, tmp_path):

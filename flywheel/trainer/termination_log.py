@@ -1,0 +1,51 @@
+"""A worker's reason for a non-zero exit, written to its container's termination message file (the pod's
+`terminationMessagePath`, named to the process in env FLYWHEEL_TERMINATION_LOG by the operator): the kubelet puts it
+in the pod's `state.terminated.message`, and the operator in the failure condition and the event.
+
+The first reason written wins: the first rank to fail writes its exception; ranks stopped after it, and the agent
+(which only knows an exit code or a signal), write only while the file is still empty."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Mapping
+
+from flywheel import exitcodes
+from flywheel.eventlog.records import one_line
+
+ENV = "FLYWHEEL_TERMINATION_LOG"
+MAX_BYTES = 4096  # what the kubelet keeps of the file
+
+
+def exception_reason(err: BaseException) -> str:
+    """The exception's type and the last line of its message, e.g. "ModuleNotFoundError: No module named 'x'"."""
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return one_line(f"{type(err).__name__}: {lines[-1]}" if lines else type(err).__name__)
+
+
+def exit_reason(code: int) -> str:
+    """An exit code as a reason: the signal's name for a signal death (negative, or a shell's 128+N)."""
+    signum = -code if code < 0 else code - 128 if code > 128 else 0
+    if signum:
+        try:
+            return f"killed by {signal.Signals(signum).name}"
+        except ValueError:
+            return f"killed by signal {signum}"
+    return f"exit code {code} ({exitcodes.describe(code)})"
+
+
+def write_reason(reason: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Write `reason` unless the file already holds one. No path, or an unwritable one: skipped silently (a local
+    run without the variable, a read-only file system). True when written."""
+    path = (os.environ if environ is None else environ).get(ENV)
+    if not path or not reason:
+        return False
+    try:
+        with open(path, "a+b") as f:
+            if f.tell() > 0:  # "a+" opens at the end: a reason is there already
+                return False
+            f.write(reason.encode()[:MAX_BYTES])
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,67 @@
+"""A worker's reason for a non-zero exit: written once to the termination message file, read back by the operator
+from the pod's state.terminated.message into the failure condition."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flywheel import exitcodes
+from flywheel.operator import manifests as m
+from flywheel.policy.failure_decision import decide_failure
+from flywheel.spec_status import ConditionType
+from flywheel.trainer import termination_log as t
+from flywheel.trainer.train_loop import main
+from tests.operator.test_manifests_progress import JOB, SETTINGS
+from tests.unit.policy_helpers import fresh, pod, spec, view
+
+
+def test_the_first_reason_wins_and_a_missing_or_unwritable_path_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "termination-log"
+    env = {t.ENV: str(path)}
+    assert t.write_reason("ModuleNotFoundError: No module named 'nope'", env)
+    assert not t.write_reason("rank 0: exit code 1 (crash)", env)  # the agent's view comes second
+    assert path.read_text() == "ModuleNotFoundError: No module named 'nope'"
+    assert not t.write_reason("x", {}) and not t.write_reason("x", {t.ENV: str(tmp_path / "no" / "such")})
+    assert not t.write_reason("x", {t.ENV: str(tmp_path)})  # a directory: OSError, skipped
+
+
+def test_reasons_name_the_exception_s_last_line_or_the_signal() -> None:
+    assert t.exception_reason(ValueError("bad\nconfig: lr must be > 0\n")) == "ValueError: config: lr must be > 0"
+    assert t.exit_reason(137) == "killed by SIGKILL" and t.exit_reason(-15) == "killed by SIGTERM"
+    assert t.exit_reason(1) == "exit code 1 (crash)"
+
+
+def test_the_pod_asks_for_the_termination_message_and_names_its_path_to_the_worker() -> None:
+    body = m.pod(JOB, m.plan(JOB, "0123456789abcdef", SETTINGS, None)[0], 0, SETTINGS)
+    container = body["spec"]["containers"][0]
+    assert container["terminationMessagePath"] == "/dev/termination-log"
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert {e["name"]: e["value"] for e in container["env"]}[t.ENV] == "/dev/termination-log"
+
+
+def test_pod_view_takes_the_last_line_of_the_terminated_message() -> None:
+    obj = {"metadata": {"name": "j-worker-0", "uid": "u", "labels": {m.INDEX_LABEL: "0"}},
+           "status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {
+               "exitCode": 1, "reason": "Error",
+               "message": "Traceback (most recent call last):\n  ...\nImportError: cannot import name 'x'\n\n"}}}]}}
+    view = m.pod_view(obj, set())
+    assert view is not None and view.message == "ImportError: cannot import name 'x'"
+
+
+def test_the_failure_condition_and_event_carry_the_worker_s_reason() -> None:
+    said = "ModuleNotFoundError: No module named 'nope'"
+    s = spec(**{"faultTolerance.maxRestarts": 0})
+    out = decide_failure(fresh(), view(s, [pod(0), pod(1, "Failed", exit_code=1, message=said)]))
+    assert out is not None
+    failed = next(c for c in out.status.conditions if c.type == ConditionType.FAILED)
+    assert failed.message.count(said) == 1 and "exit code 1" in failed.message
+    assert any(said in e.message for e in out.events)
+
+
+def test_a_trainer_rank_that_cannot_start_writes_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "termination-log"
+    monkeypatch.setenv(t.ENV, str(path))
+    assert main({"RANK": "0"}) == exitcodes.USER_ERROR
+    assert path.read_text().startswith("UserError: ") and "\n" not in path.read_text()
