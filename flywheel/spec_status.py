@@ -66,6 +66,12 @@ class RestartBudgetStatus(_Model):
     window_start_step: int = 0
 
 
+class StartupFailureStatus(_Model):
+    reason: str = ""
+    attempts: int = 0
+    step: int = 0
+
+
 class TrainingJobStatus(_Model):
     """What the operator writes (status subresource). Also the shape the REST API serves."""
 
@@ -81,6 +87,9 @@ class TrainingJobStatus(_Model):
     last_checkpoint: CheckpointStatus = Field(default_factory=CheckpointStatus)
     goodput: GoodputStatus = Field(default_factory=GoodputStatus)
     restart_budget: RestartBudgetStatus = Field(default_factory=RestartBudgetStatus)
+    # The last decided failure's start-up record (policy/startup_failure.py): the same crash before the first step
+    # on 2 attempts in a row fails the job.
+    startup_failure: StartupFailureStatus = Field(default_factory=StartupFailureStatus)
     # The flywheel.dev/restart-requested-at value already acted on, so each request restarts the job once.
     restart_request_handled: str = ""
     observed_generation: int = 0

@@ -24,7 +24,10 @@ from flywheel.local.progress_bar import ProgressView
 from flywheel.local.run_record import EventTail, RunRecord
 from flywheel.plan import WorkerPlan
 from flywheel.policy import Action, Recovery, RestartBudget, classify_exit, decide_restart, recovery
+from flywheel.policy import reasons as R
+from flywheel.policy.startup_failure import StartupFailures, after_failure
 from flywheel.spec import TrainingJobSpec
+from flywheel.trainer import termination_log
 
 POLL_INTERVAL_S = 0.2
 SHUTDOWN_GRACE_S = 30.0  # Ctrl-C/failure: SIGTERM, then SIGKILL after this (agents give ranks 20 s)
@@ -72,6 +75,7 @@ class Supervisor:
         self.workers: dict[int, WorkerProcess] = {}
         self.succeeded: set[int] = set()
         self.budget = RestartBudget()
+        self.startup = StartupFailures()  # the same crash before the first step twice fails the run
         self.stop = _Stop()
         self.outcome: Outcome | None = None
         self.message = ""
@@ -81,7 +85,10 @@ class Supervisor:
     # --- processes -----------------------------------------------------------------------------------------------
     def _start(self, plan: WorkerPlan) -> None:
         log = open(self.logs_dir / f"worker-{plan.index}.log", "ab")
-        env = {**os.environ, **plan.env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        said = self._termination_log(plan.index)
+        said.write_bytes(b"")  # one start, one reason (as a container's termination message file)
+        env = {**os.environ, **plan.env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+               termination_log.ENV: str(said)}
         if self.generation:
             # Every worker is new: a fresh run id forms the group at once instead of waiting for the old
             # participants' heartbeats to expire.
@@ -89,6 +96,19 @@ class Supervisor:
         popen = subprocess.Popen(list(plan.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
         self.workers[plan.index] = WorkerProcess(plan=plan, popen=popen, log=log)
+
+    def _termination_log(self, index: int) -> Path:
+        return self.logs_dir / f"worker-{index}.termination-log"
+
+    def _exit_reason(self, index: int) -> str:
+        """Why worker `index` exited, in its own words: what it wrote to its termination log, else the event log's
+        failure reason (a rank's user error)."""
+        try:
+            lines = self._termination_log(index).read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        said = next((line.strip() for line in reversed(lines) if line.strip()), "")
+        return said or self.record.log.failure_reason
 
     def kill_everything(self) -> None:
         """SIGKILL every worker tree and orphan; safe to call twice (also registered with atexit)."""
@@ -191,18 +211,27 @@ class Supervisor:
             return
         kind = classify_exit(code)
         assert kind is not None
+        reason = "" if w.lost else self._exit_reason(index)
         detail = "injected lose-worker" if w.lost else f"exit {code} ({exitcodes.describe(code)})"
+        detail += f": {reason}" if reason else ""
         self.exits.emit(EventName.WORKER_EXIT, replica=index, exit_code=code, kind=kind.value, detail=detail)
         if self.stop.reason is not None:
             return
         if self.succeeded or self.record.done is not None:
             self.progress.notice(f"[yellow]worker {index} failed ({kind.value}) after training finished[/]")
             return
+        self.startup = after_failure(self.startup, kind, reason, self.record.log.current_step)
+        said = f": {reason}" if reason else ""
+        if self.startup.deterministic:
+            self.progress.notice(f"[red]worker {index} exited {code} ({kind.value}){said}[/] -> Fail: "
+                                 f"{self.startup.message}")
+            self._carry_out(index, Action.FAIL, R.STARTUP_FAILURE, self.startup.message)
+            return
         live = sum(1 for x in self.workers.values() if not x.stopping)
         decision = decide_restart(self.spec, kind, self.budget, self.record.committed_step, live)
         self.budget = decision.budget
-        self.progress.notice(f"[red]worker {index} exited {code} ({kind.value})[/] -> {decision.action.value}: "
-                             f"{decision.message}")
+        self.progress.notice(f"[red]worker {index} exited {code} ({kind.value}){said}[/] -> "
+                             f"{decision.action.value}: {decision.message}")
         self._carry_out(index, decision.action, decision.reason, decision.message)
 
     def _carry_out(self, index: int, action: Action, reason: str, message: str) -> None:

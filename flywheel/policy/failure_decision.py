@@ -14,7 +14,8 @@ from flywheel.policy.finish import finish
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import PodView
 from flywheel.policy.restart import Action, Decision, Recovery, RestartBudget, decide_restart, recovery
-from flywheel.spec_status import ConditionType, Phase, RestartBudgetStatus, TrainingJobStatus
+from flywheel.policy.startup_failure import StartupFailures, after_failure
+from flywheel.spec_status import ConditionType, Phase, RestartBudgetStatus, StartupFailureStatus, TrainingJobStatus
 
 HUNG_POD_GRACE_SECONDS = 1  # SIGTERM -> SIGKILL for the pods of a job restarted because it hung
 
@@ -35,6 +36,14 @@ def failure_detail(pod: PodView, kind: FailureKind, now: float) -> str:
                                                 reason=pod.reason, detail=detail)
     return R.MSG_WORKER_FAILED.format(pod=pod.name, kind=kind.value, code=pod.exit_code, reason=pod.reason,
                                       detail=detail)
+
+
+def record_startup(status: TrainingJobStatus, kind: FailureKind, reason: str) -> StartupFailures:
+    """Remember the decided failure in `status.startupFailure` (at the job's current step); return the record."""
+    was = status.startup_failure
+    now = after_failure(StartupFailures(was.reason, was.attempts, was.step), kind, reason, status.step)
+    status.startup_failure = StartupFailureStatus(reason=now.reason, attempts=now.attempts, step=now.step)
+    return now
 
 
 def current_hang(status: TrainingJobStatus, job: JobView) -> str | None:
@@ -82,8 +91,11 @@ def decide_failure(out: Pass, job: JobView) -> Pass | None:
             detail = f"{detail}: {reason}"
     else:
         kind, detail = FailureKind.HANG, R.MSG_HANG_DECIDED.format(finding=hang)
-    live = sum(1 for p in job.current if p.active and job.failure(p) is None)
     status = out.status
+    startup = record_startup(status, kind, (failed[0].message or job.progress.failure_reason) if failed else "")
+    if startup.deterministic:
+        return finish(out, job.pods, Phase.FAILED, R.STARTUP_FAILURE, f"{detail}; {startup.message}", job.now)
+    live = sum(1 for p in job.current if p.active and job.failure(p) is None)
     decision = decide_restart(job.spec, kind, budget_of(status), status.last_checkpoint.step, live)
     status.restart_budget = RestartBudgetStatus(used=decision.budget.used,
                                                 window_start_step=decision.budget.window_start_step)

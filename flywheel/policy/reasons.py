@@ -31,6 +31,11 @@ MSG_PERMANENT = {
                             "job again; kubectl describe pod names it",
 }
 
+# policy/startup_failure.py: the same crash before the first step, attempt after attempt.
+STARTUP_FAILURE = "StartupFailure"
+MSG_STARTUP_FAILURE = ("{reason}: the same failure before the first step on {attempts} attempts in a row; a restart "
+                       "cannot fix this: fix the script, its files or the spec and apply the job again")
+
 WAITING = "WaitingForWorkers"
 MSG_WAITING = "{ready} of {desired} workers ready; at least {min} needed to train"
 

@@ -19,7 +19,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -258,12 +258,22 @@ def _rank_entrypoint(command: Sequence[str]) -> tuple[str, tuple[str, ...]]:
     return sys.executable, ("-c", _DIE_WITH_AGENT, str(os.getpid()), *command)
 
 
+RANK_HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_hook")
+
+
+def _report_user_exceptions(env: MutableMapping[str, str]) -> None:
+    """A user command's Python ranks write an uncaught exception's reason to the termination message, as the
+    embedded trainer does (rank_hook/sitecustomize.py, found through PYTHONPATH)."""
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [RANK_HOOK_DIR, env.get("PYTHONPATH")]))
+
+
 def run_agent(settings: LaunchSettings) -> int:
     """Run the elastic agent until the ranks finish; return this process's exit code."""
     # Both are read by torch/the ranks from the environment; the workers inherit os.environ.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if not (settings.warm_start and settings.runs_embedded_trainer):
+        _report_user_exceptions(os.environ)
         return _run_agent(settings, settings.command)
     # Started first, so its import of the trainer overlaps the agent's own start-up and first rendezvous.
     with warm.zygote(preload=WARM_PRELOAD) as zygote_env:

@@ -1,0 +1,28 @@
+"""`flywheel run` of a script that fails on an import: the same crash before the first step twice fails the run
+after 2 attempts (not maxRestarts), printing the reason."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from conftest import PYTHON, REPO, child_env, write_job
+
+
+def test_a_script_failing_on_an_import_stops_after_two_attempts(tmp_path: Path) -> None:
+    (tmp_path / "x.py").write_text("import flywheel_no_such_module  # noqa\n")
+    job = write_job(tmp_path / "job.yaml", "badimport", "  replicas: {min: 1, max: 1}\n"
+                    "  command: [python, x.py]\n"
+                    "  faultTolerance: {maxRestarts: 10}\n"
+                    f"  checkpoint: {{dir: {tmp_path / 'ckpt'}}}\n")
+    out = tmp_path / "out"
+    proc = subprocess.run([PYTHON, "-m", "flywheel.cli", "run", str(job), "--out", str(out), "--no-progress"],
+                          cwd=tmp_path, env={**child_env(), "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=150)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text
+    assert "StartupFailure" in text or "2 attempts in a row" in text, text
+    assert "ModuleNotFoundError: No module named 'flywheel_no_such_module'" in text, text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "Failed" and len(summary["failures"]) == 2, summary
