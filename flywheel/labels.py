@@ -13,6 +13,8 @@ INDEX_LABEL = f"{GROUP}/replica-index"
 GENERATION_LABEL = f"{GROUP}/generation"
 # On a TrainingJob: set to an RFC 3339 time to restart the job once (the REST API's `restart`, or `kubectl annotate`).
 RESTART_ANNOTATION = f"{GROUP}/restart-requested-at"
+# On a worker pod the health monitor deletes (a GPU XID): why, for the job's status.lastRestartReason.
+DELETED_FOR_ANNOTATION = f"{GROUP}/deleted-for"
 # The operator's finalizer on a TrainingJob (kopf's persistence setting).
 FINALIZER = f"{GROUP}/cleanup"
 # Kueue's queue label: the job's own passes through to its pods.

@@ -246,7 +246,7 @@ class JobRunner:
         if int(status.get("restarts", 0)) > previous_restarts:
             self.recovering_reason = reason
             ended = [v.finished_at for v in views if v.finished_at is not None and v.generation == previous_restarts]
-            if ended and reason != "Hang":
+            if ended and reason != R.RESTART_HUNG:
                 self.metrics.time_to_detect_seconds.labels(reason).observe(max(0.0, now - min(ended)))
         for at, seconds in progress.recoveries:
             if at > self.recoveries_seen_until:

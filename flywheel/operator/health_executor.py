@@ -8,6 +8,7 @@ nodes, which the reconcile pass then sees as failures to replace.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import stat
@@ -18,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.crd import GROUP, PLURAL, VERSION
-from flywheel.labels import RESTART_ANNOTATION
+from flywheel.labels import DELETED_FOR_ANNOTATION, RESTART_ANNOTATION
 from flywheel.monitor import FindingsInbox, HealthMonitor, MonitorSettings, OperatorMetrics
 from flywheel.operator import manifests as m
-from flywheel.operator.kube import Kube
+from flywheel.operator.kube import Kube, KubeApiError
 from flywheel.policy import reasons as R
 from flywheel.policy.conditions import iso
 from flywheel.policy.health_checks import Degradation, HangFinding, WatchedJob
@@ -165,8 +166,12 @@ class KubeHealthActions:
             await self.kube.post_event(obj, etype, reason, message)
 
     async def _delete_pods(self, namespace: str, names: Sequence[str]) -> None:
-        for name in names:  # the reconcile pass recreates each once it is gone (no restart is counted)
-            await self.kube.delete(Kube.core(namespace, "pods", name))
+        for name in names:  # the reconcile pass replaces each, counting a restart named by the annotation
+            path = Kube.core(namespace, "pods", name)
+            with contextlib.suppress(KubeApiError):  # gone already: nothing to replace, nothing to name
+                await self.kube.merge_patch(path, {"metadata": {"annotations": {
+                    DELETED_FOR_ANNOTATION: R.RESTART_XID}}})
+            await self.kube.delete(path)
 
     async def _request_dumps(self, key: JobKey) -> None:
         directory = self.inventory.checkpoint_dirs.get(key)

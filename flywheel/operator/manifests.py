@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from flywheel.labels import DELETED_FOR_ANNOTATION
 from flywheel.labels import GENERATION_LABEL as GENERATION_LABEL  # re-exported: m.JOB_LABEL etc. in the operator
 from flywheel.labels import INDEX_LABEL as INDEX_LABEL
 from flywheel.labels import JOB_LABEL as JOB_LABEL
@@ -218,6 +219,7 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
     target = conds.get("DisruptionTarget", {})  # preempted or evicted (Kubernetes 1.26+)
     disruption = str(target.get("reason") or "DisruptionTarget") if target.get("status") == "True" else None
     node = (obj.get("spec") or {}).get("nodeName")
+    deleted_for = (meta.get("annotations") or {}).get(DELETED_FOR_ANNOTATION)
     deleting = parse_rfc3339(meta.get("deletionTimestamp"))  # graceful deletes stamp the end of the grace period
     if deleting is not None:
         deleting -= float(meta.get("deletionGracePeriodSeconds") or 0)
@@ -225,7 +227,7 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
                    phase=status.get("phase", "Pending"), ready=ready, deleting_since=deleting,
                    node_lost=bool(node) and node in lost_nodes, reason=reason, exit_code=code,
                    unschedulable_since=unsched, liveness_lost=liveness_lost, finished_at=finished,
-                   message=message, waiting_since=waiting_since, disruption=disruption)
+                   message=message, waiting_since=waiting_since, disruption=disruption, deleted_for=deleted_for)
 
 
 def exit_message(text: str | None, limit: int = 500) -> str | None:

@@ -46,6 +46,15 @@ def record_startup(status: TrainingJobStatus, kind: FailureKind, reason: str) ->
     return now
 
 
+def restart_reason(reason: str, pod: PodView | None) -> str:
+    """status.lastRestartReason: the decision's reason, named as the interruption it was (Hung, XID)."""
+    if reason == FailureKind.HANG.value:
+        return R.RESTART_HUNG
+    if reason == FailureKind.POD_DELETED.value and pod is not None and pod.deleted_for:
+        return pod.deleted_for
+    return reason
+
+
 def current_hang(status: TrainingJobStatus, job: JobView) -> str | None:
     """The monitor's hang finding, when it is about this generation of a Running job (else it is stale)."""
     hang = job.findings.hang
@@ -114,7 +123,7 @@ def _restart(out: Pass, job: JobView, decision: Decision, detail: str, failed: l
     if whole and action is not Action.RESTART_JOB:
         action, note = Action.RESTART_JOB, R.MSG_HANG_RESTART_ALL.format(reason=decision.reason)
     status.restarts = job.generation + 1
-    status.last_restart_reason = decision.reason
+    status.last_restart_reason = restart_reason(decision.reason, failed[0] if failed else None)
     if hang is not None:
         set_condition(status, ConditionType.HUNG, False, R.HANG_RESTARTED, R.MSG_HANG_RESTARTED.format(finding=hang),
                       now)

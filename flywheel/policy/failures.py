@@ -21,12 +21,13 @@ class FailureKind(str, Enum):
     IMAGE_PULL = "ImagePullError"
     CONFIG_ERROR = "ContainerConfigError"  # a Secret or ConfigMap the container needs is missing
     UNSCHEDULABLE = "Unschedulable"
+    POD_DELETED = "PodDeleted"  # a current worker pod deleted by someone else (kubectl delete, a controller)
 
 
 # Failures that are the job's own fault and would only fail again.
 PERMANENT = frozenset({FailureKind.USER_ERROR, FailureKind.IMAGE_PULL, FailureKind.CONFIG_ERROR})
 # Failures caused from outside the job: they do not spend the restart budget.
-EXTERNAL = frozenset({FailureKind.STOPPED, FailureKind.EVICTED, FailureKind.NODE_LOST})
+EXTERNAL = frozenset({FailureKind.STOPPED, FailureKind.EVICTED, FailureKind.NODE_LOST, FailureKind.POD_DELETED})
 
 
 def classify_exit(exit_code: int) -> FailureKind | None:

@@ -19,6 +19,8 @@ def failure_of(pod: PodView, now: float, start_grace: float) -> FailureKind | No
         return FailureKind.NODE_LOST
     if pod.disruption is not None:
         return classify_pod(pod.phase, pod.reason, pod.exit_code, disruption=True)
+    if pod.deleting_since is not None:  # JobView.interrupted: deleted by someone else, whatever its exit says
+        return FailureKind.POD_DELETED
     if pod.phase == "Pending" and pod.waiting_since is not None:
         return classify_waiting(pod.reason, now - pod.waiting_since, start_grace)
     if pod.phase != "Failed":
@@ -57,13 +59,14 @@ class JobView:
         return [p for p in self.mine if p.generation == self.generation and p.deleting_since is None]
 
     @property
-    def disrupted(self) -> list[PodView]:
-        """Pods of the current generation preempted or evicted (DisruptionTarget): being deleted by someone else,
-        still a failure to decide."""
+    def interrupted(self) -> list[PodView]:
+        """Pods of the current generation within the desired count being deleted: by someone else (preempted or
+        evicted with DisruptionTarget, `kubectl delete`, the health monitor), since the operator deletes only pods
+        of an older generation or above the desired count. Still a failure to decide."""
         return [p for p in self.mine if p.generation == self.generation and p.deleting_since is not None
-                and p.disruption]
+                and p.index < self.desired]
 
     @property
     def failed(self) -> list[PodView]:
-        return sorted((p for p in self.current + self.disrupted if self.failure(p) is not None),
+        return sorted((p for p in self.current + self.interrupted if self.failure(p) is not None),
                       key=lambda p: p.index)

@@ -29,6 +29,7 @@ class PodView:
     message: str | None = None  # why its container cannot start (waiting) or exited (its termination message)
     waiting_since: float | None = None  # its container is waiting (not started yet) since then
     disruption: str | None = None  # reason of a True DisruptionTarget condition (preempted, evicted)
+    deleted_for: str | None = None  # why Flywheel's health monitor deleted it (annotation flywheel.dev/deleted-for)
 
     @property
     def active(self) -> bool:

@@ -36,6 +36,12 @@ STARTUP_FAILURE = "StartupFailure"
 MSG_STARTUP_FAILURE = ("{reason}: the same failure before the first step on {attempts} attempts in a row; a restart "
                        "cannot fix this: fix the script, its files or the spec and apply the job again")
 
+# status.lastRestartReason for the interruptions that are not the job's own failure kind (policy/failure_decision.py
+# restart_reason); the others are the FailureKind's value (Crash, OOMKilled, NodeLost, Evicted, Killed, ...).
+RESTART_POD_DELETED = "PodDeleted"  # a worker pod deleted by someone else, replaced
+RESTART_HUNG = "Hung"  # no step progress (the health monitor, or the worker's own watchdog)
+RESTART_XID = "XID"  # the health monitor deleted the pod for a GPU XID (pod annotation flywheel.dev/deleted-for)
+
 WAITING = "WaitingForWorkers"
 MSG_WAITING = "{ready} of {desired} workers ready; at least {min} needed to train"
 

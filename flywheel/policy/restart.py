@@ -90,6 +90,8 @@ def decide_restart(spec: TrainingJobSpec, failure: FailureKind, budget: RestartB
                             f"{reason} after {budget.used} restarts (maxRestarts={limit}) without "
                             f"{spec.fault_tolerance.budget_reset_after_steps} committed steps in between", budget)
         budget = budget.charged()
+    if failure is FailureKind.POD_DELETED:  # the survivors are fine: only the deleted pod is replaced
+        return Decision(Action.RESTART_WORKER, reason, f"{reason}: recreating the deleted worker", budget)
     elastic = spec.replicas.min < spec.replicas.max
     if failure in (FailureKind.NODE_LOST, FailureKind.EVICTED) and elastic and live_replicas >= spec.replicas.min:
         return Decision(Action.SHRINK, reason,

@@ -7,7 +7,6 @@ from __future__ import annotations
 from flywheel.policy import reasons as R
 from flywheel.policy.conditions import condition
 from flywheel.policy.decisions import CreatePod, DeletePod, Event, Pass, ResetRendezvous
-from flywheel.policy.failures import FailureKind
 from flywheel.policy.job_view import JobView
 from flywheel.spec_status import ConditionType
 
@@ -17,7 +16,7 @@ def clean_up(out: Pass, job: JobView) -> Pass:
     never decided again); force-delete a pod stuck terminating on a lost node after nodeFailureGraceSeconds."""
     scope_job = job.spec.fault_tolerance.restart_scope == "job"
     # Hangs and requested restarts restart every worker.
-    restart_all = out.status.last_restart_reason in (FailureKind.HANG.value, R.RESTART_REQUESTED)
+    restart_all = out.status.last_restart_reason in (R.RESTART_HUNG, R.RESTART_REQUESTED)
     node_grace = job.spec.fault_tolerance.node_failure_grace_seconds
     for p in job.pods:
         if p.deleting_since is not None:

@@ -133,7 +133,7 @@ def test_sigstopped_rank_is_hung_then_restarted_and_completes(hang_env) -> None:
         def hung_seen() -> bool:
             s = status()
             hung = any(c["type"] == "Hung" and c["status"] == "True" for c in s.get("conditions", []))
-            return hung or s.get("lastRestartReason") == "Hang"
+            return hung or s.get("lastRestartReason") == "Hung"
 
         try:
             eventually(hung_seen, 60, "the Hung condition (or the restart it caused)", interval=0.1)
@@ -149,7 +149,7 @@ def test_sigstopped_rank_is_hung_then_restarted_and_completes(hang_env) -> None:
         resumed = time.monotonic() - stopped
         print(f"first step after recovery {resumed:.2f}s after SIGSTOP ({resumed - detect:.2f}s after detection)")
         final = env.wait_phase(name, "Succeeded", 240)
-        assert final["restarts"] == 1 and final["lastRestartReason"] == "Hang", final
+        assert final["restarts"] == 1 and final["lastRestartReason"] == "Hung", final
         assert next(c for c in final["conditions"] if c["type"] == "Hung")["status"] == "False"
         reasons = [e["reason"] for e in env.events_of(name)]
         assert "ProgressStalled" in reasons and "Restarting" in reasons

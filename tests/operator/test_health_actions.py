@@ -185,7 +185,7 @@ def test_hang_is_reported_to_the_runner_whose_pass_marks_and_restarts_the_job(
         # The job's reconcile pass records the hang and carries the restart out: counted as a Hang.
         await world.runner.reconcile_once()
         status = await world.status()
-        assert status["restarts"] == 1 and status["lastRestartReason"] == "Hang" and status["phase"] == "Restarting"
+        assert status["restarts"] == 1 and status["lastRestartReason"] == "Hung" and status["phase"] == "Restarting"
         assert condition(status, "Hung")["status"] == "False"
         assert condition(status, "Hung")["reason"] == "RestartedAfterHang" and "replica 0 rank 0" in \
             condition(status, "Hung")["message"]

@@ -45,7 +45,7 @@ def test_operator_marks_a_stalled_job_hung_and_restarts_it(health_env: tuple[OpE
         last = time.time()
         prom.set("last_step", [({"namespace": "default", "job": name, "replica": str(i), "rank": str(i)}, last)
                                for i in range(2)])
-        status = eventually(lambda: (s := env.status(name)).get("lastRestartReason") == "Hang" and s, 30,
+        status = eventually(lambda: (s := env.status(name)).get("lastRestartReason") == "Hung" and s, 30,
                             "a restart for the hang")
         assert status["restarts"] == 1
         hung = next(c for c in status["conditions"] if c["type"] == "Hung")

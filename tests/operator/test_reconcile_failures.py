@@ -11,7 +11,7 @@ import pytest
 
 from flywheel.operator import manifests as m
 from flywheel.policy.conditions import MAY_HOLD, PHASE_CONDITIONS, STATE_CONDITIONS
-from flywheel.policy.decisions import DeletePod, Relabel
+from flywheel.policy.decisions import Relabel
 from flywheel.policy.failures import START_FAILURE_GRACE_SECONDS, FailureKind, classify_waiting
 from flywheel.policy.observed import ObservedProgress as Progress
 from flywheel.policy.observed import PodView
@@ -151,9 +151,11 @@ def test_disruption_wins_over_the_exit_code_and_elastic_jobs_shrink() -> None:
     shrink = reconcile(spec(**ELASTIC), None, {}, [pod(0), preempted], Progress(), NOW)
     assert shrink.status["lastRestartReason"] == "Evicted" and deletes(shrink) == []
     assert [a for a in shrink.actions if isinstance(a, Relabel)] == [Relabel("j-worker-0", 1)]
-    # A pod deleted without a DisruptionTarget (kubectl delete) is only replaced: nothing failed.
+    # A pod deleted without a DisruptionTarget (kubectl delete) is only replaced, but the interruption counts.
     plain = reconcile(spec(), None, {}, [pod(0), pod(1, deleting_since=NOW)], Progress(), NOW)
-    assert plain.status.get("restarts", 0) == 0 and not [a for a in plain.actions if isinstance(a, DeletePod)]
+    assert plain.status["restarts"] == 1 and plain.status["lastRestartReason"] == "PodDeleted"
+    assert plain.status["restartBudget"]["used"] == 0 and deletes(plain) == []
+    assert [a for a in plain.actions if isinstance(a, Relabel)] == [Relabel("j-worker-0", 1)]
 
 
 # -- conditions agree with the phase -----------------------------------------------------------------------------

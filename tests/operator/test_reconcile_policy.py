@@ -182,7 +182,7 @@ def test_hang_finding_restarts_every_worker_once_and_counts_a_hang() -> None:
     assert stale.status == running and stale.actions == []  # a report about another generation: ignored
     decided = reconcile(s, None, running, [pod(0), pod(1)], Progress(), NOW + 1,
                         findings=hang("no training step for 99s"))
-    assert decided.status["restarts"] == 1 and decided.status["lastRestartReason"] == "Hang"
+    assert decided.status["restarts"] == 1 and decided.status["lastRestartReason"] == "Hung"
     assert deletes(decided) == ["j-worker-0", "j-worker-1"] and not [a for a in decided.actions
                                                                       if isinstance(a, Relabel)]
     # A hung rank cannot checkpoint and a stopped one would sit out the full termination grace.

@@ -22,7 +22,7 @@ def test_worker_scope_relabels_the_survivors() -> None:
 def test_a_hang_of_this_generation_restarts_all_with_a_short_grace_and_a_stale_one_is_ignored() -> None:
     hung = HealthFindings(hang=HangReport("no step for 99s", 0))
     out = decide_failure(fresh(), view(spec(), [pod(0), pod(1)], findings=hung))
-    assert out is not None and out.status.last_restart_reason == "Hang"
+    assert out is not None and out.status.last_restart_reason == "Hung"
     assert {a.grace_seconds for a in out.actions if isinstance(a, DeletePod)} == {HUNG_POD_GRACE_SECONDS}
     assert decide_failure(fresh(), view(spec(), [pod(0), pod(1)], generation=1, findings=hung)) is None
     assert decide_failure(fresh(Phase.PENDING), view(spec(), [pod(0)], findings=hung)) is None
