@@ -93,6 +93,8 @@ class Done:
     time: float
     step: int
     params_sha256: str | None = None
+    # The checkpoint a resumed run restored at or past its last step: nothing was trained ("already complete").
+    already_complete_checkpoint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +151,7 @@ def _parse(name: EventName, t: float, raw: Mapping[str, Any]) -> Record:
     if name is EventName.RESTORE:
         return Restore(t, int(raw["step"]), str(raw.get("path") or ""))
     if name is EventName.DONE:
-        return Done(t, int(raw["step"]), raw.get("params_sha256"))
+        return Done(t, int(raw["step"]), raw.get("params_sha256"), raw.get("already_complete_checkpoint") or None)
     return _failure(name, t, raw)
 
 

@@ -263,5 +263,9 @@ class Supervisor:
                 self._start(self.plans[i])
         elif self.record.done is not None or set(self.plans) <= self.succeeded:
             self.outcome, self.message = Outcome.SUCCEEDED, "training finished"
+            done = self.record.done
+            if done is not None and done.already_complete_checkpoint:
+                self.message = R.MSG_ALREADY_COMPLETE.format(step=done.step, path=done.already_complete_checkpoint)
+                self.progress.notice(f"[green]{self.message}[/]")
         else:
             self.outcome, self.message = Outcome.FAILED, "workers exited without finishing training"

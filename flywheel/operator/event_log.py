@@ -37,7 +37,8 @@ def progress_of(log: RunFold) -> Progress:
                     goodput=goodput if log.starts or log.last is not None else {},
                     recoveries=tuple((i.recovered_at, i.recovery_seconds) for i in log.recoveries
                                      if i.recovered_at is not None and i.recovery_seconds is not None),
-                    checkpoints=checkpoints, failure_reason=log.failure_reason)
+                    checkpoints=checkpoints, failure_reason=log.failure_reason,
+                    already_complete_checkpoint=(log.done.already_complete_checkpoint or "") if log.done else "")
 
 
 class EventLogTail:

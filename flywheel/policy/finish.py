@@ -34,6 +34,8 @@ def success(out: Pass, job: JobView) -> Pass | None:
         return None
     if not any(p.phase in ("Running", "Pending") and p.index < job.desired for p in current):
         done = R.MSG_SUCCEEDED.format(step=out.status.step)  # no event log: no step
+        if job.progress.already_complete_checkpoint:
+            done = R.MSG_ALREADY_COMPLETE.format(step=out.status.step, path=job.progress.already_complete_checkpoint)
         return finish(out, job.pods, Phase.SUCCEEDED, R.SUCCEEDED, done, job.now)
     ready = out.status.replicas.ready
     set_phase(out.status, Phase.RUNNING, R.RUNNING, R.MSG_RUNNING.format(ready=ready), job.now, refresh=False)

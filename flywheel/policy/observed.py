@@ -52,6 +52,8 @@ class ObservedProgress:
     checkpoints: tuple[CommittedCheckpoint, ...] = ()  # the most recent committed checkpoints, oldest first
     # Why the open incident's worker failed, in its own words (a USER_ERROR's exception line); "" once recovered.
     failure_reason: str = ""
+    # The done record's: a job resumed at or past its last step trained nothing; this checkpoint was complete.
+    already_complete_checkpoint: str = ""
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ MSG_DEADLINE = "the job ran longer than runPolicy.activeDeadlineSeconds ({second
 
 SUCCEEDED = "TrainingSucceeded"
 MSG_SUCCEEDED = "training finished at step {step}"
+MSG_ALREADY_COMPLETE = "already complete at step {step} (checkpoint {path})"  # resumed at or past the last step
 
 CHECKPOINT_COMMITTED = "CheckpointCommitted"  # one event per committed checkpoint (policy/checkpoint_events.py)
 MSG_CHECKPOINT_COMMITTED = "checkpoint at step {step} committed to {path}"

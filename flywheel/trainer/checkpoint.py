@@ -95,6 +95,7 @@ class Checkpointer:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-checkpoint")
         self._inflight: _Save | None = None
         self._last_requested_step = -1
+        self.restored_path: str | None = None  # the committed checkpoint restore() loaded
         self._last_save_time = time.monotonic()
         self._generation = 0  # counts started saves; all ranks agree on it
         self._pending_due: tuple[dist.Work, torch.Tensor, int] | None = None
@@ -237,6 +238,7 @@ class Checkpointer:
         return None
 
     def _after_restore(self, step: int, path: str, saved_world: int) -> None:
+        self.restored_path = path
         self._last_requested_step = step
         self._last_save_time = time.monotonic()
         rng = "restored" if saved_world == self.world_size else "not restored (world size changed)"

@@ -309,8 +309,10 @@ def _finish(run: _Run, start: int, events: EventLog, watchdog: ProgressWatchdog)
     run.ckpt.close()
     digest = params_sha256(run.model)
     if env.rank == 0:
-        events.emit("done", step=training.steps, params_sha256=digest)
-        log.info("done: step %d, params sha256 %s", training.steps, digest)
+        complete = run.ckpt.restored_path if start >= training.steps else None
+        events.emit("done", step=training.steps, params_sha256=digest, already_complete_checkpoint=complete)
+        log.info("done: step %d, params sha256 %s%s", training.steps, digest,
+                 f" (already complete: checkpoint {complete})" if complete else "")
 
 
 def _watchdog(env: WorkerEnv, events: EventLog, metrics: TrainerMetrics) -> ProgressWatchdog:
