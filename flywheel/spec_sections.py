@@ -65,6 +65,10 @@ class FaultTolerance(_Model):
     start_failure_grace_seconds: float = Field(
         60, ge=0, description="How long a worker may wait on an image pull error or a missing Secret/ConfigMap before "
                               "the job fails (an unparseable image name fails at once).")
+    pending_timeout_seconds: float | None = Field(
+        None, ge=1, description="A worker pod unschedulable this long fails the job, unless it is elastic and runs at "
+                                "least replicas.min workers (it goes on with fewer until the pod is scheduled). "
+                                "Unset: wait for capacity for ever.")
 
 
 class Scheduling(_Model):

@@ -24,6 +24,7 @@ class PodView:
     reason: str | None = None  # container terminated/waiting reason, or the pod's reason
     exit_code: int | None = None
     unschedulable_since: float | None = None
+    scheduler_message: str | None = None  # the PodScheduled=False condition's message (why it does not fit)
     liveness_lost: bool = False  # its etcd liveness key vanished while the pod still ran
     finished_at: float | None = None  # when its container terminated (the failure's time, for metrics)
     message: str | None = None  # why its container cannot start (waiting) or exited (its termination message)

@@ -50,6 +50,10 @@ MSG_FORCE_DELETED = "pod {pod} was stuck terminating on a lost node; force-delet
 
 UNSCHEDULABLE = "Unschedulable"
 MSG_UNSCHEDULABLE = "a worker pod could not be scheduled within nodeFailureGraceSeconds"
+MSG_UNSCHEDULABLE_POD = "worker {pod} cannot be scheduled: {message}"  # the scheduler's PodScheduled message
+MSG_PENDING_TIMEOUT = ("worker {pod} unschedulable for {seconds:.0f}s (faultTolerance.pendingTimeoutSeconds="
+                       "{limit:g}): {message}; free capacity, lower replicas or resources, or raise "
+                       "pendingTimeoutSeconds")
 
 SUSPENDED = "Suspended"
 MSG_SUSPENDED = "spec.suspend is true: workers stopped, checkpoints kept"

@@ -29,6 +29,7 @@ from flywheel.policy.failure_decision import decide_failure, requested_restart
 from flywheel.policy.finish import invalid_job, success
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import HealthFindings, ObservedProgress, PodView
+from flywheel.policy.pending_timeout import pending_timeout
 from flywheel.policy.running_state import settle
 from flywheel.policy.scale_create import clean_up, create_missing
 from flywheel.policy.suspend_resume import resume, suspend
@@ -59,7 +60,7 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: Trai
         return suspend(out, job)
     entry_phase = resume(out, job)
     decided = (deadline(out, job) or success(out, job) or requested_restart(out, job)
-               or decide_failure(out, job))
+               or decide_failure(out, job) or pending_timeout(out, job))
     if decided is not None:
         return decided
     create_missing(out, job)

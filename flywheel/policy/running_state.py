@@ -8,6 +8,7 @@ from flywheel.policy import reasons as R
 from flywheel.policy.conditions import condition, set_condition, set_phase
 from flywheel.policy.decisions import Event, Pass
 from flywheel.policy.job_view import JobView
+from flywheel.policy.pending_timeout import unschedulable, unschedulable_message
 from flywheel.spec_status import ConditionType, Phase
 
 STRAGGLER_REASONS = (R.STRAGGLER, R.STRAGGLER_RECOVERED)
@@ -18,9 +19,11 @@ def settle(out: Pass, job: JobView, entry_phase: Phase) -> Pass:
     Running says so in an event)."""
     status, now = out.status, job.now
     ready, desired = status.replicas.ready, job.desired
-    pending_since = [p.unschedulable_since for p in job.current if p.unschedulable_since is not None]
-    unsched = bool(pending_since) and now - min(pending_since) >= job.spec.fault_tolerance.node_failure_grace_seconds
-    set_condition(status, ConditionType.UNSCHEDULABLE, unsched, R.UNSCHEDULABLE, R.MSG_UNSCHEDULABLE, now)
+    pending = unschedulable(job)
+    since = pending[0].unschedulable_since if pending else None
+    unsched = since is not None and now - since >= job.spec.fault_tolerance.node_failure_grace_seconds
+    set_condition(status, ConditionType.UNSCHEDULABLE, unsched, R.UNSCHEDULABLE,
+                  unschedulable_message(pending[0]) if unsched else R.MSG_UNSCHEDULABLE, now)
     if ready >= job.spec.replicas.min and ready > 0:
         set_phase(status, Phase.RUNNING, R.RUNNING, R.MSG_RUNNING.format(ready=ready), now)
         degraded(out, job)
