@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from flywheel.operator import manifests as m
 from flywheel.policy import reasons as R
+from flywheel.policy.conditions import MAY_HOLD, STATE_CONDITIONS
 from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.pending_timeout import pending_timeout
 from flywheel.policy.reconcile import reconcile
@@ -58,6 +59,8 @@ def test_reconcile_fails_a_job_pending_past_its_timeout() -> None:
     s = spec(**{"faultTolerance.pendingTimeoutSeconds": 30})
     out = reconcile(s, None, fresh(Phase.PENDING).status, [stuck(0), stuck(1)], _progress(), NOW)
     assert out.status.phase is Phase.FAILED
+    true = {c.type for c in out.status.conditions if c.status == "True"}
+    assert true & set(STATE_CONDITIONS) <= {Phase.FAILED.value} | MAY_HOLD[Phase.FAILED], true
 
 
 def _progress() -> ObservedProgress:
