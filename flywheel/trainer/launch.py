@@ -327,6 +327,7 @@ def _run_agent(settings: LaunchSettings, command: Sequence[str]) -> int:
             # Leave the rendezvous open: closing it would stop the other workers from re-forming the group.
             shutdown_rdzv = False
             log.warning("stopped by %s; ranks were sent SIGTERM", err.sigval.name)
+            termination_log.write_reason(f"stopped by {err.sigval.name}")
             return exitcodes.STOPPED
         except RendezvousError as err:
             log.error("rendezvous failed: %s: %s", type(err).__name__, err)

@@ -99,7 +99,7 @@ def test_sigterm_stops_the_ranks_and_exits_stopped(rdzv_store, tmp_path):
     log = tmp_path / "attempts.log"
     env = child_env(PET_NNODES="1", PET_NPROC_PER_NODE="2", PET_RDZV_BACKEND="c10d", PET_RDZV_ENDPOINT=rdzv_store,
                     PET_RDZV_ID="sigterm", PET_MAX_RESTARTS="3", EXIT_RANK_LOG=str(log), EXIT_RANK_WHICH="9",
-                    EXIT_RANK_CODE="0")  # no rank exits by itself
+                    EXIT_RANK_CODE="0", FLYWHEEL_TERMINATION_LOG=str(tmp_path / "said"))  # no rank exits by itself
     proc = subprocess.Popen([PYTHON, "-m", "flywheel.cli", "launch", "--", str(SCRIPTS / "exit_rank.py")],
                             env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -112,6 +112,7 @@ def test_sigterm_stops_the_ranks_and_exits_stopped(rdzv_store, tmp_path):
         assert proc.wait(timeout=40) == exitcodes.STOPPED
         time.sleep(0.2)
         assert not [pid for pid in ranks if alive(pid)]
+        assert (tmp_path / "said").read_text() == "stopped by SIGTERM"
     finally:
         proc.kill()
         proc.wait()
