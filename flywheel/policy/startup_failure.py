@@ -14,6 +14,9 @@ from flywheel.policy import reasons as R
 from flywheel.policy.failures import FailureKind
 
 STARTUP_FAILURE_ATTEMPTS = 2
+# Reasons that may pass by themselves: a rendezvous that timed out waiting for a peer still being scheduled
+# (flywheel/trainer/launch.py writes this prefix).
+TRANSIENT_PREFIXES = ("rendezvous failed",)
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ class StartupFailures:
 
 def after_failure(previous: StartupFailures, kind: FailureKind, reason: str, step: int) -> StartupFailures:
     """The start-up failure record after a failure of `kind` with the worker's `reason`, at the job's `step`."""
-    if kind is not FailureKind.CRASH or not reason or step != previous.step:
+    if kind is not FailureKind.CRASH or not reason or reason.startswith(TRANSIENT_PREFIXES) or step != previous.step:
         return StartupFailures(step=step)
     attempts = previous.attempts + 1 if reason == previous.reason else 1
     return StartupFailures(reason, attempts, step)

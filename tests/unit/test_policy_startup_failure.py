@@ -23,6 +23,9 @@ def test_the_same_crash_before_any_step_counts_attempts_in_a_row() -> None:
     assert after_failure(first, FailureKind.CRASH, IMPORT, 7).attempts == 0  # it trained in between
     assert after_failure(first, FailureKind.KILLED, IMPORT, 0).attempts == 0  # a signal says nothing to compare
     assert after_failure(first, FailureKind.CRASH, "", 0).attempts == 0
+    timeout = "rendezvous failed: RendezvousTimeoutError: "
+    once = after_failure(first, FailureKind.CRASH, timeout, 0)
+    assert after_failure(once, FailureKind.CRASH, timeout, 0).attempts == 0
 
 
 def _crash() -> JobView:
