@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flywheel import exitcodes
+from flywheel.data_prep_tokenizer import resolve_tokenizer
 from flywheel.eventlog import EventLog, EventName, one_line
 from flywheel.spec import SpecError
 from flywheel.trainer.build import build_model, model_shape
@@ -144,7 +145,8 @@ def preflight(env: WorkerEnv) -> SampleSource:
     trainer = env.spec.trainer
     cfg = model_shape(trainer.model)
     check_layout(env.world_size, trainer.parallelism, trainer.training, cfg, trainer.data.source)
-    return build_source(trainer.data.source, cfg.vocab, cfg.seq_len, trainer.training.seed)
+    tokenizer = resolve_tokenizer(trainer.data.tokenizer, trainer.model.pretrained)
+    return build_source(trainer.data.source, cfg.vocab, cfg.seq_len, trainer.training.seed, tokenizer)
 
 
 @dataclass(frozen=True)
@@ -215,7 +217,7 @@ def _set_up(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: Tra
     torch.manual_seed(training.seed)
     cfg = model_shape(spec.trainer.model)
     if env.rank == 0:  # what `flywheel export` needs to name and configure the weights
-        write_model_record(env.checkpoint_dir, cfg, spec.trainer.model.pretrained)
+        write_model_record(env.checkpoint_dir, cfg, spec.trainer.model.pretrained, spec.trainer.data)
     loader = SampleLoader(source)
     plain = build_model(cfg, seed=training.seed).to(device)
     if env.rank == 0:
