@@ -42,8 +42,13 @@ def test_publisher_to_watch(etcd_server: EtcdServer) -> None:
         for step in range(1, 30):  # 29 steps in ~0.3 s: one put now, the rest coalesced to the latest
             events.emit("step", step=step, loss=1.0 / step, step_seconds=0.01, tokens_per_second=10.0, world_size=2)
             time.sleep(0.01)
-        seen = []
-        latest = until(changes, lambda r: seen.append(r["0"].step) or r["0"].step == 29)["0"]
+        seen: list[int] = []
+
+        def reached_29(records: dict[str, ProgressRecord]) -> bool:
+            seen.append(records["0"].step)
+            return records["0"].step == 29
+
+        latest = until(changes, reached_29)["0"]
         assert len(seen) <= 3 and time.monotonic() - began >= 0.9  # at most one put a second
         assert latest.productive_seconds == pytest.approx(0.29)
         events.emit("checkpoint", step=29, path="/c/29")  # urgent: at once, not after the second
