@@ -48,7 +48,11 @@ class ProgressState:
                                          world_size=int(fields.get("world_size") or 0), checkpoint=carried)
             return True
         if self.record is None:
-            return False
+            if event != "step":
+                return False
+            # A user script reports steps only (flywheel.progress): its first step opens the attempt.
+            resumed = int(fields["step"]) - 1
+            self.record = ProgressRecord(time=now, attempt=now, step=resumed, resumed_from=resumed)
         r = self.record
         if event == "step":
             self.record = replace(r, time=now, step=int(fields["step"]), loss=_float(fields.get("loss")),

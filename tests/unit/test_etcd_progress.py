@@ -33,7 +33,7 @@ def test_progress_keys_live_under_their_run() -> None:
 
 def test_publisher_state_follows_rank_zero_events() -> None:
     state = ProgressState()
-    assert state.observe("step", {"step": 1}, 1.0) is False  # before `start`: nothing to publish yet
+    assert state.observe("checkpoint", {"step": 1}, 1.0) is False  # before `start` or a step: nothing yet
     assert state.observe("start", {"world_size": 2, "resumed_from": 4}, 10.0) is True
     assert state.record == ProgressRecord(time=10.0, attempt=10.0, step=4, resumed_from=4, world_size=2)
     assert state.observe("step", {"step": 5, "loss": 2.0, "step_seconds": 0.5, "tokens_per_second": 100.0,
@@ -48,6 +48,13 @@ def test_publisher_state_follows_rank_zero_events() -> None:
     # A new start (in-process restart) is a new attempt that keeps the last checkpoint.
     state.observe("start", {"world_size": 2, "resumed_from": 6}, 20.0)
     assert state.record is not None and state.record.attempt == 20.0 and state.record.checkpoint == r.checkpoint
+
+
+def test_a_user_scripts_first_step_opens_the_attempt() -> None:
+    state = ProgressState()  # flywheel.progress emits steps only, no `start`
+    state.observe("step", {"step": 3, "step_seconds": 0.5, "world_size": 2}, 7.0)
+    assert state.record == ProgressRecord(time=7.0, attempt=7.0, step=3, resumed_from=2, world_size=2,
+                                          productive_seconds=0.5)
 
 
 def test_only_rank_zero_of_an_etcd_run_publishes() -> None:
