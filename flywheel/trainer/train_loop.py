@@ -58,6 +58,7 @@ from flywheel.trainer.parallelize import (
     parallelize,
     settle_ddp_buckets,
 )
+from flywheel.trainer.progress_publisher import progress_events
 from flywheel.trainer.trainer_metrics import TrainerMetrics
 from flywheel.trainer.watchdog import ProgressWatchdog
 from flywheel.trainer.worker_env import UserError, WorkerEnv
@@ -364,7 +365,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         # On CUDA some kernels (e.g. attention backward) have no deterministic version: warn rather than fail.
         torch.use_deterministic_algorithms(True, warn_only=torch.cuda.is_available())
 
-    events = EventLog(env.events_file)
+    events = progress_events(env.events_file, env.rank)  # rank 0 also publishes progress to etcd
     labels = {"job": env.job, "namespace": env.namespace, "replica": env.replica, "rank": str(env.rank)}
     try:
         metrics = TrainerMetrics(env.metrics_port if env.local_rank == 0 else 0, labels)
