@@ -14,13 +14,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from types import FrameType
 
 import torch
 import torch.distributed as dist
@@ -61,25 +59,12 @@ from flywheel.trainer.parallelize import (
 from flywheel.trainer.progress_publisher import progress_events
 from flywheel.trainer.trainer_metrics import TrainerMetrics
 from flywheel.trainer.watchdog import ProgressWatchdog
-from flywheel.trainer.worker_env import UserError, WorkerEnv
+from flywheel.trainer.worker_env import StopRequest, UserError, WorkerEnv
 
 log = logging.getLogger("flywheel.trainer")
 
 
 USER_ERRORS = (UserError, SpecError, DataError, ParallelismError, HFConfigError)
-
-
-class StopRequest:
-    """SIGTERM sets a flag; the loop acts on it at the next step boundary that all ranks agree on."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum: int, _frame: FrameType | None) -> None:
-        self.requested = True
 
 
 def pick_device(local_rank: int) -> torch.device:
