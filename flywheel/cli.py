@@ -1,5 +1,5 @@
-"""`flywheel run | launch | plan | export | crd | operator | api | status`: the command line. Each subcommand imports
-only what it needs."""
+"""`flywheel run | launch | plan | export | prepare-data | generate | crd | operator | api | status`: the command
+line. Each subcommand imports only what it needs."""
 
 from __future__ import annotations
 
@@ -221,6 +221,62 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare_data(args: argparse.Namespace) -> int:
+    from flywheel.data_prep import PrepareError, prepare_data, progress_reporter
+    from flywheel.data_prep_tokenizer import TokenizerError
+
+    update, close = progress_reporter("tokenizing")
+    try:
+        index = prepare_data(args.inputs, args.tokenizer, args.out, shard_tokens=args.shard_tokens,
+                             workers=args.workers, dtype=args.dtype, progress=update)
+    except (PrepareError, TokenizerError) as err:
+        print(f"flywheel prepare-data: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    finally:
+        close()
+    print(f"wrote {args.out}: {index.total_tokens} tokens ({index.dtype}, vocab {index.vocab}) in "
+          f"{len(index.shards)} shards")
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from flywheel.trainer.generate import GenerateOptions, generate_text
+    from flywheel.trainer.hf_config import HFConfigError
+    from flywheel.trainer.hf_export import ExportError
+
+    options = GenerateOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                              seed=args.seed)
+    try:
+        print(generate_text(args.source, args.prompt, options, tokenizer=args.tokenizer))
+    except (ExportError, HFConfigError, ValueError) as err:
+        print(f"flywheel generate: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+def _add_data_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    prep = sub.add_parser("prepare-data", help="tokenize text/JSONL/Parquet files into token shards for data.source")
+    prep.add_argument("inputs", nargs="+", metavar="INPUT", help=".txt, .jsonl (a `text` field) or .parquet files")
+    prep.add_argument("--tokenizer", required=True, help="a Hugging Face tokenizer.json or a .tiktoken file")
+    prep.add_argument("--out", required=True, help="the shard directory to write (give it as data.source)")
+    prep.add_argument("--shard-tokens", type=int, default=1 << 28, help="tokens per shard file (default 2^28)")
+    prep.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tokenizing processes")
+    prep.add_argument("--dtype", choices=("auto", "uint16", "uint32"), default="auto",
+                      help="token width (auto: uint16 when the vocab fits)")
+    prep.set_defaults(func=_prepare_data)
+
+    gen = sub.add_parser("generate", help="sample text from a trained model (a run or checkpoint directory)")
+    gen.add_argument("source", metavar="RUN_OR_CHECKPOINT",
+                     help="a run directory (runs/<name>), a checkpoint directory or one step-NNNNNNNN folder")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep this much probability mass")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--tokenizer", help="decode with this tokenizer instead of the job's")
+    gen.set_defaults(func=_generate)
+
+
 def _crd(args: argparse.Namespace) -> int:
     from flywheel import crd
 
@@ -301,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=("hf",), default="hf", help="hf: config.json + safetensors (default)")
     export.add_argument("--out", required=True, help="the directory to write")
     export.set_defaults(func=_export)
+
+    _add_data_commands(sub)
 
     crd = sub.add_parser("crd", help="write the TrainingJob CRD generated from the schema")
     crd.add_argument("path", nargs="?", default="crds/trainingjobs.flywheel.dev.yaml")

@@ -8,9 +8,9 @@
 It publishes what the embedded trainer publishes, under the same names and labels: the Prometheus metrics
 (flywheel_train_steps_total, flywheel_train_last_step_timestamp_seconds, flywheel_train_loss,
 flywheel_train_step_seconds, flywheel_train_tokens_per_second; served by each worker's local rank 0 on
-FLYWHEEL_METRICS_PORT) and rank 0's `step` events in FLYWHEEL_EVENTS_FILE. So the health monitor's hang check, the
-job's `status.step`/goodput and the API's timeline work for a user script as they do for the trainer. Without
-Flywheel's environment (plain `python`, `torchrun`) every call is a cheap no-op. Imports neither torch nor
+FLYWHEEL_METRICS_PORT), rank 0's `step` events in FLYWHEEL_EVENTS_FILE and its etcd progress record. So the hang
+checks, the job's `status.step`/goodput and the API's timeline work for a user script as they do for the trainer.
+Without Flywheel's environment (plain `python`, `torchrun`) every call is a cheap no-op. Imports neither torch nor
 anything of the operator.
 """
 
@@ -22,7 +22,8 @@ import threading
 import time
 from collections.abc import Mapping
 
-from flywheel.eventlog import EventLog, EventName
+from flywheel.eventlog import EventName
+from flywheel.trainer.progress_publisher import progress_events
 from flywheel.trainer.trainer_metrics import TrainerMetrics
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,9 @@ class ProgressReporter:
         except OSError as err:  # the port is still held by the previous incarnation: go on without serving
             log.warning("cannot serve progress metrics on port %d (%s); continuing without", port, err)
             self.metrics = TrainerMetrics(0, labels)
-        self.events = EventLog((env.get("FLYWHEEL_EVENTS_FILE") or None) if self.rank == 0 else None)
+        # Rank 0's steps also go to the run's etcd progress record (the operator's status and hang check).
+        self.events = progress_events((env.get("FLYWHEEL_EVENTS_FILE") or None) if self.rank == 0 else None,
+                                      self.rank, env)
         self._last = time.monotonic()
 
     def step(self, step: int, *, loss: float | None = None, tokens: int | None = None) -> None:

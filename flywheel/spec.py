@@ -20,6 +20,8 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from flywheel.data_prep_index import source_problem
+from flywheel.data_prep_tokenizer import tokenizer_vocab
 from flywheel.planner.devices import DEVICES
 from flywheel.planner.search import PlanError, auto_layout
 from flywheel.spec_base import _Model
@@ -177,7 +179,8 @@ class TrainerSpec(_Model):
         common = dict(experts=moe.experts if moe else 0, top_k=moe.top_k if moe else 0,
                       moe_every=moe.every if moe else 1, tp=par.tp, pp=par.pp, ep=par.ep, fsdp=par.fsdp,
                       schedule=par.schedule, stages_per_rank=par.stages_per_rank, microbatches=par.microbatches,
-                      global_batch=tr.global_batch, micro_batch=tr.micro_batch, data_source=self.data.source)
+                      global_batch=tr.global_batch, micro_batch=tr.micro_batch, data_source=self.data.source,
+                      tokenizer_vocab=tokenizer_vocab(self.data.tokenizer))
         if self.model.pretrained is not None:
             return JobLayout(layers=1, dim=1, heads=1, vocab=BYTE_VOCAB, seq_len=self.model.seq_len or 2,
                              pretrained=True, **common)  # type: ignore[arg-type]
@@ -336,8 +339,9 @@ def check_local_paths(job: TrainingJob, checkpoint_dir: str | None = None) -> No
     """Checks that only make sense on the machine that runs the job: data exists, checkpoint dir is writable."""
     problems = []
     source = job.spec.trainer.data.source
-    if not job.spec.command and source != "synthetic" and not Path(source).is_file():
-        problems.append(f"spec.trainer.data.source: {source!r} does not exist; give an existing file or 'synthetic'")
+    problem = None if job.spec.command else source_problem(source)
+    if problem:
+        problems.append(problem)
     ckpt = Path(checkpoint_dir or job.spec.checkpoint.dir)
     probe = ckpt
     while not probe.exists() and probe != probe.parent:

@@ -56,6 +56,7 @@ class JobLayout:
     ffn: int = 0
     max_positions: int = 0
     pretrained: bool = False
+    tokenizer_vocab: int = 0  # ids the job's tokenizer may produce; 0: none, or its file is not readable here
 
 
 def model_problems(job: JobLayout) -> list[Problem]:
@@ -122,7 +123,18 @@ def data_problems(job: JobLayout) -> list[Problem]:
     if job.data_source.endswith(".txt") and job.vocab < BYTE_VOCAB:
         return [Problem("data-vocab", "trainer.model.vocab", f"text data ({job.data_source}) uses byte tokens but "
                         f"vocab is {job.vocab}", f"set trainer.model.vocab to at least {BYTE_VOCAB}")]
-    return []
+    problem = None if job.pretrained else tokenizer_vocab_problem(job.vocab, job.tokenizer_vocab)
+    return [problem] if problem else []
+
+
+def tokenizer_vocab_problem(model_vocab: int, tokenizer_vocab: int) -> Problem | None:
+    """The model's embedding must cover every id the tokenizer produces (0: no tokenizer, nothing to check). The
+    trainer's preflight asks it again with a pretrained model's config.json vocab."""
+    if tokenizer_vocab <= model_vocab:
+        return None
+    return Problem("data-tokenizer-vocab", "trainer.model.vocab", f"the tokenizer (trainer.data.tokenizer) has "
+                   f"{tokenizer_vocab} tokens but the model's vocab is {model_vocab}",
+                   f"set trainer.model.vocab to at least {tokenizer_vocab}")
 
 
 def _tp_problems(job: JobLayout) -> list[Problem]:

@@ -28,8 +28,12 @@ class Training(_Model):
 
 
 class Data(_Model):
-    source: str = Field("synthetic", description="'synthetic', or a path to a text file (.txt, byte tokens) "
-                                                 "or a token file (.npy / .bin of uint16).")
+    source: str = Field("synthetic", description="'synthetic', a text file (.txt, byte tokens), a token file "
+                                                 "(.npy / .bin of uint16), or a directory of token shards written "
+                                                 "by `flywheel prepare-data` (its index.json).")
+    tokenizer: str | None = Field(None, min_length=1, description="A Hugging Face tokenizer.json or a .tiktoken "
+                                  "BPE file: the model's vocab must cover it; `flywheel generate` decodes with it "
+                                  "and `flywheel export` copies it. Unset: the pretrained directory's, if any.")
 
     @property
     def is_synthetic(self) -> bool:
@@ -38,9 +42,10 @@ class Data(_Model):
     @field_validator("source")
     @classmethod
     def _known_format(cls, v: str) -> str:
-        if v != "synthetic" and Path(v).suffix not in (".txt", ".npy", ".bin"):
-            raise ValueError(f"{v!r} is neither 'synthetic' nor a .txt/.npy/.bin file; convert the data or use "
-                             "source: synthetic")
+        # No suffix: a directory of shards (prepare-data's output); its index is read where the job runs.
+        if v != "synthetic" and Path(v).suffix not in (".txt", ".npy", ".bin", ""):
+            raise ValueError(f"{v!r} is neither 'synthetic', a .txt/.npy/.bin file nor a shard directory; convert "
+                             "the data with `flywheel prepare-data` or use source: synthetic")
         return v
 
 

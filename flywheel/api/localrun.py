@@ -17,13 +17,13 @@ from flywheel.spec import TrainingJob
 from flywheel.timefmt import rfc3339
 
 Obj = dict[str, Any]
-_FAILURE_KIND = {"kill": "Killed", "hang": "Hang", "collective-timeout": "CollectiveTimeout",
+_FAILURE_KIND = {"kill": "Killed", "hang": R.RESTART_HUNG, "collective-timeout": "CollectiveTimeout",
                  "user-error": "UserError"}
 
 
 def _failure_reason(f: FailureEntry) -> str:
     """A rank failure's kind as a reason; a worker exit carries its failure kind (Killed, UserError, ...) already."""
-    return _FAILURE_KIND.get(f.record.kind, f.record.kind or "Hang")
+    return _FAILURE_KIND.get(f.record.kind, f.record.kind or R.RESTART_HUNG)
 
 
 def _failure_message(f: FailureEntry) -> str:

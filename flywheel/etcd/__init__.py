@@ -6,6 +6,8 @@ from flywheel but itself).
   retries and endpoint failover).
 - `liveness`: worker liveness keys (`WorkerRegistration`) and the operator's API: `watch_workers`,
   `list_live_workers`, `delete_run`.
+- `progress`: the progress record global rank 0 keeps under `/flywheel/progress/<run_id>/` and its codec;
+  `progress_watch`: the operator's follower of it.
 
 See docs/etcd-rendezvous.md for the design and the reasons for `aetcd`.
 """

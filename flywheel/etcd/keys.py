@@ -4,12 +4,14 @@
     /flywheel/rdzv/<run_id>/store/<key>     torch.distributed.Store keys, each under its writer's store lease
     /flywheel/rdzv/<run_id>/commit/<nonce>  short-lived markers that make a retried `add`/`append` exactly-once
     /flywheel/workers/<run_id>/<replica>    liveness: one key per worker agent under a short-TTL lease
+    /flywheel/progress/<run_id>/<rank>      training progress (flywheel/etcd/progress.py), under its writer's lease
 """
 
 from __future__ import annotations
 
 RDZV_ROOT = "/flywheel/rdzv/"
 WORKERS_ROOT = "/flywheel/workers/"
+PROGRESS_ROOT = "/flywheel/progress/"
 
 
 def _checked(run_id: str) -> str:
@@ -42,3 +44,11 @@ def worker_key(run_id: str, replica_id: str) -> bytes:
     if not replica_id or "/" in replica_id:
         raise ValueError(f"replica id must be non-empty and contain no '/': {replica_id!r}")
     return workers_prefix(run_id) + replica_id.encode()
+
+
+def progress_prefix(run_id: str) -> bytes:
+    return f"{PROGRESS_ROOT}{_checked(run_id)}/".encode()
+
+
+def progress_key(run_id: str, rank: int) -> bytes:
+    return progress_prefix(run_id) + str(int(rank)).encode()

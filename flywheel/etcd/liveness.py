@@ -135,17 +135,17 @@ def list_live_workers(endpoints: str | EtcdSession, run_id: str) -> dict[str, Li
 
 
 def delete_run(endpoints: str | EtcdSession, run_id: str) -> int:
-    """Delete every key of `run_id` (rendezvous state, store, liveness); for the operator's finalizer.
+    """Delete every key of `run_id` (rendezvous state, store, liveness, progress); for the operator's finalizer.
 
     Returns the number of keys deleted. Agents still running lose their rendezvous; call this after they stopped.
     """
-    rdzv, workers = keys.rdzv_prefix(run_id), keys.workers_prefix(run_id)
+    prefixes = (keys.rdzv_prefix(run_id), keys.workers_prefix(run_id), keys.progress_prefix(run_id))
 
-    async def delete_both(client: Client) -> int:
-        return int((await client.delete_prefix(rdzv)).deleted) + int((await client.delete_prefix(workers)).deleted)
+    async def delete_all(client: Client) -> int:
+        return sum([int((await client.delete_prefix(prefix)).deleted) for prefix in prefixes])
 
     with _SessionRef(endpoints) as session:
-        return session.call(delete_both)
+        return session.call(delete_all)
 
 
 def reset_rendezvous(endpoints: str | EtcdSession, run_id: str) -> int:

@@ -1,11 +1,12 @@
-"""Where the operator's step, checkpoint and goodput numbers come from: the job's event log.
+"""The operator's optional second source of step, checkpoint and goodput numbers: the job's event log (the first is
+the etcd progress record, etcd_progress.py; `merged` there combines the two).
 
 The operator gives every worker `FLYWHEEL_EVENTS_FILE=<events-dir>/<namespace>_<name>_<uid>.jsonl` on a path that
 it shares with the workers (the test cluster: one host; a real cluster: a ReadWriteMany volume mounted by the
 operator and the workers). Global rank 0 appends one JSON line per event (docs/contracts.md); `EventLogTail` reads
 what was appended since the last pass with the one tailer and folds it with the one fold (flywheel/eventlog), then
-maps the fold to the `Progress` that reconcile reads (pure: `progress_of`). Without an events dir the status shows
-no step/checkpoint/goodput (documented in docs/operator.md).
+maps the fold to the `Progress` that reconcile reads (pure: `progress_of`). Without an events dir the status
+takes these numbers from etcd alone (docs/operator.md).
 """
 
 from __future__ import annotations

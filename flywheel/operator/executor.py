@@ -1,9 +1,12 @@
-"""Carries out reconcile passes for one TrainingJob: observe (job, pods, nodes, etcd liveness, event log) ->
-`policy.reconcile.reconcile` -> write the status once (resourceVersion precondition) -> act -> post events.
+"""Carries out reconcile passes for one TrainingJob: observe (job, pods, nodes, etcd liveness and progress, the
+event log) -> `policy.reconcile.reconcile` -> write the status once (resourceVersion precondition) -> act -> post
+events.
 
-One `JobRunner` per TrainingJob runs inside a kopf daemon. It wakes on pod events, etcd liveness changes and a
-periodic tick. If the status write loses a race (409) nothing is done in that pass: the next one starts over from
-fresh observations, so no action is ever taken twice for one decision.
+One `JobRunner` per TrainingJob runs inside a kopf daemon. It wakes on pod events, etcd liveness and progress
+changes and a periodic tick. Without Prometheus it also reports a hang itself, from the etcd progress
+(progress_follower.py), into its findings inbox like the health monitor. If the status write loses a race (409)
+nothing is done in that pass: the next one starts over from fresh observations, so no action is ever taken twice
+for one decision.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from flywheel.operator import manifests as m
 from flywheel.operator.event_log import EventLogTail, events_file
 from flywheel.operator.kube import Kube, KubeApiError
 from flywheel.operator.node_cache import LostNodes
+from flywheel.operator.progress_follower import JobProgress
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.plan import WorkerPlan
 from flywheel.policy import reasons as R
@@ -69,12 +73,19 @@ class JobRunner:
         self.recovering_reason = ""  # the last restart's reason, for the time-to-recover histogram
         self.recoveries_seen_until = time.time()  # recoveries before this process started were measured before
         self.checkpoint_events: CheckpointEventState | None = None  # seeded by the first pass
+        self.progress = JobProgress(self.poke)  # the etcd progress record (step, checkpoint, goodput, hangs)
+        self.hang_reported: int | None = None  # the generation (restarts) whose hang was reported
 
     # -- wiring -------------------------------------------------------------------------------------------------
     def poke(self) -> None:
         self.wake.set()
 
     async def _start_liveness(self, job: TrainingJob) -> None:
+        if self.etcd is not None and self.progress.watch is None:
+            try:
+                self.progress.start(await self.etcd.session(), m.run_id(job, self.uid))
+            except Exception as err:  # noqa: BLE001 (etcd down: retried next pass; the event log may still say)
+                self.logger.warning(f"etcd progress watch unavailable: {err}")
         if self.watch is not None or self.etcd is None or not self.settings.worker_liveness:
             return
         loop = asyncio.get_running_loop()
@@ -113,6 +124,7 @@ class JobRunner:
             if self.watch is not None:
                 watch = self.watch
                 await asyncio.get_running_loop().run_in_executor(None, watch.stop)
+            await asyncio.get_running_loop().run_in_executor(None, self.progress.stop)
 
     async def _sleep(self, stopped: kopf.DaemonStopped) -> None:
         """Until poked, stopped, or the next tick."""
@@ -152,7 +164,7 @@ class JobRunner:
         self.dead_by_lease.add(view.uid)
         return True
 
-    async def _observe(self) -> tuple[list[PodView], ObservedProgress]:
+    async def _observe(self, status_in: TrainingJobStatus) -> tuple[list[PodView], ObservedProgress]:
         pods = await self.kube.list(Kube.core(self.namespace, "pods"), f"{m.JOB_LABEL}={self.name}")
         pods = [p for p in pods if any(o.get("uid") == self.uid for o in p["metadata"].get("ownerReferences", []))]
         lost = await self.lost_nodes.get()
@@ -167,7 +179,7 @@ class JobRunner:
         self.seen_live = {k: v for k, v in self.seen_live.items() if k in alive}
         self.dead_by_lease &= alive
         self.exited_agents &= alive
-        progress = self.tail.poll() if self.tail is not None else ObservedProgress()
+        progress = self.progress.observe(self.tail.poll() if self.tail is not None else None, status_in.goodput)
         return views, progress
 
     async def reconcile_once(self) -> None:
@@ -180,8 +192,10 @@ class JobRunner:
             job = parse_job(obj)
         except SpecError as err:
             invalid = "; ".join(err.problems)
-        views, progress = await self._observe()
         status_in = TrainingJobStatus.model_validate(obj.get("status") or {})
+        views, progress = await self._observe(status_in)
+        if job is not None and self.settings.hang_detection:
+            self._check_hang(job, views, status_in)
         if self.checkpoint_events is None:  # what the operator before this process had seen: not posted again
             self.checkpoint_events = seed(progress.checkpoints, _checkpoint_time(status_in))
         status_in.selector = f"{m.JOB_LABEL}={self.name}"
@@ -203,6 +217,19 @@ class JobRunner:
         for ev in result.events:
             await self._event(obj, ev.type, ev.reason, ev.message)
         await self._checkpoint_event(obj, result.status.phase in TERMINAL, progress)
+
+    def _check_hang(self, job: TrainingJob, views: list[PodView], status: TrainingJobStatus) -> None:
+        """A job training no step (etcd progress, operator's clock) is reported like the monitor's hang: the
+        pass reading it restarts the job (FailureKind.HANG); one report per generation."""
+        if status.phase in (Phase.SUCCEEDED, Phase.FAILED, Phase.SUSPENDED):
+            return
+        hang = self.progress.hang(job.spec, views, status.restarts, time.time())
+        if hang is not None and self.hang_reported != status.restarts:
+            self.hang_reported = status.restarts
+            self.logger.warning(f"job is hung: {hang.message}")
+            self.findings.report_hang(hang.message, status.restarts)
+            if self.metrics is not None:
+                self.metrics.time_to_detect_seconds.labels("Hang").observe(hang.idle_seconds)
 
     async def _write_status(self, obj: dict[str, Any], status: dict[str, Any]) -> bool:
         """Write `status` if it changed, with the resourceVersion read (one writer per job: this runner). False

@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-worker-liveness", dest="worker_liveness", action="store_false",
                    help="do not watch the workers' etcd lease keys: a dead worker is then seen only through pod and "
                         "node status, i.e. after the node monitor's grace period (bench/dead_worker.py's peer)")
+    p.add_argument("--no-hang-detection", dest="hang_detection", action="store_false",
+                   help="do not restart a job whose etcd progress shows no step for progressTimeoutSeconds "
+                        "(firstStepTimeoutSeconds before the first step); works without Prometheus")
     p.add_argument("--operator-metrics-port", type=int, default=8080,
                    help="serve the operator's own Prometheus metrics here; 0 = off")
     p.add_argument("--liveness", default="", metavar="URL",
@@ -81,7 +84,7 @@ def run(argv: Sequence[str] | None = None, serve_api: Callable[[argparse.Namespa
     settings = OperatorSettings(etcd_endpoints=args.etcd_endpoints, events_dir=args.events_dir,
                                 events_claim=args.events_claim, metrics_port_base=args.metrics_port_base,
                                 worker_env=env, gang_scheduler=args.gang_scheduler,
-                                worker_liveness=args.worker_liveness)
+                                worker_liveness=args.worker_liveness, hang_detection=args.hang_detection)
     kopf.configure(verbose=args.verbose)
     if not args.verbose:  # httpx logs every Prometheus query of the health monitor at INFO
         logging.getLogger("httpx").setLevel(logging.WARNING)

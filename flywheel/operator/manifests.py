@@ -35,6 +35,7 @@ class OperatorSettings:
     worker_env: tuple[tuple[str, str], ...] = ()  # extra env for every worker (e.g. OMP_NUM_THREADS=1)
     gang_scheduler: str = "none"  # none | scheduler-plugins | volcano: which PodGroup to create for gang jobs
     worker_liveness: bool = True  # watch the workers' etcd lease keys; off: dead workers seen by pod/node status only
+    hang_detection: bool = True  # report a job with no step in its etcd progress as hung (no Prometheus needed)
 
 
 def service_name(job_name: str) -> str:

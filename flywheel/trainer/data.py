@@ -6,6 +6,8 @@ Sources:
   `seed`) with a little uniform noise; learnable, so the loss visibly falls towards ~log(branching).
 - `.txt`: the file's bytes are the tokens (vocab 256).
 - `.npy` / `.bin`: uint16 tokens, memory-mapped.
+- a directory written by `flywheel prepare-data`: its shards (uint16 or uint32), memory-mapped and read as one
+  stream in index order, so a window may span two shards.
 File samples are windows at offsets `k * seq_len`, visited in a seeded permutation per epoch.
 """
 
@@ -16,6 +18,10 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+
+from flywheel.data_prep_index import IndexError_, read_index
+from flywheel.data_prep_tokenizer import TokenizerError, file_sha256, load_tokenizer
+from flywheel.spec_layout import tokenizer_vocab_problem
 
 SYNTHETIC_BRANCHING = 4  # successors per token in the synthetic chain: the loss floor is about log(4)
 SYNTHETIC_NOISE = 0.05  # fraction of tokens replaced by uniform noise
@@ -55,12 +61,50 @@ class SyntheticSource:
         return tokens.astype(np.int64)
 
 
+class TokenArray(Protocol):
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, window: slice, /) -> np.ndarray: ...
+
+
+class ShardedTokens:
+    """A prepare-data directory's shards as one token stream (each shard memory-mapped; nothing read up front)."""
+
+    def __init__(self, directory: str, vocab: int):
+        try:
+            index = read_index(directory)
+        except IndexError_ as err:
+            raise DataError(f"data.source: {err}") from None
+        if index.vocab > vocab:
+            raise DataError(f"data.source {directory!r} was tokenized with a vocab of {index.vocab} but the model's "
+                            f"vocab is {vocab}; set trainer.model.vocab to at least {index.vocab}")
+        self.index = index
+        self.shards = [np.memmap(Path(directory) / name, dtype=np.dtype(index.dtype).newbyteorder("<"), mode="r")
+                       for name, count in zip(index.shards, index.tokens, strict=True) if count]
+        self.starts = np.cumsum([0] + [len(s) for s in self.shards])  # stream offset of each shard, then the end
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, window: slice, /) -> np.ndarray:
+        start, stop = int(window.start), min(int(window.stop), len(self))
+        parts = []
+        shard = int(np.searchsorted(self.starts, start, side="right")) - 1
+        while start < stop:
+            offset = start - int(self.starts[shard])
+            take = min(stop - start, len(self.shards[shard]) - offset)
+            parts.append(self.shards[shard][offset:offset + take])
+            start, shard = start + take, shard + 1
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
 class TokenFileSource:
-    """Windows of a token array (bytes of a .txt, or uint16 .npy/.bin), in a seeded permutation per epoch."""
+    """Windows of a token array (bytes of a .txt, uint16 .npy/.bin, or a shard directory), in a seeded permutation
+    per epoch."""
 
     def __init__(self, path: str, vocab: int, seq_len: int, seed: int):
         self.path, self.seq_len, self.seed = path, seq_len, seed
-        self.tokens = _open_tokens(path, vocab)
+        self.tokens: TokenArray = ShardedTokens(path, vocab) if Path(path).is_dir() else _open_tokens(path, vocab)
         self.windows = (len(self.tokens) - 1) // seq_len
         if self.windows < 1:
             raise DataError(f"data source {path!r} has {len(self.tokens)} tokens, fewer than seqLen + 1 = "
@@ -82,7 +126,8 @@ class TokenFileSource:
 def _open_tokens(path: str, vocab: int) -> np.ndarray:
     file = Path(path)
     if not file.is_file():
-        raise DataError(f"data source {path!r} does not exist; give an existing file or 'synthetic'")
+        raise DataError(f"data.source {path!r} does not exist; give an existing file, a shard directory "
+                        "(`flywheel prepare-data`) or 'synthetic'")
     suffix = file.suffix
     if suffix == ".txt":
         if vocab < 256:
@@ -106,10 +151,30 @@ def _open_tokens(path: str, vocab: int) -> np.ndarray:
     return tokens
 
 
-def build_source(source: str, vocab: int, seq_len: int, seed: int) -> SampleSource:
+def build_source(source: str, vocab: int, seq_len: int, seed: int, tokenizer: str | None = None) -> SampleSource:
+    """The job's sample stream; `tokenizer` (the job's, data.tokenizer or the pretrained one) is checked against
+    the model's vocab and a shard directory's recorded tokenizer. Raises DataError."""
+    if tokenizer:
+        check_tokenizer(tokenizer, vocab)
     if source == "synthetic":
         return SyntheticSource(vocab, seq_len, seed)
-    return TokenFileSource(source, vocab, seq_len, seed)
+    built = TokenFileSource(source, vocab, seq_len, seed)
+    if tokenizer and isinstance(built.tokens, ShardedTokens) and \
+            file_sha256(load_tokenizer(tokenizer).path) != built.tokens.index.tokenizer_sha256:
+        raise DataError(f"data.tokenizer {tokenizer!r} is not the tokenizer data.source {source!r} was prepared "
+                        "with (its sha256 differs from index.json's); use that tokenizer or prepare the data again")
+    return built
+
+
+def check_tokenizer(tokenizer: str, vocab: int) -> None:
+    """The spec_layout rule on the tokenizer's vocab, with the tokenizer read where the job runs."""
+    try:
+        tokenizer_vocab = load_tokenizer(tokenizer).vocab
+    except TokenizerError as err:
+        raise DataError(f"data.tokenizer: {err}") from None
+    problem = tokenizer_vocab_problem(vocab, tokenizer_vocab)
+    if problem:
+        raise DataError(f"spec.{problem}")
 
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (inputs[micro, seq], targets[micro, seq])

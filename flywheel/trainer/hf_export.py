@@ -13,15 +13,20 @@ from __future__ import annotations
 import json
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from flywheel.data_prep_tokenizer import resolve_tokenizer
 from flywheel.spec_model import ModelShape, shape_from_dict, shape_to_dict
 from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer.hf_config import config_from_shape
 from flywheel.trainer.hf_weights import hf_name
+
+if TYPE_CHECKING:
+    from flywheel.spec import Data
 
 MODEL_RECORD = "model.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -33,11 +38,21 @@ class ExportError(ValueError):
     """Nothing exportable where the user pointed; the message says what was expected."""
 
 
-def write_model_record(checkpoint_dir: str | Path, shape: ModelShape, pretrained: str | None) -> None:
+def write_model_record(checkpoint_dir: str | Path, shape: ModelShape, pretrained: str | None,
+                       data: Data | None = None) -> None:
+    """`model.json`: the shape, the pretrained directory, the data source and the job's tokenizer file (generate
+    decodes with it, export copies it)."""
     root = Path(checkpoint_dir)
     root.mkdir(parents=True, exist_ok=True)
-    record = {"shape": shape_to_dict(shape), "pretrained": str(Path(pretrained).resolve()) if pretrained else None}
+    tokenizer = resolve_tokenizer(data.tokenizer if data else None, pretrained, data.source if data else None)
+    record = {"shape": shape_to_dict(shape), "pretrained": _absolute(pretrained),
+              "data_source": _absolute(data.source if data and not data.is_synthetic else None),
+              "tokenizer": _absolute(tokenizer)}
     (root / MODEL_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _absolute(path: str | None) -> str | None:
+    return str(Path(path).resolve()) if path else None
 
 
 def find_checkpoint(source: str | Path) -> Path:
@@ -112,18 +127,36 @@ def save_hf(tensors: dict[str, torch.Tensor], config: dict[str, Any], out: Path,
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
-def export_hf(source: str | Path, out: str | Path, *, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
-    """Writes the HF directory `out` from the checkpoint `source` names; returns the step folder used."""
+@dataclass(frozen=True)
+class CheckpointModel:
+    """A committed checkpoint's model: the step folder, the recorded shape and job files, the full tensors."""
+
+    step_dir: Path
+    shape: ModelShape
+    record: dict[str, Any]
+    state: dict[str, torch.Tensor]
+
+
+def load_checkpoint_model(source: str | Path) -> CheckpointModel:
+    """The model of the checkpoint `source` names (a run, a checkpoint directory or a step folder), in this process:
+    what `flywheel export` writes out and `flywheel generate` samples from."""
     step_dir = find_checkpoint(source)
     record_path = step_dir.parent / MODEL_RECORD
     if not record_path.exists():
         raise ExportError(f"{record_path} is missing: the checkpoint was written by a trainer that did not record "
                           "its model; retrain with this version or export from a newer checkpoint")
     record = json.loads(record_path.read_text())
-    shape = shape_from_dict(record["shape"])
-    save_hf(to_hf_state(load_model_state(step_dir), shape), config_from_shape(shape), Path(out), max_shard_bytes)
-    pretrained = record.get("pretrained")
+    return CheckpointModel(step_dir, shape_from_dict(record["shape"]), record, load_model_state(step_dir))
+
+
+def export_hf(source: str | Path, out: str | Path, *, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
+    """Writes the HF directory `out` from the checkpoint `source` names; returns the step folder used."""
+    loaded = load_checkpoint_model(source)
+    save_hf(to_hf_state(loaded.state, loaded.shape), config_from_shape(loaded.shape), Path(out), max_shard_bytes)
+    pretrained, tokenizer = loaded.record.get("pretrained"), loaded.record.get("tokenizer")
     for name in TOKENIZER_FILES if pretrained else ():
-        if (Path(pretrained) / name).exists():
-            shutil.copy2(Path(pretrained) / name, Path(out) / name)
-    return step_dir
+        if (Path(str(pretrained)) / name).exists():
+            shutil.copy2(Path(str(pretrained)) / name, Path(out) / name)
+    if tokenizer and Path(tokenizer).name == "tokenizer.json" and Path(tokenizer).is_file():
+        shutil.copy2(tokenizer, Path(out) / "tokenizer.json")  # the job's own (data.tokenizer) wins
+    return loaded.step_dir

@@ -14,13 +14,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from types import FrameType
 
 import torch
 import torch.distributed as dist
@@ -28,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flywheel import exitcodes
+from flywheel.data_prep_tokenizer import resolve_tokenizer
 from flywheel.eventlog import EventLog, EventName, one_line
 from flywheel.spec import SpecError
 from flywheel.trainer import termination_log
@@ -58,27 +57,15 @@ from flywheel.trainer.parallelize import (
     parallelize,
     settle_ddp_buckets,
 )
+from flywheel.trainer.progress_publisher import progress_events
 from flywheel.trainer.trainer_metrics import TrainerMetrics
 from flywheel.trainer.watchdog import ProgressWatchdog
-from flywheel.trainer.worker_env import UserError, WorkerEnv
+from flywheel.trainer.worker_env import StopRequest, UserError, WorkerEnv
 
 log = logging.getLogger("flywheel.trainer")
 
 
 USER_ERRORS = (UserError, SpecError, DataError, ParallelismError, HFConfigError)
-
-
-class StopRequest:
-    """SIGTERM sets a flag; the loop acts on it at the next step boundary that all ranks agree on."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum: int, _frame: FrameType | None) -> None:
-        self.requested = True
 
 
 def pick_device(local_rank: int) -> torch.device:
@@ -145,7 +132,8 @@ def preflight(env: WorkerEnv) -> SampleSource:
     trainer = env.spec.trainer
     cfg = model_shape(trainer.model)
     check_layout(env.world_size, trainer.parallelism, trainer.training, cfg, trainer.data.source)
-    return build_source(trainer.data.source, cfg.vocab, cfg.seq_len, trainer.training.seed)
+    tokenizer = resolve_tokenizer(trainer.data.tokenizer, trainer.model.pretrained)
+    return build_source(trainer.data.source, cfg.vocab, cfg.seq_len, trainer.training.seed, tokenizer)
 
 
 @dataclass(frozen=True)
@@ -216,7 +204,7 @@ def _set_up(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: Tra
     torch.manual_seed(training.seed)
     cfg = model_shape(spec.trainer.model)
     if env.rank == 0:  # what `flywheel export` needs to name and configure the weights
-        write_model_record(env.checkpoint_dir, cfg, spec.trainer.model.pretrained)
+        write_model_record(env.checkpoint_dir, cfg, spec.trainer.model.pretrained, spec.trainer.data)
     loader = SampleLoader(source)
     plain = build_model(cfg, seed=training.seed).to(device)
     if env.rank == 0:
@@ -366,7 +354,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         # On CUDA some kernels (e.g. attention backward) have no deterministic version: warn rather than fail.
         torch.use_deterministic_algorithms(True, warn_only=torch.cuda.is_available())
 
-    events = EventLog(env.events_file)
+    events = progress_events(env.events_file, env.rank)  # rank 0 also publishes progress to etcd
     labels = {"job": env.job, "namespace": env.namespace, "replica": env.replica, "rank": str(env.rank)}
     try:
         metrics = TrainerMetrics(env.metrics_port if env.local_rank == 0 else 0, labels)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import FrameType
 
 from flywheel.spec import TrainingJobSpec, parse_spec
 from flywheel.trainer.fault_injection import Fault, faults_from_env
@@ -69,3 +71,16 @@ class WorkerEnv:
                    events_file=env.get("FLYWHEEL_EVENTS_FILE") or None, faults=faults,
                    # Markers must outlive restarts and be shared by all workers, like the checkpoints.
                    fault_dir=env.get("FLYWHEEL_FAULT_DIR") or os.path.join(checkpoint_dir, ".faults"))
+
+
+class StopRequest:
+    """SIGTERM sets a flag; the loop acts on it at the next step boundary that all ranks agree on."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.requested = True

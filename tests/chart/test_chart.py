@@ -5,6 +5,7 @@ Prometheus Operator objects against their CRD schemas: test_monitoring_objects.p
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 from pathlib import Path
@@ -119,6 +120,7 @@ def test_operator_deployment_single_replica_probes_and_args():
     assert f"--etcd-endpoints={RELEASE}-flywheel-etcd-0.{RELEASE}-flywheel-etcd.{NAMESPACE}.svc:2379" in args
     assert f"--namespace={NAMESPACE}" in args  # namespaced RBAC: the operator must not watch all namespaces
     assert "--no-health-monitor" in args and "--operator-metrics-port=8080" in args
+    assert "--no-hang-detection" not in args  # the hang part of the health loop needs no Prometheus: on
     # kopf's liveness endpoint (served from the operator's event loop), not the metrics server's thread.
     assert "--liveness=http://0.0.0.0:8081/healthz" in args
     assert op["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"},
@@ -331,3 +333,14 @@ def test_notes_name_the_next_commands():
     notes = result.stdout.split("NOTES:", 1)[1]
     assert "kubectl apply -n flywheel -f examples/operator-tiny.yaml" in notes
     assert "kubectl get tj -n flywheel -w" in notes
+
+
+def test_hang_detection_is_on_by_default_and_can_be_turned_off():
+    main = pytest.importorskip("flywheel.operator.main")
+
+    def parsed(*values: str) -> argparse.Namespace:
+        args = one(render(*values), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        return main.build_parser().parse_args(args[1:])
+
+    assert parsed().hang_detection and not parsed("operator.healthMonitor.hangDetection=false").hang_detection
+

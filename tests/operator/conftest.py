@@ -42,7 +42,8 @@ def _free_port() -> int:
 
 
 class OperatorProcess:
-    def __init__(self, cluster: RunningCluster, events_dir: Path, log_path: Path) -> None:
+    def __init__(self, cluster: RunningCluster, events_dir: Path | None, log_path: Path) -> None:
+        """`events_dir` None: no --events-dir (the chart's default; progress then comes from etcd alone)."""
         self.cluster, self.events_dir, self.log_path = cluster, events_dir, log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -52,7 +53,8 @@ class OperatorProcess:
 
     def start(self) -> None:
         argv = [sys.executable, "-m", "flywheel.cli", "operator", "--kubeconfig", str(self.cluster.kubeconfig),
-                "--etcd-endpoints", str(self.cluster.etcd_url), "--events-dir", str(self.events_dir),
+                "--etcd-endpoints", str(self.cluster.etcd_url),
+                *(["--events-dir", str(self.events_dir)] if self.events_dir is not None else []),
                 "--metrics-port-base", "0", "--worker-env", "OMP_NUM_THREADS=1",
                 "--operator-metrics-port", str(self.metrics_port), *self.monitor_args, *self.extra_args]
         with open(self.log_path, "a") as log:

@@ -1,0 +1,84 @@
+"""The progress record a job's global rank 0 keeps in etcd, and its codec (pure: no I/O, shared by the trainer's
+publisher and the operator's watch).
+
+Key: `/flywheel/progress/<run_id>/<rank>` (keys.py), under the writer's own lease, so it disappears within the
+lease's TTL when the process dies or stops (SIGSTOP). Value: one JSON object, `"v": 1`. An *attempt* is one
+trainer process group (a new one after every restart), named by the time its `start` was reported; the goodput
+parts are the attempt's own, and the reader adds attempts up (flywheel/operator/progress_view.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    step: int
+    path: str
+    time: float  # unix time it was committed
+
+
+@dataclass(frozen=True)
+class ProgressRecord:
+    time: float  # the writer's clock when written
+    attempt: float  # when this attempt's group started training (its `start`), unix time
+    step: int = 0  # the last step trained (the resumed-from step before the first one)
+    resumed_from: int = 0
+    world_size: int = 0
+    loss: float | None = None
+    tokens_per_second: float | None = None
+    checkpoint: CheckpointRecord | None = None  # the last checkpoint committed (or restored) in this attempt
+    productive_seconds: float = 0.0  # the sum of this attempt's step times
+    done: bool = False  # training finished (the final checkpoint is committed)
+
+    @property
+    def stepped(self) -> bool:
+        """This attempt has trained at least one step."""
+        return self.step > self.resumed_from
+
+
+def encode(record: ProgressRecord) -> bytes:
+    value: dict[str, Any] = {
+        "v": VERSION, "time": record.time, "attempt": record.attempt, "step": record.step,
+        "resumedFrom": record.resumed_from, "worldSize": record.world_size, "loss": _finite(record.loss),
+        "tokensPerSecond": _finite(record.tokens_per_second), "productiveSeconds": record.productive_seconds,
+        "done": record.done}
+    if record.checkpoint is not None:
+        c = record.checkpoint
+        value["checkpoint"] = {"step": c.step, "path": c.path, "time": c.time}
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def decode(data: bytes) -> ProgressRecord | None:
+    """The record, or None for a value this reader cannot use (garbled, or another version): the reader then
+    keeps what it had rather than failing."""
+    try:
+        value = json.loads(data)
+        if not isinstance(value, dict) or value.get("v") != VERSION:
+            return None
+        ckpt = value.get("checkpoint")
+        checkpoint = (CheckpointRecord(int(ckpt["step"]), str(ckpt["path"]), float(ckpt["time"]))
+                      if isinstance(ckpt, dict) else None)
+        return ProgressRecord(
+            time=float(value["time"]), attempt=float(value["attempt"]), step=int(value.get("step", 0)),
+            resumed_from=int(value.get("resumedFrom", 0)), world_size=int(value.get("worldSize", 0)),
+            loss=_optional_float(value.get("loss")), tokens_per_second=_optional_float(value.get("tokensPerSecond")),
+            checkpoint=checkpoint, productive_seconds=float(value.get("productiveSeconds", 0.0)),
+            done=bool(value.get("done", False)))
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def _finite(value: float | None) -> float | None:
+    """JSON has no NaN/inf: a diverged loss is written as null."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)

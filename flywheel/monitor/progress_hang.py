@@ -1,0 +1,45 @@
+"""Hang detection from the etcd progress record, without Prometheus (pure; the job's runner calls it each pass and
+leaves a `HangReport` in the job's findings inbox: the reconcile pass decides the restart, as for the monitor's).
+
+All times are the operator's own clock: when the runner last saw the record's step change, and since when every
+worker pod of the current generation runs. A job is hung when it trains no step for `progressTimeoutSeconds`
+(0: never), or, before the current group's first step, for `firstStepTimeoutSeconds` after all its pods run
+(start-up, rendezvous, restore and the first step; the trainer's own watchdog uses the same two allowances).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ProgressClock:
+    """What the runner saw, on its own clock (unix seconds)."""
+
+    running_since: float | None  # every worker pod of the current generation Running since; None: not all run
+    last_step_seen: float | None  # when the runner last saw the step change (any generation); None: never
+
+
+@dataclass(frozen=True)
+class ProgressHang:
+    idle_seconds: float
+    message: str
+
+
+def progress_hang(clock: ProgressClock, now: float, progress_timeout: float,
+                  first_step_timeout: float) -> ProgressHang | None:
+    """The hang, or None. A step seen before the pods of this generation all ran belongs to an earlier group: the
+    first-step allowance applies until the new group steps."""
+    if clock.running_since is None or progress_timeout <= 0:
+        return None
+    stepped = clock.last_step_seen is not None and clock.last_step_seen >= clock.running_since
+    if stepped:
+        assert clock.last_step_seen is not None
+        idle, limit, what = now - clock.last_step_seen, progress_timeout, "progressTimeoutSeconds"
+    else:
+        idle, limit, what = now - clock.running_since, first_step_timeout, "firstStepTimeoutSeconds"
+    if idle < limit:
+        return None
+    since = "the last step" if stepped else "its workers started, before the first step"
+    return ProgressHang(idle, f"no training step for {idle:.0f} s since {since} (faultTolerance.{what} is "
+                              f"{limit:g}; seen from the etcd progress record)")

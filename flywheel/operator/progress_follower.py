@@ -1,0 +1,82 @@
+"""One job's etcd progress for its runner: the watch of `/flywheel/progress/<run_id>/`, the ledger it feeds
+(etcd_progress.py), and the two times hang detection needs (monitor/progress_hang.py), on the operator's clock.
+
+The watch's callback runs on the etcd session's thread; it hands each change to the runner's event loop, where
+everything here is read and written (no lock needed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from flywheel.etcd.progress import ProgressRecord
+from flywheel.etcd.progress_watch import ProgressWatch, watch_progress
+from flywheel.etcd.session import EtcdSession
+from flywheel.monitor.progress_hang import ProgressClock, ProgressHang, progress_hang
+from flywheel.operator.etcd_progress import GoodputSeed, ProgressLedger, merged
+from flywheel.policy.observed import ObservedProgress, PodView
+from flywheel.spec import TrainingJobSpec
+from flywheel.spec_status import GoodputStatus
+
+
+class JobProgress:
+    def __init__(self, poke: Callable[[], None]) -> None:
+        self.poke = poke
+        self.ledger = ProgressLedger()
+        self.watch: ProgressWatch | None = None
+        self.started = time.time()  # this operator's first look at the job
+        self.seed: GoodputSeed | None = None  # from the status read by the first pass
+        self.last_step_seen: float | None = None
+        self.last_step: tuple[float, int] | None = None  # (attempt, step) of the last record that stepped
+        self.done = False
+        self.running: tuple[int, float] | None = None  # (generation, since) while all its worker pods run
+
+    def start(self, session: EtcdSession, run_id: str) -> None:
+        if self.watch is not None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def changed(records: dict[str, ProgressRecord]) -> None:
+            loop.call_soon_threadsafe(self._apply, records)
+
+        self.watch = watch_progress(session, run_id, changed)
+
+    def _apply(self, records: dict[str, ProgressRecord]) -> None:
+        for record in records.values():
+            self.ledger.add(record)
+            key = (record.attempt, record.step)
+            if record.stepped and key != self.last_step and (self.last_step is None or key > self.last_step):
+                self.last_step, self.last_step_seen = key, time.time()
+            self.done = self.done or record.done
+        self.poke()
+
+    def observe(self, from_log: ObservedProgress | None, status_goodput: GoodputStatus) -> ObservedProgress:
+        """The pass's progress: etcd's, merged with the event log's when there is one."""
+        if self.seed is None:  # what the operator before this one counted (0 for a new job)
+            self.seed = GoodputSeed(status_goodput.productive_seconds, status_goodput.ratio,
+                                    status_goodput.lost_steps, status_goodput.mean_time_to_recover_seconds,
+                                    self.started)
+        from_etcd = self.ledger.progress(self.seed) if self.ledger.attempts else None
+        return merged(from_etcd, from_log)
+
+    def hang(self, spec: TrainingJobSpec, views: list[PodView], generation: int, now: float) -> ProgressHang | None:
+        """Whether the current generation trains no step (None while not all its pods run, or once done)."""
+        current = [v for v in views if v.active and v.generation == generation]
+        all_running = bool(current) and len(current) >= spec.replicas.min and \
+            all(v.phase == "Running" for v in current)
+        if not all_running:
+            self.running = None
+        elif self.running is None or self.running[0] != generation:
+            self.running = (generation, now)
+        if self.done or self.watch is None:
+            return None
+        clock = ProgressClock(self.running[1] if self.running else None, self.last_step_seen)
+        ft = spec.fault_tolerance
+        return progress_hang(clock, now, ft.progress_timeout_seconds, ft.first_step_timeout_seconds)
+
+    def stop(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+            self.watch = None

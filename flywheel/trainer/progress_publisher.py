@@ -1,0 +1,177 @@
+"""Global rank 0 publishes its progress to etcd (`/flywheel/progress/<run_id>/0`, record: flywheel/etcd/progress.py),
+so the operator fills the job's status and sees a hang without a shared event-log volume or Prometheus.
+
+Rank 0 alone writes: the ranks step in lockstep (every step ends in a collective), so a rank that stops stops rank
+0's steps too, and one writer keeps one record per run. The record follows the events rank 0 already emits
+(`PublishingEventLog` hands each to the publisher after writing it to the log, if any), so the loop needs no new
+calls. Writes happen on a background thread: at most one a second for steps, at once for `start`, a committed
+checkpoint and `done`; the key lives under the thread's own lease, so it vanishes within the TTL when the process
+dies or is stopped. A failed write is logged and dropped: it never stops training. At exit the last record is
+flushed (bounded by FLUSH_SECONDS).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from flywheel.etcd import keys
+from flywheel.etcd.progress import CheckpointRecord, ProgressRecord, encode
+from flywheel.etcd.session import EtcdSession, KeptLease
+from flywheel.eventlog import EventLog
+
+log = logging.getLogger(__name__)
+
+MIN_INTERVAL_SECONDS = 1.0
+LEASE_TTL_SECONDS = 5
+FLUSH_SECONDS = 3.0
+URGENT_EVENTS = frozenset({"start", "checkpoint", "done"})
+
+
+class ProgressState:
+    """The record built from rank 0's events (pure; `observe` returns whether to publish at once)."""
+
+    def __init__(self) -> None:
+        self.record: ProgressRecord | None = None  # None until the attempt's `start`
+
+    def observe(self, event: str, fields: Mapping[str, Any], now: float) -> bool:
+        if event == "start":
+            resumed = int(fields.get("resumed_from") or 0)
+            carried = self.record.checkpoint if self.record is not None else None
+            self.record = ProgressRecord(time=now, attempt=now, step=resumed, resumed_from=resumed,
+                                         world_size=int(fields.get("world_size") or 0), checkpoint=carried)
+            return True
+        if self.record is None:
+            if event != "step":
+                return False
+            # A user script reports steps only (flywheel.progress): its first step opens the attempt.
+            resumed = int(fields["step"]) - 1
+            self.record = ProgressRecord(time=now, attempt=now, step=resumed, resumed_from=resumed)
+        r = self.record
+        if event == "step":
+            self.record = replace(r, time=now, step=int(fields["step"]), loss=_float(fields.get("loss")),
+                                  tokens_per_second=_float(fields.get("tokens_per_second")),
+                                  world_size=int(fields.get("world_size") or r.world_size),
+                                  productive_seconds=r.productive_seconds + float(fields.get("step_seconds") or 0))
+        elif event == "checkpoint":
+            checkpoint = CheckpointRecord(int(fields["step"]), str(fields.get("path", "")), now)
+            self.record = replace(r, time=now, checkpoint=checkpoint)
+        elif event == "done":
+            self.record = replace(r, time=now, step=int(fields.get("step") or r.step), done=True)
+        else:
+            return False
+        return event in URGENT_EVENTS
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+class ProgressPublisher:
+    """Puts the latest record on a daemon thread; `observe` only updates memory and wakes the thread."""
+
+    def __init__(self, endpoints: str, run_id: str, rank: int = 0) -> None:
+        self.endpoints, self.key = endpoints, keys.progress_key(run_id, rank)
+        self.state = ProgressState()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._urgent = False
+        self._dirty = False
+        self._published: ProgressRecord | None = None
+        self._last_put = 0.0  # monotonic
+        self._closed = False
+        self._session: EtcdSession | None = None
+        self._lease: KeptLease | None = None
+        self._thread = threading.Thread(target=self._run, name="flywheel-progress", daemon=True)
+
+    def start(self) -> ProgressPublisher:
+        self._thread.start()
+        atexit.register(self.close)
+        return self
+
+    def observe(self, event: str, fields: Mapping[str, Any]) -> None:
+        with self._lock:
+            urgent = self.state.observe(event, fields, time.time())
+            self._dirty = self._dirty or self.state.record is not self._published
+            self._urgent = self._urgent or urgent
+            self._wake.notify()
+
+    def close(self) -> None:
+        """Flush the last record (waiting at most FLUSH_SECONDS), then drop the session; the key expires."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed, self._urgent = True, True
+            self._wake.notify()
+        self._thread.join(FLUSH_SECONDS)
+        if self._session is not None and not self._thread.is_alive():
+            if self._lease is not None:
+                self._lease.stop()
+            self._session.close()
+
+    def _next_record(self) -> ProgressRecord | None:
+        """Waits until a record is due (urgent, or dirty and a second since the last put); None when closed."""
+        with self._lock:
+            while True:
+                due = self._last_put + MIN_INTERVAL_SECONDS - time.monotonic()
+                if self._dirty and (self._urgent or due <= 0):
+                    self._dirty, self._urgent = False, False
+                    return self.state.record
+                if self._closed:
+                    return None
+                self._wake.wait(max(due, 0.05) if self._dirty else None)
+
+    def _run(self) -> None:
+        while (record := self._next_record()) is not None:
+            self._last_put = time.monotonic()
+            try:
+                self._put(record)
+                self._published = record
+            except Exception as exc:  # noqa: BLE001 - etcd down or slow: training goes on, the next put retries
+                log.warning("could not publish progress to etcd (%s: %s)", type(exc).__name__, exc)
+
+    def _put(self, record: ProgressRecord) -> None:
+        if self._session is None:
+            self._session = EtcdSession(self.endpoints, retry_seconds=5.0, name="flywheel-progress-etcd")
+        if self._lease is None:
+            self._lease = self._session.start_lease(LEASE_TTL_SECONDS, on_new_lease=self._reattach)
+        lease_id, value = self._lease.lease_id, encode(record)
+        self._session.call(lambda c: c.put(self.key, value, lease=lease_id))
+
+    async def _reattach(self, lease_id: int) -> None:
+        """A new lease (the old one expired during an etcd outage): put the last record under it again."""
+        record = self._published
+        if record is not None and self._session is not None:
+            value = encode(record)
+            await self._session.call_async(lambda c: c.put(self.key, value, lease=lease_id))
+
+
+class PublishingEventLog(EventLog):
+    """The event log (or none: `path` None) that also hands every event to the progress publisher."""
+
+    def __init__(self, path: str | None, publisher: ProgressPublisher) -> None:
+        super().__init__(path)
+        self.publisher = publisher
+
+    def emit(self, event: str, **fields: Any) -> None:
+        super().emit(event, **fields)
+        try:
+            self.publisher.observe(str(event), fields)
+        except Exception as exc:  # noqa: BLE001 - progress is best effort; the event was logged
+            log.debug("progress publisher: %s", exc)
+
+
+def progress_events(events_file: str | None, rank: int, environ: Mapping[str, str] | None = None) -> EventLog:
+    """Rank 0's event log with etcd progress when the run's rendezvous is etcd-v3 (`PET_RDZV_*`, as the operator
+    sets them), else the plain event log."""
+    env = os.environ if environ is None else environ
+    endpoint, run_id = env.get("PET_RDZV_ENDPOINT", ""), env.get("PET_RDZV_ID", "")
+    if rank != 0 or env.get("PET_RDZV_BACKEND") != "etcd-v3" or not endpoint or not run_id or "/" in run_id:
+        return EventLog(events_file)
+    return PublishingEventLog(events_file, ProgressPublisher(endpoint, run_id).start())

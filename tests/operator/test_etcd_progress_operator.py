@@ -1,0 +1,109 @@
+"""The operator as the chart starts it by default: etcd endpoints, no --events-dir, no Prometheus. Step,
+checkpoint and goodput reach the status through the workers' etcd progress record, and a job whose ranks are all
+SIGSTOPped is marked Hung and restarted from that record alone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from flywheel.local import procs
+from tests.k8s_emulator.fixtures import start_cluster
+from tests.operator.conftest import CRD, KUBECTL, OpEnv, OperatorProcess, eventually
+
+pytestmark = pytest.mark.timeout(400)
+
+
+@pytest.fixture(scope="module")
+def etcd_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpEnv]:
+    if not KUBECTL.exists():
+        pytest.skip("real kubectl missing: run scripts/install-tools.sh")
+    tmp = tmp_path_factory.mktemp("etcd-only")
+    cluster = start_cluster(tmp / "cluster", nodes=2, etcd=True, heartbeat_seconds=0.5)
+    operator = OperatorProcess(cluster, None, tmp / "operator.log")  # no events dir; --no-health-monitor
+    env = OpEnv(cluster, operator, tmp / "no-events", tmp)
+    try:
+        env.kubectl("apply", "-f", str(CRD))
+        operator.start()
+        yield env
+    finally:
+        operator.stop()
+        cluster.stop()
+
+
+def test_status_fills_from_etcd_without_an_events_dir(etcd_only: OpEnv) -> None:
+    env, name = etcd_only, "etcd-status"
+    env.kubectl("apply", "-f", str(env.job_yaml(name, **{"trainer.training.steps": 40})))
+    try:
+        seen: set[int] = set()
+
+        def finished() -> bool:
+            status = env.status(name)
+            if status.get("phase") == "Running":
+                seen.add(int(status.get("step", 0)))
+            return status.get("phase") in ("Succeeded", "Failed")
+
+        eventually(finished, 300, f"{name} to finish", interval=0.3)
+        status = env.status(name)
+        assert status["phase"] == "Succeeded", status
+        assert len({s for s in seen if 0 < s < 40}) >= 2, f"status.step did not rise while training: {seen}"
+        assert status["step"] == 40
+        assert status["lastCheckpoint"]["step"] == 40 and status["lastCheckpoint"]["path"]
+        assert status["goodput"]["ratio"] > 0 and status["goodput"]["productiveSeconds"] > 0
+        done = next(c for c in status["conditions"] if c["type"] == "Succeeded")
+        assert "step 40" in done["message"], done
+        assert not env.events_file(name).exists()  # nothing came through an event log
+    finally:
+        env.delete(name)
+
+
+def _stop_ranks(env: OpEnv, pod: str) -> list[int]:
+    """SIGSTOP every rank process of the pod (the processes below its agent); the agent runs on and keeps its
+    liveness lease, so only the missing steps can tell."""
+    assert env.cluster.kubelet is not None
+    agent = env.cluster.kubelet.pid_of("default", pod)
+    assert agent is not None, f"{pod} has no process"
+    ranks = procs.descendants(agent)
+    assert ranks, f"{pod}: no rank processes below the agent {agent}"
+    for pid in ranks:
+        os.kill(pid, signal.SIGSTOP)
+    return ranks
+
+
+def test_stopped_ranks_are_marked_hung_and_restarted_without_prometheus(etcd_only: OpEnv) -> None:
+    env, name = etcd_only, "etcd-hang"
+    env.kubectl("apply", "-f", str(env.job_yaml(name, **{
+        "trainer.training.steps": 2000, "faultTolerance.progressTimeoutSeconds": 4,
+        "faultTolerance.firstStepTimeoutSeconds": 120, "faultTolerance.budgetResetAfterSteps": 5})))
+    stopped: list[int] = []
+    try:
+        eventually(lambda: env.status(name).get("lastCheckpoint", {}).get("step", 0) >= 10, 200,
+                   f"{name} to commit a checkpoint at step >= 10", interval=0.5)
+        began = time.time()
+        for i in range(2):  # every worker's ranks: no rank's own watchdog can end it, only the operator
+            stopped += _stop_ranks(env, f"{name}-worker-{i}")
+        status = eventually(lambda: (s := env.status(name)).get("lastRestartReason") == "Hung" and s, 60,
+                            "a restart for the hang")
+        detected = time.time() - began
+        assert status["restarts"] == 1
+        hung = next(c for c in status["conditions"] if c["type"] == "Hung")
+        assert "etcd progress" in hung["message"] and "progressTimeoutSeconds" in hung["message"], hung
+        assert detected < 4 + 10, f"hang seen after {detected:.1f} s"
+        # The budget window opened at the last committed checkpoint, which only etcd reported.
+        budget = status["restartBudget"]
+        assert budget["windowStartStep"] == status["lastCheckpoint"]["step"] > 0, status
+        step_at_restart = status["lastCheckpoint"]["step"]
+        eventually(lambda: env.status(name).get("phase") == "Running"
+                   and env.status(name).get("step", 0) > step_at_restart, 200, "training again after the restart",
+                   interval=0.5)
+    finally:
+        for pid in stopped:  # let anything left end normally
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        env.delete(name)

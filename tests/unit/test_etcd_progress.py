@@ -1,0 +1,116 @@
+"""The etcd progress record's codec, the publisher's record from rank 0's events, and the operator's ledger over
+attempts (pure pieces of flywheel/etcd/progress.py, trainer/progress_publisher.py, operator/etcd_progress.py)."""
+
+from __future__ import annotations
+
+import math
+
+from flywheel.etcd import keys
+from flywheel.etcd.progress import CheckpointRecord, ProgressRecord, decode, encode
+from flywheel.operator.etcd_progress import GoodputSeed, ProgressLedger, merged
+from flywheel.policy.observed import ObservedProgress
+from flywheel.trainer.progress_publisher import ProgressState, progress_events
+
+
+def test_codec_round_trip_and_bad_values() -> None:
+    record = ProgressRecord(time=10.5, attempt=3.0, step=7, resumed_from=2, world_size=4, loss=1.25,
+                            tokens_per_second=900.0, checkpoint=CheckpointRecord(5, "/ckpt/step-5", 9.0),
+                            productive_seconds=4.5, done=True)
+    assert decode(encode(record)) == record
+    assert decode(encode(ProgressRecord(time=1.0, attempt=1.0))) == ProgressRecord(time=1.0, attempt=1.0)
+    diverged = decode(encode(ProgressRecord(time=1.0, attempt=1.0, loss=math.nan, tokens_per_second=math.inf)))
+    assert diverged is not None and diverged.loss is None and diverged.tokens_per_second is None
+    assert decode(b"not json") is None
+    assert decode(b'{"v": 2, "time": 1, "attempt": 1}') is None  # another version: not read
+    assert decode(b'{"v": 1, "time": "x", "attempt": 1}') is None
+    assert decode(b"[1]") is None
+
+
+def test_progress_keys_live_under_their_run() -> None:
+    assert keys.progress_key("job-1", 0) == b"/flywheel/progress/job-1/0"
+    assert keys.progress_key("job-1", 0).startswith(keys.progress_prefix("job-1"))
+
+
+def test_publisher_state_follows_rank_zero_events() -> None:
+    state = ProgressState()
+    assert state.observe("checkpoint", {"step": 1}, 1.0) is False  # before `start` or a step: nothing yet
+    assert state.observe("start", {"world_size": 2, "resumed_from": 4}, 10.0) is True
+    assert state.record == ProgressRecord(time=10.0, attempt=10.0, step=4, resumed_from=4, world_size=2)
+    assert state.observe("step", {"step": 5, "loss": 2.0, "step_seconds": 0.5, "tokens_per_second": 100.0,
+                                  "world_size": 2}, 11.0) is False  # steps are rate-limited, not urgent
+    assert state.observe("step", {"step": 6, "loss": 1.5, "step_seconds": 0.25}, 12.0) is False
+    assert state.observe("checkpoint", {"step": 6, "path": "/c/6"}, 13.0) is True
+    assert state.observe("fault", {"rank": 0}, 13.5) is False
+    assert state.observe("done", {"step": 6}, 14.0) is True
+    r = state.record
+    assert r is not None and (r.step, r.loss, r.productive_seconds, r.done) == (6, 1.5, 0.75, True)
+    assert r.checkpoint == CheckpointRecord(6, "/c/6", 13.0) and r.stepped
+    # A new start (in-process restart) is a new attempt that keeps the last checkpoint.
+    state.observe("start", {"world_size": 2, "resumed_from": 6}, 20.0)
+    assert state.record is not None and state.record.attempt == 20.0 and state.record.checkpoint == r.checkpoint
+
+
+def test_a_user_scripts_first_step_opens_the_attempt() -> None:
+    state = ProgressState()  # flywheel.progress emits steps only, no `start`
+    state.observe("step", {"step": 3, "step_seconds": 0.5, "world_size": 2}, 7.0)
+    assert state.record == ProgressRecord(time=7.0, attempt=7.0, step=3, resumed_from=2, world_size=2,
+                                          productive_seconds=0.5)
+
+
+def test_only_rank_zero_of_an_etcd_run_publishes() -> None:
+    env = {"PET_RDZV_BACKEND": "etcd-v3", "PET_RDZV_ENDPOINT": "127.0.0.1:1", "PET_RDZV_ID": "run"}
+    assert type(progress_events(None, 1, env)).__name__ == "EventLog"
+    assert type(progress_events(None, 0, {**env, "PET_RDZV_BACKEND": "c10d"})).__name__ == "EventLog"
+    assert type(progress_events(None, 0, {**env, "PET_RDZV_ID": ""})).__name__ == "EventLog"
+
+
+def _rec(attempt: float, time: float, step: int, resumed: int = 0, productive: float = 0.0,
+         checkpoint: CheckpointRecord | None = None, done: bool = False) -> ProgressRecord:
+    return ProgressRecord(time=time, attempt=attempt, step=step, resumed_from=resumed, world_size=2,
+                          productive_seconds=productive, checkpoint=checkpoint, done=done)
+
+
+def test_ledger_adds_attempts_up() -> None:
+    ledger = ProgressLedger()
+    c10 = CheckpointRecord(10, "/c/10", 104.0)
+    for r in (_rec(100, 100, 0), _rec(100, 103, 8, productive=3.0), _rec(100, 105, 12, productive=5.0,
+                                                                       checkpoint=c10),
+              _rec(110, 110, 10, resumed=10, checkpoint=c10), _rec(110, 112, 11, resumed=10, productive=1.0),
+              _rec(110, 120, 20, resumed=10, productive=9.0, checkpoint=CheckpointRecord(20, "/c/20", 119.5),
+                   done=True)):
+        ledger.add(r)
+    ledger.add(_rec(110, 111, 10, resumed=10))  # an older value re-listed: ignored
+    p = ledger.progress(GoodputSeed())
+    assert (p.step, p.done, p.world_size) == (20, True, 2)
+    assert (p.checkpoint_step, p.checkpoint_path, p.checkpoint_time) == (20, "/c/20", 119.5)
+    assert [c.step for c in p.checkpoints] == [10, 20] and [c.ordinal for c in p.checkpoints] == [1, 2]
+    # productive 5 + 9 over the wall from the first attempt's start (100) to the last record (120)
+    assert p.goodput == {"ratio": 0.7, "productiveSeconds": 14.0, "lostSteps": 2, "meanTimeToRecoverSeconds": 7.0}
+    assert p.recoveries == ((112.0, 7.0),)  # the new attempt's first step - the old attempt's last record
+
+
+def test_ledger_seeded_by_a_previous_operator_counts_only_what_it_sees() -> None:
+    ledger = ProgressLedger()
+    # The attempt started at 100, before this operator (started at 150); it had 40 productive seconds then.
+    ledger.add(_rec(100, 151, 60, productive=40.0))
+    ledger.add(_rec(100, 161, 70, productive=48.0))
+    seed = GoodputSeed(productive_seconds=40.0, ratio=0.8, lost_steps=3, mean_time_to_recover_seconds=2.0,
+                       operator_started=150.0)
+    g = ledger.progress(seed).goodput
+    assert g["productiveSeconds"] == 48.0  # 40 counted before + 8 seen here, not 40 + 48
+    assert g["ratio"] == round(48.0 / (50.0 + 10.0), 4)  # the old wall (40 / 0.8) + 10 s seen here
+    assert (g["lostSteps"], g["meanTimeToRecoverSeconds"]) == (3, 2.0)
+    assert ProgressLedger().progress(seed) == ObservedProgress()
+
+
+def test_merged_prefers_etcd_for_step_and_checkpoint_and_the_log_for_history() -> None:
+    etcd = ObservedProgress(step=12, world_size=2, checkpoint_step=10, checkpoint_path="/c/10", checkpoint_time=5.0,
+                            goodput={"ratio": 0.5})
+    log = ObservedProgress(step=11, world_size=2, checkpoint_step=10, checkpoint_path="/c/10", checkpoint_time=4.0,
+                           goodput={"ratio": 0.6, "lostSteps": 1}, failure_reason="boom", recoveries=((1.0, 2.0),))
+    both = merged(etcd, log)
+    assert (both.step, both.checkpoint_time, both.goodput, both.failure_reason) == (12, 5.0, log.goodput, "boom")
+    assert both.recoveries == log.recoveries
+    assert merged(etcd, None) == etcd and merged(None, log) == log
+    assert merged(etcd, ObservedProgress()) == etcd  # an empty event log (no volume mounted yet)
+    assert merged(None, None) == ObservedProgress()

@@ -1,0 +1,27 @@
+"""Hang detection from the etcd progress on the operator's clock (monitor/progress_hang.py)."""
+
+from __future__ import annotations
+
+from flywheel.monitor.progress_hang import ProgressClock, progress_hang
+
+
+def test_no_hang_while_not_all_pods_run_or_disabled() -> None:
+    assert progress_hang(ProgressClock(None, 0.0), 1000.0, 60, 600) is None
+    assert progress_hang(ProgressClock(0.0, 1.0), 1000.0, 0, 600) is None  # progressTimeoutSeconds 0: off
+
+
+def test_first_step_allowance_until_the_group_steps() -> None:
+    clock = ProgressClock(running_since=100.0, last_step_seen=None)
+    assert progress_hang(clock, 699.0, 60, 600) is None
+    hang = progress_hang(clock, 700.0, 60, 600)
+    assert hang is not None and hang.idle_seconds == 600.0 and "firstStepTimeoutSeconds" in hang.message
+    # A step of the previous generation (before its pods all ran) does not end the first-step allowance.
+    assert progress_hang(ProgressClock(100.0, 90.0), 200.0, 60, 600) is None
+
+
+def test_progress_timeout_after_a_step() -> None:
+    clock = ProgressClock(running_since=100.0, last_step_seen=150.0)
+    assert progress_hang(clock, 209.0, 60, 600) is None
+    hang = progress_hang(clock, 210.0, 60, 600)
+    assert hang is not None and hang.idle_seconds == 60.0
+    assert "progressTimeoutSeconds is 60" in hang.message and "since the last step" in hang.message
