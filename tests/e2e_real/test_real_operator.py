@@ -149,3 +149,42 @@ def test_deleted_headless_service_is_recreated(real: RealCluster, tmp_path: Path
     eventually(lambda: real.kubectl("get", "service", "e2e-svc-workers", check=False).returncode == 0, 60,
                "the Service to come back")
     assert real.wait_phase("e2e-svc", "Succeeded", 900)["step"] == 400
+
+
+def test_status_fills_from_etcd_progress(real: RealCluster, tmp_path: Path) -> None:
+    """The chart's defaults (etcd, no events volume, no Prometheus): step, checkpoint and goodput still fill in."""
+    real.apply_job("e2e-progress", tmp_path, **{"trainer.training.steps": 60, "checkpoint.everySteps": 20})
+    eventually(lambda: 0 < real.status("e2e-progress").get("step", 0) < 60, 900, "a step between 0 and 60")
+    status = real.wait_phase("e2e-progress", "Succeeded", 900)
+    assert status["step"] == 60 and status["lastCheckpoint"]["step"] == 60 and status["goodput"]["ratio"] > 0
+
+
+def test_deleted_pod_is_counted_with_its_reason(real: RealCluster, tmp_path: Path) -> None:
+    real.apply_job("e2e-podgone", tmp_path, **LONG)
+    eventually(lambda: real.status("e2e-podgone").get("step", 0) >= 40, 900, "step 40")
+    real.kubectl("delete", "pod", "e2e-podgone-worker-1", "--wait=false")
+    status = eventually(lambda: (s := real.status("e2e-podgone")).get("restarts", 0) >= 1 and s, 300, "a restart")
+    assert status["lastRestartReason"] == "PodDeleted"
+    assert real.wait_phase("e2e-podgone", "Succeeded", 900)["step"] == 400
+
+
+def test_import_error_fails_in_two_attempts_with_the_error(real: RealCluster, tmp_path: Path) -> None:
+    real.apply_job("e2e-import", tmp_path, command=["python", "-c", "import flywheel_no_such_module"])
+    status = real.wait_phase("e2e-import", "Failed", 600)
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert "flywheel_no_such_module" in failed["message"] and status.get("restarts", 0) <= 1
+    assert "flywheel_no_such_module" in real.kubectl("describe", "tj", "e2e-import").stdout
+
+
+def test_all_ranks_stopped_is_restarted_as_hung_without_prometheus(real: RealCluster, tmp_path: Path) -> None:
+    real.apply_job("e2e-stopped", tmp_path, **{**LONG, "faultTolerance.progressTimeoutSeconds": 20})
+    eventually(lambda: real.status("e2e-stopped").get("step", 0) >= 20, 900, "step 20")
+    stop = ("import os, signal\nfor p in filter(str.isdigit, os.listdir('/proc')):\n    try:\n"
+            "        cmd = open(f'/proc/{p}/cmdline', 'rb').read()\n    except OSError:\n        continue\n"
+            "    if b'flywheel.trainer' in cmd and int(p) != os.getpid():\n        os.kill(int(p), signal.SIGSTOP)\n")
+    for pod in real.pods("e2e-stopped"):
+        real.kubectl("exec", pod["metadata"]["name"], "--", "python", "-c", stop)
+    status = eventually(lambda: (s := real.status("e2e-stopped")).get("lastRestartReason") == "Hung" and s, 300,
+                        "a Hung restart")
+    assert status["restarts"] >= 1
+    assert real.wait_phase("e2e-stopped", "Succeeded", 1200)["step"] == 400
