@@ -15,8 +15,9 @@ FROM ${BASE_IMAGE} AS build
 # Equal to the torch pin in pyproject.toml's dependencies (a test checks).
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-# The operator and the API need kopf, aiohttp and the kubernetes client: pyproject.toml's `cluster` extra.
-ARG FLYWHEEL_EXTRAS=cluster
+# The operator and the API need kopf, aiohttp and the kubernetes client (pyproject.toml's `cluster` extra); workers
+# need tokenizers, tiktoken and pyarrow for real models and data (`hf`).
+ARG FLYWHEEL_EXTRAS=cluster,hf
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/venv

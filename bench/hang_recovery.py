@@ -154,7 +154,7 @@ class OursHarness:
                     if hung or status.get("restarts", 0) >= 1:
                         detected_at = time.time()
                         reason = status.get("lastRestartReason")
-                        detected_by = "Hung" if hung or reason == "Hang" else f"failure ({reason})"
+                        detected_by = "Hung" if hung or reason == "Hung" else f"failure ({reason})"
                 if status.get("phase") in ("Succeeded", "Failed"):
                     break
                 time.sleep(0.05)
