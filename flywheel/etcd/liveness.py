@@ -25,6 +25,7 @@ from typing import Any
 from aetcd import Client
 
 from . import keys
+from .prefix_watch import PrefixWatch, SessionRef
 from .session import EtcdSession, KeptLease
 
 log = logging.getLogger(__name__)
@@ -112,25 +113,10 @@ def _workers_from(kvs: Iterable[Any]) -> dict[str, LiveWorker]:
     return {w.replica_id: w for w in workers}
 
 
-class _SessionRef:
-    """Use the caller's session, or open a private one for a single call and close it afterwards."""
-
-    def __init__(self, endpoints: str | EtcdSession) -> None:
-        self.owned = not isinstance(endpoints, EtcdSession)
-        self.session = EtcdSession(endpoints, retry_seconds=10.0) if isinstance(endpoints, str) else endpoints
-
-    def __enter__(self) -> EtcdSession:
-        return self.session
-
-    def __exit__(self, *exc: object) -> None:
-        if self.owned:
-            self.session.close()
-
-
 def list_live_workers(endpoints: str | EtcdSession, run_id: str) -> dict[str, LiveWorker]:
     """The workers of `run_id` whose liveness lease is held now, by replica id."""
     prefix = keys.workers_prefix(run_id)
-    with _SessionRef(endpoints) as session:
+    with SessionRef(endpoints) as session:
         return _workers_from(session.call(lambda c: c.get_prefix(prefix)))
 
 
@@ -144,7 +130,7 @@ def delete_run(endpoints: str | EtcdSession, run_id: str) -> int:
     async def delete_all(client: Client) -> int:
         return sum([int((await client.delete_prefix(prefix)).deleted) for prefix in prefixes])
 
-    with _SessionRef(endpoints) as session:
+    with SessionRef(endpoints) as session:
         return session.call(delete_all)
 
 
@@ -153,66 +139,24 @@ def reset_rendezvous(endpoints: str | EtcdSession, run_id: str) -> int:
     at once instead of waiting for the heartbeats of the previous, dead participants to expire. Call it only when
     none of the run's agents is alive. Returns the number of keys deleted."""
     prefix = keys.rdzv_prefix(run_id)
-    with _SessionRef(endpoints) as session:
+    with SessionRef(endpoints) as session:
         return int(session.call(lambda c: c.delete_prefix(prefix)).deleted)
 
 
 OnWorkersChange = Callable[[dict[str, LiveWorker]], None]
 
 
-class WorkerWatch:
-    """Follows `/flywheel/workers/<run_id>/` and calls `on_change(live_workers)` with the whole current set: once
-    at start and after every change. Level-triggered, so a consumer never has to replay missed events; after a
-    broken watch (etcd restart) it lists again and carries on. `on_change` runs on the session's loop thread: keep
-    it quick (hand off to a queue or `loop.call_soon_threadsafe`)."""
+class WorkerWatch(PrefixWatch[LiveWorker]):
+    """Follows `/flywheel/workers/<run_id>/` and calls `on_change(live_workers)` with the whole current set
+    (prefix_watch.py: level-triggered, lists again after a broken watch)."""
 
     def __init__(self, endpoints: str | EtcdSession, run_id: str, on_change: OnWorkersChange) -> None:
-        self._ref = _SessionRef(endpoints)
-        self._prefix = keys.workers_prefix(run_id)
-        self._on_change = on_change
-        self._workers: dict[str, LiveWorker] | None = None
-        self._stopped = False
-        self._task = self._ref.session.submit(self._follow())
+        super().__init__(endpoints, keys.workers_prefix(run_id), lambda kv: _parse_worker(kv.key, kv.value, kv.lease),
+                         on_change, "worker watch")
 
     @property
     def live_workers(self) -> dict[str, LiveWorker]:
-        return dict(self._workers or {})
-
-    def stop(self) -> None:
-        self._stopped = True
-        self._task.cancel()
-        self._ref.__exit__()
-
-    def _publish(self, workers: dict[str, LiveWorker]) -> None:
-        if workers == self._workers:
-            return
-        self._workers = dict(workers)
-        try:
-            self._on_change(dict(workers))
-        except Exception:
-            log.exception("on_change callback failed")
-
-    async def _follow(self) -> None:
-        session = self._ref.session
-        while not self._stopped:
-            try:
-                listing = await session.call_async(lambda c: c.get_prefix(self._prefix))
-                workers = _workers_from(listing)
-                self._publish(workers)
-                watch = await session.client.watch_prefix(self._prefix, start_revision=listing.header.revision + 1)
-                async for event in watch:
-                    replica_id = event.kv.key.rsplit(b"/", 1)[-1].decode()
-                    if event.kind == "DELETE":
-                        workers.pop(replica_id, None)
-                    else:
-                        workers[replica_id] = _parse_worker(event.kv.key, event.kv.value, event.kv.lease)
-                    self._publish(workers)
-                await asyncio.sleep(0.1)  # the stream ended without an error (client replaced): list again
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - etcd restarts, compaction: list again after a pause
-                log.debug("worker watch interrupted (%s: %s); listing again", type(exc).__name__, exc)
-                await asyncio.sleep(0.3)
+        return self.current
 
 
 def watch_workers(endpoints: str | EtcdSession, run_id: str, on_change: OnWorkersChange) -> WorkerWatch:
