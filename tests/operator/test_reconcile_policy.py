@@ -9,23 +9,10 @@ from flywheel.policy.decisions import CreatePod, DeleteJob, DeletePod, Relabel, 
 from flywheel.policy.failure_decision import HUNG_POD_GRACE_SECONDS
 from flywheel.policy.observed import HangReport, HealthFindings, PodView, StragglerReport
 from flywheel.policy.observed import ObservedProgress as Progress
-from flywheel.spec import TrainingJobSpec, parse_spec
 from tests.operator.reconcile_json import condition, reconcile
+from tests.unit.policy_helpers import spec
 
 NOW = 1_800_000_000.0
-
-
-def spec(**changes: Any) -> TrainingJobSpec:
-    doc: dict[str, Any] = {"replicas": {"min": 2, "max": 2}, "trainer": {"training": {"globalBatch": 8,
-                                                                                      "microBatch": 2}},
-                           "faultTolerance": {"maxRestarts": 2, "nodeFailureGraceSeconds": 5}}
-    for dotted, value in changes.items():
-        node = doc
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return parse_spec(doc)
 
 
 def pod(index: int, phase: str = "Running", generation: int = 0, **kw: Any) -> PodView:
