@@ -101,3 +101,16 @@ def test_mesh_unflatten_and_dtensor_seams_on_one_gloo_rank(tmp_path) -> None:
         torch_compat.set_pg_timeout(timedelta(seconds=20), None)
     finally:
         dist.destroy_process_group()
+
+
+def test_the_rendezvous_still_numbers_agents_by_sorting_generated_node_descriptors() -> None:
+    import dataclasses
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+
+    assert "cls._node_desc_generator.generate(local_addr)" in inspect.getsource(
+        rdzv.DynamicRendezvousHandler.from_backend), "rank_order.py swaps the generator through this class attribute"
+    assert "enumerate(sorted(state.participants))" in inspect.getsource(rdzv), (
+        "ranks are no longer assigned by sorting the participants: re-check trainer/rendezvous/rank_order.py")
+    assert [f.name for f in dataclasses.fields(rdzv._NodeDesc)] == ["addr", "pid", "local_id"]
+    assert tuple(inspect.signature(rdzv._get_timeout).parameters) == ("params", "key")

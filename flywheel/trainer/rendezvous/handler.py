@@ -7,7 +7,8 @@ Rendezvous parameters (torchrun `--rdzv-conf k=v,...` / `PET_RDZV_CONF`, on top 
     etcd_retry_timeout  seconds an operation keeps retrying while etcd is unreachable (default 30)
     store_ttl           lease TTL of the store keys an agent wrote, after it is gone (default 30)
     worker_ttl          lease TTL of the worker's liveness key (default 5)
-    replica_id          liveness key name (default: $FLYWHEEL_REPLICA_INDEX, else the hostname)
+    replica_id          liveness key name (default: $FLYWHEEL_REPLICA_INDEX, else the hostname); ranks follow its
+                        number (rank_order.py), so rank = replica index x procs per replica + local rank
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import logging
 import os
 
 from torch.distributed.elastic.rendezvous.api import RendezvousParameters
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, create_handler
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
 from flywheel.etcd.liveness import DEFAULT_WORKER_TTL, WorkerRegistration, replica_id_from_env
 from flywheel.etcd.session import EtcdSession
 
 from .backend import EtcdV3RendezvousBackend
+from .rank_order import create_ordered_handler
 from .store import DEFAULT_STORE_LEASE_TTL, EtcdStore
 
 log = logging.getLogger(__name__)
@@ -59,10 +61,11 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> DynamicRendezvousHan
     )
     backend = EtcdV3RendezvousBackend(session, params.run_id)
     store = EtcdStore(session, params.run_id, lease_ttl=_int_param(params, "store_ttl", DEFAULT_STORE_LEASE_TTL))
+    replica_id = params.get("replica_id") or replica_id_from_env()
     registration = WorkerRegistration(
         session,
         params.run_id,
-        params.get("replica_id") or replica_id_from_env(),
+        replica_id,
         ttl=_int_param(params, "worker_ttl", DEFAULT_WORKER_TTL),
     ).start()
 
@@ -72,4 +75,4 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> DynamicRendezvousHan
         session.close()
 
     atexit.register(release)
-    return create_handler(store, backend, params)
+    return create_ordered_handler(store, backend, params, replica_id)
