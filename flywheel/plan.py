@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from flywheel.planner import DEVICES, resolve_auto
+from flywheel.replica import REPLICA_INDEX_ENV
 from flywheel.spec import TrainingJob, spec_to_env_json
 
 
@@ -78,7 +79,7 @@ def plan_workers(job: TrainingJob, placement: Placement) -> list[WorkerPlan]:
             "PET_RDZV_ID": rdzv_run_id(job),
             "PET_MAX_RESTARTS": str(spec.fault_tolerance.max_restarts),
             "FLYWHEEL_JOB": f"{job.metadata.namespace}/{job.metadata.name}",
-            "FLYWHEEL_REPLICA_INDEX": str(index),
+            REPLICA_INDEX_ENV: str(index),
             "FLYWHEEL_SPEC": spec_json,
             "FLYWHEEL_CHECKPOINT_DIR": placement.checkpoint_dir,
             "FLYWHEEL_METRICS_PORT": str(metrics_port),

@@ -31,7 +31,6 @@ from .session import EtcdSession, KeptLease
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKER_TTL = 5
-REPLICA_INDEX_ENV = "FLYWHEEL_REPLICA_INDEX"
 
 
 @dataclass(frozen=True)
@@ -43,10 +42,6 @@ class LiveWorker:
     lease_id: int
     exited: bool = False  # the agent ended by itself (its pod's status tells how); the key expires after the TTL
 
-
-def replica_id_from_env() -> str:
-    """The worker's stable replica index when the executor set one, else the hostname (the pod name)."""
-    return os.environ.get(REPLICA_INDEX_ENV) or socket.gethostname()
 
 
 class WorkerRegistration:

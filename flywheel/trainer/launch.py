@@ -303,6 +303,8 @@ def _run_agent(settings: LaunchSettings, command: Sequence[str]) -> int:
             dynamic_rendezvous,
         )
 
+        from flywheel.trainer import rank_order
+
     # torch registers these handlers only once the ranks start; a signal during the first rendezvous counts too.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _raise_signal_exception)
@@ -315,7 +317,9 @@ def _run_agent(settings: LaunchSettings, command: Sequence[str]) -> int:
     rdzv_handler = None
     with tempfile.TemporaryDirectory(prefix="flywheel-launch-") as log_dir:
         try:
-            rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
+            # torch's own c10d handler would order the local replicas (all on 127.0.0.1) by pid.
+            rdzv_handler = (rank_order.create_ordered_c10d_handler(params) if settings.rdzv_backend == "c10d"
+                            else rdzv_registry.get_rendezvous_handler(params))
             entrypoint, args = _rank_entrypoint(command)
             spec = WorkerSpec(role="trainer", local_world_size=settings.nproc_per_node, entrypoint=entrypoint,
                               args=args, rdzv_handler=rdzv_handler, max_restarts=settings.max_restarts,

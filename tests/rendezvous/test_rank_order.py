@@ -7,10 +7,12 @@ import random
 import threading
 
 import pytest
+from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, _NodeDesc
 
-from flywheel.trainer.rendezvous.rank_order import UNORDERED, ReplicaOrderedNode, replica_order
+import flywheel.trainer.rendezvous  # noqa: F401  (registers the etcd-v3 handler)
+from flywheel.trainer.rank_order import UNORDERED, ReplicaOrderedNode, create_ordered_c10d_handler, replica_order
 
 from .etcd_server import EtcdServer
 
@@ -34,14 +36,8 @@ def test_nodes_sort_by_replica_before_address_and_pid() -> None:
     assert sorted([unindexed, nodes[0]])[-1] is unindexed
 
 
-def test_twelve_agents_get_ranks_in_replica_order(etcd_server: EtcdServer) -> None:
-    size, ranks = 12, {}
-    handlers = {}
-    for index in random.Random(5).sample(range(size), size):  # created and joined in a shuffled order
-        handlers[index] = rendezvous_handler_registry.create_handler(RendezvousParameters(
-            backend="etcd-v3", endpoint=etcd_server.endpoint, run_id="job-order", min_nodes=size, max_nodes=size,
-            local_addr=f"job-worker-{index}", replica_id=str(index), worker_ttl=5, last_call_timeout=1,
-            join_timeout=60))
+def join_all(handlers: dict[int, DynamicRendezvousHandler]) -> dict[int, tuple[int, int]]:
+    ranks = {}
 
     def join(index: int) -> None:
         info = handlers[index].next_rendezvous()
@@ -52,8 +48,28 @@ def test_twelve_agents_get_ranks_in_replica_order(etcd_server: EtcdServer) -> No
         t.start()
     for t in threads:
         t.join(90)
-    try:
-        assert ranks == {i: (i, size) for i in range(size)}
-    finally:
-        for handler in handlers.values():
-            handler.shutdown()
+    for handler in handlers.values():
+        handler.shutdown()
+    return ranks
+
+
+def test_twelve_agents_get_ranks_in_replica_order(etcd_server: EtcdServer) -> None:
+    size, handlers = 12, {}
+    for index in random.Random(5).sample(range(size), size):  # created and joined in a shuffled order
+        handlers[index] = rendezvous_handler_registry.create_handler(RendezvousParameters(
+            backend="etcd-v3", endpoint=etcd_server.endpoint, run_id="job-order", min_nodes=size, max_nodes=size,
+            local_addr=f"job-worker-{index}", replica_id=str(index), worker_ttl=5, last_call_timeout=1,
+            join_timeout=60))
+    assert join_all(handlers) == {i: (i, size) for i in range(size)}
+
+
+def test_twelve_local_agents_on_one_address_get_ranks_in_replica_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local runner's c10d rendezvous: every replica on 127.0.0.1, which torch orders by pid."""
+    size, handlers = 12, {}
+    host = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for index in random.Random(7).sample(range(size), size):
+        monkeypatch.setenv("FLYWHEEL_REPLICA_INDEX", str(index))
+        handlers[index] = create_ordered_c10d_handler(RendezvousParameters(
+            backend="c10d", endpoint=f"127.0.0.1:{host.port}", run_id="local-order", min_nodes=size,
+            max_nodes=size, local_addr="127.0.0.1", is_host=False, last_call_timeout=1, join_timeout=60))
+    assert join_all(handlers) == {i: (i, size) for i in range(size)}

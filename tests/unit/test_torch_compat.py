@@ -111,6 +111,6 @@ def test_the_rendezvous_still_numbers_agents_by_sorting_generated_node_descripto
     assert "cls._node_desc_generator.generate(local_addr)" in inspect.getsource(
         rdzv.DynamicRendezvousHandler.from_backend), "rank_order.py swaps the generator through this class attribute"
     assert "enumerate(sorted(state.participants))" in inspect.getsource(rdzv), (
-        "ranks are no longer assigned by sorting the participants: re-check trainer/rendezvous/rank_order.py")
+        "ranks are no longer assigned by sorting the participants: re-check trainer/rank_order.py")
     assert [f.name for f in dataclasses.fields(rdzv._NodeDesc)] == ["addr", "pid", "local_id"]
     assert tuple(inspect.signature(rdzv._get_timeout).parameters) == ("params", "key")

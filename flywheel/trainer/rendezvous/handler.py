@@ -20,11 +20,12 @@ import os
 from torch.distributed.elastic.rendezvous.api import RendezvousParameters
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-from flywheel.etcd.liveness import DEFAULT_WORKER_TTL, WorkerRegistration, replica_id_from_env
+from flywheel.etcd.liveness import DEFAULT_WORKER_TTL, WorkerRegistration
 from flywheel.etcd.session import EtcdSession
+from flywheel.replica import replica_id_from_env
+from flywheel.trainer.rank_order import create_ordered_handler
 
 from .backend import EtcdV3RendezvousBackend
-from .rank_order import create_ordered_handler
 from .store import DEFAULT_STORE_LEASE_TTL, EtcdStore
 
 log = logging.getLogger(__name__)

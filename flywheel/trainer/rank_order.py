@@ -24,6 +24,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _get_timeout as rdzv_timeout
 
+from flywheel.replica import replica_id_from_env
+
 UNORDERED = 1 << 62  # agents without a replica index sort after every indexed one, then by address
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 
@@ -82,3 +84,11 @@ def create_ordered_handler(store: Store, backend: RendezvousBackend, params: Ren
         keep_alive_interval=params.get_as_int("keep_alive_interval", 5) or 5,
         keep_alive_max_attempt=params.get_as_int("keep_alive_max_attempt", 3) or 3)
     return handler
+
+
+def create_ordered_c10d_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
+    """torch's `c10d` handler (the local runner's: every replica on 127.0.0.1), in replica order."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+
+    backend, store = create_backend(params)
+    return create_ordered_handler(store, backend, params, replica_id_from_env())
