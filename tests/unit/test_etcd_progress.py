@@ -7,7 +7,7 @@ import math
 
 from flywheel.etcd import keys
 from flywheel.etcd.progress import CheckpointRecord, ProgressRecord, decode, encode
-from flywheel.operator.etcd_progress import GoodputSeed, ProgressLedger, merged
+from flywheel.monitor.etcd_progress import GoodputSeed, ProgressLedger, merged
 from flywheel.policy.observed import ObservedProgress
 from flywheel.trainer.progress_publisher import ProgressState, progress_events
 

@@ -1,5 +1,6 @@
 """The job's progress as the operator reads it from etcd (records: flywheel/etcd/progress.py), folded into the
-`ObservedProgress` that reconcile reads; pure, fed by the runner's progress watch.
+`ObservedProgress` that reconcile reads; pure, fed by the runner's progress watch (and the REST API's follower,
+flywheel/api/progress.py, which shows the same view).
 
 Each record is cumulative for its attempt (one trainer group between restarts), so the ledger keeps each attempt's
 first and last record and adds attempts up:
