@@ -82,7 +82,8 @@ class ProgressLedger:
             checkpoint_path=checkpoint.path if checkpoint else "", goodput=_goodput(ordered, seed),
             recoveries=_recoveries(ordered, seed),
             checkpoints=tuple(CommittedCheckpoint(first + i + 1, c.step, c.path, c.time)
-                              for i, c in enumerate(self.checkpoints[first:])))
+                              for i, c in enumerate(self.checkpoints[first:])),
+            failure_reason=latest.exit_reason)  # the newest attempt's: "" once a new one started
 
 
 def _inherited(attempt: _Attempt, seed: GoodputSeed) -> bool:
@@ -122,4 +123,5 @@ def merged(from_etcd: ObservedProgress | None, from_log: ObservedProgress | None
     source = from_etcd if newer_checkpoint else from_log
     return replace(from_log, step=from_etcd.step, world_size=from_etcd.world_size or from_log.world_size,
                    done=from_etcd.done or from_log.done, checkpoint_step=source.checkpoint_step,
-                   checkpoint_time=source.checkpoint_time, checkpoint_path=source.checkpoint_path)
+                   checkpoint_time=source.checkpoint_time, checkpoint_path=source.checkpoint_path,
+                   failure_reason=from_log.failure_reason or from_etcd.failure_reason)
