@@ -163,7 +163,8 @@ def _serve_cluster_api(args: argparse.Namespace) -> None:
     from flywheel.api.server import ServerConfig, ThreadedServer, attach
 
     namespace = args.namespace[0] if len(args.namespace) == 1 else None
-    cfg = ServerConfig(kubeconfig=args.kubeconfig, namespace=namespace, token_file=args.api_token_file or None)
+    cfg = ServerConfig(kubeconfig=args.kubeconfig, namespace=namespace, token_file=args.api_token_file or None,
+                       etcd_endpoints=args.etcd_endpoints)
     ThreadedServer(create_app(startup=lambda a: attach(a, cfg)), args.api_host, args.api_port).start()
     print(f"flywheel operator: REST API on http://{args.api_host}:{args.api_port}/v1/jobs", flush=True)
 
@@ -176,7 +177,7 @@ def _api(args: argparse.Namespace) -> int:
     from flywheel.api.server import ServerConfig, attach
 
     cfg = ServerConfig(kubeconfig=args.kubeconfig, namespace=args.namespace, token_file=args.token_file,
-                       read_only=args.read_only)
+                       read_only=args.read_only, etcd_endpoints=args.etcd_endpoints)
     if cfg.token_file:
         try:
             TokenFileAuth.from_file(cfg.token_file)  # fail here, with the file's problem, not at first request
@@ -338,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--token-file", help="static tokens (token,user,uid[,\"groups\"]) instead of TokenReview + "
                                           "SubjectAccessReview")
     api.add_argument("--read-only", action="store_true", help="refuse the actions (501)")
+    api.add_argument("--etcd-endpoints", default=os.environ.get("FLYWHEEL_ETCD_ENDPOINTS", ""), metavar="HOST:PORT,...",
+                     help="the operator's etcd: step, loss, tokens/s, checkpoint and goodput of running jobs from the "
+                          "workers' progress records (default: the TrainingJob status; env FLYWHEEL_ETCD_ENDPOINTS)")
     api.add_argument("--log-level", default="info")
     api.set_defaults(func=_api)
 

@@ -15,6 +15,9 @@ GENERATION_LABEL = f"{GROUP}/generation"
 RESTART_ANNOTATION = f"{GROUP}/restart-requested-at"
 # On a worker pod the health monitor deletes (a GPU XID): why, for the job's status.lastRestartReason.
 DELETED_FOR_ANNOTATION = f"{GROUP}/deleted-for"
+# On a node: the fatal GPU XIDs the health monitor acted on ("<gpu>=<code>,..."), so that an operator restarted while
+# the exporter still shows them does not cordon or replace again (policy/xid_memory.py). Remove it after a repair.
+XID_HANDLED_ANNOTATION = f"{GROUP}/xid-handled"
 # The operator's finalizer on a TrainingJob (kopf's persistence setting).
 FINALIZER = f"{GROUP}/cleanup"
 # Kueue's queue label: the job's own passes through to its pods.

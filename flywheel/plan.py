@@ -51,6 +51,12 @@ def rdzv_run_id(job: TrainingJob) -> str:
     return f"{job.metadata.namespace}-{job.metadata.name}"
 
 
+def run_id(job: TrainingJob, uid: str) -> str:
+    """The operator's run id: unique per TrainingJob incarnation (torch closes a finished rendezvous for good); the
+    etcd keys of its rendezvous, liveness and progress are under it (the REST API reads the progress too)."""
+    return f"{rdzv_run_id(job)}-{uid[:8]}"
+
+
 def plan_workers(job: TrainingJob, placement: Placement) -> list[WorkerPlan]:
     """One WorkerPlan per replica, with the worker contract env (docs/contracts.md)."""
     spec = job.spec

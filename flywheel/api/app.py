@@ -27,6 +27,7 @@ from flywheel.api.auth import Auth
 from flywheel.api.cache import JobSource
 from flywheel.api.deps import ProblemError
 from flywheel.api.job_actions import Actions
+from flywheel.api.progress_view import LiveSource
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,10 @@ async def _http_error(_: Request, err: Exception) -> JSONResponse:
 
 
 def create_app(source: JobSource | None = None, auth: Auth | None = None, actions: Actions | None = None,
-               startup: Callable[[FastAPI], Any] | None = None) -> FastAPI:
-    """`startup(app)` (optional) fills app.state.source/auth/actions when the server starts, and may return a
-    callable run at shutdown."""
+               startup: Callable[[FastAPI], Any] | None = None, progress: LiveSource | None = None) -> FastAPI:
+    """`startup(app)` (optional) fills app.state.source/auth/actions (and progress) when the server starts, and may
+    return a callable run at shutdown. `progress`: the etcd progress of running jobs (api/progress.py); None: the
+    TrainingJob status alone."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -100,6 +102,7 @@ def create_app(source: JobSource | None = None, auth: Auth | None = None, action
     app = FastAPI(title="Flywheel status API", version=__version__, lifespan=lifespan,
                   description="Read TrainingJobs (watch-backed cache) and act on them through the Kubernetes API.")
     app.state.source, app.state.auth, app.state.actions = source, auth, actions
+    app.state.progress = progress
     app.state.metrics = metrics = ApiMetrics.create()
     app.state.summary_memo = routes_jobs.SummaryMemo()
     app.add_exception_handler(ProblemError, _problem)

@@ -103,4 +103,5 @@ def detail(request: Request, obj: dict[str, Any]) -> JobDetail:
     ns, name = meta.get("namespace", "default"), meta["name"]
     pods = source.pods(ns, name)
     raw = source.events(ns, {name, *(p["metadata"]["name"] for p in pods)})
-    return views.detail(obj, pods, raw)
+    progress = request.app.state.progress  # api/progress.py, with etcd endpoints only
+    return views.detail(obj, pods, raw, progress.live(obj) if progress is not None else None)

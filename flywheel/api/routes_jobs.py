@@ -61,7 +61,12 @@ async def list_jobs(request: Request, who: Who,
     app_state = state(request)
     if not app_state.source.ready():
         raise ProblemError(503, "NotReady", NOT_SYNCED)
-    items = sorted(app_state.summary_memo.summaries(app_state.source.jobs()), key=lambda s: (s.namespace, s.name))
+    objs = app_state.source.jobs()
+    items = app_state.summary_memo.summaries(objs)
+    progress = app_state.progress  # api/progress.py, with etcd endpoints only
+    if progress is not None:
+        items = [views.with_live_step(s, progress.live_step(o)) for s, o in zip(items, objs, strict=True)]
+    items = sorted(items, key=lambda s: (s.namespace, s.name))
     items = [s for s in items if (namespace is None or s.namespace == namespace)
              and (phase is None or s.phase == phase)]
     page = items[offset:offset + limit]

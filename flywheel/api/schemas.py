@@ -106,6 +106,11 @@ class JobDetail(_Out):
         "on a cluster one event may stand for several coalesced checkpoints: its message lists their steps)")
     goodput: GoodputStatus
     restart_requested_at: str | None = Field(None, description="pending restart request (annotation), if any")
+    loss: float | None = Field(None, description="the last step's loss (etcd progress only; null without it)")
+    tokens_per_second: float | None = Field(None, description="training throughput (etcd progress only)")
+    progress_source: Literal["etcd", "status"] = Field(
+        "status", description="where step, checkpoint and goodput come from: the workers' etcd progress (an API "
+        "with etcd endpoints, a job not finished) or the TrainingJob status")
 
 
 class JobEvent(_Out):

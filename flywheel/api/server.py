@@ -24,13 +24,15 @@ class ServerConfig:
     namespace: str | None = None  # None: all namespaces
     token_file: str | None = None  # set: static tokens instead of TokenReview/SubjectAccessReview
     read_only: bool = False
+    etcd_endpoints: str = ""  # set: step, checkpoint and goodput of running jobs from the etcd progress (progress.py)
 
     @classmethod
     def from_env(cls) -> ServerConfig:
         return cls(kubeconfig=os.environ.get("FLYWHEEL_KUBECONFIG") or os.environ.get("KUBECONFIG") or None,
                    namespace=os.environ.get("FLYWHEEL_API_NAMESPACE") or None,
                    token_file=os.environ.get("FLYWHEEL_API_TOKEN_FILE") or None,
-                   read_only=os.environ.get("FLYWHEEL_API_READ_ONLY", "") in ("1", "true", "yes"))
+                   read_only=os.environ.get("FLYWHEEL_API_READ_ONLY", "") in ("1", "true", "yes"),
+                   etcd_endpoints=os.environ.get("FLYWHEEL_ETCD_ENDPOINTS", ""))
 
 
 def kube_client(kubeconfig: str | None) -> Any:
@@ -56,8 +58,15 @@ def attach(app: Any, cfg: ServerConfig, wait_seconds: float = 30.0) -> Any:
     cache.wait_synced(wait_seconds)  # /readyz stays 503 until it has; the server starts either way
     app.state.source, app.state.auth = cache, auth
     app.state.actions = None if cfg.read_only else KubeActions(api_client)
+    progress = None
+    if cfg.etcd_endpoints:
+        from flywheel.api.progress import ProgressFollower
+
+        progress = app.state.progress = ProgressFollower(cfg.etcd_endpoints, cache.jobs, time.time).start()
 
     def stop() -> None:
+        if progress is not None:
+            progress.stop()
         cache.stop()
         api_client.close()
 

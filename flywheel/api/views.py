@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from flywheel.api.progress_view import LiveProgress, from_status
 from flywheel.api.schemas import (
     CheckpointRecord,
     JobDetail,
@@ -57,6 +58,11 @@ def summary(obj: Obj) -> JobSummary:
     return JobSummary(namespace=meta.get("namespace", "default"), name=meta.get("name", ""), phase=status.phase,
                       replicas=status.replicas, step=status.step, restarts=status.restarts,
                       suspended=bool(spec.get("suspend")), created=_ts(meta.get("creationTimestamp")))
+
+
+def with_live_step(s: JobSummary, step: int | None) -> JobSummary:
+    """A (memoized) summary with the step of the job's etcd progress (None: not followed, or no record yet)."""
+    return s if step is None or step == s.step else s.model_copy(update={"step": step})
 
 
 def spec_summary(spec: Obj) -> SpecSummary:
@@ -117,19 +123,22 @@ def restarts(status: TrainingJobStatus, evs: list[JobEvent]) -> Restarts:
     return Restarts(count=status.restarts, last_reason=status.last_restart_reason, history=history)
 
 
-def detail(obj: Obj, pods: list[Obj], raw_events: list[Obj]) -> JobDetail:
+def detail(obj: Obj, pods: list[Obj], raw_events: list[Obj], live: LiveProgress | None = None) -> JobDetail:
+    """`live`: the job's etcd progress (api/progress.py); None: the status's."""
     status, meta, spec = _status(obj), _meta(obj), obj.get("spec") or {}
+    live = live or from_status(status)
     procs = int(spec.get("procsPerReplica", 1))
     workers = sorted((worker(p, procs) for p in pods), key=lambda w: w.index)
     return JobDetail(namespace=meta.get("namespace", "default"), name=meta.get("name", ""), uid=meta.get("uid", ""),
                      created=_ts(meta.get("creationTimestamp")), generation=int(meta.get("generation") or 0),
                      observed_generation=status.observed_generation, phase=status.phase, spec=spec_summary(spec),
-                     conditions=status.conditions, replicas=status.replicas, world_size=status.world_size,
-                     step=status.step, workers=workers, restarts=restarts(status, events(raw_events)),
-                     last_checkpoint=status.last_checkpoint,
+                     conditions=status.conditions, replicas=status.replicas, world_size=live.world_size,
+                     step=live.step, workers=workers, restarts=restarts(status, events(raw_events)),
+                     last_checkpoint=live.last_checkpoint, loss=live.loss, tokens_per_second=live.tokens_per_second,
+                     progress_source="etcd" if live.source == "etcd" else "status",
                      checkpoints=[CheckpointRecord(time=i.time, step=i.step, message=i.message)
                                   for i in timeline(obj, raw_events).items if i.kind == "checkpoint"],
-                     goodput=status.goodput,
+                     goodput=live.goodput,
                      restart_requested_at=_pending_restart(meta, obj.get("status") or {}))
 
 

@@ -36,6 +36,9 @@ class ProgressRecord:
     checkpoint: CheckpointRecord | None = None  # the last checkpoint committed (or restored) in this attempt
     productive_seconds: float = 0.0  # the sum of this attempt's step times
     done: bool = False  # training finished (the final checkpoint is committed)
+    # Why this attempt's process exited non-zero (trainer/termination_log.py), set just before it exits; "" while
+    # it runs. Written only when set ("exitReason"), so a reader without the field reads the record as before.
+    exit_reason: str = ""
 
     @property
     def stepped(self) -> bool:
@@ -49,6 +52,8 @@ def encode(record: ProgressRecord) -> bytes:
         "resumedFrom": record.resumed_from, "worldSize": record.world_size, "loss": _finite(record.loss),
         "tokensPerSecond": _finite(record.tokens_per_second), "productiveSeconds": record.productive_seconds,
         "done": record.done}
+    if record.exit_reason:
+        value["exitReason"] = record.exit_reason
     if record.checkpoint is not None:
         c = record.checkpoint
         value["checkpoint"] = {"step": c.step, "path": c.path, "time": c.time}
@@ -70,7 +75,7 @@ def decode(data: bytes) -> ProgressRecord | None:
             resumed_from=int(value.get("resumedFrom", 0)), world_size=int(value.get("worldSize", 0)),
             loss=_optional_float(value.get("loss")), tokens_per_second=_optional_float(value.get("tokensPerSecond")),
             checkpoint=checkpoint, productive_seconds=float(value.get("productiveSeconds", 0.0)),
-            done=bool(value.get("done", False)))
+            done=bool(value.get("done", False)), exit_reason=str(value.get("exitReason") or ""))
     except (ValueError, TypeError, KeyError):
         return None
 

@@ -43,3 +43,15 @@ class HealthActions(Protocol):
     async def mark_degraded(self, change: Degradation) -> None:
         """Report the straggler verdict (degraded or recovered) to the job's reconcile pass, which sets `Degraded`."""
         ...
+
+
+class XidMemory(Protocol):
+    """Where fatal-XID actions are remembered across operator restarts (policy/xid_memory.py: node annotations)."""
+
+    async def handled(self, nodes: Sequence[str]) -> dict[str, dict[str, int]]:
+        """node -> gpu -> the fatal code already acted on, for these nodes (a node that is gone: none)."""
+        ...
+
+    async def remember(self, fault: NodeFault) -> None:
+        """Record that `fault` was acted on (merged with what its node remembers)."""
+        ...

@@ -19,12 +19,21 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from flywheel.labels import XID_HANDLED_ANNOTATION
 from flywheel.monitor import queries
-from flywheel.monitor.executor_api import HealthActions, JobInventory
+from flywheel.monitor.executor_api import HealthActions, JobInventory, XidMemory
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.monitor.prometheus import PrometheusClient, PrometheusError, Sample
-from flywheel.policy.health_checks import HealthDecisions, HealthSettings, HealthState, Observations, evaluate
-from flywheel.policy.xid import XidClass
+from flywheel.policy.health_checks import (
+    HealthDecisions,
+    HealthSettings,
+    HealthState,
+    Observations,
+    WatchedJob,
+    evaluate,
+)
+from flywheel.policy.xid import XidClass, XidSample
+from flywheel.policy.xid_memory import nodes_to_check
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +81,8 @@ def settings_from_args(args: argparse.Namespace) -> MonitorSettings:
 class HealthMonitor:
     def __init__(self, settings: MonitorSettings, inventory: JobInventory, actions: HealthActions,
                  metrics: OperatorMetrics, querier: Querier | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, xid_memory: XidMemory | None = None):
+        """`xid_memory`: where fatal-XID actions are remembered (none: only in this process)."""
         self.settings = settings
         self.inventory = inventory
         self.actions = actions
@@ -80,6 +90,7 @@ class HealthMonitor:
         self._owns_querier = querier is None
         self.querier: Querier = querier or PrometheusClient(settings.prometheus_url, settings.query_timeout_seconds)
         self.clock = clock
+        self.xid_memory = xid_memory
         self.state = HealthState()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -112,16 +123,35 @@ class HealthMonitor:
             self._query("progress", queries.progress_query(self.settings.progress_lookback_seconds)),
             self._query("step_times", queries.step_time_query(self.settings.step_time_window_seconds)),
             self._query("xids", queries.XID_QUERY))
+        xid_samples = None if xids is None else queries.parse_xids(xids)
         obs = Observations(
             now=self.clock(), jobs=jobs,
             progress=None if progress is None else queries.parse_progress(progress),
             step_times=None if step_times is None else queries.parse_step_times(step_times),
-            xids=None if xids is None else queries.parse_xids(xids))
+            xids=xid_samples, xid_handled=await self._handled_xids(xid_samples, jobs))
         decisions, self.state = evaluate(obs, self.state, self.settings.health)
         await self._hand_over(decisions)
         self.metrics.monitor_evaluations_total.inc()
         self.metrics.monitor_last_evaluation_timestamp_seconds.set(time.time())
         return decisions
+
+    async def _handled_xids(self, samples: list[XidSample] | None,
+                            jobs: list[WatchedJob]) -> dict[str, dict[str, int]]:
+        """What the nodes remember of fatal XIDs this process has no memory of (an unreadable memory: none)."""
+        if self.xid_memory is None or samples is None:
+            return {}
+        nodes = nodes_to_check(self.state.xid_codes, samples, [p for j in jobs for p in j.pods])
+        if not nodes:
+            return {}
+        try:
+            handled = await self.xid_memory.handled(nodes)
+        except Exception:  # the API down: act as before rather than never
+            log.exception("health monitor: cannot read the fatal XIDs already handled on %s", ", ".join(nodes))
+            return {}
+        for node, gpus in handled.items():
+            log.info("node %s: fatal XIDs %s were acted on before (annotation %s): not again while they show",
+                     node, gpus, XID_HANDLED_ANNOTATION)
+        return handled
 
     async def _query(self, name: str, promql: str) -> list[Sample] | None:
         try:
@@ -154,6 +184,8 @@ class HealthMonitor:
             for key in sorted({(p.namespace, p.job) for p in fault.pods}):
                 pods = [p for p in fault.pods if (p.namespace, p.job) == key]
                 await self._act("replace_pods", functools.partial(self.actions.replace_pods, pods, fault))
+            if self.xid_memory is not None:
+                await self._act("remember_xid", functools.partial(self.xid_memory.remember, fault))
         for restart in d.rank_restarts:
             log.warning("job %s/%s: %s", restart.namespace, restart.job, restart.message)
             await self._act("restart_ranks", functools.partial(self.actions.restart_ranks, restart))

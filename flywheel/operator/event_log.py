@@ -1,5 +1,5 @@
 """The operator's optional second source of step, checkpoint and goodput numbers: the job's event log (the first is
-the etcd progress record, etcd_progress.py; `merged` there combines the two).
+the etcd progress record, monitor/etcd_progress.py; `merged` there combines the two).
 
 The operator gives every worker `FLYWHEEL_EVENTS_FILE=<events-dir>/<namespace>_<name>_<uid>.jsonl` on a path that
 it shares with the workers (the test cluster: one host; a real cluster: a ReadWriteMany volume mounted by the

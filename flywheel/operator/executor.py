@@ -37,6 +37,7 @@ from flywheel.policy.conditions import TERMINAL
 from flywheel.policy.decisions import CreatePod, DeleteJob, DeletePod, JobAction, Pass, Relabel, ResetRendezvous
 from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.reconcile import LIVENESS_GRACE_SECONDS, reconcile
+from flywheel.policy.vanished import vanished_pods
 from flywheel.spec import SpecError, TrainingJob, parse_job
 from flywheel.spec_status import Phase, TrainingJobStatus
 from flywheel.timefmt import parse_rfc3339
@@ -75,6 +76,10 @@ class JobRunner:
         self.checkpoint_events: CheckpointEventState | None = None  # seeded by the first pass
         self.progress = JobProgress(self.poke)  # the etcd progress record (step, checkpoint, goodput, hangs)
         self.hang_reported: int | None = None  # the generation (restarts) whose hang was reported
+        # The last written pass's pods and the uids this runner deleted since: a pod gone unseen by anyone else
+        # (force-deleted with grace 0) is a PodDeleted interruption (policy/vanished.py).
+        self.seen_pods: list[PodView] = []
+        self.deleted_pods: set[str] = set()
 
     # -- wiring -------------------------------------------------------------------------------------------------
     def poke(self) -> None:
@@ -201,13 +206,15 @@ class JobRunner:
         status_in.selector = f"{m.JOB_LABEL}={self.name}"
         annotations = obj["metadata"].get("annotations") or {}
         findings = self.findings.snapshot()
-        result = reconcile(job.spec if job else None, invalid, status_in, views, progress, time.time(),
+        gone = vanished_pods(self.seen_pods, views, self.deleted_pods, status_in.restarts, time.time())
+        result = reconcile(job.spec if job else None, invalid, status_in, views + gone, progress, time.time(),
                            int(obj["metadata"].get("generation", 0)), annotations.get(RESTART_ANNOTATION), findings)
         written = result.status.to_json()
         if not await self._write_status(obj, written):
             return
         # Everything below only after the status that decided it is written: a lost race (409) does nothing.
         self.findings.consumed(findings)
+        self.seen_pods, self.deleted_pods = views, self.deleted_pods & {v.uid for v in views}
         if job is not None and result.status.phase not in (Phase.SUCCEEDED, Phase.FAILED, Phase.SUSPENDED):
             await self._start_liveness(job)
             await self._ensure_service(obj, job)
@@ -333,6 +340,7 @@ class JobRunner:
         """Carry out one action; every kind of action has its branch (a new one fails the type check here)."""
         match action:
             case DeletePod(name=name, uid=uid, force=force, grace_seconds=grace):
+                self.deleted_pods.add(uid)
                 await self.kube.delete(Kube.core(self.namespace, "pods", name), uid, 0 if force else grace)
             case Relabel(name=name, generation=generation):
                 await self.kube.merge_patch(Kube.core(self.namespace, "pods", name),

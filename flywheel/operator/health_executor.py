@@ -23,6 +23,7 @@ from flywheel.labels import DELETED_FOR_ANNOTATION, RESTART_ANNOTATION
 from flywheel.monitor import FindingsInbox, HealthMonitor, MonitorSettings, OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.kube import Kube, KubeApiError
+from flywheel.operator.xid_memory import KubeXidMemory
 from flywheel.policy import reasons as R
 from flywheel.policy.conditions import iso
 from flywheel.policy.health_checks import Degradation, HangFinding, WatchedJob
@@ -232,7 +233,8 @@ class BackgroundMonitor:
         `KubeHealthActions`."""
         inventory = KubeJobInventory(kube, namespaces)
         metrics = metrics if metrics is not None else OperatorMetrics()
-        self.monitor = HealthMonitor(settings, inventory, KubeHealthActions(kube, inventory, inbox), metrics)
+        self.monitor = HealthMonitor(settings, inventory, KubeHealthActions(kube, inventory, inbox), metrics,
+                                     xid_memory=KubeXidMemory(kube))
         self.stop = asyncio.Event()
         self.task = asyncio.create_task(self.monitor.run(self.stop), name="flywheel-health-monitor")
 

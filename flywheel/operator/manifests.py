@@ -11,7 +11,8 @@ from flywheel.labels import GENERATION_LABEL as GENERATION_LABEL  # re-exported:
 from flywheel.labels import INDEX_LABEL as INDEX_LABEL
 from flywheel.labels import JOB_LABEL as JOB_LABEL
 from flywheel.labels import QUEUE_LABEL as QUEUE_LABEL
-from flywheel.plan import Placement, WorkerPlan, plan_workers, rdzv_run_id
+from flywheel.plan import Placement, WorkerPlan, plan_workers
+from flywheel.plan import run_id as run_id  # re-exported: m.run_id in the operator
 from flywheel.policy.reconcile import PodView
 from flywheel.spec import TrainingJob
 from flywheel.timefmt import parse_rfc3339
@@ -40,11 +41,6 @@ class OperatorSettings:
 
 def service_name(job_name: str) -> str:
     return f"{job_name}-workers"
-
-
-def run_id(job: TrainingJob, uid: str) -> str:
-    """Unique per TrainingJob incarnation: torch closes a finished rendezvous for good."""
-    return f"{rdzv_run_id(job)}-{uid[:8]}"
 
 
 def labels(job_name: str) -> dict[str, str]:

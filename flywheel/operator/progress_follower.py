@@ -1,5 +1,5 @@
 """One job's etcd progress for its runner: the watch of `/flywheel/progress/<run_id>/`, the ledger it feeds
-(etcd_progress.py), and the two times hang detection needs (monitor/progress_hang.py), on the operator's clock.
+(monitor/etcd_progress.py), and the two times hang detection needs (monitor/progress_hang.py), on the operator's clock.
 
 The watch's callback runs on the etcd session's thread; it hands each change to the runner's event loop, where
 everything here is read and written (no lock needed).
@@ -14,8 +14,8 @@ from collections.abc import Callable
 from flywheel.etcd.progress import ProgressRecord
 from flywheel.etcd.progress_watch import ProgressWatch, watch_progress
 from flywheel.etcd.session import EtcdSession
+from flywheel.monitor.etcd_progress import GoodputSeed, ProgressLedger, merged
 from flywheel.monitor.progress_hang import ProgressClock, ProgressHang, progress_hang
-from flywheel.operator.etcd_progress import GoodputSeed, ProgressLedger, merged
 from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.spec import TrainingJobSpec
 from flywheel.spec_status import GoodputStatus

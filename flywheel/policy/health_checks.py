@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from flywheel.policy.xid import GpuKey, NodeFault, RankRestart, WatchedPod, XidEvent, XidSample, decide_xids, xid_events
+from flywheel.policy.xid_memory import already_handled
 
 JobKey = tuple[str, str]  # (namespace, name)
 RankKey = tuple[str, str, str, str]  # (namespace, job, replica, rank)
@@ -132,6 +133,8 @@ class Observations:
     progress: Sequence[RankProgress] | None
     step_times: Sequence[RankStepTime] | None
     xids: Sequence[XidSample] | None
+    # node -> gpu -> fatal code already acted on (node annotations, policy/xid_memory.py): read for nodes_to_check
+    xid_handled: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -265,6 +268,7 @@ def evaluate(obs: Observations, state: HealthState, settings: HealthSettings) ->
     notices: tuple[XidEvent, ...] = ()
     if obs.xids is not None:
         events, xid_codes = xid_events(state.xid_codes, obs.xids)
+        events = [e for e in events if not already_handled(e, state.xid_codes, obs.xid_handled)]
         pods = [p for j in running for p in j.pods]
         xid = decide_xids(events, pods, cordon=settings.cordon_nodes, now=obs.now,
                           restart_cooldown_seconds=settings.xid_restart_cooldown_seconds, restarted_at=restarted_at)

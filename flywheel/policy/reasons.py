@@ -41,6 +41,8 @@ MSG_STARTUP_FAILURE = ("{reason}: the same failure before the first step on {att
 RESTART_POD_DELETED = "PodDeleted"  # a worker pod deleted by someone else, replaced
 RESTART_HUNG = "Hung"  # no step progress (the health monitor, or the worker's own watchdog)
 RESTART_XID = "XID"  # the health monitor deleted the pod for a GPU XID (pod annotation flywheel.dev/deleted-for)
+# policy/vanished.py: a pod gone before any pass saw it Terminating.
+MSG_POD_VANISHED = "deleted without a grace period (e.g. kubectl delete pod --grace-period=0 --force)"
 
 WAITING = "WaitingForWorkers"
 MSG_WAITING = "{ready} of {desired} workers ready; at least {min} needed to train"

@@ -76,6 +76,7 @@ class NodeFault:
     codes: tuple[int, ...]
     pods: tuple[WatchedPod, ...]
     cordon: bool
+    gpus: tuple[tuple[str, int], ...] = ()  # (gpu, code) of each fatal XID: remembered on the node (xid_memory.py)
 
     @property
     def message(self) -> str:
@@ -152,7 +153,7 @@ def decide_xids(events: Sequence[XidEvent], pods: Sequence[WatchedPod], *, cordo
     pod label) when it is a job pod, else the job pods on that node; a pod is restarted at most once per
     `restart_cooldown_seconds` (bursts of app XIDs are one failure, not many). Everything else is a notice.
     """
-    fatal: dict[str, tuple[set[int], list[WatchedPod]]] = {}
+    fatal: dict[str, tuple[set[int], list[WatchedPod], dict[str, int]]] = {}
     app: dict[tuple[str, str], tuple[set[int], dict[str, WatchedPod]]] = {}
     notices: list[XidEvent] = []
     cooled = {key: t for key, t in restarted_at.items() if now - t < restart_cooldown_seconds}
@@ -160,8 +161,9 @@ def decide_xids(events: Sequence[XidEvent], pods: Sequence[WatchedPod], *, cordo
         sample = event.sample
         on_node = _live_pods_on(sample.node, pods)
         if event.xid_class is XidClass.FATAL and on_node:
-            codes, _ = fatal.setdefault(on_node[0].node, (set(), on_node))
+            codes, _, gpus = fatal.setdefault(on_node[0].node, (set(), on_node, {}))
             codes.add(sample.code)
+            gpus[sample.gpu] = sample.code
         elif event.xid_class is XidClass.APP and on_node:
             users = [p for p in on_node if p.name == sample.pod and sample.namespace in (p.namespace, None)]
             for pod in users or on_node:
@@ -173,7 +175,8 @@ def decide_xids(events: Sequence[XidEvent], pods: Sequence[WatchedPod], *, cordo
         else:
             notices.append(event)
     faults = tuple(NodeFault(node, tuple(sorted(codes)), tuple(sorted(on_node, key=lambda p: (p.namespace, p.name))),
-                             cordon) for node, (codes, on_node) in sorted(fatal.items()))
+                             cordon, tuple(sorted(gpus.items())))
+                   for node, (codes, on_node, gpus) in sorted(fatal.items()))
     # A pod being replaced for a fatal XID is not also restarted for an app-level one.
     replaced = {(p.namespace, p.name) for f in faults for p in f.pods}
     restarts = []

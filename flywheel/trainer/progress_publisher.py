@@ -25,6 +25,7 @@ from flywheel.etcd import keys
 from flywheel.etcd.progress import CheckpointRecord, ProgressRecord, encode
 from flywheel.etcd.session import EtcdSession, KeptLease
 from flywheel.eventlog import EventLog
+from flywheel.trainer import termination_log
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,15 @@ class ProgressState:
         return event in URGENT_EVENTS
 
 
+    def observe_exit(self, reason: str, now: float) -> bool:
+        """The process is about to exit with `reason`: kept in the attempt's record (the first reason only; none
+        before the attempt's `start`: no record to carry it). True when the record changed (publish at once)."""
+        if self.record is None or self.record.exit_reason or not reason:
+            return False
+        self.record = replace(self.record, time=now, exit_reason=reason)
+        return True
+
+
 def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
@@ -102,8 +112,16 @@ class ProgressPublisher:
             self._urgent = self._urgent or urgent
             self._wake.notify()
 
+    def observe_exit(self, reason: str) -> None:
+        """A reason this process exits with (termination_log's listener): published at once, flushed by close()."""
+        with self._lock:
+            if self.state.observe_exit(reason, time.time()):
+                self._dirty = self._urgent = True
+                self._wake.notify()
+
     def close(self) -> None:
         """Flush the last record (waiting at most FLUSH_SECONDS), then drop the session; the key expires."""
+        termination_log.remove_listener(self.observe_exit)
         with self._lock:
             if self._closed:
                 return
@@ -174,4 +192,6 @@ def progress_events(events_file: str | None, rank: int, environ: Mapping[str, st
     endpoint, run_id = env.get("PET_RDZV_ENDPOINT", ""), env.get("PET_RDZV_ID", "")
     if rank != 0 or env.get("PET_RDZV_BACKEND") != "etcd-v3" or not endpoint or not run_id or "/" in run_id:
         return EventLog(events_file)
-    return PublishingEventLog(events_file, ProgressPublisher(endpoint, run_id).start())
+    publisher = ProgressPublisher(endpoint, run_id).start()
+    termination_log.add_listener(publisher.observe_exit)  # the exit reason goes to the progress key too
+    return PublishingEventLog(events_file, publisher)

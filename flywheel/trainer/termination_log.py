@@ -7,15 +7,29 @@ The first reason written wins: the first rank to fail writes its exception; rank
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from flywheel import exitcodes
 from flywheel.eventlog.records import one_line
 
 ENV = "FLYWHEEL_TERMINATION_LOG"
 MAX_BYTES = 4096  # what the kubelet keeps of the file
+log = logging.getLogger(__name__)
+# Told every reason this process writes, first: rank 0's progress publisher puts it in the etcd progress key
+# (progress_publisher.py), where the operator reads it when the pod's terminated message is empty.
+_listeners: list[Callable[[str], None]] = []
+
+
+def add_listener(listener: Callable[[str], None]) -> None:
+    _listeners.append(listener)
+
+
+def remove_listener(listener: Callable[[str], None]) -> None:
+    if listener in _listeners:
+        _listeners.remove(listener)
 
 
 def exception_reason(err: BaseException) -> str:
@@ -38,6 +52,11 @@ def exit_reason(code: int) -> str:
 def write_reason(reason: str, environ: Mapping[str, str] | None = None) -> bool:
     """Write `reason` unless the file already holds one. No path, or an unwritable one: skipped silently (a local
     run without the variable, a read-only file system). True when written."""
+    for listener in list(_listeners):
+        try:
+            listener(reason)
+        except Exception as err:  # noqa: BLE001 - best effort: the file below is the contract
+            log.debug("termination reason listener: %s", err)
     path = (os.environ if environ is None else environ).get(ENV)
     if not path or not reason:
         return False

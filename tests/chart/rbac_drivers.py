@@ -27,6 +27,7 @@ from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.health_executor import KubeHealthActions, KubeJobInventory
 from flywheel.operator.kube import Kube
+from flywheel.operator.xid_memory import KubeXidMemory
 from flywheel.policy.health_checks import HealthSettings
 from flywheel.policy.reconcile import iso
 from tests.fakes.prometheus_api import FakePrometheus
@@ -117,7 +118,8 @@ async def drive_health(admin: Kube, kube: Kube, namespace: str, ckpt: Path, pref
     settings = MonitorSettings(prometheus_url=prom.url, interval_seconds=0.05, query_timeout_seconds=2.0,
                                health=HealthSettings(staleness_allowance_seconds=1.0, cordon_nodes=True,
                                                      straggler_evaluations=1))
-    monitor = HealthMonitor(settings, inventory, KubeHealthActions(kube, inventory), OperatorMetrics())
+    monitor = HealthMonitor(settings, inventory, KubeHealthActions(kube, inventory), OperatorMetrics(),
+                            xid_memory=KubeXidMemory(kube))
     try:
         prom.set("last_step", [rank(0, now - 50), rank(1, now - 0.5)])
         prom.set("step_seconds", [rank(0, 1.0), rank(1, 3.0)])

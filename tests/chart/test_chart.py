@@ -288,7 +288,8 @@ def test_api_enabled_renders_its_own_deployment_and_service():
     pod = dep["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == f"{RELEASE}-flywheel-api"  # not the operator's
     (api,) = pod["containers"]
-    assert api["args"] == ["api", "--host=0.0.0.0", "--port=9000", f"--namespace={NAMESPACE}", "--read-only"]
+    etcd = f"--etcd-endpoints={RELEASE}-flywheel-etcd-0.{RELEASE}-flywheel-etcd.{NAMESPACE}.svc:2379"
+    assert api["args"] == ["api", "--host=0.0.0.0", "--port=9000", etcd, f"--namespace={NAMESPACE}", "--read-only"]
     assert api["ports"] == [{"name": "api", "containerPort": 9000, "protocol": "TCP"}]
     assert api["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "api"}
     assert api["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "api"}

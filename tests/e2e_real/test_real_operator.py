@@ -168,6 +168,15 @@ def test_deleted_pod_is_counted_with_its_reason(real: RealCluster, tmp_path: Pat
     assert real.wait_phase("e2e-podgone", "Succeeded", 900)["step"] == 400
 
 
+def test_force_deleted_pod_is_counted_as_pod_deleted(real: RealCluster, tmp_path: Path) -> None:
+    real.apply_job("e2e-podforce", tmp_path, **LONG)
+    eventually(lambda: real.status("e2e-podforce").get("step", 0) >= 40, 900, "step 40")
+    real.kubectl("delete", "pod", "e2e-podforce-worker-1", "--grace-period=0", "--force")
+    status = eventually(lambda: (s := real.status("e2e-podforce")).get("restarts", 0) >= 1 and s, 300, "a restart")
+    assert status["lastRestartReason"] == "PodDeleted"
+    assert real.wait_phase("e2e-podforce", "Succeeded", 900)["step"] == 400
+
+
 def test_import_error_fails_in_two_attempts_with_the_error(real: RealCluster, tmp_path: Path) -> None:
     real.apply_job("e2e-import", tmp_path, command=["python", "-c", "import flywheel_no_such_module"])
     status = real.wait_phase("e2e-import", "Failed", 600)

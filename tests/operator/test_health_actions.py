@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from flywheel.crd import GROUP, PLURAL, VERSION
-from flywheel.labels import RESTART_ANNOTATION
+from flywheel.labels import RESTART_ANNOTATION, XID_HANDLED_ANNOTATION
 from flywheel.monitor import HealthMonitor, MonitorSettings
 from flywheel.monitor import OperatorMetrics as MonitorMetrics
 from flywheel.monitor.findings import FindingsInbox
@@ -24,6 +24,7 @@ from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.health_executor import BackgroundMonitor, KubeHealthActions, KubeJobInventory
 from flywheel.operator.kube import Connection, Kube
+from flywheel.operator.xid_memory import KubeXidMemory
 from flywheel.policy.conditions import iso
 from flywheel.policy.health_checks import HealthSettings
 from tests.fakes.prometheus_api import FakePrometheus
@@ -120,8 +121,8 @@ class World:
         return [(e["reason"], e["message"]) for e in items if e["involvedObject"]["name"] == (involved or self.name)]
 
 
-def monitor(kube: Kube, prom: FakePrometheus, cordon: bool = True,
-            runners: tuple[JobRunner, ...] = ()) -> tuple[HealthMonitor, list[tuple[str, str]]]:
+def monitor(kube: Kube, prom: FakePrometheus, cordon: bool = True, runners: tuple[JobRunner, ...] = (),
+            memory: bool = False) -> tuple[HealthMonitor, list[tuple[str, str]]]:
     """The monitor with the findings inboxes of `runners`; the list: the jobs whose inbox was looked up."""
     inventory = KubeJobInventory(kube)
     woken: list[tuple[str, str]] = []
@@ -136,7 +137,8 @@ def monitor(kube: Kube, prom: FakePrometheus, cordon: bool = True,
                                health=HealthSettings(staleness_allowance_seconds=1.0, cordon_nodes=cordon,
                                                      straggler_evaluations=1))
     actions = KubeHealthActions(kube, inventory, inbox)
-    return HealthMonitor(settings, inventory, actions, MonitorMetrics()), woken
+    return HealthMonitor(settings, inventory, actions, MonitorMetrics(),
+                         xid_memory=KubeXidMemory(kube) if memory else None), woken
 
 
 def rank(job: str, replica: int, value: float) -> tuple[dict[str, str], float]:
@@ -241,6 +243,34 @@ def test_fatal_xid_replaces_pods_and_cordons_only_when_allowed(
         assert await world.deleted_pods() == ["fatal-worker-0", "fatal-worker-1"]
         assert any("XID 48" in msg and "--no-cordon" in msg for r, msg in await world.events() if r == "GPUFatalXid")
         assert (await world.status()).get("restarts", 0) == 0  # replacing pods is not a restart
+    run(cluster, scenario)
+
+
+def test_an_operator_restarted_while_the_fatal_xid_shows_does_not_act_again(
+        cluster: RunningCluster, prom: FakePrometheus, tmp_path: Path) -> None:
+    async def scenario(kube: Kube) -> None:
+        world = await World.create(kube, "again", ("again-a", "again-b"), tmp_path)
+        prom.set("XID", [xid("again-a", 79)])
+        first, _ = monitor(kube, prom, memory=True)
+        try:
+            assert [f.node for f in (await first.evaluate_once()).node_faults] == ["again-a"]
+        finally:
+            await first.aclose()
+        node = await kube.get("/api/v1/nodes/again-a")
+        assert node is not None and node["metadata"]["annotations"][XID_HANDLED_ANNOTATION] == "GPU-again-a=79"
+        assert await world.deleted_pods() == ["again-worker-0"]  # terminating: still on the node, no kubelet here
+        await kube.merge_patch("/api/v1/nodes/again-a", {"spec": {"unschedulable": False}})  # see a second cordon
+        # The operator restarts (a fresh monitor, no memory of its own); the exporter still shows XID 79.
+        restarted, _ = monitor(kube, prom, memory=True)
+        try:
+            assert (await restarted.evaluate_once()).node_faults == ()
+            assert (await restarted.evaluate_once()).node_faults == ()
+            prom.set("XID", [xid("again-a", 48)])  # a new fatal code on that GPU is a new event
+            assert [f.codes for f in (await restarted.evaluate_once()).node_faults] == [(48,)]
+        finally:
+            await restarted.aclose()
+        assert [r for r, _ in await world.events("again-a")] == ["NodeCordoned", "NodeCordoned"]
+        assert len([e for e in await world.events() if e[0] == "GPUFatalXid"]) == 2
     run(cluster, scenario)
 
 

@@ -74,3 +74,23 @@ def test_publisher_survives_no_etcd_and_cleanup_deletes_progress(etcd_server: Et
     live.observe("start", {"world_size": 1})
     live.close()
     assert delete_run(etcd_server.endpoint, "run-y") == 1
+
+
+def test_an_exit_reason_reaches_the_progress_key_before_the_process_exits(etcd_server: EtcdServer) -> None:
+    from flywheel.trainer import termination_log
+
+    changes: Changes = queue.Queue()
+    watch = watch_progress(etcd_server.endpoint, "run-x", changes.put)
+    env = {"PET_RDZV_BACKEND": "etcd-v3", "PET_RDZV_ENDPOINT": etcd_server.endpoint, "PET_RDZV_ID": "run-x"}
+    events = progress_events(None, 0, env)
+    try:
+        events.emit("start", world_size=1, resumed_from=0)
+        events.emit("step", step=1, step_seconds=0.01)
+        until(changes, lambda r: "0" in r)
+        termination_log.write_reason("ValueError: the batch is empty", {})  # as the trainer does before exiting
+        said = until(changes, lambda r: bool(r.get("0") and r["0"].exit_reason), timeout=0.8)["0"]
+        assert said.exit_reason == "ValueError: the batch is empty" and said.step == 1
+    finally:
+        events.publisher.close()  # type: ignore[attr-defined]
+        watch.stop()
+    assert events.publisher.observe_exit not in termination_log._listeners  # type: ignore[attr-defined]

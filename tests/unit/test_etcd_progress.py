@@ -7,7 +7,7 @@ import math
 
 from flywheel.etcd import keys
 from flywheel.etcd.progress import CheckpointRecord, ProgressRecord, decode, encode
-from flywheel.operator.etcd_progress import GoodputSeed, ProgressLedger, merged
+from flywheel.monitor.etcd_progress import GoodputSeed, ProgressLedger, merged
 from flywheel.policy.observed import ObservedProgress
 from flywheel.trainer.progress_publisher import ProgressState, progress_events
 
@@ -114,3 +114,35 @@ def test_merged_prefers_etcd_for_step_and_checkpoint_and_the_log_for_history() -
     assert merged(etcd, None) == etcd and merged(None, log) == log
     assert merged(etcd, ObservedProgress()) == etcd  # an empty event log (no volume mounted yet)
     assert merged(None, None) == ObservedProgress()
+
+
+def test_the_exit_reason_is_written_only_when_set_and_read_by_older_shapes() -> None:
+    failed = ProgressRecord(time=2.0, attempt=1.0, step=3, exit_reason="ValueError: bad batch")
+    assert decode(encode(failed)) == failed
+    assert b"exitReason" not in encode(ProgressRecord(time=1.0, attempt=1.0))  # a running record is unchanged
+    assert decode(b'{"v": 1, "time": 1, "attempt": 1}') == ProgressRecord(time=1.0, attempt=1.0)
+
+
+def test_the_publisher_keeps_the_first_exit_reason_of_a_started_attempt() -> None:
+    state = ProgressState()
+    assert not state.observe_exit("too early", 1.0)  # no attempt yet: nothing to carry it
+    state.observe("start", {"world_size": 2, "resumed_from": 0}, 2.0)
+    assert state.observe_exit("RuntimeError: boom", 3.0) and not state.observe_exit("killed by SIGTERM", 4.0)
+    assert state.record is not None and state.record.exit_reason == "RuntimeError: boom"
+    state.observe("start", {"world_size": 2, "resumed_from": 0}, 5.0)  # a new attempt starts clean
+    assert state.record is not None and state.record.exit_reason == ""
+
+
+def test_the_ledger_says_why_the_newest_attempt_exited_until_another_starts() -> None:
+    ledger = ProgressLedger()
+    ledger.add(ProgressRecord(time=5.0, attempt=1.0, step=4, resumed_from=0))
+    ledger.add(ProgressRecord(time=6.0, attempt=1.0, step=4, exit_reason="OSError: disk full"))
+    assert ledger.progress(GoodputSeed()).failure_reason == "OSError: disk full"
+    ledger.add(ProgressRecord(time=9.0, attempt=8.0, step=4, resumed_from=4))
+    assert ledger.progress(GoodputSeed()).failure_reason == ""
+
+
+def test_merged_takes_the_etcd_reason_when_the_log_has_none() -> None:
+    etcd = ObservedProgress(step=3, checkpoint_path="/c", failure_reason="from etcd")
+    assert merged(etcd, ObservedProgress(step=2, goodput={"ratio": 0.5})).failure_reason == "from etcd"
+    assert merged(etcd, ObservedProgress(step=2, failure_reason="from log")).failure_reason == "from log"

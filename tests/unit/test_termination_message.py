@@ -10,6 +10,7 @@ import pytest
 from flywheel import exitcodes
 from flywheel.operator import manifests as m
 from flywheel.policy.failure_decision import decide_failure
+from flywheel.policy.observed import ObservedProgress
 from flywheel.spec_status import ConditionType
 from flywheel.trainer import termination_log as t
 from flywheel.trainer.train_loop import main
@@ -65,3 +66,25 @@ def test_a_trainer_rank_that_cannot_start_writes_why(tmp_path: Path, monkeypatch
     monkeypatch.setenv(t.ENV, str(path))
     assert main({"RANK": "0"}) == exitcodes.USER_ERROR
     assert path.read_text().startswith("UserError: ") and "\n" not in path.read_text()
+
+
+def test_a_reason_written_is_told_to_the_listeners_first(tmp_path: Path) -> None:
+    heard: list[str] = []
+    t.add_listener(heard.append)
+    try:
+        assert not t.write_reason("no file here", {})
+        assert t.write_reason("ValueError: x", {t.ENV: str(tmp_path / "msg")})
+    finally:
+        t.remove_listener(heard.append)
+    t.write_reason("after", {})
+    assert heard == ["no file here", "ValueError: x"]
+
+
+def test_an_empty_terminated_message_takes_the_reason_from_the_progress_key() -> None:
+    said = "RuntimeError: CUDA error: an illegal memory access"
+    s = spec(**{"faultTolerance.maxRestarts": 0})
+    out = decide_failure(fresh(), view(s, [pod(0), pod(1, "Failed", exit_code=1)],
+                                       progress=ObservedProgress(failure_reason=said)))
+    assert out is not None
+    failed = next(c for c in out.status.conditions if c.type == ConditionType.FAILED)
+    assert said in failed.message and "exit code 1" in failed.message

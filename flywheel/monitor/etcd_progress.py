@@ -1,5 +1,6 @@
 """The job's progress as the operator reads it from etcd (records: flywheel/etcd/progress.py), folded into the
-`ObservedProgress` that reconcile reads; pure, fed by the runner's progress watch.
+`ObservedProgress` that reconcile reads; pure, fed by the runner's progress watch (and the REST API's follower,
+flywheel/api/progress.py, which shows the same view).
 
 Each record is cumulative for its attempt (one trainer group between restarts), so the ledger keeps each attempt's
 first and last record and adds attempts up:
@@ -81,7 +82,8 @@ class ProgressLedger:
             checkpoint_path=checkpoint.path if checkpoint else "", goodput=_goodput(ordered, seed),
             recoveries=_recoveries(ordered, seed),
             checkpoints=tuple(CommittedCheckpoint(first + i + 1, c.step, c.path, c.time)
-                              for i, c in enumerate(self.checkpoints[first:])))
+                              for i, c in enumerate(self.checkpoints[first:])),
+            failure_reason=latest.exit_reason)  # the newest attempt's: "" once a new one started
 
 
 def _inherited(attempt: _Attempt, seed: GoodputSeed) -> bool:
@@ -121,4 +123,5 @@ def merged(from_etcd: ObservedProgress | None, from_log: ObservedProgress | None
     source = from_etcd if newer_checkpoint else from_log
     return replace(from_log, step=from_etcd.step, world_size=from_etcd.world_size or from_log.world_size,
                    done=from_etcd.done or from_log.done, checkpoint_step=source.checkpoint_step,
-                   checkpoint_time=source.checkpoint_time, checkpoint_path=source.checkpoint_path)
+                   checkpoint_time=source.checkpoint_time, checkpoint_path=source.checkpoint_path,
+                   failure_reason=from_log.failure_reason or from_etcd.failure_reason)
