@@ -65,6 +65,10 @@ def test_hang_recovery_smoke(tmp_path):
     run_bench(tmp_path, "bench.hang_recovery", "--quick")
     record = check_record(tmp_path / "hang_recovery.json")
     assert [t["detected_by"] for t in record["runs"]["flywheel"]] == ["Hung"]
+    # Without Prometheus (etcd progress only), every rank stopped: still seen as Hung and recovered.
+    assert [t["detected_by"] for t in record["runs"]["flywheel-etcd"]] == ["Hung"]
+    assert record["runs"]["flywheel-etcd"][0]["resume_s"] > 0
+    assert [row["name"] for row in record["rows"]] == ["no Prometheus"]
 
 
 def test_api_latency_smoke(tmp_path):
