@@ -26,13 +26,13 @@ def machine() -> str:
     return f"{platform.node()} {os.cpu_count()} cpus {device}"
 
 
-def write_result(name: str, *, metric: str, value: float, unit: str, peer: str, peer_value: float, goal: str,
-                 passed: bool, runs: Any, path: Path | None = None, ratio: float | None = None,
+def write_result(name: str, *, metric: str, value: float | None, unit: str, peer: str, peer_value: float | None,
+                 goal: str, passed: bool, runs: Any, path: Path | None = None, ratio: float | None = None,
                  **extra: Any) -> Path:
     """Write bench/results/<name>.json (or `path`) with the fields every benchmark reports; ratio = ours / peer
     unless the benchmark computes it otherwise (e.g. paired per round) and passes it."""
-    if ratio is None:
-        ratio = value / peer_value if peer_value else None
+    if ratio is None:  # None when a side never finished (e.g. an unrecovered trial)
+        ratio = value / peer_value if value is not None and peer_value else None
     record = {"metric": metric, "value": value, "unit": unit, "peer": peer, "peer_value": peer_value,
               "ratio": ratio, "goal": goal, "pass": bool(passed),
               "runs": runs, "machine": machine(), **extra}

@@ -11,18 +11,25 @@ SIGSTOPs itself once) runs
   variants: defaults, where the restarted group often cannot connect (stale gloo addresses in the shared
   rendezvous store, pytorch#135712) and may not recover within the trial; and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1,
   the known workaround, whose median is the peer value.
+- ours without Prometheus (a row of its own): the same job, the operator as the chart starts it by default
+  (etcd endpoints only, no Prometheus URL): hang detection from the ranks' etcd progress records. Every rank of
+  both pods is SIGSTOPped from outside (so no collective ever times out: only the missing steps can tell); goal:
+  the first step after <= progressTimeoutSeconds + 4 s.
 Times are measured from the stopped rank's last step. Goals (the issue's): detect <= progressTimeoutSeconds + 10 s,
-resume <= detect + 5 s.
+resume <= detect + 5 s; the Prometheus trials run with the operator's etcd hang detection off
+(`--no-hang-detection`), so that row measures the Prometheus path alone.
 
-    python -m bench.hang_recovery            # 5 trials of ours, 2 of each torchrun variant (~10 min)
-    python -m bench.hang_recovery --quick    # 1 / 1 (the workaround variant only, nnodes 1, its gloo timeout
-                                             # 3 s, beside ours; ~45 s)
+    python -m bench.hang_recovery            # 5 trials of ours, 3 without Prometheus, 2 of each torchrun
+                                             # variant (~11 min)
+    python -m bench.hang_recovery --quick    # 1 / 1 / 1 (the workaround variant only, nnodes 1, its gloo
+                                             # timeout 3 s, beside ours; ~60 s)
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -32,6 +39,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 from kubernetes import client, config
@@ -47,6 +55,8 @@ GLOO_TIMEOUT_S = 10.0
 QUICK_PEER_GLOO_TIMEOUT_S = 3.0  # bounds the peer's trial in quick runs (a faster peer, not a slower one)
 SCRAPE_INTERVAL_S = 1.0
 TRIAL_TIMEOUT_S = 150
+ETCD_GOAL_MARGIN_S = 4.0  # without Prometheus: first step after <= progressTimeoutSeconds + this
+STOP_ALL_AT_STEP = 20  # without Prometheus: every rank is stopped once rank 1 logged this step
 
 
 @dataclass(frozen=True)
@@ -125,20 +135,55 @@ class OursHarness:
         events.mkdir()
         self.operator = OperatorProcess(self.cluster, events, workdir / "operator.log")
         self.operator.monitor_args = ["--prometheus-url", self.prometheus.url, "--health-interval", "0.25",
-                                      "--scrape-interval", str(SCRAPE_INTERVAL_S)]
+                                      "--scrape-interval", str(SCRAPE_INTERVAL_S), "--no-hang-detection"]
+        self.etcd_only = False
         self.operator.extra_args = ["--metrics-port-base", str(port)]
         kubectl = REPO / ".tools" / "bin" / "kubectl"
         subprocess.run([str(kubectl), "--kubeconfig", str(self.cluster.kubeconfig), "apply", "-f", str(CRD)],
                        check=True, capture_output=True)
         self.operator.start()
-        self.custom = client.CustomObjectsApi(config.new_client_from_config(config_file=str(self.cluster.kubeconfig)))
+        api = config.new_client_from_config(config_file=str(self.cluster.kubeconfig))
+        self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+
+    def without_prometheus(self) -> None:
+        """The operator again as the chart starts it by default: no Prometheus URL, etcd hang detection on."""
+        self.operator.stop()
+        self.operator.monitor_args = ["--no-health-monitor"]
+        self.operator.start()
+        self.etcd_only = True
+
+    def _stop_all_ranks(self, name: str, log: Path, marker: Path) -> None:
+        """Once rank 1 logged STOP_ALL_AT_STEP, SIGSTOP every rank of both pods (the processes below each pod's
+        agent; the agents run on and keep their liveness leases) and create the marker (the restarted ranks then
+        log attempt 1)."""
+        deadline = time.monotonic() + TRIAL_TIMEOUT_S
+        while time.monotonic() < deadline:
+            lines = log.read_text().splitlines() if log.exists() else []
+            if any(p[:2] == ["step", "1"] and int(p[2]) >= STOP_ALL_AT_STEP for p in map(str.split, lines)):
+                break
+            time.sleep(0.05)
+        else:
+            return
+        from flywheel.local import procs
+
+        assert self.cluster.kubelet is not None
+        marker.touch()
+        pods: Any = self.core.list_namespaced_pod("default", label_selector=f"{GROUP}/job={name}")
+        for pod in pods.items:
+            agent = self.cluster.kubelet.pid_of("default", pod.metadata.name)
+            for pid in procs.descendants(agent) if agent else []:
+                os.kill(pid, signal.SIGSTOP)
 
     def trial(self, index: int) -> Trial:
-        name = f"hang-{index}"
+        name = f"hang-{'etcd-' if self.etcd_only else ''}{index}"
         log, marker = self.workdir / f"{name}.log", self.workdir / f"{name}.marker"
+        command = _probe_args(log, marker, self.gloo_timeout)
+        if self.etcd_only:  # no rank stops itself: the bench stops them all
+            command += ["--stop-step", "1000000000"]
+            threading.Thread(target=self._stop_all_ranks, args=(name, log, marker), daemon=True).start()
         doc = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingJob", "metadata": {"name": name},
                "spec": {"replicas": {"min": 2, "max": 2}, "procsPerReplica": 1,
-                        "command": _probe_args(log, marker, self.gloo_timeout),
+                        "command": command,
                         "checkpoint": {"dir": str(self.workdir / "ckpt" / name)},
                         "faultTolerance": {"maxRestarts": 3, "restartScope": "job",
                                            "progressTimeoutSeconds": PROGRESS_TIMEOUT_S}}}
@@ -147,8 +192,8 @@ class OursHarness:
         deadline = time.monotonic() + TRIAL_TIMEOUT_S
         try:
             while time.monotonic() < deadline:
-                status = self.custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name).get(
-                    "status") or {}
+                job: Any = self.custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name)
+                status = job.get("status") or {}
                 if detected_at is None:
                     hung = any(c["type"] == "Hung" and c["status"] == "True" for c in status.get("conditions", []))
                     if hung or status.get("restarts", 0) >= 1:
@@ -161,9 +206,10 @@ class OursHarness:
         finally:
             self.custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name)
         last, _, first_after = _probe_times(log)
+        launcher = "flywheel-etcd" if self.etcd_only else "flywheel"
         if last is None:
-            return Trial("flywheel", None, None, detected_by)
-        return Trial("flywheel", detected_at - last if detected_at else None,
+            return Trial(launcher, None, None, detected_by)
+        return Trial(launcher, detected_at - last if detected_at else None,
                      first_after - last if first_after else None, detected_by)
 
     def close(self) -> None:
@@ -183,13 +229,29 @@ def _stats(trials: list[Trial]) -> dict[str, float | int | None]:
             "resume_max_s": max((t.resume_s for t in trials if t.resume_s is not None), default=None)}
 
 
+def etcd_row(trials: list[Trial]) -> dict[str, Any]:
+    """The report row of the trials without Prometheus: first step after the hang against its goal."""
+    stats, goal = _stats(trials), PROGRESS_TIMEOUT_S + ETCD_GOAL_MARGIN_S
+    resume = stats["resume_median_s"]
+    passed = bool(resume is not None and stats["recovered"] == stats["trials"] and resume <= goal
+                  and all(t.detected_by == "Hung" for t in trials))
+    return {"name": "no Prometheus", "metric": "hang, operator with etcd only (chart defaults), every rank "
+                                               "SIGSTOPped: last step -> first step after recovery, median",
+            "value": resume, "unit": "s", "peer": "goal", "peer_value": goal,
+            "ratio": resume / goal if resume is not None else None,
+            "goal": f"<= progressTimeoutSeconds ({PROGRESS_TIMEOUT_S:g} s) + {ETCD_GOAL_MARGIN_S:g} s, "
+                    "detected as Hung", "pass": passed}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--etcd-trials", type=int, default=3,
+                        help="trials of ours without Prometheus (every rank stopped; etcd progress detects)")
     parser.add_argument("--peer-trials", type=int, default=2, help="trials of each torchrun variant")
     parser.add_argument("--quick", action="store_true",
-                        help="1 trial of ours and 1 of torchrun without the shared store, fixed size, the peer's gloo "
-                             "timeout 3 s, run beside ours (~45 s)")
+                        help="1 trial of ours, 1 without Prometheus and 1 of torchrun without the shared store, fixed "
+                             "size, the peer's gloo timeout 3 s, run beside ours (~60 s)")
     parser.add_argument("--peer-nnodes", default="1:2",
                         help="torchrun's --nnodes (quick: 1, which skips the 30 s last-call wait of a re-forming "
                              "elastic group: a faster peer than the default)")
@@ -200,10 +262,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "hang_recovery.json")
     args = parser.parse_args()
     if args.quick:
-        args.trials, args.peer_trials, args.no_default_peer, args.peer_nnodes = 1, 1, True, "1"
+        args.trials, args.etcd_trials, args.peer_trials, args.no_default_peer, args.peer_nnodes = 1, 1, 1, True, "1"
         args.peer_gloo_timeout = min(args.peer_gloo_timeout, QUICK_PEER_GLOO_TIMEOUT_S)
     started = time.monotonic()
     ours: list[Trial] = []
+    etcd_only: list[Trial] = []
     peers: dict[str, list[Trial]] = {"torchrun-no-shared-store": []}
     if not args.no_default_peer:
         peers["torchrun"] = []
@@ -225,6 +288,10 @@ def main() -> int:
             for i in range(args.trials):
                 ours.append(harness.trial(i))
                 print(f"flywheel trial {i + 1}/{args.trials}: {ours[-1]}", flush=True)
+            harness.without_prometheus()
+            for i in range(args.etcd_trials):
+                etcd_only.append(harness.trial(i))
+                print(f"flywheel without Prometheus, trial {i + 1}/{args.etcd_trials}: {etcd_only[-1]}", flush=True)
         finally:
             harness.close()
         if beside:
@@ -247,8 +314,10 @@ def main() -> int:
                  peer_value=peer["resume_median_s"],
                  goal=f"detect <= progressTimeoutSeconds ({PROGRESS_TIMEOUT_S:g} s) + 10 s by the Hung condition; "
                       "resume <= detect + 5 s (medians)",
-                 passed=passed, stats={"flywheel": head, **peer_stats},
+                 passed=passed, stats={"flywheel": head, "flywheel-etcd": _stats(etcd_only), **peer_stats},
+                 rows=[etcd_row(etcd_only)],
                  runs={"flywheel": [{**asdict(t), "after_detect_s": t.after_detect_s} for t in ours],
+                       "flywheel-etcd": [{**asdict(t), "after_detect_s": t.after_detect_s} for t in etcd_only],
                        **{launcher: [asdict(t) for t in runs] for launcher, runs in peers.items()}},
                  progress_timeout_seconds=PROGRESS_TIMEOUT_S, gloo_timeout_seconds=GLOO_TIMEOUT_S,
                  peer_gloo_timeout_seconds=args.peer_gloo_timeout, peer_nnodes=args.peer_nnodes, quick=args.quick,
@@ -258,6 +327,9 @@ def main() -> int:
         f"{launcher}: detect {st['detect_median_s']} s, resume {st['resume_median_s']} s, recovered "
         f"{st['recovered']}/{st['trials']}" for launcher, st in peer_stats.items())
         + f"; {'PASS' if passed else 'FAIL'} -> {args.out}")
+    row = etcd_row(etcd_only)
+    print(f"ours without Prometheus: first step after {row['value']} s (goal <= {row['peer_value']:g} s): "
+          f"{'PASS' if row['pass'] else 'FAIL'}", flush=True)
     return 0
 
 

@@ -47,3 +47,17 @@ def test_a_result_from_the_quick_lanes_says_so(tmp_path, monkeypatch):
                  passed=True, runs=[], path=tmp_path / "laned.json", quick=True)
     report = write_report(("laned",), tmp_path).read_text()
     assert "| yes | quick (lanes) |" in report
+
+
+def test_a_result_with_several_figures_has_a_row_for_each(tmp_path):
+    extra = [{"name": "burst", "metric": "jobs/s", "value": 40.0, "unit": "jobs/s", "peer": "bare client",
+              "peer_value": 100.0, "ratio": 0.4, "goal": "ratio >= 0.5", "pass": False},
+             {"name": "rss", "metric": "RSS", "value": 150.0, "unit": "MB", "peer": "goal", "peer_value": 200.0,
+              "ratio": 0.75, "goal": "<= 200 MB", "pass": True}]
+    write_result("scale", metric="cpu per job", value=0.02, unit="s/job", peer="kopf", peer_value=0.01,
+                 goal="ratio <= 1.5", passed=False, runs={}, path=tmp_path / "scale.json", rows=extra)
+    report = write_report(("scale",), tmp_path).read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| scale")]
+    assert rows[0].startswith("| scale | cpu per job | 0.02 s/job | kopf | 0.01 | 2 |") and "| NO | full |" in rows[0]
+    assert rows[1].startswith("| scale: burst | jobs/s | 40 jobs/s | bare client | 100 | 0.4 | ratio >= 0.5 | NO |")
+    assert rows[2].startswith("| scale: rss | RSS | 150 MB | goal | 200 | 0.75 | <= 200 MB | yes |")

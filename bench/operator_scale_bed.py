@@ -1,0 +1,236 @@
+"""The test bed of bench/operator_scale: the test cluster without its process kubelet, a stand-in kubelet that
+moves pods to Running or Succeeded by their status alone (no process, no CPU: 200 running jobs fit on 2 cores),
+a clock of when each job's pods were first seen, and a count of each caller's API requests.
+
+The bench's own requests (job creates, the stand-in kubelet's status writes, its watch) carry their own bearer
+token, so the count of the operator's requests (the kubeconfig's token) leaves them out.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config, watch
+
+from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.labels import JOB_LABEL
+from tests.k8s_emulator.requestlog import RequestRecorder, bearer, rbac_attributes
+
+REPO = Path(__file__).resolve().parents[1]
+KUBECTL = REPO / ".tools" / "bin" / "kubectl"
+CRD = REPO / "crds" / "trainingjobs.flywheel.dev.yaml"
+BENCH_TOKEN = "operator-scale-bench"  # the bench's identity in the request count
+NAMESPACES = ("default", "peer", "bare")  # ours, the kopf peer's, the bare client's
+
+
+def job_doc(name: str, replicas: int, namespace: str = "default") -> dict[str, Any]:
+    """A small TrainingJob; hang detection off (its stand-in pods never step)."""
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingJob",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"replicas": {"min": replicas, "max": replicas}, "procsPerReplica": 1,
+                     "trainer": {"model": {"preset": "gpt-tiny"},
+                                 "training": {"steps": 10, "globalBatch": replicas, "microBatch": 1}},
+                     "checkpoint": {"dir": f"/ckpt/{name}"},
+                     "faultTolerance": {"progressTimeoutSeconds": 0}}}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]) / 1024
+
+
+class CountingRecorder(RequestRecorder):
+    """The test cluster's request recording (tests/k8s_emulator/requestlog.py), counting every request too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[tuple[str, str, str]] = Counter()  # (identity, verb, resource) -> requests
+
+    def record(self, method: str, path: str, query: Mapping[str, str], headers: Mapping[str, str]) -> None:
+        super().record(method, path, query, headers)
+        attributes = rbac_attributes(method, path, query)
+        if attributes is not None:
+            verb, _, resource, _ = attributes
+            self.counts[(bearer(headers), verb, resource)] += 1
+
+
+def split_counts(counts: Counter[tuple[str, str, str]], identity: str) -> tuple[int, int, dict[str, int]]:
+    """(requests but watches, watches, requests by "verb resource") of one caller."""
+    mine = {f"{verb} {resource}": n for (who, verb, resource), n in counts.items() if who == identity}
+    watches = sum(n for key, n in mine.items() if key.startswith("watch "))
+    return sum(mine.values()) - watches, watches, dict(sorted(mine.items(), key=lambda kv: -kv[1]))
+
+
+def pod_status(phase: str) -> dict[str, Any]:
+    """What a kubelet writes for a worker that runs (ready) or exited 0."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    running = phase == "Running"
+    state = {"running": {"startedAt": now}} if running else {
+        "terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}}
+    return {"status": {"phase": phase, "startTime": now,
+                       "conditions": [{"type": "Ready", "status": "True" if running else "False",
+                                       "lastTransitionTime": now}],
+                       "containerStatuses": [{"name": "worker", "ready": running, "restartCount": 0,
+                                              "image": "flywheel:latest", "imageID": "", "state": state}]}}
+
+
+class StandInKubelet:
+    """Watches every pod with a job label: records when each was first seen, and, while `mode` is "Running" or
+    "Succeeded", writes that status to each new pod (and to the pods it is told to)."""
+
+    def __init__(self, core: client.CoreV1Api) -> None:
+        self.core = core
+        self.seen: dict[tuple[str, str], dict[str, float]] = {}  # (namespace, job) -> {pod: first seen}
+        self.mode: str | None = None
+        self.lock, self.stop = threading.Lock(), threading.Event()
+        self.writer = ThreadPoolExecutor(8)
+        listed: Any = core.list_pod_for_all_namespaces()
+        version = listed.metadata.resource_version
+        self.thread = threading.Thread(target=self._run, args=(version,), daemon=True)
+        self.thread.start()
+
+    def _run(self, version: str) -> None:
+        while not self.stop.is_set():
+            try:
+                for event in watch.Watch().stream(self.core.list_pod_for_all_namespaces, resource_version=version,
+                                                  timeout_seconds=5):
+                    pod = event["object"]
+                    version = pod.metadata.resource_version
+                    job = (pod.metadata.labels or {}).get(JOB_LABEL)
+                    if event["type"] == "ADDED" and job:
+                        with self.lock:
+                            self.seen.setdefault((pod.metadata.namespace, job), {}).setdefault(
+                                pod.metadata.name, time.time())
+                        if self.mode and (pod.status.phase or "Pending") == "Pending":
+                            self.set_phase(pod.metadata.namespace, pod.metadata.name, self.mode)
+            except Exception:  # noqa: BLE001 -- any dropped or broken stream: resume from the last version
+                time.sleep(0.1)
+
+    def set_phase(self, namespace: str, name: str, phase: str) -> None:
+        self.writer.submit(self._write, namespace, name, phase)
+
+    def _write(self, namespace: str, name: str, phase: str) -> None:
+        try:
+            self.core.patch_namespaced_pod_status(name, namespace, pod_status(phase))
+        except client.ApiException as err:
+            if err.status != 404:  # deleted meanwhile
+                raise
+
+    def pods_of(self, namespace: str, job: str) -> list[str]:
+        with self.lock:
+            return list(self.seen.get((namespace, job), {}))
+
+    def all_seen(self, namespace: str, job: str, count: int) -> float | None:
+        """When the last of the job's first `count` pods was seen, or None before."""
+        with self.lock:
+            pods = self.seen.get((namespace, job), {})
+            return max(pods.values()) if len(pods) >= count else None
+
+    def close(self) -> None:
+        self.stop.set()
+        self.writer.shutdown(wait=True)
+
+
+class Cluster:
+    """The test cluster (real etcd, no process kubelet) with the CRD, the three namespaces and the bench's
+    clients; `recorder` counts requests once `count_requests()` has started it."""
+
+    def __init__(self, workdir: Path) -> None:
+        from tests.k8s_emulator.fixtures import start_cluster
+
+        self.workdir = workdir
+        self.cluster = start_cluster(workdir / "cluster", nodes=1, etcd=True, run_kubelet=False)
+        self.kubectl("apply", "-f", str(CRD))
+        for namespace in NAMESPACES[1:]:
+            self.kubectl("create", "namespace", namespace)
+        api = config.new_client_from_config(config_file=str(self.cluster.kubeconfig))
+        api.configuration.api_key = {"authorization": f"Bearer {BENCH_TOKEN}"}
+        api.rest_client.pool_manager.connection_pool_kw["maxsize"] = 32  # bursts run 16 threads
+        self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+        self.kubelet = StandInKubelet(self.core)
+        self.recorder: CountingRecorder | None = None
+
+    def kubectl(self, *args: str) -> str:
+        return subprocess.run([str(KUBECTL), "--kubeconfig", str(self.cluster.kubeconfig), *args], check=True,
+                              capture_output=True, text=True, timeout=60).stdout
+
+    def count_requests(self) -> CountingRecorder:
+        """A fresh count from now on (the API server's recording, as POST /_flywheel/record-requests starts it)."""
+        recorder = CountingRecorder()
+        server = self.cluster._cluster.server  # same process: the bench's recorder, which also counts
+        self.cluster._loop.call(lambda: setattr(server, "recorder", recorder))
+        self.recorder = recorder
+        return recorder
+
+    def create_jobs(self, names: list[str], replicas: int, namespace: str = "default") -> dict[str, float]:
+        """Create the jobs from 16 threads; name -> when its create returned."""
+        def create(name: str) -> float:
+            self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
+                                                        job_doc(name, replicas, namespace))
+            return time.time()
+
+        with ThreadPoolExecutor(16) as pool:
+            return dict(zip(names, pool.map(create, names)))
+
+    def phases(self, namespace: str) -> Counter[str]:
+        listed: Any = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+        jobs = listed["items"]
+        return Counter((job.get("status") or {}).get("phase", "") for job in jobs)
+
+    def wait_phase(self, namespace: str, phase: str, count: int, timeout: float) -> float:
+        """Seconds until `count` jobs of the namespace are in `phase` (polled each 0.5 s); TimeoutError after."""
+        began = time.monotonic()
+        while time.monotonic() - began < timeout:
+            if self.phases(namespace)[phase] >= count:
+                return time.monotonic() - began
+            time.sleep(0.5)
+        raise TimeoutError(f"{namespace}: {count} jobs not {phase} within {timeout:.0f} s: {self.phases(namespace)}")
+
+    def wait_pods(self, namespace: str, names: list[str], replicas: int, timeout: float) -> dict[str, float | None]:
+        """Wall time each job's pods were all first seen (None: not within `timeout`)."""
+        deadline = time.monotonic() + timeout
+        out: dict[str, float | None] = {}
+        while time.monotonic() < deadline and len(out) < len(names):
+            for name in names:
+                if name not in out and (seen := self.kubelet.all_seen(namespace, name, replicas)) is not None:
+                    out[name] = seen
+            time.sleep(0.05)
+        return {name: out.get(name) for name in names}
+
+    def succeed_pods(self, namespace: str, names: list[str]) -> None:
+        for name in names:
+            for pod in self.kubelet.pods_of(namespace, name):
+                self.kubelet.set_phase(namespace, pod, "Succeeded")
+
+    def delete_jobs(self, namespace: str, names: list[str]) -> None:
+        """Delete the jobs, then their pods at once (without a kubelet, a graceful delete never ends)."""
+        def delete(name: str) -> None:
+            self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            for pod in self.kubelet.pods_of(namespace, name):
+                try:
+                    self.core.delete_namespaced_pod(pod, namespace, grace_period_seconds=0)
+                except client.ApiException as err:
+                    if err.status != 404:
+                        raise
+
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(delete, names))
+
+    def close(self) -> None:
+        self.kubelet.close()
+        self.cluster.stop()
+
