@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from flywheel.operator.kube import Connection, Kube, KubeApiError
 from flywheel.operator.kube_auth import from_kubeconfig, service_account
 from tests.k8s_emulator.fixtures import RunningCluster, start_cluster
 from tests.k8s_emulator.runtime import TOKEN
-from tests.operator.conftest import CRD, EXAMPLE, OperatorProcess, eventually
+from tests.operator.conftest import CRD, EXAMPLE, REPO, OperatorProcess, eventually
 from tests.unit.test_kube_config import exec_user, write_exec_plugin, write_kubeconfig
 
 EXEC_TOKEN = "exec-token-1"
@@ -133,3 +135,39 @@ def test_operator_with_an_exec_user_reconciles_and_logs_in_again_after_rotation(
         assert int((tmp_path / "plugin" / "runs").read_text()) >= 2  # the plugin ran again for the new token
     finally:
         operator.stop()
+
+
+class PagedKube(Kube):
+    """Answers LISTs in pages of two, as a real API server does for `limit=2` (the test cluster ignores limit)."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(Connection("http://unused"))
+        self.names: list[str] = names
+        self.calls: list[dict[str, str]] = []
+
+    async def request(self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None,
+                      content_type: str = "application/json") -> Any:
+        assert params is not None
+        self.calls.append(dict(params))
+        start = int(params.get("continue", "0"))
+        rest = self.names[start + 2:]
+        return {"items": [{"metadata": {"name": n}} for n in self.names[start:start + 2]],
+                "metadata": {"continue": str(start + 2)} if rest else {}}
+
+
+def test_list_follows_continue_tokens() -> None:
+    kube = PagedKube(["a", "b", "c", "d", "e"])
+    items = asyncio.run(kube.list("/api/v1/pods", label_selector="x=y"))
+    assert [i["metadata"]["name"] for i in items] == ["a", "b", "c", "d", "e"]
+    assert [c.get("continue") for c in kube.calls] == [None, "2", "4"]
+    assert all(c["labelSelector"] == "x=y" and c["limit"] == "500" for c in kube.calls)
+
+
+def test_operator_stops_on_an_auth_provider_it_cannot_serve(tmp_path: Path) -> None:
+    kubeconfig = write_kubeconfig(tmp_path / "kc", {"server": "https://aks.example:443"},
+                                  {"auth-provider": {"name": "azure", "config": {}}}, user_name="aks-admin")
+    result = subprocess.run([sys.executable, "-m", "flywheel.cli", "operator", "--kubeconfig", str(kubeconfig),
+                             "--etcd-endpoints", "127.0.0.1:1", "--operator-metrics-port", "0"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode != 0
+    assert "user 'aks-admin' uses auth-provider 'azure'" in result.stdout + result.stderr
