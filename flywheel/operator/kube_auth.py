@@ -160,14 +160,22 @@ async def from_kubeconfig(path: Path) -> Credentials:
     user_name = context.get("user")
     user = _named(cfg.get("users"), user_name, "user", path) if user_name else {}
     check_user(path, str(user_name), user)
-    temp_dir = Path(tempfile.mkdtemp(prefix="flywheel-kube-"))
+    cluster = _named(cfg.get("clusters"), context.get("cluster"), "cluster", path)
+    # files only when there is something to write (a SIGKILLed operator cannot remove them): `*-data` fields, or an
+    # exec plugin, which may answer with a client certificate
+    needs_files = "exec" in user or any(f"{field}-data" in node for node, fields in
+                                        ((cluster, DATA_FIELDS["cluster"]), (user, DATA_FIELDS["user"]))
+                                        for field in fields)
+    temp_dir = Path(tempfile.mkdtemp(prefix="flywheel-kube-")) if needs_files else None
     try:
-        loader = KubeConfigLoader(config_dict=with_data_files(cfg, context, temp_dir),
-                                  config_base_path=str(path.resolve().parent), temp_file_path=str(temp_dir))
+        loader = KubeConfigLoader(config_dict=with_data_files(cfg, context, temp_dir) if temp_dir else cfg,
+                                  config_base_path=str(path.resolve().parent),
+                                  temp_file_path=str(temp_dir) if temp_dir else None)
         renew = _kubeconfig_renewer(loader)
         return Credentials(await renew(), renew, _expiring, temp_dir)
     except BaseException:
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
         raise
 
 

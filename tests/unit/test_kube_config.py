@@ -62,6 +62,7 @@ def load(path: Path) -> kube_auth.Credentials:
 def test_token_user(tmp_path: Path) -> None:
     creds = load(write_kubeconfig(tmp_path / "kc", {"server": "http://127.0.0.1:1"}, {"token": "t0"}))
     assert (creds.conn.server, creds.conn.token, creds.conn.insecure) == ("http://127.0.0.1:1", "t0", False)
+    assert creds.temp_dir is None  # nothing to write: no directory a SIGKILLed operator would leave behind
     creds.close()
 
 
