@@ -22,7 +22,7 @@ from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.health_executor import BackgroundMonitor
-from flywheel.operator.kube import Kube, load_connection
+from flywheel.operator.kube import Kube, KubeConfigError, load_credentials
 from flywheel.operator.node_cache import LostNodes
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.spec import SpecError, parse_job
@@ -50,7 +50,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.reconnect_backoff = 0.5
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = 30
-    memo.kube = Kube(load_connection(config.kubeconfig))
+    try:  # kopf's login (below) shares these credentials
+        memo.kube = Kube(await load_credentials(config.kubeconfig))
+    except KubeConfigError as err:
+        raise kopf.PermanentError(str(err)) from err  # stops the operator with the message, no retries
     memo.runners = {}
     memo.lost_nodes = LostNodes(memo.kube)
     memo.etcd = SharedEtcd(config.settings.etcd_endpoints) if config.settings.etcd_endpoints else None
@@ -86,10 +89,17 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.login()
-def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
-    conn = load_connection(memo.config.kubeconfig)
+async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """kopf logs in again after a 401 or once `expiration` passes: every login after the first renews the shared
+    credentials (token file re-read, exec plugin run again)."""
+    credentials = memo.kube.credentials
+    if memo.get("logged_in"):
+        await credentials.renew()
+    memo.logged_in = True
+    conn = await credentials.current()
     return kopf.ConnectionInfo(server=conn.server, token=conn.token, ca_path=conn.ca_file, insecure=conn.insecure,
-                               certificate_path=conn.cert_file, private_key_path=conn.key_file)
+                               certificate_path=conn.cert_file, private_key_path=conn.key_file,
+                               proxy_url=conn.proxy, expiration=conn.expiration)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)

@@ -17,7 +17,7 @@ from aiohttp import web
 from tests.k8s_emulator import openapi, patches, protobuf, tables
 from tests.k8s_emulator.controllers import ControlPlane
 from tests.k8s_emulator.errors import StatusError
-from tests.k8s_emulator.requestlog import RequestRecorder
+from tests.k8s_emulator.requestlog import RequestRecorder, bearer
 from tests.k8s_emulator.resources import ResourceType
 from tests.k8s_emulator.selectors import field_selector, label_selector
 from tests.k8s_emulator.store import Store
@@ -26,6 +26,9 @@ VERSION_INFO = {"major": "1", "minor": "33", "gitVersion": "v1.33.0-flywheel", "
                 "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24",
                 "compiler": "gc", "platform": "linux/amd64"}
 ACCESS_LOG = os.environ.get("FLYWHEEL_CLUSTER_ACCESS_LOG") == "1"  # one stderr line per request, for debugging
+PUBLIC_PATHS = ("healthz", "readyz", "livez", "version")  # open to everyone (system:public-info-viewer)
+# Tokens the emulated cluster mints itself (httpclient.py's kubelet, podenv.py's service accounts): always valid.
+MINTED_TOKEN_PREFIXES = ("system:node:", "system:serviceaccount:")
 PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json",
                "application/strategic-merge-patch+json", "application/apply-patch+yaml")
 
@@ -59,6 +62,9 @@ class ApiServer:
         self.resumed.set()
         self.admin_handlers: dict[str, Any] = {}  # extra /_flywheel/<name> handlers (the kubelet adds its own)
         self.recorder: RequestRecorder | None = None  # per-caller RBAC view of each request (requestlog.py); off
+        # Bearer tokens accepted from users; None (the default) = no authentication. With a set, a request without
+        # one of them (or a minted token) gets 401 with the Status body a real API server sends.
+        self.accepted_tokens: frozenset[str] | None = None
         self.app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self.dispatch)
 
@@ -76,6 +82,8 @@ class ApiServer:
             print(f"api: {request.method} {request.path_qs} ct={request.content_type} "
                   f"accept={request.headers.get('Accept', '')}", file=sys.stderr, flush=True)
         if not request.path.startswith("/_flywheel/"):
+            if not self.authenticated(request):
+                return _json(StatusError(401, "Unauthorized", "Unauthorized").status(), 401)
             await self.resumed.wait()
             if self.recorder is not None:
                 self.recorder.record(request.method, request.path, request.query, request.headers)
@@ -83,6 +91,12 @@ class ApiServer:
             return await handler(request)
         except StatusError as err:
             return _json(err.status(), err.code)
+
+    def authenticated(self, request: web.Request) -> bool:
+        if self.accepted_tokens is None or request.path.strip("/").split("/")[0] in PUBLIC_PATHS:
+            return True
+        token = bearer(request.headers)
+        return token in self.accepted_tokens or token.startswith(MINTED_TOKEN_PREFIXES)
 
     # ---- routing -------------------------------------------------------------------------------------------
     async def dispatch(self, request: web.Request) -> web.StreamResponse:

@@ -74,6 +74,13 @@ class ApiHandle:
     def pause(self) -> None:
         self._loop.call(self._cluster.server.pause)
 
+    def accept_tokens(self, *tokens: str) -> None:
+        """Check bearer tokens from now on: only these (and the cluster's own minted ones) pass, others get 401."""
+        self._loop.call(setattr, self._cluster.server, "accepted_tokens", frozenset(tokens))
+
+    def accept_any_token(self) -> None:
+        self._loop.call(setattr, self._cluster.server, "accepted_tokens", None)
+
     def resume(self) -> None:
         self._loop.call(self._cluster.server.resume)
 

@@ -1,5 +1,6 @@
 """A minimal asyncio client of the Kubernetes REST API, for the process kubelet (it talks HTTP to the API
-like a real kubelet, so it also works against any API server URL without auth)."""
+like a real kubelet, so it also works against any API server URL without auth; it sends KUBELET_TOKEN, which the
+emulated API server accepts when it checks tokens)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+
+KUBELET_TOKEN = "system:node:process-kubelet"
 
 
 class ApiStatusError(Exception):
@@ -35,7 +38,8 @@ class KubeHttpClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+                                                  headers={"Authorization": f"Bearer {KUBELET_TOKEN}"})
         return self._session
 
     async def close(self) -> None:

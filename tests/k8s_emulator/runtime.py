@@ -27,7 +27,7 @@ from tests.k8s_emulator.resources import Registry
 from tests.k8s_emulator.store import Store
 
 ETCD_BINARY = "/usr/bin/etcd"
-TOKEN = "flywheel-test-token"  # accepted, never checked: the emulator has no authentication
+TOKEN = "flywheel-test-token"  # the kubeconfig's; checked only when a test turns on ApiServer.accepted_tokens
 
 
 def free_port() -> int:
@@ -94,9 +94,11 @@ class EmulatedCluster:
     def __init__(self, work_dir: Path | None = None, nodes: int = 2, port: int = 0, etcd: bool = False,
                  node_monitor_grace_seconds: float = 40.0, heartbeat_seconds: float = 2.0,
                  history_size: int = 20000, bookmark_interval: float = 30.0, run_kubelet: bool = True,
-                 pod_hooks: Sequence[PodHook] = DEFAULT_POD_HOOKS, pod_workdir: Path | None = None) -> None:
+                 pod_hooks: Sequence[PodHook] = DEFAULT_POD_HOOKS, pod_workdir: Path | None = None,
+                 accepted_tokens: Sequence[str] | None = None) -> None:
         """`pod_hooks` mutate each pod at creation (pod_hooks.py); `pod_workdir` is where the kubelet runs pod
-        processes (default: the repository root, so `python -m flywheel...` and relative paths work)."""
+        processes (default: the repository root, so `python -m flywheel...` and relative paths work);
+        `accepted_tokens`: check bearer tokens (apiserver.py's `accepted_tokens`; default: no authentication)."""
         self._owns_work_dir = work_dir is None
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="flywheel-cluster-"))
         self.port = port or free_port()
@@ -107,6 +109,7 @@ class EmulatedCluster:
         self.deployment_controller = DeploymentController(self.store)
         self.log_dir = self.work_dir / "pod-logs"
         self.server = ApiServer(self.store, self.control_plane, self.log_dir, bookmark_interval)
+        self.server.accepted_tokens = frozenset(accepted_tokens) if accepted_tokens is not None else None
         self.kubelet: ProcessKubelet | None = None
         if run_kubelet:
             self.kubelet = ProcessKubelet(self.api_url, [f"node-{i}" for i in range(1, nodes + 1)], self.log_dir,
