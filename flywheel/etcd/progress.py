@@ -36,6 +36,8 @@ class ProgressRecord:
     checkpoint: CheckpointRecord | None = None  # the last checkpoint committed (or restored) in this attempt
     productive_seconds: float = 0.0  # the sum of this attempt's step times
     done: bool = False  # training finished (the final checkpoint is committed)
+    eval_step: int = 0  # the step of this process's latest evaluation (0: none); written only when set
+    eval_loss: float | None = None
 
     @property
     def stepped(self) -> bool:
@@ -49,6 +51,8 @@ def encode(record: ProgressRecord) -> bytes:
         "resumedFrom": record.resumed_from, "worldSize": record.world_size, "loss": _finite(record.loss),
         "tokensPerSecond": _finite(record.tokens_per_second), "productiveSeconds": record.productive_seconds,
         "done": record.done}
+    if record.eval_step:  # optional keys: a reader without them ignores them, and one with them defaults them
+        value["evalStep"], value["evalLoss"] = record.eval_step, _finite(record.eval_loss)
     if record.checkpoint is not None:
         c = record.checkpoint
         value["checkpoint"] = {"step": c.step, "path": c.path, "time": c.time}
@@ -70,7 +74,8 @@ def decode(data: bytes) -> ProgressRecord | None:
             resumed_from=int(value.get("resumedFrom", 0)), world_size=int(value.get("worldSize", 0)),
             loss=_optional_float(value.get("loss")), tokens_per_second=_optional_float(value.get("tokensPerSecond")),
             checkpoint=checkpoint, productive_seconds=float(value.get("productiveSeconds", 0.0)),
-            done=bool(value.get("done", False)))
+            done=bool(value.get("done", False)), eval_step=int(value.get("evalStep", 0)),
+            eval_loss=_optional_float(value.get("evalLoss")))
     except (ValueError, TypeError, KeyError):
         return None
 
