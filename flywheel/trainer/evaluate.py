@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
@@ -107,8 +108,9 @@ class EvalContext:
     micro_batch: int
 
 
-def evaluate(ctx: EvalContext, batches: int) -> EvalResult:
-    """The mean loss over `batches` global batches of the validation stream; a collective (every rank calls it)."""
+def evaluate(ctx: EvalContext, batches: int, on_batch: Callable[[], None] | None = None) -> EvalResult:
+    """The mean loss over `batches` global batches of the validation stream; a collective (every rank calls it).
+    `on_batch` runs after each batch (the progress watchdog's beat: a long evaluation is not a hang)."""
     began = time.perf_counter()
     loader = SampleLoader(ctx.source)  # its own position: always from the first validation sample
     was_training = ctx.model.training
@@ -119,6 +121,8 @@ def evaluate(ctx: EvalContext, batches: int) -> EvalResult:
             for _ in range(batches):
                 micro = loader.next_microbatches(ctx.dp_rank, ctx.dp_size, ctx.global_batch, ctx.micro_batch)
                 total += _rank_loss(ctx.model, micro, ctx.device, ctx.autocast)
+                if on_batch is not None:
+                    on_batch()
             total *= ctx.loss_weight
             dist.all_reduce(total)
     finally:

@@ -317,9 +317,9 @@ def _report_step(run: _Run, step: int, result: _StepResult, metrics: TrainerMetr
 
 def _evaluate(run: _Run, ctx: EvalContext, step: int, metrics: TrainerMetrics, watchdog: ProgressWatchdog,
               events: EventLog) -> None:
-    result = evaluate(ctx, run.eval_plan.batches)
+    # An evaluation is progress: a long one must not look like a hang, so each batch beats the watchdog.
+    result = evaluate(ctx, run.eval_plan.batches, on_batch=watchdog.beat)
     metrics.record_eval(loss=result.loss, perplexity=result.perplexity, step=step)
-    watchdog.beat()  # an evaluation is progress: a long one must not look like a hang
     if run.env.rank == 0:
         events.emit(EventName.EVAL, step=step, loss=result.loss, perplexity=result.perplexity,
                     eval_seconds=result.seconds, samples=run.eval_plan.batches * ctx.global_batch)

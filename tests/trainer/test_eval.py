@@ -94,7 +94,9 @@ def test_evaluate_is_the_mean_loss_and_touches_nothing(one_rank_group):
         logits = model(samples[:, :-1])
     expected = F.cross_entropy(logits.flatten(0, 1), samples[:, 1:].flatten()).item()
     assert result.loss == pytest.approx(expected, rel=1e-6)
-    assert evaluate(ctx, batches=2).loss == result.loss  # the same samples every time
+    beats: list[int] = []
+    assert evaluate(ctx, batches=2, on_batch=lambda: beats.append(1)).loss == result.loss  # the same samples
+    assert beats == [1, 1]  # the watchdog hears from a long evaluation
 
 
 LLAMA = {"preset": "llama-tiny", "seqLen": 32}
