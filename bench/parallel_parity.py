@@ -5,7 +5,9 @@ and pp composed with dp, tp and both (8 ranks). MoE rows: gpt-tiny with 4 expert
 the 1-process MoE reference, under FSDP alone and with expert parallel (ep alone, with more dp ranks than ep, with
 tp, and all three on 8 ranks); their loss difference also covers the load-balancing loss. Prints per layout the
 largest relative loss difference over the steps (the goal: < 1e-5, issue 7) and, for information, the largest
-relative parameter difference at the end (max |diff| / max |param| per tensor).
+relative parameter difference at the end (max |diff| / max |param| per tensor). Llama rows: llama-tiny (RoPE,
+RMSNorm, SwiGLU, GQA with 2 kv heads, tied embeddings) under DDP, FSDP2, tp, pp, dp x tp and tp x pp, against its own
+1-process reference. `--quick` runs one GPT row and one Llama row (tp2), 3 steps.
 
     python -m bench.parallel_parity [--steps N] [--only moe]
 
@@ -44,23 +46,32 @@ LAYOUTS: list[tuple[str, int, dict]] = [
     ("moe ep4", 4, {"ep": 4}),
     ("moe ep2 x tp2", 4, {"ep": 2, "tp": 2}),
     ("moe dp2 x ep2 x tp2", 8, {"ep": 2, "tp": 2}),
+    ("llama ddp dp2", 2, {"fsdp": False}),
+    ("llama fsdp dp2", 2, {"fsdp": True}),
+    ("llama tp2+sp", 2, {"tp": 2}),
+    ("llama pp2 1f1b", 2, {"pp": 2, "schedule": "1f1b"}),
+    ("llama dp2 x tp2", 4, {"tp": 2}),
+    ("llama tp2 x pp2", 4, {"pp": 2, "tp": 2, "fsdp": True}),
 ]
+QUICK = ("tp2+sp", "llama tp2+sp")
 MOE = {"preset": "gpt-tiny", "moe": {"experts": 4, "topK": 2}}
 # Layouts that need another model than gpt-tiny (2 layers): 2 ranks x 2 stages need 4 blocks; the MoE rows. They
 # are compared with a 1-process reference of the same model.
 MODELS: dict[str, dict] = {"pp2 interleaved-1f1b": {"preset": "gpt-tiny", "layers": 4},
-                           **{name: MOE for name, _, _ in LAYOUTS if name.startswith("moe ")}}
+                           **{name: MOE for name, _, _ in LAYOUTS if name.startswith("moe ")},
+                           **{name: {"preset": "llama-tiny"} for name, _, _ in LAYOUTS if name.startswith("llama ")}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--quick", action="store_true", help="one layout (tp2+sp), 3 steps (CI smoke)")
+    parser.add_argument("--quick", action="store_true", help="two layouts (GPT and Llama tp2+sp), 3 steps (CI smoke)")
     parser.add_argument("--only", metavar="PREFIX", help="the layouts whose name starts with PREFIX, merged into "
                                                          "the committed result")
     args = parser.parse_args()
     steps = 3 if args.quick else args.steps
-    layouts = LAYOUTS[3:4] if args.quick else [x for x in LAYOUTS if x[0].startswith(args.only or "")]
+    layouts = ([x for x in LAYOUTS if x[0] in QUICK] if args.quick else
+               [x for x in LAYOUTS if x[0].startswith(args.only or "")])
     options = {"steps": steps, "lr": 1.0, "gradClip": 0.5}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from flywheel.spec import parse_spec
+from flywheel.trainer.build import build_model
 from flywheel.trainer.data import SampleLoader, build_source
-from flywheel.trainer.model import GPT
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 
 
@@ -28,7 +28,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = spec.trainer.model.shape()
-    model = DistributedDataParallel(GPT(cfg, seed=training.seed))
+    model = DistributedDataParallel(build_model(cfg, seed=training.seed))  # GPT or Llama, as the spec says
     optimizer = build_optimizer(model, training)
     scheduler = build_scheduler(optimizer, training)
     loader = SampleLoader(build_source("synthetic", cfg.vocab, cfg.seq_len, training.seed))

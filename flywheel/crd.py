@@ -88,6 +88,11 @@ _RULES: dict[str, list[dict[str, str]]] = {
         {"rule": "!has(self.dim) || !has(self.heads) || self.dim % self.heads == 0",
          "message": "trainer.model.heads does not divide dim; pick heads that divide dim", "fieldPath": ".heads"},
     ],
+    "spec.trainer.data": [
+        {"rule": "!has(self.validation) || !has(self.validationFraction) || self.validationFraction == 0.0",
+         "message": "trainer.data.validation and validationFraction are both set; give held-out data or a "
+                    "fraction of the source, not both", "fieldPath": ".validationFraction"},
+    ],
 }
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from flywheel.spec_base import _Model
 
@@ -25,6 +25,12 @@ class Training(_Model):
     seed: int = Field(0, ge=0, description="Seeds model init and data order.")
     activation_checkpointing: bool = Field(False, description="Recompute block activations in backward.")
     deterministic: bool = Field(True, description="Deterministic algorithms (needed for bitwise-exact resume).")
+    eval_every_steps: int = Field(0, ge=0, description="Evaluate on the validation data (trainer.data.validation "
+                                  "or validationFraction; a synthetic source has its own held-out stream) after "
+                                  "every N optimizer steps and after the last one; 0 disables evaluation.")
+    eval_steps: int = Field(4, ge=1, description="Batches of globalBatch samples per evaluation: always the first "
+                            "evalSteps x globalBatch validation samples, so evaluations compare across steps, "
+                            "layouts and resumes.")
 
 
 class Data(_Model):
@@ -34,6 +40,14 @@ class Data(_Model):
     tokenizer: str | None = Field(None, min_length=1, description="A Hugging Face tokenizer.json or a .tiktoken "
                                   "BPE file: the model's vocab must cover it; `flywheel generate` decodes with it "
                                   "and `flywheel export` copies it. Unset: the pretrained directory's, if any.")
+
+    validation: str | None = Field(None, min_length=1, description="Held-out data for evaluation "
+                                   "(training.evalEverySteps), in any format `source` accepts (a prepare-data "
+                                   "directory, .txt, .npy/.bin or 'synthetic'). Excludes validationFraction.")
+    validation_fraction: float = Field(0.0, ge=0, le=0.5, description="Hold out this fraction of the source's "
+                                       "windows for evaluation instead: the last ones of the token stream, never "
+                                       "trained on (a synthetic source: a disjoint sample stream). 0: none. "
+                                       "Excludes validation.")
 
     @property
     def is_synthetic(self) -> bool:
@@ -47,6 +61,21 @@ class Data(_Model):
             raise ValueError(f"{v!r} is neither 'synthetic', a .txt/.npy/.bin file nor a shard directory; convert "
                              "the data with `flywheel prepare-data` or use source: synthetic")
         return v
+
+    @field_validator("validation")
+    @classmethod
+    def _known_validation_format(cls, v: str | None) -> str | None:
+        if v is not None and v != "synthetic" and Path(v).suffix not in (".txt", ".npy", ".bin", ""):
+            raise ValueError(f"data.validation {v!r} is neither 'synthetic', a .txt/.npy/.bin file nor a shard "
+                             "directory; convert it with `flywheel prepare-data`")
+        return v
+
+    @model_validator(mode="after")
+    def _one_validation_kind(self) -> Data:
+        if self.validation is not None and self.validation_fraction > 0:
+            raise ValueError("data.validation and data.validationFraction are both set; give held-out data or a "
+                             "fraction of the source, not both")
+        return self
 
 
 class CheckpointSpec(_Model):

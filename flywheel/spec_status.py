@@ -82,6 +82,9 @@ class TrainingJobStatus(_Model):
     selector: str = ""
     world_size: int = 0
     step: int = 0
+    # The latest evaluation (training.evalEverySteps): its mean validation loss and the step it followed.
+    eval_loss: float | None = None
+    eval_step: int = 0
     restarts: int = 0
     last_restart_reason: str = ""
     last_checkpoint: CheckpointStatus = Field(default_factory=CheckpointStatus)

@@ -68,6 +68,8 @@ class EventLogSource:
                                    "meanTimeToRecoverSeconds": round(mean, 3) if mean is not None else 0.0}}
         if log.failures:
             status["lastRestartReason"] = _failure_reason(log.failures[-1])
+        if log.last_eval is not None:
+            status["evalStep"], status["evalLoss"] = log.last_eval.step, log.last_eval.loss
         if log.checkpoints:
             c = log.checkpoints[-1]
             status["lastCheckpoint"] = {"step": c.step, "path": c.path, "time": rfc3339(c.time)}

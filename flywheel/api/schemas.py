@@ -23,6 +23,7 @@ class JobSummary(_Out):
     phase: Phase
     replicas: ReplicaStatus
     step: int = 0
+    eval_loss: float | None = Field(None, description="the latest evaluation's mean validation loss, if any")
     restarts: int = 0
     suspended: bool = False
     created: str | None = Field(None, description="metadata.creationTimestamp (RFC 3339)")
@@ -85,6 +86,14 @@ class CheckpointRecord(_Out):
     message: str = ""
 
 
+class Evaluation(_Out):
+    """The latest evaluation on the validation data (spec.trainer.training.evalEverySteps)."""
+
+    step: int = Field(description="the optimizer step it followed")
+    loss: float | None = Field(None, description="mean validation loss; null if it was not finite")
+    perplexity: float | None = Field(None, description="exp(loss); null if it overflows")
+
+
 class JobDetail(_Out):
     namespace: str
     name: str
@@ -105,6 +114,7 @@ class JobDetail(_Out):
         default_factory=list, description="committed checkpoints, oldest first (from CheckpointCommitted events; "
         "on a cluster one event may stand for several coalesced checkpoints: its message lists their steps)")
     goodput: GoodputStatus
+    evaluation: Evaluation | None = Field(None, description="null until the job has evaluated")
     restart_requested_at: str | None = Field(None, description="pending restart request (annotation), if any")
     loss: float | None = Field(None, description="the last step's loss (etcd progress only; null without it)")
     tokens_per_second: float | None = Field(None, description="training throughput (etcd progress only)")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 from flywheel.api.progress_view import LiveProgress, from_status
 from flywheel.api.schemas import (
     CheckpointRecord,
+    Evaluation,
     JobDetail,
     JobEvent,
     JobSummary,
@@ -27,6 +29,7 @@ Obj = dict[str, Any]
 # Checkpoint events: one per checkpoint on local runs; on a cluster the operator's, at most one per job every 30 s
 # with the checkpoints in between coalesced into it (flywheel/policy/checkpoint_events.py).
 CHECKPOINT_REASON = R.CHECKPOINT_COMMITTED
+MAX_LOG_PERPLEXITY = 700.0  # exp() of more overflows a float
 _STEP = re.compile(r"step (\d+)")
 _FAILED_KIND = re.compile(r"failed: ([A-Za-z]+)")
 _LIFECYCLE = {R.CREATED, R.SUSPENDED, R.RESUMED, R.RUNNING, R.SUCCEEDED, R.DEADLINE, R.DEGRADED}
@@ -56,7 +59,7 @@ def _meta(obj: Obj) -> Obj:
 def summary(obj: Obj) -> JobSummary:
     status, meta, spec = _status(obj), _meta(obj), obj.get("spec") or {}
     return JobSummary(namespace=meta.get("namespace", "default"), name=meta.get("name", ""), phase=status.phase,
-                      replicas=status.replicas, step=status.step, restarts=status.restarts,
+                      replicas=status.replicas, step=status.step, eval_loss=status.eval_loss, restarts=status.restarts,
                       suspended=bool(spec.get("suspend")), created=_ts(meta.get("creationTimestamp")))
 
 
@@ -123,6 +126,14 @@ def restarts(status: TrainingJobStatus, evs: list[JobEvent]) -> Restarts:
     return Restarts(count=status.restarts, last_reason=status.last_restart_reason, history=history)
 
 
+def evaluation(status: TrainingJobStatus) -> Evaluation | None:
+    if not status.eval_step:
+        return None
+    loss = status.eval_loss
+    return Evaluation(step=status.eval_step, loss=loss,
+                      perplexity=math.exp(loss) if loss is not None and loss <= MAX_LOG_PERPLEXITY else None)
+
+
 def detail(obj: Obj, pods: list[Obj], raw_events: list[Obj], live: LiveProgress | None = None) -> JobDetail:
     """`live`: the job's etcd progress (api/progress.py); None: the status's."""
     status, meta, spec = _status(obj), _meta(obj), obj.get("spec") or {}
@@ -138,7 +149,7 @@ def detail(obj: Obj, pods: list[Obj], raw_events: list[Obj], live: LiveProgress 
                      progress_source="etcd" if live.source == "etcd" else "status",
                      checkpoints=[CheckpointRecord(time=i.time, step=i.step, message=i.message)
                                   for i in timeline(obj, raw_events).items if i.kind == "checkpoint"],
-                     goodput=live.goodput,
+                     goodput=live.goodput, evaluation=evaluation(status),
                      restart_requested_at=_pending_restart(meta, obj.get("status") or {}))
 
 

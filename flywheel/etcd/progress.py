@@ -39,6 +39,8 @@ class ProgressRecord:
     # Why this attempt's process exited non-zero (trainer/termination_log.py), set just before it exits; "" while
     # it runs. Written only when set ("exitReason"), so a reader without the field reads the record as before.
     exit_reason: str = ""
+    eval_step: int = 0  # the step of this process's latest evaluation (0: none); written only when set
+    eval_loss: float | None = None
 
     @property
     def stepped(self) -> bool:
@@ -54,6 +56,8 @@ def encode(record: ProgressRecord) -> bytes:
         "done": record.done}
     if record.exit_reason:
         value["exitReason"] = record.exit_reason
+    if record.eval_step:  # optional keys: a reader without them ignores them, and one with them defaults them
+        value["evalStep"], value["evalLoss"] = record.eval_step, _finite(record.eval_loss)
     if record.checkpoint is not None:
         c = record.checkpoint
         value["checkpoint"] = {"step": c.step, "path": c.path, "time": c.time}
@@ -75,7 +79,8 @@ def decode(data: bytes) -> ProgressRecord | None:
             resumed_from=int(value.get("resumedFrom", 0)), world_size=int(value.get("worldSize", 0)),
             loss=_optional_float(value.get("loss")), tokens_per_second=_optional_float(value.get("tokensPerSecond")),
             checkpoint=checkpoint, productive_seconds=float(value.get("productiveSeconds", 0.0)),
-            done=bool(value.get("done", False)), exit_reason=str(value.get("exitReason") or ""))
+            done=bool(value.get("done", False)), exit_reason=str(value.get("exitReason") or ""),
+            eval_step=int(value.get("evalStep", 0)), eval_loss=_optional_float(value.get("evalLoss")))
     except (ValueError, TypeError, KeyError):
         return None
 

@@ -7,6 +7,7 @@ from flywheel.eventlog.records import (
     Checkpoint,
     CheckpointFailed,
     Done,
+    Eval,
     EventName,
     Failure,
     LogReset,
@@ -20,6 +21,6 @@ from flywheel.eventlog.records import (
 from flywheel.eventlog.tail import EventTail, read_records
 from flywheel.eventlog.writer import EventLog
 
-__all__ = ["Checkpoint", "CheckpointFailed", "Done", "EventLog", "EventName", "EventTail", "Failure", "FailureEntry",
-           "Incident", "LogReset", "Record", "Restore", "RunFold", "Start", "Step", "fold", "one_line",
+__all__ = ["Checkpoint", "CheckpointFailed", "Done", "Eval", "EventLog", "EventName", "EventTail", "Failure",
+           "FailureEntry", "Incident", "LogReset", "Record", "Restore", "RunFold", "Start", "Step", "fold", "one_line",
            "parse_record", "read_records"]

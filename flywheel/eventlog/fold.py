@@ -12,7 +12,7 @@ numbers, so they agree. Two definitions (docs/contracts.md, "Event log"):
   (the first step after the recovery - 1): the steps trained again. An incident never recovered lost none yet.
 
 A step replayed after a recovery replaces the lost attempt: losses and productive seconds count each step's last
-attempt once.
+attempt once; so does an evaluation repeated after a step replayed (`evals`: the last record per step).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from flywheel.eventlog.records import (
     Checkpoint,
     CheckpointFailed,
     Done,
+    Eval,
     EventName,
     Failure,
     LogReset,
@@ -102,6 +103,8 @@ class RunFold:
         self._failures: list[FailureEntry] = []
         self.incidents: list[Incident] = []
         self.done: Done | None = None
+        self.evals: dict[int, Eval] = {}  # the last evaluation after each step
+        self.last_eval: Eval | None = None  # the latest evaluation record
         self.first_time: float | None = None
         self.last_time: float | None = None
         self.productive_seconds = 0.0  # step_seconds of the last attempt of each step
@@ -134,6 +137,8 @@ class RunFold:
             self.checkpoint_failures.append(record)
         elif isinstance(record, Restore):
             self.restores.append(record)
+        elif isinstance(record, Eval):
+            self.evals[record.step] = self.last_eval = record
         else:
             self.done = record
 
@@ -252,6 +257,10 @@ class RunFold:
         """From the first `start` (the first record when there is none) to the latest record."""
         first = self.starts[0].time if self.starts else self.first_time
         return max(self.last_time - first, 0.0) if first is not None and self.last_time is not None else 0.0
+
+    def eval_losses(self) -> list[tuple[int, float | None]]:
+        """(step, eval loss) of each evaluated step's last evaluation, by step."""
+        return [(step, self.evals[step].loss) for step in sorted(self.evals)]
 
     def losses(self) -> list[float | None]:
         """One value per step 1..N (N = steps completed); None for a step never seen or reported without a loss."""

@@ -27,6 +27,7 @@ class EventName(StrEnum):
     USER_ERROR = "user_error"  # any rank, a bad configuration or data (exit USER_ERROR); `reason` says which
     WORKER_EXIT = "worker_exit"  # the local supervisor, a worker process exited unasked with a non-zero code
     DONE = "done"  # rank 0, training finished
+    EVAL = "eval"  # rank 0, an evaluation on the validation data finished (after the step it names)
 
 
 # Reported by the ranks of one group: after one outage every blocked rank may report too; one per start counts.
@@ -49,6 +50,16 @@ class Step:
     step_seconds: float = 0.0
     tokens_per_second: float | None = None
     world_size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Eval:
+    time: float
+    step: int
+    loss: float | None = None  # null in the log for a non-finite loss
+    perplexity: float | None = None
+    eval_seconds: float = 0.0
+    samples: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +115,7 @@ class LogReset:
     time: float = 0.0
 
 
-Record = Start | Step | Checkpoint | CheckpointFailed | Restore | Failure | Done | LogReset
+Record = Start | Step | Eval | Checkpoint | CheckpointFailed | Restore | Failure | Done | LogReset
 
 
 def _float(raw: Mapping[str, Any], key: str) -> float | None:
@@ -141,6 +152,9 @@ def _parse(name: EventName, t: float, raw: Mapping[str, Any]) -> Record:
     if name is EventName.STEP:
         return Step(t, int(raw["step"]), _float(raw, "loss"), _float(raw, "step_seconds") or 0.0,
                     _float(raw, "tokens_per_second"), _int(raw, "world_size") or 0)
+    if name is EventName.EVAL:
+        return Eval(t, int(raw["step"]), _float(raw, "loss"), _float(raw, "perplexity"),
+                    _float(raw, "eval_seconds") or 0.0, _int(raw, "samples") or 0)
     if name is EventName.START:
         return Start(t, _int(raw, "world_size") or 0, _int(raw, "restart_count") or 0, _int(raw, "resumed_from"))
     if name is EventName.CHECKPOINT:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,11 @@ def plot_loss(out_dir: Path, summary: dict[str, Any]) -> Path:
     points = [(i + 1, v) for i, v in enumerate(summary["losses"]) if v is not None]
     fig, ax = plt.subplots(figsize=(7, 4))
     if points:
-        ax.plot(*zip(*points), marker=".", linewidth=1)
+        ax.plot(*zip(*points), marker=".", linewidth=1, label="train")
+    evals = [(e["step"], e["loss"]) for e in summary.get("evals", []) if e["loss"] is not None]
+    if evals:
+        ax.plot(*zip(*evals), marker="o", linewidth=1.5, label="eval")
+        ax.legend()
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title(f"{summary['job']}: loss ({summary['status']})")
@@ -71,6 +76,12 @@ def _seconds(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f} s"
 
 
+def _eval_row(summary: dict[str, Any]) -> str:
+    loss = summary["final_eval_loss"]
+    shown = "-" if loss is None else f"{loss:.4f} (perplexity {math.exp(min(loss, 700.0)):.4g})"
+    return f"{shown} at step {summary['final_eval_step']}"
+
+
 def print_summary(console: Console, summary: dict[str, Any], out_dir: Path) -> None:
     colour = {"Succeeded": "green", "Failed": "red"}.get(summary["status"], "yellow")
     table = Table(title=f"{summary['job']}: [{colour}]{summary['status']}[/]", show_header=False)
@@ -81,6 +92,7 @@ def print_summary(console: Console, summary: dict[str, Any], out_dir: Path) -> N
         ("steps", str(summary["steps_completed"])),
         ("world size", str(summary["world_size"])),
         ("final loss", "-" if final_loss is None else f"{final_loss:.4f}"),
+        *([("eval loss", _eval_row(summary))] if summary.get("final_eval_step") is not None else []),
         ("restarts", f"{summary['restarts']} (agent {summary['agent_restarts']}, "
                      f"worker recreations {len(summary['worker_recreations'])})"),
         ("failures", str(len(summary["failures"]))),

@@ -7,12 +7,15 @@ table, the API's local-run view and an offline fold of events.jsonl all see the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from flywheel.eventlog import Done, EventTail, FailureEntry, Record, RunFold, parse_record
 
-__all__ = ["EventTail", "Recreation", "RunRecord", "fold"]
+__all__ = ["EventTail", "Recreation", "RunRecord", "fold", "perplexity"]
+
+MAX_LOG_PERPLEXITY = 700.0  # exp() of more overflows a float
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,9 @@ class RunRecord:
             "steps_completed": log.steps_completed,
             "losses": log.losses(),
             "final_loss": log.last_loss,
+            "evals": [{"step": step, "loss": loss, "perplexity": perplexity(loss)} for step, loss in log.eval_losses()],
+            "final_eval_loss": log.last_eval.loss if log.last_eval else None,
+            "final_eval_step": log.last_eval.step if log.last_eval else None,
             "final_params_sha256": log.done.params_sha256 if log.done else None,
             "restarts": log.restarts,
             "agent_restarts": log.agent_restarts,
@@ -97,6 +103,13 @@ class RunRecord:
             "goodput": productive / wall_seconds if wall_seconds > 0 else 0.0,
             "wall_seconds": wall_seconds,
         }
+
+
+def perplexity(loss: float | None) -> float | None:
+    """exp(loss); None for no loss or one whose exp overflows (JSON has no inf)."""
+    if loss is None or loss > MAX_LOG_PERPLEXITY:
+        return None
+    return math.exp(loss)
 
 
 def _failure_row(f: FailureEntry, start_time: float) -> dict[str, Any]:

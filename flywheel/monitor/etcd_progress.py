@@ -5,7 +5,8 @@ flywheel/api/progress.py, which shows the same view).
 Each record is cumulative for its attempt (one trainer group between restarts), so the ledger keeps each attempt's
 first and last record and adds attempts up:
 
-- step, world size, done: the newest attempt's last record; the checkpoint: the newest one committed in any.
+- step, world size, done: the newest attempt's last record; the evaluation: the newest attempt's that has one;
+  the checkpoint: the newest one committed in any.
 - goodput: productive seconds = the sum of the attempts' step times; wall = the newest record's time - the first
   attempt's start; lost steps = for each attempt after another, the previous one's last step - the step it
   resumed from; a recovery = an attempt's first step - the previous attempt's last record (its last step, to
@@ -14,8 +15,8 @@ first and last record and adds attempts up:
   once from that status) is the base, and an attempt that started before this operator counts from its first
   record seen here, not from its start.
 
-With an event log as well (`--events-dir`), `merged` prefers etcd for step and checkpoint (it is never older) and
-the event log for the history (goodput, recoveries, checkpoints, a failure's reason).
+With an event log as well (`--events-dir`), `merged` prefers etcd for step, checkpoint and the latest evaluation
+(it is never older) and the event log for the history (goodput, recoveries, checkpoints, a failure's reason).
 """
 
 from __future__ import annotations
@@ -75,7 +76,9 @@ class ProgressLedger:
         latest = ordered[-1].last
         checkpoint = max(self.checkpoints, key=lambda c: (c.step, c.time), default=None)
         first = max(len(self.checkpoints) - RECENT_CHECKPOINTS, 0)
+        evaluated = next((a.last for a in reversed(ordered) if a.last.eval_step), None)
         return ObservedProgress(
+            eval_step=evaluated.eval_step if evaluated else 0, eval_loss=evaluated.eval_loss if evaluated else None,
             step=latest.step, world_size=latest.world_size, done=latest.done,
             checkpoint_step=checkpoint.step if checkpoint else 0,
             checkpoint_time=checkpoint.time if checkpoint else None,
@@ -121,7 +124,9 @@ def merged(from_etcd: ObservedProgress | None, from_log: ObservedProgress | None
         return from_log
     newer_checkpoint = from_etcd.checkpoint_step >= from_log.checkpoint_step and from_etcd.checkpoint_path
     source = from_etcd if newer_checkpoint else from_log
-    return replace(from_log, step=from_etcd.step, world_size=from_etcd.world_size or from_log.world_size,
+    evaluated = from_etcd if from_etcd.eval_step else from_log
+    return replace(from_log, eval_step=evaluated.eval_step, eval_loss=evaluated.eval_loss, step=from_etcd.step,
+                   world_size=from_etcd.world_size or from_log.world_size,
                    done=from_etcd.done or from_log.done, checkpoint_step=source.checkpoint_step,
                    checkpoint_time=source.checkpoint_time, checkpoint_path=source.checkpoint_path,
                    failure_reason=from_log.failure_reason or from_etcd.failure_reason)

@@ -39,7 +39,9 @@ def progress_of(log: RunFold) -> Progress:
                     recoveries=tuple((i.recovered_at, i.recovery_seconds) for i in log.recoveries
                                      if i.recovered_at is not None and i.recovery_seconds is not None),
                     checkpoints=checkpoints, failure_reason=log.failure_reason,
-                    already_complete_checkpoint=(log.done.already_complete_checkpoint or "") if log.done else "")
+                    already_complete_checkpoint=(log.done.already_complete_checkpoint or "") if log.done else "",
+                    eval_step=log.last_eval.step if log.last_eval else 0,
+                    eval_loss=log.last_eval.loss if log.last_eval else None)
 
 
 class EventLogTail:

@@ -1,5 +1,6 @@
 """The auto-parallel planner: a cost model (cost.py) over a device table (devices.py) and a search over layouts
-(search.py). Pure: no torch, no I/O, so `flywheel plan` sizes any model on any machine."""
+(search.py). Pure: no torch and no I/O but one read: a pretrained model's config.json (pretrained.py), so
+`flywheel plan` sizes any model on any machine."""
 
 from flywheel.planner.cost import Batch, Estimate, Layout, estimate
 from flywheel.planner.devices import DEVICES, Device, DeviceTableError, Link, device_table

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from flywheel.planner.cost import Batch, Estimate, Layout, estimate
 from flywheel.planner.devices import GIB, Device
+from flywheel.planner.pretrained import PretrainedShapeError, pretrained_shape
 from flywheel.spec_layout import JobLayout, Problem, elastic_problems, layout_problems, static_problems
 from flywheel.spec_model import ModelShape
 
@@ -67,11 +68,26 @@ def estimate_json(e: Estimate) -> dict[str, object]:
 
 
 def shape_of(spec: TrainingJobSpec) -> ModelShape:
+    """The model the job trains: its preset or sizes, or a pretrained directory's config.json (read here)."""
     m = spec.trainer.model
     if m.pretrained:
-        raise PlanError(Problem("plan-pretrained", "trainer.model.pretrained", "the planner does not read "
-                                "config.json", "plan with the matching preset or explicit sizes instead"))
+        try:
+            return pretrained_shape(m.pretrained, m.seq_len)
+        except PretrainedShapeError as err:
+            raise PlanError(err.problem) from None
     return m.shape()
+
+
+def spec_rules_view(spec: TrainingJobSpec) -> JobLayout:
+    """The spec's view for the layout rules; a pretrained model's with its config.json's sizes, so every rule on
+    them (tp dividing heads and kv heads, layers per stage, ...) holds for the layouts the planner offers."""
+    view = spec.trainer.layout()
+    if not spec.trainer.model.pretrained:
+        return view
+    shape = shape_of(spec)
+    return replace(view, layers=shape.layers, dim=shape.dim, heads=shape.heads, vocab=shape.vocab,
+                   seq_len=shape.seq_len, architecture=shape.architecture, kv_heads=shape.kv_heads, ffn=shape.ffn,
+                   max_positions=shape.max_positions, pretrained=False)
 
 
 def rules_base(shape: ModelShape, global_batch: int) -> JobLayout:
@@ -169,7 +185,7 @@ def plan_for_spec(spec: TrainingJobSpec, world_size: int, device: Device) -> Pla
     if not spec.trainer.parallelism.auto or spec.command:
         return plan_layout(shape, batch, world_size, spec.procs_per_replica, device,
                            micro_batches=(training.micro_batch,), preferred=spec_layout(spec, world_size),
-                           base=spec.trainer.layout())
+                           base=spec_rules_view(spec))
     pick = _at_world(auto_layout(spec, device), world_size)
     worlds = list(spec.world_sizes())
     result = plan_layout(shape, batch, world_size, spec.procs_per_replica, device, preferred=pick,
@@ -212,7 +228,7 @@ def concrete_spec(spec: TrainingJobSpec, layout: Layout) -> TrainingJobSpec:
 
 def _auto_base(spec: TrainingJobSpec) -> JobLayout:
     """The spec's rules view for auto: its model, batch, schedule and data; degrees and micro batches the pick's."""
-    return replace(spec.trainer.layout(), microbatches=None)
+    return replace(spec_rules_view(spec), microbatches=None)
 
 
 def _auto_rules(spec: TrainingJobSpec) -> Callable[[Layout], bool]:

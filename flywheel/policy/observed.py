@@ -55,6 +55,8 @@ class ObservedProgress:
     failure_reason: str = ""
     # The done record's: a job resumed at or past its last step trained nothing; this checkpoint was complete.
     already_complete_checkpoint: str = ""
+    eval_step: int = 0  # the latest evaluation's step (0: none yet) and its loss
+    eval_loss: float | None = None
 
 
 @dataclass(frozen=True)

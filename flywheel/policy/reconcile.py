@@ -88,6 +88,8 @@ def _observe(status: TrainingJobStatus, job: JobView) -> None:
         status.step = progress.step  # the step trained last (it goes back after a restore)
     if progress.world_size:
         status.world_size = progress.world_size
+    if progress.eval_step:
+        status.eval_step, status.eval_loss = progress.eval_step, progress.eval_loss
     if progress.checkpoint_step >= status.last_checkpoint.step and progress.checkpoint_path:
         status.last_checkpoint = CheckpointStatus(
             step=progress.checkpoint_step, path=progress.checkpoint_path,

@@ -9,6 +9,10 @@ Sources:
 - a directory written by `flywheel prepare-data`: its shards (uint16 or uint32), memory-mapped and read as one
   stream in index order, so a window may span two shards.
 File samples are windows at offsets `k * seq_len`, visited in a seeded permutation per epoch.
+
+Validation (evaluation) data: `data.validation` (any of the above, read from sample 0 on), or
+`data.validationFraction` of the source's windows held out: the last ones of the token stream, which the training
+permutation then never visits, read in order; a synthetic source's held-out data is a disjoint sample stream.
 """
 
 from __future__ import annotations
@@ -43,15 +47,15 @@ class SyntheticSource:
     """x[t+1] = perm[(perm_inv[x[t]] + offset[k]) % vocab] with k uniform in [0, branching): a random bigram table
     in which every token has `branching` successors. Computed without a Python loop (a cumulative sum)."""
 
-    def __init__(self, vocab: int, seq_len: int, seed: int):
-        self.vocab, self.seq_len, self.seed = vocab, seq_len, seed
+    def __init__(self, vocab: int, seq_len: int, seed: int, stream: int = 1):
+        self.vocab, self.seq_len, self.seed, self.stream = vocab, seq_len, seed, stream
         table_rng = np.random.default_rng([seed, 0x5EED])
         self.perm = table_rng.permutation(vocab)
         self.offsets = table_rng.choice(np.arange(1, vocab), size=min(SYNTHETIC_BRANCHING, vocab - 1),
                                         replace=False)
 
     def sample(self, index: int) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, 1, index])
+        rng = np.random.default_rng([self.seed, self.stream, index])
         n = self.seq_len + 1
         steps = self.offsets[rng.integers(0, len(self.offsets), size=n)]
         steps[0] = rng.integers(0, self.vocab)  # the start state
@@ -102,13 +106,15 @@ class TokenFileSource:
     """Windows of a token array (bytes of a .txt, uint16 .npy/.bin, or a shard directory), in a seeded permutation
     per epoch."""
 
-    def __init__(self, path: str, vocab: int, seq_len: int, seed: int):
+    def __init__(self, path: str, vocab: int, seq_len: int, seed: int, held_out_fraction: float = 0.0):
         self.path, self.seq_len, self.seed = path, seq_len, seed
         self.tokens: TokenArray = ShardedTokens(path, vocab) if Path(path).is_dir() else _open_tokens(path, vocab)
-        self.windows = (len(self.tokens) - 1) // seq_len
-        if self.windows < 1:
+        total = (len(self.tokens) - 1) // seq_len
+        if total < 1:
             raise DataError(f"data source {path!r} has {len(self.tokens)} tokens, fewer than seqLen + 1 = "
                             f"{seq_len + 1}; use a longer file or a shorter seqLen")
+        self.held_out = held_out_windows(total, held_out_fraction, path)
+        self.windows = total - self.held_out  # the training windows: the held-out ones are the last
         self._order_epoch, self._order = -1, np.empty(0, dtype=np.int64)
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
@@ -121,6 +127,29 @@ class TokenFileSource:
         epoch, k = divmod(index, self.windows)
         start = int(self._epoch_order(epoch)[k]) * self.seq_len
         return np.asarray(self.tokens[start:start + self.seq_len + 1], dtype=np.int64)
+
+
+def held_out_windows(total: int, fraction: float, path: str = "data.source") -> int:
+    """Windows held out of `total` for validation: round(total x fraction), at least one when fraction > 0, and
+    leaving at least one to train on."""
+    if fraction <= 0:
+        return 0
+    held = max(1, round(total * fraction))
+    if held >= total:
+        raise DataError(f"data.validationFraction {fraction} of {path!r} ({total} windows of seqLen + 1 tokens) "
+                        "leaves nothing to train on; use a smaller fraction, a longer source or data.validation")
+    return held
+
+
+class HeldOutWindows:
+    """A TokenFileSource's held-out windows in stream order (sample i: held-out window i mod their number)."""
+
+    def __init__(self, train: TokenFileSource):
+        self.train, self.seq_len = train, train.seq_len
+
+    def sample(self, index: int) -> np.ndarray:
+        start = (self.train.windows + index % self.train.held_out) * self.seq_len
+        return np.asarray(self.train.tokens[start:start + self.seq_len + 1], dtype=np.int64)
 
 
 def _open_tokens(path: str, vocab: int) -> np.ndarray:
@@ -151,19 +180,41 @@ def _open_tokens(path: str, vocab: int) -> np.ndarray:
     return tokens
 
 
-def build_source(source: str, vocab: int, seq_len: int, seed: int, tokenizer: str | None = None) -> SampleSource:
-    """The job's sample stream; `tokenizer` (the job's, data.tokenizer or the pretrained one) is checked against
-    the model's vocab and a shard directory's recorded tokenizer. Raises DataError."""
+def build_source(source: str, vocab: int, seq_len: int, seed: int, tokenizer: str | None = None,
+                 held_out_fraction: float = 0.0) -> SampleSource:
+    """The job's sample stream (less `held_out_fraction` of a file source's windows); `tokenizer` (the job's,
+    data.tokenizer or the pretrained one) is checked against the model's vocab and a shard directory's recorded
+    tokenizer. Raises DataError."""
     if tokenizer:
         check_tokenizer(tokenizer, vocab)
     if source == "synthetic":
         return SyntheticSource(vocab, seq_len, seed)
-    built = TokenFileSource(source, vocab, seq_len, seed)
+    built = TokenFileSource(source, vocab, seq_len, seed, held_out_fraction)
     if tokenizer and isinstance(built.tokens, ShardedTokens) and \
             file_sha256(load_tokenizer(tokenizer).path) != built.tokens.index.tokenizer_sha256:
         raise DataError(f"data.tokenizer {tokenizer!r} is not the tokenizer data.source {source!r} was prepared "
                         "with (its sha256 differs from index.json's); use that tokenizer or prepare the data again")
     return built
+
+
+SYNTHETIC_VALIDATION_STREAM = 3  # the synthetic chain's held-out samples: a stream training never draws from
+
+
+def build_validation_source(validation: str | None, train: SampleSource, vocab: int, seed: int,
+                            tokenizer: str | None = None) -> SampleSource:
+    """The evaluation stream: `validation` (data.validation) when given, else the training source's held-out
+    windows (data.validationFraction) or, for a synthetic source, its held-out stream. Raises DataError."""
+    if validation is not None:
+        try:
+            return build_source(validation, vocab, train.seq_len, seed, tokenizer)
+        except DataError as err:
+            raise DataError(f"data.validation: {err}") from None
+    if isinstance(train, SyntheticSource):
+        return SyntheticSource(vocab, train.seq_len, seed, stream=SYNTHETIC_VALIDATION_STREAM)
+    if isinstance(train, TokenFileSource) and train.held_out:
+        return HeldOutWindows(train)
+    raise DataError("training.evalEverySteps is set but there is no validation data: set data.validation (held-out "
+                    "data) or data.validationFraction (a fraction of data.source held out)")
 
 
 def check_tokenizer(tokenizer: str, vocab: int) -> None:

@@ -44,9 +44,11 @@ class ProgressState:
     def observe(self, event: str, fields: Mapping[str, Any], now: float) -> bool:
         if event == "start":
             resumed = int(fields.get("resumed_from") or 0)
-            carried = self.record.checkpoint if self.record is not None else None
+            previous = self.record or ProgressRecord(time=now, attempt=now)
             self.record = ProgressRecord(time=now, attempt=now, step=resumed, resumed_from=resumed,
-                                         world_size=int(fields.get("world_size") or 0), checkpoint=carried)
+                                         world_size=int(fields.get("world_size") or 0),
+                                         checkpoint=previous.checkpoint, eval_step=previous.eval_step,
+                                         eval_loss=previous.eval_loss)
             return True
         if self.record is None:
             if event != "step":
@@ -63,6 +65,8 @@ class ProgressState:
         elif event == "checkpoint":
             checkpoint = CheckpointRecord(int(fields["step"]), str(fields.get("path", "")), now)
             self.record = replace(r, time=now, checkpoint=checkpoint)
+        elif event == "eval":
+            self.record = replace(r, time=now, eval_step=int(fields["step"]), eval_loss=_float(fields.get("loss")))
         elif event == "done":
             self.record = replace(r, time=now, step=int(fields.get("step") or r.step), done=True)
         else:

@@ -39,7 +39,15 @@ from flywheel.trainer.collective_env import (
     collective_timeouts,
     shorten_timeouts,
 )
-from flywheel.trainer.data import DataError, MicroBatch, SampleLoader, SampleSource, build_source
+from flywheel.trainer.data import (
+    DataError,
+    MicroBatch,
+    SampleLoader,
+    SampleSource,
+    build_source,
+    build_validation_source,
+)
+from flywheel.trainer.evaluate import EvalContext, EvalPlan, evaluate
 from flywheel.trainer.fault_injection import FaultInjector
 from flywheel.trainer.hf_config import HFConfigError
 from flywheel.trainer.hf_export import write_model_record
@@ -125,15 +133,26 @@ def forward_backward(model: nn.Module, batches: list[MicroBatch], device: torch.
     return loss_sum / len(batches), aux_sum / len(batches)
 
 
-def preflight(env: WorkerEnv) -> SampleSource:
+@dataclass(frozen=True)
+class DataSources:
+    train: SampleSource
+    validation: SampleSource | None  # None: evaluation is off (training.evalEverySteps 0)
+
+
+def preflight(env: WorkerEnv) -> DataSources:
     """Checks what the spec alone decides (the layout at this world size, the data against the model) and opens
-    the data; raises a user error. Runs before the rendezvous: a rank that failed after it could take the store
-    its peers are still joining through (rank 0 hosts it under env://), and they would exit COLLECTIVE_TIMEOUT."""
+    the data (and the validation data when evaluation is on); raises a user error. Runs before the rendezvous: a
+    rank that failed after it could take the store its peers are still joining through (rank 0 hosts it under
+    env://), and they would exit COLLECTIVE_TIMEOUT."""
     trainer = env.spec.trainer
     cfg = model_shape(trainer.model)
     check_layout(env.world_size, trainer.parallelism, trainer.training, cfg, trainer.data.source)
     tokenizer = resolve_tokenizer(trainer.data.tokenizer, trainer.model.pretrained)
-    return build_source(trainer.data.source, cfg.vocab, cfg.seq_len, trainer.training.seed, tokenizer)
+    data, seed = trainer.data, trainer.training.seed
+    train = build_source(data.source, cfg.vocab, cfg.seq_len, seed, tokenizer, data.validation_fraction)
+    if not trainer.training.eval_every_steps:
+        return DataSources(train, None)
+    return DataSources(train, build_validation_source(data.validation, train, cfg.vocab, seed, tokenizer))
 
 
 @dataclass(frozen=True)
@@ -154,6 +173,8 @@ class _Run:
     loader: SampleLoader
     ckpt: Checkpointer
     app: AppState
+    eval_plan: EvalPlan
+    eval_ctx: EvalContext | None  # None: evaluation is off
 
 
 @dataclass(frozen=True)
@@ -164,11 +185,11 @@ class _StepResult:
     stop: bool  # some rank got SIGTERM
 
 
-def train(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: TrainerMetrics,
+def train(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: TrainerMetrics,
           watchdog: ProgressWatchdog, stop: StopRequest, timeouts: CollectiveTimeouts) -> int:
-    """Runs set-up and training in an initialised process group, reading `source` (from `preflight`); returns
+    """Runs set-up and training in an initialised process group, reading `sources` (from `preflight`); returns
     the exit code."""
-    run = _set_up(env, source, events, metrics)
+    run = _set_up(env, sources, events, metrics)
     start = _restore(run, events)
     steps = env.spec.trainer.training.steps
     injector = FaultInjector(env.faults, rank=env.rank, fault_dir=env.fault_dir, events=events)
@@ -177,6 +198,9 @@ def train(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: Train
         # Start-up and the first step are done with its update: from then on a stuck collective fails fast.
         result = _step(run, stop, shorten=timeouts if step == start + 1 else None)
         _report_step(run, step, result, metrics, watchdog, events)
+        if run.eval_ctx is not None and not result.stop and run.eval_plan.due(step):
+            # Before the save: a checkpoint of a step that was due for evaluation implies its eval record.
+            _evaluate(run, run.eval_ctx, step, metrics, watchdog, events)
         if result.stop and step < steps:  # at the last step, finishing is the quickest way to stop
             log.info("SIGTERM: emergency checkpoint at step %d, then exit %d", step, exitcodes.STOPPED)
             run.ckpt.save(step, run.app, blocking=True)  # returns at once if this step's save was already taken
@@ -188,7 +212,7 @@ def train(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: Train
     return exitcodes.SUCCESS
 
 
-def _set_up(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: TrainerMetrics) -> _Run:
+def _set_up(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: TrainerMetrics) -> _Run:
     """Mesh, model (seeded), parallelism, optimizer, scheduler, data loader and checkpointer; restores nothing."""
     spec = env.spec
     training, parallelism = spec.trainer.training, spec.trainer.parallelism
@@ -205,7 +229,7 @@ def _set_up(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: Tra
     cfg = model_shape(spec.trainer.model)
     if env.rank == 0:  # what `flywheel export` needs to name and configure the weights
         write_model_record(env.checkpoint_dir, cfg, spec.trainer.model.pretrained, spec.trainer.data)
-    loader = SampleLoader(source)
+    loader = SampleLoader(sources.train)
     plain = build_model(cfg, seed=training.seed).to(device)
     if env.rank == 0:
         log.info("model: %s, %.2fM parameters, %.3g FLOPs/token; world %d, dp %d, tp %d, pp %d%s%s, %s", cfg,
@@ -223,9 +247,14 @@ def _set_up(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: Tra
 
     ckpt = Checkpointer(spec.checkpoint, env.checkpoint_dir, events=events, metrics=metrics)
     app = AppState(model, optimizer, scheduler, loader, rank=env.rank, world_size=env.world_size)
+    eval_ctx = None if sources.validation is None else EvalContext(
+        model=model, source=sources.validation, device=device, autocast=autocast, dp_rank=dp_rank, dp_size=dp_size,
+        loss_weight=loss_weight, global_batch=training.global_batch, micro_batch=training.micro_batch)
     return _Run(env=env, device=device, dp_rank=dp_rank, dp_size=dp_size, loss_weight=loss_weight,
                 tokens_per_step=training.global_batch * cfg.seq_len, moe=cfg.moe is not None, model=model,
-                autocast=autocast, optimizer=optimizer, scheduler=scheduler, loader=loader, ckpt=ckpt, app=app)
+                autocast=autocast, optimizer=optimizer, scheduler=scheduler, loader=loader, ckpt=ckpt, app=app,
+                eval_plan=EvalPlan(training.eval_every_steps, training.eval_steps, training.steps),
+                eval_ctx=eval_ctx)
 
 
 def _restore(run: _Run, events: EventLog) -> int:
@@ -284,6 +313,18 @@ def _report_step(run: _Run, step: int, result: _StepResult, metrics: TrainerMetr
         log.info("step %d/%d loss %.4f%s lr %.3g %.3fs %.0f tok/s", step, training.steps, result.loss,
                  "".join(f" aux {v:.4f}" for v in result.aux.values()), run.scheduler.get_last_lr()[0],
                  result.seconds, tokens_per_second)
+
+
+def _evaluate(run: _Run, ctx: EvalContext, step: int, metrics: TrainerMetrics, watchdog: ProgressWatchdog,
+              events: EventLog) -> None:
+    # An evaluation is progress: a long one must not look like a hang, so each batch beats the watchdog.
+    result = evaluate(ctx, run.eval_plan.batches, on_batch=watchdog.beat)
+    metrics.record_eval(loss=result.loss, perplexity=result.perplexity, step=step)
+    if run.env.rank == 0:
+        events.emit(EventName.EVAL, step=step, loss=result.loss, perplexity=result.perplexity,
+                    eval_seconds=result.seconds, samples=run.eval_plan.batches * ctx.global_batch)
+        log.info("eval at step %d: loss %.4f perplexity %.4g (%.3fs)", step, result.loss, result.perplexity,
+                 result.seconds)
 
 
 def _finish(run: _Run, start: int, events: EventLog, watchdog: ProgressWatchdog) -> None:
@@ -366,7 +407,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     # Started before the rendezvous: the first-step allowance covers start-up and restore too.
     watchdog = _watchdog(env, events, metrics).start()
     try:
-        source = preflight(env)
+        sources = preflight(env)
         began = time.monotonic()
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         # The collective-watchdog env (NCCL async error handling, flight recorder, dump pipe) is set in one place.
@@ -374,7 +415,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         apply_collective_env(collective_env(env.checkpoint_dir, timeouts))
         dist.init_process_group(backend, timeout=timeouts.startup)
         metrics.rendezvous_seconds.set(time.monotonic() - began)
-        code = train(env, source, events, metrics, watchdog, stop, timeouts)
+        code = train(env, sources, events, metrics, watchdog, stop, timeouts)
         watchdog.stop()  # shutting down below may take a while; the code is decided
         dist.destroy_process_group()
         return code

@@ -41,6 +41,9 @@ class TrainerMetrics:
                                              "Tokens of the global batch per second of the last step.")
         self.train_step_seconds = histogram("flywheel_train_step_seconds", "Wall time of one optimizer step.",
                                             STEP_BUCKETS)
+        self.eval_loss = gauge("flywheel_eval_loss", "Loss of the last evaluation, mean over the validation samples.")
+        self.eval_perplexity = gauge("flywheel_eval_perplexity", "exp(eval loss) of the last evaluation.")
+        self.eval_step = gauge("flywheel_eval_step", "Optimizer step the last evaluation was taken after.")
         self.checkpoint_blocking_seconds = histogram("flywheel_checkpoint_blocking_seconds",
                                                      "Time the training loop was held by a checkpoint save.",
                                                      CHECKPOINT_BUCKETS)
@@ -65,3 +68,8 @@ class TrainerMetrics:
         self.train_loss.set(loss)
         self.train_tokens_per_second.set(tokens_per_second)
         self.train_step_seconds.observe(step_seconds)
+
+    def record_eval(self, *, loss: float, perplexity: float, step: int) -> None:
+        self.eval_loss.set(loss)
+        self.eval_perplexity.set(perplexity)
+        self.eval_step.set(step)

@@ -40,7 +40,15 @@ def test_checkpoint_stall_smoke(tmp_path):
 
 def test_trainer_overhead_smoke(tmp_path):
     run_bench(tmp_path, "bench.trainer_overhead", "--rounds", "1", "--steps", str(4 + 3))
-    check_record(tmp_path / "trainer_overhead.json")
+    record = check_record(tmp_path / "trainer_overhead.json")
+    assert [row["model"] for row in record["runs"]] == ["gpt", "llama-tiny"]
+
+
+def test_parallel_parity_smoke(tmp_path):
+    run_bench(tmp_path, "bench.parallel_parity", "--quick")
+    record = json.loads((tmp_path / "parallel_parity.json").read_text())
+    assert FIELDS <= set(record) and record["pass"]
+    assert [row["layout"] for row in record["runs"]] == ["tp2+sp", "llama tp2+sp"]
 
 
 def test_restart_latency_smoke(tmp_path):

@@ -1,6 +1,7 @@
 """End to end through `flywheel run`: 2 workers x 2 ranks (gloo), DDP and FSDP. A run with a rank killed (SIGKILL) or
-hung (SIGSTOP, so the watchdog path) mid-run must complete with per-step losses and final parameters bitwise equal to
-the uninterrupted run's. Resuming at another data-parallel size must continue at the exact next sample."""
+hung (SIGSTOP, so the watchdog path) mid-run must complete with per-step losses, eval losses (evaluation is on: it
+must not move the data position or any RNG) and final parameters bitwise equal to the uninterrupted run's. Resuming
+at another data-parallel size must continue at the exact next sample."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def job_doc(name: str, ckpt: Path, *, fsdp: bool, replicas: int = 2, procs: int 
             "replicas": {"min": replicas, "max": replicas}, "procsPerReplica": procs,
             "trainer": {"model": {"preset": "gpt-tiny"}, "parallelism": {"fsdp": fsdp},
                         "training": {"steps": steps, "globalBatch": 16, "microBatch": 2, "lr": 3e-3,
-                                     "warmupSteps": 3}},
+                                     "warmupSteps": 3, "evalEverySteps": 5, "evalSteps": 1}},
             "checkpoint": {"dir": str(ckpt), "everySteps": 5, "keep": 2},
             "faultTolerance": {"maxRestarts": 4, "progressTimeoutSeconds": 6, "firstStepTimeoutSeconds": 120},
         },
@@ -61,6 +62,7 @@ def reference(tmp_path_factory):
         summary, result = flywheel_run(tmp, job_doc("ref", tmp / "ckpt", fsdp=fsdp))
         assert result.returncode == 0 and summary["status"] == "Succeeded", _logs(tmp)
         assert summary["restarts"] == 0 and summary["failures"] == []
+        assert [e["step"] for e in summary["evals"]] == [5, 10, 15, 20, 24]
         runs[fsdp] = summary
     return runs
 
@@ -77,6 +79,7 @@ def test_fault_recovery_is_bitwise_exact(reference, tmp_path, fsdp, fault, kind)
     assert any(f["kind"] == kind for f in summary["failures"]), summary["failures"]
     # The headline guarantee: not close, equal.
     assert summary["losses"] == ref["losses"]
+    assert summary["evals"] == ref["evals"]
     assert summary["final_params_sha256"] == ref["final_params_sha256"] is not None
     assert summary["lost_steps"] >= 0 and 0 < summary["goodput"] < 1
 

@@ -50,6 +50,7 @@ def run_layout(world: int, workdir: Path, *, parallelism: dict[str, Any] | None 
     result = json.loads(out.read_text())
     result["losses"] = {int(k): v for k, v in result["losses"].items()}
     result["aux_losses"] = {int(k): v for k, v in result["aux_losses"].items()}
+    result["eval_losses"] = {int(k): v for k, v in result.get("eval_losses", {}).items()}
     result["params"] = torch.load(str(out) + ".pt")
     return result
 

@@ -2,11 +2,13 @@
 
 `python -m tests.parallel.layout_worker` with torchrun-style env (RANK, WORLD_SIZE, MASTER_ADDR/PORT) and
 LAYOUT_RUN = JSON {"parallelism": {...}, "steps", "lr", "globalBatch", "microBatch", "gradClip", "out",
-"checkpointDir", "saveAt", "restore", "optimizer"}. SGD (no momentum) by default: float noise is not amplified;
+"checkpointDir", "saveAt", "restore", "optimizer", "evalSteps"}.
+SGD (no momentum) by default: float noise is not amplified;
 "optimizer": "adamw" uses the trainer's AdamW (to check that optimizer state moves between layouts). Rank 0 writes `out`
 (JSON: per-step loss and MoE load-balancing loss averaged over the global batch, the restored step) and `out`.pt
 (the full parameters). "model" is a trainer.model spec (gpt-tiny by default; with "moe" an MoE model; llama-tiny
-for the Llama).
+for the Llama). With "evalSteps", an evaluation (trainer/evaluate.py, on the synthetic held-out stream) after every
+step: `eval_losses` in `out`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import torch.distributed as dist
 from flywheel.spec import CheckpointSpec, ModelSpec, Parallelism, Training
 from flywheel.trainer.build import build_model
 from flywheel.trainer.checkpoint import AppState, Checkpointer
-from flywheel.trainer.data import SampleLoader, build_source
+from flywheel.trainer.data import SampleLoader, build_source, build_validation_source
+from flywheel.trainer.evaluate import EvalContext, evaluate
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 from flywheel.trainer.parallel_pp import full_model_state
 from flywheel.trainer.parallelize import DP, build_mesh, clip_grad_norm, parallelize
@@ -52,7 +55,13 @@ def main() -> None:
                         run.get("checkpointDir") or "/unused")
     start = (ckpt.restore(app) or 0) if run.get("restore") else 0
 
-    losses, aux_losses = {}, {}
+    losses, aux_losses, eval_losses = {}, {}, {}
+    coordinate = dict(zip(mesh.mesh_dim_names or (), mesh.get_coordinate() or ()))
+    eval_ctx = EvalContext(
+        model=model, source=build_validation_source(None, loader.source, cfg.vocab, 0), device=torch.device("cpu"),
+        autocast=nullcontext(), dp_rank=dp_mesh.get_local_rank(), dp_size=dp_mesh.size(),
+        loss_weight=float(all(c == 0 for name, c in coordinate.items() if name != DP)),
+        global_batch=training.global_batch, micro_batch=training.micro_batch)
     for step in range(start + 1, training.steps + 1):
         batches = loader.next_microbatches(dp_mesh.get_local_rank(), dp_mesh.size(), training.global_batch,
                                            training.micro_batch)
@@ -66,6 +75,8 @@ def main() -> None:
         dist.all_reduce(both, group=dp_mesh.get_group())  # every tp and pp rank holds the same losses
         losses[step] = both[0].item() / dp_mesh.size()
         aux_losses[step] = both[1].item() / dp_mesh.size()
+        if run.get("evalSteps"):
+            eval_losses[step] = evaluate(eval_ctx, run["evalSteps"]).loss
         if step == run.get("saveAt"):
             ckpt.save(step, app, blocking=True)
     ckpt.close()
@@ -73,7 +84,7 @@ def main() -> None:
     if rank == 0:
         torch.save({k: v.detach().clone() for k, v in state.items()}, run["out"] + ".pt")
         with open(run["out"], "w") as f:
-            json.dump({"losses": losses, "aux_losses": aux_losses, "start": start,
+            json.dump({"losses": losses, "aux_losses": aux_losses, "eval_losses": eval_losses, "start": start,
                        "consumed": loader.consumed_samples}, f)
     dist.barrier()
     dist.destroy_process_group()
