@@ -1,5 +1,5 @@
 """The etcd progress record's codec, the publisher's record from rank 0's events, and the operator's ledger over
-attempts (pure pieces of flywheel/etcd/progress.py, trainer/progress_publisher.py, operator/etcd_progress.py)."""
+attempts (pure pieces of flywheel/etcd/progress.py, trainer/progress_publisher.py, monitor/etcd_progress.py)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from flywheel.api.views import detail, summary
 from flywheel.etcd.progress import ProgressRecord, decode, encode
 from flywheel.eventlog import Eval, fold, parse_record
 from flywheel.local.run_record import RunRecord
-from flywheel.operator.etcd_progress import GoodputSeed, ProgressLedger, merged
+from flywheel.monitor.etcd_progress import GoodputSeed, ProgressLedger, merged
 from flywheel.operator.event_log import EventLogTail, progress_of
 from flywheel.policy.observed import ObservedProgress
 from flywheel.policy.reconcile import reconcile
