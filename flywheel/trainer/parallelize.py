@@ -27,6 +27,7 @@ from flywheel.spec_layout import JobLayout, layout_problems
 from flywheel.spec_model import ModelShape
 from flywheel.spec_parallel import Parallelism
 from flywheel.trainer.llama import Llama
+from flywheel.trainer.materialize import is_meta, materialize
 from flywheel.trainer.model import GPT
 from flywheel.trainer.parallel_ep import ExpertParallelError, apply_ep, expert_mesh, fully_shard_experts
 from flywheel.trainer.parallel_pp import Decoder, PipelinedModel, PipelineError, pipeline
@@ -87,7 +88,9 @@ def check_layout(world_size: int, parallelism: Parallelism, training: Training, 
 def parallelize(model: GPT | Llama, mesh: DeviceMesh, parallelism: Parallelism, training: Training) -> nn.Module:
     """Returns the module to train: the same object for FSDP2 (it is modified in place), a DDP wrapper otherwise,
     and with pp > 1 a `PipelinedModel` (this rank's stages; train it with `forward_backward` in loop.py). The model
-    must already be on the mesh's device. Build the optimizer after this."""
+    must already be on the mesh's device, or on the meta device: then this rank's parameters are materialised
+    after sharding, with the values the plain model would have had (`materialize.py`). Build the optimizer after
+    this."""
     check_layout(mesh.size(), parallelism, training, model.cfg)
     if PP not in (mesh.mesh_dim_names or ()):
         return _parallelize_dense(model, mesh, parallelism, training)
@@ -114,9 +117,21 @@ def _parallelize_dense(model: Decoder, mesh: DeviceMesh, parallelism: Parallelis
             raise ParallelismError(str(err)) from None
     if training.activation_checkpointing:
         apply_activation_checkpointing(model)
+    meta = is_meta(model)
     if parallelism.fsdp:
-        return apply_fsdp(model, mesh[DP], reshard_after_forward=parallelism.zero == 3)
+        sharded = apply_fsdp(model, mesh[DP], reshard_after_forward=parallelism.zero == 3)
+        if meta:  # sharded first: this rank allocates only its shards
+            materialize(model, model.cfg, model.init_seed, mesh_device(mesh))
+        return sharded
+    if meta:  # DDP replicates (and broadcasts) real tensors
+        materialize(model, model.cfg, model.init_seed, mesh_device(mesh))
     return apply_ddp(model, mesh[DP])
+
+
+def mesh_device(mesh: DeviceMesh) -> torch.device:
+    if mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(mesh.device_type)
 
 
 def apply_activation_checkpointing(model: Decoder) -> None:

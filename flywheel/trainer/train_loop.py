@@ -44,6 +44,7 @@ from flywheel.trainer.fault_injection import FaultInjector
 from flywheel.trainer.hf_config import HFConfigError
 from flywheel.trainer.hf_export import write_model_record
 from flywheel.trainer.hf_weights import load_pretrained
+from flywheel.trainer.materialize import META
 from flywheel.trainer.moe import aux_loss_of
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 from flywheel.trainer.parallel_pp import PipelinedModel, full_model_state
@@ -206,7 +207,7 @@ def _set_up(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: Tra
     if env.rank == 0:  # what `flywheel export` needs to name and configure the weights
         write_model_record(env.checkpoint_dir, cfg, spec.trainer.model.pretrained, spec.trainer.data)
     loader = SampleLoader(source)
-    plain = build_model(cfg, seed=training.seed).to(device)
+    plain = build_model(cfg, seed=training.seed, device=META)  # parallelize allocates this rank's part only
     if env.rank == 0:
         log.info("model: %s, %.2fM parameters, %.3g FLOPs/token; world %d, dp %d, tp %d, pp %d%s%s, %s", cfg,
                  plain.num_params() / 1e6, plain.flops_per_token(), env.world_size, dp_size, parallelism.tp,

@@ -6,7 +6,8 @@ LAYOUT_RUN = JSON {"parallelism": {...}, "steps", "lr", "globalBatch", "microBat
 "optimizer": "adamw" uses the trainer's AdamW (to check that optimizer state moves between layouts). Rank 0 writes `out`
 (JSON: per-step loss and MoE load-balancing loss averaged over the global batch, the restored step) and `out`.pt
 (the full parameters). "model" is a trainer.model spec (gpt-tiny by default; with "moe" an MoE model; llama-tiny
-for the Llama).
+for the Llama); "metaInit": true builds it on the meta device, "seed" its init seed (0), "initOnly" skips
+training.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from flywheel.spec import CheckpointSpec, ModelSpec, Parallelism, Training
 from flywheel.trainer.build import build_model
 from flywheel.trainer.checkpoint import AppState, Checkpointer
 from flywheel.trainer.data import SampleLoader, build_source
+from flywheel.trainer.materialize import META
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 from flywheel.trainer.parallel_pp import full_model_state
 from flywheel.trainer.parallelize import DP, build_mesh, clip_grad_norm, parallelize
@@ -40,7 +42,8 @@ def main() -> None:
     mesh = build_mesh(world, parallelism)
     dp_mesh = mesh[DP]
     cfg = ModelSpec.model_validate(run.get("model", {"preset": "gpt-tiny"})).shape()
-    model = parallelize(build_model(cfg, seed=0), mesh, parallelism, training)
+    device = META if run.get("metaInit") else None  # meta-device init: materialised by parallelize
+    model = parallelize(build_model(cfg, seed=run.get("seed", 0), device=device), mesh, parallelism, training)
     if run.get("optimizer") == "adamw":  # the trainer's own (optimizer state must move between layouts too)
         optimizer = build_optimizer(model, training)
     else:
@@ -53,7 +56,8 @@ def main() -> None:
     start = (ckpt.restore(app) or 0) if run.get("restore") else 0
 
     losses, aux_losses = {}, {}
-    for step in range(start + 1, training.steps + 1):
+    last_step = 0 if run.get("initOnly") else training.steps  # initOnly: write the initial parameters
+    for step in range(start + 1, last_step + 1):
         batches = loader.next_microbatches(dp_mesh.get_local_rank(), dp_mesh.size(), training.global_batch,
                                            training.micro_batch)
         loss, aux = forward_backward(model, batches, torch.device("cpu"), nullcontext())
