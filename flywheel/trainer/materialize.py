@@ -5,11 +5,14 @@ device, and each is filled with its region of the value the plain model would ha
 
 The values are bitwise those of `GPT(cfg, seed)` / `Llama(cfg, seed)` built on CPU: the model's `init_plan()`
 lists every parameter's init in generator order, and it is replayed here with the same generator. A rank draws
-every full tensor in turn (the generator's position depends on all earlier draws) but holds one at a time and keeps
-only its slice of each, so host memory peaks at this rank's parameters plus the largest single tensor.
+every full tensor in turn (the generator's position depends on all earlier draws), a block of rows at a time, and
+keeps only its slice of each: host memory peaks at this rank's parameters plus one block (`row_blocks`).
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -21,6 +24,7 @@ from flywheel.trainer.hf_weights import clean_name
 from flywheel.trainer.model import initial_value
 
 META = torch.device("meta")
+CHUNK_ELEMENTS = 1 << 22  # drawn at a time (16 MiB in fp32)
 
 
 def is_meta(module: nn.Module) -> bool:
@@ -54,16 +58,44 @@ def materialize(module: nn.Module, cfg: ModelShape, seed: int, device: torch.dev
     shapes = dict(plain.named_parameters())
     gen = torch.Generator(device="cpu").manual_seed(seed)
     for name, kind, std in plain.init_plan():
-        targets = held.pop(name, [])
-        if kind != "normal" and not targets:
-            continue  # nothing drawn, nothing held
-        value = initial_value(kind, std, shapes[name].shape, gen)
-        for target in targets:
-            local, region = _local_region(target)
-            local.copy_(value[region].to(local.dtype))
+        targets = [_local_region(target) for target in held.pop(name, [])]
+        shape = shapes[name].shape
+        if kind == "normal" and shape:
+            _fill_normal_by_rows(targets, shape, std, gen)
+        elif targets:  # ones and zeros draw nothing
+            value = initial_value(kind, std, shape, gen)
+            for local, region in targets:
+                local.copy_(value[region].to(local.dtype))
     if held:
         raise AssertionError(f"parameters without an initial value: {sorted(held)}")
     _retie(module, cfg)
+
+
+def row_blocks(shape: torch.Size) -> Iterator[tuple[int, int]]:
+    """Row ranges [start, end) covering dimension 0, each of about CHUNK_ELEMENTS elements and a multiple of 16
+    (the last one up to twice that). CPU `normal_` draws its uniforms in sequence, transforms them in blocks of
+    16 and redraws the last 16 when the size is no multiple of 16, so drawing such pieces one after the other
+    gives bitwise the values of one draw of the whole tensor (test_meta_init pins it) without holding it."""
+    rows, row = shape[0], math.prod(shape[1:])
+    step = 16 // math.gcd(row, 16)
+    per = max(step, CHUNK_ELEMENTS // max(row, 1) // step * step)
+    start = 0
+    while start < rows:
+        end = rows if rows - start < 2 * per else start + per
+        yield start, end
+        start = end
+
+
+def _fill_normal_by_rows(targets: list[tuple[torch.Tensor, tuple[slice, ...]]], shape: torch.Size, std: float,
+                         gen: torch.Generator) -> None:
+    for start, end in row_blocks(shape):
+        block = torch.empty((end - start, *shape[1:]), dtype=torch.float32, device="cpu")
+        block.normal_(0.0, std, generator=gen)
+        for local, region in targets:
+            lo, hi = max(start, region[0].start), min(end, region[0].stop)
+            if lo < hi:
+                rows = slice(lo - region[0].start, hi - region[0].start)
+                local[rows].copy_(block[(slice(lo - start, hi - start), *region[1:])].to(local.dtype))
 
 
 def _retie(module: nn.Module, cfg: ModelShape) -> None:

@@ -7,7 +7,7 @@ LAYOUT_RUN = JSON {"parallelism": {...}, "steps", "lr", "globalBatch", "microBat
 (JSON: per-step loss and MoE load-balancing loss averaged over the global batch, the restored step) and `out`.pt
 (the full parameters). "model" is a trainer.model spec (gpt-tiny by default; with "moe" an MoE model; llama-tiny
 for the Llama); "metaInit": true builds it on the meta device, "seed" its init seed (0), "initOnly" skips
-training.
+training, "initChunkElements" sets materialize.CHUNK_ELEMENTS.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from flywheel.spec import CheckpointSpec, ModelSpec, Parallelism, Training
+from flywheel.trainer import materialize
 from flywheel.trainer.build import build_model
 from flywheel.trainer.checkpoint import AppState, Checkpointer
 from flywheel.trainer.data import SampleLoader, build_source
@@ -43,6 +44,8 @@ def main() -> None:
     dp_mesh = mesh[DP]
     cfg = ModelSpec.model_validate(run.get("model", {"preset": "gpt-tiny"})).shape()
     device = META if run.get("metaInit") else None  # meta-device init: materialised by parallelize
+    if "initChunkElements" in run:  # small draws, so that tiny models cross row blocks too
+        materialize.CHUNK_ELEMENTS = run["initChunkElements"]
     model = parallelize(build_model(cfg, seed=run.get("seed", 0), device=device), mesh, parallelism, training)
     if run.get("optimizer") == "adamw":  # the trainer's own (optimizer state must move between layouts too)
         optimizer = build_optimizer(model, training)

@@ -20,7 +20,8 @@ MOE = {"preset": "gpt-tiny", "moe": {"experts": 4, "topK": 2}}
 
 
 def initial_params(world: int, workdir: Path, model: dict[str, Any], parallelism: dict[str, Any]) -> dict[str, Any]:
-    result = run_layout(world, workdir, parallelism=parallelism, model=model, metaInit=True, seed=SEED, initOnly=True)
+    result = run_layout(world, workdir, parallelism=parallelism, model=model, metaInit=True, seed=SEED, initOnly=True,
+                        initChunkElements=64)
     return result["params"]
 
 
@@ -59,3 +60,19 @@ def test_a_meta_initialised_run_trains_bitwise_like_a_plain_one(tmp_path):
     meta = run_layout(2, tmp_path / "meta", parallelism=layout, steps=3, seed=SEED, metaInit=True)
     assert meta["losses"] == plain["losses"]
     assert_bitwise_equal(meta["params"], plain["params"])
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (40, 7), (1000, 48), (257, 3, 5), (20000,)])
+def test_drawing_row_blocks_in_turn_gives_the_whole_draw_bitwise(monkeypatch, shape):
+    """CPU normal_ drawn piecewise (materialize.row_blocks) equals one draw of the whole tensor, and the
+    generator ends in the same state: what keeps meta-device init bitwise without holding a full tensor."""
+    from flywheel.trainer import materialize
+
+    monkeypatch.setattr(materialize, "CHUNK_ELEMENTS", 64)
+    whole_gen, piece_gen = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    whole = torch.empty(shape).normal_(0.0, 0.02, generator=whole_gen)
+    pieces = [torch.empty((end - start, *shape[1:])).normal_(0.0, 0.02, generator=piece_gen)
+              for start, end in materialize.row_blocks(torch.Size(shape))]
+    assert len(pieces) > 1 or whole.numel() < 128
+    assert torch.equal(torch.cat(pieces), whole)
+    assert torch.equal(torch.randn(5, generator=whole_gen), torch.randn(5, generator=piece_gen))
