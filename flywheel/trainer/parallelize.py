@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
@@ -119,7 +119,8 @@ def _parallelize_dense(model: Decoder, mesh: DeviceMesh, parallelism: Parallelis
         apply_activation_checkpointing(model)
     meta = is_meta(model)
     if parallelism.fsdp:
-        sharded = apply_fsdp(model, mesh[DP], reshard_after_forward=parallelism.zero == 3)
+        mp_policy = BF16_POLICY if fsdp_mixed_precision(parallelism, training) else None
+        sharded = apply_fsdp(model, mesh[DP], reshard_after_forward=parallelism.zero == 3, mp_policy=mp_policy)
         if meta:  # sharded first: this rank allocates only its shards
             materialize(model, model.cfg, model.init_seed, mesh_device(mesh))
         return sharded
@@ -142,16 +143,29 @@ def apply_activation_checkpointing(model: Decoder) -> None:
         setattr(blocks, name, checkpoint_wrapper(block, preserve_rng_state=False))
 
 
-def apply_fsdp(model: Decoder, dp_mesh: DeviceMesh, *, reshard_after_forward: bool = True) -> nn.Module:
+def fsdp_mixed_precision(parallelism: Parallelism, training: Training) -> bool:
+    """bf16 through FSDP2's MixedPrecisionPolicy (`BF16_POLICY`), with no autocast: FSDP2 without pipeline
+    stages. DDP, one process and pipelined models (whose stage boundaries carry fp32 activations) autocast."""
+    return training.precision == "bf16" and parallelism.fsdp and parallelism.pp == 1
+
+
+# As TorchTitan: the sharded parameters (what the optimizer updates) stay fp32 master weights; each block's
+# all-gathered parameters, and so its compute, are bf16; gradients are reduce-scattered in fp32.
+BF16_POLICY = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def apply_fsdp(model: Decoder, dp_mesh: DeviceMesh, *, reshard_after_forward: bool = True,
+               mp_policy: MixedPrecisionPolicy | None = None) -> nn.Module:
     """ZeRO-3 (reshard_after_forward: parameters all-gathered again in backward) or ZeRO-2 (kept from forward to
-    backward; gradients and optimizer state stay sharded)."""
+    backward; gradients and optimizer state stay sharded). `mp_policy`: mixed precision (None: fp32)."""
+    policy = mp_policy or MixedPrecisionPolicy()  # the default policy changes nothing
     blocks = list(model.blocks.children())
     for i, block in enumerate(blocks):
         # The last block's parameters are needed again at once by backward: keep them unsharded after forward.
         reshard = reshard_after_forward and i < len(blocks) - 1
-        fully_shard_experts(block, reshard_after_forward=reshard)  # expert parallel only
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard_experts(block, reshard_after_forward=reshard, mp_policy=policy)  # expert parallel only
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     return model
 
 

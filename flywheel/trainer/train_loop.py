@@ -54,6 +54,7 @@ from flywheel.trainer.parallelize import (
     build_mesh,
     check_layout,
     clip_grad_norm,
+    fsdp_mixed_precision,
     gradient_sync,
     parallelize,
     settle_ddp_buckets,
@@ -216,7 +217,9 @@ def _set_up(env: WorkerEnv, source: SampleSource, events: EventLog, metrics: Tra
     model = parallelize(plain, mesh, parallelism, training)
     if spec.trainer.model.pretrained:  # a checkpoint, when there is one, replaces these weights below
         load_pretrained(model, spec.trainer.model.pretrained, cfg)
-    autocast = autocast_for(device, training.precision)
+    # bf16 under FSDP2 is its MixedPrecisionPolicy (parallelize.py), not autocast.
+    autocast = nullcontext() if fsdp_mixed_precision(parallelism, training) else autocast_for(device,
+                                                                                             training.precision)
     with autocast:
         settle_ddp_buckets(model, torch.zeros(training.micro_batch, cfg.seq_len, dtype=torch.long, device=device))
     optimizer = build_optimizer(model, training)

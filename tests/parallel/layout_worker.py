@@ -39,7 +39,8 @@ def main() -> None:
     parallelism = Parallelism.model_validate(run["parallelism"])
     training = Training(steps=run["steps"], global_batch=run["globalBatch"], micro_batch=run["microBatch"],
                         lr=run["lr"], warmup_steps=0, min_lr_ratio=1.0, grad_clip=run.get("gradClip", 0.0),
-                        activation_checkpointing=run.get("activationCheckpointing", False))
+                        activation_checkpointing=run.get("activationCheckpointing", False),
+                        precision=run.get("precision", "fp32"))
     mesh = build_mesh(world, parallelism)
     dp_mesh = mesh[DP]
     cfg = ModelSpec.model_validate(run.get("model", {"preset": "gpt-tiny"})).shape()
