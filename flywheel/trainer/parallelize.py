@@ -12,6 +12,7 @@ forward to backward) or DDP over "dp". The model stays unaware.
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Iterator
 
 import torch
@@ -117,6 +118,8 @@ def _parallelize_dense(model: Decoder, mesh: DeviceMesh, parallelism: Parallelis
             raise ParallelismError(str(err)) from None
     if training.activation_checkpointing:
         apply_activation_checkpointing(model)
+    if training.compile:
+        apply_compile(model)
     meta = is_meta(model)
     if parallelism.fsdp:
         mp_policy = BF16_POLICY if fsdp_mixed_precision(parallelism, training) else None
@@ -152,6 +155,16 @@ def fsdp_mixed_precision(parallelism: Parallelism, training: Training) -> bool:
 # As TorchTitan: the sharded parameters (what the optimizer updates) stay fp32 master weights; each block's
 # all-gathered parameters, and so its compute, are bf16; gradients are reduce-scattered in fp32.
 BF16_POLICY = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def apply_compile(model: Decoder) -> None:
+    """torch.compile each block in place (TorchTitan's unit: repeated blocks reuse one compiled graph; parameter
+    names are unchanged, so checkpoints are interchangeable). Before FSDP, after activation checkpointing."""
+    if not (shutil.which("cc") or shutil.which("gcc")):  # inductor builds C++ on CPU, Triton's launchers on GPU
+        raise ParallelismError("spec.trainer.training.compile: torch.compile on CPU needs a C compiler (cc or "
+                               "gcc) in the image; install one or set compile: false")
+    for block in model.blocks.children():
+        block.compile()
 
 
 def apply_fsdp(model: Decoder, dp_mesh: DeviceMesh, *, reshard_after_forward: bool = True,

@@ -40,7 +40,7 @@ def main() -> None:
     training = Training(steps=run["steps"], global_batch=run["globalBatch"], micro_batch=run["microBatch"],
                         lr=run["lr"], warmup_steps=0, min_lr_ratio=1.0, grad_clip=run.get("gradClip", 0.0),
                         activation_checkpointing=run.get("activationCheckpointing", False),
-                        precision=run.get("precision", "fp32"))
+                        precision=run.get("precision", "fp32"), compile=run.get("compile", False))
     mesh = build_mesh(world, parallelism)
     dp_mesh = mesh[DP]
     cfg = ModelSpec.model_validate(run.get("model", {"preset": "gpt-tiny"})).shape()
