@@ -21,7 +21,11 @@ class Training(_Model):
     warmup_steps: int = Field(10, ge=0, description="Linear warmup steps before the cosine decay.")
     weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay on 2-D weights.")
     grad_clip: float = Field(1.0, ge=0, description="Max gradient norm; 0 disables clipping.")
-    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 autocasts where the device supports it.")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description=(
+        "bf16: with FSDP (no pipeline) bf16 parameters and compute over fp32 master weights, gradients reduced in "
+        "fp32 (FSDP2 MixedPrecisionPolicy); otherwise autocast where the device supports it."))
+    compile: bool = Field(False, description=(
+        "torch.compile each transformer block (inductor; on CPU it needs a C compiler, else the run is refused)."))
     seed: int = Field(0, ge=0, description="Seeds model init and data order.")
     activation_checkpointing: bool = Field(False, description="Recompute block activations in backward.")
     deterministic: bool = Field(True, description="Deterministic algorithms (needed for bitwise-exact resume).")

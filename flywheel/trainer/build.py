@@ -4,7 +4,10 @@ module for its architecture."""
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from pathlib import Path
+
+import torch
 
 from flywheel.spec import ModelSpec
 from flywheel.spec_model import ModelShape
@@ -34,6 +37,9 @@ def model_shape(spec: ModelSpec) -> ModelShape:
     return spec.shape()
 
 
-def build_model(shape: ModelShape, seed: int = 0) -> GPT | Llama:
-    """The plain model (on CPU, weights a pure function of `seed`); parallelize.py shards it."""
-    return Llama(shape, seed=seed) if shape.architecture == "llama" else GPT(shape, seed=seed)
+def build_model(shape: ModelShape, seed: int = 0, device: torch.device | None = None) -> GPT | Llama:
+    """The plain model, weights a pure function of `seed`; parallelize.py shards it. On the default device; on the
+    meta device (`materialize.META`) it takes no memory and `parallelize` materialises this rank's parameters after
+    sharding them, with the same values (`materialize.py`)."""
+    with torch.device(device) if device is not None else nullcontext():  # else the caller's default device
+        return Llama(shape, seed=seed) if shape.architecture == "llama" else GPT(shape, seed=seed)

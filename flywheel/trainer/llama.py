@@ -20,12 +20,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from flywheel.spec_model import ModelShape, RopeScaling
-from flywheel.trainer.model import INIT_STD, _normal_
+from flywheel.trainer.model import INIT_STD, InitStep, apply_init
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
     """Inverse frequencies (head_dim / 2,), fp32, with Llama 3's scaling when given (as transformers computes them)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    # On CPU even while the model is built on the meta device: these are no parameters, materialising skips them.
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
     if scaling is None:
         return inv_freq
     low_freq_wavelen = scaling.original_max_positions / scaling.low_freq_factor
@@ -121,6 +122,7 @@ class Llama(nn.Module):
     def __init__(self, cfg: ModelShape, seed: int = 0):
         super().__init__()
         self.cfg = cfg
+        self.init_seed = seed  # materialize.py replays the init after sharding a meta-device model
         self.tok_emb = nn.Embedding(cfg.vocab, cfg.dim)
         self.blocks = nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg.layers))
         self.ln_f = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
@@ -129,22 +131,26 @@ class Llama(nn.Module):
             self.head.weight = self.tok_emb.weight
         self.init_weights(seed)
 
-    @torch.no_grad()
     def init_weights(self, seed: int) -> None:
+        apply_init(self, self.init_plan(), seed)
+
+    def init_plan(self) -> list[InitStep]:
         """Normal(0, 0.02) weights from a private generator, residual outputs (attn.o, mlp.down) scaled by
-        1 / sqrt(2 x layers) like the GPT's, zero biases, unit norms."""
-        gen = torch.Generator(device="cpu").manual_seed(seed)
+        1 / sqrt(2 x layers) like the GPT's, zero biases, unit norms; in generator order."""
         residual_std = INIT_STD / math.sqrt(2 * self.cfg.layers)
+        plan: list[InitStep] = []
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 if module is not self.head or not self.cfg.tied_embeddings:
-                    _normal_(module.weight, residual_std if name.endswith((".o", ".down")) else INIT_STD, gen)
+                    std = residual_std if name.endswith((".o", ".down")) else INIT_STD
+                    plan.append((f"{name}.weight", "normal", std))
                 if module.bias is not None:
-                    module.bias.zero_()
+                    plan.append((f"{name}.bias", "zeros", 0.0))
             elif isinstance(module, nn.Embedding):
-                _normal_(module.weight, INIT_STD, gen)
+                plan.append((f"{name}.weight", "normal", INIT_STD))
             elif isinstance(module, nn.RMSNorm) and module.weight is not None:
-                module.weight.fill_(1.0)
+                plan.append((f"{name}.weight", "ones", 0.0))
+        return plan
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.tok_emb(tokens)

@@ -74,6 +74,7 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig, seed: int = 0):
         super().__init__()
         self.cfg = cfg
+        self.init_seed = seed  # materialize.py replays the init after sharding a meta-device model
         self.tok_emb = nn.Embedding(cfg.vocab, cfg.dim)
         self.pos_emb = nn.Embedding(cfg.max_positions, cfg.dim)
         self.blocks = nn.ModuleList(Block(cfg, moe=cfg.moe is not None and cfg.moe.is_moe_block(i))
@@ -83,27 +84,29 @@ class GPT(nn.Module):
         self.head.weight = self.tok_emb.weight  # tied: one parameter, seen once by parameters()
         self.init_weights(seed)
 
-    @torch.no_grad()
     def init_weights(self, seed: int) -> None:
         """GPT-2 init from a private generator, so the global RNG and construction order do not matter."""
-        gen = torch.Generator(device="cpu").manual_seed(seed)
+        apply_init(self, self.init_plan(), seed)
+
+    def init_plan(self) -> list[InitStep]:
+        """Every parameter's initial value, in generator order (meta-device init replays it: init.py)."""
         # Residual-branch outputs are scaled down so the residual stream's variance does not grow with depth.
         residual_std = INIT_STD / math.sqrt(2 * self.cfg.layers)
+        plan: list[InitStep] = []
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 std = residual_std if name.endswith(".proj") else INIT_STD
                 if module is not self.head:  # the head's weight is the token embedding, initialised below
-                    _normal_(module.weight, std, gen)
+                    plan.append((f"{name}.weight", "normal", std))
                 if module.bias is not None:
-                    module.bias.zero_()
+                    plan.append((f"{name}.bias", "zeros", 0.0))
             elif isinstance(module, nn.Embedding):
-                _normal_(module.weight, INIT_STD, gen)
+                plan.append((f"{name}.weight", "normal", INIT_STD))
             elif isinstance(module, nn.LayerNorm):
-                module.weight.fill_(1.0)
-                module.bias.zero_()
+                plan += [(f"{name}.weight", "ones", 0.0), (f"{name}.bias", "zeros", 0.0)]
             elif isinstance(module, Experts):  # like the dense MLP: the output projection is a residual branch
-                _normal_(module.w1, INIT_STD, gen)
-                _normal_(module.w2, residual_std, gen)
+                plan += [(f"{name}.w1", "normal", INIT_STD), (f"{name}.w2", "normal", residual_std)]
+        return plan
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
@@ -127,9 +130,25 @@ class GPT(nn.Module):
         return 6 * active + 12 * cfg.layers * cfg.dim * cfg.seq_len
 
 
-def _normal_(tensor: torch.Tensor, std: float, gen: torch.Generator) -> None:
-    # Drawn on CPU and copied, so the values do not depend on the device the model lives on. Meta tensors (sizing
-    # a model without memory) have no values to draw.
-    if tensor.is_meta:
-        return
-    tensor.copy_(torch.empty(tensor.shape, dtype=tensor.dtype).normal_(0.0, std, generator=gen))
+InitStep = tuple[str, str, float]  # (parameter name, "normal" | "zeros" | "ones", std)
+
+
+def initial_value(kind: str, std: float, shape: torch.Size, gen: torch.Generator) -> torch.Tensor:
+    """One parameter's full fp32 initial value on CPU ("normal" draws from `gen`), so the values do not depend on
+    the device the model lives on or on how it is sharded."""
+    if kind == "normal":
+        return torch.empty(shape, dtype=torch.float32, device="cpu").normal_(0.0, std, generator=gen)
+    return (torch.ones if kind == "ones" else torch.zeros)(shape, dtype=torch.float32, device="cpu")
+
+
+@torch.no_grad()
+def apply_init(model: nn.Module, plan: list[InitStep], seed: int) -> None:
+    """Fills an unsharded model's parameters from `plan`. Meta tensors (sizing a model, or building it on the
+    meta device to materialise it after sharding: init.py) have no values to fill; the draws are the same."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    params = dict(model.named_parameters())
+    for name, kind, std in plan:
+        param = params[name]
+        if param.is_meta:
+            continue
+        param.copy_(initial_value(kind, std, param.shape, gen))

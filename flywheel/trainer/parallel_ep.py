@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
 from flywheel.spec_layout import JobLayout, static_problems
@@ -136,8 +136,10 @@ def _local(param: torch.Tensor) -> torch.Tensor:
     return param.to_local() if isinstance(param, DTensor) else param
 
 
-def fully_shard_experts(module: nn.Module, *, reshard_after_forward: bool) -> None:
+def fully_shard_experts(module: nn.Module, *, reshard_after_forward: bool,
+                        mp_policy: MixedPrecisionPolicy | None = None) -> None:
     """FSDP2 over edp for the expert-parallel experts inside `module`; call before fully_shard(module), which then
     leaves them out of its own group."""
     for experts in [m for m in module.modules() if isinstance(m, ExpertParallelExperts)]:
-        fully_shard(experts, mesh=experts.mesh[EDP], reshard_after_forward=reshard_after_forward)
+        fully_shard(experts, mesh=experts.mesh[EDP], reshard_after_forward=reshard_after_forward,
+                    mp_policy=mp_policy or MixedPrecisionPolicy())

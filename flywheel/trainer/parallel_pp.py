@@ -53,6 +53,7 @@ class StageModule(nn.Module):
     def __init__(self, model: GPT | Llama, layer_ids: Sequence[int], *, first: bool, last: bool) -> None:
         super().__init__()
         self.cfg: ModelShape = model.cfg
+        self.init_seed: int = model.init_seed
         self.tok_emb: nn.Embedding | None = model.tok_emb if first else None
         self.pos_emb: nn.Embedding | None = model.pos_emb if first else None
         self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in layer_ids})

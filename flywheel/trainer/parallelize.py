@@ -12,13 +12,14 @@ forward to backward) or DDP over "dp". The model stays unaware.
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
@@ -27,6 +28,7 @@ from flywheel.spec_layout import JobLayout, layout_problems
 from flywheel.spec_model import ModelShape
 from flywheel.spec_parallel import Parallelism
 from flywheel.trainer.llama import Llama
+from flywheel.trainer.materialize import is_meta, materialize
 from flywheel.trainer.model import GPT
 from flywheel.trainer.parallel_ep import ExpertParallelError, apply_ep, expert_mesh, fully_shard_experts
 from flywheel.trainer.parallel_pp import Decoder, PipelinedModel, PipelineError, pipeline
@@ -87,7 +89,9 @@ def check_layout(world_size: int, parallelism: Parallelism, training: Training, 
 def parallelize(model: GPT | Llama, mesh: DeviceMesh, parallelism: Parallelism, training: Training) -> nn.Module:
     """Returns the module to train: the same object for FSDP2 (it is modified in place), a DDP wrapper otherwise,
     and with pp > 1 a `PipelinedModel` (this rank's stages; train it with `forward_backward` in loop.py). The model
-    must already be on the mesh's device. Build the optimizer after this."""
+    must already be on the mesh's device, or on the meta device: then this rank's parameters are materialised
+    after sharding, with the values the plain model would have had (`materialize.py`). Build the optimizer after
+    this."""
     check_layout(mesh.size(), parallelism, training, model.cfg)
     if PP not in (mesh.mesh_dim_names or ()):
         return _parallelize_dense(model, mesh, parallelism, training)
@@ -114,9 +118,24 @@ def _parallelize_dense(model: Decoder, mesh: DeviceMesh, parallelism: Parallelis
             raise ParallelismError(str(err)) from None
     if training.activation_checkpointing:
         apply_activation_checkpointing(model)
+    if training.compile:
+        apply_compile(model)
+    meta = is_meta(model)
     if parallelism.fsdp:
-        return apply_fsdp(model, mesh[DP], reshard_after_forward=parallelism.zero == 3)
+        mp_policy = BF16_POLICY if fsdp_mixed_precision(parallelism, training) else None
+        sharded = apply_fsdp(model, mesh[DP], reshard_after_forward=parallelism.zero == 3, mp_policy=mp_policy)
+        if meta:  # sharded first: this rank allocates only its shards
+            materialize(model, model.cfg, model.init_seed, mesh_device(mesh))
+        return sharded
+    if meta:  # DDP replicates (and broadcasts) real tensors
+        materialize(model, model.cfg, model.init_seed, mesh_device(mesh))
     return apply_ddp(model, mesh[DP])
+
+
+def mesh_device(mesh: DeviceMesh) -> torch.device:
+    if mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(mesh.device_type)
 
 
 def apply_activation_checkpointing(model: Decoder) -> None:
@@ -127,16 +146,39 @@ def apply_activation_checkpointing(model: Decoder) -> None:
         setattr(blocks, name, checkpoint_wrapper(block, preserve_rng_state=False))
 
 
-def apply_fsdp(model: Decoder, dp_mesh: DeviceMesh, *, reshard_after_forward: bool = True) -> nn.Module:
+def fsdp_mixed_precision(parallelism: Parallelism, training: Training) -> bool:
+    """bf16 through FSDP2's MixedPrecisionPolicy (`BF16_POLICY`), with no autocast: FSDP2 without pipeline
+    stages. DDP, one process and pipelined models (whose stage boundaries carry fp32 activations) autocast."""
+    return training.precision == "bf16" and parallelism.fsdp and parallelism.pp == 1
+
+
+# As TorchTitan: the sharded parameters (what the optimizer updates) stay fp32 master weights; each block's
+# all-gathered parameters, and so its compute, are bf16; gradients are reduce-scattered in fp32.
+BF16_POLICY = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def apply_compile(model: Decoder) -> None:
+    """torch.compile each block in place (TorchTitan's unit: repeated blocks reuse one compiled graph; parameter
+    names are unchanged, so checkpoints are interchangeable). Before FSDP, after activation checkpointing."""
+    if not (shutil.which("cc") or shutil.which("gcc")):  # inductor builds C++ on CPU, Triton's launchers on GPU
+        raise ParallelismError("spec.trainer.training.compile: torch.compile on CPU needs a C compiler (cc or "
+                               "gcc) in the image; install one or set compile: false")
+    for block in model.blocks.children():
+        block.compile()
+
+
+def apply_fsdp(model: Decoder, dp_mesh: DeviceMesh, *, reshard_after_forward: bool = True,
+               mp_policy: MixedPrecisionPolicy | None = None) -> nn.Module:
     """ZeRO-3 (reshard_after_forward: parameters all-gathered again in backward) or ZeRO-2 (kept from forward to
-    backward; gradients and optimizer state stay sharded)."""
+    backward; gradients and optimizer state stay sharded). `mp_policy`: mixed precision (None: fp32)."""
+    policy = mp_policy or MixedPrecisionPolicy()  # the default policy changes nothing
     blocks = list(model.blocks.children())
     for i, block in enumerate(blocks):
         # The last block's parameters are needed again at once by backward: keep them unsharded after forward.
         reshard = reshard_after_forward and i < len(blocks) - 1
-        fully_shard_experts(block, reshard_after_forward=reshard)  # expert parallel only
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard_experts(block, reshard_after_forward=reshard, mp_policy=policy)  # expert parallel only
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     return model
 
 

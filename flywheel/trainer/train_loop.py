@@ -52,6 +52,7 @@ from flywheel.trainer.fault_injection import FaultInjector
 from flywheel.trainer.hf_config import HFConfigError
 from flywheel.trainer.hf_export import write_model_record
 from flywheel.trainer.hf_weights import load_pretrained
+from flywheel.trainer.materialize import META
 from flywheel.trainer.moe import aux_loss_of
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 from flywheel.trainer.parallel_pp import PipelinedModel, full_model_state
@@ -61,6 +62,7 @@ from flywheel.trainer.parallelize import (
     build_mesh,
     check_layout,
     clip_grad_norm,
+    fsdp_mixed_precision,
     gradient_sync,
     parallelize,
     settle_ddp_buckets,
@@ -230,7 +232,7 @@ def _set_up(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Tra
     if env.rank == 0:  # what `flywheel export` needs to name and configure the weights
         write_model_record(env.checkpoint_dir, cfg, spec.trainer.model.pretrained, spec.trainer.data)
     loader = SampleLoader(sources.train)
-    plain = build_model(cfg, seed=training.seed).to(device)
+    plain = build_model(cfg, seed=training.seed, device=META)  # parallelize allocates this rank's part only
     if env.rank == 0:
         log.info("model: %s, %.2fM parameters, %.3g FLOPs/token; world %d, dp %d, tp %d, pp %d%s%s, %s", cfg,
                  plain.num_params() / 1e6, plain.flops_per_token(), env.world_size, dp_size, parallelism.tp,
@@ -239,7 +241,9 @@ def _set_up(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Tra
     model = parallelize(plain, mesh, parallelism, training)
     if spec.trainer.model.pretrained:  # a checkpoint, when there is one, replaces these weights below
         load_pretrained(model, spec.trainer.model.pretrained, cfg)
-    autocast = autocast_for(device, training.precision)
+    # bf16 under FSDP2 is its MixedPrecisionPolicy (parallelize.py), not autocast.
+    autocast = nullcontext() if fsdp_mixed_precision(parallelism, training) else autocast_for(device,
+                                                                                             training.precision)
     with autocast:
         settle_ddp_buckets(model, torch.zeros(training.micro_batch, cfg.seq_len, dtype=torch.long, device=device))
     optimizer = build_optimizer(model, training)

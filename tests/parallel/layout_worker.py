@@ -7,8 +7,9 @@ SGD (no momentum) by default: float noise is not amplified;
 "optimizer": "adamw" uses the trainer's AdamW (to check that optimizer state moves between layouts). Rank 0 writes `out`
 (JSON: per-step loss and MoE load-balancing loss averaged over the global batch, the restored step) and `out`.pt
 (the full parameters). "model" is a trainer.model spec (gpt-tiny by default; with "moe" an MoE model; llama-tiny
-for the Llama). With "evalSteps", an evaluation (trainer/evaluate.py, on the synthetic held-out stream) after every
-step: `eval_losses` in `out`.
+for the Llama); "metaInit": true builds it on the meta device, "seed" its init seed (0), "initOnly" skips
+training, "initChunkElements" sets materialize.CHUNK_ELEMENTS. With "evalSteps", an evaluation (trainer/evaluate.py,
+on the synthetic held-out stream) after every step: `eval_losses` in `out`.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ import torch
 import torch.distributed as dist
 
 from flywheel.spec import CheckpointSpec, ModelSpec, Parallelism, Training
+from flywheel.trainer import materialize
 from flywheel.trainer.build import build_model
 from flywheel.trainer.checkpoint import AppState, Checkpointer
 from flywheel.trainer.data import SampleLoader, build_source, build_validation_source
 from flywheel.trainer.evaluate import EvalContext, evaluate
+from flywheel.trainer.materialize import META
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 from flywheel.trainer.parallel_pp import full_model_state
 from flywheel.trainer.parallelize import DP, build_mesh, clip_grad_norm, parallelize
@@ -39,11 +42,15 @@ def main() -> None:
     parallelism = Parallelism.model_validate(run["parallelism"])
     training = Training(steps=run["steps"], global_batch=run["globalBatch"], micro_batch=run["microBatch"],
                         lr=run["lr"], warmup_steps=0, min_lr_ratio=1.0, grad_clip=run.get("gradClip", 0.0),
-                        activation_checkpointing=run.get("activationCheckpointing", False))
+                        activation_checkpointing=run.get("activationCheckpointing", False),
+                        precision=run.get("precision", "fp32"), compile=run.get("compile", False))
     mesh = build_mesh(world, parallelism)
     dp_mesh = mesh[DP]
     cfg = ModelSpec.model_validate(run.get("model", {"preset": "gpt-tiny"})).shape()
-    model = parallelize(build_model(cfg, seed=0), mesh, parallelism, training)
+    device = META if run.get("metaInit") else None  # meta-device init: materialised by parallelize
+    if "initChunkElements" in run:  # small draws, so that tiny models cross row blocks too
+        materialize.CHUNK_ELEMENTS = run["initChunkElements"]
+    model = parallelize(build_model(cfg, seed=run.get("seed", 0), device=device), mesh, parallelism, training)
     if run.get("optimizer") == "adamw":  # the trainer's own (optimizer state must move between layouts too)
         optimizer = build_optimizer(model, training)
     else:
@@ -62,7 +69,8 @@ def main() -> None:
         autocast=nullcontext(), dp_rank=dp_mesh.get_local_rank(), dp_size=dp_mesh.size(),
         loss_weight=float(all(c == 0 for name, c in coordinate.items() if name != DP)),
         global_batch=training.global_batch, micro_batch=training.micro_batch)
-    for step in range(start + 1, training.steps + 1):
+    last_step = 0 if run.get("initOnly") else training.steps  # initOnly: write the initial parameters
+    for step in range(start + 1, last_step + 1):
         batches = loader.next_microbatches(dp_mesh.get_local_rank(), dp_mesh.size(), training.global_batch,
                                            training.micro_batch)
         loss, aux = forward_backward(model, batches, torch.device("cpu"), nullcontext())
