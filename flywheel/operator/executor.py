@@ -248,8 +248,9 @@ class JobRunner:
             self.own.wrote_job(obj, answer)
         except KubeApiError as err:
             if err.status == 409:
-                self.logger.info("status changed under us; redoing the pass")
-                self.wake.set()
+                # Not redone at once: the cache still shows the version that lost, and a pass on it would lose again.
+                # The change that won reaches the cache and wakes the runner (job_changed); the tick is the backstop.
+                self.logger.info("status changed under us; redoing the pass when the cache has the change")
                 return False
             raise
         return True
