@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import logging
 from typing import Any
 
 from flywheel.operator import caches
 from flywheel.operator import manifests as m
+from flywheel.operator.executor import JobRunner
 from flywheel.operator.own_writes import PENDING_SECONDS, OwnWrites
 
 
@@ -80,3 +83,59 @@ def test_index_entries_and_the_reads_over_them():
         assert len(await reads.all_pods(())) == 2 and await reads.all_pods(("ml",)) == [p]
         assert await reads.jobs(("other",)) == []
     asyncio.run(check())
+
+
+class FrozenCaches:
+    """Watch-fed caches that never catch up: the job as first seen, no pods, no Service, no lost node."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.first = copy.deepcopy(job)
+
+    async def job(self, namespace: str, name: str) -> dict[str, Any]:
+        return copy.deepcopy(self.first)
+
+    async def pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return []
+
+    async def service_exists(self, namespace: str, name: str) -> bool:
+        return True
+
+    async def lost_nodes(self) -> set[str]:
+        return set()
+
+
+class WritingKube:
+    """Answers writes as an API server would: a status write bumps the resourceVersion, a create gets a uid."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.job, self.creates, self.preconditions = job, [], []  # type: ignore[var-annotated]
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.creates.append(body["metadata"]["name"])
+        return {**body, "metadata": {**body["metadata"], "uid": f"pod-{len(self.creates)}", "resourceVersion": "9"}}
+
+    async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
+        assert path.endswith("/status")
+        self.preconditions.append(patch["metadata"]["resourceVersion"])
+        rv = str(int(self.job["metadata"]["resourceVersion"]) + 1)
+        self.job = {**self.job, "metadata": {**self.job["metadata"], "resourceVersion": rv}, "status": patch["status"]}
+        return copy.deepcopy(self.job)
+
+    async def post_event(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def test_a_pass_on_a_lagging_cache_creates_no_pod_twice_and_writes_on_the_status_it_wrote():
+    job = {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
+           "metadata": {"name": "j", "namespace": "ml", "uid": "uid-1", "resourceVersion": "1", "generation": 1},
+           "spec": {"replicas": {"min": 2, "max": 2}, "trainer": {"training": {"globalBatch": 4, "microBatch": 1}}}}
+    kube = WritingKube(job)
+    runner = JobRunner(kube, m.OperatorSettings(etcd_endpoints=""), "ml", "j", "uid-1",  # type: ignore[arg-type]
+                       logging.getLogger("test"), reads=FrozenCaches(job))  # type: ignore[arg-type]
+
+    async def passes() -> None:
+        for _ in range(3):
+            await runner.reconcile_once()
+    asyncio.run(passes())
+    assert sorted(kube.creates) == ["j-worker-0", "j-worker-1"]  # once each, though the cache never showed them
+    assert kube.preconditions[0] == "1" and all(rv != "1" for rv in kube.preconditions[1:]), kube.preconditions
