@@ -94,11 +94,11 @@ def test_gang_scheduler_switch_changes_only_the_podgroup_rule():
 
 @pytest.mark.parametrize("sets", [(), ("operator.healthMonitor.enabled=true", "operator.healthMonitor.cordon=false")],
                          ids=["no-monitor", "no-cordon"])
-def test_without_cordoning_nodes_are_only_listed(sets):
+def test_without_cordoning_nodes_are_only_watched(sets):
     docs = render(*sets)
     full = render(*FULL[:1])
     cluster = rules_of(role(docs, "ClusterRole", "-operator-cluster"))
-    assert cluster == rules_of(role(full, "ClusterRole", "-operator-cluster")) | {("", "nodes"): {"list"}}
+    assert cluster == rules_of(role(full, "ClusterRole", "-operator-cluster")) | {("", "nodes"): {"list", "watch"}}
     assert [r["metadata"]["namespace"] for r in by_kind(docs, "Role")] == [NAMESPACE]  # no node-events Role
     assert rules_of(role(full, "Role", "-operator-node-events", "default")) == {("", "events"): {"create"}}
 
