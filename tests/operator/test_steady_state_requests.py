@@ -102,7 +102,9 @@ def test_steady_state_reads_no_api_and_a_deleted_pod_is_still_replaced(steady_en
     assert per_job_minute <= 1.0, f"{per_job_minute:.1f} requests per job-minute at steady state: {recorded}"
     assert {name: env.status(name) for name in JOBS} == statuses  # nothing changed, so nothing was written
 
-    # The caches still carry a change: a pod deleted mid-run is replaced and counted.
+    # The caches still carry a change: a pod deleted mid-run is replaced and counted. Recorded too, to show the
+    # window above heard the operator's identity (an empty recording must not pass for the wrong reason).
+    admin(env, "record-requests?on=true", "POST")
     (victim,) = [p for p in env.pods("steady-a") if p["metadata"]["labels"][INDEX_LABEL] == "0"]
     env.kubectl("delete", "pod", victim["metadata"]["name"], "--wait=false")
     status = eventually(lambda: (s := env.status("steady-a")).get("restarts", 0) >= 1 and s, 60,
@@ -110,5 +112,7 @@ def test_steady_state_reads_no_api_and_a_deleted_pod_is_still_replaced(steady_en
     assert status["lastRestartReason"] == "PodDeleted"
     eventually(lambda: {p["metadata"]["uid"] for p in env.pods("steady-a")} - {victim["metadata"]["uid"]}, 60,
                "a replacement pod")
+    replaced = {tuple(r[:4]) for r in admin(env, "recorded-requests").get(OPERATOR_TOKEN, [])}
+    assert ("create", "", "pods", "default") in replaced, replaced
     for name in JOBS:
         env.delete(name)
