@@ -2,6 +2,10 @@
 event log) -> `policy.reconcile.reconcile` -> write the status once (resourceVersion precondition) -> act -> post
 events.
 
+The job, its pods, its Service and the lost nodes are read from the operator's watch-fed caches (caches.py), with
+the runner's own writes laid over them until the watch has delivered them (own_writes.py): a pass sends the API
+server only the writes it decides, none when nothing changed.
+
 One `JobRunner` per TrainingJob runs inside a kopf daemon. It wakes on pod events, etcd liveness and progress
 changes and a periodic tick. Without Prometheus it also reports a hang itself, from the etcd progress
 (progress_follower.py), into its findings inbox like the health monitor. If the status write loses a race (409)
@@ -25,9 +29,10 @@ from flywheel.labels import RESTART_ANNOTATION
 from flywheel.monitor.findings import FindingsInbox
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
+from flywheel.operator.caches import ApiReads, ClusterReads
 from flywheel.operator.event_log import EventLogTail, events_file
 from flywheel.operator.kube import Kube, KubeApiError
-from flywheel.operator.node_cache import LostNodes
+from flywheel.operator.own_writes import OwnWrites
 from flywheel.operator.progress_follower import JobProgress
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.plan import WorkerPlan
@@ -49,11 +54,12 @@ SERVICE_RECHECK_SECONDS = 10.0  # how soon a deleted headless Service is created
 class JobRunner:
     def __init__(self, kube: Kube, settings: m.OperatorSettings, namespace: str, name: str, uid: str,
                  logger: logging.Logger | logging.LoggerAdapter[Any], metrics: OperatorMetrics | None = None,
-                 etcd: SharedEtcd | None = None, lost_nodes: LostNodes | None = None) -> None:
-        """`etcd`: the operator's shared session (none: no liveness watch or rendezvous reset). `lost_nodes`: the
-        operator's shared node list (none: this runner lists nodes itself)."""
+                 etcd: SharedEtcd | None = None, reads: ClusterReads | None = None) -> None:
+        """`etcd`: the operator's shared session (none: no liveness watch or rendezvous reset). `reads`: the
+        operator's watch-fed caches (none: every pass reads the API, for passes driven by hand)."""
         self.kube, self.settings, self.logger, self.metrics = kube, settings, logger, metrics
-        self.lost_nodes = lost_nodes or LostNodes(kube)
+        self.reads: ClusterReads = reads if reads is not None else ApiReads(kube)
+        self.own = OwnWrites()  # this runner's writes the caches may not show yet
         self.etcd = etcd
         self.namespace, self.name, self.uid = namespace, name, uid
         self.path = Kube.custom(GROUP, VERSION, namespace, PLURAL, name)
@@ -170,10 +176,10 @@ class JobRunner:
         return True
 
     async def _observe(self, status_in: TrainingJobStatus) -> tuple[list[PodView], ObservedProgress]:
-        pods = await self.kube.list(Kube.core(self.namespace, "pods"), f"{m.JOB_LABEL}={self.name}")
-        pods = [p for p in pods if any(o.get("uid") == self.uid for o in p["metadata"].get("ownerReferences", []))]
-        lost = await self.lost_nodes.get()
         now = time.time()
+        pods = self.own.pods(await self.reads.pods(self.namespace, self.name), now)
+        pods = [p for p in pods if any(o.get("uid") == self.uid for o in p["metadata"].get("ownerReferences", []))]
+        lost = await self.reads.lost_nodes()
         views = []
         for obj in pods:
             view = m.pod_view(obj, lost)
@@ -188,7 +194,7 @@ class JobRunner:
         return views, progress
 
     async def reconcile_once(self) -> None:
-        obj = await self.kube.get(self.path)
+        obj = self.own.job(await self.reads.job(self.namespace, self.name))
         if obj is None or obj["metadata"].get("deletionTimestamp") or obj["metadata"]["uid"] != self.uid:
             return
         job: TrainingJob | None = None
@@ -244,12 +250,14 @@ class JobRunner:
         if status == (obj.get("status") or {}):
             return True
         try:
-            await self.kube.merge_patch(self.path + "/status", {
+            answer = await self.kube.merge_patch(self.path + "/status", {
                 "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": status})
+            self.own.wrote_job(obj, answer)
         except KubeApiError as err:
             if err.status == 409:
-                self.logger.info("status changed under us; redoing the pass")
-                self.wake.set()
+                # Not redone at once: the cache still shows the version that lost, and a pass on it would lose again.
+                # The change that won reaches the cache and wakes the runner (job_changed); the tick is the backstop.
+                self.logger.info("status changed under us; redoing the pass when the cache has the change")
                 return False
             raise
         return True
@@ -299,7 +307,7 @@ class JobRunner:
         now = time.monotonic()
         if self.service_checked_at is None or now - self.service_checked_at >= SERVICE_RECHECK_SECONDS:
             body = m.service(job)
-            if await self.kube.get(Kube.core(self.namespace, "services", body["metadata"]["name"])) is None:
+            if not await self.reads.service_exists(self.namespace, body["metadata"]["name"]):
                 _adopt(body, obj)
                 await self.kube.create(Kube.core(self.namespace, "services"), body)
             self.service_checked_at = now
@@ -342,9 +350,12 @@ class JobRunner:
             case DeletePod(name=name, uid=uid, force=force, grace_seconds=grace):
                 self.deleted_pods.add(uid)
                 await self.kube.delete(Kube.core(self.namespace, "pods", name), uid, 0 if force else grace)
+                self.own.deleted_pod(uid, time.time())
             case Relabel(name=name, generation=generation):
-                await self.kube.merge_patch(Kube.core(self.namespace, "pods", name),
-                                            {"metadata": {"labels": {m.GENERATION_LABEL: str(generation)}}})
+                labels = {m.GENERATION_LABEL: str(generation)}
+                answer = await self.kube.merge_patch(Kube.core(self.namespace, "pods", name),
+                                                     {"metadata": {"labels": labels}})
+                self.own.relabelled_pod(str(answer["metadata"]["uid"]), labels, time.time())
             case CreatePod(index=index, generation=generation):
                 if job is None or index not in workers:
                     raise RuntimeError(f"reconcile decided to create worker {index} of {self.namespace}/{self.name} "
@@ -364,7 +375,9 @@ class JobRunner:
     async def _create_pod(self, obj: dict[str, Any], body: dict[str, Any]) -> None:
         _adopt(body, obj)
         try:
-            await self.kube.create(Kube.core(self.namespace, "pods"), body)
+            created = await self.kube.create(Kube.core(self.namespace, "pods"), body)
+            if created is not None:  # None: 409 AlreadyExists, the pod is there (the cache shows it soon)
+                self.own.wrote_pod(created, time.time())
         except KubeApiError as err:
             await self._event(obj, "Warning", R.CREATE_FAILED,
                               R.MSG_CREATE_FAILED.format(kind="pod", name=body["metadata"]["name"], error=err))

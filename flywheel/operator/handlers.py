@@ -19,11 +19,11 @@ from flywheel.etcd.liveness import delete_run
 from flywheel.labels import FINALIZER
 from flywheel.monitor import FindingsInbox, MonitorSettings
 from flywheel.monitor.operator_metrics import OperatorMetrics
+from flywheel.operator import caches
 from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.health_executor import BackgroundMonitor
 from flywheel.operator.kube import Kube, KubeConfigError, load_credentials
-from flywheel.operator.node_cache import LostNodes
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.spec import SpecError, parse_job
 
@@ -39,8 +39,30 @@ class OperatorConfig:
     namespaces: tuple[str, ...] = ()  # watched namespaces; () = all
 
 
+# -- the watch-fed caches (caches.py): kopf fills them from its watches before any daemon starts --------------------
+@kopf.index(GROUP, VERSION, PLURAL)
+def training_jobs(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    return caches.job_entry(body)
+
+
+@kopf.index("", "v1", "pods", labels={m.JOB_LABEL: kopf.PRESENT})
+def worker_pods(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    return caches.pod_entry(body)
+
+
+@kopf.index("", "v1", "services", labels={m.JOB_LABEL: kopf.PRESENT})
+def worker_services(body: kopf.Body, **_: Any) -> dict[tuple[str, str], bool]:
+    return caches.service_entry(body)
+
+
+@kopf.index("", "v1", "nodes")
+def lost_nodes(body: kopf.Body, **_: Any) -> dict[str, str]:
+    return caches.node_entry(body)
+
+
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
+    """`kwargs` holds kopf's indices, each by its handler's name (training_jobs, worker_pods, ...)."""
     config: OperatorConfig = memo.config
     settings.posting.level = logging.WARNING  # our own events go out after each status write (executor.py)
     settings.persistence.finalizer = FINALIZER
@@ -55,7 +77,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     except KubeConfigError as err:
         raise kopf.PermanentError(str(err)) from err  # stops the operator with the message, no retries
     memo.runners = {}
-    memo.lost_nodes = LostNodes(memo.kube)
+    # kopf's indices are the same objects for the operator's life, updated in place: kept once for every reader.
+    memo.caches = caches.WatchCaches(kwargs["training_jobs"], kwargs["worker_pods"], kwargs["worker_services"],
+                                     kwargs["lost_nodes"])
     memo.etcd = SharedEtcd(config.settings.etcd_endpoints) if config.settings.etcd_endpoints else None
     memo.metrics = OperatorMetrics()
     if config.metrics_port:
@@ -63,7 +87,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.health = None
     if config.monitor is not None:
         memo.health = BackgroundMonitor(memo.kube, config.monitor, config.namespaces, memo.metrics,
-                                        lambda namespace, name: findings_inbox(memo, namespace, name))
+                                        lambda namespace, name: findings_inbox(memo, namespace, name), memo.caches)
 
 
 def findings_inbox(memo: kopf.Memo, namespace: str, name: str) -> FindingsInbox | None:
@@ -107,7 +131,7 @@ async def run_job(name: str, namespace: str | None, uid: str, stopped: kopf.Daem
                   logger: Logger, **_: Any) -> None:
     assert namespace is not None, "TrainingJobs are namespaced"
     runner = JobRunner(memo.kube, memo.config.settings, namespace, name, uid, logger, memo.metrics, memo.etcd,
-                       memo.lost_nodes)
+                       memo.caches)
     memo.runners[(namespace, name)] = runner
     try:
         await runner.run(stopped)
@@ -118,8 +142,16 @@ async def run_job(name: str, namespace: str | None, uid: str, stopped: kopf.Daem
 
 @kopf.on.event("", "v1", "pods", labels={m.JOB_LABEL: kopf.PRESENT})
 def pod_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
+    """kopf updates its indices before its event handlers: the pass this wakes reads the pod as changed."""
     if namespace is not None:
         poke(memo, namespace, labels[m.JOB_LABEL])
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def job_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    """A spec, annotation or status change of a job (its own status writes too) reaches its pass at once."""
+    if namespace is not None:
+        poke(memo, namespace, name)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

@@ -22,6 +22,7 @@ from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.labels import DELETED_FOR_ANNOTATION, RESTART_ANNOTATION
 from flywheel.monitor import FindingsInbox, HealthMonitor, MonitorSettings, OperatorMetrics
 from flywheel.operator import manifests as m
+from flywheel.operator.caches import ApiReads, ClusterReads
 from flywheel.operator.kube import Kube, KubeApiError
 from flywheel.operator.xid_memory import KubeXidMemory
 from flywheel.policy import reasons as R
@@ -102,22 +103,19 @@ def request_dumps(debug_dir: Path, token: str | None = None) -> DumpRequest:
 
 
 class KubeJobInventory:
-    """Every TrainingJob (in `namespaces`, default all) with its worker pods, read from the API each evaluation.
-    Remembers each job's `status.restarts` and checkpoint dir as seen, for the actions."""
+    """Every TrainingJob (in `namespaces`, default all) with its worker pods, each evaluation. `reads`: the
+    operator's watch-fed caches, so an evaluation lists nothing (none: read from the API, for tests driving the
+    monitor by hand). Remembers each job's `status.restarts` and checkpoint dir as seen, for the actions."""
 
-    def __init__(self, kube: Kube, namespaces: Sequence[str] = ()) -> None:
+    def __init__(self, kube: Kube, namespaces: Sequence[str] = (), reads: ClusterReads | None = None) -> None:
         self.kube, self.namespaces = kube, tuple(namespaces)
+        self.reads: ClusterReads = reads if reads is not None else ApiReads(kube)
         self.restarts: dict[JobKey, int] = {}
         self.checkpoint_dirs: dict[JobKey, str] = {}
 
-    async def _list(self, all_path: str, ns_path: Callable[[str], str], selector: str = "") -> list[dict[str, Any]]:
-        if not self.namespaces:
-            return await self.kube.list(all_path, selector)
-        return [o for ns in self.namespaces for o in await self.kube.list(ns_path(ns), selector)]
-
     async def jobs(self) -> Sequence[WatchedJob]:
-        objs = await self._list(f"/apis/{GROUP}/{VERSION}/{PLURAL}", lambda ns: Kube.custom(GROUP, VERSION, ns, PLURAL))
-        pod_objs = await self._list("/api/v1/pods", lambda ns: Kube.core(ns, "pods"), m.JOB_LABEL)
+        objs = await self.reads.jobs(self.namespaces)
+        pod_objs = await self.reads.all_pods(self.namespaces)
         by_owner: dict[str, list[WatchedPod]] = {}
         for obj in pod_objs:
             pod = watched_pod(obj)
@@ -162,7 +160,7 @@ class KubeHealthActions:
 
     async def _job_event(self, namespace: str, job: str, etype: str, reason: str, message: str,
                          obj: dict[str, Any] | None = None) -> None:
-        obj = obj or await self.kube.get(self._path(namespace, job))
+        obj = obj or await self.inventory.reads.job(namespace, job)
         if obj is not None:
             await self.kube.post_event(obj, etype, reason, message)
 
@@ -228,10 +226,10 @@ class BackgroundMonitor:
     """The health monitor as a task of the operator's event loop; `close()` stops it (kopf's cleanup)."""
 
     def __init__(self, kube: Kube, settings: MonitorSettings, namespaces: Sequence[str],
-                 metrics: OperatorMetrics | None, inbox: InboxOf | None) -> None:
+                 metrics: OperatorMetrics | None, inbox: InboxOf | None, reads: ClusterReads | None = None) -> None:
         """`metrics`: the operator's (one registry for every operator series); None = a private one. `inbox`: see
-        `KubeHealthActions`."""
-        inventory = KubeJobInventory(kube, namespaces)
+        `KubeHealthActions`. `reads`: the operator's watch-fed caches (none: the API)."""
+        inventory = KubeJobInventory(kube, namespaces, reads)
         metrics = metrics if metrics is not None else OperatorMetrics()
         self.monitor = HealthMonitor(settings, inventory, KubeHealthActions(kube, inventory, inbox), metrics,
                                      xid_memory=KubeXidMemory(kube))

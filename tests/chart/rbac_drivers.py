@@ -24,6 +24,7 @@ import yaml
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.monitor import HealthMonitor, MonitorSettings, OperatorMetrics
 from flywheel.operator import manifests as m
+from flywheel.operator.caches import ApiReads
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.health_executor import KubeHealthActions, KubeJobInventory
 from flywheel.operator.kube import Kube
@@ -82,15 +83,18 @@ async def set_pod(admin: Kube, namespace: str, pod: str, phase: str, started: st
                                "image": "flywheel:latest", "state": state}]}})
 
 
-def runner(kube: Kube, namespace: str, job: dict[str, Any]) -> JobRunner:
+def runner(admin: Kube, kube: Kube, namespace: str, job: dict[str, Any]) -> JobRunner:
+    """Writes with the identity under test; reads, which the operator takes from kopf's watch-fed caches (the
+    operator process's watches are recorded for its identity), with the admin's."""
     return JobRunner(kube, m.OperatorSettings(etcd_endpoints=""), namespace, job["metadata"]["name"],
-                     job["metadata"]["uid"], logging.getLogger(f"rbac.{job['metadata']['name']}"))
+                     job["metadata"]["uid"], logging.getLogger(f"rbac.{job['metadata']['name']}"),
+                     reads=ApiReads(admin))
 
 
 async def drive_executor(admin: Kube, kube: Kube, namespace: str, ckpt: Path, prefix: str) -> None:
     name = f"{prefix}-worker"
     job = await create_world(admin, namespace, name, (f"{name}-a", f"{name}-b"), ckpt, restartScope="worker")
-    run = runner(kube, namespace, job)
+    run = runner(admin, kube, namespace, job)
     await run.reconcile_once()
     await set_pod(admin, namespace, f"{name}-worker-1", "Failed", iso(time.time() - 100), exit_code=1)
     await run.reconcile_once()
@@ -104,7 +108,7 @@ async def drive_health(admin: Kube, kube: Kube, namespace: str, ckpt: Path, pref
     name, now = f"{prefix}-health", time.time()
     a, b = f"{name}-a", f"{name}-b"
     job = await create_world(admin, namespace, name, (a, b), ckpt, progressTimeoutSeconds=5)
-    await runner(kube, namespace, job).reconcile_once()  # Running
+    await runner(admin, kube, namespace, job).reconcile_once()  # Running
 
     def rank(i: int, value: float) -> tuple[dict[str, str], float]:
         return {"namespace": namespace, "job": name, "replica": str(i), "rank": str(i)}, value
@@ -114,7 +118,7 @@ async def drive_health(admin: Kube, kube: Kube, namespace: str, ckpt: Path, pref
                  "exported_namespace": namespace}, float(code))
 
     prom = FakePrometheus()
-    inventory = KubeJobInventory(kube, (namespace,))
+    inventory = KubeJobInventory(kube, (namespace,), ApiReads(admin))
     settings = MonitorSettings(prometheus_url=prom.url, interval_seconds=0.05, query_timeout_seconds=2.0,
                                health=HealthSettings(staleness_allowance_seconds=1.0, cordon_nodes=True,
                                                      straggler_evaluations=1))

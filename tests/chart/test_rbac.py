@@ -93,11 +93,11 @@ def test_gang_scheduler_switch_changes_only_the_podgroup_rule():
 
 
 @pytest.mark.parametrize(("sets", "node_verbs"), [
-    ((), {"list"}),
+    ((), {"list", "watch"}),
     # Without cordoning the monitor still patches the node: its memory of the fatal XIDs acted on.
-    (("operator.healthMonitor.enabled=true", "operator.healthMonitor.cordon=false"), {"list", "patch"})],
+    (("operator.healthMonitor.enabled=true", "operator.healthMonitor.cordon=false"), {"list", "patch", "watch"})],
     ids=["no-monitor", "no-cordon"])
-def test_without_the_monitor_nodes_are_only_listed(sets, node_verbs):
+def test_without_the_monitor_nodes_are_only_watched(sets, node_verbs):
     docs = render(*sets)
     full = render(*FULL[:1])
     cluster = rules_of(role(docs, "ClusterRole", "-operator-cluster"))

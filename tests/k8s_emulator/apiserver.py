@@ -415,7 +415,7 @@ class ApiServer:
         if action in ("record-requests", "recorded-requests"):  # requestlog.py; recording starts fresh
             if action == "record-requests":
                 self.recorder = RequestRecorder() if query.get("on", "true") == "true" else None
-            return _json(self.recorder.as_json() if self.recorder is not None else {})
+            return _json(self.recorder.as_json(query.get("counts") == "true") if self.recorder is not None else {})
         if action in self.admin_handlers:
             return _json(await self.admin_handlers[action](parts[1:], dict(query)))
         raise StatusError(404, "NotFound", f"unknown admin action {action!r}")

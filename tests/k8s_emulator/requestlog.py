@@ -3,13 +3,15 @@ resource[/subresource], namespace) -- keyed by the caller's bearer token, so a t
 identity and compare what it really asked for with a Role.
 
 Off by default (the API server's `recorder` is None: one attribute check per request). `POST
-/_flywheel/record-requests?on=true` starts a fresh recording, `GET /_flywheel/recorded-requests` returns it.
+/_flywheel/record-requests?on=true` starts a fresh recording, `GET /_flywheel/recorded-requests` returns it
+(`?counts=true`: each request kind with how many times it was made, for load tests).
 Discovery, OpenAPI, /version and health paths are not recorded: RBAC grants them to every authenticated user
 (system:discovery), so a Role never lists them.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -51,11 +53,15 @@ def rbac_attributes(method: str, path: str, query: Mapping[str, str]) -> Attribu
 @dataclass
 class RequestRecorder:
     by_identity: dict[str, set[Attributes]] = field(default_factory=dict)
+    counts: Counter[tuple[str, Attributes]] = field(default_factory=Counter)
 
     def record(self, method: str, path: str, query: Mapping[str, str], headers: Mapping[str, str]) -> None:
         attributes = rbac_attributes(method, path, query)
         if attributes is not None:
             self.by_identity.setdefault(bearer(headers), set()).add(attributes)
+            self.counts[(bearer(headers), attributes)] += 1
 
-    def as_json(self) -> dict[str, list[list[str]]]:
-        return {who: sorted(list(a) for a in seen) for who, seen in self.by_identity.items()}
+    def as_json(self, counts: bool = False) -> dict[str, list[list[str | int]]]:
+        """Per identity: [verb, group, resource, namespace] of each kind of request, with its count when `counts`."""
+        return {who: sorted([*a, self.counts[(who, a)]] if counts else list(a) for a in seen)
+                for who, seen in self.by_identity.items()}

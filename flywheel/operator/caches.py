@@ -1,0 +1,123 @@
+"""What a reconcile pass and the health monitor read of the cluster: TrainingJobs, the operator's pods, its headless
+Services and the lost nodes.
+
+In the operator these come from kopf's own watches (`@kopf.index` handlers in handlers.py feed `WatchCaches`), so
+a pass reads memory and the steady state sends the API server no LIST and no GET: its load no longer grows with
+jobs x time. kopf fills every index from its initial LIST before it starts any daemon, and updates it on each watch
+event (after its batching window, ~0.1 s). A cache may therefore lag the operator's own writes by a moment; the
+runner (executor.py) covers that gap with what its own writes answered.
+
+`ApiReads` serves the same interface from GET/LIST calls, for code run outside kopf (tests that drive one pass by
+hand, tools): every call is a request, so the operator never uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.operator import manifests as m
+from flywheel.operator.kube import Kube
+
+Obj = dict[str, Any]
+LOST = "lost"  # the one key of the nodes index: the names of the nodes that are not Ready
+
+
+class ClusterReads(Protocol):
+    async def job(self, namespace: str, name: str) -> Obj | None: ...
+    async def pods(self, namespace: str, job: str) -> list[Obj]: ...
+    async def service_exists(self, namespace: str, name: str) -> bool: ...
+    async def lost_nodes(self) -> set[str]: ...
+    async def jobs(self, namespaces: Sequence[str]) -> list[Obj]: ...
+    async def all_pods(self, namespaces: Sequence[str]) -> list[Obj]: ...
+
+
+# -- what the kopf index handlers store (handlers.py); pure, tested without kopf ----------------------------------
+def job_entry(body: Mapping[str, Any]) -> dict[tuple[str, str], Obj]:
+    meta = body["metadata"]
+    return {(meta["namespace"], meta["name"]): dict(body)}
+
+
+def pod_entry(body: Mapping[str, Any]) -> dict[tuple[str, str], Obj]:
+    """A worker pod under (namespace, its job label); the whole object (pod_view and the monitor read it)."""
+    meta = body["metadata"]
+    return {(meta["namespace"], meta["labels"][m.JOB_LABEL]): dict(body)}
+
+
+def service_entry(body: Mapping[str, Any]) -> dict[tuple[str, str], bool]:
+    meta = body["metadata"]
+    return {(meta["namespace"], meta["name"]): True}
+
+
+def node_entry(body: Mapping[str, Any]) -> dict[str, str]:
+    """A lost node under LOST; a Ready one under no key (kopf then drops what the node had stored before)."""
+    name = str(body["metadata"]["name"])
+    return {LOST: name} if m.lost_nodes([dict(body)]) else {}
+
+
+def _values(index: Mapping[Any, Iterable[Any]], key: Any) -> list[Any]:
+    store = index.get(key)
+    return list(store) if store is not None else []
+
+
+def _in(namespaces: Sequence[str], obj: Obj) -> bool:
+    return not namespaces or obj["metadata"].get("namespace") in namespaces
+
+
+class WatchCaches:
+    """`ClusterReads` over kopf's indices (handlers.py): Mapping[key, Store of values], kept current by kopf."""
+
+    def __init__(self, jobs: Mapping[Any, Iterable[Any]], pods: Mapping[Any, Iterable[Any]],
+                 services: Mapping[Any, Iterable[Any]], nodes: Mapping[Any, Iterable[Any]]) -> None:
+        self._jobs, self._pods, self._services, self._nodes = jobs, pods, services, nodes
+
+    async def job(self, namespace: str, name: str) -> Obj | None:
+        found = _values(self._jobs, (namespace, name))
+        return found[0] if found else None
+
+    async def pods(self, namespace: str, job: str) -> list[Obj]:
+        return _values(self._pods, (namespace, job))
+
+    async def service_exists(self, namespace: str, name: str) -> bool:
+        return (namespace, name) in self._services
+
+    async def lost_nodes(self) -> set[str]:
+        return set(_values(self._nodes, LOST))
+
+    async def jobs(self, namespaces: Sequence[str]) -> list[Obj]:
+        return [o for store in list(self._jobs.values()) for o in store if _in(namespaces, o)]
+
+    async def all_pods(self, namespaces: Sequence[str]) -> list[Obj]:
+        return [o for store in list(self._pods.values()) for o in store if _in(namespaces, o)]
+
+
+class ApiReads:
+    """`ClusterReads` by GET/LIST, one request per call: for passes driven outside kopf (tests), never the operator."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+
+    async def job(self, namespace: str, name: str) -> Obj | None:
+        return await self.kube.get(Kube.custom(GROUP, VERSION, namespace, PLURAL, name))
+
+    async def pods(self, namespace: str, job: str) -> list[Obj]:
+        return await self.kube.list(Kube.core(namespace, "pods"), f"{m.JOB_LABEL}={job}")
+
+    async def service_exists(self, namespace: str, name: str) -> bool:
+        return await self.kube.get(Kube.core(namespace, "services", name)) is not None
+
+    async def lost_nodes(self) -> set[str]:
+        return m.lost_nodes(await self.kube.list("/api/v1/nodes"))
+
+    async def _list(self, all_path: str, ns_path: str, namespaces: Sequence[str], selector: str = "") -> list[Obj]:
+        if not namespaces:
+            return await self.kube.list(all_path, selector)
+        return [o for ns in namespaces for o in await self.kube.list(ns_path.format(ns=ns), selector)]
+
+    async def jobs(self, namespaces: Sequence[str]) -> list[Obj]:
+        return await self._list(f"/apis/{GROUP}/{VERSION}/{PLURAL}",
+                                f"/apis/{GROUP}/{VERSION}/namespaces/{{ns}}/{PLURAL}", namespaces)
+
+    async def all_pods(self, namespaces: Sequence[str]) -> list[Obj]:
+        return await self._list("/api/v1/pods", "/api/v1/namespaces/{ns}/pods", namespaces, m.JOB_LABEL)

@@ -1,0 +1,118 @@
+"""The operator at steady state reads its watch-fed caches, not the API: with jobs Running and nothing changing,
+the test cluster's request recording sees no LIST and no GET of pods, nodes, Services or TrainingJobs from the
+operator in a 10 s window (its watches stay open), and ~0 requests per job-minute. The health monitor is on (a
+fake Prometheus) and reads the same caches. After the window a deleted pod is still replaced from the caches.
+
+The jobs (one pod each, to spare a loaded machine) hold Running without burning the CPU: the rank stops itself at
+step 30 (an injected `hang` fault) and hang detection is off for them (`progressTimeoutSeconds: 0`, a long
+`firstStepTimeoutSeconds` for a slow start on a loaded machine), so neither a status nor a pod changes while the
+window records.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from flywheel.labels import INDEX_LABEL
+from tests.fakes.prometheus_api import FakePrometheus
+from tests.k8s_emulator.fixtures import start_cluster
+from tests.operator.conftest import CRD, KUBECTL, OpEnv, OperatorProcess, eventually
+
+OPERATOR_TOKEN = "steady-state-operator"  # the recorder keys requests by bearer token: the operator's own
+JOBS = ("steady-a", "steady-b", "steady-c")
+WINDOW_SECONDS = 10.0
+HANG_AT_STEP = 30  # late enough for a progress record to reach etcd before the rank stops (~0.1 s a step)
+FAULTS = json.dumps([{"id": "stop", "kind": "hang", "rank": 0, "step": HANG_AT_STEP}])
+CACHED_KINDS = ("pods", "nodes", "services", "trainingjobs")
+
+
+def admin(env: OpEnv, path: str, method: str = "GET") -> Any:
+    request = urllib.request.Request(env.cluster.api_url + "/_flywheel/" + path, method=method)
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.fixture(scope="module")
+def steady_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpEnv]:
+    if not KUBECTL.exists():
+        pytest.skip("real kubectl missing: run scripts/install-tools.sh")
+    tmp = tmp_path_factory.mktemp("steady-state")
+    cluster = start_cluster(tmp / "cluster", nodes=2, etcd=True, heartbeat_seconds=0.5)
+    prom = FakePrometheus()  # answers no series: the monitor evaluates every 0.5 s and finds nothing
+    kubeconfig = yaml.safe_load(cluster.kubeconfig.read_text())
+    for user in kubeconfig["users"]:
+        user["user"] = {"token": OPERATOR_TOKEN}
+    (tmp / "kubeconfig-operator").write_text(yaml.safe_dump(kubeconfig))
+    operator = OperatorProcess(cluster, None, tmp / "operator.log")  # the chart's default: no events volume
+    operator.monitor_args = ["--prometheus-url", prom.url, "--health-interval", "0.5", "--scrape-interval", "0.5"]
+    operator.extra_args = ["--kubeconfig", str(tmp / "kubeconfig-operator"),  # the last --kubeconfig wins
+                           "--worker-env", f"FLYWHEEL_FAULTS={FAULTS}"]
+    env = OpEnv(cluster, operator, tmp / "events", tmp)
+    try:
+        env.kubectl("apply", "-f", str(CRD))
+        operator.start()
+        yield env
+    finally:
+        operator.stop()
+        prom.stop()
+        cluster.stop()
+
+
+def _stopped_at_the_fault(env: OpEnv) -> bool:
+    statuses = [env.status(name) for name in JOBS]
+    return all(s.get("phase") == "Running" and s.get("step", 0) >= 1 for s in statuses)
+
+
+def _settled(env: OpEnv) -> dict[str, Any]:
+    """The jobs' statuses once two reads 2 s apart agree (the last progress has reached them)."""
+    def same() -> dict[str, Any] | None:
+        before = {name: env.status(name) for name in JOBS}
+        time.sleep(2.0)
+        after = {name: env.status(name) for name in JOBS}
+        return after if after == before else None
+    return eventually(same, 60, "the jobs' statuses to settle", interval=0.5)
+
+
+def test_steady_state_reads_no_api_and_a_deleted_pod_is_still_replaced(steady_env: OpEnv) -> None:
+    env = steady_env
+    for name in JOBS:
+        env.kubectl("apply", "-f", str(env.job_yaml(name, **{
+            "replicas.min": 1, "replicas.max": 1, "trainer.training.steps": 400,
+            "faultTolerance.progressTimeoutSeconds": 0, "faultTolerance.firstStepTimeoutSeconds": 900})))
+    eventually(lambda: _stopped_at_the_fault(env), 300, "every job Running and stopped at its fault", interval=1.0)
+    statuses = _settled(env)
+    admin(env, "record-requests?on=true", "POST")
+    time.sleep(WINDOW_SECONDS)  # no kubectl in the window: only the operator's requests are recorded
+    recorded = admin(env, "recorded-requests?counts=true").get(OPERATOR_TOKEN, [])
+    admin(env, "record-requests?on=false", "POST")
+
+    lists = [r for r in recorded if r[0] == "list"]
+    reads = [r for r in recorded if r[0] == "get" and r[2].split("/")[0] in CACHED_KINDS]
+    assert not lists and not reads, f"the operator read the API at steady state: {lists + reads}"
+    requests = sum(r[4] for r in recorded if r[0] != "watch")  # a watch is one long request, reopened each minute
+    per_job_minute = requests / len(JOBS) / (WINDOW_SECONDS / 60)
+    print(f"steady state: {per_job_minute:.2f} requests per job-minute; recorded {recorded}")
+    assert per_job_minute <= 1.0, f"{per_job_minute:.1f} requests per job-minute at steady state: {recorded}"
+    assert {name: env.status(name) for name in JOBS} == statuses  # nothing changed, so nothing was written
+
+    # The caches still carry a change: a pod deleted mid-run is replaced and counted. Recorded too, to show the
+    # window above heard the operator's identity (an empty recording must not pass for the wrong reason).
+    admin(env, "record-requests?on=true", "POST")
+    (victim,) = [p for p in env.pods("steady-a") if p["metadata"]["labels"][INDEX_LABEL] == "0"]
+    env.kubectl("delete", "pod", victim["metadata"]["name"], "--wait=false")
+    status = eventually(lambda: (s := env.status("steady-a")).get("restarts", 0) >= 1 and s, 60,
+                        "the deleted pod to be counted")
+    assert status["lastRestartReason"] == "PodDeleted"
+    eventually(lambda: {p["metadata"]["uid"] for p in env.pods("steady-a")} - {victim["metadata"]["uid"]}, 60,
+               "a replacement pod")
+    replaced = {tuple(r[:4]) for r in admin(env, "recorded-requests").get(OPERATOR_TOKEN, [])}
+    assert ("create", "", "pods", "default") in replaced, replaced
+    for name in JOBS:
+        env.delete(name)
