@@ -39,7 +39,11 @@ _FIRST_SENTENCE = re.compile(r"^(.*?[.!?])(\s|$)", re.S)
 
 
 def _load_definitions() -> dict[str, Any]:
-    text = resources.files("kubernetes_validate").joinpath(_DEFS_FILE).read_text()
+    try:
+        text = resources.files("kubernetes_validate").joinpath(_DEFS_FILE).read_text()
+    except (ModuleNotFoundError, FileNotFoundError) as err:
+        raise RuntimeError(f"generating the CRD needs kubernetes-validate=={KUBERNETES_VERSION} (the dev extra: pip "
+                           "install -e '.[dev]'); the committed crds/ needs nothing") from err
     defs: dict[str, Any] = json.loads(text)["$defs"]
     return defs
 
