@@ -167,6 +167,9 @@ class ModelSpec(_Model):
 
 
 class TrainerSpec(_Model):
+    """The built-in trainer: the model, its parallel layout, the training hyperparameters and the data (ignored
+    with `command`, except by a user entrypoint that reads them)."""
+
     model: ModelSpec = Field(default_factory=ModelSpec)
     parallelism: Parallelism = Field(default_factory=Parallelism)
     training: Training = Field(default_factory=Training)
@@ -191,6 +194,9 @@ class TrainerSpec(_Model):
 
 
 class TrainingJobSpec(_Model):
+    """The desired state of a TrainingJob: its workers, the trainer, checkpoints, fault tolerance and
+    scheduling."""
+
     image: str = Field("flywheel:latest", description="Worker image (cluster only).")
     replicas: Replicas = Field(default_factory=Replicas)
     procs_per_replica: int = Field(1, ge=1, description="Local ranks per worker (GPUs per pod).")

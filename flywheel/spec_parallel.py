@@ -36,6 +36,9 @@ DeviceKind = Literal["cpu", "a100", "h100", "h200"]
 
 
 class Parallelism(_Model):
+    """The parallel layout: tensor, pipeline, expert and data parallelism (FSDP or DDP), or `auto` to let the
+    planner choose."""
+
     tp: int = Field(1, ge=1, description="Tensor-parallel degree.")
     pp: int = Field(1, ge=1, description="Pipeline-parallel degree.")
     fsdp: bool = Field(True, description="Shard parameters/grads/optimizer with FSDP2; false means DDP.")

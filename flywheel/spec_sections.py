@@ -13,6 +13,8 @@ from flywheel.spec_base import _Model
 
 
 class Training(_Model):
+    """Training hyperparameters: steps, batch sizes, learning-rate schedule, precision and seed."""
+
     steps: int = Field(200, ge=1, description="Optimizer steps to train.")
     global_batch: int = Field(32, ge=1, description="Samples per optimizer step across all data-parallel ranks.")
     micro_batch: int = Field(4, ge=1, description="Samples per forward/backward on one rank.")
@@ -38,6 +40,8 @@ class Training(_Model):
 
 
 class Data(_Model):
+    """The training data: its source and tokenizer."""
+
     source: str = Field("synthetic", description="'synthetic', a text file (.txt, byte tokens), a token file "
                                                  "(.npy / .bin of uint16), or a directory of token shards written "
                                                  "by `flywheel prepare-data` (its index.json).")
@@ -83,6 +87,8 @@ class Data(_Model):
 
 
 class CheckpointSpec(_Model):
+    """Where and how often checkpoints are saved, and how many are kept (a restarted job resumes from the last)."""
+
     dir: str = Field("/ckpt", min_length=1, description="Shared by all workers; one subfolder per checkpoint.")
     every_steps: int = Field(50, ge=0, description="Save every N steps; 0 disables step-based saves.")
     every_seconds: float = Field(0, ge=0, description="Save when this many seconds passed since the last save.")
@@ -93,6 +99,8 @@ class CheckpointSpec(_Model):
 
 
 class FaultTolerance(_Model):
+    """How failures are handled: the restart budget, hang and start-up timeouts, and what a restart recreates."""
+
     max_restarts: int = Field(10, ge=0, description="Restarts allowed before the job fails.")
     budget_reset_after_steps: int = Field(100, ge=0, description="Committed steps after which restarts reset.")
     progress_timeout_seconds: float = Field(60, ge=0, description="No step for this long means hung; 0 disables.")
@@ -110,13 +118,24 @@ class FaultTolerance(_Model):
 
 
 class Scheduling(_Model):
+    """How the worker pods are scheduled: gang scheduling, the scheduler, the Kueue queue, priority and
+    topology."""
+
     gang: bool = Field(True, description="Schedule all workers together (PodGroup).")
-    scheduler_name: str = ""
-    queue: str = ""
-    priority_class_name: str = ""
-    topology_key: str = ""
+    scheduler_name: str = Field("", description="The pods' schedulerName (e.g. volcano). Empty: the gang "
+                                                "scheduler's when the operator creates PodGroups, else the default.")
+    queue: str = Field("", description="A Kueue LocalQueue: the pods carry Kueue's pod-group labels and scheduling "
+                                       "gate, so Kueue admits the job's workers as one workload (Volcano: the "
+                                       "PodGroup's queue).")
+    priority_class_name: str = Field("", description="The pods' priorityClassName. Empty: the cluster default.")
+    topology_key: str = Field("", description="A node label (e.g. topology.kubernetes.io/zone): every worker in "
+                                              "one domain of it (required with gang, preferred without).")
 
 
 class RunPolicy(_Model):
-    ttl_seconds_after_finished: int | None = Field(None, ge=0)
-    active_deadline_seconds: int | None = Field(None, ge=1)
+    """Time limits of the whole job."""
+
+    ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete the finished job this many "
+                                                   "seconds after it succeeded or failed. Unset: keep it.")
+    active_deadline_seconds: int | None = Field(None, ge=1, description="Fail the job when it has existed this "
+                                                "long (seconds since it was created). Unset: no limit.")

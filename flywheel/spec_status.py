@@ -35,67 +35,75 @@ class ConditionType(StrEnum):  # status.conditions[].type: history (Created, Inv
 
 class Condition(_Model):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str = ""
-    message: str = ""
-    last_transition_time: str | None = None
+    type: str = Field(description="Created, Invalid, Running, Restarting, Suspended, Succeeded, Failed, Degraded, "
+                                  "Hung or Unschedulable.")
+    status: Literal["True", "False", "Unknown"] = Field(description="Whether the condition holds.")
+    reason: str = Field("", description="Why, in one CamelCase word.")
+    message: str = Field("", description="Why, for people.")
+    last_transition_time: str | None = Field(None, description="When the status last changed (RFC 3339).")
 
 
 class ReplicaStatus(_Model):
-    desired: int = 0
-    current: int = 0
-    ready: int = 0
+    desired: int = Field(0, description="Workers the job should run now (spec.replicas.target, else max).")
+    current: int = Field(0, description="Worker pods that exist.")
+    ready: int = Field(0, description="Worker pods that are ready.")
 
 
 class CheckpointStatus(_Model):
-    step: int = 0
-    time: str | None = None
-    path: str = ""
+    step: int = Field(0, description="The step it holds.")
+    time: str | None = Field(None, description="When it was committed (RFC 3339).")
+    path: str = Field("", description="Its directory under spec.checkpoint.dir.")
 
 
 class GoodputStatus(_Model):
-    ratio: float = 0.0
-    productive_seconds: float = 0.0
-    lost_steps: int = 0
-    mean_time_to_recover_seconds: float = 0.0
+    ratio: float = Field(0.0, description="Productive step time over the wall time since the first start (0 to 1).")
+    productive_seconds: float = Field(0.0, description="Seconds of productive step time.")
+    lost_steps: int = Field(0, description="Steps trained again after restarts (reached, then resumed from an "
+                                           "earlier checkpoint).")
+    mean_time_to_recover_seconds: float = Field(0.0, description="Mean seconds from a failure to the first step "
+                                                                 "after it.")
 
 
 class RestartBudgetStatus(_Model):
-    used: int = 0
-    window_start_step: int = 0
+    used: int = Field(0, description="Restarts counted against faultTolerance.maxRestarts.")
+    window_start_step: int = Field(0, description="The step the count started at (it resets after "
+                                                  "faultTolerance.budgetResetAfterSteps committed steps).")
 
 
 class StartupFailureStatus(_Model):
-    reason: str = ""
-    attempts: int = 0
-    step: int = 0
+    reason: str = Field("", description="The crash reason before the first step.")
+    attempts: int = Field(0, description="Attempts in a row that crashed so before the first step.")
+    step: int = Field(0, description="The step the attempts started from.")
 
 
 class TrainingJobStatus(_Model):
     """What the operator writes (status subresource). Also the shape the REST API serves."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
-    phase: Phase = Phase.PENDING
-    conditions: list[Condition] = Field(default_factory=list)
-    replicas: ReplicaStatus = Field(default_factory=ReplicaStatus)
-    selector: str = ""
-    world_size: int = 0
-    step: int = 0
-    # The latest evaluation (training.evalEverySteps): its mean validation loss and the step it followed.
-    eval_loss: float | None = None
-    eval_step: int = 0
-    restarts: int = 0
-    last_restart_reason: str = ""
-    last_checkpoint: CheckpointStatus = Field(default_factory=CheckpointStatus)
-    goodput: GoodputStatus = Field(default_factory=GoodputStatus)
-    restart_budget: RestartBudgetStatus = Field(default_factory=RestartBudgetStatus)
-    # The last decided failure's start-up record (policy/startup_failure.py): the same crash before the first step
-    # on 2 attempts in a row fails the job.
-    startup_failure: StartupFailureStatus = Field(default_factory=StartupFailureStatus)
-    # The flywheel.dev/restart-requested-at value already acted on, so each request restarts the job once.
-    restart_request_handled: str = ""
-    observed_generation: int = 0
+    phase: Phase = Field(Phase.PENDING, description="Pending, Running, Restarting, Succeeded, Failed or Suspended.")
+    conditions: list[Condition] = Field(default_factory=list, description="The job's conditions: its history "
+                                        "(Created, Invalid) and its current state.")
+    replicas: ReplicaStatus = Field(default_factory=ReplicaStatus, description="Worker counts.")
+    selector: str = Field("", description="The worker pods' label selector (for the scale subresource).")
+    world_size: int = Field(0, description="Ranks in the running world (workers x procsPerReplica).")
+    step: int = Field(0, description="The last optimizer step the workers reported.")
+    eval_loss: float | None = Field(None, description="The latest evaluation's mean validation loss "
+                                    "(training.evalEverySteps).")
+    eval_step: int = Field(0, description="The step the latest evaluation followed (0: none yet).")
+    restarts: int = Field(0, description="Restarts since the job was created.")
+    last_restart_reason: str = Field("", description="Why the job last restarted.")
+    last_checkpoint: CheckpointStatus = Field(default_factory=CheckpointStatus,
+                                              description="The last committed checkpoint.")
+    goodput: GoodputStatus = Field(default_factory=GoodputStatus, description="How much of the time trained.")
+    restart_budget: RestartBudgetStatus = Field(default_factory=RestartBudgetStatus,
+                                                description="Restarts used of faultTolerance.maxRestarts.")
+    # policy/startup_failure.py: the same crash before the first step on 2 attempts in a row fails the job.
+    startup_failure: StartupFailureStatus = Field(default_factory=StartupFailureStatus, description="The last "
+                                                  "failure's start-up record: the same crash before the first step "
+                                                  "twice in a row fails the job.")
+    restart_request_handled: str = Field("", description="The flywheel.dev/restart-requested-at annotation value "
+                                         "already acted on, so each request restarts the job once.")
+    observed_generation: int = Field(0, description="The metadata.generation of the spec this status is about.")
 
     def to_json(self) -> dict[str, Any]:
         """The status as written to Kubernetes: only the fields that were read or set (an unset field keeps the

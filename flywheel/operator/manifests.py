@@ -11,6 +11,7 @@ from flywheel.labels import GENERATION_LABEL as GENERATION_LABEL  # re-exported:
 from flywheel.labels import INDEX_LABEL as INDEX_LABEL
 from flywheel.labels import JOB_LABEL as JOB_LABEL
 from flywheel.labels import QUEUE_LABEL as QUEUE_LABEL
+from flywheel.operator.scheduling_meta import with_scheduling_meta
 from flywheel.plan import Placement, WorkerPlan, plan_workers
 from flywheel.plan import run_id as run_id  # re-exported: m.run_id in the operator
 from flywheel.policy.reconcile import PodView
@@ -181,10 +182,11 @@ def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: Operato
                        ("priorityClassName", spec.scheduling.priority_class_name)):
         if value:
             pod_spec[key] = value
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": worker.name, "namespace": job.metadata.namespace, "labels": meta_labels,
-                         "annotations": annotations},
-            "spec": pod_spec}
+    obj = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": worker.name, "namespace": job.metadata.namespace, "labels": meta_labels,
+                        "annotations": annotations},
+           "spec": pod_spec}
+    return with_scheduling_meta(job, settings.gang_scheduler, obj)  # Kueue's pod group and admission gate
 
 
 def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = False) -> PodView | None:

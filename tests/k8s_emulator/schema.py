@@ -78,7 +78,9 @@ _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool}
 
 def _type_ok(value: Any, schema: Schema) -> bool:
     expected = schema.get("type")
-    if not expected or schema.get("x-kubernetes-int-or-string") and isinstance(value, (int, str)):
+    if schema.get("x-kubernetes-int-or-string"):  # a quantity or a port: 2 or "500m", never a list or a map
+        return isinstance(value, (int, str)) and not isinstance(value, bool)
+    if not expected:
         return True
     if expected == "integer":
         return isinstance(value, int) and not isinstance(value, bool)
@@ -98,7 +100,8 @@ def validate(value: Any, schema: Schema, path: str, errors: list[str], old: Any 
             errors.append(f'{shown}: Invalid value: "null": {shown} in body must be of type {schema["type"]}: "null"')
         return
     if not _type_ok(value, schema):
-        errors.append(f"{shown}: Invalid value: {_show(value)}: {shown} in body must be of type {schema['type']}: "
+        expected = "integer,string" if schema.get("x-kubernetes-int-or-string") else schema["type"]
+        errors.append(f"{shown}: Invalid value: {_show(value)}: {shown} in body must be of type {expected}: "
                       f'"{type(value).__name__}"')
         return
     if "enum" in schema and value not in schema["enum"]:

@@ -33,12 +33,13 @@ def test_pods_follow_the_worker_contract() -> None:
     # Every pod has its own network namespace on a cluster: one port for all (the test cluster spreads them).
     assert env["FLYWHEEL_METRICS_PORT"] == "9400" and env["FLYWHEEL_CHECKPOINT_DIR"] == "/ckpt/j"
     assert body["spec"]["containers"][0]["ports"] == [{"name": "metrics", "containerPort": 9400}]
-    assert body["metadata"]["annotations"] == {}  # no test-only annotation (the kubelet picks its directory)
+    # No test-only annotation (the kubelet picks its directory); the queue's Kueue pod group (scheduling_meta.py).
+    assert body["metadata"]["annotations"] == {"kueue.x-k8s.io/pod-group-total-count": "2"}
     assert env["FLYWHEEL_EVENTS_FILE"] == "/ev/x.jsonl" and env["OMP_NUM_THREADS"] == "1"
     assert json.loads(env["FLYWHEEL_SPEC"])["replicas"]["target"] == 2
     assert body["spec"]["containers"][0]["command"] == ["python", "-m", "flywheel.cli", "launch"]
     assert body["metadata"]["labels"] == {m.JOB_LABEL: "j", m.INDEX_LABEL: "1", m.GENERATION_LABEL: "3",
-                                          m.QUEUE_LABEL: "team-a"}
+                                          m.QUEUE_LABEL: "team-a", "kueue.x-k8s.io/pod-group-name": "j"}
     assert body["spec"]["hostname"] == "j-worker-1" and body["spec"]["subdomain"] == "j-workers"
     assert body["spec"]["restartPolicy"] == "Never" and body["spec"]["schedulerName"] == "volcano"
     svc = m.service(JOB)

@@ -54,3 +54,88 @@ def test_committed_spec_reference_matches_the_spec():
     from flywheel.crd import SPEC_DOC_PATH, render_spec_reference
 
     assert (ROOT / SPEC_DOC_PATH).read_text() == render_spec_reference(), "run `flywheel crd` and commit docs/spec.md"
+
+
+def _properties(node, path="spec"):
+    """(path, schema) of every property under node, through items and additionalProperties."""
+    for key, sub in (node.get("properties") or {}).items():
+        yield f"{path}.{key}", sub
+        yield from _properties(sub, f"{path}.{key}")
+    for child, suffix in ((node.get("items"), "[]"), (node.get("additionalProperties"), "{}")):
+        if isinstance(child, dict):
+            yield from _properties(child, path + suffix)
+
+
+def _root():
+    return build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_every_property_has_a_description():
+    undescribed = [path for path, sub in _properties(_root(), "") if not sub.get("description")]
+    assert not undescribed, f"add description= (or a docstring) for: {undescribed}"
+    spec = _root()["properties"]["spec"]["properties"]
+    for name in ("trainer", "checkpoint", "faultTolerance", "scheduling", "runPolicy"):
+        assert len(spec[name]["description"]) > 20, name  # the section's own words, not a placeholder
+
+
+def _template():
+    return _root()["properties"]["spec"]["properties"]["template"]
+
+
+def test_spec_template_is_the_generated_pod_template():
+    template = _template()
+    pod = template["properties"]["spec"]["properties"]
+    toleration = pod["tolerations"]["items"]["properties"]
+    assert set(toleration) == {"key", "operator", "value", "effect", "tolerationSeconds"}
+    assert toleration["tolerationSeconds"] == {**toleration["tolerationSeconds"], "type": "integer",
+                                               "format": "int64"}
+    container = pod["containers"]["items"]
+    assert container["required"] == ["name"] and "containers" not in pod.get("required", [])
+    assert container["properties"]["resources"]["properties"]["limits"]["additionalProperties"] == {
+        "x-kubernetes-int-or-string": True}  # quantities: 2 or "500m"
+    port = container["properties"]["livenessProbe"]["properties"]["httpGet"]["properties"]["port"]
+    assert port.get("x-kubernetes-int-or-string") is True and "type" not in port
+    assert set(template["properties"]["metadata"]["properties"]) == {"labels", "annotations"}
+    assert "ephemeralContainers" not in pod  # a pod cannot be created with them
+
+
+def test_pod_template_uses_only_what_a_crd_accepts():
+    allowed = {"description", "type", "format", "required", "items", "properties", "additionalProperties",
+               "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-validations",
+               "enum", "default", "minimum", "maximum", "pattern", "minLength", "maxLength", "minItems", "maxItems"}
+    for path, sub in [("spec.template", _template()), *_properties(_template(), "spec.template")]:
+        assert set(sub) <= allowed, (path, set(sub) - allowed)
+        assert isinstance(sub.get("type", ""), str), path  # one type, no ["string", "null"]
+
+
+def test_template_is_inserted_even_when_the_model_declares_it():
+    from flywheel.crd import openapi_schema, spec_schema_with_template
+    from flywheel.spec import TrainingJobSpec
+
+    declared = openapi_schema(TrainingJobSpec, "spec")
+    declared["properties"]["template"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                                          "description": "The model's words."}
+    merged = spec_schema_with_template(declared)["properties"]["template"]
+    assert merged["description"] == "The model's words."
+    assert "x-kubernetes-preserve-unknown-fields" not in merged and "tolerations" in merged["properties"]["spec"][
+        "properties"]
+
+
+def test_operator_owned_pod_fields_are_refused_by_cel():
+    rules = {r["fieldPath"]: r for r in _template()["x-kubernetes-validations"]}
+    assert set(rules) == {".spec.restartPolicy", ".spec.hostname", ".spec.subdomain"}
+    assert all("remove it" in r["message"] for r in rules.values())
+
+
+def test_crd_fits_the_object_and_last_applied_limits():
+    from flywheel.crd import MAX_ANNOTATION_BYTES, MAX_OBJECT_BYTES, crd_sizes
+
+    sizes = crd_sizes()
+    assert sizes["object"] < MAX_OBJECT_BYTES
+    assert sizes["lastApplied"] < MAX_ANNOTATION_BYTES  # client-side `kubectl apply` works
+    assert sizes["object"] > 50_000  # the pod template is really in it
+
+
+def test_chart_ships_the_same_crd():
+    chart = ROOT / "charts" / "flywheel" / "crds" / DEFAULT_PATH.name
+    assert chart.read_text() == (ROOT / DEFAULT_PATH).read_text(), "copy crds/ to charts/flywheel/crds/"

@@ -1,0 +1,99 @@
+"""The CRD's `spec.template` is the real PodTemplateSpec schema: with the real kubectl on the test cluster, a typo or
+a wrong type under the template is refused at apply time as it would be for a Pod, the operator-owned pod fields are
+refused with their fix, and `kubectl explain` walks into the pod template."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.chart.conftest import find_tool
+
+KUBECTL = find_tool("kubectl")
+CRD = Path(__file__).resolve().parents[2] / "crds" / "trainingjobs.flywheel.dev.yaml"
+
+
+@pytest.fixture(scope="module")
+def kubectl() -> Iterator[Any]:
+    if KUBECTL is None:
+        pytest.skip("kubectl not found (make tools)")
+    fixtures = pytest.importorskip("tests.k8s_emulator.fixtures")
+    with fixtures.start_cluster(nodes=1, heartbeat_seconds=1.0) as cluster:
+        def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([str(KUBECTL), "--kubeconfig", str(cluster.kubeconfig), *args], input=stdin,
+                                  capture_output=True, text=True, timeout=30)
+        applied = run("apply", "-f", str(CRD))  # client-side apply: the last-applied annotation fits
+        assert applied.returncode == 0, applied.stderr
+        yield run
+
+
+def job(template: dict[str, Any]) -> str:
+    return yaml.safe_dump({"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "t"},
+                           "spec": {"trainer": {"training": {"steps": 2}}, "template": template}})
+
+
+GPU_TEMPLATE = {
+    "metadata": {"labels": {"team": "llm"}, "annotations": {"note": "x"}},
+    "spec": {
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "nodeSelector": {"nvidia.com/gpu.product": "H100"},
+        "terminationGracePeriodSeconds": 120,
+        "containers": [{"name": "worker", "resources": {"limits": {"nvidia.com/gpu": 8, "memory": "64Gi"}},
+                        "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "t"}}}],
+                        "livenessProbe": {"httpGet": {"port": "metrics", "path": "/"}}},
+                       {"name": "sidecar", "image": "busybox", "ports": [{"containerPort": 8080}]}],
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "dataset"}}],
+    },
+}
+
+
+def test_a_full_pod_template_is_accepted(kubectl):
+    result = kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-", stdin=job(GPU_TEMPLATE))
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["spec"]["template"] == GPU_TEMPLATE  # nothing pruned
+
+
+@pytest.mark.parametrize("template, words", [
+    ({"spec": {"tolerations": [{"keyy": "x"}]}}, 'unknown field "spec.template.spec.tolerations[0].keyy"'),
+    ({"spec": {"nodeSelectr": {"a": "b"}}}, 'unknown field "spec.template.spec.nodeSelectr"'),
+    ({"spec": {"containers": [{"name": "worker", "imagePullPolicy": "Always", "envv": []}]}},
+     'unknown field "spec.template.spec.containers[0].envv"'),
+], ids=["toleration-key", "node-selector", "container-env"])
+def test_a_typo_under_the_template_is_refused(kubectl, template, words):
+    result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=job(template))
+    assert result.returncode != 0 and words in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("template, words", [
+    ({"spec": {"terminationGracePeriodSeconds": "long"}}, "spec.template.spec.terminationGracePeriodSeconds"),
+    ({"spec": {"tolerations": {"key": "x"}}}, "spec.template.spec.tolerations"),
+    ({"spec": {"containers": [{"image": "x"}]}}, "spec.template.spec.containers[0].name: Required value"),
+    ({"spec": {"containers": [{"name": "w", "resources": {"limits": {"cpu": [1]}}}]}},
+     "spec.template.spec.containers[0].resources.limits.cpu"),
+], ids=["grace-type", "tolerations-type", "container-name", "quantity-type"])
+def test_a_wrong_type_under_the_template_is_refused(kubectl, template, words):
+    result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=job(template))
+    assert result.returncode != 0 and words in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("field", ["restartPolicy", "hostname", "subdomain"])
+def test_operator_owned_pod_fields_are_refused_with_the_fix(kubectl, field):
+    result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=job({"spec": {field: "Always"}}))
+    assert result.returncode != 0, result.stderr
+    assert f"spec.template.spec.{field}" in result.stderr and "remove it" in result.stderr, result.stderr
+
+
+def test_kubectl_explain_walks_into_the_pod_template(kubectl):
+    result = kubectl("explain", "trainingjob.spec.template.spec.tolerations")
+    assert result.returncode == 0, result.stderr
+    assert "tolerationSeconds" in result.stdout and "<[]Object>" in result.stdout, result.stdout
+    assert "If specified, the pod's tolerations." in result.stdout, result.stdout
+    sections = kubectl("explain", "trainingjob.spec.scheduling")
+    assert sections.returncode == 0 and "Kueue" in sections.stdout, sections.stdout
+    status = kubectl("explain", "trainingjob.status.goodput.ratio")
+    assert status.returncode == 0 and "wall time" in status.stdout, status.stdout
