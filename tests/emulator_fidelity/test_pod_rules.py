@@ -143,8 +143,10 @@ def test_the_hardened_context_plans_a_non_root_read_only_sandbox() -> None:
     assert argv[-3:] == ["python", "-c", "pass"]
     script = argv[7]
     assert script.index("mount --bind /tmp /tmp") < script.index("mount -o remount,bind,ro /\n")
-    assert "setpriv --reuid=10001 --regid=10001 --groups=10001,44 --inh-caps=-all --bounding-set=-all " \
-           "--no-new-privs" in script
+    assert "setpriv --reuid=10001 --regid=10001 --groups=10001,44 --inh-caps=-all,+dac_read_search " \
+           "--ambient-caps=+dac_read_search --bounding-set=-all,+dac_read_search --no-new-privs" in script
+    root = sandbox.wrap(["true"], sandbox.plan(*secured({}, HARDENED_CONTAINER)))[7]
+    assert "exec setpriv --inh-caps=-all --bounding-set=-all --no-new-privs -- " in root
 
 
 def test_the_container_context_overrides_the_pod_field_by_field() -> None:

@@ -14,7 +14,7 @@ import yaml
 
 from tests.emulator_fidelity.conftest import KUBECTL
 from tests.k8s_emulator.fixtures import RunningCluster, start_cluster
-from tests.k8s_emulator.kubelet import NodeSetup
+from tests.k8s_emulator.nodes import NodeSetup
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.skipif(not KUBECTL.exists(), reason="run scripts/install-tools.sh for .tools/bin/kubectl")

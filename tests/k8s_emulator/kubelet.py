@@ -9,7 +9,6 @@ import contextlib
 import dataclasses
 import datetime
 import functools
-import itertools
 import os
 import signal
 from dataclasses import dataclass, field
@@ -18,8 +17,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 from flywheel.local import procs
-from tests.k8s_emulator import images, podenv, sandbox, scheduling, termination
+from tests.k8s_emulator import images, nodes, podenv, sandbox, termination
 from tests.k8s_emulator.httpclient import ApiStatusError, KubeHttpClient, resource_path
+from tests.k8s_emulator.nodes import NodeSetup
+from tests.k8s_emulator.scheduler import PodScheduler
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KUBELET_VERSION = "v1.33.0-flywheel"
@@ -31,15 +32,6 @@ def _now() -> str:
 
 def _micro_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-@dataclass
-class NodeSetup:
-    """What a node carries besides the well-known labels: more labels, taints (`{"key", "value", "effect"}`) and
-    extended resources by name (e.g. `{"nvidia.com/gpu": "8"}`: capacity and allocatable)."""
-    labels: dict[str, str] = field(default_factory=dict)
-    taints: list[dict[str, str]] = field(default_factory=list)
-    resources: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -89,10 +81,9 @@ class ProcessKubelet:
         self.heartbeat_seconds, self.node_status_seconds = heartbeat_seconds, node_status_seconds
         self.scheduler_names = scheduler_names  # None: schedule every pod, whatever its schedulerName
         self.lost: set[str] = set()
-        self.unscheduled: dict[str, str] = {}  # pods no node could take, and why: retried on heartbeats
         self.pods: dict[str, PodProcess] = {}  # by pod uid
         self._latest: dict[str, dict[str, Any]] = {}  # last seen pod object by uid
-        self._round_robin = itertools.cycle(self.node_names)
+        self.scheduler = PodScheduler(self.api, self.node_names, self.lost, self._event)
         self._tasks: list[asyncio.Task[None]] = []
 
     # ---- lifecycle -----------------------------------------------------------------------------------------
@@ -118,27 +109,8 @@ class ProcessKubelet:
         await self.api.close()
 
     # ---- nodes ---------------------------------------------------------------------------------------------
-    def _node_status(self, node: str) -> dict[str, Any]:
-        now = _now()
-        ok = [("MemoryPressure", "False", "KubeletHasSufficientMemory"),
-              ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
-              ("PIDPressure", "False", "KubeletHasSufficientPID"), ("Ready", "True", "KubeletReady")]
-        resources = {"cpu": str(os.cpu_count() or 1), "memory": "16Gi", "pods": "110",
-                     **self.node_setup[node].resources}
-        return {"conditions": [{"type": t, "status": s, "reason": r, "message": f"kubelet: {r}",
-                                "lastHeartbeatTime": now, "lastTransitionTime": now} for t, s, r in ok],
-                "addresses": [{"type": "InternalIP", "address": podenv.POD_IP}, {"type": "Hostname", "address": node}],
-                "capacity": dict(resources), "allocatable": dict(resources),
-                "nodeInfo": {"kubeletVersion": KUBELET_VERSION, "kubeProxyVersion": "", "operatingSystem": "linux",
-                             "architecture": "amd64", "containerRuntimeVersion": "process://local",
-                             "kernelVersion": os.uname().release, "osImage": "process kubelet", "machineID": node,
-                             "systemUUID": node, "bootID": node}}
-
     async def _register(self, node: str) -> None:
-        setup = self.node_setup[node]
-        body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {
-            "kubernetes.io/hostname": node, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-            **setup.labels}}, "spec": {"taints": list(setup.taints)} if setup.taints else {}}
+        body = nodes.node_object(node, self.node_setup[node])
         with contextlib.suppress(ApiStatusError):
             await self.api.request("POST", resource_path("nodes"), body)
         await self._post_node_status(node)
@@ -151,7 +123,7 @@ class ProcessKubelet:
 
     async def _post_node_status(self, node: str) -> None:
         await self.api.merge_patch(resource_path("nodes", name=node, subresource="status"),
-                                   {"status": self._node_status(node)})
+                                   {"status": nodes.node_status(node, self.node_setup[node], KUBELET_VERSION)})
 
     async def _renew_lease(self, node: str) -> None:
         await self.api.merge_patch(resource_path("leases", "kube-node-lease", node,
@@ -173,7 +145,7 @@ class ProcessKubelet:
                         await self._post_node_status(node)
             if post_status:
                 last_status = loop.time()
-            if self.unscheduled:  # e.g. a node was uncordoned: the scheduler retries pending pods
+            if self.scheduler.unscheduled:  # e.g. a node was uncordoned: the scheduler retries pending pods
                 with contextlib.suppress(ApiStatusError, OSError, asyncio.TimeoutError):
                     await self._resync()
 
@@ -213,7 +185,7 @@ class ProcessKubelet:
                         break
                     resource_version = obj["metadata"].get("resourceVersion", resource_version)
                     if event["type"] == "DELETED":
-                        self.unscheduled.pop(obj["metadata"]["uid"], None)
+                        self.scheduler.unscheduled.pop(obj["metadata"]["uid"], None)
                         self._pod_gone(obj["metadata"]["uid"])
                     elif event["type"] != "BOOKMARK":
                         await self._reconcile(obj)
@@ -232,51 +204,8 @@ class ProcessKubelet:
         for uid in list(self.pods):
             if uid not in seen:
                 self._pod_gone(uid)
-        self.unscheduled = {uid: why for uid, why in self.unscheduled.items() if uid in seen}
+        self.scheduler.forget_all_but(seen)
         return listing["metadata"]["resourceVersion"]
-
-    async def _pick_node(self, pod: dict[str, Any]) -> tuple[str | None, str]:
-        """Round robin over this kubelet's nodes that pass the scheduler's filters (scheduling.py); when none
-        does, (None, the scheduler's message)."""
-        nodes = await self.api.request("GET", resource_path("nodes"))
-        pods = await self.api.request("GET", resource_path("pods"))
-        ours = [n for n in nodes["items"] if n["metadata"]["name"] in self.node_names]
-        fit, misfits = scheduling.feasible_nodes(pod, ours, pods["items"], self.lost)
-        for _ in self.node_names:
-            node = next(self._round_robin)
-            if node in fit:
-                return node, ""
-        return None, scheduling.unschedulable_message(misfits)
-
-    async def _schedule(self, pod: dict[str, Any]) -> None:
-        """Bind the pod to a node, or report it Unschedulable (again whenever the reason changes)."""
-        meta = pod["metadata"]
-        if (pod.get("spec") or {}).get("schedulingGates"):
-            why = "Scheduling is blocked due to non-empty scheduling gates"
-            if self.unscheduled.get(meta["uid"]) != why:
-                self.unscheduled[meta["uid"]] = why
-                condition = {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
-                             "lastTransitionTime": _now(), "message": why}
-                with contextlib.suppress(ApiStatusError, OSError, asyncio.TimeoutError):
-                    await self.api.merge_patch(resource_path("pods", meta["namespace"], meta["name"], "status"),
-                                               {"status": {"phase": "Pending", "conditions": [condition]}})
-            return
-        chosen, why = await self._pick_node(pod)
-        if chosen is None:
-            if self.unscheduled.get(meta["uid"]) != why:  # as the scheduler reports it, once per reason
-                self.unscheduled[meta["uid"]] = why
-                condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                             "lastTransitionTime": _now(), "message": why}
-                with contextlib.suppress(ApiStatusError, OSError, asyncio.TimeoutError):
-                    await self.api.merge_patch(resource_path("pods", meta["namespace"], meta["name"], "status"),
-                                               {"status": {"phase": "Pending", "conditions": [condition]}})
-                await self._event(pod, "FailedScheduling", why, component="default-scheduler", kind="Warning")
-            return
-        self.unscheduled.pop(meta["uid"], None)
-        await self.api.merge_patch(resource_path("pods", meta["namespace"], meta["name"]),
-                                   {"spec": {"nodeName": chosen}})
-        await self._event(pod, "Scheduled", f"Successfully assigned {meta['namespace']}/{meta['name']} "
-                          f"to {chosen}", component="default-scheduler")
 
     async def _reconcile(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod.get("spec") or {}
@@ -286,7 +215,7 @@ class ProcessKubelet:
             if meta.get("deletionTimestamp") or (self.scheduler_names is not None
                                                  and scheduler not in self.scheduler_names):
                 return
-            await self._schedule(pod)
+            await self.scheduler.schedule(pod)
             return
         if node not in self.node_names:
             return
@@ -445,8 +374,7 @@ class ProcessKubelet:
         box = dataclasses.replace(box, writable=(*box.writable, str(message_file)))
         try:
             os.chmod(message_file, 0o666)
-            sandbox.prepare_host(pod, pod["spec"]["containers"][0], box, self.workdir,
-                                 [self.credentials_dir / running.uid, message_file])
+            sandbox.prepare_host(pod, pod["spec"]["containers"][0])
         except OSError as err:
             raise podenv.ConfigError(f"cannot prepare the container's volumes: {err}") from err
         if box.uid != 0 and env.get("HOME") == os.environ.get("HOME"):

@@ -21,7 +21,8 @@ from aiohttp import web
 from tests.k8s_emulator.apiserver import ApiServer
 from tests.k8s_emulator.controllers import ControlPlane
 from tests.k8s_emulator.deployments import DeploymentController
-from tests.k8s_emulator.kubelet import NodeSetup, ProcessKubelet
+from tests.k8s_emulator.kubelet import ProcessKubelet
+from tests.k8s_emulator.nodes import NodeSetup
 from tests.k8s_emulator.pod_hooks import DEFAULT_POD_HOOKS, PodHook
 from tests.k8s_emulator.resources import Registry
 from tests.k8s_emulator.store import Store

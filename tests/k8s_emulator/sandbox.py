@@ -11,15 +11,16 @@ The process keeps its pid (unshare and sh exec), so signals, `pid_of` and the cg
 
 Volumes are not copied: a mountPath is the host path of that name, created when missing (emptyDirs are made
 world-writable as a kubelet makes them; a PVC gets the pod's `fsGroup`), as the rest of the test cluster assumes.
-A non-root user must reach the interpreter, the checkout and its volumes: the kubelet adds the search bit (o+x,
-never read) to their ancestors that lack it (e.g. /root for a pyenv interpreter, pytest's 0700 temp dirs)."""
+A non-root process keeps one capability, CAP_DAC_READ_SEARCH (ambient, so torch's ranks inherit it): it must read
+the interpreter (e.g. a pyenv under /root), the checkout and its volumes below 0700 directories such as pytest's
+temp dirs, where a real container reads its own image. It reads and walks past permissions; it never writes where
+its user may not."""
 
 from __future__ import annotations
 
 import os
 import shlex
 import stat
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from tests.k8s_emulator import images
 from tests.k8s_emulator.podenv import ConfigError
 
 FIELDS_FROM_POD = ("runAsUser", "runAsGroup", "runAsNonRoot")
+READ_ANYWHERE = "dac_read_search"  # the capability a non-root process keeps (see above)
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,10 @@ def wrap(argv: list[str], box: Sandbox) -> list[str]:
     if box.uid != 0 or box.gid != 0 or box.groups:
         priv += [f"--reuid={box.uid}", f"--regid={box.gid}"]
         priv += [f"--groups={','.join(map(str, box.groups))}"] if box.groups else ["--clear-groups"]
-    if box.drop_all_capabilities:
+    if box.uid != 0:
+        priv += [f"--inh-caps=-all,+{READ_ANYWHERE}", f"--ambient-caps=+{READ_ANYWHERE}",
+                 f"--bounding-set=-all,+{READ_ANYWHERE}"]
+    elif box.drop_all_capabilities:
         priv += ["--inh-caps=-all", "--bounding-set=-all"]
     if box.no_new_privs:
         priv.append("--no-new-privs")
@@ -125,18 +130,8 @@ def wrap(argv: list[str], box: Sandbox) -> list[str]:
             "sandbox", *argv]
 
 
-def grant_search(path: Path) -> None:
-    """Add o+x to every ancestor of `path` that lacks it, so another user can walk to it (not list it)."""
-    for parent in [path, *path.parents] if path.is_dir() else path.parents:
-        mode = parent.stat().st_mode
-        if not mode & stat.S_IXOTH:
-            os.chmod(parent, stat.S_IMODE(mode) | stat.S_IXOTH)
-
-
-def prepare_host(pod: dict[str, Any], container: dict[str, Any], box: Sandbox, workdir: Path,
-                 readable: Iterable[Path]) -> None:
-    """Create the mountPaths, give the pod's user its volumes (emptyDir: world-writable; PVC: the fsGroup) and a
-    way to the interpreter, the working directory and `readable` (its credentials and termination file)."""
+def prepare_host(pod: dict[str, Any], container: dict[str, Any]) -> None:
+    """Create the mountPaths and give the pod's user its volumes (emptyDir: world-writable; PVC: the fsGroup)."""
     fs_group = ((pod.get("spec") or {}).get("securityContext") or {}).get("fsGroup")
     for mount, volume in volume_mounts(pod, container):
         target = Path(str(mount["mountPath"]))
@@ -146,8 +141,3 @@ def prepare_host(pod: dict[str, Any], container: dict[str, Any], box: Sandbox, w
         elif "persistentVolumeClaim" in volume and fs_group is not None:
             os.chown(target, -1, int(fs_group))
             os.chmod(target, stat.S_IMODE(target.stat().st_mode) | 0o2070)
-        if box.uid != 0:
-            grant_search(target)
-    if box.uid != 0:
-        for path in (Path(sys.executable).resolve(), Path(sys.prefix), Path(sys.base_prefix), workdir, *readable):
-            grant_search(path)
