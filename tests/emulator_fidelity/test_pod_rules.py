@@ -147,6 +147,8 @@ def test_the_hardened_context_plans_a_non_root_read_only_sandbox() -> None:
            "--ambient-caps=+dac_read_search --bounding-set=-all,+dac_read_search --no-new-privs" in script
     root = sandbox.wrap(["true"], sandbox.plan(*secured({}, HARDENED_CONTAINER)))[7]
     assert "exec setpriv --inh-caps=-all --bounding-set=-all --no-new-privs -- " in root
+    rdma = {**HARDENED_CONTAINER, "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}}
+    assert "--bounding-set=-all,+ipc_lock " in sandbox.wrap(["true"], sandbox.plan(*secured({}, rdma)))[7]
 
 
 def test_the_container_context_overrides_the_pod_field_by_field() -> None:

@@ -153,9 +153,18 @@ def test_run_as_non_root_refuses_a_root_image(secured: tuple[RunningCluster, Pat
 
 def test_the_project_image_runs_as_its_own_user_under_run_as_non_root(secured: tuple[RunningCluster, Path],
                                                                       kubectl: Kubectl) -> None:
-    code = "import os; print('uid', os.getuid(), 'home', os.environ['HOME'])"
+    code = "import getpass, os; print('uid', os.getuid(), getpass.getuser(), 'home', os.environ['HOME'])"
     manifest = worker_pod("project-image", code, secured[1] / "v", container_context={},
                           image="ghcr.io/acme/flywheel:1.0", pod_context={"runAsNonRoot": True})
     kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest))
     assert finished(kubectl, "project-image")["status"]["phase"] == "Succeeded"
-    assert "uid 10001 home /" in kubectl("logs", "project-image").stdout
+    assert "uid 10001 flywheel home /home/flywheel" in kubectl("logs", "project-image").stdout
+
+
+def test_a_user_the_image_does_not_know_has_no_name_and_home_slash(secured: tuple[RunningCluster, Path],
+                                                                   kubectl: Kubectl) -> None:
+    code = "import os, pwd; print('home', os.environ['HOME']); pwd.getpwuid(os.getuid())"
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump(worker_pod("unknown-user", code, secured[1] / "v")))
+    assert finished(kubectl, "unknown-user")["status"]["phase"] == "Failed"
+    logs = kubectl("logs", "unknown-user").stdout
+    assert "home /" in logs and "KeyError: 'getpwuid(): uid not found: 10001'" in logs

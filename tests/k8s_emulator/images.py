@@ -41,6 +41,10 @@ ENTRYPOINTS: dict[str, tuple[list[str], list[str]]] = {"flywheel": (["flywheel"]
 
 # The Dockerfile's USER (uid, gid), by the same name; any other image runs as root.
 USERS: dict[str, tuple[int, int]] = {"flywheel": (10001, 10001)}
+# The accounts the Dockerfile adds to /etc/passwd and /etc/group, and its ENV that the kubelet's environment lacks.
+ACCOUNTS: dict[str, tuple[str, str]] = {
+    "flywheel": ("flywheel:x:10001:10001::/home/flywheel:/usr/sbin/nologin\n", "flywheel:x:10001:\n")}
+IMAGE_ENV: dict[str, dict[str, str]] = {"flywheel": {"HOME": "/home/flywheel"}}
 
 
 def _repository_name(image: str) -> str:
@@ -56,6 +60,15 @@ def entrypoint(image: str) -> tuple[list[str], list[str]] | None:
 def image_user(image: str) -> tuple[int, int]:
     """(uid, gid) the image runs as when the security context names no user."""
     return USERS.get(_repository_name(image), (0, 0))
+
+
+def image_accounts(image: str) -> tuple[str, str]:
+    """(/etc/passwd lines, /etc/group lines) the image adds to the host's, e.g. for `getpass.getuser()`."""
+    return ACCOUNTS.get(_repository_name(image), ("", ""))
+
+
+def image_env(image: str) -> dict[str, str]:
+    return dict(IMAGE_ENV.get(_repository_name(image), {}))
 
 
 def _registry(image: str) -> str:

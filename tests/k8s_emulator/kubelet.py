@@ -368,17 +368,23 @@ class ProcessKubelet:
 
     def _sandboxed(self, running: PodProcess, pod: dict[str, Any], box: sandbox.Sandbox, argv: list[str],
                    env: dict[str, str], message_file: Path) -> list[str]:
-        """Run `argv` as the security context says (sandbox.py); the termination message file stays writable,
-        and a non-root user without a HOME of its own gets `/` (what a runtime gives a uid the image's passwd
-        does not know) instead of the kubelet's."""
+        """Run `argv` as the security context says (sandbox.py): the termination message file stays writable,
+        the image's accounts and HOME apply, and a non-root user the image does not know gets HOME=/ (as from
+        a runtime) instead of the kubelet's."""
+        container = pod["spec"]["containers"][0]
+        declared = {item["name"] for item in container.get("env") or []}
         box = dataclasses.replace(box, writable=(*box.writable, str(message_file)))
         try:
             os.chmod(message_file, 0o666)
-            sandbox.prepare_host(pod, pod["spec"]["containers"][0])
+            sandbox.prepare_host(pod, container)
+            accounts = self.credentials_dir.parent / "accounts" / running.uid
+            accounts.mkdir(parents=True, exist_ok=True)
+            box = sandbox.image_accounts(box, str(container.get("image", "")), accounts)
         except OSError as err:
             raise podenv.ConfigError(f"cannot prepare the container's volumes: {err}") from err
-        if box.uid != 0 and env.get("HOME") == os.environ.get("HOME"):
-            env["HOME"] = "/"
+        image_env = images.image_env(str(container.get("image", "")))
+        if "HOME" not in declared:
+            env["HOME"] = image_env.get("HOME") or ("/" if box.uid != 0 else env.get("HOME", "/root"))
         return sandbox.wrap(argv, box)
 
     async def _run(self, running: PodProcess) -> None:

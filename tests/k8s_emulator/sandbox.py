@@ -18,6 +18,7 @@ its user may not."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import stat
@@ -41,9 +42,11 @@ class Sandbox:
     groups: tuple[int, ...] = ()
     read_only_root: bool = False
     drop_all_capabilities: bool = False
+    added_capabilities: tuple[str, ...] = ()  # kept by a root process that drops ALL (e.g. IPC_LOCK for RDMA)
     no_new_privs: bool = False
     writable: tuple[str, ...] = ()  # mountPaths that stay writable under a read-only root
     read_only: tuple[str, ...] = ()  # volume mounts declared readOnly
+    overlays: tuple[tuple[str, str], ...] = ()  # (host file, path it is bind-mounted over), e.g. /etc/passwd
 
     @property
     def needed(self) -> bool:
@@ -96,10 +99,12 @@ def plan(pod: dict[str, Any], container: dict[str, Any], extra_writable: Iterabl
         groups.insert(0, int(pod_context["fsGroup"]))
     mounts = volume_mounts(pod, container)
     writable = [str(m["mountPath"]) for m, _ in mounts if not m.get("readOnly")]
-    dropped = [str(c).upper() for c in (context.get("capabilities") or {}).get("drop") or []]
+    capabilities = context.get("capabilities") or {}
+    dropped = [str(c).upper() for c in capabilities.get("drop") or []]
+    added = tuple(str(c).lower().removeprefix("cap_") for c in capabilities.get("add") or [])
     return Sandbox(uid=uid, gid=gid, groups=tuple(dict.fromkeys(groups)),
                    read_only_root=bool(context.get("readOnlyRootFilesystem")),
-                   drop_all_capabilities="ALL" in dropped,
+                   drop_all_capabilities="ALL" in dropped, added_capabilities=added,
                    no_new_privs=context.get("allowPrivilegeEscalation") is False,
                    writable=tuple(writable) + tuple(extra_writable),
                    read_only=tuple(str(m["mountPath"]) for m, _ in mounts if m.get("readOnly")))
@@ -112,6 +117,7 @@ def wrap(argv: list[str], box: Sandbox) -> list[str]:
     for path in box.read_only:
         quoted = shlex.quote(path)
         lines += [f"mount --bind {quoted} {quoted}", f"mount -o remount,bind,ro {quoted}"]
+    lines += [f"mount --bind {shlex.quote(host)} {shlex.quote(path)}" for host, path in box.overlays]
     if box.read_only_root:
         lines.append("mount -o remount,bind,ro /")
     priv = ["setpriv"]
@@ -122,12 +128,26 @@ def wrap(argv: list[str], box: Sandbox) -> list[str]:
         priv += [f"--inh-caps=-all,+{READ_ANYWHERE}", f"--ambient-caps=+{READ_ANYWHERE}",
                  f"--bounding-set=-all,+{READ_ANYWHERE}"]
     elif box.drop_all_capabilities:
-        priv += ["--inh-caps=-all", "--bounding-set=-all"]
+        priv += ["--inh-caps=-all", "--bounding-set=" + ",".join(["-all", *(f"+{c}" for c in box.added_capabilities)])]
     if box.no_new_privs:
         priv.append("--no-new-privs")
     lines.append(f'exec {" ".join(priv)} -- "$@"')
     return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", "\n".join(lines),
             "sandbox", *argv]
+
+
+def image_accounts(box: Sandbox, image: str, directory: Path) -> Sandbox:
+    """The image's own users and groups over the host's /etc/passwd and /etc/group (files in `directory`), so the
+    project image's uid 10001 has a name as in the image (kopf asks `getpass.getuser()`)."""
+    passwd, group = images.image_accounts(image)
+    if not passwd:
+        return box
+    overlays = []
+    for name, extra in (("passwd", passwd), ("group", group)):
+        path = directory / name
+        path.write_text(Path(f"/etc/{name}").read_text() + extra)
+        overlays.append((str(path), f"/etc/{name}"))
+    return dataclasses.replace(box, overlays=(*box.overlays, *overlays))
 
 
 def prepare_host(pod: dict[str, Any], container: dict[str, Any]) -> None:
