@@ -145,6 +145,10 @@ def test_the_hardened_context_plans_a_non_root_read_only_sandbox() -> None:
     assert script.index("mount --bind /tmp /tmp") < script.index("mount -o remount,bind,ro /\n")
     assert "setpriv --reuid=10001 --regid=10001 --groups=10001,44 --inh-caps=-all,+dac_read_search " \
            "--ambient-caps=+dac_read_search --bounding-set=-all,+dac_read_search --no-new-privs" in script
+    assert script.index("mount -o remount,bind,ro /data") < script.index("mount --bind /ckpt/job /ckpt/job")
+    nested = sandbox.Sandbox(uid=0, gid=0, writable=("/data/out",), read_only=("/data",))
+    nested_script = sandbox.wrap(["true"], nested)[7]
+    assert nested_script.index("mount --bind /data /data") < nested_script.index("mount --bind /data/out /data/out")
     root = sandbox.wrap(["true"], sandbox.plan(*secured({}, HARDENED_CONTAINER)))[7]
     assert "exec setpriv --inh-caps=-all --bounding-set=-all --no-new-privs -- " in root
     rdma = {**HARDENED_CONTAINER, "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}}

@@ -113,10 +113,13 @@ def plan(pod: dict[str, Any], container: dict[str, Any], extra_writable: Iterabl
 def wrap(argv: list[str], box: Sandbox) -> list[str]:
     """The argv that runs `argv` inside the sandbox (unshare + sh + setpriv, all exec'ing in turn)."""
     lines = ["set -e"]
-    lines += [f"mount --bind {shlex.quote(p)} {shlex.quote(p)}" for p in box.writable]
-    for path in box.read_only:
+    mounts = sorted([(p, False) for p in box.writable] + [(p, True) for p in box.read_only],
+                    key=lambda mount: len(Path(mount[0]).parts))  # a parent first, or it would hide its child
+    for path, read_only in mounts:
         quoted = shlex.quote(path)
-        lines += [f"mount --bind {quoted} {quoted}", f"mount -o remount,bind,ro {quoted}"]
+        lines.append(f"mount --bind {quoted} {quoted}")
+        if read_only:
+            lines.append(f"mount -o remount,bind,ro {quoted}")
     lines += [f"mount --bind {shlex.quote(host)} {shlex.quote(path)}" for host, path in box.overlays]
     if box.read_only_root:
         lines.append("mount -o remount,bind,ro /")
