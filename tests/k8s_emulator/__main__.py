@@ -1,8 +1,9 @@
 """`python -m tests.k8s_emulator up|down|status|fault|serve` — run the test cluster in the background for kubectl,
 the operator and people.
 
-  up     --kubeconfig PATH [--nodes N] [--no-etcd] [--port P] [--work-dir DIR] [--node-grace SECONDS]
-         (the API, the kubelet and a real etcd; --no-etcd leaves etcd out)
+  up     --kubeconfig PATH [--nodes N] [--no-etcd] [--port P] [--work-dir DIR] [--node-grace SECONDS] [--gpus N]
+         (the API, the kubelet and a real etcd; --no-etcd leaves etcd out; --gpus N: N fake GPUs per node,
+         tainted nvidia.com/gpu:NoSchedule)
   down   --kubeconfig PATH
   status --kubeconfig PATH
   fault  --kubeconfig PATH ACTION [key=value ...]   e.g. lose-node node=node-1, drop-watches, pause seconds=2
@@ -26,7 +27,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tests.k8s_emulator.nodes import NodeSetup
 from tests.k8s_emulator.runtime import ETCD_BINARY, EmulatedCluster, write_kubeconfig
+
+GPU = "nvidia.com/gpu"
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,8 +54,10 @@ def _alive(pid: int) -> bool:
 
 async def _serve(args: argparse.Namespace) -> None:
     kubeconfig = Path(args.kubeconfig).resolve()
+    gpu = NodeSetup(resources={GPU: str(args.gpus)}, taints=[{"key": GPU, "effect": "NoSchedule"}])
     cluster = EmulatedCluster(Path(args.work_dir), nodes=args.nodes, port=args.port, etcd=args.etcd,
-                              node_monitor_grace_seconds=args.node_grace)
+                              node_monitor_grace_seconds=args.node_grace,
+                              node_setup={f"node-{i}": gpu for i in range(1, args.nodes + 1)} if args.gpus else None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -88,7 +94,8 @@ def _up(args: argparse.Namespace) -> int:
     log_path = work_dir / "cluster.log"
     command = [sys.executable, "-m", "tests.k8s_emulator", "serve", "--kubeconfig", str(kubeconfig), "--nodes",
                str(args.nodes), "--port", str(args.port), "--work-dir", str(work_dir),
-               "--node-grace", str(args.node_grace), "--etcd" if args.etcd else "--no-etcd"] + (
+               "--node-grace", str(args.node_grace), "--gpus", str(args.gpus),
+               "--etcd" if args.etcd else "--no-etcd"] + (
                ["--owns-work-dir"] if owns else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     with open(log_path, "ab") as log:
@@ -171,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--work-dir", default=None, help="pod logs, etcd data, server log (default: a temp dir)")
         sub.add_argument("--node-grace", type=float, default=40.0,
                          help="seconds without a node heartbeat before the node turns Ready=Unknown")
+        sub.add_argument("--gpus", type=int, default=0,
+                         help=f"a fake {GPU} count on every node, which then carries the {GPU}:NoSchedule taint "
+                              "as GPU node pools do (default 0: CPU nodes, no taint)")
         if name == "serve":
             sub.add_argument("--owns-work-dir", action="store_true")
     for name in ("down", "status"):

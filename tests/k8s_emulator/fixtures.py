@@ -55,6 +55,10 @@ class KubeletHandle:
     def pid_of(self, namespace: str, name: str) -> int | None:
         return self._loop.call(self._kubelet.pid_of, namespace, name)
 
+    def set_resources(self, node: str, resources: dict[str, str]) -> None:
+        """Extended resources of a node, e.g. `{"nvidia.com/gpu": "8"}` (capacity and allocatable)."""
+        self._loop.run(self._kubelet.set_resources(node, resources))
+
     def oom_kill(self, namespace: str, name: str) -> bool:
         return self._loop.run(self._kubelet.oom_kill(namespace, name))
 

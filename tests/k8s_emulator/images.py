@@ -8,7 +8,8 @@ the two image failures a real kubelet does, so the operator's handling of them c
   `ImagePullBackOff` while it backs off, retried for as long as the pod lives.
 
 Every other image "pulls" at once. The project's own image (repository name `flywheel`, from any registry) has the
-ENTRYPOINT and CMD of the repository's Dockerfile, so a container with only `args` runs `flywheel <args>`.
+ENTRYPOINT and CMD of the repository's Dockerfile, so a container with only `args` runs `flywheel <args>`, and its
+USER (10001:10001); every other image runs as root (uid 0), as most public and NGC images do.
 """
 
 from __future__ import annotations
@@ -38,12 +39,36 @@ class Pull(str, Enum):
 ENTRYPOINTS: dict[str, tuple[list[str], list[str]]] = {"flywheel": (["flywheel"], ["--help"])}
 
 
+# The Dockerfile's USER (uid, gid), by the same name; any other image runs as root.
+USERS: dict[str, tuple[int, int]] = {"flywheel": (10001, 10001)}
+# The accounts the Dockerfile adds to /etc/passwd and /etc/group, and its ENV that the kubelet's environment lacks.
+ACCOUNTS: dict[str, tuple[str, str]] = {
+    "flywheel": ("flywheel:x:10001:10001::/home/flywheel:/usr/sbin/nologin\n", "flywheel:x:10001:\n")}
+IMAGE_ENV: dict[str, dict[str, str]] = {"flywheel": {"HOME": "/home/flywheel"}}
+
+
+def _repository_name(image: str) -> str:
+    return image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
+
+
 def entrypoint(image: str) -> tuple[list[str], list[str]] | None:
     """(ENTRYPOINT, CMD) of a known image, else None."""
-    repository = image.split("@", 1)[0]
-    last = repository.rsplit("/", 1)[-1].split(":", 1)[0]
-    known = ENTRYPOINTS.get(last)
+    known = ENTRYPOINTS.get(_repository_name(image))
     return (list(known[0]), list(known[1])) if known else None
+
+
+def image_user(image: str) -> tuple[int, int]:
+    """(uid, gid) the image runs as when the security context names no user."""
+    return USERS.get(_repository_name(image), (0, 0))
+
+
+def image_accounts(image: str) -> tuple[str, str]:
+    """(/etc/passwd lines, /etc/group lines) the image adds to the host's, e.g. for `getpass.getuser()`."""
+    return ACCOUNTS.get(_repository_name(image), ("", ""))
+
+
+def image_env(image: str) -> dict[str, str]:
+    return dict(IMAGE_ENV.get(_repository_name(image), {}))
 
 
 def _registry(image: str) -> str:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import functools
-import itertools
 import os
 import signal
 from dataclasses import dataclass, field
@@ -17,8 +17,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 from flywheel.local import procs
-from tests.k8s_emulator import images, podenv, termination
+from tests.k8s_emulator import images, nodes, podenv, sandbox, termination
 from tests.k8s_emulator.httpclient import ApiStatusError, KubeHttpClient, resource_path
+from tests.k8s_emulator.nodes import NodeSetup
+from tests.k8s_emulator.scheduler import PodScheduler
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KUBELET_VERSION = "v1.33.0-flywheel"
@@ -44,6 +46,7 @@ class PodProcess:
     terminating: bool = False
     oom_killed: bool = False
     last_terminated: dict[str, Any] | None = None
+    config_error: str = ""  # the last CreateContainerConfigError, so its event is posted once
     task: asyncio.Task[None] | None = None
     gone: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -65,8 +68,9 @@ class PodProcess:
 class ProcessKubelet:
     def __init__(self, api_url: str, node_names: list[str], log_dir: Path, heartbeat_seconds: float = 2.0,
                  node_status_seconds: float = 10.0, scheduler_names: set[str] | None = None,
-                 workdir: Path | None = None) -> None:
+                 workdir: Path | None = None, node_setup: dict[str, NodeSetup] | None = None) -> None:
         self.api = KubeHttpClient(api_url)
+        self.node_setup = {name: (node_setup or {}).get(name) or NodeSetup() for name in node_names}
         parsed = urlparse(api_url)
         self.api_host, self.api_port = parsed.hostname or "127.0.0.1", parsed.port or 80
         self.node_names = list(node_names)
@@ -77,10 +81,9 @@ class ProcessKubelet:
         self.heartbeat_seconds, self.node_status_seconds = heartbeat_seconds, node_status_seconds
         self.scheduler_names = scheduler_names  # None: schedule every pod, whatever its schedulerName
         self.lost: set[str] = set()
-        self.unscheduled: set[str] = set()  # pods no node could take (lost or cordoned): retried on heartbeats
         self.pods: dict[str, PodProcess] = {}  # by pod uid
         self._latest: dict[str, dict[str, Any]] = {}  # last seen pod object by uid
-        self._round_robin = itertools.cycle(self.node_names)
+        self.scheduler = PodScheduler(self.api, self.node_names, self.lost, self._event)
         self._tasks: list[asyncio.Task[None]] = []
 
     # ---- lifecycle -----------------------------------------------------------------------------------------
@@ -106,24 +109,8 @@ class ProcessKubelet:
         await self.api.close()
 
     # ---- nodes ---------------------------------------------------------------------------------------------
-    def _node_status(self, node: str) -> dict[str, Any]:
-        now = _now()
-        ok = [("MemoryPressure", "False", "KubeletHasSufficientMemory"),
-              ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
-              ("PIDPressure", "False", "KubeletHasSufficientPID"), ("Ready", "True", "KubeletReady")]
-        return {"conditions": [{"type": t, "status": s, "reason": r, "message": f"kubelet: {r}",
-                                "lastHeartbeatTime": now, "lastTransitionTime": now} for t, s, r in ok],
-                "addresses": [{"type": "InternalIP", "address": podenv.POD_IP}, {"type": "Hostname", "address": node}],
-                "capacity": {"cpu": str(os.cpu_count() or 1), "memory": "16Gi", "pods": "110"},
-                "allocatable": {"cpu": str(os.cpu_count() or 1), "memory": "16Gi", "pods": "110"},
-                "nodeInfo": {"kubeletVersion": KUBELET_VERSION, "kubeProxyVersion": "", "operatingSystem": "linux",
-                             "architecture": "amd64", "containerRuntimeVersion": "process://local",
-                             "kernelVersion": os.uname().release, "osImage": "process kubelet", "machineID": node,
-                             "systemUUID": node, "bootID": node}}
-
     async def _register(self, node: str) -> None:
-        body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {
-            "kubernetes.io/hostname": node, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}}}
+        body = nodes.node_object(node, self.node_setup[node])
         with contextlib.suppress(ApiStatusError):
             await self.api.request("POST", resource_path("nodes"), body)
         await self._post_node_status(node)
@@ -136,7 +123,7 @@ class ProcessKubelet:
 
     async def _post_node_status(self, node: str) -> None:
         await self.api.merge_patch(resource_path("nodes", name=node, subresource="status"),
-                                   {"status": self._node_status(node)})
+                                   {"status": nodes.node_status(node, self.node_setup[node], KUBELET_VERSION)})
 
     async def _renew_lease(self, node: str) -> None:
         await self.api.merge_patch(resource_path("leases", "kube-node-lease", node,
@@ -158,9 +145,15 @@ class ProcessKubelet:
                         await self._post_node_status(node)
             if post_status:
                 last_status = loop.time()
-            if self.unscheduled:  # e.g. a node was uncordoned: the scheduler retries pending pods
+            if self.scheduler.unscheduled:  # e.g. a node was uncordoned: the scheduler retries pending pods
                 with contextlib.suppress(ApiStatusError, OSError, asyncio.TimeoutError):
                     await self._resync()
+
+    async def set_resources(self, node: str, resources: dict[str, str]) -> None:
+        """Change the node's extended resources (e.g. a device plugin coming up with 8 GPUs) and report them."""
+        self.node_setup[node].resources.update(resources)
+        await self._post_node_status(node)
+        await self._resync()  # pods waiting for the resource get another chance
 
     async def lose_node(self, node: str) -> None:
         """The node dies: no more heartbeats or status, its processes freeze, its pods stay Terminating."""
@@ -192,7 +185,7 @@ class ProcessKubelet:
                         break
                     resource_version = obj["metadata"].get("resourceVersion", resource_version)
                     if event["type"] == "DELETED":
-                        self.unscheduled.discard(obj["metadata"]["uid"])
+                        self.scheduler.unscheduled.pop(obj["metadata"]["uid"], None)
                         self._pod_gone(obj["metadata"]["uid"])
                     elif event["type"] != "BOOKMARK":
                         await self._reconcile(obj)
@@ -211,22 +204,8 @@ class ProcessKubelet:
         for uid in list(self.pods):
             if uid not in seen:
                 self._pod_gone(uid)
-        self.unscheduled &= seen
+        self.scheduler.forget_all_but(seen)
         return listing["metadata"]["resourceVersion"]
-
-    async def _pick_node(self, pod: dict[str, Any]) -> str | None:
-        """Round robin over the nodes that are neither lost nor cordoned (`spec.unschedulable`)."""
-        nodes = await self.api.request("GET", resource_path("nodes"))
-        cordoned = {n["metadata"]["name"] for n in nodes["items"] if (n.get("spec") or {}).get("unschedulable")}
-        usable = [n for n in self.node_names if n not in self.lost and n not in cordoned]
-        wanted = ((pod.get("spec") or {}).get("nodeSelector") or {}).get("kubernetes.io/hostname")
-        if wanted:
-            return wanted if wanted in usable else None
-        for _ in self.node_names:
-            node = next(self._round_robin)
-            if node in usable:
-                return node
-        return None
 
     async def _reconcile(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod.get("spec") or {}
@@ -236,22 +215,7 @@ class ProcessKubelet:
             if meta.get("deletionTimestamp") or (self.scheduler_names is not None
                                                  and scheduler not in self.scheduler_names):
                 return
-            chosen = await self._pick_node(pod)
-            if chosen is None:
-                if uid not in self.unscheduled:  # as the scheduler reports it, once
-                    self.unscheduled.add(uid)
-                    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                 "lastTransitionTime": _now(),
-                                 "message": f"0/{len(self.node_names)} nodes are available (lost or cordoned)"}
-                    with contextlib.suppress(ApiStatusError, OSError, asyncio.TimeoutError):
-                        await self.api.merge_patch(resource_path("pods", meta["namespace"], meta["name"], "status"),
-                                                   {"status": {"phase": "Pending", "conditions": [condition]}})
-            else:
-                self.unscheduled.discard(uid)
-                await self.api.merge_patch(resource_path("pods", meta["namespace"], meta["name"]),
-                                           {"spec": {"nodeName": chosen}})
-                await self._event(pod, "Scheduled", f"Successfully assigned {meta['namespace']}/{meta['name']} "
-                                  f"to {chosen}", component="default-scheduler")
+            await self.scheduler.schedule(pod)
             return
         if node not in self.node_names:
             return
@@ -374,16 +338,22 @@ class ProcessKubelet:
         """Start the first container; return an exit code at once if it cannot start."""
         container = pod["spec"]["containers"][0]
         try:
+            box = sandbox.plan(pod, container)
             mounted = {}
             if await podenv.automounts_token(pod, self._fetch):
                 mounted = podenv.write_service_account(self.credentials_dir / running.uid, pod, self.api_url)
             env = await podenv.container_env(pod, container, self.api_host, self.api_port, self._fetch, mounted)
             argv = podenv.container_argv(container, env)
-            termination.mount(container, env, termination.host_file(self.log_dir, running.namespace, running.name,
-                                                                    running.uid))
+            message_file = termination.host_file(self.log_dir, running.namespace, running.name, running.uid)
+            termination.mount(container, env, message_file)
+            if box.needed:
+                argv = self._sandboxed(running, pod, box, argv, env, message_file)
         except podenv.ConfigError as err:
+            said, running.config_error = running.config_error, str(err)
             await self._report(running, "Pending", {"waiting": {"reason": "CreateContainerConfigError",
                                                                 "message": str(err)}}, False)
+            if said != str(err):  # the kubelet's Warning, once per distinct error
+                await self._event(pod, "Failed", f"Error: {err}", kind="Warning")
             return None
         log_path = self.log_dir / f"{running.namespace}_{running.name}_{running.uid}.log"
         with open(log_path, "ab") as log:
@@ -395,6 +365,27 @@ class ProcessKubelet:
                 log.write(f"process kubelet: cannot start {argv!r}: {err}\n".encode())
                 return 128
         return None
+
+    def _sandboxed(self, running: PodProcess, pod: dict[str, Any], box: sandbox.Sandbox, argv: list[str],
+                   env: dict[str, str], message_file: Path) -> list[str]:
+        """Run `argv` as the security context says (sandbox.py): the termination message file stays writable,
+        the image's accounts and HOME apply, and a non-root user the image does not know gets HOME=/ (as from
+        a runtime) instead of the kubelet's."""
+        container = pod["spec"]["containers"][0]
+        declared = {item["name"] for item in container.get("env") or []}
+        box = dataclasses.replace(box, writable=(*box.writable, str(message_file)))
+        try:
+            os.chmod(message_file, 0o666)
+            sandbox.prepare_host(pod, container)
+            accounts = self.credentials_dir.parent / "accounts" / running.uid
+            accounts.mkdir(parents=True, exist_ok=True)
+            box = sandbox.image_accounts(box, str(container.get("image", "")), accounts)
+        except OSError as err:
+            raise podenv.ConfigError(f"cannot prepare the container's volumes: {err}") from err
+        image_env = images.image_env(str(container.get("image", "")))
+        if "HOME" not in declared:
+            env["HOME"] = image_env.get("HOME") or ("/" if box.uid != 0 else env.get("HOME", "/root"))
+        return sandbox.wrap(argv, box)
 
     async def _run(self, running: PodProcess) -> None:
         running.started_at = running.started_at or _now()  # the kubelet took the pod (status.startTime)

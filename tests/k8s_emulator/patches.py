@@ -13,12 +13,13 @@ from typing import Any
 
 from tests.k8s_emulator.errors import StatusError
 
-# Field name -> merge key for lists that strategic merge merges by key (from the core/v1 Go struct tags).
+# Field name -> merge key for lists that strategic merge merges by key (from the core/v1 Go struct tags; a Node's
+# `taints` have none: kubectl taint sends the whole new list, which replaces the old one).
 MERGE_KEYS: dict[str, str] = {
     "containers": "name", "initContainers": "name", "ephemeralContainers": "name", "env": "name",
     "volumes": "name", "volumeMounts": "mountPath", "volumeDevices": "devicePath", "ports": "containerPort",
     "imagePullSecrets": "name", "conditions": "type", "ownerReferences": "uid", "hostAliases": "ip",
-    "containerStatuses": "name", "initContainerStatuses": "name", "podIPs": "ip", "taints": "key",
+    "containerStatuses": "name", "initContainerStatuses": "name", "podIPs": "ip",
     "addresses": "type", "resourceClaims": "name", "topologySpreadConstraints": "topologyKey",
 }
 # Lists of scalars that strategic merge unions instead of replacing.

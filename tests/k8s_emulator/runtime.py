@@ -22,6 +22,7 @@ from tests.k8s_emulator.apiserver import ApiServer
 from tests.k8s_emulator.controllers import ControlPlane
 from tests.k8s_emulator.deployments import DeploymentController
 from tests.k8s_emulator.kubelet import ProcessKubelet
+from tests.k8s_emulator.nodes import NodeSetup
 from tests.k8s_emulator.pod_hooks import DEFAULT_POD_HOOKS, PodHook
 from tests.k8s_emulator.resources import Registry
 from tests.k8s_emulator.store import Store
@@ -95,10 +96,12 @@ class EmulatedCluster:
                  node_monitor_grace_seconds: float = 40.0, heartbeat_seconds: float = 2.0,
                  history_size: int = 20000, bookmark_interval: float = 30.0, run_kubelet: bool = True,
                  pod_hooks: Sequence[PodHook] = DEFAULT_POD_HOOKS, pod_workdir: Path | None = None,
-                 accepted_tokens: Sequence[str] | None = None) -> None:
+                 accepted_tokens: Sequence[str] | None = None,
+                 node_setup: dict[str, NodeSetup] | None = None) -> None:
         """`pod_hooks` mutate each pod at creation (pod_hooks.py); `pod_workdir` is where the kubelet runs pod
         processes (default: the repository root, so `python -m flywheel...` and relative paths work);
-        `accepted_tokens`: check bearer tokens (apiserver.py's `accepted_tokens`; default: no authentication)."""
+        `accepted_tokens`: check bearer tokens (apiserver.py's `accepted_tokens`; default: no authentication);
+        `node_setup` gives nodes (by name: node-1 ...) labels, taints and extended resources."""
         self._owns_work_dir = work_dir is None
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="flywheel-cluster-"))
         self.port = port or free_port()
@@ -114,7 +117,7 @@ class EmulatedCluster:
         if run_kubelet:
             self.kubelet = ProcessKubelet(self.api_url, [f"node-{i}" for i in range(1, nodes + 1)], self.log_dir,
                                           heartbeat_seconds, node_status_seconds=max(heartbeat_seconds * 5, 5.0),
-                                          workdir=pod_workdir)
+                                          workdir=pod_workdir, node_setup=node_setup)
             self._register_kubelet_admin(self.kubelet)
         self.want_etcd = etcd
         self.etcd: EtcdProcess | None = None

@@ -54,7 +54,10 @@ class OperatorProcess:
     def start(self) -> None:
         argv = [sys.executable, "-m", "flywheel.cli", "operator", "--kubeconfig", str(self.cluster.kubeconfig),
                 "--etcd-endpoints", str(self.cluster.etcd_url),
-                *(["--events-dir", str(self.events_dir)] if self.events_dir is not None else []),
+                # The workers write the event log on the claim mounted there, as the chart sets it up (the test
+                # kubelet enforces the read-only root: an undeclared path is not writable).
+                *(["--events-dir", str(self.events_dir), "--events-claim", "flywheel-events"]
+                  if self.events_dir is not None else []),
                 "--metrics-port-base", "0", "--worker-env", "OMP_NUM_THREADS=1",
                 "--operator-metrics-port", str(self.metrics_port), *self.monitor_args, *self.extra_args]
         with open(self.log_path, "a") as log:
