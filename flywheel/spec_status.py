@@ -92,12 +92,28 @@ class TrainingJobStatus(_Model):
     startup_failure: StartupFailureStatus = Field(default_factory=StartupFailureStatus)
     # The flywheel.dev/restart-requested-at value already acted on, so each request restarts the job once.
     restart_request_handled: str = ""
+    # The worker generation (pods' flywheel.dev/generation label): bumped by every decided restart. `restarts` also
+    # counts the ranks the agents restarted in place, which keep their pods (policy/rank_restarts.py).
+    worker_generation: int | None = None  # None (no default in the CRD): a status written before it existed
+    # Rank restarts in place already counted in `restarts`, per worker pod uid (current pods only).
+    rank_restarts: dict[str, int] = Field(default_factory=dict)
     observed_generation: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The status as written to Kubernetes: only the fields that were read or set (an unset field keeps the
         server's value under a merge patch), no nulls (a null in a merge patch deletes the field)."""
         return self.model_dump(by_alias=True, exclude_unset=True, exclude_none=True, mode="json")
+
+    @property
+    def generation(self) -> int:
+        """The current worker generation. A status written before `workerGeneration` existed counted only decided
+        restarts, so its `restarts` is the generation."""
+        return self.restarts if self.worker_generation is None else self.worker_generation
+
+    def begin_generation(self, generation: int) -> None:
+        """A decided restart: a new worker generation, one more restart."""
+        self.restarts += 1
+        self.worker_generation = generation
 
     @property
     def has_restart_budget(self) -> bool:
