@@ -97,6 +97,8 @@ class TrainingJobStatus(_Model):
     worker_generation: int | None = None  # None (no default in the CRD): a status written before it existed
     # Rank restarts in place already counted in `restarts`, per worker pod uid (current pods only).
     rank_restarts: dict[str, int] = Field(default_factory=dict)
+    # When the last counted recovery began: reports of one recovery (a crashed rank and its peers) count once.
+    last_restart_time: str | None = None
     observed_generation: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -109,11 +111,6 @@ class TrainingJobStatus(_Model):
         """The current worker generation. A status written before `workerGeneration` existed counted only decided
         restarts, so its `restarts` is the generation."""
         return self.restarts if self.worker_generation is None else self.worker_generation
-
-    def begin_generation(self, generation: int) -> None:
-        """A decided restart: a new worker generation, one more restart."""
-        self.restarts += 1
-        self.worker_generation = generation
 
     @property
     def has_restart_budget(self) -> bool:

@@ -43,6 +43,7 @@ class LiveWorker:
     exited: bool = False  # the agent ended by itself (its pod's status tells how); the key expires after the TTL
     rank_restarts: int = 0  # times this agent restarted its crashed ranks in place (its pod did not fail)
     rank_restart_reason: str = ""  # why it last did: the failed rank and its exit code or signal
+    rank_restart_at: float = 0.0  # unix time it last did
 
 
 class WorkerRegistration:
@@ -58,6 +59,7 @@ class WorkerRegistration:
         self._since = 0.0  # when the key was last (re)registered
         self._rank_restarts = 0
         self._rank_restart_reason = ""
+        self._rank_restart_at = 0.0
 
     def start(self) -> "WorkerRegistration":
         self._lease = self.session.start_lease(self.ttl, on_new_lease=self._put)
@@ -76,13 +78,15 @@ class WorkerRegistration:
         if self._rank_restarts:
             info["rankRestarts"] = self._rank_restarts
             info["rankRestartReason"] = self._rank_restart_reason
+            info["rankRestartAt"] = self._rank_restart_at
         await self.session.call_async(lambda c: c.put(self.key, json.dumps(info).encode(), lease=lease_id))
 
-    def report_rank_restart(self, count: int, reason: str) -> None:
-        """The agent restarted its crashed ranks in place (`count` times so far, the last because of `reason`): the
-        key says so at once (same lease, same `since`), so the operator counts it in `status.restarts`. Best effort:
-        etcd unreachable leaves the count to the next successful write (a re-registration carries it too)."""
-        self._rank_restarts, self._rank_restart_reason = count, reason
+    def report_rank_restart(self, count: int, reason: str, at: float) -> None:
+        """The agent restarted its crashed ranks in place (`count` times so far, the last at unix time `at` because
+        of `reason`): the key says so at once (same lease, same `since`), so the operator counts it in
+        `status.restarts`. Best effort: etcd unreachable leaves the count to the next successful write (a
+        re-registration carries it too)."""
+        self._rank_restarts, self._rank_restart_reason, self._rank_restart_at = count, reason, at
         lease = self._lease
         if lease is None:
             return
@@ -124,7 +128,15 @@ def _parse_worker(key: bytes, value: bytes, lease_id: int) -> LiveWorker:
         exited=bool(info.get("exited", False)),
         rank_restarts=_non_negative_int(info.get("rankRestarts", 0)),
         rank_restart_reason=str(info.get("rankRestartReason", "")),
+        rank_restart_at=_float(info.get("rankRestartAt", 0.0)),
     )
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def _non_negative_int(value: Any) -> int:

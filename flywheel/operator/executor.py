@@ -175,7 +175,8 @@ class JobRunner:
         key = self.live.get(str(view.index)) if self.live is not None else None
         if key is None or key.since < created - 1.0:
             return {}
-        return {"rank_restarts": key.rank_restarts, "rank_restart_reason": key.rank_restart_reason}
+        return {"rank_restarts": key.rank_restarts, "rank_restart_reason": key.rank_restart_reason,
+                "rank_restart_at": key.rank_restart_at}
 
     async def _observe(self, status_in: TrainingJobStatus) -> tuple[list[PodView], ObservedProgress]:
         pods = await self.kube.list(Kube.core(self.namespace, "pods"), f"{m.JOB_LABEL}={self.name}")

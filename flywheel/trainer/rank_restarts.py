@@ -10,12 +10,13 @@ restarts from the event log's `start` records instead (eventlog/fold.py)."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 
 from flywheel.trainer import termination_log
 
-# (restarts so far, the last one's reason)
-Reporter = Callable[[int, str], None]
+# (restarts so far, the last one's reason, its unix time)
+Reporter = Callable[[int, str, float], None]
 _reporters: list[Reporter] = []
 log = logging.getLogger(__name__)
 
@@ -30,10 +31,12 @@ def remove_reporter(reporter: Reporter) -> None:
 
 
 def report(count: int, reason: str) -> None:
-    """Tell every reporter the agent restarted its ranks in place (`count` times so far, the last for `reason`)."""
+    """Tell every reporter the agent restarts its ranks in place now (`count` times so far, this one for
+    `reason`)."""
+    at = time.time()
     for reporter in list(_reporters):
         try:
-            reporter(count, reason)
+            reporter(count, reason, at)
         except Exception as err:  # noqa: BLE001 - a report never stops the agent's restart
             log.warning("rank restart reporter failed: %s", err)
 

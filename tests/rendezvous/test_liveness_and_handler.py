@@ -78,9 +78,10 @@ def test_a_rank_restart_report_is_in_the_liveness_value_and_keeps_the_registrati
         try:
             registered = list_live_workers(session, "job-r")["0"]
             assert registered.rank_restarts == 0 and registered.rank_restart_reason == ""
-            registration.report_rank_restart(2, "rank 1: killed by SIGKILL")
+            registration.report_rank_restart(2, "rank 1: killed by SIGKILL", 1_800_000_000.5)
             reported = list_live_workers(session, "job-r")["0"]
             assert (reported.rank_restarts, reported.rank_restart_reason) == (2, "rank 1: killed by SIGKILL")
+            assert reported.rank_restart_at == 1_800_000_000.5
             # The same agent: the operator must still tell it from a predecessor by its registration time.
             assert reported.since == registered.since and reported.lease_id == registered.lease_id
             registration.close()
@@ -168,4 +169,4 @@ def test_the_agent_reports_each_rank_restart_in_place_in_its_liveness_key(etcd_s
     assert proc.returncode == 0, proc.stderr[-2000:]
     worker = list_live_workers(etcd_server.endpoint, "rank-restart")["0"]
     assert worker.exited and worker.rank_restarts == 1
-    assert worker.rank_restart_reason == "rank 1: killed by SIGKILL"
+    assert worker.rank_restart_reason == "rank 1: killed by SIGKILL" and time.time() - worker.rank_restart_at < 60

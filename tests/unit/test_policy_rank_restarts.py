@@ -9,7 +9,7 @@ from flywheel.policy import reasons as R
 from flywheel.policy.decisions import CreatePod, DeletePod, Relabel
 from flywheel.policy.failure_decision import decide_failure
 from flywheel.policy.observed import ObservedProgress
-from flywheel.policy.rank_restarts import count_rank_restarts
+from flywheel.policy.rank_restarts import SAME_RECOVERY_SECONDS, count_rank_restarts
 from flywheel.policy.reconcile import reconcile
 from flywheel.spec_status import Phase, TrainingJobStatus
 from tests.unit.policy_helpers import NOW, fresh, pod, spec, view
@@ -91,3 +91,42 @@ def test_a_status_written_before_worker_generation_reads_restarts_as_the_generat
     assert old.generation == 2
     count_rank_restarts(old, [pod(0, generation=2, rank_restarts=1)], 2)
     assert old.restarts == 3 and old.generation == 2  # pinned before restarts moved away from it
+
+
+def test_the_peers_rank_restarts_of_one_recovery_count_once() -> None:
+    """Rank 1 is killed; rank 0's collective fails with it a moment later and its agent restarts it too."""
+    status = _running()
+    killed = pod(1, rank_restarts=1, rank_restart_at=NOW, rank_restart_reason="rank 1: killed by SIGKILL")
+    count_rank_restarts(status, [pod(0), killed], 0)
+    peer = pod(0, rank_restarts=1, rank_restart_at=NOW + 0.1, rank_restart_reason="rank 0: exit code 5")
+    events = count_rank_restarts(status, [peer, killed], 0)
+    assert status.restarts == 1 and not events and status.rank_restarts == {"u0-0": 1, "u1-0": 1}
+    both_at_once = _running()  # the same, seen in one pass
+    assert len(count_rank_restarts(both_at_once, [peer, killed], 0)) == 1 and both_at_once.restarts == 1
+
+
+def test_a_rank_restart_after_the_window_is_a_new_recovery() -> None:
+    status = _running()
+    count_rank_restarts(status, [pod(0), pod(1, rank_restarts=1, rank_restart_at=NOW)], 0)
+    later = NOW + SAME_RECOVERY_SECONDS + 1
+    count_rank_restarts(status, [pod(0, rank_restarts=1, rank_restart_at=later), pod(1, rank_restarts=1)], 0)
+    assert status.restarts == 2
+
+
+def test_a_survivor_s_rank_restart_after_a_decided_pod_replacement_is_the_same_recovery() -> None:
+    s = spec()
+    first = reconcile(s, None, _running(), [pod(0), pod(1)], ObservedProgress(), NOW)
+    deleted = reconcile(s, None, first.status, [pod(0), pod(1, deleting_since=NOW)], ObservedProgress(), NOW + 1)
+    assert deleted.status.restarts == 1 and deleted.status.last_restart_reason == R.RESTART_POD_DELETED
+    survivor = pod(0, generation=1, rank_restarts=1, rank_restart_at=NOW + 3)
+    out = reconcile(s, None, deleted.status, [survivor, pod(1, deleting_since=NOW)], ObservedProgress(), NOW + 4)
+    assert out.status.restarts == 1 and out.status.last_restart_reason == R.RESTART_POD_DELETED
+
+
+def test_a_decided_restart_right_after_a_counted_rank_restart_renames_it_instead_of_counting_again() -> None:
+    status = _running()
+    count_rank_restarts(status, [pod(0, rank_restarts=1, rank_restart_at=NOW), pod(1)], 0)
+    out = decide_failure(fresh(**status.model_dump()), view(spec(), [pod(0), pod(1, "Failed", exit_code=1)],
+                                                            now=NOW + 2))
+    assert out is not None and out.status.restarts == 1 and out.status.generation == 1
+    assert out.status.last_restart_reason == "Crash"
