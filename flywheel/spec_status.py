@@ -90,7 +90,8 @@ class TrainingJobStatus(_Model):
     eval_loss: float | None = Field(None, description="The latest evaluation's mean validation loss "
                                     "(training.evalEverySteps).")
     eval_step: int = Field(0, description="The step the latest evaluation followed (0: none yet).")
-    restarts: int = Field(0, description="Restarts since the job was created.")
+    restarts: int = Field(0, description="Recoveries since the job was created: decided restarts, replaced pods "
+                          "and ranks restarted in place by a worker's agent.")
     last_restart_reason: str = Field("", description="Why the job last restarted.")
     last_checkpoint: CheckpointStatus = Field(default_factory=CheckpointStatus,
                                               description="The last committed checkpoint.")
@@ -103,12 +104,25 @@ class TrainingJobStatus(_Model):
                                                   "twice in a row fails the job.")
     restart_request_handled: str = Field("", description="The flywheel.dev/restart-requested-at annotation value "
                                          "already acted on, so each request restarts the job once.")
+    worker_generation: int | None = Field(None, description="The worker generation (the pods' flywheel.dev/"
+                                          "generation label), bumped by every decided restart; absent in a status "
+                                          "written before it existed (then `restarts` is the generation).")
+    rank_restarts: dict[str, int] = Field(default_factory=dict, description="Rank restarts in place already "
+                                          "counted in `restarts`, per worker pod uid (current pods only).")
+    last_restart_time: str | None = Field(None, description="When the last counted recovery began: reports of one "
+                                          "recovery (a crashed rank and its peers) count once.")
     observed_generation: int = Field(0, description="The metadata.generation of the spec this status is about.")
 
     def to_json(self) -> dict[str, Any]:
         """The status as written to Kubernetes: only the fields that were read or set (an unset field keeps the
         server's value under a merge patch), no nulls (a null in a merge patch deletes the field)."""
         return self.model_dump(by_alias=True, exclude_unset=True, exclude_none=True, mode="json")
+
+    @property
+    def generation(self) -> int:
+        """The current worker generation. A status written before `workerGeneration` existed counted only decided
+        restarts, so its `restarts` is the generation."""
+        return self.restarts if self.worker_generation is None else self.worker_generation
 
     @property
     def has_restart_budget(self) -> bool:

@@ -41,7 +41,9 @@ class LiveWorker:
     since: float  # unix time the key was (re)written
     lease_id: int
     exited: bool = False  # the agent ended by itself (its pod's status tells how); the key expires after the TTL
-
+    rank_restarts: int = 0  # times this agent restarted its crashed ranks in place (its pod did not fail)
+    rank_restart_reason: str = ""  # why it last did: the failed rank and its exit code or signal
+    rank_restart_at: float = 0.0  # unix time it last did
 
 
 class WorkerRegistration:
@@ -55,21 +57,45 @@ class WorkerRegistration:
         self.ttl = ttl
         self._lease: KeptLease | None = None
         self._since = 0.0  # when the key was last (re)registered
+        self._rank_restarts = 0
+        self._rank_restart_reason = ""
+        self._rank_restart_at = 0.0
 
     def start(self) -> "WorkerRegistration":
         self._lease = self.session.start_lease(self.ttl, on_new_lease=self._put)
         return self
 
-    async def _put(self, lease_id: int, exited: bool = False) -> None:
+    async def _put(self, lease_id: int, exited: bool = False, keep_since: bool = False) -> None:
         # The exited marker keeps the registration time: the operator tells a replacement pod's key from its
         # predecessor's by `since`, and a marker written as the old agent ends (after the replacement was created)
         # must still read as the predecessor's.
-        if not exited:
+        if not (exited or keep_since):
             self._since = time.time()
-        info = {"replica": self.replica_id, "host": socket.gethostname(), "pid": os.getpid(), "since": self._since}
+        info: dict[str, Any] = {"replica": self.replica_id, "host": socket.gethostname(), "pid": os.getpid(),
+                                "since": self._since}
         if exited:
             info["exited"] = True
+        if self._rank_restarts:
+            info["rankRestarts"] = self._rank_restarts
+            info["rankRestartReason"] = self._rank_restart_reason
+            info["rankRestartAt"] = self._rank_restart_at
         await self.session.call_async(lambda c: c.put(self.key, json.dumps(info).encode(), lease=lease_id))
+
+    def report_rank_restart(self, count: int, reason: str, at: float) -> None:
+        """The agent restarted its crashed ranks in place (`count` times so far, the last at unix time `at` because
+        of `reason`): the key says so at once (same lease, same `since`), so the operator counts it in
+        `status.restarts`. Best effort: etcd unreachable leaves the count to the next successful write (a
+        re-registration carries it too)."""
+        self._rank_restarts, self._rank_restart_reason, self._rank_restart_at = count, reason, at
+        lease = self._lease
+        if lease is None:
+            return
+        try:
+            timeout = self.session.rpc_timeout
+            self.session.run(asyncio.wait_for(self._put(lease.lease_id, keep_since=True), timeout),
+                             timeout=timeout + 1)
+        except Exception as exc:  # noqa: BLE001 - never fail the agent's restart over a report
+            log.warning("reporting the rank restart in %s failed: %s", self.key, exc)
 
     def close(self) -> None:
         """The agent is ending by itself: mark the key `exited` and let its lease run out. Its pod's own status says
@@ -100,7 +126,24 @@ def _parse_worker(key: bytes, value: bytes, lease_id: int) -> LiveWorker:
         since=float(info.get("since", 0.0)),
         lease_id=lease_id,
         exited=bool(info.get("exited", False)),
+        rank_restarts=_non_negative_int(info.get("rankRestarts", 0)),
+        rank_restart_reason=str(info.get("rankRestartReason", "")),
+        rank_restart_at=_float(info.get("rankRestartAt", 0.0)),
     )
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _non_negative_int(value: Any) -> int:
+    try:
+        return max(int(value), 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _workers_from(kvs: Iterable[Any]) -> dict[str, LiveWorker]:

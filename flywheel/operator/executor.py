@@ -175,6 +175,15 @@ class JobRunner:
         self.dead_by_lease.add(view.uid)
         return True
 
+    def _rank_restarts(self, view: PodView, created: float) -> dict[str, Any]:
+        """What this pod's agent reported of its rank restarts in place (policy/rank_restarts.py): from its own key
+        only, not a predecessor's of the same name."""
+        key = self.live.get(str(view.index)) if self.live is not None else None
+        if key is None or key.since < created - 1.0:
+            return {}
+        return {"rank_restarts": key.rank_restarts, "rank_restart_reason": key.rank_restart_reason,
+                "rank_restart_at": key.rank_restart_at}
+
     async def _observe(self, status_in: TrainingJobStatus) -> tuple[list[PodView], ObservedProgress]:
         now = time.time()
         pods = self.own.pods(await self.reads.pods(self.namespace, self.name), now)
@@ -185,7 +194,8 @@ class JobRunner:
             view = m.pod_view(obj, lost)
             if view is not None:
                 created = parse_rfc3339(obj["metadata"].get("creationTimestamp")) or 0.0
-                views.append(PodView(**{**asdict(view), "liveness_lost": self._liveness_lost(view, created, now)}))
+                views.append(PodView(**{**asdict(view), "liveness_lost": self._liveness_lost(view, created, now),
+                                        **self._rank_restarts(view, created)}))
         alive = {v.uid for v in views}
         self.seen_live = {k: v for k, v in self.seen_live.items() if k in alive}
         self.dead_by_lease &= alive
@@ -212,7 +222,7 @@ class JobRunner:
         status_in.selector = f"{m.JOB_LABEL}={self.name}"
         annotations = obj["metadata"].get("annotations") or {}
         findings = self.findings.snapshot()
-        gone = vanished_pods(self.seen_pods, views, self.deleted_pods, status_in.restarts, time.time())
+        gone = vanished_pods(self.seen_pods, views, self.deleted_pods, status_in.generation, time.time())
         result = reconcile(job.spec if job else None, invalid, status_in, views + gone, progress, time.time(),
                            int(obj["metadata"].get("generation", 0)), annotations.get(RESTART_ANNOTATION), findings)
         written = result.status.to_json()
@@ -225,7 +235,7 @@ class JobRunner:
             await self._start_liveness(job)
             await self._ensure_service(obj, job)
         if self.metrics is not None:
-            self._record_metrics(written, status_in.restarts, views, progress)
+            self._record_metrics(written, status_in, views, progress)
         await self._act(obj, job, result)
         for ev in result.events:
             await self._event(obj, ev.type, ev.reason, ev.message)
@@ -236,11 +246,11 @@ class JobRunner:
         pass reading it restarts the job (FailureKind.HANG); one report per generation."""
         if status.phase in (Phase.SUCCEEDED, Phase.FAILED, Phase.SUSPENDED):
             return
-        hang = self.progress.hang(job.spec, views, status.restarts, time.time())
-        if hang is not None and self.hang_reported != status.restarts:
-            self.hang_reported = status.restarts
+        hang = self.progress.hang(job.spec, views, status.generation, time.time())
+        if hang is not None and self.hang_reported != status.generation:
+            self.hang_reported = status.generation
             self.logger.warning(f"job is hung: {hang.message}")
-            self.findings.report_hang(hang.message, status.restarts)
+            self.findings.report_hang(hang.message, status.generation)
             if self.metrics is not None:
                 self.metrics.time_to_detect_seconds.labels("Hang").observe(hang.idle_seconds)
 
@@ -276,18 +286,19 @@ class JobRunner:
         except KubeApiError as err:
             self.logger.warning(f"could not post event {R.CHECKPOINT_COMMITTED}: {err}")
 
-    def _record_metrics(self, status: dict[str, Any], previous_restarts: int, views: list[PodView],
+    def _record_metrics(self, status: dict[str, Any], previous: TrainingJobStatus, views: list[PodView],
                         progress: ObservedProgress) -> None:
         """Metrics of a written status: phase, restarts, goodput; time to detect a pod failure (its container's end
         -> the restart decision; a hang's is the monitor's); time to recover (the last step before a restart -> the
         first step after it, from the event log; only recoveries seen by this operator process)."""
         assert self.metrics is not None
+        previous_restarts = previous.restarts
         self.metrics.observe_job(self.namespace, self.name, status, previous_restarts)
         reason = str(status.get("lastRestartReason", ""))
         now = time.time()
         if int(status.get("restarts", 0)) > previous_restarts:
             self.recovering_reason = reason
-            ended = [v.finished_at for v in views if v.finished_at is not None and v.generation == previous_restarts]
+            ended = [v.finished_at for v in views if v.finished_at is not None and v.generation == previous.generation]
             if ended and reason != R.RESTART_HUNG:
                 self.metrics.time_to_detect_seconds.labels(reason).observe(max(0.0, now - min(ended)))
         for at, seconds in progress.recoveries:

@@ -133,7 +133,9 @@ class KubeJobInventory:
                 continue  # marked Invalid by the reconcile pass; nothing runs
             meta, status = obj["metadata"], obj.get("status") or {}
             key = (meta["namespace"], meta["name"])
-            restarts[key], dirs[key] = int(status.get("restarts", 0)), spec.checkpoint.dir
+            # The worker generation a finding is about (before workerGeneration existed, restarts was it).
+            restarts[key] = int(status.get("workerGeneration", status.get("restarts", 0)))
+            dirs[key] = spec.checkpoint.dir
             pods = sorted(by_owner.get(meta["uid"], []), key=lambda p: (len(p.replica), p.replica))
             ft = spec.fault_tolerance
             out.append(WatchedJob(key[0], key[1], str(status.get("phase", "Pending")), ft.progress_timeout_seconds,

@@ -1,8 +1,8 @@
 """Failures of the current generation (pure): a failed pod, a hang the health monitor found, or a user's restart
 request -> the restart decision (policy/restart.py), recorded in the status with the pods to replace.
 
-`status.restarts` is also the worker generation: deciding bumps it in the status write, so a pass repeated after a
-crash sees the pods as an older generation and only cleans up (see policy/reconcile.py)."""
+Deciding bumps the worker generation (`status.workerGeneration`) and `status.restarts` in the status write, so a
+pass repeated after a crash sees the pods as an older generation and only cleans up (see policy/reconcile.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from flywheel.policy.failures import FailureKind
 from flywheel.policy.finish import finish
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import PodView
+from flywheel.policy.rank_restarts import begin_generation
 from flywheel.policy.restart import Action, Decision, Recovery, RestartBudget, decide_restart, recovery
 from flywheel.policy.startup_failure import StartupFailures, after_failure
 from flywheel.spec_status import ConditionType, Phase, RestartBudgetStatus, StartupFailureStatus, TrainingJobStatus
@@ -72,7 +73,7 @@ def requested_restart(out: Pass, job: JobView) -> Pass | None:
         return None
     message = R.MSG_RESTART_REQUESTED.format(at=at)
     status.restart_request_handled = at
-    status.restarts = job.generation + 1
+    begin_generation(status, job.generation + 1, job.now, merge=False)
     status.last_restart_reason = R.RESTART_REQUESTED
     set_phase(status, Phase.RESTARTING, R.RESTART_REQUESTED, message, job.now)  # also serves a pending hang
     out.events.append(Event("Normal", R.RESTART_REQUESTED, message))
@@ -122,7 +123,7 @@ def _restart(out: Pass, job: JobView, decision: Decision, detail: str, failed: l
     action, note = decision.action, decision.message
     if whole and action is not Action.RESTART_JOB:
         action, note = Action.RESTART_JOB, R.MSG_HANG_RESTART_ALL.format(reason=decision.reason)
-    status.restarts = job.generation + 1
+    begin_generation(status, job.generation + 1, now)
     status.last_restart_reason = restart_reason(decision.reason, failed[0] if failed else None)
     if hang is not None:
         set_condition(status, ConditionType.HUNG, False, R.HANG_RESTARTED, R.MSG_HANG_RESTARTED.format(finding=hang),

@@ -30,7 +30,8 @@ def failure_of(pod: PodView, now: float, start_grace: float) -> FailureKind | No
 
 @dataclass(frozen=True)
 class JobView:
-    """`generation` is `status.restarts` at the start of the pass: the generation the current pods belong to."""
+    """`generation` is `status.generation` (workerGeneration) at the start of the pass: the generation the current
+    pods belong to."""
 
     spec: TrainingJobSpec
     pods: list[PodView]

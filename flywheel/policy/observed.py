@@ -31,6 +31,9 @@ class PodView:
     waiting_since: float | None = None  # its container is waiting (not started yet) since then
     disruption: str | None = None  # reason of a True DisruptionTarget condition (preempted, evicted)
     deleted_for: str | None = None  # why Flywheel's health monitor deleted it (annotation flywheel.dev/deleted-for)
+    rank_restarts: int = 0  # times its agent restarted crashed ranks in place (its etcd liveness key says)
+    rank_restart_reason: str = ""  # the last of those restarts' reason
+    rank_restart_at: float = 0.0  # and its unix time (0: not reported)
 
     @property
     def active(self) -> bool:

@@ -41,6 +41,8 @@ MSG_STARTUP_FAILURE = ("{reason}: the same failure before the first step on {att
 RESTART_POD_DELETED = "PodDeleted"  # a worker pod deleted by someone else, replaced
 RESTART_HUNG = "Hung"  # no step progress (the health monitor, or the worker's own watchdog)
 RESTART_XID = "XID"  # the health monitor deleted the pod for a GPU XID (pod annotation flywheel.dev/deleted-for)
+RESTART_RANK = "RankRestarted"  # a worker's elastic agent restarted its crashed ranks in place (its pod kept running)
+MSG_RANK_RESTARTED = "worker {pod} restarted its ranks in place ({count} time(s) so far): {reason}"
 # policy/vanished.py: a pod gone before any pass saw it Terminating.
 MSG_POD_VANISHED = "deleted without a grace period (e.g. kubectl delete pod --grace-period=0 --force)"
 

@@ -5,9 +5,11 @@ The Kubernetes executor (`flywheel/operator/`) observes, calls `reconcile`, writ
 a resourceVersion precondition) and carries the actions out only when that write succeeded. Everything the operator
 must remember across its own restarts is in the status it writes, so a killed operator resumes where it stopped:
 
-- `status.restarts` is also the worker *generation*: every pod carries the generation it was created for (label
+- `status.workerGeneration` is the worker *generation*: every pod carries the generation it was created for (label
   `flywheel.dev/generation`). A failure is decided only for pods of the current generation; deciding bumps the
-  generation in the status write, so a pass repeated after a crash sees an older generation and only cleans up.
+  generation (and `restarts`) in the status write, so a pass repeated after a crash sees an older generation and
+  only cleans up. `restarts` also counts the ranks the agents restarted in place (policy/rank_restarts.py), which
+  leave the generation as it is.
 - With `restartScope: job` every pod of an older generation is deleted and recreated; with `worker` (and when an
   elastic job shrinks) only the failed ones are, and the survivors are relabelled to the new generation (they keep
   running; the elastic agent re-rendezvouses with the newcomer). An operator killed between the status write and
@@ -30,6 +32,7 @@ from flywheel.policy.finish import invalid_job, success
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import HealthFindings, ObservedProgress, PodView
 from flywheel.policy.pending_timeout import pending_timeout
+from flywheel.policy.rank_restarts import count_rank_restarts
 from flywheel.policy.running_state import settle
 from flywheel.policy.scale_create import clean_up, create_missing
 from flywheel.policy.suspend_resume import resume, suspend
@@ -51,8 +54,9 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: Trai
     out = _begin(status_in, generation, now)
     if spec is None:
         return invalid_job(out, pods, invalid, now)
-    job = JobView(spec, pods, progress, now, out.status.restarts, restart_requested_at, findings)
+    job = JobView(spec, pods, progress, now, out.status.generation, restart_requested_at, findings)
     _observe(out.status, job)
+    out.events += count_rank_restarts(out.status, pods, job.generation)
     if out.status.phase in TERMINAL:
         return after_finish(out, job)
     clean_up(out, job)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from flywheel import exitcodes
-from flywheel.trainer import termination_log, warm
+from flywheel.trainer import rank_restarts, termination_log, warm
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import RunResult
@@ -209,7 +209,11 @@ def _build_agent_class() -> type:
         """LocalElasticAgent that does not restart ranks after a permanent user error, and that gives ranks a short
         grace when it stops them after a failure (a peer already failed, so no emergency checkpoint can be taken; a
         SIGSTOPped rank would otherwise hold the restart for torch's 30 s default). A SIGTERM to the agent itself
-        (preemption, Ctrl-C) still gives ranks the long grace of `_shutdown` for their emergency checkpoint."""
+        (preemption, Ctrl-C) still gives ranks the long grace of `_shutdown` for their emergency checkpoint.
+        Each restart of its ranks after a failure is reported (rank_restarts.py), so the operator counts it."""
+
+        rank_restarts_done = 0
+        last_failures: dict[int, tuple[int, float]] = {}
 
         def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
             started: dict[int, Any] = super()._start_workers(worker_group)
@@ -234,11 +238,25 @@ def _build_agent_class() -> type:
 
         def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
             result: RunResult = super()._monitor_workers(worker_group)
+            if result.is_failed():
+                self.last_failures = {r: (f.exitcode, float(f.timestamp)) for r, f in result.failures.items()}
             if result.is_failed() and any(f.exitcode == exitcodes.USER_ERROR for f in result.failures.values()):
                 logging.getLogger(__name__).error("a rank exited USER_ERROR (%d): not restarting",
                                                   exitcodes.USER_ERROR)
                 torch_compat.forbid_agent_restarts(self)
             return result
+
+        def _restart_workers(self, worker_group: WorkerGroup) -> None:
+            # torch restarts the ranks after a failure (state FAILED/UNHEALTHY) or for a membership change
+            # (HEALTHY: another worker joined or restarted); only the first is an interruption of this worker.
+            if worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+                self.rank_restarts_done += 1
+                failures = self.last_failures
+                reason = rank_restarts.restart_reason(failures, first_failure_exit_code(failures))
+                logging.getLogger(__name__).warning("restarting the ranks in place (%d so far): %s",
+                                                    self.rank_restarts_done, reason)
+                rank_restarts.report(self.rank_restarts_done, reason)
+            super()._restart_workers(worker_group)
 
     return FlywheelAgent
 
@@ -369,9 +387,7 @@ def _exit_code(result: RunResult | None) -> int:
     failures = {rank: (f.exitcode, float(f.timestamp)) for rank, f in result.failures.items()}
     code = first_failure_exit_code(failures)
     # The rank's own words win (it wrote its exception first); else the agent's view: the exit code or signal.
-    first = next((r for r, (c, _) in sorted(failures.items()) if (128 - c if c < 0 else c) == code), None)
-    termination_log.write_reason(f"rank {first}: {termination_log.exit_reason(code)}" if first is not None
-                                 else termination_log.exit_reason(code))
+    termination_log.write_reason(rank_restarts.restart_reason(failures, code))
     return code
 
 

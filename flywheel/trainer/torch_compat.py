@@ -31,7 +31,8 @@ TESTED_TORCH = "2.13"  # the torch minor version these seams were read against (
 
 # The LocalElasticAgent methods launch.FlywheelAgent overrides, with the parameters it expects.
 AGENT_HOOKS = {"_start_workers": ("self", "worker_group"), "_stop_workers": ("self", "worker_group"),
-               "_monitor_workers": ("self", "worker_group"), "_shutdown": ("self", "death_sig", "timeout")}
+               "_monitor_workers": ("self", "worker_group"), "_restart_workers": ("self", "worker_group"),
+               "_shutdown": ("self", "death_sig", "timeout")}
 # The agent attributes read or set here (set by LocalElasticAgent/SimpleElasticAgent.__init__).
 AGENT_ATTRIBUTES = ("_pcontext", "_shutdown_timeout", "_remaining_restarts")
 PRIVATE_IMPORTS = {

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import queue
+import subprocess
+import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
@@ -22,6 +26,7 @@ from flywheel.trainer.rendezvous import (
 from .etcd_server import EtcdServer
 
 pytestmark = pytest.mark.timeout(60)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def next_change(changes: "queue.Queue[set[str]]", timeout: float = 5.0) -> set[str]:
@@ -64,6 +69,25 @@ def test_watch_workers_follows_registrations_expiry_and_etcd_restart(etcd_server
             assert watch.live_workers.keys() == {"2"}
         finally:
             watch.stop()
+
+
+def test_a_rank_restart_report_is_in_the_liveness_value_and_keeps_the_registration_time(
+        etcd_server: EtcdServer) -> None:
+    with EtcdSession(etcd_server.endpoint) as session:
+        registration = WorkerRegistration(session, "job-r", "0", ttl=5).start()
+        try:
+            registered = list_live_workers(session, "job-r")["0"]
+            assert registered.rank_restarts == 0 and registered.rank_restart_reason == ""
+            registration.report_rank_restart(2, "rank 1: killed by SIGKILL", 1_800_000_000.5)
+            reported = list_live_workers(session, "job-r")["0"]
+            assert (reported.rank_restarts, reported.rank_restart_reason) == (2, "rank 1: killed by SIGKILL")
+            assert reported.rank_restart_at == 1_800_000_000.5
+            # The same agent: the operator must still tell it from a predecessor by its registration time.
+            assert reported.since == registered.since and reported.lease_id == registered.lease_id
+            registration.close()
+            assert list_live_workers(session, "job-r")["0"].rank_restarts == 2  # the exited marker keeps it
+        finally:
+            registration.close()
 
 
 def test_registration_survives_an_etcd_restart_longer_than_its_ttl(etcd_server: EtcdServer) -> None:
@@ -129,3 +153,20 @@ def test_registered_handler_rendezvous_one_node(etcd_server: EtcdServer, monkeyp
                 keep_alive_max_attempt=2,
             )
         )
+
+
+def test_the_agent_reports_each_rank_restart_in_place_in_its_liveness_key(etcd_server: EtcdServer,
+                                                                          tmp_path: Path) -> None:
+    """`flywheel launch` on etcd: rank 1 is SIGKILLed once, the agent restarts both ranks in place and the job
+    ends well; its liveness key (marked exited, within its TTL) says one rank restart and why."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PET_NNODES": "1", "PET_NPROC_PER_NODE": "2",
+           "PET_RDZV_BACKEND": "etcd-v3", "PET_RDZV_ENDPOINT": etcd_server.endpoint, "PET_RDZV_ID": "rank-restart",
+           "PET_MAX_RESTARTS": "2", "FLYWHEEL_REPLICA_INDEX": "0", "EXIT_RANK_LOG": str(tmp_path / "attempts.log"),
+           "EXIT_RANK_WHICH": "1", "EXIT_RANK_CODE": "-9", "EXIT_RANK_ONCE": "1"}
+    script = REPO / "tests" / "local" / "scripts" / "exit_rank.py"
+    proc = subprocess.run([sys.executable, "-m", "flywheel.cli", "launch", "--", str(script)], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    worker = list_live_workers(etcd_server.endpoint, "rank-restart")["0"]
+    assert worker.exited and worker.rank_restarts == 1
+    assert worker.rank_restart_reason == "rank 1: killed by SIGKILL" and time.time() - worker.rank_restart_at < 60

@@ -23,6 +23,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRende
 from flywheel.etcd.liveness import DEFAULT_WORKER_TTL, WorkerRegistration
 from flywheel.etcd.session import EtcdSession
 from flywheel.replica import replica_id_from_env
+from flywheel.trainer import rank_restarts
 from flywheel.trainer.rank_order import create_ordered_handler
 
 from .backend import EtcdV3RendezvousBackend
@@ -69,8 +70,10 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> DynamicRendezvousHan
         replica_id,
         ttl=_int_param(params, "worker_ttl", DEFAULT_WORKER_TTL),
     ).start()
+    rank_restarts.add_reporter(registration.report_rank_restart)  # the operator counts them from the key
 
     def release() -> None:
+        rank_restarts.remove_reporter(registration.report_rank_restart)
         registration.close()
         store.close()
         session.close()

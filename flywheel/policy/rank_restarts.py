@@ -1,0 +1,81 @@
+"""Rank restarts in place, counted into `status.restarts` (pure), one count per recovery.
+
+torch's elastic agent restarts a worker's crashed ranks without the pod failing; the agent reports how many times,
+the last one's reason and time in its etcd liveness key, which the operator puts on the pod's view
+(`PodView.rank_restarts`). The status keeps, per pod uid, the count already seen (`status.rankRestarts`), so every
+report is taken once: across passes, across operator restarts (the map is in the status), and never again for a
+pod that is gone (the map is pruned to the pods observed). The count only grows: a lower report (a restarted agent
+in the same pod) adds nothing.
+
+One interruption often restarts the ranks of several workers: a rank is killed, its agent restarts it, and its peers'
+collectives fail with it, so their agents restart theirs too (exit 5, a moment later); a deleted pod's survivors do
+the same. A report within SAME_RECOVERY_SECONDS of the last counted recovery (`status.lastRestartTime`: a rank
+restart or a decided restart) is that recovery: recorded, not counted. A decided restart right after a counted rank
+restart replaces its reason instead of counting again (`begin_generation`).
+
+Only pods of the current generation that are not being deleted count: an older generation's pods are the leftovers
+of a restart already counted, and a counted rank restart must not rename a pending whole-job restart
+(`lastRestartReason` Hung or RestartRequested makes the clean-up delete every older pod)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from flywheel.policy import reasons as R
+from flywheel.policy.decisions import Event
+from flywheel.policy.observed import PodView
+from flywheel.spec_status import TrainingJobStatus
+from flywheel.timefmt import parse_rfc3339, rfc3339
+
+# The peers of a crashed rank fail within their collective's detection of the loss (a closed connection: well
+# under a second, measured 0.1 s); a deleted pod's survivors once its ranks have stopped (its shutdown grace, 20 s).
+SAME_RECOVERY_SECONDS = 30.0
+
+
+def _last_restart(status: TrainingJobStatus) -> float | None:
+    try:
+        return parse_rfc3339(status.last_restart_time)
+    except ValueError:
+        return None
+
+
+def _same_recovery(status: TrainingJobStatus, at: float) -> bool:
+    last = _last_restart(status)
+    return last is not None and abs(at - last) <= SAME_RECOVERY_SECONDS
+
+
+def begin_generation(status: TrainingJobStatus, generation: int, now: float, merge: bool = True) -> None:
+    """A decided restart: a new worker generation and one more restart -- unless (`merge`) a rank restart was
+    counted for this same recovery moments ago (the survivors' ranks failed with the pod being replaced): then the
+    decided reason names that one recovery instead."""
+    if not (merge and status.last_restart_reason == R.RESTART_RANK and _same_recovery(status, now)):
+        status.restarts += 1
+    status.worker_generation = generation
+    status.last_restart_time = rfc3339(now)
+
+
+def count_rank_restarts(status: TrainingJobStatus, pods: Sequence[PodView], generation: int) -> list[Event]:
+    """Add the rank restarts reported since the last pass to `status.restarts` (lastRestartReason RankRestarted),
+    one per recovery; record the counts per pod in `status.rankRestarts` (pruned to `pods`); return an event for
+    each pod whose restart was counted."""
+    counted = status.rank_restarts
+    recorded = {p.uid: counted[p.uid] for p in pods if p.uid in counted}
+    events: list[Event] = []
+    for pod in sorted(pods, key=lambda p: p.rank_restart_at):
+        before = recorded.get(pod.uid, 0)
+        if pod.rank_restarts <= before:
+            continue
+        recorded[pod.uid] = pod.rank_restarts
+        added = pod.rank_restarts - before - (1 if _same_recovery(status, pod.rank_restart_at) else 0)
+        if added <= 0 or pod.generation != generation or pod.deleting_since is not None:
+            continue
+        status.worker_generation = generation  # pinned: `restarts` no longer equals it
+        status.restarts += added
+        status.last_restart_reason = R.RESTART_RANK
+        if pod.rank_restart_at:
+            status.last_restart_time = rfc3339(pod.rank_restart_at)
+        events.append(Event("Warning", R.RESTART_RANK, R.MSG_RANK_RESTARTED.format(
+            pod=pod.name, count=pod.rank_restarts, reason=pod.rank_restart_reason or "reason not reported")))
+    if recorded != counted:
+        status.rank_restarts = recorded
+    return events

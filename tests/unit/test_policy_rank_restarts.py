@@ -1,0 +1,132 @@
+"""Rank restarts in place (reported by the agents through their etcd liveness keys) count in status.restarts once
+each, without changing the worker generation (policy/rank_restarts.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flywheel.policy import reasons as R
+from flywheel.policy.decisions import CreatePod, DeletePod, Relabel
+from flywheel.policy.failure_decision import decide_failure
+from flywheel.policy.observed import ObservedProgress
+from flywheel.policy.rank_restarts import SAME_RECOVERY_SECONDS, count_rank_restarts
+from flywheel.policy.reconcile import reconcile
+from flywheel.spec_status import Phase, TrainingJobStatus
+from tests.unit.policy_helpers import NOW, fresh, pod, spec, view
+
+REASON = "rank 1: exit code 1 (Crash)"
+
+
+def _running(**fields: Any) -> TrainingJobStatus:
+    return TrainingJobStatus(phase=Phase.RUNNING, **fields)
+
+
+def test_a_reported_rank_restart_counts_once_with_its_reason_and_an_event() -> None:
+    status = _running()
+    events = count_rank_restarts(status, [pod(0), pod(1, rank_restarts=1, rank_restart_reason=REASON)], 0)
+    assert status.restarts == 1 and status.last_restart_reason == R.RESTART_RANK
+    assert status.rank_restarts == {"u1-0": 1} and status.generation == 0
+    assert len(events) == 1 and REASON in events[0].message and events[0].reason == R.RESTART_RANK
+    again = count_rank_restarts(status, [pod(0), pod(1, rank_restarts=1, rank_restart_reason=REASON)], 0)
+    assert status.restarts == 1 and not again  # the same report on a later pass adds nothing
+
+
+def test_only_the_growth_since_the_recorded_count_is_added_and_a_lower_report_adds_nothing() -> None:
+    status = _running(restarts=2, worker_generation=1, rank_restarts={"u1-1": 1})
+    count_rank_restarts(status, [pod(0, generation=1), pod(1, generation=1, rank_restarts=3)], 1)
+    assert status.restarts == 4 and status.rank_restarts == {"u1-1": 3}
+    count_rank_restarts(status, [pod(0, generation=1), pod(1, generation=1, rank_restarts=0)], 1)
+    assert status.restarts == 4 and status.rank_restarts == {"u1-1": 3}  # monotonic
+
+
+def test_the_record_survives_in_the_status_so_a_restarted_operator_does_not_count_again() -> None:
+    status = _running()
+    count_rank_restarts(status, [pod(0, rank_restarts=2)], 0)
+    reread = TrainingJobStatus.model_validate(status.to_json())  # what a new operator process reads
+    count_rank_restarts(reread, [pod(0, rank_restarts=2)], 0)
+    assert reread.restarts == 2 and reread.generation == 0 and reread.to_json()["rankRestarts"] == {"u0-0": 2}
+
+
+def test_the_record_is_pruned_to_the_pods_observed() -> None:
+    status = _running(rank_restarts={"gone": 4, "u0-0": 1})
+    count_rank_restarts(status, [pod(0, rank_restarts=1)], 0)
+    assert status.rank_restarts == {"u0-0": 1} and status.restarts == 0
+
+
+def test_an_older_generation_or_deleting_pod_is_recorded_but_not_counted() -> None:
+    status = _running(restarts=1, worker_generation=1, last_restart_reason=R.RESTART_HUNG)
+    count_rank_restarts(status, [pod(0, generation=0, rank_restarts=1), pod(1, generation=1, rank_restarts=1,
+                                                                          deleting_since=NOW)], 1)
+    assert status.restarts == 1 and status.last_restart_reason == R.RESTART_HUNG
+    assert status.rank_restarts == {"u0-0": 1, "u1-1": 1}
+
+
+def test_no_report_leaves_the_status_untouched_so_nothing_is_written() -> None:
+    status = TrainingJobStatus.model_validate({"phase": "Running", "restarts": 3})
+    count_rank_restarts(status, [pod(0, generation=3), pod(1, generation=3)], 3)
+    assert status.to_json() == {"phase": "Running", "restarts": 3}
+
+
+def test_rank_restarts_do_not_change_the_generation_so_the_running_pods_are_kept() -> None:
+    s = spec()
+    first = reconcile(s, None, _running(), [pod(0), pod(1)], ObservedProgress(), NOW)
+    out = reconcile(s, None, first.status, [pod(0), pod(1, rank_restarts=1)], ObservedProgress(), NOW + 1)
+    assert out.status.restarts == 1 and out.status.generation == 0 and out.status.phase is Phase.RUNNING
+    assert not [a for a in out.actions if isinstance(a, (DeletePod, CreatePod, Relabel))]
+    later = reconcile(s, None, out.status, [pod(0), pod(1, rank_restarts=1)], ObservedProgress(), NOW + 2)
+    assert later.status.restarts == 1 and not later.actions
+
+
+def test_a_decided_restart_after_rank_restarts_bumps_the_generation_not_to_restarts_plus_one() -> None:
+    status = _running(restarts=3, worker_generation=1)
+    out = decide_failure(fresh(**status.model_dump()), view(spec(), [pod(0, generation=1),
+                                                                     pod(1, "Failed", generation=1, exit_code=1)],
+                                                            generation=1))
+    assert out is not None and out.status.restarts == 4 and out.status.generation == 2
+    assert DeletePod("j-worker-1", "u1-1") in out.actions  # the current generation's pods: decided, not older
+
+
+def test_a_status_written_before_worker_generation_reads_restarts_as_the_generation() -> None:
+    old = TrainingJobStatus.model_validate({"phase": "Running", "restarts": 2})
+    assert old.generation == 2
+    count_rank_restarts(old, [pod(0, generation=2, rank_restarts=1)], 2)
+    assert old.restarts == 3 and old.generation == 2  # pinned before restarts moved away from it
+
+
+def test_the_peers_rank_restarts_of_one_recovery_count_once() -> None:
+    """Rank 1 is killed; rank 0's collective fails with it a moment later and its agent restarts it too."""
+    status = _running()
+    killed = pod(1, rank_restarts=1, rank_restart_at=NOW, rank_restart_reason="rank 1: killed by SIGKILL")
+    count_rank_restarts(status, [pod(0), killed], 0)
+    peer = pod(0, rank_restarts=1, rank_restart_at=NOW + 0.1, rank_restart_reason="rank 0: exit code 5")
+    events = count_rank_restarts(status, [peer, killed], 0)
+    assert status.restarts == 1 and not events and status.rank_restarts == {"u0-0": 1, "u1-0": 1}
+    both_at_once = _running()  # the same, seen in one pass
+    assert len(count_rank_restarts(both_at_once, [peer, killed], 0)) == 1 and both_at_once.restarts == 1
+
+
+def test_a_rank_restart_after_the_window_is_a_new_recovery() -> None:
+    status = _running()
+    count_rank_restarts(status, [pod(0), pod(1, rank_restarts=1, rank_restart_at=NOW)], 0)
+    later = NOW + SAME_RECOVERY_SECONDS + 1
+    count_rank_restarts(status, [pod(0, rank_restarts=1, rank_restart_at=later), pod(1, rank_restarts=1)], 0)
+    assert status.restarts == 2
+
+
+def test_a_survivor_s_rank_restart_after_a_decided_pod_replacement_is_the_same_recovery() -> None:
+    s = spec()
+    first = reconcile(s, None, _running(), [pod(0), pod(1)], ObservedProgress(), NOW)
+    deleted = reconcile(s, None, first.status, [pod(0), pod(1, deleting_since=NOW)], ObservedProgress(), NOW + 1)
+    assert deleted.status.restarts == 1 and deleted.status.last_restart_reason == R.RESTART_POD_DELETED
+    survivor = pod(0, generation=1, rank_restarts=1, rank_restart_at=NOW + 3)
+    out = reconcile(s, None, deleted.status, [survivor, pod(1, deleting_since=NOW)], ObservedProgress(), NOW + 4)
+    assert out.status.restarts == 1 and out.status.last_restart_reason == R.RESTART_POD_DELETED
+
+
+def test_a_decided_restart_right_after_a_counted_rank_restart_renames_it_instead_of_counting_again() -> None:
+    status = _running()
+    count_rank_restarts(status, [pod(0, rank_restarts=1, rank_restart_at=NOW), pod(1)], 0)
+    out = decide_failure(fresh(**status.model_dump()), view(spec(), [pod(0), pod(1, "Failed", exit_code=1)],
+                                                            now=NOW + 2))
+    assert out is not None and out.status.restarts == 1 and out.status.generation == 1
+    assert out.status.last_restart_reason == "Crash"

@@ -1,0 +1,35 @@
+"""`flywheel launch`'s agent reports a restart of its ranks only when it follows a failure, not a membership change
+(another worker joined or restarted), with the first failed rank's exit as the reason."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from torch.distributed.elastic.agent.server.api import WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+from flywheel.trainer import launch, rank_restarts
+
+
+def test_only_restarts_after_a_failure_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(LocalElasticAgent, "_restart_workers", lambda self, group: None)  # torch's own restart
+    agent = object.__new__(launch._build_agent_class())
+    reports: list[tuple[int, str]] = []
+
+    def reporter(count: int, reason: str, at: float) -> None:
+        reports.append((count, reason))
+
+    rank_restarts.add_reporter(reporter)
+    try:
+        group = SimpleNamespace(state=WorkerState.HEALTHY)
+        agent._restart_workers(group)  # a membership change: not an interruption of this worker
+        assert reports == []
+        agent.last_failures = {0: (-15, 101.0), 1: (-9, 100.0)}  # rank 1 killed, rank 0 stopped after it
+        group.state = WorkerState.FAILED
+        agent._restart_workers(group)
+        agent.last_failures = {0: (5, 200.0)}
+        agent._restart_workers(group)
+    finally:
+        rank_restarts.remove_reporter(reporter)
+    assert reports == [(1, "rank 1: killed by SIGKILL"), (2, "rank 0: exit code 5 (collective-timeout)")]
