@@ -134,7 +134,8 @@ class KubeJobInventory:
             meta, status = obj["metadata"], obj.get("status") or {}
             key = (meta["namespace"], meta["name"])
             # The worker generation a finding is about (before workerGeneration existed, restarts was it).
-            restarts[key] = int(status.get("workerGeneration", status.get("restarts", 0)))
+            generation = status.get("workerGeneration")
+            restarts[key] = int(generation if generation is not None else status.get("restarts", 0))
             dirs[key] = spec.checkpoint.dir
             pods = sorted(by_owner.get(meta["uid"], []), key=lambda p: (len(p.replica), p.replica))
             ft = spec.fault_tolerance
