@@ -37,7 +37,7 @@ from flywheel.policy.conditions import TERMINAL
 from flywheel.policy.decisions import CreatePod, DeleteJob, DeletePod, JobAction, Pass, Relabel, ResetRendezvous
 from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.reconcile import LIVENESS_GRACE_SECONDS, reconcile
-from flywheel.spec import SpecError, TrainingJob, parse_job
+from flywheel.spec import SpecError, TrainingJob, parse_cluster_job
 from flywheel.spec_status import Phase, TrainingJobStatus
 from flywheel.timefmt import parse_rfc3339
 
@@ -189,7 +189,7 @@ class JobRunner:
         job: TrainingJob | None = None
         invalid = None
         try:
-            job = parse_job(obj)
+            job = parse_cluster_job(obj)
         except SpecError as err:
             invalid = "; ".join(err.problems)
         status_in = TrainingJobStatus.model_validate(obj.get("status") or {})
