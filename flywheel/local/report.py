@@ -88,6 +88,8 @@ def print_summary(console: Console, summary: dict[str, Any], out_dir: Path) -> N
         ("lost steps (replayed)", str(summary["lost_steps"])),
         ("checkpoints", str(len(summary["checkpoints"])) +
          (f" ({summary['checkpoint_failures']} failed)" if summary["checkpoint_failures"] else "")),
+        *[("checkpoint failed", escape(r["message"]) + (f" ({r['count']} saves)" if r["count"] > 1 else ""))
+          for r in summary.get("checkpoint_failure_reports", [])],
         ("goodput", f"{summary['goodput']:.1%} of {summary['wall_seconds']:.1f} s"),
         *([("reason", escape(summary["failure_reason"]))] if summary.get("failure_reason") else []),
         ("params sha256", (summary["final_params_sha256"] or "-")[:16]),

@@ -16,6 +16,8 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, assert_never
 
+from rich.markup import escape
+
 from flywheel import exitcodes
 from flywheel.eventlog import EventLog, EventName
 from flywheel.local import procs
@@ -172,8 +174,11 @@ class Supervisor:
         return self.outcome
 
     def _drain_events(self) -> None:
+        reported = len(self.record.log.checkpoint_failure_reports)
         for ev in self.events.read_new():
             self.record.add_event(ev)
+        for failure in self.record.log.checkpoint_failure_reports[reported:]:  # once per cause, in words
+            self.progress.notice(f"[yellow]{escape(failure.words)}[/]")
 
     def _tick(self) -> None:
         self._handle_interrupts()

@@ -39,7 +39,8 @@ def progress_of(log: RunFold) -> Progress:
                     recoveries=tuple((i.recovered_at, i.recovery_seconds) for i in log.recoveries
                                      if i.recovered_at is not None and i.recovery_seconds is not None),
                     checkpoints=checkpoints, failure_reason=log.failure_reason,
-                    already_complete_checkpoint=(log.done.already_complete_checkpoint or "") if log.done else "")
+                    already_complete_checkpoint=(log.done.already_complete_checkpoint or "") if log.done else "",
+                    checkpoint_failures=tuple((i + 1, f.words) for i, f in enumerate(log.checkpoint_failure_reports)))
 
 
 class EventLogTail:

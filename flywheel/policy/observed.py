@@ -55,6 +55,8 @@ class ObservedProgress:
     failure_reason: str = ""
     # The done record's: a job resumed at or past its last step trained nothing; this checkpoint was complete.
     already_complete_checkpoint: str = ""
+    # Each cause of failing saves, in words, numbered in log order: (ordinal, message) (eventlog fold's reports).
+    checkpoint_failures: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True)

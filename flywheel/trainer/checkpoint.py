@@ -17,8 +17,12 @@ skipped on every rank, with a warning: waiting would stall training for the rest
 in disguise), while skipping only makes the next checkpoint come later. blocking=True (final or emergency saves)
 waits for the in-flight write instead, then saves and returns once committed.
 
-Failures (disk full, read-only or missing directory, a rank's write raising) are logged with the path and cause,
-counted and reported as a `checkpoint_failed` event; training continues and committed checkpoints are untouched.
+Failures (disk full, read-only or missing directory, a rank's write raising) are logged by each rank with its own
+cause. Global rank 0, the committing rank, decides for all: the failed save's partial folder is removed (each rank
+removes it where it sees it, so a per-pod directory loses its part too), and the most telling cause of all ranks'
+(checkpoint_failure.py: no space before a peer's follow-on error) is reported once per failed save, in words with
+the newest good checkpoint, as a `checkpoint_failed` record and flywheel_checkpoint_failures_total{reason}. When the
+disk is full, older committed checkpoints are deleted to make room, never the newest. Training continues.
 """
 
 from __future__ import annotations
@@ -42,6 +46,16 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from flywheel.spec import CheckpointSpec
 from flywheel.trainer import checkpoint_store as store
+from flywheel.trainer.checkpoint_failure import (
+    FailureReason,
+    RankCause,
+    SaveFailed,
+    causes_of,
+    failure_message,
+    in_words,
+    primary,
+    rank_cause,
+)
 from flywheel.trainer.checkpoint_staging import StagingBuffers, snapshot_unsafe_tensors
 from flywheel.trainer.checkpoint_state import AppState
 
@@ -264,8 +278,9 @@ class Checkpointer:
             finally:
                 record.staged.set()
             # Every rank must enter dcp.save or none: a rank that stays out would leave the others hanging.
-            if not self._agree(staging_error is None, self._write_group, any_rank=False):
-                raise staging_error or RuntimeError("staging failed on another rank")
+            causes = self._gather_causes(staging_error)
+            if causes:
+                raise SaveFailed(causes)
             dcp_save(staged, storage_writer=FileSystemWriter(record.path), process_group=self._write_group)
             # dcp.save returns on rank 0 only after .metadata is written, i.e. after every rank's write finished.
             commit_error: BaseException | None = None
@@ -278,7 +293,7 @@ class Checkpointer:
             if not self._agree(committed, self._write_group, any_rank=True):
                 raise commit_error or RuntimeError("rank 0 could not write the commit marker")
         except _FAILURES as err:
-            self._on_failure(record, err)
+            self._on_failure(record, err, state)
             return
         self._on_commit(record)
 
@@ -303,16 +318,49 @@ class Checkpointer:
         except OSError as err:
             log.warning("checkpoint clean-up under %s failed: %s", self.directory, err)
 
-    def _on_failure(self, record: _Save, err: BaseException) -> None:
-        cause = describe_failure(err)
-        if not isinstance(err, CheckpointException):  # DCP's exception already names each failing rank
-            cause = f"rank {self.rank}: {cause}"
-        log.error("checkpoint at step %d to %s failed: %s; training continues and earlier checkpoints are "
-                  "untouched", record.step, record.path, cause)
+    def _gather_causes(self, error: BaseException | None) -> list[RankCause]:
+        """Every rank's cause (empty: no rank failed); one collective on the writer group, on every rank."""
+        mine = rank_cause(self.rank, error) if error is not None else None
+        if not self.distributed:
+            return [mine] if mine else []
+        gathered: list[RankCause | None] = [None] * self.world_size
+        dist.all_gather_object(gathered, mine, group=self._write_group)
+        return [c for c in gathered if c is not None]
+
+    def _on_failure(self, record: _Save, err: BaseException, state: dict[str, Any]) -> None:
+        log.error("checkpoint at step %d to %s failed on rank %d: %s", record.step, record.path, self.rank,
+                  describe_failure(err))
+        try:
+            store.remove_partial(record.path)  # every rank: a per-pod directory holds that rank's part only
+        except OSError as cleanup_error:
+            log.warning("could not remove the failed checkpoint %s: %s", record.path, cleanup_error)
+        if self.rank != 0:
+            return  # the committing rank reports, with every rank's cause
+        cause = primary(causes_of(err, self.rank))
+        if cause.reason is FailureReason.NO_SPACE:
+            self._make_room()
+        newest = store.committed(self.directory)
+        needs = store.folder_bytes(newest[-1].path) if newest else _state_bytes(state)
+        message = failure_message(record.step, in_words(cause, str(self.directory), needs),
+                                  newest[-1].step if newest else None)
+        log.error("%s", message)
         if self.metrics is not None:
-            self.metrics.checkpoint_failures_total.inc()
+            self.metrics.checkpoint_failures_total.labels(reason=cause.reason.value).inc()
         if self.events is not None:
-            self.events.emit("checkpoint_failed", step=record.step, error=f"{record.path}: {cause}")
+            self.events.emit("checkpoint_failed", step=record.step, reason=cause.reason.value, message=message,
+                             error=f"{record.path}: {describe_failure(err)}",
+                             newest_step=newest[-1].step if newest else None)
+
+    def _make_room(self) -> None:
+        """Disk full: older committed checkpoints go so that the next save fits; the newest good one stays."""
+        newest = store.committed(self.directory)
+        if len(newest) < 2:
+            return
+        try:
+            for path in store.apply_retention(self.directory, 1, newest[-1].step):
+                log.warning("deleted checkpoint %s to make room (no space left on %s)", path, self.directory)
+        except OSError as err:
+            log.warning("could not make room under %s: %s", self.directory, err)
 
     # ---- bookkeeping -------------------------------------------------------------------------------------------
 
@@ -332,3 +380,18 @@ class Checkpointer:
         if record.future is not None:
             record.future.result()  # _write catches its own failures
         self._inflight = None
+
+
+def _state_bytes(state: dict[str, Any]) -> int:
+    """This rank's tensor bytes in a state dict: the size a first save needs, roughly (its shard or a replica)."""
+    total = 0
+    stack: list[Any] = [state]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, torch.Tensor):
+            total += obj.numel() * obj.element_size()
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+    return total

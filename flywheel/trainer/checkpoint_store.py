@@ -139,3 +139,19 @@ def remove_uncommitted(root: str | os.PathLike[str], below_step: int | None = No
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
+
+
+def remove_partial(path: str | os.PathLike[str]) -> bool:
+    """Delete a failed save's folder unless it was committed after all; whether something was deleted."""
+    if not Path(path).exists() or read_commit(path) is not None:
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
+def folder_bytes(path: str | os.PathLike[str]) -> int:
+    """The bytes of the files in one step folder (0 when it is gone)."""
+    try:
+        return sum(entry.stat().st_size for entry in os.scandir(path) if entry.is_file(follow_symlinks=False))
+    except OSError:
+        return 0

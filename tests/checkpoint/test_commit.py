@@ -39,8 +39,10 @@ def test_uncommitted_and_partial_folders_are_never_restored(tmp_path: Path,
     app, data = make_app(seed=0)
     ckpt = Checkpointer(_cfg(tmp_path), tmp_path)
     states = _train_and_save(ckpt, app, data, range(1, 3))
-    # Step 4: DCP's write finishes (".metadata" exists) but the commit never happens.
+    # Step 4: DCP's write finishes (".metadata" exists) but the commit never happens: the process dies there, so
+    # the failed save's clean-up does not run either.
     monkeypatch.setattr(store, "write_commit", lambda *a, **k: (_ for _ in ()).throw(OSError("crashed")))
+    monkeypatch.setattr(store, "remove_partial", lambda path: False)
     train_step(app, data)
     ckpt2 = Checkpointer(_cfg(tmp_path), tmp_path)
     ckpt2.save(4, app, blocking=True)
