@@ -23,6 +23,7 @@ from flywheel import exitcodes
 from flywheel.eventlog.records import (
     RANK_FAILURES,
     Checkpoint,
+    CheckpointBad,
     CheckpointFailed,
     Done,
     EventName,
@@ -103,6 +104,7 @@ class RunFold:
         # is counted in checkpoint_failures, not reported again.
         self.checkpoint_failure_reports: list[CheckpointFailed] = []
         self._failing_reason: str | None = None  # the reason reported since the last commit
+        self.bad_checkpoints: list[CheckpointBad] = []  # damaged after their commit, skipped by a restore
         self._failures: list[FailureEntry] = []
         self.incidents: list[Incident] = []
         self.done: Done | None = None
@@ -137,6 +139,8 @@ class RunFold:
             self._failing_reason = None
         elif isinstance(record, CheckpointFailed):
             self._on_checkpoint_failed(record)
+        elif isinstance(record, CheckpointBad):
+            self.bad_checkpoints.append(record)
         elif isinstance(record, Restore):
             self.restores.append(record)
         else:

@@ -20,6 +20,7 @@ class EventName(StrEnum):
     STEP = "step"  # rank 0 (the trainer or flywheel.progress), after each optimizer step
     CHECKPOINT = "checkpoint"  # rank 0, when a checkpoint is committed
     CHECKPOINT_FAILED = "checkpoint_failed"  # rank 0 (the committing rank), once per failed save
+    CHECKPOINT_BAD = "checkpoint_bad"  # rank 0, restore found a committed checkpoint damaged and skipped it
     RESTORE = "restore"  # rank 0, a checkpoint was loaded
     FAULT = "fault"  # any rank, just before an injected fault fires
     HANG = "hang"  # any rank, the progress watchdog fired (exit HANG)
@@ -74,6 +75,14 @@ class CheckpointFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointBad:
+    time: float
+    step: int
+    path: str = ""  # where the damaged checkpoint is kept (bad-step-N-<time>)
+    reason: str = ""  # which files do not match their checksums
+
+
+@dataclass(frozen=True, slots=True)
 class Restore:
     time: float
     step: int
@@ -110,7 +119,7 @@ class LogReset:
     time: float = 0.0
 
 
-Record = Start | Step | Checkpoint | CheckpointFailed | Restore | Failure | Done | LogReset
+Record = Start | Step | Checkpoint | CheckpointFailed | CheckpointBad | Restore | Failure | Done | LogReset
 
 
 def _float(raw: Mapping[str, Any], key: str) -> float | None:
@@ -155,6 +164,8 @@ def _parse(name: EventName, t: float, raw: Mapping[str, Any]) -> Record:
     if name is EventName.CHECKPOINT_FAILED:
         return CheckpointFailed(t, _int(raw, "step"), str(raw.get("error") or ""), str(raw.get("reason") or ""),
                                 str(raw.get("message") or ""))
+    if name is EventName.CHECKPOINT_BAD:
+        return CheckpointBad(t, int(raw["step"]), str(raw.get("path") or ""), one_line(raw.get("reason") or ""))
     if name is EventName.RESTORE:
         return Restore(t, int(raw["step"]), str(raw.get("path") or ""))
     if name is EventName.DONE:

@@ -92,6 +92,7 @@ class RunRecord:
                              "total_seconds": c.total_seconds, "path": c.path} for c in log.checkpoints],
             "checkpoint_failures": len(log.checkpoint_failures),
             "checkpoint_failure_reports": [_checkpoint_failure_row(f, log) for f in log.checkpoint_failure_reports],
+            "bad_checkpoints": [{"step": b.step, "path": b.path, "reason": b.reason} for b in log.bad_checkpoints],
             "resumed_from": [s.resumed_from for s in log.starts],
             "lost_steps": log.lost_steps,
             "productive_seconds": productive,

@@ -174,11 +174,14 @@ class Supervisor:
         return self.outcome
 
     def _drain_events(self) -> None:
-        reported = len(self.record.log.checkpoint_failure_reports)
+        reported, bad = len(self.record.log.checkpoint_failure_reports), len(self.record.log.bad_checkpoints)
         for ev in self.events.read_new():
             self.record.add_event(ev)
         for failure in self.record.log.checkpoint_failure_reports[reported:]:  # once per cause, in words
             self.progress.notice(f"[yellow]{escape(failure.words)}[/]")
+        for damaged in self.record.log.bad_checkpoints[bad:]:
+            self.progress.notice(f"[yellow]checkpoint at step {damaged.step} is damaged ({escape(damaged.reason)}); "
+                                 f"kept as {escape(damaged.path)}; the previous good checkpoint is used[/]")
 
     def _tick(self) -> None:
         self._handle_interrupts()

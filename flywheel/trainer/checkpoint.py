@@ -45,16 +45,19 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from flywheel.spec import CheckpointSpec
+from flywheel.trainer import checkpoint_integrity as integrity
 from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer.checkpoint_failure import (
     FailureReason,
     RankCause,
     SaveFailed,
     causes_of,
+    describe_failure,
     failure_message,
     in_words,
     primary,
     rank_cause,
+    state_bytes,
 )
 from flywheel.trainer.checkpoint_staging import StagingBuffers, snapshot_unsafe_tensors
 from flywheel.trainer.checkpoint_state import AppState
@@ -66,13 +69,6 @@ log = logging.getLogger("flywheel.checkpoint")
 _FAILURES = (Exception, CheckpointException)  # DCP's CheckpointException derives from BaseException
 # torch.cuda.Stream's constructor has no annotations; this is its signature as used here.
 _new_cuda_stream: Callable[[], torch.cuda.Stream] = torch.cuda.Stream
-
-
-def describe_failure(err: BaseException) -> str:
-    """One line naming the cause; for DCP's CheckpointException, each failing rank's own exception."""
-    if isinstance(err, CheckpointException):
-        return "; ".join(f"rank {rank}: {type(exc).__name__}: {exc}" for rank, (exc, _) in err.failures.items())
-    return f"{type(err).__name__}: {err}"
 
 
 @dataclass
@@ -214,6 +210,8 @@ class Checkpointer:
     def restore(self, app: AppState) -> int | None:
         """Load the newest committed checkpoint into app (resharding to this world size); its step, or None.
 
+        Each checkpoint's files are verified against the checksums of its commit first (checkpoint_integrity.py):
+        a damaged one is marked bad, reported and skipped for the previous one, before anything is loaded.
         A checkpoint that fails to load on any rank is skipped, with a warning, for the previous committed one.
         If committed checkpoints exist but none loads, raises: parts of the state may already be overwritten."""
         self._wait_inflight()
@@ -221,12 +219,15 @@ class Checkpointer:
         if self.rank == 0:
             for torn in store.remove_uncommitted(self.directory):
                 log.info("removed torn checkpoint %s (no commit marker)", torn)
-            listing[0] = [(r.step, r.path, r.world_size) for r in reversed(store.committed(self.directory))]
+            listing[0] = [(r.step, r.path, r.world_size, r.checksums)
+                          for r in reversed(store.committed(self.directory))]
         if self.distributed:
             dist.broadcast_object_list(listing, src=0, group=self._control_group)
-        candidates: list[tuple[int, str, int]] = listing[0]
+        candidates: list[tuple[int, str, int, dict[str, str]]] = listing[0]
         failed: list[str] = []
-        for step, path, saved_world in candidates:
+        for step, path, saved_world, sums in candidates:
+            if not self._verified(step, path, sums):
+                continue
             error: BaseException | None = None
             try:
                 state = app.state_dict(include_rng=saved_world == self.world_size)
@@ -250,6 +251,27 @@ class Checkpointer:
                                "does not start from scratch; repair or remove these checkpoints")
         log.info("no committed checkpoint under %s; starting from scratch", self.directory)
         return None
+
+    def _verified(self, step: int, path: str, sums: dict[str, str]) -> bool:
+        """Whether the checkpoint's files match their committed checksums, each rank checking its share; a
+        damaged one is marked bad (kept, renamed) and reported by rank 0. The same answer on every rank."""
+        mine = {n: sums[n] for n in integrity.share(list(sums), self.rank, self.world_size)}
+        found: list[Any] = [integrity.damaged(path, mine)]
+        if self.distributed:
+            found = [None] * self.world_size
+            dist.all_gather_object(found, integrity.damaged(path, mine), group=self._control_group)
+        damage = [d for part in found for d in part]
+        if not damage:
+            return True
+        reason = "; ".join(damage[:5]) + (f" (and {len(damage) - 5} more)" if len(damage) > 5 else "")
+        log.error("checkpoint at step %d in %s is damaged (%s); falling back to the previous good checkpoint",
+                  step, path, reason)
+        if self.rank == 0:
+            moved = integrity.mark_bad(path, reason)
+            log.error("marked %s bad: kept as %s for inspection, never restored", path, moved)
+            if self.events is not None:
+                self.events.emit("checkpoint_bad", step=step, path=str(moved), reason=reason)
+        return False
 
     def _after_restore(self, step: int, path: str, saved_world: int) -> None:
         self.restored_path = path
@@ -283,10 +305,11 @@ class Checkpointer:
                 raise SaveFailed(causes)
             dcp_save(staged, storage_writer=FileSystemWriter(record.path), process_group=self._write_group)
             # dcp.save returns on rank 0 only after .metadata is written, i.e. after every rank's write finished.
+            sums = self._gather_checksums(record.path)
             commit_error: BaseException | None = None
             if self.rank == 0:
                 try:
-                    store.write_commit(record.path, record.step, self.world_size)
+                    store.write_commit(record.path, record.step, self.world_size, sums)
                 except _FAILURES as err:
                     commit_error = err
             committed = self.rank == 0 and commit_error is None
@@ -327,6 +350,22 @@ class Checkpointer:
         dist.all_gather_object(gathered, mine, group=self._write_group)
         return [c for c in gathered if c is not None]
 
+    def _gather_checksums(self, path: Path) -> dict[str, str]:
+        """Every rank checksums the files it wrote (writer thread: off the loop); rank 0 gets them all."""
+        mine: tuple[dict[str, str], RankCause | None]
+        try:
+            mine = (integrity.checksums(path, integrity.own_files(path, self.rank)), None)
+        except OSError as err:
+            mine = ({}, rank_cause(self.rank, err))
+        parts: list[Any] = [mine]
+        if self.distributed:
+            parts = [None] * self.world_size
+            dist.all_gather_object(parts, mine, group=self._write_group)
+        causes = [cause for _, cause in parts if cause is not None]
+        if causes:
+            raise SaveFailed(causes)
+        return {name: crc for sums, _ in parts for name, crc in sums.items()}
+
     def _on_failure(self, record: _Save, err: BaseException, state: dict[str, Any]) -> None:
         log.error("checkpoint at step %d to %s failed on rank %d: %s", record.step, record.path, self.rank,
                   describe_failure(err))
@@ -340,7 +379,7 @@ class Checkpointer:
         if cause.reason is FailureReason.NO_SPACE:
             self._make_room()
         newest = store.committed(self.directory)
-        needs = store.folder_bytes(newest[-1].path) if newest else _state_bytes(state)
+        needs = store.folder_bytes(newest[-1].path) if newest else state_bytes(state)
         message = failure_message(record.step, in_words(cause, str(self.directory), needs),
                                   newest[-1].step if newest else None)
         log.error("%s", message)
@@ -381,17 +420,3 @@ class Checkpointer:
             record.future.result()  # _write catches its own failures
         self._inflight = None
 
-
-def _state_bytes(state: dict[str, Any]) -> int:
-    """This rank's tensor bytes in a state dict: the size a first save needs, roughly (its shard or a replica)."""
-    total = 0
-    stack: list[Any] = [state]
-    while stack:
-        obj = stack.pop()
-        if isinstance(obj, torch.Tensor):
-            total += obj.numel() * obj.element_size()
-        elif isinstance(obj, dict):
-            stack.extend(obj.values())
-        elif isinstance(obj, (list, tuple)):
-            stack.extend(obj)
-    return total

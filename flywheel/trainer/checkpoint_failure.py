@@ -12,6 +12,7 @@ import errno
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class FailureReason(StrEnum):
@@ -100,3 +101,29 @@ def failure_message(step: int, words: str, newest_good: int | None) -> str:
     """The one line a failed save is reported with, in the run's output, the job's events and the log."""
     newest = f"step {newest_good}" if newest_good is not None else "none yet"
     return f"checkpoint at step {step} failed: {words}; training continues; newest good checkpoint: {newest}"
+
+
+def describe_failure(err: BaseException) -> str:
+    """One line naming the cause; for DCP's CheckpointException, each failing rank's own exception."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if isinstance(err, CheckpointException):
+        return "; ".join(f"rank {rank}: {type(exc).__name__}: {exc}" for rank, (exc, _) in err.failures.items())
+    return f"{type(err).__name__}: {err}"
+
+
+def state_bytes(state: dict[str, Any]) -> int:
+    """This rank's tensor bytes in a state dict: the size a first save needs, roughly (its shard or a replica)."""
+    import torch
+
+    total = 0
+    stack: list[Any] = [state]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, torch.Tensor):
+            total += obj.numel() * obj.element_size()
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+    return total

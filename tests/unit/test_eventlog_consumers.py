@@ -128,3 +128,13 @@ def test_checkpoint_failures_are_reported_once_per_cause_by_the_summary_and_the_
     progress = EventLogTail(log).poll()
     assert [o for o, _ in progress.checkpoint_failures] == [1, 2, 3, 4]
     assert progress.checkpoint_failures[0][1] == "checkpoint at step 2 failed: no_space"
+
+
+def test_a_damaged_checkpoint_is_in_the_summary() -> None:
+    record = RunRecord()
+    for ev in [start(0), {"event": "checkpoint_bad", "time": T0 + 1, "step": 4, "path": "/c/bad-step-00000004-1",
+                          "reason": "__0_0.distcp: crc32 1, committed as 2"}]:
+        record.add_event(ev)
+    summary = record.summary(job="j", status="Succeeded", exit_code=0, world_size=1, start_time=T0, wall_seconds=1.0)
+    assert summary["bad_checkpoints"] == [{"step": 4, "path": "/c/bad-step-00000004-1",
+                                           "reason": "__0_0.distcp: crc32 1, committed as 2"}]
