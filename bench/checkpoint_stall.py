@@ -68,6 +68,9 @@ class _Metrics:
                 metrics.committed = step
 
         class _Failures:
+            def labels(self, *, reason: str) -> _Failures:
+                return self
+
             def inc(self) -> None:
                 metrics.failures += 1
 

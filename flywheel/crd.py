@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel
 
 from flywheel.spec import API_VERSION, MAX_NAME_LENGTH, TrainingJobSpec
+from flywheel.spec_layout import OBJECT_STORE_URL, CheckpointStorage, cluster_storage_problems
 from flywheel.spec_status import TrainingJobStatus
 
 GROUP, VERSION = API_VERSION.split("/")
@@ -70,8 +71,18 @@ _SPEC_RULES = [
      "message": "trainer.parallelism.fsdp: ep > 1 needs fsdp: true; set fsdp: true or ep: 1",
      "fieldPath": ".trainer.parallelism.fsdp"},
 ]
+# spec_layout.cluster_storage_problems as CEL (a cluster-only rule: the local runner does not ask it). Its message
+# is the rule's own, taken from a job that breaks it.
+_STORAGE = cluster_storage_problems(CheckpointStorage(replicas_max=2, claim_name="", directory="/ckpt",
+                                                      ephemeral=False))[0]
+_SPEC_RULES.append(
+    {"rule": "self.replicas.max <= 1 || size(self.checkpoint.claimName) > 0 || self.checkpoint.ephemeral || "
+             f"self.checkpoint.dir.matches('{OBJECT_STORE_URL}')",
+     "message": f"{_STORAGE.field}: more than one worker (replicas.max) without a claim would each write their "
+                f"checkpoint shards to their own emptyDir, lost with the pod; {_STORAGE.fix}",
+     "fieldPath": "." + _STORAGE.field})
 # spec_layout.py's rule ids that the rules above decide for every job in their reach.
-COVERED_RULES = frozenset({"batch-micro", "mesh", "ep-dp", "batch-dp", "tp-fsdp", "ep-fsdp"})
+COVERED_RULES = frozenset({"batch-micro", "mesh", "ep-dp", "batch-dp", "tp-fsdp", "ep-fsdp", "ckpt-shared"})
 _RULES: dict[str, list[dict[str, str]]] = {
     "spec": _SPEC_RULES,
     "spec.replicas": [
@@ -285,7 +296,9 @@ def render_spec_reference() -> str:
              f"`apiVersion: {API_VERSION}`, `kind: TrainingJob`, short name `{SHORT_NAME}`. Cross-field rules (also "
              "CEL rules in the CRD where CEL can decide them, see flywheel/spec_layout.py): replicas.min <= max; "
              "tp x pp and tp x pp x ep divide every world size; globalBatch is a multiple of microBatch x dp at "
-             "every replica count; tp and ep need fsdp; model.dim is divisible by model.heads.", "",
+             "every replica count; tp and ep need fsdp; model.dim is divisible by model.heads. On a cluster only "
+             "(`flywheel run` on one machine does not ask it): replicas.max > 1 needs checkpoint.claimName, an "
+             "object-store checkpoint.dir (scheme://...) or checkpoint.ephemeral: true.", "",
              "| field | type | default | meaning |", "|---|---|---|---|"]
     lines += _reference_rows(spec_schema_with_template(openapi_schema(TrainingJobSpec, "spec")), "spec")
     return "\n".join(lines) + "\n"

@@ -25,7 +25,16 @@ from flywheel.data_prep_tokenizer import tokenizer_vocab
 from flywheel.planner.devices import DEVICES
 from flywheel.planner.search import PlanError, auto_layout
 from flywheel.spec_base import _Model
-from flywheel.spec_layout import BYTE_VOCAB, JobLayout, Problem, data_problems, job_problems, model_problems
+from flywheel.spec_layout import (
+    BYTE_VOCAB,
+    CheckpointStorage,
+    JobLayout,
+    Problem,
+    cluster_storage_problems,
+    data_problems,
+    job_problems,
+    model_problems,
+)
 from flywheel.spec_model import PRESETS as MODEL_PRESETS
 from flywheel.spec_model import ModelShape, MoEConfig
 from flywheel.spec_parallel import MoESpec, Parallelism
@@ -318,6 +327,22 @@ def parse_job(doc: Any) -> TrainingJob:
         return TrainingJob.model_validate(doc)
     except ValidationError as err:
         raise SpecError(_problems(err)) from None
+
+
+def cluster_problems(spec: TrainingJobSpec) -> list[Problem]:
+    """The rules of the cluster executor only (the local runner's workers share one disk): checkpoint storage."""
+    ckpt = spec.checkpoint
+    return cluster_storage_problems(CheckpointStorage(replicas_max=spec.replicas.max, claim_name=ckpt.claim_name,
+                                                      directory=ckpt.dir, ephemeral=ckpt.ephemeral))
+
+
+def parse_cluster_job(doc: Any) -> TrainingJob:
+    """parse_job, plus the rules that hold on a cluster only (the operator's validation, before any pod)."""
+    job = parse_job(doc)
+    problems = cluster_problems(job.spec)
+    if problems:
+        raise SpecError([f"spec.{p}" for p in problems])
+    return job
 
 
 def parse_spec(doc: Any) -> TrainingJobSpec:

@@ -9,6 +9,7 @@ id, so the CRD's CEL rules can say which rules they mirror.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -240,3 +241,29 @@ def job_problems(job: JobLayout, replica_counts: Iterable[int], procs_per_replic
     """The layout rules for a job the trainer runs, at every replica count in its range (the model's shape and the
     data are `model_problems` and `data_problems`)."""
     return static_problems(job) + elastic_problems(job, replica_counts, procs_per_replica)
+
+
+# A checkpoint.dir with a scheme (s3://bucket/prefix, gs://...) is an object store every worker reaches. The same
+# pattern is the CRD's CEL rule (crd.py), so the cluster's verdict and the operator's are one.
+OBJECT_STORE_URL = r"^[a-zA-Z][a-zA-Z0-9+.-]*://"
+
+
+@dataclass(frozen=True)
+class CheckpointStorage:
+    """What the cluster rule on checkpoint storage reads (the local runner shares one machine's disk: no rule)."""
+
+    replicas_max: int
+    claim_name: str
+    directory: str
+    ephemeral: bool
+
+
+def cluster_storage_problems(job: CheckpointStorage) -> list[Problem]:
+    """On a cluster, more than one worker without a shared claim or an object store writes each worker's shards to
+    its own emptyDir: lost with the pod, so no checkpoint could ever be restored. Refused unless ephemeral."""
+    if job.replicas_max <= 1 or job.claim_name or job.ephemeral or re.match(OBJECT_STORE_URL, job.directory):
+        return []
+    return [Problem("ckpt-shared", "checkpoint.claimName", f"{job.replicas_max} workers (replicas.max) without a "
+                    "claim would each write their checkpoint shards to their own emptyDir, lost with the pod",
+                    "set checkpoint.claimName to a ReadWriteMany PersistentVolumeClaim mounted in every worker, or "
+                    "checkpoint.ephemeral: true to accept losing the checkpoints")]

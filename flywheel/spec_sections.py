@@ -95,7 +95,10 @@ class CheckpointSpec(_Model):
     keep: int = Field(3, ge=1, description="Committed checkpoints kept; older ones are deleted.")
     async_: bool = Field(True, alias="async", description="Write in the background; training blocks only to stage.")
     claim_name: str = Field("", description="Cluster only: a ReadWriteMany PersistentVolumeClaim mounted at `dir` "
-                                            "in every worker. Empty: a per-pod emptyDir, which is lost with the pod.")
+                                            "in every worker. Empty: a per-pod emptyDir, which is lost with the pod "
+                                            "(a cluster job with replicas.max > 1 needs one, or ephemeral).")
+    ephemeral: bool = Field(False, description="Cluster only: accept per-pod checkpoints without a claim (lost with "
+                                               "their pod); without it a job with replicas.max > 1 needs claimName.")
 
 
 class FaultTolerance(_Model):

@@ -5,6 +5,7 @@
 from flywheel.eventlog.fold import FailureEntry, Incident, RunFold, fold
 from flywheel.eventlog.records import (
     Checkpoint,
+    CheckpointBad,
     CheckpointFailed,
     Done,
     Eval,
@@ -21,6 +22,7 @@ from flywheel.eventlog.records import (
 from flywheel.eventlog.tail import EventTail, read_records
 from flywheel.eventlog.writer import EventLog
 
-__all__ = ["Checkpoint", "CheckpointFailed", "Done", "Eval", "EventLog", "EventName", "EventTail", "Failure",
-           "FailureEntry", "Incident", "LogReset", "Record", "Restore", "RunFold", "Start", "Step", "fold", "one_line",
+__all__ = ["Checkpoint", "CheckpointBad", "CheckpointFailed", "Done", "Eval", "EventLog", "EventName", "EventTail",
+           "Failure", "FailureEntry", "Incident", "LogReset", "Record", "Restore", "RunFold", "Start", "Step", "fold",
+           "one_line",
            "parse_record", "read_records"]

@@ -23,6 +23,7 @@ from flywheel import exitcodes
 from flywheel.eventlog.records import (
     RANK_FAILURES,
     Checkpoint,
+    CheckpointBad,
     CheckpointFailed,
     Done,
     Eval,
@@ -100,6 +101,11 @@ class RunFold:
         self.restores: list[Restore] = []
         self.checkpoints: list[Checkpoint] = []
         self.checkpoint_failures: list[CheckpointFailed] = []
+        # The first failure of each cause: a save failing again for the reason already reported (no commit since)
+        # is counted in checkpoint_failures, not reported again.
+        self.checkpoint_failure_reports: list[CheckpointFailed] = []
+        self._failing_reason: str | None = None  # the reason reported since the last commit
+        self.bad_checkpoints: list[CheckpointBad] = []  # damaged after their commit, skipped by a restore
         self._failures: list[FailureEntry] = []
         self.incidents: list[Incident] = []
         self.done: Done | None = None
@@ -133,8 +139,11 @@ class RunFold:
             self._on_failure(record)
         elif isinstance(record, Checkpoint):
             self.checkpoints.append(record)
+            self._failing_reason = None
         elif isinstance(record, CheckpointFailed):
-            self.checkpoint_failures.append(record)
+            self._on_checkpoint_failed(record)
+        elif isinstance(record, CheckpointBad):
+            self.bad_checkpoints.append(record)
         elif isinstance(record, Restore):
             self.restores.append(record)
         elif isinstance(record, Eval):
@@ -157,6 +166,12 @@ class RunFold:
         self.last = s
         self._high = max(self._high, s.step)
         self._stepped_since_start = True
+
+    def _on_checkpoint_failed(self, record: CheckpointFailed) -> None:
+        self.checkpoint_failures.append(record)
+        if record.reason != self._failing_reason or not record.reason:
+            self.checkpoint_failure_reports.append(record)
+        self._failing_reason = record.reason
 
     def _on_start(self, s: Start) -> None:
         if self._open is not None:

@@ -19,7 +19,8 @@ class EventName(StrEnum):
     START = "start"  # rank 0, after restore: a (re)started group trains
     STEP = "step"  # rank 0 (the trainer or flywheel.progress), after each optimizer step
     CHECKPOINT = "checkpoint"  # rank 0, when a checkpoint is committed
-    CHECKPOINT_FAILED = "checkpoint_failed"  # any rank
+    CHECKPOINT_FAILED = "checkpoint_failed"  # rank 0 (the committing rank), once per failed save
+    CHECKPOINT_BAD = "checkpoint_bad"  # rank 0, restore found a committed checkpoint damaged and skipped it
     RESTORE = "restore"  # rank 0, a checkpoint was loaded
     FAULT = "fault"  # any rank, just before an injected fault fires
     HANG = "hang"  # any rank, the progress watchdog fired (exit HANG)
@@ -75,7 +76,21 @@ class Checkpoint:
 class CheckpointFailed:
     time: float
     step: int | None
-    error: str = ""
+    error: str = ""  # every failing rank's exception
+    reason: str = ""  # no_space / permission / io_error / other ("" from an older trainer)
+    message: str = ""  # the cause in words, with the newest good checkpoint
+
+    @property
+    def words(self) -> str:
+        return self.message or f"checkpoint at step {self.step} failed: {one_line(self.error)}"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointBad:
+    time: float
+    step: int
+    path: str = ""  # where the damaged checkpoint is kept (bad-step-N-<time>)
+    reason: str = ""  # which files do not match their checksums
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +130,7 @@ class LogReset:
     time: float = 0.0
 
 
-Record = Start | Step | Eval | Checkpoint | CheckpointFailed | Restore | Failure | Done | LogReset
+Record = Start | Step | Eval | Checkpoint | CheckpointFailed | CheckpointBad | Restore | Failure | Done | LogReset
 
 
 def _float(raw: Mapping[str, Any], key: str) -> float | None:
@@ -161,7 +176,10 @@ def _parse(name: EventName, t: float, raw: Mapping[str, Any]) -> Record:
         return Checkpoint(t, int(raw["step"]), str(raw.get("path") or ""), _float(raw, "blocking_seconds") or 0.0,
                           _float(raw, "total_seconds") or 0.0)
     if name is EventName.CHECKPOINT_FAILED:
-        return CheckpointFailed(t, _int(raw, "step"), str(raw.get("error") or ""))
+        return CheckpointFailed(t, _int(raw, "step"), str(raw.get("error") or ""), str(raw.get("reason") or ""),
+                                str(raw.get("message") or ""))
+    if name is EventName.CHECKPOINT_BAD:
+        return CheckpointBad(t, int(raw["step"]), str(raw.get("path") or ""), one_line(raw.get("reason") or ""))
     if name is EventName.RESTORE:
         return Restore(t, int(raw["step"]), str(raw.get("path") or ""))
     if name is EventName.DONE:

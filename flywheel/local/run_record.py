@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from flywheel.eventlog import Done, EventTail, FailureEntry, Record, RunFold, parse_record
+from flywheel.eventlog import CheckpointFailed, Done, EventTail, FailureEntry, Record, RunFold, parse_record
 
 __all__ = ["EventTail", "Recreation", "RunRecord", "fold", "perplexity"]
 
@@ -97,6 +97,8 @@ class RunRecord:
             "checkpoints": [{"step": c.step, "blocking_seconds": c.blocking_seconds,
                              "total_seconds": c.total_seconds, "path": c.path} for c in log.checkpoints],
             "checkpoint_failures": len(log.checkpoint_failures),
+            "checkpoint_failure_reports": [_checkpoint_failure_row(f, log) for f in log.checkpoint_failure_reports],
+            "bad_checkpoints": [{"step": b.step, "path": b.path, "reason": b.reason} for b in log.bad_checkpoints],
             "resumed_from": [s.resumed_from for s in log.starts],
             "lost_steps": log.lost_steps,
             "productive_seconds": productive,
@@ -117,6 +119,16 @@ def _failure_row(f: FailureEntry, start_time: float) -> dict[str, Any]:
     return {"time": r.time - start_time, "rank": r.rank, "replica": r.replica, "kind": r.kind,
             "exit_code": r.exit_code, "detail": f.detail, "reason": f.reason or None,
             "recovered_seconds": f.recovered_seconds}
+
+
+def _checkpoint_failure_row(f: CheckpointFailed, log: RunFold) -> dict[str, Any]:
+    """One reported cause: its first failure's step and words, and how many failed saves it stands for (it and the
+    failures after it up to the next report)."""
+    reported = {id(r) for r in log.checkpoint_failure_reports}
+    start = next(i for i, g in enumerate(log.checkpoint_failures) if g is f)
+    later = log.checkpoint_failures[start + 1:]
+    count = 1 + next((i for i, g in enumerate(later) if id(g) in reported), len(later))
+    return {"step": f.step, "reason": f.reason or None, "message": f.words, "count": count}
 
 
 def fold(events: list[Record] | list[dict[str, Any]]) -> RunRecord:

@@ -16,6 +16,8 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, assert_never
 
+from rich.markup import escape
+
 from flywheel import exitcodes
 from flywheel.eventlog import EventLog, EventName
 from flywheel.local import procs
@@ -172,8 +174,14 @@ class Supervisor:
         return self.outcome
 
     def _drain_events(self) -> None:
+        reported, bad = len(self.record.log.checkpoint_failure_reports), len(self.record.log.bad_checkpoints)
         for ev in self.events.read_new():
             self.record.add_event(ev)
+        for failure in self.record.log.checkpoint_failure_reports[reported:]:  # once per cause, in words
+            self.progress.notice(f"[yellow]{escape(failure.words)}[/]")
+        for damaged in self.record.log.bad_checkpoints[bad:]:
+            self.progress.notice(f"[yellow]checkpoint at step {damaged.step} is damaged ({escape(damaged.reason)}); "
+                                 f"kept as {escape(damaged.path)}; the previous good checkpoint is used[/]")
 
     def _tick(self) -> None:
         self._handle_interrupts()

@@ -41,7 +41,8 @@ def progress_of(log: RunFold) -> Progress:
                     checkpoints=checkpoints, failure_reason=log.failure_reason,
                     already_complete_checkpoint=(log.done.already_complete_checkpoint or "") if log.done else "",
                     eval_step=log.last_eval.step if log.last_eval else 0,
-                    eval_loss=log.last_eval.loss if log.last_eval else None)
+                    eval_loss=log.last_eval.loss if log.last_eval else None,
+                    checkpoint_failures=tuple((i + 1, f.words) for i, f in enumerate(log.checkpoint_failure_reports)))
 
 
 class EventLogTail:

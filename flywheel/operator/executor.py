@@ -37,13 +37,13 @@ from flywheel.operator.progress_follower import JobProgress
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.plan import WorkerPlan
 from flywheel.policy import reasons as R
-from flywheel.policy.checkpoint_events import CheckpointEventState, next_event, seed
+from flywheel.policy.checkpoint_events import CheckpointEventState, failure_events, next_event, seed
 from flywheel.policy.conditions import TERMINAL
 from flywheel.policy.decisions import CreatePod, DeleteJob, DeletePod, JobAction, Pass, Relabel, ResetRendezvous
 from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.reconcile import LIVENESS_GRACE_SECONDS, reconcile
 from flywheel.policy.vanished import vanished_pods
-from flywheel.spec import SpecError, TrainingJob, parse_job
+from flywheel.spec import SpecError, TrainingJob, parse_cluster_job
 from flywheel.spec_status import Phase, TrainingJobStatus
 from flywheel.timefmt import parse_rfc3339
 
@@ -80,6 +80,7 @@ class JobRunner:
         self.recovering_reason = ""  # the last restart's reason, for the time-to-recover histogram
         self.recoveries_seen_until = time.time()  # recoveries before this process started were measured before
         self.checkpoint_events: CheckpointEventState | None = None  # seeded by the first pass
+        self.checkpoint_failures_posted: int | None = None  # the CheckpointFailed reports posted (None: first pass)
         self.progress = JobProgress(self.poke)  # the etcd progress record (step, checkpoint, goodput, hangs)
         self.hang_reported: int | None = None  # the generation (restarts) whose hang was reported
         # The last written pass's pods and the uids this runner deleted since: a pod gone unseen by anyone else
@@ -210,7 +211,7 @@ class JobRunner:
         job: TrainingJob | None = None
         invalid = None
         try:
-            job = parse_job(obj)
+            job = parse_cluster_job(obj)
         except SpecError as err:
             invalid = "; ".join(err.problems)
         status_in = TrainingJobStatus.model_validate(obj.get("status") or {})
@@ -276,6 +277,10 @@ class JobRunner:
         """At most one CheckpointCommitted event per interval for the checkpoints committed since the last one
         (policy/checkpoint_events.py); a finished job's are posted at once. Not retried: a lost event is lost."""
         assert self.checkpoint_events is not None
+        failed, self.checkpoint_failures_posted = failure_events(progress.checkpoint_failures,
+                                                                 self.checkpoint_failures_posted)
+        for message in failed:
+            await self._event(obj, "Warning", R.CHECKPOINT_FAILED, message)
         event, self.checkpoint_events = next_event(progress.checkpoints, self.checkpoint_events, time.time(),
                                                    flush=finished)
         if event is None:

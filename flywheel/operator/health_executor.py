@@ -29,7 +29,7 @@ from flywheel.policy import reasons as R
 from flywheel.policy.conditions import iso
 from flywheel.policy.health_checks import Degradation, HangFinding, WatchedJob
 from flywheel.policy.xid import NodeFault, RankRestart, WatchedPod
-from flywheel.spec import SpecError, parse_job
+from flywheel.spec import SpecError, parse_cluster_job
 from flywheel.timefmt import parse_rfc3339
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class KubeJobInventory:
         dirs: dict[JobKey, str] = {}
         for obj in objs:
             try:
-                spec = parse_job(obj).spec
+                spec = parse_cluster_job(obj).spec
             except SpecError:
                 continue  # marked Invalid by the reconcile pass; nothing runs
             meta, status = obj["metadata"], obj.get("status") or {}

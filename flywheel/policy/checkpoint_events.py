@@ -82,3 +82,14 @@ def next_event(recent: Sequence[CommittedCheckpoint], state: CheckpointEventStat
     event = CheckpointEvent(step=newest.step, message=message, count=count, first_time=pending[0].time,
                             last_time=newest.time)
     return event, CheckpointEventState(handled=total, last_posted_at=now)
+
+
+def failure_events(reports: Sequence[tuple[int, str]], handled: int | None) -> tuple[list[str], int]:
+    """The CheckpointFailed messages to post: each cause of failing saves once (the trainer reports a cause again
+    only when it changes or after a commit). `reports`: (ordinal, message), oldest first; `handled`: the highest
+    ordinal already posted, or None in a new executor, which counts what the log holds now as posted (after an
+    operator restart it is read again from its start: a warning may be missed, never posted twice)."""
+    newest = reports[-1][0] if reports else 0
+    if handled is None:
+        return [], newest
+    return [message for ordinal, message in reports if ordinal > handled], max(handled, newest)

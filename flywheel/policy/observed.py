@@ -60,6 +60,8 @@ class ObservedProgress:
     already_complete_checkpoint: str = ""
     eval_step: int = 0  # the latest evaluation's step (0: none yet) and its loss
     eval_loss: float | None = None
+    # Each cause of failing saves, in words, numbered in log order: (ordinal, message) (eventlog fold's reports).
+    checkpoint_failures: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True)

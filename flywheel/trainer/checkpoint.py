@@ -17,8 +17,12 @@ skipped on every rank, with a warning: waiting would stall training for the rest
 in disguise), while skipping only makes the next checkpoint come later. blocking=True (final or emergency saves)
 waits for the in-flight write instead, then saves and returns once committed.
 
-Failures (disk full, read-only or missing directory, a rank's write raising) are logged with the path and cause,
-counted and reported as a `checkpoint_failed` event; training continues and committed checkpoints are untouched.
+Failures (disk full, read-only or missing directory, a rank's write raising) are logged by each rank with its own
+cause. Global rank 0, the committing rank, decides for all: the failed save's partial folder is removed (each rank
+removes it where it sees it, so a per-pod directory loses its part too), and the most telling cause of all ranks'
+(checkpoint_failure.py: no space before a peer's follow-on error) is reported once per failed save, in words with
+the newest good checkpoint, as a `checkpoint_failed` record and flywheel_checkpoint_failures_total{reason}. When the
+disk is full, older committed checkpoints are deleted to make room, never the newest. Training continues.
 """
 
 from __future__ import annotations
@@ -41,7 +45,20 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from flywheel.spec import CheckpointSpec
+from flywheel.trainer import checkpoint_integrity as integrity
 from flywheel.trainer import checkpoint_store as store
+from flywheel.trainer.checkpoint_failure import (
+    FailureReason,
+    RankCause,
+    SaveFailed,
+    causes_of,
+    describe_failure,
+    failure_message,
+    in_words,
+    primary,
+    rank_cause,
+    state_bytes,
+)
 from flywheel.trainer.checkpoint_staging import StagingBuffers, snapshot_unsafe_tensors
 from flywheel.trainer.checkpoint_state import AppState
 
@@ -52,13 +69,6 @@ log = logging.getLogger("flywheel.checkpoint")
 _FAILURES = (Exception, CheckpointException)  # DCP's CheckpointException derives from BaseException
 # torch.cuda.Stream's constructor has no annotations; this is its signature as used here.
 _new_cuda_stream: Callable[[], torch.cuda.Stream] = torch.cuda.Stream
-
-
-def describe_failure(err: BaseException) -> str:
-    """One line naming the cause; for DCP's CheckpointException, each failing rank's own exception."""
-    if isinstance(err, CheckpointException):
-        return "; ".join(f"rank {rank}: {type(exc).__name__}: {exc}" for rank, (exc, _) in err.failures.items())
-    return f"{type(err).__name__}: {err}"
 
 
 @dataclass
@@ -200,6 +210,8 @@ class Checkpointer:
     def restore(self, app: AppState) -> int | None:
         """Load the newest committed checkpoint into app (resharding to this world size); its step, or None.
 
+        Each checkpoint's files are verified against the checksums of its commit first (checkpoint_integrity.py):
+        a damaged one is marked bad, reported and skipped for the previous one, before anything is loaded.
         A checkpoint that fails to load on any rank is skipped, with a warning, for the previous committed one.
         If committed checkpoints exist but none loads, raises: parts of the state may already be overwritten."""
         self._wait_inflight()
@@ -207,12 +219,15 @@ class Checkpointer:
         if self.rank == 0:
             for torn in store.remove_uncommitted(self.directory):
                 log.info("removed torn checkpoint %s (no commit marker)", torn)
-            listing[0] = [(r.step, r.path, r.world_size) for r in reversed(store.committed(self.directory))]
+            listing[0] = [(r.step, r.path, r.world_size, r.checksums)
+                          for r in reversed(store.committed(self.directory))]
         if self.distributed:
             dist.broadcast_object_list(listing, src=0, group=self._control_group)
-        candidates: list[tuple[int, str, int]] = listing[0]
+        candidates: list[tuple[int, str, int, dict[str, str]]] = listing[0]
         failed: list[str] = []
-        for step, path, saved_world in candidates:
+        for step, path, saved_world, sums in candidates:
+            if not self._verified(step, path, sums):
+                continue
             error: BaseException | None = None
             try:
                 state = app.state_dict(include_rng=saved_world == self.world_size)
@@ -236,6 +251,27 @@ class Checkpointer:
                                "does not start from scratch; repair or remove these checkpoints")
         log.info("no committed checkpoint under %s; starting from scratch", self.directory)
         return None
+
+    def _verified(self, step: int, path: str, sums: dict[str, str]) -> bool:
+        """Whether the checkpoint's files match their committed checksums, each rank checking its share; a
+        damaged one is marked bad (kept, renamed) and reported by rank 0. The same answer on every rank."""
+        mine = {n: sums[n] for n in integrity.share(list(sums), self.rank, self.world_size)}
+        found: list[Any] = [integrity.damaged(path, mine)]
+        if self.distributed:
+            found = [None] * self.world_size
+            dist.all_gather_object(found, integrity.damaged(path, mine), group=self._control_group)
+        damage = [d for part in found for d in part]
+        if not damage:
+            return True
+        reason = "; ".join(damage[:5]) + (f" (and {len(damage) - 5} more)" if len(damage) > 5 else "")
+        log.error("checkpoint at step %d in %s is damaged (%s); falling back to the previous good checkpoint",
+                  step, path, reason)
+        if self.rank == 0:
+            moved = integrity.mark_bad(path, reason)
+            log.error("marked %s bad: kept as %s for inspection, never restored", path, moved)
+            if self.events is not None:
+                self.events.emit("checkpoint_bad", step=step, path=str(moved), reason=reason)
+        return False
 
     def _after_restore(self, step: int, path: str, saved_world: int) -> None:
         self.restored_path = path
@@ -264,21 +300,23 @@ class Checkpointer:
             finally:
                 record.staged.set()
             # Every rank must enter dcp.save or none: a rank that stays out would leave the others hanging.
-            if not self._agree(staging_error is None, self._write_group, any_rank=False):
-                raise staging_error or RuntimeError("staging failed on another rank")
+            causes = self._gather_causes(staging_error)
+            if causes:
+                raise SaveFailed(causes)
             dcp_save(staged, storage_writer=FileSystemWriter(record.path), process_group=self._write_group)
             # dcp.save returns on rank 0 only after .metadata is written, i.e. after every rank's write finished.
+            sums = self._gather_checksums(record.path)
             commit_error: BaseException | None = None
             if self.rank == 0:
                 try:
-                    store.write_commit(record.path, record.step, self.world_size)
+                    store.write_commit(record.path, record.step, self.world_size, sums)
                 except _FAILURES as err:
                     commit_error = err
             committed = self.rank == 0 and commit_error is None
             if not self._agree(committed, self._write_group, any_rank=True):
                 raise commit_error or RuntimeError("rank 0 could not write the commit marker")
         except _FAILURES as err:
-            self._on_failure(record, err)
+            self._on_failure(record, err, state)
             return
         self._on_commit(record)
 
@@ -303,16 +341,65 @@ class Checkpointer:
         except OSError as err:
             log.warning("checkpoint clean-up under %s failed: %s", self.directory, err)
 
-    def _on_failure(self, record: _Save, err: BaseException) -> None:
-        cause = describe_failure(err)
-        if not isinstance(err, CheckpointException):  # DCP's exception already names each failing rank
-            cause = f"rank {self.rank}: {cause}"
-        log.error("checkpoint at step %d to %s failed: %s; training continues and earlier checkpoints are "
-                  "untouched", record.step, record.path, cause)
+    def _gather_causes(self, error: BaseException | None) -> list[RankCause]:
+        """Every rank's cause (empty: no rank failed); one collective on the writer group, on every rank."""
+        mine = rank_cause(self.rank, error) if error is not None else None
+        if not self.distributed:
+            return [mine] if mine else []
+        gathered: list[RankCause | None] = [None] * self.world_size
+        dist.all_gather_object(gathered, mine, group=self._write_group)
+        return [c for c in gathered if c is not None]
+
+    def _gather_checksums(self, path: Path) -> dict[str, str]:
+        """Every rank checksums the files it wrote (writer thread: off the loop); rank 0 gets them all."""
+        mine: tuple[dict[str, str], RankCause | None]
+        try:
+            mine = (integrity.checksums(path, integrity.own_files(path, self.rank)), None)
+        except OSError as err:
+            mine = ({}, rank_cause(self.rank, err))
+        parts: list[Any] = [mine]
+        if self.distributed:
+            parts = [None] * self.world_size
+            dist.all_gather_object(parts, mine, group=self._write_group)
+        causes = [cause for _, cause in parts if cause is not None]
+        if causes:
+            raise SaveFailed(causes)
+        return {name: crc for sums, _ in parts for name, crc in sums.items()}
+
+    def _on_failure(self, record: _Save, err: BaseException, state: dict[str, Any]) -> None:
+        log.error("checkpoint at step %d to %s failed on rank %d: %s", record.step, record.path, self.rank,
+                  describe_failure(err))
+        try:
+            store.remove_partial(record.path)  # every rank: a per-pod directory holds that rank's part only
+        except OSError as cleanup_error:
+            log.warning("could not remove the failed checkpoint %s: %s", record.path, cleanup_error)
+        if self.rank != 0:
+            return  # the committing rank reports, with every rank's cause
+        cause = primary(causes_of(err, self.rank))
+        if cause.reason is FailureReason.NO_SPACE:
+            self._make_room()
+        newest = store.committed(self.directory)
+        needs = store.folder_bytes(newest[-1].path) if newest else state_bytes(state)
+        message = failure_message(record.step, in_words(cause, str(self.directory), needs),
+                                  newest[-1].step if newest else None)
+        log.error("%s", message)
         if self.metrics is not None:
-            self.metrics.checkpoint_failures_total.inc()
+            self.metrics.checkpoint_failures_total.labels(reason=cause.reason.value).inc()
         if self.events is not None:
-            self.events.emit("checkpoint_failed", step=record.step, error=f"{record.path}: {cause}")
+            self.events.emit("checkpoint_failed", step=record.step, reason=cause.reason.value, message=message,
+                             error=f"{record.path}: {describe_failure(err)}",
+                             newest_step=newest[-1].step if newest else None)
+
+    def _make_room(self) -> None:
+        """Disk full: older committed checkpoints go so that the next save fits; the newest good one stays."""
+        newest = store.committed(self.directory)
+        if len(newest) < 2:
+            return
+        try:
+            for path in store.apply_retention(self.directory, 1, newest[-1].step):
+                log.warning("deleted checkpoint %s to make room (no space left on %s)", path, self.directory)
+        except OSError as err:
+            log.warning("could not make room under %s: %s", self.directory, err)
 
     # ---- bookkeeping -------------------------------------------------------------------------------------------
 
@@ -332,3 +419,4 @@ class Checkpointer:
         if record.future is not None:
             record.future.result()  # _write catches its own failures
         self._inflight = None
+

@@ -15,8 +15,10 @@ import os
 import re
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from flywheel.trainer import checkpoint_integrity as integrity
 
 log = logging.getLogger("flywheel.checkpoint")
 
@@ -32,6 +34,7 @@ class Committed:
     path: str
     world_size: int
     time: float
+    checksums: dict[str, str] = field(default_factory=dict)  # file name -> crc32 (empty: an older checkpoint)
 
 
 def step_dir(root: str | os.PathLike[str], step: int) -> Path:
@@ -58,7 +61,8 @@ def read_commit(path: str | os.PathLike[str]) -> Committed | None:
     try:
         doc = json.loads(marker.read_text())
         return Committed(step=int(doc["step"]), path=str(path), world_size=int(doc["world_size"]),
-                         time=float(doc["time"]))
+                         time=float(doc["time"]), checksums={str(k): str(v) for k, v in
+                                                             (doc.get("checksums") or {}).items()})
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as err:
@@ -68,9 +72,11 @@ def read_commit(path: str | os.PathLike[str]) -> Committed | None:
 
 
 def committed(root: str | os.PathLike[str]) -> list[Committed]:
-    """Committed checkpoints under root, oldest step first."""
+    """Committed checkpoints under root that are not marked bad (damaged after their commit), oldest step first."""
     found = []
     for step, path in step_dirs(root):
+        if integrity.is_bad(path):
+            continue
         record = read_commit(path)
         if record is not None and record.step == step:
             found.append(record)
@@ -85,11 +91,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_commit(path: str | os.PathLike[str], step: int, world_size: int) -> None:
-    """Make a finished DCP save visible: temp file, fsync, atomic rename, fsync the folder."""
+def write_commit(path: str | os.PathLike[str], step: int, world_size: int,
+                 checksums: dict[str, str] | None = None) -> None:
+    """Make a finished DCP save visible: temp file, fsync, atomic rename, fsync the folder. `checksums`: every
+    file's, verified by restore."""
     folder = Path(path)
     tmp = folder / f".{COMMIT_MARKER}.tmp"
-    record = {"step": step, "world_size": world_size, "time": time.time()}
+    record = {"step": step, "world_size": world_size, "time": time.time(), "algorithm": integrity.ALGORITHM,
+              "checksums": checksums or {}}
     with open(tmp, "w") as f:
         f.write(json.dumps(record))
         f.flush()
@@ -139,3 +148,19 @@ def remove_uncommitted(root: str | os.PathLike[str], below_step: int | None = No
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
+
+
+def remove_partial(path: str | os.PathLike[str]) -> bool:
+    """Delete a failed save's folder unless it was committed after all; whether something was deleted."""
+    if not Path(path).exists() or read_commit(path) is not None:
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
+def folder_bytes(path: str | os.PathLike[str]) -> int:
+    """The bytes of the files in one step folder (0 when it is gone)."""
+    try:
+        return sum(entry.stat().st_size for entry in os.scandir(path) if entry.is_file(follow_symlinks=False))
+    except OSError:
+        return 0

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from flywheel.trainer.checkpoint_failure import FailureReason
+
 LABELS = ("job", "namespace", "replica", "rank")
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 CHECKPOINT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -51,7 +53,9 @@ class TrainerMetrics:
                                                   "Time from starting a checkpoint until it was committed.",
                                                   CHECKPOINT_BUCKETS)
         self.checkpoint_last_step = gauge("flywheel_checkpoint_last_step", "Step of the newest committed checkpoint.")
-        self.checkpoint_failures_total = counter("flywheel_checkpoint_failures_total", "Checkpoint saves that failed.")
+        self.checkpoint_failures_total = ReasonCounter(Counter(
+            "flywheel_checkpoint_failures_total", "Checkpoint saves that failed, by reason (counted by global rank 0).",
+            (*LABELS, "reason"), registry=self.registry), values, [r.value for r in FailureReason])
         self.rendezvous_seconds = gauge("flywheel_rendezvous_seconds",
                                         "Time this process took to join the process group.")
         self.watchdog_fired_total = counter("flywheel_watchdog_fired_total",
@@ -73,3 +77,15 @@ class TrainerMetrics:
         self.eval_loss.set(loss)
         self.eval_perplexity.set(perplexity)
         self.eval_step.set(step)
+
+class ReasonCounter:
+    """A counter with a `reason` label besides this process's: `.labels(reason=...).inc()`. Every reason is
+    exported from the start (at 0), so a rate over it exists before the first failure."""
+
+    def __init__(self, counter: Counter, values: dict[str, str], reasons: list[str]) -> None:
+        self._counter, self._values = counter, values
+        for reason in reasons:
+            self.labels(reason=reason)
+
+    def labels(self, *, reason: str) -> Counter:
+        return self._counter.labels(**self._values, reason=reason)

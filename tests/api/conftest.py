@@ -36,7 +36,7 @@ def job_doc(name: str, namespace: str = "default", rmin: int = 1, rmax: int = 3,
             "spec": {"image": "flywheel:latest", "replicas": {"min": rmin, "max": rmax}, "procsPerReplica": procs,
                      "trainer": {"model": {"preset": "gpt-tiny"}, "parallelism": {"fsdp": False},
                                  "training": {"steps": 30, "globalBatch": 24, "microBatch": 2}},
-                     "checkpoint": {"dir": f"/ckpt/{name}", "everySteps": 5}}}
+                     "checkpoint": {"dir": f"/ckpt/{name}", "everySteps": 5, "claimName": "shared-ckpt"}}}
 
 
 @dataclass

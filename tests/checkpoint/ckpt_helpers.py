@@ -53,12 +53,26 @@ class _Counter:
         self.value += 1
 
 
+class _ReasonCounter(_Counter):
+    """Counts every reason in `value` and each in `by_reason`."""
+
+    def __init__(self) -> None:
+        self.by_reason: dict[str, int] = {}
+
+    def labels(self, *, reason: str) -> _ReasonCounter:
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + 1  # counted on labels(): inc() always follows
+        return self
+
+    def inc(self) -> None:
+        self.value += 1
+
+
 class FakeMetrics:
     def __init__(self) -> None:
         self.checkpoint_blocking_seconds = _Histogram()
         self.checkpoint_total_seconds = _Histogram()
         self.checkpoint_last_step = _Gauge()
-        self.checkpoint_failures_total = _Counter()
+        self.checkpoint_failures_total = _ReasonCounter()
 
 
 class CountingData:

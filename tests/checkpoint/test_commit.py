@@ -39,8 +39,10 @@ def test_uncommitted_and_partial_folders_are_never_restored(tmp_path: Path,
     app, data = make_app(seed=0)
     ckpt = Checkpointer(_cfg(tmp_path), tmp_path)
     states = _train_and_save(ckpt, app, data, range(1, 3))
-    # Step 4: DCP's write finishes (".metadata" exists) but the commit never happens.
+    # Step 4: DCP's write finishes (".metadata" exists) but the commit never happens: the process dies there, so
+    # the failed save's clean-up does not run either.
     monkeypatch.setattr(store, "write_commit", lambda *a, **k: (_ for _ in ()).throw(OSError("crashed")))
+    monkeypatch.setattr(store, "remove_partial", lambda path: False)
     train_step(app, data)
     ckpt2 = Checkpointer(_cfg(tmp_path), tmp_path)
     ckpt2.save(4, app, blocking=True)
@@ -66,6 +68,22 @@ def test_corrupt_newest_falls_back_to_previous(tmp_path: Path, caplog: pytest.Lo
     with caplog.at_level(logging.WARNING, logger="flywheel.checkpoint"):
         assert Checkpointer(_cfg(tmp_path), tmp_path).restore(app2) == 2
     assert_same_state(full_state(app2), states[2])
+    assert any("is damaged" in r.message and "step-00000003" in r.message for r in caplog.records)
+    [kept] = tmp_path.glob("bad-step-00000003-*")  # never deleted: marked bad, out of the listings
+    assert store.read_commit(kept) is not None
+
+
+def test_a_checkpoint_without_checksums_that_fails_to_load_falls_back(tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    app, data = make_app(seed=0)
+    states = _train_and_save(Checkpointer(_cfg(tmp_path), tmp_path), app, data, range(1, 4))
+    store.write_commit(store.step_dir(tmp_path, 3), 3, 1)  # as an older trainer wrote it: no checksums
+    for shard in store.step_dir(tmp_path, 3).glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:50])  # truncated
+    app2, _ = make_app(seed=9)
+    with caplog.at_level(logging.WARNING, logger="flywheel.checkpoint"):
+        assert Checkpointer(_cfg(tmp_path), tmp_path).restore(app2) == 2
+    assert_same_state(full_state(app2), states[2])
     assert any("could not restore checkpoint" in r.message and "step-00000003" in r.message
                for r in caplog.records)
     assert store.read_commit(store.step_dir(tmp_path, 3)) is not None  # never deleted
@@ -74,6 +92,7 @@ def test_corrupt_newest_falls_back_to_previous(tmp_path: Path, caplog: pytest.Lo
 def test_all_committed_corrupt_raises(tmp_path: Path) -> None:
     app, data = make_app(seed=0)
     _train_and_save(Checkpointer(_cfg(tmp_path), tmp_path), app, data, range(1, 2))
+    store.write_commit(store.step_dir(tmp_path, 1), 1, 1)  # no checksums: the damage shows only when loading
     (store.step_dir(tmp_path, 1) / ".metadata").write_bytes(b"garbage")
     with pytest.raises(RuntimeError, match="none of the committed checkpoints"):
         Checkpointer(_cfg(tmp_path), tmp_path).restore(make_app(seed=9)[0])

@@ -59,7 +59,8 @@ def _failure_and_due(rank: int, world_size: int, root: str) -> None:
     train_step(app, data, ckpt)
     ckpt.save(1, app, blocking=True)
 
-    # Rank 1's write fails after rank 0's succeeded: nobody commits, both report it, training goes on.
+    # Rank 1's write fails after rank 0's succeeded: nobody commits, rank 0 reports rank 1's cause (its own view is
+    # a follow-on error), the partial folder goes, training goes on.
     real_write = dcp.FileSystemWriter.write_data
     if rank == 1:
         def disk_full(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -70,9 +71,14 @@ def _failure_and_due(rank: int, world_size: int, root: str) -> None:
     train_step(app, data, ckpt)
     ckpt.close()
     dcp.FileSystemWriter.write_data = real_write  # type: ignore[method-assign]
-    [failed] = events.named("checkpoint_failed")
-    assert failed["step"] == 2 and "No space left on device" in failed["error"]
+    if rank == 0:
+        [failed] = events.named("checkpoint_failed")
+        assert failed["step"] == 2 and "No space left on device" in failed["error"] and failed["reason"] == "no_space"
+        assert failed["message"].startswith(f"checkpoint at step 2 failed: no space left on {root}")
+    else:
+        assert events.named("checkpoint_failed") == []
     assert [r.step for r in store.committed(root)] == [1]
+    assert not store.step_dir(root, 2).exists()
 
     # everySeconds: rank 1's clock runs ahead and the ranks step at different paces, yet they agree.
     ckpt = Checkpointer(cfg, root, events=events)

@@ -10,10 +10,21 @@ from typing import Any
 import pytest
 import torch.distributed.checkpoint as dcp
 from ckpt_helpers import FakeEvents, FakeMetrics, assert_same_state, full_state, make_app, train_step
+from torch.distributed.checkpoint.api import CheckpointException
 
 from flywheel.spec import CheckpointSpec
 from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer.checkpoint import Checkpointer
+from flywheel.trainer.checkpoint_failure import (
+    FailureReason,
+    RankCause,
+    SaveFailed,
+    causes_of,
+    classify,
+    failure_message,
+    in_words,
+    primary,
+)
 
 pytestmark = pytest.mark.usefixtures("one_rank")
 
@@ -39,9 +50,13 @@ def test_disk_full_is_reported_and_training_continues(tmp_path: Path, monkeypatc
         ckpt.close()
     errors = [r.message for r in caplog.records if r.levelno == logging.ERROR]
     assert any("step-00000002" in m and "No space left on device" in m for m in errors), errors
-    assert metrics.checkpoint_failures_total.value == 1
+    assert metrics.checkpoint_failures_total.by_reason == {"no_space": 1}
     [failed] = events.named("checkpoint_failed")
-    assert failed["step"] == 2 and "No space left on device" in failed["error"]
+    assert failed["step"] == 2 and "No space left on device" in failed["error"] and failed["reason"] == "no_space"
+    assert failed["message"].startswith(f"checkpoint at step 2 failed: no space left on {tmp_path} (needs ~")
+    assert failed["message"].endswith("; training continues; newest good checkpoint: step 1")
+    assert failed["message"] in errors
+    assert not store.step_dir(tmp_path, 2).exists()  # the partial folder is gone
     assert [e["step"] for e in events.named("checkpoint")] == [1]
     assert [r.step for r in store.committed(tmp_path)] == [1]
     monkeypatch.undo()
@@ -72,3 +87,36 @@ def test_unwritable_directory_is_reported(tmp_path: Path) -> None:
     assert [e["step"] for e in events.named("checkpoint_failed")] == [1, 2]
     assert all("Not a directory" in e["error"] for e in events.named("checkpoint_failed"))
     assert Checkpointer(cfg, target).restore(make_app(seed=0)[0]) is None
+
+
+def test_the_most_telling_cause_wins_over_a_peers_follow_on_error() -> None:
+    no_space = OSError(errno.ENOSPC, "No space left on device")
+    follow_on = CheckpointException("save", {0: (FileNotFoundError(errno.ENOENT, "gone"), None),
+                                             1: (RuntimeError("wrapped"), None)})
+    follow_on.failures[1][0].__cause__ = no_space
+    cause = primary(causes_of(follow_on, 0))
+    assert (cause.rank, cause.reason) == (1, FailureReason.NO_SPACE)
+    assert classify(OSError(errno.EROFS, "ro")) is FailureReason.PERMISSION
+    assert classify(ValueError("x")) is FailureReason.OTHER
+    staged = SaveFailed([RankCause(0, FailureReason.OTHER, "RuntimeError: x"), RankCause(3, FailureReason.IO_ERROR,
+                                                                                        "OSError: EIO")])
+    assert primary(causes_of(staged, 0)).rank == 3
+    assert in_words(cause, "/ckpt", 1_800_000) == "no space left on /ckpt (needs ~1.8 MB)"
+    assert failure_message(20, "no space left on /ckpt (needs ~1.8 MB)", 10) == (
+        "checkpoint at step 20 failed: no space left on /ckpt (needs ~1.8 MB); training continues; newest good "
+        "checkpoint: step 10")
+
+
+def test_a_full_disk_makes_room_by_deleting_older_checkpoints_never_the_newest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = CheckpointSpec(dir=str(tmp_path), every_steps=1, keep=3)
+    app, data = make_app(seed=0)
+    ckpt = Checkpointer(cfg, tmp_path, events=FakeEvents())
+    for step in (1, 2, 3):
+        train_step(app, data, ckpt)
+        ckpt.save(step, app, blocking=True)
+    monkeypatch.setattr(dcp.FileSystemWriter, "write_data", lambda *a, **k: (_ for _ in ()).throw(
+        OSError(errno.ENOSPC, "No space left on device")))
+    ckpt.save(4, app, blocking=True)
+    assert [r.step for r in store.committed(tmp_path)] == [3]
+    assert [step for step, _ in store.step_dirs(tmp_path)] == [3]

@@ -8,6 +8,7 @@ The cluster must already run the operator (the Helm chart) with etcd, and have t
 | `FLYWHEEL_E2E_NAMESPACE` | `flywheel-e2e` | created if missing; jobs are applied here |
 | `FLYWHEEL_E2E_IMAGE` | `flywheel:latest` | worker image (this package installed) |
 | `FLYWHEEL_E2E_CKPT_DIR` | `/ckpt` | checkpoint dir inside the worker image |
+| `FLYWHEEL_E2E_CKPT_CLAIM` | `""` | a ReadWriteMany PVC for the checkpoints (empty: per-pod, `ephemeral: true`) |
 | `FLYWHEEL_E2E_OPERATOR` | `flywheel-system:app.kubernetes.io/name=flywheel-operator` | operator pod: ns:selector |
 | `FLYWHEEL_E2E_KUBECTL` | `kubectl` on PATH, else .tools/bin/kubectl | the kubectl binary |
 | `FLYWHEEL_E2E_ETCD` | `<operator ns>:app.kubernetes.io/component=etcd` | the chart's etcd pods: ns:selector |
@@ -72,6 +73,9 @@ class RealCluster:
         doc["metadata"] = {"name": name, "namespace": self.namespace}
         doc["spec"]["image"] = self.image
         doc["spec"]["checkpoint"]["dir"] = f"{self.ckpt}/{name}-{int(time.time())}"
+        # The example's claim only where the cluster has it; else per-pod checkpoints, accepted as such.
+        claim = os.environ.get("FLYWHEEL_E2E_CKPT_CLAIM", "")
+        doc["spec"]["checkpoint"].update(claimName=claim, ephemeral=not claim)
         for dotted, value in spec_changes.items():
             node = doc["spec"]
             *parents, leaf = dotted.split(".")

@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from flywheel.cli import main
-from flywheel.spec import SpecError, parse_job
+from flywheel.local.runner import RunOptions, load_checked
+from flywheel.spec import SpecError, parse_cluster_job
 from tests.chart.conftest import find_tool
 
 KUBECTL = find_tool("kubectl")
@@ -117,7 +118,8 @@ TABLE: list[tuple[str, dict[str, Any], str, str, bool]] = [
 
 
 def document(name: str, changes: dict[str, Any]) -> dict[str, Any]:
-    spec: dict[str, Any] = {"replicas": {"min": 2, "max": 2}, "trainer": {"training": {"steps": 2}}}
+    spec: dict[str, Any] = {"replicas": {"min": 2, "max": 2}, "trainer": {"training": {"steps": 2}},
+                            "checkpoint": {"claimName": "shared-ckpt"}}
     for key, value in changes.items():
         if key == "trainer":
             for section, fields in value.items():
@@ -154,7 +156,7 @@ def test_plan_run_and_the_operator_refuse_it(tmp_path, name, changes, field, fix
     assert code != 0 and "Traceback" not in text and names_field_and_fix(text, field, fix), text
     assert not out.exists()  # refused before the run directory, the store or any worker
     with pytest.raises(SpecError) as refused:  # the operator's own validation: Invalid before any pod
-        parse_job(document(name, changes))
+        parse_cluster_job(document(name, changes))
     assert names_field_and_fix(str(refused.value), "spec." + field, fix), str(refused.value)
 
 
@@ -180,4 +182,29 @@ def test_kubectl_apply_refuses_what_cel_decides(kubectl, name, changes, field, f
 
 def test_kubectl_accepts_a_valid_job(kubectl):
     result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(document("fine", {})))
+    assert result.returncode == 0, result.stderr
+
+
+UNSHARED = {"replicas": {"min": 1, "max": 2}, "checkpoint": {"dir": "/ckpt/x"}}
+
+
+def test_the_operator_refuses_workers_without_a_shared_checkpoint_but_the_local_runner_runs_them(tmp_path):
+    with pytest.raises(SpecError) as refused:
+        parse_cluster_job(document("unshared", UNSHARED))
+    assert names_field_and_fix(str(refused.value), "spec.checkpoint.claimName", "checkpoint.ephemeral: true")
+    for fine in ({"checkpoint": {"dir": "/ckpt/x", "ephemeral": True}}, {"replicas": {"min": 1, "max": 1}},
+                 {"checkpoint": {"dir": "s3://bucket/run"}}):
+        parse_cluster_job(document("fine", {**UNSHARED, **fine}))
+    # One machine: every worker writes to the same directory, so `flywheel run` accepts the job.
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(document("unshared", {**UNSHARED, "checkpoint": {"dir": str(tmp_path / "c")}})))
+    assert load_checked(RunOptions(job_file=str(job)))[0].spec.replicas.max == 2
+
+
+def test_kubectl_apply_refuses_workers_without_a_shared_checkpoint(kubectl):
+    result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(document("unshared", UNSHARED)))
+    assert result.returncode != 0 and names_field_and_fix(result.stderr, "checkpoint.claimName",
+                                                          "checkpoint.ephemeral: true"), result.stderr
+    ephemeral = {**UNSHARED, "checkpoint": {"dir": "/ckpt/x", "ephemeral": True}}
+    result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(document("ephemeral", ephemeral)))
     assert result.returncode == 0, result.stderr

@@ -20,6 +20,7 @@ from flywheel.policy.checkpoint_events import (
     RECENT_CHECKPOINTS,
     CheckpointEventState,
     CommittedCheckpoint,
+    failure_events,
     next_event,
     seed,
 )
@@ -165,3 +166,38 @@ def test_executor_posts_each_checkpoint_once_across_an_operator_restart(tmp_path
     timeline = views.timeline(job, raw)
     assert [(i.step, i.time) for i in timeline.items if i.kind == "checkpoint"] == [
         (5, iso(T0 + 1)), (15, iso(T0 + 4)), (25, iso(T0 + 7))]
+
+
+def test_failure_events_post_each_cause_once_and_a_new_executor_only_what_is_new() -> None:
+    assert failure_events([(1, "a")], None) == ([], 1)  # a new executor: what the log held is not posted again
+    assert failure_events([(1, "a"), (2, "b")], 1) == (["b"], 2)
+    assert failure_events([(1, "a"), (2, "b")], 2) == ([], 2)
+    assert failure_events([], 0) == ([], 0)
+
+
+def test_executor_warns_once_per_cause_of_failing_checkpoints(tmp_path: Path) -> None:
+    job = {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
+           "metadata": {"name": "j", "namespace": "ml", "uid": "uid-1", "resourceVersion": "1", "generation": 1},
+           "spec": {"replicas": {"min": 1, "max": 1}, "trainer": {"training": {"globalBatch": 4, "microBatch": 1}}}}
+    kube = RecordingKube(job)
+    settings = m.OperatorSettings(etcd_endpoints="etcd:2379", events_dir=str(tmp_path))
+    log = events_file(str(tmp_path), "ml", "j", "uid-1")
+    runner = JobRunner(kube, settings, "ml", "j", "uid-1", logging.getLogger("test"))  # type: ignore[arg-type]
+
+    def append(*rows: dict[str, Any]) -> None:
+        with open(log, "a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+
+    def failed(step: int, reason: str) -> dict[str, Any]:
+        return {"event": "checkpoint_failed", "time": T0 + step, "step": step, "reason": reason,
+                "message": f"checkpoint at step {step} failed: {reason}; training continues"}
+
+    append({"event": "start", "time": T0}, {"event": "checkpoint", "time": T0 + 1, "step": 5, "path": "/c/5"})
+    asyncio.run(runner.reconcile_once())
+    append(failed(10, "no_space"), failed(15, "no_space"))
+    asyncio.run(runner.reconcile_once())
+    append(failed(20, "no_space"), failed(25, "permission"))
+    asyncio.run(runner.reconcile_once())
+    warnings = [(e["type"], e["message"]) for e in kube.events if e["reason"] == "CheckpointFailed"]
+    assert warnings == [("Warning", "checkpoint at step 10 failed: no_space; training continues"),
+                        ("Warning", "checkpoint at step 25 failed: permission; training continues")]

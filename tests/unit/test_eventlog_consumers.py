@@ -104,3 +104,37 @@ def test_the_failures_table_prints_a_reason_that_looks_like_markup(tmp_path: Pat
     out = io.StringIO()
     print_summary(Console(file=out, width=300), summary, tmp_path)
     assert "pair.cc:553] Connection closed" in out.getvalue()
+
+
+def test_checkpoint_failures_are_reported_once_per_cause_by_the_summary_and_the_operator(tmp_path: Path) -> None:
+    def failed(t: float, reason: str) -> dict:
+        return {"event": "checkpoint_failed", "time": T0 + t, "step": int(t), "reason": reason,
+                "message": f"checkpoint at step {int(t)} failed: {reason}", "error": "x"}
+
+    raw = [start(0), failed(2, "no_space"), failed(4, "no_space"), failed(6, "permission"),
+           {"event": "checkpoint", "time": T0 + 8, "step": 8, "path": "/c/8"}, failed(10, "permission"),
+           {"event": "checkpoint_failed", "time": T0 + 12, "step": 12, "error": "older trainer"}]
+    record = RunRecord()
+    for ev in raw:
+        record.add_event(ev)
+    summary = record.summary(job="j", status="Succeeded", exit_code=0, world_size=1, start_time=T0,
+                             wall_seconds=10.0)
+    assert summary["checkpoint_failures"] == 5
+    assert [(r["step"], r["reason"], r["count"]) for r in summary["checkpoint_failure_reports"]] == [
+        (2, "no_space", 2), (6, "permission", 1), (10, "permission", 1), (12, None, 1)]
+    assert summary["checkpoint_failure_reports"][-1]["message"] == "checkpoint at step 12 failed: older trainer"
+    log = tmp_path / "events.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in raw))
+    progress = EventLogTail(log).poll()
+    assert [o for o, _ in progress.checkpoint_failures] == [1, 2, 3, 4]
+    assert progress.checkpoint_failures[0][1] == "checkpoint at step 2 failed: no_space"
+
+
+def test_a_damaged_checkpoint_is_in_the_summary() -> None:
+    record = RunRecord()
+    for ev in [start(0), {"event": "checkpoint_bad", "time": T0 + 1, "step": 4, "path": "/c/bad-step-00000004-1",
+                          "reason": "__0_0.distcp: crc32 1, committed as 2"}]:
+        record.add_event(ev)
+    summary = record.summary(job="j", status="Succeeded", exit_code=0, world_size=1, start_time=T0, wall_seconds=1.0)
+    assert summary["bad_checkpoints"] == [{"step": 4, "path": "/c/bad-step-00000004-1",
+                                           "reason": "__0_0.distcp: crc32 1, committed as 2"}]

@@ -1,0 +1,74 @@
+"""Each committed checkpoint records a checksum per file; a byte flipped after the commit is detected on restore,
+the damaged checkpoint is marked bad (kept, never restored) and reported, and the previous good one is used: the
+run's final parameters equal those of a run that never saw the damage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from ckpt_helpers import FakeEvents, assert_same_state, full_state, make_app, train_step
+
+from flywheel.spec import CheckpointSpec
+from flywheel.trainer import checkpoint_integrity as integrity
+from flywheel.trainer import checkpoint_store as store
+from flywheel.trainer.checkpoint import Checkpointer
+
+pytestmark = pytest.mark.usefixtures("one_rank")
+STEPS = 6
+
+
+def cfg(root: Path) -> CheckpointSpec:
+    return CheckpointSpec(dir=str(root), every_steps=2, keep=5)
+
+
+def test_every_file_of_a_commit_has_its_checksum(tmp_path: Path) -> None:
+    app, data = make_app(seed=0)
+    ckpt = Checkpointer(cfg(tmp_path), tmp_path)
+    train_step(app, data, ckpt)
+    ckpt.save(1, app)  # asynchronous: the writer thread checksums
+    ckpt.close()
+    folder = store.step_dir(tmp_path, 1)
+    marker = json.loads((folder / store.COMMIT_MARKER).read_text())
+    files = {p.name for p in folder.iterdir() if p.name != store.COMMIT_MARKER}
+    assert marker["algorithm"] == "crc32" and set(marker["checksums"]) == files and ".metadata" in files
+    assert all(integrity.checksum(folder / n) == c for n, c in marker["checksums"].items())
+
+
+def test_a_flipped_byte_is_detected_and_the_previous_checkpoint_gives_the_fault_free_result(tmp_path: Path) -> None:
+    clean, data = make_app(seed=0)
+    for _ in range(STEPS):
+        train_step(clean, data)
+    expected = full_state(clean)
+
+    app, data = make_app(seed=0)
+    ckpt = Checkpointer(cfg(tmp_path), tmp_path)
+    for step in range(1, 5):
+        train_step(app, data, ckpt)
+        if ckpt.due(step):
+            ckpt.save(step, app, blocking=True)
+    ckpt.close()
+    shard = next(store.step_dir(tmp_path, 4).glob("__0_*.distcp"))
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    shard.write_bytes(bytes(raw))
+
+    events = FakeEvents()
+    resumed, data = make_app(seed=7)
+    ckpt = Checkpointer(cfg(tmp_path), tmp_path, events=events)
+    assert ckpt.restore(resumed) == 2
+    [bad] = events.named("checkpoint_bad")
+    assert bad["step"] == 4 and shard.name in bad["reason"] and Path(bad["path"]).name.startswith("bad-step-00000004")
+    assert (Path(bad["path"]) / integrity.BAD_MARKER).is_file()  # kept for inspection
+    assert [r.step for r in store.committed(tmp_path)] == [2]
+    for step in range(3, STEPS + 1):
+        train_step(resumed, data, ckpt)
+        if ckpt.due(step):
+            ckpt.save(step, resumed, blocking=True)  # step 4 again: a clean folder, committed
+    ckpt.close()
+    assert_same_state(full_state(resumed), expected)
+    assert [r.step for r in store.committed(tmp_path)] == [2, 4, 6]
+    # A second restart does not meet the damage again (no restart loop): the newest good checkpoint loads.
+    again, _ = make_app(seed=9)
+    assert Checkpointer(cfg(tmp_path), tmp_path).restore(again) == 6
