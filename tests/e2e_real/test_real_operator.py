@@ -101,6 +101,8 @@ def test_killed_ranks_recover_to_the_fault_free_parameters(real: RealCluster, tm
     status = real.wait_phase("e2e-rankkill", "Succeeded", 1800)
     assert status["step"] == 400
     assert "restart_count=1" in real.kubectl("logs", "e2e-rankkill-worker-1").stdout  # the agent restarted them
+    # Counted once as a rank restart in place (tests/operator/test_rank_restart_cluster.py), the pods kept.
+    assert status["restarts"] == 1 and status["lastRestartReason"] == "RankRestarted", status
     real.wait_phase("e2e-ref", "Succeeded", 1800)
     assert _params_hash(real, "e2e-rankkill") == _params_hash(real, "e2e-ref")
 
@@ -197,3 +199,35 @@ def test_all_ranks_stopped_is_restarted_as_hung_without_prometheus(real: RealClu
                         "a Hung restart")
     assert status["restarts"] >= 1
     assert real.wait_phase("e2e-stopped", "Succeeded", 1200)["step"] == 400
+
+
+def test_a_queued_job_waits_for_kueue_admission_then_runs(real: RealCluster, tmp_path: Path) -> None:
+    """Twin of tests/operator/test_kueue_admission.py: the test plays Kueue (a cluster running Kueue with a
+    LocalQueue named by FLYWHEEL_E2E_QUEUE admits it by itself)."""
+    queue = os.environ.get("FLYWHEEL_E2E_QUEUE", "")
+    real.apply_job("e2e-queued", tmp_path, **{"scheduling.queue": queue or "e2e-no-such-queue",
+                                               "faultTolerance.pendingTimeoutSeconds": 5})
+    pods = eventually(lambda: len(p := real.pods("e2e-queued")) == 2 and p, 300, "the gated pods")
+    for p in pods:
+        assert p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "e2e-queued"
+        assert p["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "2"
+    if not queue:
+        assert all(p["spec"].get("schedulingGates") == [{"name": "kueue.x-k8s.io/admission"}] for p in pods)
+        time.sleep(10)  # past pendingTimeoutSeconds: waiting for admission is neither Unschedulable nor a failure
+        status = real.status("e2e-queued")
+        held = {c["type"] for c in status.get("conditions", []) if c["status"] == "True"}
+        assert status.get("phase", "Pending") == "Pending" and not held & {"Unschedulable", "Failed"}, status
+        for p in pods:
+            real.kubectl("patch", "pod", p["metadata"]["name"], "--type=json",
+                         "-p", '[{"op": "remove", "path": "/spec/schedulingGates"}]')
+    assert real.wait_phase("e2e-queued", "Succeeded", 900).get("restarts", 0) == 0
+
+
+def test_a_script_writing_outside_its_volumes_fails_under_the_hardened_context(real: RealCluster,
+                                                                             tmp_path: Path) -> None:
+    """Twin of tests/emulator_fidelity/test_security_context.py at the job level: the default worker context has a
+    read-only root, so the write fails and the reason reaches the status."""
+    real.apply_job("e2e-readonly", tmp_path, command=["python", "-c", "open('/opt/flywheel-e2e', 'w')"])
+    status = real.wait_phase("e2e-readonly", "Failed", 600)
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert "Read-only file system" in failed["message"], failed

@@ -48,3 +48,15 @@ def test_a_script_failing_on_an_import_fails_the_job_in_two_attempts(op_env: OpE
     assert status["restarts"] == 1 and status["startupFailure"]["attempts"] == 2
     assert "No module named 'flywheel_no_such_module'" in op_env.kubectl("describe", "tj", name).stdout
     op_env.delete(name)
+
+
+def test_a_script_writing_outside_its_volumes_fails_under_the_hardened_context(op_env: OpEnv) -> None:
+    """The worker's default context has a read-only root (the test kubelet enforces it as a real one does): the write
+    fails, deterministically, and its reason reaches the status (twin in tests/e2e_real)."""
+    name = "read-only-root"
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, command=["python", "-c",
+                                                                     "open('/opt/flywheel-e2e', 'w')"])))
+    status = op_env.wait_phase(name, "Failed", 120)
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert "Read-only file system" in failed["message"], failed
+    op_env.delete(name)

@@ -99,8 +99,9 @@ def test_killed_worker_recovers_to_the_fault_free_parameters(op_env: OpEnv) -> N
 
 @pytest.mark.slow
 def test_force_deleted_pod_is_replaced_and_the_agents_recover(op_env: OpEnv) -> None:
-    """A pod deleted behind the operator's back (kubectl delete --force) is recreated at once; no failure is
-    decided (nothing failed), the surviving agent re-rendezvouses with the newcomer and training resumes exactly."""
+    """A pod deleted behind the operator's back (kubectl delete --force) is recreated at once and counted as the
+    interruption it was (PodDeleted, outside the restart budget: nothing failed), the surviving agent
+    re-rendezvouses with the newcomer and training resumes exactly."""
     name = "deleted-pod"
     op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **LONG)))
     eventually(lambda: op_env.last_step(name) >= 50, 120, "deleted-pod to pass step 50", interval=0.05)
@@ -109,7 +110,8 @@ def test_force_deleted_pod_is_replaced_and_the_agents_recover(op_env: OpEnv) -> 
     eventually(lambda: (pid := op_env.cluster.kubelet.pid_of("default", f"{name}-worker-1")) and pid != old, 30,
                "the replacement worker process")
     status = op_env.wait_phase(name, "Succeeded", 180)
-    assert status["step"] == 400 and status["restarts"] == 0
+    assert status["step"] == 400 and status["restarts"] == 1 and status["lastRestartReason"] == "PodDeleted"
+    assert status["restartBudget"]["used"] == 0
     assert any(r["event"] == "restore" for r in op_env.records(name))
     assert op_env.done_hash(name) == _reference_hash(op_env)
 
