@@ -1,5 +1,5 @@
-"""`flywheel run | launch | plan | export | prepare-data | generate | crd | operator | api | status`: the command
-line. Each subcommand imports only what it needs."""
+"""`flywheel run | launch | plan | render | export | prepare-data | generate | crd | operator | api | status`: the
+command line. Each subcommand imports only what it needs."""
 
 from __future__ import annotations
 
@@ -278,6 +278,12 @@ def _add_data_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     gen.set_defaults(func=_generate)
 
 
+def _render(args: argparse.Namespace) -> int:
+    from flywheel import render
+
+    return render.run(args)
+
+
 def _crd(args: argparse.Namespace) -> int:
     from flywheel import crd
 
@@ -324,6 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--devices", metavar="FILE", help="YAML overriding or adding device entries (planner/devices.py)")
     plan.add_argument("--top", type=int, default=8, help="layouts to show (default 8)")
     plan.set_defaults(func=_plan)
+
+    from flywheel.render import add_arguments as add_render_arguments  # argparse only; imports nothing heavy
+
+    render = sub.add_parser("render", help="print the Service and worker Pods the operator would create for a job")
+    add_render_arguments(render)
+    render.set_defaults(func=_render)
 
     operator = sub.add_parser("operator", add_help=False, help="run the Kubernetes operator (see --help)")
     operator.add_argument("args", nargs=argparse.REMAINDER, help="operator options; `flywheel operator --help`")
