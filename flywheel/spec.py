@@ -374,5 +374,7 @@ def check_local_paths(job: TrainingJob, checkpoint_dir: str | None = None) -> No
 
 
 def spec_to_env_json(spec: TrainingJobSpec) -> str:
-    """The FLYWHEEL_SPEC value: the whole spec (the trainer reads trainer, checkpoint and faultTolerance)."""
-    return json.dumps(spec.model_dump(by_alias=True, mode="json"), sort_keys=True, separators=(",", ":"))
+    """The FLYWHEEL_SPEC value: the spec (the trainer reads trainer, checkpoint and faultTolerance) without the pod
+    template, which the pod itself carries out (and which may be large)."""
+    return json.dumps(spec.model_dump(by_alias=True, mode="json", exclude={"template"}), sort_keys=True,
+                      separators=(",", ":"))

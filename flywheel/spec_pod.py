@@ -26,11 +26,20 @@ class Accelerator(_Model):
                                                         "h100, h200): what parallelism.auto sizes layouts for.")
 
 
+# A shorthand at its default yields to the template (and parallelism.device to the accelerator): the API server
+# writes every default into the stored object, so "left at the default" is all the operator can tell from "unset".
+DEFAULT_DEVICE = "cpu"
+
+
+def _is_default(model: Any, field: str) -> bool:
+    return bool(getattr(model, field) == type(model).model_fields[field].default)
+
+
 def planner_device(spec: TrainingJobSpec) -> str:
-    """The device profile the planner uses: trainer.parallelism.device when given, else the accelerator's, else cpu
-    (a job without an accelerator runs on CPUs)."""
+    """The device profile the planner uses: trainer.parallelism.device when set (not cpu), else the accelerator's,
+    else cpu (a job without an accelerator runs on CPUs)."""
     par = spec.trainer.parallelism
-    if "device" in par.model_fields_set or spec.accelerator is None or spec.accelerator.device is None:
+    if par.device != DEFAULT_DEVICE or spec.accelerator is None or spec.accelerator.device is None:
         return par.device
     return spec.accelerator.device
 
@@ -51,7 +60,7 @@ def _worker_path(spec: TrainingJobSpec) -> str:
 def _shorthand_conflicts(spec: TrainingJobSpec) -> list[str]:
     pod, worker, where = spec.template.get("spec") or {}, worker_container(spec.template), _worker_path(spec)
     out = []
-    if "image" in spec.model_fields_set and worker.get("image") not in (None, spec.image):
+    if not _is_default(spec, "image") and worker.get("image") not in (None, spec.image):
         out.append(f"image: {spec.image!r} differs from {where}.image {worker['image']!r}; set the image in one place")
     for kind in ("requests", "limits"):
         for name, value in (spec.resources.get(kind) or {}).items():
@@ -66,7 +75,7 @@ def _shorthand_conflicts(spec: TrainingJobSpec) -> list[str]:
             out.append(f"{ours}: {value!r} differs from template.spec.{field} {pod[field]!r}; set it in one place")
     grace = spec.fault_tolerance.termination_grace_seconds
     theirs_grace = pod.get("terminationGracePeriodSeconds")
-    if "termination_grace_seconds" in spec.fault_tolerance.model_fields_set and theirs_grace not in (None, grace):
+    if not _is_default(spec.fault_tolerance, "termination_grace_seconds") and theirs_grace not in (None, grace):
         out.append(f"faultTolerance.terminationGraceSeconds: {grace} differs from template.spec."
                    f"terminationGracePeriodSeconds {theirs_grace}; set it in one place")
     return out
@@ -88,10 +97,10 @@ def _accelerator_problems(spec: TrainingJobSpec) -> list[str]:
 
 def _device_problems(spec: TrainingJobSpec) -> list[str]:
     acc, par = spec.accelerator, spec.trainer.parallelism
-    if acc is not None and acc.device is None and par.auto and "device" not in par.model_fields_set:
+    if acc is not None and acc.device is None and par.auto and par.device == DEFAULT_DEVICE:
         return ["accelerator.device: trainer.parallelism.auto sizes layouts for the accelerator's device profile; "
                 "set accelerator.device (a100, h100, h200)"]
-    if acc is None or acc.device is None or "device" not in par.model_fields_set or par.device == acc.device:
+    if acc is None or acc.device is None or par.device in (DEFAULT_DEVICE, acc.device):
         return []
     return [f"trainer.parallelism.device: {par.device!r} differs from accelerator.device {acc.device!r}; set the "
             "device in one place (accelerator.device)"]
