@@ -85,3 +85,11 @@ def test_render_refuses_an_invalid_job_naming_the_field(tmp_path):
     bad.write_text(yaml.safe_dump(doc))
     code, text = render(str(bad))
     assert code == 2 and "spec.template.spec.restartPolicy" in text and "Traceback" not in text
+
+
+def test_plan_sizes_layouts_for_the_accelerator_by_default():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["plan", str(EXAMPLE), "-o", "json"])
+    assert code == 0
+    assert json.loads(out.getvalue())["layout"]["device"] == "h100"
