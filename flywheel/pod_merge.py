@@ -64,8 +64,8 @@ def container_security(profile: str, template_worker: dict[str, Any], add_capabi
     return out
 
 
-def root_is_read_only(pod_ctx: dict[str, Any], container_ctx: dict[str, Any]) -> bool:
-    del pod_ctx  # readOnlyRootFilesystem is a container field only
+def root_is_read_only(container_ctx: dict[str, Any]) -> bool:
+    """readOnlyRootFilesystem is a container field only (no pod-level default exists)."""
     return bool(container_ctx.get("readOnlyRootFilesystem"))
 
 

@@ -168,7 +168,7 @@ def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: Operato
     """The worker pod: the operator's container and pod fields merged with `spec.template` (pod_merge.py)."""
     spec = job.spec
     pod_ctx, container_ctx = worker_security(job, settings)
-    read_only = root_is_read_only(pod_ctx, container_ctx)
+    read_only = root_is_read_only(container_ctx)
     env = {**(WORKER_ENV_DEFAULTS if read_only else {}), **worker.env, TERMINATION_ENV: TERMINATION_MESSAGE_PATH}
     volumes, mounts = worker_volumes(job, settings, cache_home=read_only)
     template_worker = worker_container(spec.template)
@@ -189,16 +189,19 @@ def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: Operato
         "terminationGracePeriodSeconds": spec.fault_tolerance.termination_grace_seconds,
         "securityContext": pod_ctx, "volumes": volumes,
     }
-    metadata = pod_metadata(job, worker, generation, settings, pod_spec)
-    base = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    meta_labels, annotations, scheduling = pod_scheduling(job, worker, generation, settings)
+    metadata = {"name": worker.name, "namespace": job.metadata.namespace, "labels": meta_labels,
+                "annotations": annotations}
+    base = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {**pod_spec, **scheduling}}
     return merge_pod(base, spec.template, merge_worker(container, template_worker))
 
 
-def pod_metadata(job: TrainingJob, worker: WorkerPlan, generation: int, settings: OperatorSettings,
-                 pod_spec: dict[str, Any]) -> dict[str, Any]:
-    """The worker pod's name, labels and annotations (gang and queue included); sets the pod's affinity,
-    schedulerName and priorityClassName from spec.scheduling into `pod_spec`."""
+def pod_scheduling(job: TrainingJob, worker: WorkerPlan, generation: int, settings: OperatorSettings) -> tuple[
+        dict[str, str], dict[str, str], dict[str, Any]]:
+    """The worker pod's labels and annotations (gang and queue included) and its pod fields from spec.scheduling
+    (affinity, schedulerName, priorityClassName)."""
     spec = job.spec
+    pod_spec: dict[str, Any] = {}
     meta_labels = {**labels(job.name), INDEX_LABEL: str(worker.index), GENERATION_LABEL: str(generation)}
     job_labels = (job.metadata.model_extra or {}).get("labels") or {}
     queue = job_labels.get(QUEUE_LABEL) or spec.scheduling.queue  # Kueue: the job's own label passes through
@@ -219,8 +222,7 @@ def pod_metadata(job: TrainingJob, worker: WorkerPlan, generation: int, settings
                        ("priorityClassName", spec.scheduling.priority_class_name)):
         if value:
             pod_spec[key] = value
-    return {"name": worker.name, "namespace": job.metadata.namespace, "labels": meta_labels,
-            "annotations": annotations}
+    return meta_labels, annotations, pod_spec
 
 
 def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = False) -> PodView | None:
