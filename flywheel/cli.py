@@ -1,5 +1,5 @@
-"""`flywheel run | launch | plan | export | prepare-data | generate | crd | operator | api | status`: the command
-line. Each subcommand imports only what it needs."""
+"""`flywheel run | launch | plan | render | export | prepare-data | generate | crd | operator | api | status`: the
+command line. Each subcommand imports only what it needs."""
 
 from __future__ import annotations
 
@@ -119,6 +119,7 @@ def _plan_layout(spec: TrainingJobSpec, replicas: int, args: argparse.Namespace)
     import yaml
 
     from flywheel.planner import device_table, plan_for_spec
+    from flywheel.spec_pod import planner_device
 
     if spec.command:
         return None
@@ -127,9 +128,10 @@ def _plan_layout(spec: TrainingJobSpec, replicas: int, args: argparse.Namespace)
         with open(args.devices) as f:
             overrides = yaml.safe_load(f)
     table = device_table(overrides, source=args.devices or "built-in")
-    if args.device not in table:
-        raise ValueError(f"--device {args.device}: unknown; use one of {', '.join(table)} or add it with --devices")
-    return plan_for_spec(spec, replicas * spec.procs_per_replica, table[args.device])
+    device = args.device or planner_device(spec)  # default: the job's (its accelerator's device, else cpu)
+    if device not in table:
+        raise ValueError(f"--device {device}: unknown; use one of {', '.join(table)} or add it with --devices")
+    return plan_for_spec(spec, replicas * spec.procs_per_replica, table[device])
 
 
 def _layout_table(result: PlanResult, top: int) -> Table:
@@ -278,6 +280,12 @@ def _add_data_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     gen.set_defaults(func=_generate)
 
 
+def _render(args: argparse.Namespace) -> int:
+    from flywheel import render
+
+    return render.run(args)
+
+
 def _crd(args: argparse.Namespace) -> int:
     from flywheel import crd
 
@@ -319,11 +327,17 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--replicas", type=int, help="workers to plan (default: spec.replicas target or max)")
     plan.add_argument("--checkpoint-dir", help="override spec.checkpoint.dir")
     plan.add_argument("--metrics-port-base", type=int, default=0, metavar="P")
-    plan.add_argument("--device", default="cpu", help="device kind for the layout planner: cpu, a100, h100, h200 "
-                      "or one from --devices (default cpu)")
+    plan.add_argument("--device", help="device kind for the layout planner: cpu, a100, h100, h200 or one from "
+                      "--devices (default: the job's, spec.accelerator.device or parallelism.device, else cpu)")
     plan.add_argument("--devices", metavar="FILE", help="YAML overriding or adding device entries (planner/devices.py)")
     plan.add_argument("--top", type=int, default=8, help="layouts to show (default 8)")
     plan.set_defaults(func=_plan)
+
+    from flywheel.render import add_arguments as add_render_arguments  # argparse only; imports nothing heavy
+
+    render = sub.add_parser("render", help="print the Service and worker Pods the operator would create for a job")
+    add_render_arguments(render)
+    render.set_defaults(func=_render)
 
     operator = sub.add_parser("operator", add_help=False, help="run the Kubernetes operator (see --help)")
     operator.add_argument("args", nargs=argparse.REMAINDER, help="operator options; `flywheel operator --help`")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from flywheel.planner import DEVICES, resolve_auto
 from flywheel.replica import REPLICA_INDEX_ENV
 from flywheel.spec import TrainingJob, spec_to_env_json
+from flywheel.spec_pod import planner_device
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def plan_workers(job: TrainingJob, placement: Placement) -> list[WorkerPlan]:
     world = placement.replicas * procs
     # Workers get a concrete layout: `parallelism.auto` is resolved here, once for all of them, on the device
     # profile the job was validated with (so this pick exists: the schema ran the same search).
-    spec_json = spec_to_env_json(resolve_auto(spec, DEVICES[spec.trainer.parallelism.device]))
+    spec_json = spec_to_env_json(resolve_auto(spec, DEVICES[planner_device(spec)]))
     argv = tuple(placement.launcher) + (("--", *spec.command) if spec.command else ())
     plans = []
     for index in range(placement.replicas):

@@ -14,7 +14,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -38,6 +38,8 @@ from flywheel.spec_layout import (
 from flywheel.spec_model import PRESETS as MODEL_PRESETS
 from flywheel.spec_model import ModelShape, MoEConfig
 from flywheel.spec_parallel import MoESpec, Parallelism
+from flywheel.spec_pod import Accelerator as Accelerator
+from flywheel.spec_pod import planner_device, pod_problems
 from flywheel.spec_sections import CheckpointSpec as CheckpointSpec
 from flywheel.spec_sections import Data as Data
 from flywheel.spec_sections import FaultTolerance as FaultTolerance
@@ -219,12 +221,26 @@ class TrainingJobSpec(_Model):
     scheduling: Scheduling = Field(default_factory=Scheduling)
     suspend: bool = Field(False, description="Stop the workers, keeping checkpoints; false resumes.")
     run_policy: RunPolicy = Field(default_factory=RunPolicy)
+    template: dict[str, Any] = Field(
+        default_factory=dict, description="Cluster only: a core/v1 PodTemplateSpec (metadata labels/annotations and "
+        "a pod spec) applied to every worker pod: tolerations, nodeSelector, affinity, volumes, imagePullSecrets, "
+        "serviceAccountName, securityContext, init containers and sidecars pass through; the container named worker "
+        "(else the first) is merged with the operator's (env, envFrom, volumeMounts, resources, securityContext "
+        "field by field, ports, lifecycle). The operator's restartPolicy, hostname, subdomain, the worker's "
+        "command/args and contract env are refused (docs/operator.md).")
+    accelerator: Accelerator | None = Field(
+        None, description="Cluster only: the device of each local rank, e.g. {resource: nvidia.com/gpu, device: "
+        "h100}: every worker requests and limits procsPerReplica of it, and the planner sizes layouts for the "
+        "device. Unset: CPUs.")
+    network: Literal["tcp", "rdma"] = Field(
+        "tcp", description="Cluster only: rdma adds IPC_LOCK and the cluster's RDMA device resource (the operator's "
+                           "--rdma-resource) to every worker, for NCCL over InfiniBand/RoCE.")
 
     @model_validator(mode="after")
     def _layout_fits(self) -> TrainingJobSpec:
-        problems = layout_problems_of(self)
+        problems = [str(p) for p in layout_problems_of(self)] + pod_problems(self)
         if problems:  # one line per problem, each "field: what; fix" (split again by _problems)
-            raise ValueError("\n".join(str(p) for p in problems))
+            raise ValueError("\n".join(problems))
         return self
 
     def world_sizes(self) -> range:
@@ -245,7 +261,7 @@ def layout_problems_of(spec: TrainingJobSpec) -> list[Problem]:
     if spec.trainer.parallelism.auto:
         if not problems:
             try:
-                auto_layout(spec, DEVICES[spec.trainer.parallelism.device])
+                auto_layout(spec, DEVICES[planner_device(spec)])
             except PlanError as err:
                 problems.append(err.problem)
         return problems
@@ -293,6 +309,10 @@ class TrainingJob(_Model):
 
 
 _NESTED_FIELD = re.compile(r"^([a-zA-Z]+(?:\.[a-zA-Z]+)+): (.*)$", re.S)
+# A spec-level rule that names a field with indices or resource names ("template.spec.containers[0].env[1].name",
+# "resources.limits.nvidia.com/gpu") or a top-level one ("image").
+_SPEC_FIELD = re.compile(r"^((?:image|resources|template|accelerator|network|scheduling|faultTolerance|trainer)"
+                         r"(?:[.\[][\w./\[\]-]*)?): (.*)$", re.S)
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:
@@ -311,7 +331,7 @@ def _problems(err: ValidationError) -> list[str]:
             msg = "required field is missing; add it"
         path = _field_path(e["loc"])
         for line in msg.split("\n"):
-            nested = _NESTED_FIELD.match(line)
+            nested = _NESTED_FIELD.match(line) or _SPEC_FIELD.match(line)
             if nested:  # a cross-field validator names the sub-field itself: "trainer.training.globalBatch: ..."
                 out.append(f"{path}.{nested.group(1)}: {nested.group(2)}".removeprefix("(document)."))
             else:
@@ -385,5 +405,7 @@ def check_local_paths(job: TrainingJob, checkpoint_dir: str | None = None) -> No
 
 
 def spec_to_env_json(spec: TrainingJobSpec) -> str:
-    """The FLYWHEEL_SPEC value: the whole spec (the trainer reads trainer, checkpoint and faultTolerance)."""
-    return json.dumps(spec.model_dump(by_alias=True, mode="json"), sort_keys=True, separators=(",", ":"))
+    """The FLYWHEEL_SPEC value: the spec (the trainer reads trainer, checkpoint and faultTolerance) without the pod
+    template, which the pod itself carries out (and which may be large)."""
+    return json.dumps(spec.model_dump(by_alias=True, mode="json", exclude={"template"}), sort_keys=True,
+                      separators=(",", ":"))

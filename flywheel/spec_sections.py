@@ -114,6 +114,10 @@ class FaultTolerance(_Model):
     start_failure_grace_seconds: float = Field(
         60, ge=0, description="How long a worker may wait on an image pull error or a missing Secret/ConfigMap before "
                               "the job fails (an unparseable image name fails at once).")
+    termination_grace_seconds: int = Field(
+        120, ge=1, description="Cluster only: the worker pods' terminationGracePeriodSeconds, the time between SIGTERM "
+                               "and SIGKILL in which the trainer writes its emergency checkpoint; size it for the "
+                               "model's save.")
     pending_timeout_seconds: float | None = Field(
         None, ge=1, description="A worker pod unschedulable this long fails the job, unless it is elastic and runs at "
                                 "least replicas.min workers (it goes on with fewer until the pod is scheduled). "

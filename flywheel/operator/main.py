@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 from flywheel.monitor import MonitorSettings, add_monitor_arguments, settings_from_args
 from flywheel.operator.manifests import OperatorSettings
+from flywheel.pod_merge import SECURITY_PROFILES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,6 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-env", action="append", default=[], metavar="K=V", help="extra env for every worker")
     p.add_argument("--gang-scheduler", choices=("none", "scheduler-plugins", "volcano"), default="none",
                    help="create a PodGroup of this scheduler for jobs with scheduling.gang (its CRDs must exist)")
+    p.add_argument("--security-profile", choices=SECURITY_PROFILES, default="hardened",
+                   help="the workers' default security context: hardened (non-root UID 10001, read-only root with "
+                        "writable /tmp and cache home, no capabilities) or image (the image's user, a writable root); "
+                        "a job's spec.template securityContext overrides it field by field")
+    p.add_argument("--rdma-resource", default="rdma/rdma_shared_device_a",
+                   help="the device resource each worker of a `network: rdma` job requests (one), with IPC_LOCK")
     p.add_argument("--no-worker-liveness", dest="worker_liveness", action="store_false",
                    help="do not watch the workers' etcd lease keys: a dead worker is then seen only through pod and "
                         "node status, i.e. after the node monitor's grace period (bench/dead_worker.py's peer)")
@@ -84,7 +91,8 @@ def run(argv: Sequence[str] | None = None, serve_api: Callable[[argparse.Namespa
     settings = OperatorSettings(etcd_endpoints=args.etcd_endpoints, events_dir=args.events_dir,
                                 events_claim=args.events_claim, metrics_port_base=args.metrics_port_base,
                                 worker_env=env, gang_scheduler=args.gang_scheduler,
-                                worker_liveness=args.worker_liveness, hang_detection=args.hang_detection)
+                                worker_liveness=args.worker_liveness, hang_detection=args.hang_detection,
+                                security_profile=args.security_profile, rdma_resource=args.rdma_resource)
     kopf.configure(verbose=args.verbose)
     if not args.verbose:  # httpx logs every Prometheus query of the health monitor at INFO
         logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -14,17 +14,21 @@ from flywheel.labels import QUEUE_LABEL as QUEUE_LABEL
 from flywheel.operator.scheduling_meta import with_scheduling_meta
 from flywheel.plan import Placement, WorkerPlan, plan_workers
 from flywheel.plan import run_id as run_id  # re-exported: m.run_id in the operator
+from flywheel.pod_merge import WORKER_UID as WORKER_UID
+from flywheel.pod_merge import container_security, merge_pod, merge_worker, pod_security, root_is_read_only
+from flywheel.pod_template import CACHE_HOME, worker_container
 from flywheel.policy.reconcile import PodView
 from flywheel.spec import TrainingJob
+from flywheel.spec_pod import template_resources
 from flywheel.timefmt import parse_rfc3339
 
 RDZV_PORT = 29400  # MASTER_PORT hint; with etcd-v3 the rendezvous publishes the real one
-TERMINATION_GRACE_SECONDS = 30  # the trainer's emergency checkpoint after SIGTERM
-WORKER_UID = 10001  # the image's user (Dockerfile)
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 TERMINATION_ENV = "FLYWHEEL_TERMINATION_LOG"  # flywheel.trainer.termination_log.ENV
-# Workers run with a read-only root filesystem: HOME and caches go to the /tmp volume.
-WORKER_ENV_DEFAULTS = {"HOME": "/tmp", "XDG_CACHE_HOME": "/tmp/.cache"}
+# With a read-only root filesystem, HOME and the caches go to the cache-home volume (the template's env overrides).
+WORKER_ENV_DEFAULTS = {"HOME": CACHE_HOME, "XDG_CACHE_HOME": f"{CACHE_HOME}/.cache",
+                       "TRITON_CACHE_DIR": f"{CACHE_HOME}/.triton/cache",
+                       "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_HOME}/.cache/torchinductor"}
 WORKER_LAUNCHER = ("python", "-m", "flywheel.cli", "launch")
 
 
@@ -38,6 +42,8 @@ class OperatorSettings:
     gang_scheduler: str = "none"  # none | scheduler-plugins | volcano: which PodGroup to create for gang jobs
     worker_liveness: bool = True  # watch the workers' etcd lease keys; off: dead workers seen by pod/node status only
     hang_detection: bool = True  # report a job with no step in its etcd progress as hung (no Prometheus needed)
+    security_profile: str = "hardened"  # hardened | image (pod_merge.SECURITY_PROFILES): the workers' default context
+    rdma_resource: str = "rdma/rdma_shared_device_a"  # what `network: rdma` requests (one per worker)
 
 
 def service_name(job_name: str) -> str:
@@ -99,14 +105,19 @@ def service(job: TrainingJob) -> dict[str, Any]:
                      "ports": [{"name": "rdzv", "port": RDZV_PORT}]}}
 
 
-def worker_volumes(job: TrainingJob, settings: OperatorSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def worker_volumes(job: TrainingJob, settings: OperatorSettings, cache_home: bool = True) -> tuple[
+        list[dict[str, Any]], list[dict[str, Any]]]:
     """Volumes and mounts of a worker: the checkpoint dir (the job's claim, else an emptyDir), /dev/shm in memory,
-    a writable /tmp (the root filesystem is read-only), and the operator's events claim when it has one."""
+    a writable /tmp, a writable home for the caches when the root filesystem is read-only, and the operator's
+    events claim when it has one."""
     ckpt = job.spec.checkpoint
     volumes: list[dict[str, Any]] = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.spec.shm_size}},
         {"name": "tmp", "emptyDir": {}}]
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "tmp", "mountPath": "/tmp"}]
+    if cache_home:
+        volumes.append({"name": "cache-home", "emptyDir": {}})
+        mounts.append({"name": "cache-home", "mountPath": CACHE_HOME})
     if ckpt.dir.startswith("/"):  # a relative dir lives under the working directory (local runs, the test cluster)
         source = {"persistentVolumeClaim": {"claimName": ckpt.claim_name}} if ckpt.claim_name else {"emptyDir": {}}
         volumes.append({"name": "checkpoints", **source})
@@ -135,22 +146,36 @@ def topology_affinity(job: TrainingJob) -> dict[str, Any] | None:
         {"weight": 100, "podAffinityTerm": term}]}}
 
 
+def worker_security(job: TrainingJob, settings: OperatorSettings) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pod's and the worker container's securityContext: the operator's profile, the template's overrides
+    field by field, IPC_LOCK for `network: rdma`."""
+    template_pod = job.spec.template.get("spec") or {}
+    caps = ("IPC_LOCK",) if job.spec.network == "rdma" else ()
+    return (pod_security(settings.security_profile, template_pod),
+            container_security(settings.security_profile, worker_container(job.spec.template), caps))
+
+
+def worker_resources(job: TrainingJob, settings: OperatorSettings) -> dict[str, Any]:
+    """spec.resources with procsPerReplica of the accelerator and one RDMA device (`network: rdma`); the
+    template's worker resources merge over these (pod_merge.merge_worker)."""
+    resources = template_resources(job.spec)
+    if job.spec.network == "rdma":
+        for kind in ("requests", "limits"):
+            resources.setdefault(kind, {})[settings.rdma_resource] = "1"
+    return resources
+
+
 def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: OperatorSettings) -> dict[str, Any]:
+    """The worker pod: the operator's container and pod fields merged with `spec.template` (pod_merge.py)."""
     spec = job.spec
-    meta_labels = {**labels(job.name), INDEX_LABEL: str(worker.index), GENERATION_LABEL: str(generation)}
-    job_labels = (job.metadata.model_extra or {}).get("labels") or {}
-    queue = job_labels.get(QUEUE_LABEL) or spec.scheduling.queue  # Kueue: the job's own label passes through
-    if queue:
-        meta_labels[QUEUE_LABEL] = queue
-    annotations: dict[str, str] = {}
-    env = {**WORKER_ENV_DEFAULTS, **worker.env, TERMINATION_ENV: TERMINATION_MESSAGE_PATH}
-    volumes, mounts = worker_volumes(job, settings)
+    pod_ctx, container_ctx = worker_security(job, settings)
+    read_only = root_is_read_only(container_ctx)
+    env = {**(WORKER_ENV_DEFAULTS if read_only else {}), **worker.env, TERMINATION_ENV: TERMINATION_MESSAGE_PATH}
+    volumes, mounts = worker_volumes(job, settings, cache_home=read_only)
+    template_worker = worker_container(spec.template)
     container: dict[str, Any] = {
-        "name": "worker", "image": spec.image, "command": list(worker.argv),
-        "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
-        "resources": dict(spec.resources),
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"]}},
+        "name": "worker", "image": template_worker.get("image") or spec.image, "command": list(worker.argv),
+        "env": env, "resources": worker_resources(job, settings), "securityContext": container_ctx,
         "volumeMounts": mounts,
         # The worker writes why it exited (flywheel/trainer/termination_log.py); the kubelet keeps it in the pod's
         # state.terminated.message, or the log's tail when the worker could not write it.
@@ -162,12 +187,29 @@ def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: Operato
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # the operator decides restarts (policy/), the agent restarts ranks in place
         "hostname": worker.name, "subdomain": service_name(job.name),
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": WORKER_UID, "runAsGroup": WORKER_UID,
-                            "fsGroup": WORKER_UID, "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [container],
-        "volumes": volumes,
+        "terminationGracePeriodSeconds": spec.fault_tolerance.termination_grace_seconds,
+        "securityContext": pod_ctx, "volumes": volumes,
     }
+    meta_labels, annotations, scheduling = pod_scheduling(job, worker, generation, settings)
+    metadata = {"name": worker.name, "namespace": job.metadata.namespace, "labels": meta_labels,
+                "annotations": annotations}
+    base = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {**pod_spec, **scheduling}}
+    merged = merge_pod(base, spec.template, merge_worker(container, template_worker))
+    return with_scheduling_meta(job, settings.gang_scheduler, merged)  # Kueue's pod group and admission gate
+
+
+def pod_scheduling(job: TrainingJob, worker: WorkerPlan, generation: int, settings: OperatorSettings) -> tuple[
+        dict[str, str], dict[str, str], dict[str, Any]]:
+    """The worker pod's labels and annotations (gang and queue included) and its pod fields from spec.scheduling
+    (affinity, schedulerName, priorityClassName)."""
+    spec = job.spec
+    pod_spec: dict[str, Any] = {}
+    meta_labels = {**labels(job.name), INDEX_LABEL: str(worker.index), GENERATION_LABEL: str(generation)}
+    job_labels = (job.metadata.model_extra or {}).get("labels") or {}
+    queue = job_labels.get(QUEUE_LABEL) or spec.scheduling.queue  # Kueue: the job's own label passes through
+    if queue:
+        meta_labels[QUEUE_LABEL] = queue
+    annotations: dict[str, str] = {}
     affinity = topology_affinity(job)
     if affinity:
         pod_spec["affinity"] = affinity
@@ -182,11 +224,7 @@ def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: Operato
                        ("priorityClassName", spec.scheduling.priority_class_name)):
         if value:
             pod_spec[key] = value
-    obj = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": worker.name, "namespace": job.metadata.namespace, "labels": meta_labels,
-                        "annotations": annotations},
-           "spec": pod_spec}
-    return with_scheduling_meta(job, settings.gang_scheduler, obj)  # Kueue's pod group and admission gate
+    return meta_labels, annotations, pod_spec
 
 
 def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = False) -> PodView | None:
@@ -198,7 +236,9 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
         return None
     reason, code, finished = status.get("reason"), None, None
     message, waiting_since = None, None
-    for cs in status.get("containerStatuses") or []:
+    statuses = status.get("containerStatuses") or []
+    # With sidecars from the template, the worker container's state is the pod's (not a sidecar's).
+    for cs in [c for c in statuses if c.get("name") == "worker"] or statuses:
         state = cs.get("state") or {}
         if "terminated" in state:
             reason, code = state["terminated"].get("reason") or reason, state["terminated"].get("exitCode")

@@ -16,6 +16,7 @@ from tests.e2e_real.conftest import RealCluster, eventually
 from tests.integration.test_invalid_jobs import TABLE as INVALID_TABLE
 from tests.integration.test_invalid_jobs import document as invalid_document
 from tests.integration.test_invalid_jobs import names_field_and_fix
+from tests.operator.test_pod_template_cluster import assert_carries_the_template, template_for
 
 LONG = {"trainer.training.steps": 400, "checkpoint.everySteps": 20}
 
@@ -231,3 +232,11 @@ def test_a_script_writing_outside_its_volumes_fails_under_the_hardened_context(r
     status = real.wait_phase("e2e-readonly", "Failed", 600)
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert "Read-only file system" in failed["message"], failed
+
+
+def test_templated_job_carries_every_pass_through_field_and_succeeds(real: RealCluster, tmp_path: Path) -> None:
+    """The twin of tests/operator/test_pod_template_cluster.py (busybox:1.36 must be pullable)."""
+    real.kubectl("create", "configmap", "tmpl-config", "--from-literal=url=http://tracker", check=False)
+    real.apply_job("e2e-tmpl", tmp_path, template=template_for("e2e-tmpl"), **{"trainer.training.steps": 10})
+    real.wait_phase("e2e-tmpl", "Succeeded", 900)
+    assert_carries_the_template(real.pods("e2e-tmpl"), "e2e-tmpl")

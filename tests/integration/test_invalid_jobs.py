@@ -114,6 +114,25 @@ TABLE: list[tuple[str, dict[str, Any], str, str, bool]] = [
                                "data": {"source": "/data/t.txt"}}}, "trainer.model.vocab", "at least 256", False),
     ("auto-schedule", {"trainer": {"parallelism": {"auto": True, "stagesPerRank": 2}}},
      "trainer.parallelism.stagesPerRank", "set stagesPerRank: 1 or schedule: interleaved-1f1b", True),
+    # spec.template: what the operator owns in the worker pod, and shorthands that disagree with the template.
+    ("template-restart-policy", {"template": {"spec": {"restartPolicy": "OnFailure"}}},
+     "template.spec.restartPolicy", "use spec.faultTolerance", False),
+    ("template-hostname", {"template": {"spec": {"hostname": "h", "subdomain": "s"}}}, "template.spec.hostname",
+     "remove it", False),
+    ("template-command", {"template": {"spec": {"containers": [{"name": "worker", "command": ["torchrun"]}]}}},
+     "template.spec.containers[0].command", "put your entrypoint in spec.command", False),
+    ("template-contract-env", {"template": {"spec": {"containers": [{"name": "worker", "env": [
+        {"name": "WORLD_SIZE", "value": "8"}]}]}}}, "template.spec.containers[0].env[0].name",
+     "belongs to the worker contract", False),
+    ("template-volume", {"template": {"spec": {"volumes": [{"name": "tmp", "emptyDir": {}}]}}},
+     "template.spec.volumes[0].name", "rename yours", False),
+    ("template-mount-path", {"template": {"spec": {"containers": [{"name": "worker", "volumeMounts": [
+        {"name": "data", "mountPath": "/dev/shm"}]}], "volumes": [{"name": "data", "emptyDir": {}}]}}},
+     "template.spec.containers[0].volumeMounts[0].mountPath", "mount yours elsewhere", False),
+    ("template-image", {"image": "team/trainer:1", "template": {"spec": {"containers": [
+        {"name": "worker", "image": "team/trainer:2"}]}}}, "image", "set the image in one place", False),
+    ("accelerator-count", {"accelerator": {"resource": "nvidia.com/gpu"}, "resources": {
+        "limits": {"nvidia.com/gpu": 2}}}, "resources.limits.nvidia.com/gpu", "or set procsPerReplica: 2", False),
 ]
 
 

@@ -59,12 +59,14 @@ def test_worker_pods_are_hardened_and_mount_checkpoints_shm_and_events() -> None
                                             "capabilities": {"drop": ["ALL"]}}
     volumes = {v["name"]: v for v in spec["volumes"]}
     mounts = {v["mountPath"]: v["name"] for v in container["volumeMounts"]}
-    assert mounts == {"/dev/shm": "dshm", "/tmp": "tmp", "/ckpt/j": "checkpoints", "/ev": "events"}
+    assert mounts == {"/dev/shm": "dshm", "/tmp": "tmp", "/home/flywheel": "cache-home", "/ckpt/j": "checkpoints",
+                      "/ev": "events"}
     assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "ckpt-rwx"}
     assert volumes["events"]["persistentVolumeClaim"] == {"claimName": "flywheel-events"}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert env["HOME"] == "/tmp"  # the root filesystem is read-only
+    assert env["HOME"] == "/home/flywheel" and env["TRITON_CACHE_DIR"].startswith("/home/flywheel/")  # read-only root
+    assert spec["terminationGracePeriodSeconds"] == 120  # faultTolerance.terminationGraceSeconds' default
     # Without a claim the checkpoints get an emptyDir (lost with the pod: documented); a relative dir is not mounted.
     plain = m.pod(JOB, m.plan(JOB, "0123456789abcdef", SETTINGS, None)[0], 0, SETTINGS)
     assert {v["name"]: v for v in plain["spec"]["volumes"]}["checkpoints"] == {"name": "checkpoints", "emptyDir": {}}

@@ -1,0 +1,116 @@
+"""The worker pod's side of the TrainingJob spec: `accelerator`, and the rules between the pod template
+(`spec.template`, checked by flywheel/pod_template.py) and the shorthands that say the same things (`image`,
+`resources`, `scheduling.*`, `faultTolerance.terminationGraceSeconds`, `procsPerReplica` of the accelerator).
+Re-exported by `flywheel.spec`; pure."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
+
+from flywheel.pod_template import resource_quantity, template_problems, worker_container, worker_index
+from flywheel.spec_base import _Model
+from flywheel.spec_parallel import DeviceKind
+
+if TYPE_CHECKING:
+    from flywheel.spec import TrainingJobSpec
+
+
+class Accelerator(_Model):
+    """The device each local rank drives: every worker requests and limits procsPerReplica of `resource`."""
+
+    resource: str = Field(..., pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$",
+                          description="The extended resource of one device, e.g. nvidia.com/gpu or amd.com/gpu.")
+    device: DeviceKind | None = Field(None, description="The planner's device profile for this accelerator (a100, "
+                                                        "h100, h200): what parallelism.auto sizes layouts for.")
+
+
+# A shorthand at its default yields to the template (and parallelism.device to the accelerator): the API server
+# writes every default into the stored object, so "left at the default" is all the operator can tell from "unset".
+DEFAULT_DEVICE = "cpu"
+
+
+def _is_default(model: Any, field: str) -> bool:
+    return bool(getattr(model, field) == type(model).model_fields[field].default)
+
+
+def planner_device(spec: TrainingJobSpec) -> str:
+    """The device profile the planner uses: trainer.parallelism.device when set (not cpu), else the accelerator's,
+    else cpu (a job without an accelerator runs on CPUs)."""
+    par = spec.trainer.parallelism
+    if par.device != DEFAULT_DEVICE or spec.accelerator is None or spec.accelerator.device is None:
+        return par.device
+    return spec.accelerator.device
+
+
+def pod_problems(spec: TrainingJobSpec) -> list[str]:
+    """The template's own problems and its conflicts with the shorthands, each "field: what; fix"."""
+    problems = template_problems(spec.template, spec.checkpoint.dir)
+    if problems:
+        return problems
+    return (_shorthand_conflicts(spec) + _accelerator_problems(spec) + _device_problems(spec))
+
+
+def _worker_path(spec: TrainingJobSpec) -> str:
+    index = worker_index((spec.template.get("spec") or {}).get("containers") or [])
+    return f"template.spec.containers[{index}]"
+
+
+def _shorthand_conflicts(spec: TrainingJobSpec) -> list[str]:
+    pod, worker, where = spec.template.get("spec") or {}, worker_container(spec.template), _worker_path(spec)
+    out = []
+    if not _is_default(spec, "image") and worker.get("image") not in (None, spec.image):
+        out.append(f"image: {spec.image!r} differs from {where}.image {worker['image']!r}; set the image in one place")
+    for kind in ("requests", "limits"):
+        for name, value in (spec.resources.get(kind) or {}).items():
+            theirs = resource_quantity(worker.get("resources") or {}, kind, name)
+            if theirs is not None and str(theirs) != str(value):
+                out.append(f"resources.{kind}.{name}: {value!r} differs from {where}.resources.{kind}.{name} "
+                           f"{theirs!r}; set it in one place")
+    sched = spec.scheduling
+    for ours, value, field in (("scheduling.schedulerName", sched.scheduler_name, "schedulerName"),
+                               ("scheduling.priorityClassName", sched.priority_class_name, "priorityClassName")):
+        if value and pod.get(field) not in (None, value):
+            out.append(f"{ours}: {value!r} differs from template.spec.{field} {pod[field]!r}; set it in one place")
+    grace = spec.fault_tolerance.termination_grace_seconds
+    theirs_grace = pod.get("terminationGracePeriodSeconds")
+    if not _is_default(spec.fault_tolerance, "termination_grace_seconds") and theirs_grace not in (None, grace):
+        out.append(f"faultTolerance.terminationGraceSeconds: {grace} differs from template.spec."
+                   f"terminationGracePeriodSeconds {theirs_grace}; set it in one place")
+    return out
+
+
+def _accelerator_problems(spec: TrainingJobSpec) -> list[str]:
+    if spec.accelerator is None:
+        return []
+    name, want = spec.accelerator.resource, spec.procs_per_replica
+    asked: list[tuple[str, Any]] = []
+    for kind in ("requests", "limits"):
+        asked.append((f"resources.{kind}.{name}", resource_quantity(spec.resources, kind, name)))
+        asked.append((f"{_worker_path(spec)}.resources.{kind}.{name}",
+                      resource_quantity(worker_container(spec.template).get("resources") or {}, kind, name)))
+    wrong = [(field, value) for field, value in asked if value is not None and str(value) != str(want)]
+    return [f"{field}: asks {value} but accelerator: {name} gives each worker procsPerReplica ({want}); remove it "
+            f"or set procsPerReplica: {value}" for field, value in wrong]
+
+
+def _device_problems(spec: TrainingJobSpec) -> list[str]:
+    acc, par = spec.accelerator, spec.trainer.parallelism
+    if acc is not None and acc.device is None and par.auto and par.device == DEFAULT_DEVICE:
+        return ["accelerator.device: trainer.parallelism.auto sizes layouts for the accelerator's device profile; "
+                "set accelerator.device (a100, h100, h200)"]
+    if acc is None or acc.device is None or par.device in (DEFAULT_DEVICE, acc.device):
+        return []
+    return [f"trainer.parallelism.device: {par.device!r} differs from accelerator.device {acc.device!r}; set the "
+            "device in one place (accelerator.device)"]
+
+
+def template_resources(spec: TrainingJobSpec) -> dict[str, Any]:
+    """The worker's resources from the shorthands: spec.resources with the accelerator's count (and nothing of
+    the template's, which the merge lays over these)."""
+    out: dict[str, Any] = {kind: dict(values) for kind, values in spec.resources.items()}
+    if spec.accelerator is not None:
+        for kind in ("requests", "limits"):
+            out.setdefault(kind, {})[spec.accelerator.resource] = str(spec.procs_per_replica)
+    return out
