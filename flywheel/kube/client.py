@@ -9,6 +9,7 @@ A request that gets 401 is sent once more after the credentials are renewed. Why
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -126,17 +127,49 @@ class Kube:
                 return None
             raise
 
-    async def list(self, path: str, label_selector: str = "") -> list[dict[str, Any]]:
-        """Every item, page by page (limit/continue)."""
+    async def list_versioned(self, path: str, label_selector: str = "") -> tuple[list[dict[str, Any]], str]:
+        """Every item, page by page, and the list's resourceVersion (where a watch of the same path resumes)."""
         params = {"limit": str(LIST_PAGE), **({"labelSelector": label_selector} if label_selector else {})}
         items: list[dict[str, Any]] = []
         while True:
             data = await self.request("GET", path, params=params)
             items.extend(data.get("items", []))
-            token = (data.get("metadata") or {}).get("continue")
-            if not token:
-                return items
-            params = {**params, "continue": token}
+            meta = data.get("metadata") or {}
+            if not meta.get("continue"):
+                return items, str(meta.get("resourceVersion") or "")
+            params = {**params, "continue": meta["continue"]}
+
+    async def list(self, path: str, label_selector: str = "") -> list[dict[str, Any]]:
+        """Every item, page by page (limit/continue)."""
+        items, _ = await self.list_versioned(path, label_selector)
+        return items
+
+    async def watch(self, path: str, resource_version: str, label_selector: str = "",
+                    timeout_seconds: int = 60) -> AsyncIterator[dict[str, Any]]:
+        """The watch events (`{"type": ..., "object": ...}`, bookmarks included) of `path` from `resource_version`,
+        until the server ends the watch (after `timeout_seconds`). An ERROR event (410 Gone: the version is too
+        old) is yielded like the others; the caller relists. A refused watch raises KubeApiError; 401 renews the
+        credentials first, so the caller's next watch uses the fresh ones."""
+        params = {"watch": "true", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
+                  "timeoutSeconds": str(timeout_seconds),
+                  **({"labelSelector": label_selector} if label_selector else {})}
+        transport = await self._current()
+        response = await transport.api.call_api(
+            path, "GET", query_params=params, auth_settings=["BearerToken"],
+            header_params={"Accept": "application/json"}, _preload_content=False,
+            _request_timeout=aiohttp.ClientTimeout(connect=REQUEST_TIMEOUT,
+                                                   sock_read=timeout_seconds + REQUEST_TIMEOUT))
+        try:
+            if response.status >= 400:
+                raw = await response.read()
+                if response.status == 401:
+                    await self.credentials.renew()
+                raise KubeApiError(response.status, json.loads(raw) if raw else None)
+            async for line in response.content:  # one JSON event per line
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            response.release()
 
     async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """Create; None when it already exists (the caller's next pass will see it)."""
