@@ -5,6 +5,7 @@ the serving event loop. Used by `flywheel api`, `flywheel operator --api-port` a
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import os
 import secrets
@@ -59,7 +60,7 @@ async def attach(app: Any, cfg: ServerConfig, wait_seconds: float = 30.0) -> Cal
 
     async def stop() -> None:
         if progress is not None:
-            progress.stop()
+            await asyncio.to_thread(progress.stop)  # joins its thread: off the serving loop
         await cache.stop()
         await kube.close()
 
