@@ -15,7 +15,7 @@ FROM ${BASE_IMAGE} AS build
 # Equal to the torch pin in pyproject.toml's dependencies (a test checks).
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-# The operator and the API need kopf, aiohttp and the kubernetes clients (pyproject.toml's `cluster` extra); workers
+# The operator and the API need kopf, aiohttp and kubernetes_asyncio (pyproject.toml's `cluster` extra); workers
 # need tokenizers, tiktoken and pyarrow for real models and data (`hf`).
 ARG FLYWHEEL_EXTRAS=cluster,hf
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -31,7 +31,8 @@ COPY flywheel ./flywheel
 # The package itself (a local path: its dependencies are pinned or bounded in pyproject.toml).
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir ".[${FLYWHEEL_EXTRAS}]" \
-    && python -c "import flywheel.cli, flywheel.operator.main, kopf, aiohttp, kubernetes, kubernetes_asyncio, torch"
+    && python -c "import flywheel.cli, flywheel.operator.main, flywheel.api.server, flywheel.kube.client, \
+                      kopf, aiohttp, kubernetes_asyncio, torch"
 
 FROM ${BASE_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="flywheel" \

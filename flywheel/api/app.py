@@ -9,6 +9,7 @@ Prometheus scrape them). The routes live in `routes_meta`, `routes_jobs` and `ro
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -88,16 +89,21 @@ async def _http_error(_: Request, err: Exception) -> JSONResponse:
 
 def create_app(source: JobSource | None = None, auth: Auth | None = None, actions: Actions | None = None,
                startup: Callable[[FastAPI], Any] | None = None, progress: LiveSource | None = None) -> FastAPI:
-    """`startup(app)` (optional) fills app.state.source/auth/actions (and progress) when the server starts, and may
-    return a callable run at shutdown. `progress`: the etcd progress of running jobs (api/progress.py); None: the
+    """`startup(app)` (optional; a coroutine function or a plain one) fills app.state.source/auth/actions (and
+    progress) when the server starts, on its event loop, and may return a callable (or coroutine function) run at
+    shutdown. `progress`: the etcd progress of running jobs (api/progress.py); None: the
     TrainingJob status alone."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         stop = startup(app) if startup is not None else None
+        if inspect.isawaitable(stop):
+            stop = await stop
         yield
         if callable(stop):
-            stop()
+            done = stop()
+            if inspect.isawaitable(done):
+                await done
 
     app = FastAPI(title="Flywheel status API", version=__version__, lifespan=lifespan,
                   description="Read TrainingJobs (watch-backed cache) and act on them through the Kubernetes API.")
@@ -114,7 +120,7 @@ def create_app(source: JobSource | None = None, auth: Auth | None = None, action
 
 
 def _from_env(app: FastAPI) -> Any:
-    from flywheel.api.server import from_env  # the kubernetes client loads only when a server starts
+    from flywheel.api.server import from_env  # the Kubernetes client loads only when a server starts
 
     return from_env(app)
 

@@ -5,7 +5,10 @@
 - `KubeAuth` (cluster): the token is checked with a TokenReview and every request with a SubjectAccessReview
   against the TrainingJob verbs (get/list on `trainingjobs`, patch on `trainingjobs` or `trainingjobs/scale`),
   so who may read or act is decided by the cluster's RBAC. Results are cached briefly so a busy dashboard does not
-  cost two API calls per request.
+  cost two API calls per request. The reviews go through the product's Kubernetes client (flywheel/kube), on the
+  event loop.
+
+Both are async (the app awaits them on its event loop): a token file answers from memory, a review awaits the API.
 """
 
 from __future__ import annotations
@@ -42,8 +45,8 @@ class Access:
 
 
 class Auth(Protocol):
-    def authenticate(self, token: str) -> Principal | None: ...
-    def authorize(self, who: Principal, access: Access) -> tuple[bool, str]: ...
+    async def authenticate(self, token: str) -> Principal | None: ...
+    async def authorize(self, who: Principal, access: Access) -> tuple[bool, str]: ...
 
 
 class AuthConfigError(ValueError):
@@ -53,7 +56,6 @@ class AuthConfigError(ValueError):
 @dataclass
 class TokenFileAuth:
     tokens: dict[str, Principal] = field(default_factory=dict)
-    blocking = False  # answers from memory: the app may call it on the event loop (KubeAuth goes to a thread)
 
     @classmethod
     def from_file(cls, path: str | Path) -> TokenFileAuth:
@@ -73,13 +75,13 @@ class TokenFileAuth:
             raise AuthConfigError(f"token file {path} holds no tokens")
         return cls(tokens)
 
-    def authenticate(self, token: str) -> Principal | None:
+    async def authenticate(self, token: str) -> Principal | None:
         for known, who in self.tokens.items():  # constant-time compare: no timing oracle on tokens
             if hmac.compare_digest(known.encode(), token.encode()):
                 return who
         return None
 
-    def authorize(self, who: Principal, access: Access) -> tuple[bool, str]:
+    async def authorize(self, who: Principal, access: Access) -> tuple[bool, str]:
         if access.verb in READ_VERBS or VIEWERS_GROUP not in who.groups:
             return True, ""
         return False, f"user {who.user!r} is in {VIEWERS_GROUP} and may only read"
@@ -103,37 +105,39 @@ class _TTLCache:
             self._data[key] = (time.monotonic() + self.seconds, value)
 
 
+class Reviewer(Protocol):
+    """What KubeAuth needs of the client (flywheel.kube.client.Kube; the unit tests pass a stub)."""
+
+    async def request(self, method: str, path: str, body: Any = None) -> Any: ...
+
+
+TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+
+
 class KubeAuth:
-    """TokenReview + SubjectAccessReview through the kubernetes client (`api_client` is a kubernetes.ApiClient,
-    or any object with the two API objects passed in explicitly, as the unit tests do)."""
+    """TokenReview + SubjectAccessReview, POSTed through `kube` (the API server's own credentials)."""
 
-    def __init__(self, api_client: Any = None, *, authn: Any = None, authz: Any = None,
-                 cache_seconds: float = 10.0) -> None:
-        if authn is None or authz is None:
-            from kubernetes import client
-
-            authn = authn or client.AuthenticationV1Api(api_client)
-            authz = authz or client.AuthorizationV1Api(api_client)
-        self._authn, self._authz = authn, authz
+    def __init__(self, kube: Reviewer, cache_seconds: float = 10.0) -> None:
+        self._kube = kube
         self._who = _TTLCache(cache_seconds)
         self._decisions = _TTLCache(cache_seconds)
 
-    def authenticate(self, token: str) -> Principal | None:
+    async def authenticate(self, token: str) -> Principal | None:
         cached = self._who.get(token)
         if cached is not None:
             return cached or None  # False caches a rejected token
-        review = self._authn.create_token_review(
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}})
-        status = _get(review, "status") or {}
+        review = await self._kube.request("POST", TOKEN_REVIEWS, {
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}})
+        status = (review or {}).get("status") or {}
         who: Principal | None = None
-        if _get(status, "authenticated"):
-            user = _get(status, "user") or {}
-            who = Principal(_get(user, "username") or "", _get(user, "uid") or "",
-                            tuple(_get(user, "groups") or ()))
+        if status.get("authenticated"):
+            user = status.get("user") or {}
+            who = Principal(user.get("username") or "", user.get("uid") or "", tuple(user.get("groups") or ()))
         self._who.put(token, who or False)
         return who
 
-    def authorize(self, who: Principal, access: Access) -> tuple[bool, str]:
+    async def authorize(self, who: Principal, access: Access) -> tuple[bool, str]:
         key = (who, access)
         cached: tuple[bool, str] | None = self._decisions.get(key)
         if cached is not None:
@@ -141,22 +145,15 @@ class KubeAuth:
         attrs = {"group": GROUP, "resource": PLURAL, "verb": access.verb}
         attrs |= {k: v for k, v in (("namespace", access.namespace), ("name", access.name),
                                     ("subresource", access.subresource)) if v}
-        review = self._authz.create_subject_access_review(
-            {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-             "spec": {"user": who.user, "uid": who.uid, "groups": list(who.groups), "resourceAttributes": attrs}})
-        status = _get(review, "status") or {}
-        allowed = bool(_get(status, "allowed")) and not _get(status, "denied")
+        review = await self._kube.request("POST", ACCESS_REVIEWS, {
+            "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"user": who.user, "uid": who.uid, "groups": list(who.groups), "resourceAttributes": attrs}})
+        status = (review or {}).get("status") or {}
+        allowed = bool(status.get("allowed")) and not status.get("denied")
         resource = PLURAL + (f"/{access.subresource}" if access.subresource else "")
         where = f"namespace {access.namespace!r}" if access.namespace else "all namespaces"
         message = "" if allowed else (f"user {who.user!r} may not {access.verb} {resource}.{GROUP} in {where}"
-                                      + (f": {_get(status, 'reason')}" if _get(status, "reason") else ""))
+                                      + (f": {status['reason']}" if status.get("reason") else ""))
         decision = (allowed, message)
         self._decisions.put(key, decision)
         return decision
-
-
-def _get(obj: Any, name: str) -> Any:
-    """Read a field from a client model object or from a plain dict."""
-    if isinstance(obj, dict):
-        return obj.get(name)
-    return getattr(obj, name, None)

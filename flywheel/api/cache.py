@@ -1,14 +1,18 @@
 """Where the API reads from: a watch-backed cache of TrainingJobs, their pods and events (cluster); the local run
-has its own source (localrun.py). Requests never call the Kubernetes API for reads."""
+has its own source (localrun.py). Requests never call the Kubernetes API for reads.
+
+The cluster cache is three asyncio tasks on the app's event loop, one watch per kind through the product's
+Kubernetes client (flywheel/kube): list, then watch from the list's resourceVersion, resuming each watch from the
+last event's or bookmark's version; relist on 410 Gone (the version is too old) or any other failure.
+"""
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol, cast
+from collections.abc import AsyncIterator, Iterable
+from typing import Any, Protocol
 
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.labels import JOB_LABEL
@@ -63,110 +67,103 @@ class IndexedStore:
                     if ns == namespace and (e.get("involvedObject") or {}).get("name") in wanted]
 
 
+class Watcher(Protocol):
+    """What a reflector needs of the client (flywheel.kube.client.Kube; the unit tests pass a fake)."""
+
+    async def list_versioned(self, path: str, label_selector: str = "") -> tuple[list[Obj], str]: ...
+    def watch(self, path: str, resource_version: str, label_selector: str = "",
+              timeout_seconds: int = 60) -> AsyncIterator[Obj]: ...
+
+
+class Expired(Exception):
+    """The watch's resourceVersion is too old (410 Gone): relist."""
+
+
+def apply_event(store: dict[Key, Obj], kind: str, obj: Obj) -> None:
+    """One watch event into the store (BOOKMARK and unknown types change nothing)."""
+    if kind == "DELETED":
+        store.pop(object_key(obj), None)
+    elif kind in ("ADDED", "MODIFIED"):
+        store[object_key(obj)] = obj
+
+
 class Reflector:
-    """List, then watch from the list's resourceVersion; relist on any error or 410. Keeps raw dicts."""
+    """One kind's list + watch into `store` (under `lock`), until cancelled. Keeps raw dicts."""
 
-    def __init__(self, name: str, lister: Callable[..., Any], store: dict[Key, Obj], lock: threading.Lock,
-                 watch_seconds: int = 60) -> None:
-        self.name, self._lister, self._store, self._lock = name, lister, store, lock
-        self._watch_seconds = watch_seconds
-        self.synced = threading.Event()
-        self._stop = threading.Event()
-        self._watch: Any = None
-        self._thread = threading.Thread(target=self._run, name=f"api-cache-{name}", daemon=True)
+    def __init__(self, name: str, kube: Watcher, path: str, store: dict[Key, Obj], lock: threading.Lock,
+                 label_selector: str = "", watch_seconds: int = 60, retry_seconds: float = 1.0) -> None:
+        self.name, self._kube, self._path, self._selector = name, kube, path, label_selector
+        self._store, self._lock = store, lock
+        self._watch_seconds, self._retry_seconds = watch_seconds, retry_seconds
+        self.synced = asyncio.Event()
+        self.relists = 0
 
-    def start(self) -> None:
-        self._thread.start()
+    async def run(self) -> None:
+        while True:
+            try:
+                version = await self._relist()
+                while True:  # a watch ends after watch_seconds: resume from the last version seen
+                    version = await self._watch(version)
+            except Expired as err:
+                log.info("api cache %s: %s; relisting", self.name, err)
+            except Exception as err:  # noqa: BLE001 - any failure: back off, relist from scratch
+                log.warning("api cache %s: %s; relisting", self.name, err)
+                await asyncio.sleep(self._retry_seconds)
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._watch is not None:
-            self._watch.stop()
-
-    def _relist(self) -> str:
-        resp = self._lister(_preload_content=False)
-        body = json.loads(resp.data)
-        fresh = {object_key(o): o for o in body.get("items") or []}
+    async def _relist(self) -> str:
+        items, version = await self._kube.list_versioned(self._path, self._selector)
+        fresh = {object_key(o): o for o in items}
         with self._lock:
             self._store.clear()
             self._store.update(fresh)
+        self.relists += 1
         self.synced.set()
-        return str((body.get("metadata") or {}).get("resourceVersion") or "")
+        return version
 
-    def _run(self) -> None:
-        from kubernetes import watch  # loaded only for a cluster cache
-
-        while not self._stop.is_set():
-            try:
-                rv = self._relist()
-                while not self._stop.is_set():
-                    self._watch = cast(Any, watch).Watch()  # the kubernetes package is untyped
-                    for event in self._watch.stream(self._lister, resource_version=rv,
-                                                    timeout_seconds=self._watch_seconds,
-                                                    allow_watch_bookmarks=True):
-                        kind, obj = event["type"], event.get("raw_object") or {}
-                        if kind == "ERROR":  # typically 410 Gone: our resourceVersion is too old
-                            raise RuntimeError(f"watch error: {obj.get('message', obj)}")
-                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                        with self._lock:
-                            if kind == "DELETED":
-                                self._store.pop(object_key(obj), None)
-                            elif kind in ("ADDED", "MODIFIED"):
-                                self._store[object_key(obj)] = obj
-                    rv = self._watch.resource_version or rv
-            except Exception as err:  # noqa: BLE001 - any failure: back off, relist from scratch
-                if self._stop.is_set():
-                    return
-                log.warning("api cache %s: %s; relisting", self.name, err)
-                self._stop.wait(1.0)
+    async def _watch(self, version: str) -> str:
+        async for event in self._kube.watch(self._path, version, self._selector, self._watch_seconds):
+            kind, obj = str(event.get("type") or ""), event.get("object") or {}
+            if kind == "ERROR":  # a Status object; 410 Gone: our resourceVersion is too old
+                if obj.get("code") == 410:
+                    raise Expired(obj.get("message") or "410 Gone")
+                raise RuntimeError(f"watch error: {obj.get('message', obj)}")
+            version = (obj.get("metadata") or {}).get("resourceVersion") or version
+            with self._lock:
+                apply_event(self._store, kind, obj)
+        return version
 
 
 class KubeCache(IndexedStore):
-    """TrainingJobs, pods labelled `flywheel.dev/job`, and events, kept current by three watches."""
+    """TrainingJobs, pods labelled `flywheel.dev/job`, and events, kept current by three watches. `start()` and
+    `stop()` run on the event loop that serves the app."""
 
-    def __init__(self, api_client: Any, namespace: str | None = None, watch_seconds: int = 60) -> None:
-        from kubernetes import client
-
+    def __init__(self, kube: Watcher, namespace: str | None = None, watch_seconds: int = 60) -> None:
         super().__init__()
-        custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
-        if namespace:
-            def list_jobs(**kw: Any) -> Any:
-                return custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, **kw)
-
-            def list_pods(**kw: Any) -> Any:
-                return core.list_namespaced_pod(namespace, label_selector=JOB_LABEL, **kw)
-
-            def list_events(**kw: Any) -> Any:
-                return core.list_namespaced_event(namespace, **kw)
-        else:
-            def list_jobs(**kw: Any) -> Any:
-                return custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kw)
-
-            def list_pods(**kw: Any) -> Any:
-                return core.list_pod_for_all_namespaces(label_selector=JOB_LABEL, **kw)
-
-            def list_events(**kw: Any) -> Any:
-                return core.list_event_for_all_namespaces(**kw)
-        # the watch helper picks the response type from the docstring: keep the client's
-        list_jobs.__doc__ = custom.list_cluster_custom_object.__doc__
-        list_pods.__doc__ = core.list_pod_for_all_namespaces.__doc__
-        list_events.__doc__ = core.list_event_for_all_namespaces.__doc__
-        self._reflectors = [Reflector("trainingjobs", list_jobs, self._jobs, self._lock, watch_seconds),
-                            Reflector("pods", list_pods, self._pods, self._lock, watch_seconds),
-                            Reflector("events", list_events, self._events, self._lock, watch_seconds)]
+        where = f"/namespaces/{namespace}" if namespace else ""
+        self._reflectors = [
+            Reflector("trainingjobs", kube, f"/apis/{GROUP}/{VERSION}{where}/{PLURAL}", self._jobs, self._lock,
+                      watch_seconds=watch_seconds),
+            Reflector("pods", kube, f"/api/v1{where}/pods", self._pods, self._lock, JOB_LABEL, watch_seconds),
+            Reflector("events", kube, f"/api/v1{where}/events", self._events, self._lock,
+                      watch_seconds=watch_seconds)]
+        self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> KubeCache:
-        for r in self._reflectors:
-            r.start()
+        self._tasks = [asyncio.create_task(r.run(), name=f"api-cache-{r.name}") for r in self._reflectors]
         return self
 
-    def stop(self) -> None:
-        for r in self._reflectors:
-            r.stop()
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
 
-    def wait_synced(self, timeout: float = 30.0) -> bool:
-        deadline = time.monotonic() + timeout
-        return all(r.synced.wait(max(0.0, deadline - time.monotonic())) for r in self._reflectors)
+    async def wait_synced(self, timeout: float = 30.0) -> bool:
+        try:
+            await asyncio.wait_for(asyncio.gather(*(r.synced.wait() for r in self._reflectors)), timeout)
+        except TimeoutError:
+            return False
+        return True
 
     def ready(self) -> bool:
         return all(r.synced.is_set() for r in self._reflectors)

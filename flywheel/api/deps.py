@@ -3,15 +3,13 @@ documented error responses, and the dependencies that authenticate the caller, c
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Path, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from flywheel.api import views
-from flywheel.api.auth import Access, Auth, Principal
+from flywheel.api.auth import Access, Principal
 from flywheel.api.schemas import ErrorBody, JobDetail
 
 MAX_PAGE = 500
@@ -46,16 +44,6 @@ def state(request: Request) -> Any:
 _bearer = HTTPBearer(auto_error=False, description="a Kubernetes bearer token (cluster) or one from the token file")
 
 
-async def _off_loop(auth: Auth, fn: Callable[..., Any], *args: Any) -> Any:
-    """Run an auth call: TokenReview/SubjectAccessReview block on the network, so those go to a worker thread;
-    a token file (`blocking = False`) answers on the event loop. The reads are async handlers (they only read the
-    in-memory cache) because the three thread hops of a sync one (dependency, handler, response check) were
-    about 40% of a read's CPU (bench/api_latency.py); the actions, which call the Kubernetes API, stay sync."""
-    if getattr(auth, "blocking", True):
-        return await run_in_threadpool(fn, *args)
-    return fn(*args)
-
-
 async def _principal(request: Request,
                      creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)] = None) -> Principal:
     challenge = {"WWW-Authenticate": "Bearer"}
@@ -63,7 +51,7 @@ async def _principal(request: Request,
         raise ProblemError(401, "Unauthorized", "missing bearer token: send 'Authorization: Bearer <token>'",
                            challenge)
     auth = state(request).auth
-    who: Principal | None = await _off_loop(auth, auth.authenticate, creds.credentials.strip())
+    who: Principal | None = await auth.authenticate(creds.credentials.strip())
     if who is None:
         raise ProblemError(401, "Unauthorized", "the bearer token was not accepted (unknown, expired or revoked)",
                            challenge)
@@ -73,13 +61,11 @@ async def _principal(request: Request,
 Who = Annotated[Principal, Depends(_principal)]
 
 
-def allow(request: Request, who: Principal, access: Access) -> None:
-    _decide(who, access, *state(request).auth.authorize(who, access))
-
-
-async def may_read(request: Request, who: Principal, access: Access) -> None:
-    auth = state(request).auth
-    _decide(who, access, *await _off_loop(auth, auth.authorize, who, access))
+async def allow(request: Request, who: Principal, access: Access) -> None:
+    """The handlers are all async, on the event loop: the reads only read the in-memory cache (the thread hops of a
+    sync handler were about 40% of a read's CPU, bench/api_latency.py), and auth and actions await the Kubernetes
+    API through the async client."""
+    _decide(who, access, *await state(request).auth.authorize(who, access))
 
 
 def _decide(who: Principal, access: Access, allowed: bool, message: str) -> None:

@@ -9,14 +9,15 @@ operator carries them out and Kubernetes' RBAC and audit log see every change.
 
 from __future__ import annotations
 
-import json
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.labels import RESTART_ANNOTATION
 from flywheel.timefmt import rfc3339
 
-MERGE_PATCH = "application/merge-patch+json"
+if TYPE_CHECKING:  # the client is the `cluster` extra: loaded only when a cluster server starts
+    from flywheel.kube.client import Kube, KubeApiError
+
 Obj = dict[str, Any]
 
 
@@ -29,49 +30,48 @@ class ActionError(Exception):
 
 
 class Actions(Protocol):
-    def suspend(self, namespace: str, name: str, value: bool) -> Obj: ...
-    def restart(self, namespace: str, name: str) -> Obj: ...
-    def scale(self, namespace: str, name: str, replicas: int) -> Obj: ...
+    async def suspend(self, namespace: str, name: str, value: bool) -> Obj: ...
+    async def restart(self, namespace: str, name: str) -> Obj: ...
+    async def scale(self, namespace: str, name: str, replicas: int) -> Obj: ...
 
 
 class KubeActions:
-    """Actions through a kubernetes.ApiClient (the API server's own credentials; RBAC for the caller is checked
-    beforehand by a SubjectAccessReview in auth.py)."""
+    """Actions through the product's Kubernetes client (flywheel/kube; the API server's own credentials; RBAC for
+    the caller is checked beforehand by a SubjectAccessReview in auth.py)."""
 
-    def __init__(self, api_client: Any) -> None:
-        from kubernetes import client
+    def __init__(self, kube: Kube) -> None:
+        from flywheel.kube.client import KubeApiError
 
-        self._custom = client.CustomObjectsApi(api_client)
+        self._kube, self._refused = kube, KubeApiError
 
-    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Obj:
-        from kubernetes.client.exceptions import ApiException
+    def _path(self, namespace: str, name: str, subresource: str = "") -> str:
+        return self._kube.custom(GROUP, VERSION, namespace, PLURAL, name) + (f"/{subresource}" if subresource else "")
 
+    async def _patch(self, path: str, patch: Obj) -> Obj:
         try:
-            return dict(fn(GROUP, VERSION, *args, **kwargs))
-        except ApiException as err:
-            raise _as_action_error(err) from None
+            return await self._kube.merge_patch(path, patch)
+        except self._refused as err:
+            raise as_action_error(err) from None
 
-    def suspend(self, namespace: str, name: str, value: bool) -> Obj:
-        return self._call(self._custom.patch_namespaced_custom_object, namespace, PLURAL, name,
-                          {"spec": {"suspend": value}}, _content_type=MERGE_PATCH)
+    async def suspend(self, namespace: str, name: str, value: bool) -> Obj:
+        return await self._patch(self._path(namespace, name), {"spec": {"suspend": value}})
 
-    def restart(self, namespace: str, name: str) -> Obj:
-        patch = {"metadata": {"annotations": {RESTART_ANNOTATION: rfc3339()}}}
-        return self._call(self._custom.patch_namespaced_custom_object, namespace, PLURAL, name, patch,
-                          _content_type=MERGE_PATCH)
+    async def restart(self, namespace: str, name: str) -> Obj:
+        return await self._patch(self._path(namespace, name),
+                                 {"metadata": {"annotations": {RESTART_ANNOTATION: rfc3339()}}})
 
-    def scale(self, namespace: str, name: str, replicas: int) -> Obj:
-        self._call(self._custom.patch_namespaced_custom_object_scale, namespace, PLURAL, name,
-                   {"spec": {"replicas": replicas}}, _content_type=MERGE_PATCH)
-        return self._call(self._custom.get_namespaced_custom_object, namespace, PLURAL, name)
+    async def scale(self, namespace: str, name: str, replicas: int) -> Obj:
+        await self._patch(self._path(namespace, name, "scale"), {"spec": {"replicas": replicas}})
+        try:
+            job = await self._kube.request("GET", self._path(namespace, name))
+        except self._refused as err:
+            raise as_action_error(err) from None
+        return dict(job)
 
 
-def _as_action_error(err: Any) -> ActionError:
+def as_action_error(err: KubeApiError) -> ActionError:
     """Carry the API server's status (404, 409, 422 from the CEL rules, 403, ...) and message through."""
-    reason, message = "Error", str(err.reason or "")
-    try:
-        body = json.loads(err.body or "{}")
-        reason, message = body.get("reason") or reason, body.get("message") or message
-    except (TypeError, ValueError):
-        pass
-    return ActionError(int(err.status or 500), reason, f"Kubernetes API: {message}")
+    body = err.body if isinstance(err.body, dict) else {}
+    reason = str(body.get("reason") or "Error")
+    message = str(body.get("message") or (err.body if isinstance(err.body, str) else "") or f"HTTP {err.status}")
+    return ActionError(err.status, reason, f"Kubernetes API: {message}")

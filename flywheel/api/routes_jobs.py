@@ -18,9 +18,9 @@ from flywheel.api.deps import (
     Namespace,
     ProblemError,
     Who,
+    allow,
     detail,
     job,
-    may_read,
     state,
 )
 from flywheel.api.schemas import EventList, JobDetail, JobList, JobSummary, Phase, Timeline
@@ -53,7 +53,7 @@ async def list_jobs(request: Request, who: Who,
                     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
                     offset: Annotated[int, Query(ge=0)] = 0) -> JobList:
     try:
-        await may_read(request, who, Access("list", namespace or ""))
+        await allow(request, who, Access("list", namespace or ""))
     except ProblemError as err:
         if namespace is None and err.status_code == 403:  # rights may be namespaced: say how to ask
             err.detail = f"{err.detail}; ask for one namespace with ?namespace=NS"
@@ -77,13 +77,13 @@ async def list_jobs(request: Request, who: Who,
 
 @router.get("/{namespace}/{name}", response_model=JobDetail, responses=JOB_ERRORS)
 async def get_job(request: Request, who: Who, namespace: Namespace, name: Name) -> JobDetail:
-    await may_read(request, who, Access("get", namespace, name))
+    await allow(request, who, Access("get", namespace, name))
     return detail(request, job(request, namespace, name))
 
 
 @router.get("/{namespace}/{name}/events", response_model=EventList, responses=JOB_ERRORS)
 async def job_events(request: Request, who: Who, namespace: Namespace, name: Name) -> EventList:
-    await may_read(request, who, Access("get", namespace, name))
+    await allow(request, who, Access("get", namespace, name))
     job(request, namespace, name)
     source = request.app.state.source
     names = {name, *(p["metadata"]["name"] for p in source.pods(namespace, name))}
@@ -92,6 +92,6 @@ async def job_events(request: Request, who: Who, namespace: Namespace, name: Nam
 
 @router.get("/{namespace}/{name}/timeline", response_model=Timeline, responses=JOB_ERRORS)
 async def job_timeline(request: Request, who: Who, namespace: Namespace, name: Name) -> Timeline:
-    await may_read(request, who, Access("get", namespace, name))
+    await allow(request, who, Access("get", namespace, name))
     obj = job(request, namespace, name)
     return views.timeline(obj, request.app.state.source.events(namespace, {name}))

@@ -1,14 +1,17 @@
-"""Wiring for a served API: a kubernetes client from a kubeconfig (or in-cluster), the watch-backed cache, the
-authenticator and the actions. Used by `flywheel api` and by `uvicorn flywheel.api.app:app` (environment)."""
+"""Wiring for a served API: the product's Kubernetes client (flywheel/kube: a kubeconfig, exec plugins included, or
+the in-cluster rotating service-account token), the watch-backed cache, the authenticator and the actions, all on
+the serving event loop. Used by `flywheel api`, `flywheel operator --api-port` and `uvicorn flywheel.api.app:app`
+(environment)."""
 
 from __future__ import annotations
 
+import asyncio
 import getpass
-import importlib
 import os
 import secrets
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,46 +38,37 @@ class ServerConfig:
                    etcd_endpoints=os.environ.get("FLYWHEEL_ETCD_ENDPOINTS", ""))
 
 
-def kube_client(kubeconfig: str | None) -> Any:
-    config: Any = importlib.import_module("kubernetes.config")  # untyped package; imported when a server starts
-
-    if kubeconfig:  # read explicitly: the package would otherwise pick $KUBECONFIG at import
-        return config.new_client_from_config(config_file=kubeconfig)
-    config.load_incluster_config()
-    from kubernetes import client
-
-    return client.ApiClient()
-
-
-def attach(app: Any, cfg: ServerConfig, wait_seconds: float = 30.0) -> Any:
-    """Fill app.state with a started cache, auth and actions; returns the function that stops them."""
+async def attach(app: Any, cfg: ServerConfig, wait_seconds: float = 30.0) -> Callable[[], Awaitable[None]]:
+    """Fill app.state with a started cache, auth and actions (on the running event loop); returns the coroutine
+    function that stops them."""
     from flywheel.api.auth import KubeAuth
     from flywheel.api.cache import KubeCache
     from flywheel.api.job_actions import KubeActions
+    from flywheel.kube.client import Kube, load_credentials
 
-    api_client = kube_client(cfg.kubeconfig)
-    auth = TokenFileAuth.from_file(cfg.token_file) if cfg.token_file else KubeAuth(api_client)
-    cache = KubeCache(api_client, cfg.namespace).start()
-    cache.wait_synced(wait_seconds)  # /readyz stays 503 until it has; the server starts either way
+    kube = Kube(await load_credentials(cfg.kubeconfig))  # None: in-cluster (ServerConfig.from_env reads $KUBECONFIG)
+    auth = TokenFileAuth.from_file(cfg.token_file) if cfg.token_file else KubeAuth(kube)
+    cache = KubeCache(kube, cfg.namespace).start()
+    await cache.wait_synced(wait_seconds)  # /readyz stays 503 until it has; the server starts either way
     app.state.source, app.state.auth = cache, auth
-    app.state.actions = None if cfg.read_only else KubeActions(api_client)
+    app.state.actions = None if cfg.read_only else KubeActions(kube)
     progress = None
     if cfg.etcd_endpoints:
         from flywheel.api.progress import ProgressFollower
 
         progress = app.state.progress = ProgressFollower(cfg.etcd_endpoints, cache.jobs, time.time).start()
 
-    def stop() -> None:
+    async def stop() -> None:
         if progress is not None:
-            progress.stop()
-        cache.stop()
-        api_client.close()
+            await asyncio.to_thread(progress.stop)  # joins its thread: off the serving loop
+        await cache.stop()
+        await kube.close()
 
     return stop
 
 
-def from_env(app: Any) -> Any:
-    return attach(app, ServerConfig.from_env())
+async def from_env(app: Any) -> Callable[[], Awaitable[None]]:
+    return await attach(app, ServerConfig.from_env())
 
 
 class ThreadedServer:

@@ -1,13 +1,15 @@
 """The API against the test cluster's Kubernetes API emulator (no kubelet, no operator: the tests write pod and
 job status themselves, as the kubelet and operator would, so every response is deterministic).
 
-`api_env` (module scope) starts the emulator, installs the CRD, starts the watch-backed cache and wraps the app in
-FastAPI's TestClient. Tokens: ADMIN may do everything, VIEWER (group flywheel:viewers) may only read.
+`api_env` (module scope) starts the emulator, installs the CRD and wraps the app in FastAPI's TestClient, whose
+start-up starts the watch-backed cache and the actions on the app's event loop through the product's client
+(flywheel/kube), as `flywheel api` does; the tests write through the official sync client. Tokens: ADMIN may do
+everything, VIEWER (group flywheel:viewers) may only read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from flywheel.api.auth import TokenFileAuth
 from flywheel.api.cache import KubeCache
 from flywheel.api.job_actions import KubeActions
 from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.kube.client import Kube, load_credentials
 from tests.k8s_emulator.fixtures import RunningCluster, start_cluster
 from tests.waiting import eventually
 
@@ -116,11 +119,20 @@ def api_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiEnv]:
     client.CoreV1Api(kube).create_namespace({"metadata": {"name": "team-b"}})
     token_file = tmp / "tokens.csv"
     token_file.write_text(f"# token,user,uid,groups\n{ADMIN},alice,u1\n{VIEWER},bob,u2,\"flywheel:viewers,dev\"\n")
-    cache = KubeCache(kube, watch_seconds=5).start()
-    assert cache.wait_synced(15), "the cache did not sync with the emulator"
-    app = create_app(cache, TokenFileAuth.from_file(token_file), KubeActions(kube))
+
+    async def start(app: Any) -> Callable[[], Awaitable[None]]:
+        served = Kube(await load_credentials(str(cluster.kubeconfig)))
+        cache = KubeCache(served, watch_seconds=5).start()
+        assert await cache.wait_synced(15), "the cache did not sync with the emulator"
+        app.state.source, app.state.actions = cache, KubeActions(served)
+
+        async def stop() -> None:
+            await cache.stop()
+            await served.close()
+        return stop
+
+    app = create_app(None, TokenFileAuth.from_file(token_file), startup=start)
     with TestClient(app) as http:
-        yield ApiEnv(cluster, kube, http, cache, token_file)
-    cache.stop()
+        yield ApiEnv(cluster, kube, http, app.state.source, token_file)
     kube.close()
     cluster.stop()

@@ -1,8 +1,9 @@
-"""KubeAuth (TokenReview + SubjectAccessReview) against stub API objects (the emulator has neither API), the
+"""KubeAuth (TokenReview + SubjectAccessReview) against a stub client (the emulator has neither API), the
 token file parser, and the app's 403 from a SubjectAccessReview denial; readiness before the cache syncs."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from flywheel.api.app import create_app
-from flywheel.api.auth import Access, AuthConfigError, KubeAuth, Principal, TokenFileAuth
+from flywheel.api.auth import ACCESS_REVIEWS, TOKEN_REVIEWS, Access, AuthConfigError, KubeAuth, Principal, TokenFileAuth
 from tests.api.memory_source import MemorySource
 
 
@@ -41,21 +42,39 @@ class StubAuthz:
         return {"status": {"allowed": ok, **({} if ok else {"reason": "RBAC: no rule allows it"})}}
 
 
+class StubKube:
+    """The two review POSTs, as flywheel.kube.client.Kube.request sends them."""
+
+    def __init__(self, authn: StubAuthn, authz: StubAuthz) -> None:
+        self.authn, self.authz = authn, authz
+
+    async def request(self, method: str, path: str, body: Any = None) -> Any:
+        assert method == "POST", method
+        if path == TOKEN_REVIEWS:
+            return self.authn.create_token_review(body)
+        assert path == ACCESS_REVIEWS, path
+        return self.authz.create_subject_access_review(body)
+
+
 def test_token_review_and_subject_access_review() -> None:
+    asyncio.run(_reviews())
+
+
+async def _reviews() -> None:
     authn, authz = StubAuthn(), StubAuthz()
-    auth = KubeAuth(authn=authn, authz=authz)
-    who = auth.authenticate("good")
+    auth = KubeAuth(StubKube(authn, authz))
+    who = await auth.authenticate("good")
     assert who == Principal("system:serviceaccount:ml:ci", "9", ("ml",))
-    assert auth.authenticate("bad") is None and auth.authenticate("bad") is None
+    assert await auth.authenticate("bad") is None and await auth.authenticate("bad") is None
     assert authn.calls == ["good", "bad"]  # both answers cached
-    assert auth.authorize(who, Access("patch", "ml", "j")) == (True, "")
-    allowed, message = auth.authorize(who, Access("patch", "ml", "j", "scale"))
+    assert await auth.authorize(who, Access("patch", "ml", "j")) == (True, "")
+    allowed, message = await auth.authorize(who, Access("patch", "ml", "j", "scale"))
     assert not allowed and message == ("user 'system:serviceaccount:ml:ci' may not patch trainingjobs/scale"
                                        ".flywheel.dev in namespace 'ml': RBAC: no rule allows it")
     assert authz.reviews[0] == {"user": "system:serviceaccount:ml:ci", "uid": "9", "groups": ["ml"],
                                 "resourceAttributes": {"group": "flywheel.dev", "resource": "trainingjobs",
                                                        "verb": "patch", "namespace": "ml", "name": "j"}}
-    auth.authorize(who, Access("patch", "ml", "j"))
+    await auth.authorize(who, Access("patch", "ml", "j"))
     assert len(authz.reviews) == 2  # cached decision
 
 
@@ -63,7 +82,7 @@ def test_kube_auth_drives_401_and_403_in_the_app() -> None:
     source = MemorySource()
     source.put("job", {"metadata": {"name": "j", "namespace": "ml"}, "spec": {}, "status": {"phase": "Running"}})
     source.put("job", {"metadata": {"name": "k", "namespace": "other"}, "spec": {}})
-    app = create_app(source, KubeAuth(authn=StubAuthn(), authz=StubAuthz()), actions=None)
+    app = create_app(source, KubeAuth(StubKube(StubAuthn(), StubAuthz())), actions=None)
     with TestClient(app) as http:
         good = {"Authorization": "Bearer good"}
         assert http.get("/v1/jobs", headers={"Authorization": "Bearer bad"}).status_code == 401
@@ -82,8 +101,8 @@ def test_token_file_format_and_errors(tmp_path: Path) -> None:
     path = tmp_path / "tokens"
     path.write_text('# comment\nt1,alice,1\nt2,bob,2,"flywheel:viewers,x"\n')
     auth = TokenFileAuth.from_file(path)
-    assert auth.authenticate("t2") == Principal("bob", "2", ("flywheel:viewers", "x"))
-    assert auth.authenticate("t3") is None
+    assert asyncio.run(auth.authenticate("t2")) == Principal("bob", "2", ("flywheel:viewers", "x"))
+    assert asyncio.run(auth.authenticate("t3")) is None
     path.write_text("only-a-token\n")
     with pytest.raises(AuthConfigError, match="line 1: expected token,user"):
         TokenFileAuth.from_file(path)

@@ -50,14 +50,14 @@ class MemoryActions:
         self.source.put("job", obj)
         return obj
 
-    def suspend(self, namespace: str, name: str, value: bool) -> dict[str, Any]:
+    async def suspend(self, namespace: str, name: str, value: bool) -> dict[str, Any]:
         return self._change(namespace, name, lambda o: o["spec"].__setitem__("suspend", value))
 
-    def restart(self, namespace: str, name: str) -> dict[str, Any]:
+    async def restart(self, namespace: str, name: str) -> dict[str, Any]:
         return self._change(namespace, name, lambda o: o["metadata"].setdefault("annotations", {}).__setitem__(
             RESTART_ANNOTATION, "2026-01-01T12:00:00Z"))
 
-    def scale(self, namespace: str, name: str, replicas: int) -> dict[str, Any]:
+    async def scale(self, namespace: str, name: str, replicas: int) -> dict[str, Any]:
         return self._change(namespace, name, lambda o: o["spec"]["replicas"].__setitem__("target", replicas))
 
 

@@ -13,6 +13,7 @@ Set-up objects (jobs, pods, nodes) are written with the admin kube; only the cod
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
@@ -143,29 +144,33 @@ async def drive_health(admin: Kube, kube: Kube, namespace: str, ckpt: Path, pref
 
 def drive_api(kubeconfig: Path, api_args: list[str], namespace: str, job: str) -> None:
     """`api_args`: the chart's API container args (`api --host ... [--namespace N] [--read-only]`)."""
+    asyncio.run(_drive_api(kubeconfig, api_args, namespace, job))
+
+
+async def _drive_api(kubeconfig: Path, api_args: list[str], namespace: str, job: str) -> None:
     import pytest
-    from kubernetes.client.exceptions import ApiException
 
     from flywheel.api.auth import Access, Principal
     from flywheel.api.server import ServerConfig, attach
     from flywheel.cli import build_parser
+    from flywheel.kube.client import KubeApiError
 
     args = build_parser().parse_args(api_args)
     cfg = ServerConfig(kubeconfig=str(kubeconfig), namespace=args.namespace, token_file=args.token_file,
                        read_only=args.read_only)  # as flywheel.cli._api builds it
     app = SimpleNamespace(state=SimpleNamespace())
-    stop = attach(app, cfg, wait_seconds=20)
+    stop = await attach(app, cfg, wait_seconds=20)
     try:
         assert app.state.source.ready(), "the API's cache did not sync"
-        with pytest.raises(ApiException):
-            app.state.auth.authenticate("a-caller-token")
-        with pytest.raises(ApiException):
-            app.state.auth.authorize(Principal("alice", "u1"), Access("patch", namespace, job))
+        with pytest.raises(KubeApiError):
+            await app.state.auth.authenticate("a-caller-token")
+        with pytest.raises(KubeApiError):
+            await app.state.auth.authorize(Principal("alice", "u1"), Access("patch", namespace, job))
         actions = app.state.actions
         if actions is not None:
-            actions.suspend(namespace, job, True)
-            actions.suspend(namespace, job, False)
-            actions.restart(namespace, job)
-            actions.scale(namespace, job, 2)
+            await actions.suspend(namespace, job, True)
+            await actions.suspend(namespace, job, False)
+            await actions.restart(namespace, job)
+            await actions.scale(namespace, job, 2)
     finally:
-        stop()
+        await stop()

@@ -138,19 +138,23 @@ def test_torch_installed_first_with_the_pyproject_pin():
     assert package_install[-1].startswith(".["), package_install
 
 
-def test_package_extras_exist_and_cover_what_the_image_runs():
-    build = STAGES[0]
-    package = [w for w in pip_installs(build)[1] if w.startswith(".")][0]
+def image_extras() -> list[str]:
+    package = [w for w in pip_installs(STAGES[0])[1] if w.startswith(".")][0]
     extras = re.fullmatch(r"\.\[([\w,-]+)\]", package)
     assert extras, package
-    optional = PYPROJECT["project"]["optional-dependencies"]
-    names = extras.group(1).split(",")
-    for name in names:
-        assert name in optional, f"extra {name!r} is not in pyproject's optional-dependencies"
-    installed = {canonicalize_name(Requirement(d).name) for d in PYPROJECT["project"]["dependencies"]}
-    for name in names:
-        installed |= {canonicalize_name(Requirement(d).name) for d in optional[name]}
-    # Every third-party module imported anywhere under flywheel/ must come from an installed distribution.
+    return extras.group(1).split(",")
+
+
+def distributions(requirements: list[str]) -> set[str]:
+    return {canonicalize_name(Requirement(d).name) for d in requirements}
+
+
+def providers(module: str) -> set[str]:
+    return {canonicalize_name(d) for d in metadata.packages_distributions().get(module, [module])}
+
+
+def flywheel_imports() -> set[str]:
+    """The top-level third-party modules imported anywhere under flywheel/."""
     modules: set[str] = set()
     for path in (ROOT / "flywheel").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -158,17 +162,51 @@ def test_package_extras_exist_and_cover_what_the_image_runs():
                 modules |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 modules.add(node.module.split(".")[0])
-    third_party = {m for m in modules if m not in sys.stdlib_module_names and m not in ("flywheel", "__future__")}
-    dists = metadata.packages_distributions()
-    missing = {}
-    for module in sorted(third_party):
-        providers = {canonicalize_name(d) for d in dists.get(module, [module])}
-        if not providers & installed:
-            missing[module] = sorted(providers)
+    return {m for m in modules if m not in sys.stdlib_module_names and m not in ("flywheel", "__future__")}
+
+
+def image_installs() -> set[str]:
+    optional = PYPROJECT["project"]["optional-dependencies"]
+    installed = distributions(PYPROJECT["project"]["dependencies"])
+    for name in image_extras():
+        assert name in optional, f"extra {name!r} is not in pyproject's optional-dependencies"
+        installed |= distributions(optional[name])
+    return installed
+
+
+def test_package_extras_exist_and_cover_what_the_image_runs():
+    installed = image_installs()
+    # Every third-party module imported anywhere under flywheel/ must come from an installed distribution.
+    missing = {m: sorted(providers(m)) for m in sorted(flywheel_imports()) if not providers(m) & installed}
     assert not missing, f"imported under flywheel/ but not installed by the Dockerfile: {missing}"
     # The sources the install needs are copied in.
-    copies = " ".join(build.all("COPY"))
+    copies = " ".join(STAGES[0].all("COPY"))
     assert "pyproject.toml" in copies and "flywheel" in copies
+
+
+def test_the_cluster_extra_holds_only_what_flywheel_imports():
+    """One Kubernetes client stack in the product (flywheel/kube) besides kopf's: a client nothing imports (the
+    official sync `kubernetes`, which only tests use) stays out of the image."""
+    imported = set().union(*(providers(m) for m in flywheel_imports()))
+    unused = distributions(PYPROJECT["project"]["optional-dependencies"]["cluster"]) - imported
+    assert not unused, f"in the cluster extra but imported nowhere under flywheel/: {sorted(unused)}"
+
+
+def test_the_build_import_check_imports_what_the_image_installs():
+    """The build's `python -c "import ..."` smoke check: the operator's and the API's entry points and the cluster
+    extra's clients, each from an installed distribution."""
+    (check,) = [run for run in STAGES[0].all("RUN") if "python -c" in run]
+    imports = re.search(r'python -c "import ([^"]+)"', check)
+    assert imports, check
+    names = [n.strip() for n in imports.group(1).split(",")]
+    assert {"flywheel.cli", "flywheel.operator.main", "flywheel.api.server", "flywheel.kube.client"} <= set(names)
+    installed = image_installs()
+    third_party = {n.split(".")[0] for n in names} - {"flywheel"}
+    missing = {m: sorted(providers(m)) for m in sorted(third_party) if not providers(m) & installed}
+    assert not missing, f"the import check imports what the image does not install: {missing}"
+    cluster = distributions(PYPROJECT["project"]["optional-dependencies"]["cluster"])
+    unchecked = {d for d in cluster if not any(d in providers(m) for m in third_party)}
+    assert not unchecked, f"the import check leaves out the cluster extra's {sorted(unchecked)}"
 
 
 def test_final_stage_runs_as_non_root():

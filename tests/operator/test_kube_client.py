@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from flywheel.crd import GROUP, PLURAL, VERSION
-from flywheel.operator.kube import Connection, Kube, KubeApiError
-from flywheel.operator.kube_auth import from_kubeconfig, service_account
+from flywheel.kube.auth import from_kubeconfig, service_account
+from flywheel.kube.client import Connection, Kube, KubeApiError
 from tests.k8s_emulator.fixtures import RunningCluster, start_cluster
 from tests.k8s_emulator.runtime import TOKEN
 from tests.operator.conftest import CRD, EXAMPLE, REPO, OperatorProcess, eventually

@@ -1,4 +1,4 @@
-"""The operator's connection loader (flywheel/operator/kube_auth.py) for each kubeconfig form and the in-cluster
+"""The operator's connection loader (flywheel/kube/auth.py) for each kubeconfig form and the in-cluster
 service account: no I/O beyond temp files and a small exec plugin script."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from flywheel.operator import kube_auth
-from flywheel.operator.kube_auth import KubeConfigError, from_kubeconfig, load_credentials, service_account
+from flywheel.kube import auth as kube_auth
+from flywheel.kube.auth import KubeConfigError, from_kubeconfig, load_credentials, service_account
 
 EXEC_PLUGIN = '''
 import json, pathlib, sys
