@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.kube.client import Kube
 from flywheel.operator import manifests as m
-from flywheel.operator.kube import Kube
 
 Obj = dict[str, Any]
 LOST = "lost"  # the one key of the nodes index: the names of the nodes that are not Ready

@@ -25,13 +25,13 @@ import kopf
 
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.etcd.liveness import WorkerWatch, reset_rendezvous, watch_workers
+from flywheel.kube.client import Kube, KubeApiError
 from flywheel.labels import RESTART_ANNOTATION
 from flywheel.monitor.findings import FindingsInbox
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.caches import ApiReads, ClusterReads
 from flywheel.operator.event_log import EventLogTail, events_file
-from flywheel.operator.kube import Kube, KubeApiError
 from flywheel.operator.own_writes import OwnWrites
 from flywheel.operator.progress_follower import JobProgress
 from flywheel.operator.shared_etcd import SharedEtcd

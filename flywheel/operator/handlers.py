@@ -16,6 +16,7 @@ import kopf
 
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.etcd.liveness import delete_run
+from flywheel.kube.client import Kube, KubeConfigError, load_credentials
 from flywheel.labels import FINALIZER
 from flywheel.monitor import FindingsInbox, MonitorSettings
 from flywheel.monitor.operator_metrics import OperatorMetrics
@@ -23,7 +24,6 @@ from flywheel.operator import caches
 from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.health_executor import BackgroundMonitor
-from flywheel.operator.kube import Kube, KubeConfigError, load_credentials
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.spec import SpecError, parse_job
 

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.kube.client import Kube, KubeApiError
 from flywheel.labels import DELETED_FOR_ANNOTATION, RESTART_ANNOTATION
 from flywheel.monitor import FindingsInbox, HealthMonitor, MonitorSettings, OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.caches import ApiReads, ClusterReads
-from flywheel.operator.kube import Kube, KubeApiError
 from flywheel.operator.xid_memory import KubeXidMemory
 from flywheel.policy import reasons as R
 from flywheel.policy.conditions import iso

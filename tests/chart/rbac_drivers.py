@@ -23,12 +23,12 @@ from typing import Any
 import yaml
 
 from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.kube.client import Kube
 from flywheel.monitor import HealthMonitor, MonitorSettings, OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.caches import ApiReads
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.health_executor import KubeHealthActions, KubeJobInventory
-from flywheel.operator.kube import Kube
 from flywheel.operator.xid_memory import KubeXidMemory
 from flywheel.policy.health_checks import HealthSettings
 from flywheel.policy.reconcile import iso

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
-from flywheel.operator.kube import Connection, Kube
+from flywheel.kube.client import Connection, Kube
 from tests.chart import rbac
 from tests.chart.conftest import NAMESPACE, RELEASE, ROOT, find_tool, render
 from tests.chart.rbac_drivers import drive_api, drive_executor, drive_health, kubeconfig_with_token

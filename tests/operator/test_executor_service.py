@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from flywheel.kube.client import Kube
 from flywheel.operator import executor
-from flywheel.operator.kube import Kube
 from flywheel.policy.decisions import CreatePod, Pass
 from flywheel.spec_status import TrainingJobStatus
 from tests.k8s_emulator.fixtures import RunningCluster

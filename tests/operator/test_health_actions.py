@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.kube.client import Connection, Kube
 from flywheel.labels import RESTART_ANNOTATION, XID_HANDLED_ANNOTATION
 from flywheel.monitor import HealthMonitor, MonitorSettings
 from flywheel.monitor import OperatorMetrics as MonitorMetrics
@@ -23,7 +24,6 @@ from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.health_executor import BackgroundMonitor, KubeHealthActions, KubeJobInventory
-from flywheel.operator.kube import Connection, Kube
 from flywheel.operator.xid_memory import KubeXidMemory
 from flywheel.policy.conditions import iso
 from flywheel.policy.health_checks import HealthSettings
