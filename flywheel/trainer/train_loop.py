@@ -11,7 +11,6 @@ depends on time or on global RNG state.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import sys
@@ -22,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from flywheel import exitcodes
@@ -41,7 +39,6 @@ from flywheel.trainer.collective_env import (
 )
 from flywheel.trainer.data import (
     DataError,
-    MicroBatch,
     SampleLoader,
     SampleSource,
     build_source,
@@ -53,9 +50,7 @@ from flywheel.trainer.hf_config import HFConfigError
 from flywheel.trainer.hf_export import write_model_record
 from flywheel.trainer.hf_weights import load_pretrained
 from flywheel.trainer.materialize import META
-from flywheel.trainer.moe import aux_loss_of
 from flywheel.trainer.optim import build_optimizer, build_scheduler
-from flywheel.trainer.parallel_pp import PipelinedModel, full_model_state
 from flywheel.trainer.parallelize import (
     DP,
     ParallelismError,
@@ -63,11 +58,11 @@ from flywheel.trainer.parallelize import (
     check_layout,
     clip_grad_norm,
     fsdp_mixed_precision,
-    gradient_sync,
     parallelize,
     settle_ddp_buckets,
 )
 from flywheel.trainer.progress_publisher import progress_events
+from flywheel.trainer.step import autocast_for, forward_backward, params_sha256, pick_device
 from flywheel.trainer.trainer_metrics import TrainerMetrics
 from flywheel.trainer.watchdog import ProgressWatchdog
 from flywheel.trainer.worker_env import StopRequest, UserError, WorkerEnv
@@ -76,63 +71,6 @@ log = logging.getLogger("flywheel.trainer")
 
 
 USER_ERRORS = (UserError, SpecError, DataError, ParallelismError, HFConfigError)
-
-
-def pick_device(local_rank: int) -> torch.device:
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
-def autocast_for(device: torch.device, precision: str) -> AbstractContextManager[object]:
-    if precision != "bf16":
-        return nullcontext()
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        log.warning("bf16 requested but %s does not support it; training in fp32", device)
-        return nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
-
-
-def params_sha256(model: nn.Module) -> str | None:
-    """sha256 over the full (unsharded) state dict: keys sorted, each tensor's fp32 contiguous bytes. A collective;
-    the digest is returned on rank 0 only (the others get None)."""
-    state = full_model_state(model)
-    if state is None:
-        return None
-    digest = hashlib.sha256()
-    for key in sorted(state):
-        digest.update(state[key].detach().float().contiguous().cpu().numpy().tobytes())
-    return digest.hexdigest()
-
-
-def forward_backward(model: nn.Module, batches: list[MicroBatch], device: torch.device,
-                     autocast: AbstractContextManager[object]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accumulates gradients over this rank's micro batches (reducing them across dp only with the last one);
-    returns this rank's mean language-model loss and mean MoE load-balancing loss (weighted; zero for a dense
-    model), detached. The gradient is that of their sum. A pipelined model runs them through its schedule instead
-    (the loss then comes from the last stage, on every pp rank)."""
-    aux_sum = torch.zeros((), device=device)
-    if isinstance(model, PipelinedModel):
-        return model.train_step(batches, device, autocast), aux_sum
-    loss_sum = torch.zeros((), device=device)
-    for i, (inputs, targets) in enumerate(batches):
-        inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-        with gradient_sync(model, enabled=i == len(batches) - 1):
-            with autocast:
-                logits = model(inputs)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-            # Backward does not need the logits: holding them through it would add a (batch x seq x vocab) buffer
-            # to peak memory.
-            del logits
-            aux = aux_loss_of(model)
-            # Micro batches are equally sized: dividing by their number averages over this rank's share of the
-            # global batch, and the gradient reduction (an average) then over all of it.
-            torch.autograd.backward((loss if aux is None else loss + aux) / len(batches))
-        loss_sum += loss.detach()
-        if aux is not None:
-            aux_sum += aux.detach()
-    return loss_sum / len(batches), aux_sum / len(batches)
 
 
 @dataclass(frozen=True)

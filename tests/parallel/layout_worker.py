@@ -31,7 +31,7 @@ from flywheel.trainer.materialize import META
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 from flywheel.trainer.parallel_pp import full_model_state
 from flywheel.trainer.parallelize import DP, build_mesh, clip_grad_norm, parallelize
-from flywheel.trainer.train_loop import forward_backward
+from flywheel.trainer.step import forward_backward
 
 
 def main() -> None:

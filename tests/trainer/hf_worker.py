@@ -25,7 +25,7 @@ from flywheel.trainer.hf_weights import load_pretrained
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 from flywheel.trainer.parallel_pp import full_model_state
 from flywheel.trainer.parallelize import DP, build_mesh, parallelize
-from flywheel.trainer.train_loop import forward_backward
+from flywheel.trainer.step import forward_backward
 
 SEQ = 16
 

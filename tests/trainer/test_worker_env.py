@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from flywheel.trainer.fault_injection import Fault
 from flywheel.trainer.model import GPT, GPTConfig
-from flywheel.trainer.train_loop import params_sha256
+from flywheel.trainer.step import params_sha256
 from flywheel.trainer.worker_env import UserError, WorkerEnv
 
 from .workers import free_port, job_spec
