@@ -55,7 +55,8 @@ def job(i: int, rng: random.Random) -> tuple[Obj, list[Obj], list[Obj]]:
                           "lostSteps": restarts * 7, "meanTimeToRecoverSeconds": 3.5 * bool(restarts)},
               "restartRequestHandled": annotations.get(RESTART_ANNOTATION, "") if i % 14 == 0 else ""}
     spec: Obj = {"image": "flywheel:latest", "replicas": {"min": rmin, "max": rmax}, "procsPerReplica": procs,
-                 "suspend": phase == "Suspended", "checkpoint": {"dir": f"/ckpt/{name}", "everySteps": 50},
+                 "suspend": phase == "Suspended",
+                 "checkpoint": {"dir": f"/ckpt/{name}", "everySteps": 50, "ephemeral": True},
                  "faultTolerance": {"maxRestarts": 10, "restartScope": "job"}}
     if i % 3 == 0:
         spec["command"] = ["python", "train.py", "--lr", "3e-4"]

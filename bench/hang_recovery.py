@@ -184,7 +184,7 @@ class OursHarness:
         doc = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingJob", "metadata": {"name": name},
                "spec": {"replicas": {"min": 2, "max": 2}, "procsPerReplica": 1,
                         "command": command,
-                        "checkpoint": {"dir": str(self.workdir / "ckpt" / name)},
+                        "checkpoint": {"dir": str(self.workdir / "ckpt" / name), "ephemeral": True},
                         "faultTolerance": {"maxRestarts": 3, "restartScope": "job",
                                            "progressTimeoutSeconds": PROGRESS_TIMEOUT_S}}}
         self.custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, yaml.safe_load(yaml.dump(doc)))

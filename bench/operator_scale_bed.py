@@ -38,7 +38,7 @@ def job_doc(name: str, replicas: int, namespace: str = "default") -> dict[str, A
             "spec": {"replicas": {"min": replicas, "max": replicas}, "procsPerReplica": 1,
                      "trainer": {"model": {"preset": "gpt-tiny"},
                                  "training": {"steps": 10, "globalBatch": replicas, "microBatch": 1}},
-                     "checkpoint": {"dir": f"/ckpt/{name}"},
+                     "checkpoint": {"dir": f"/ckpt/{name}", "ephemeral": True},  # no claim on the bed
                      "faultTolerance": {"progressTimeoutSeconds": 0}}}
 
 
