@@ -1,0 +1,171 @@
+"""The memory tier's executor: saves into host shared memory with a replica on the next worker (a ring over the
+checkpointer's gloo group), and restores from them (checkpoint_memory.py holds the layout and the plan).
+
+Ring: rank r sends its copy to rank r + ranks_per_worker (mod world size), the same local rank on the next worker,
+so that losing a whole worker leaves every one of its ranks' copies on another host. With one worker there is no
+peer and only the own copies are kept.
+
+Every call here is made on every rank in the same order (the saves run in the writer thread on the writer group,
+the restore on the training thread on the control group); a rank whose local part failed still takes part in the
+collectives, with nothing to send, so no rank is left waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from flywheel.trainer import checkpoint_memory as mem
+
+log = logging.getLogger("flywheel.checkpoint")
+
+
+class MemoryTier:
+    def __init__(self, root: Path, every_steps: int, *, rank: int, world_size: int, ranks_per_worker: int,
+                 metrics: Any = None) -> None:
+        self.root = root
+        self.every_steps = every_steps
+        self.rank, self.world_size = rank, world_size
+        per_worker = max(1, min(ranks_per_worker, world_size))
+        self.peer = (rank + per_worker) % world_size
+        self.source = (rank - per_worker) % world_size
+        self.metrics = metrics
+        self.newest_step: int | None = None
+
+    @property
+    def replicated(self) -> bool:
+        return self.peer != self.rank
+
+    def due(self, step: int) -> bool:
+        return self.every_steps > 0 and step % self.every_steps == 0
+
+    # ---- save (writer thread) ------------------------------------------------------------------------------------
+
+    def save(self, step: int, staged: dict[str, Any], group: Any) -> bool:
+        """Keep this rank's staged state and the source rank's replica; whether every rank has both."""
+        data: bytes | None = None
+        ok = True
+        try:
+            data = mem.to_bytes(step, self.world_size, self.rank, staged)
+            mem.write_step(mem.own_dir(self.root, self.rank), step, self.world_size, data)
+        except (OSError, RuntimeError, ValueError, TypeError) as err:  # e.g. /dev/shm full: disk still saves
+            log.warning("memory copy of step %d on rank %d failed: %s", step, self.rank, err)
+            data, ok = None, False
+        if self.replicated:
+            received = self._exchange(data, group)
+            try:
+                if received is None:
+                    ok = False
+                else:
+                    mem.write_step(mem.replica_dir(self.root, self.source), step, self.world_size, received)
+            except OSError as err:
+                log.warning("replica of rank %d's step %d failed on rank %d: %s", self.source, step, self.rank, err)
+                ok = False
+        if _agree(ok, group):
+            # Complete everywhere: older steps can go. Otherwise the previous complete step stays.
+            mem.drop_older(mem.own_dir(self.root, self.rank), step)
+            if self.replicated:
+                mem.drop_older(mem.replica_dir(self.root, self.source), step)
+            self.newest_step = step
+        else:
+            log.warning("memory copy of step %d is not complete on every rank; the previous one is kept", step)
+        self._report_bytes()
+        return ok
+
+    def _exchange(self, data: bytes | None, group: Any) -> bytes | None:
+        """Send ours to the peer, receive the source's: sizes first (all-gather), then the bytes point to point."""
+        sizes = torch.zeros(self.world_size, dtype=torch.int64)
+        sizes[self.rank] = -1 if data is None else len(data)
+        dist.all_reduce(sizes, group=group)  # each rank filled in its own slot only
+        work = []
+        if data is not None:
+            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            work.append(_started(dist.isend(payload, dst=self.peer, group=group)))
+        incoming = int(sizes[self.source])
+        buffer = torch.empty(max(incoming, 0), dtype=torch.uint8)
+        if incoming >= 0:
+            work.append(_started(dist.irecv(buffer, src=self.source, group=group)))
+        for w in work:
+            w.wait()
+        return buffer.numpy().tobytes() if incoming >= 0 else None
+
+    def _report_bytes(self) -> None:
+        if self.metrics is not None and hasattr(self.metrics, "checkpoint_memory_bytes"):
+            self.metrics.checkpoint_memory_bytes.set(self.held_bytes())
+
+    def held_bytes(self) -> int:
+        """This rank's own copies and the replicas it holds."""
+        folders = [mem.own_dir(self.root, self.rank), mem.replica_dir(self.root, self.source)]
+        return sum(nbytes for f in folders for nbytes, _ in mem.steps_in(f).values())
+
+    def total_bytes(self, group: Any) -> int:
+        """Every rank's held_bytes, summed (a collective)."""
+        total = torch.tensor([self.held_bytes()], dtype=torch.int64)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(total, group=group)
+        return int(total.item())
+
+    # ---- restore (training thread) -------------------------------------------------------------------------------
+
+    def inventory(self) -> mem.Inventory:
+        replicas = {}
+        for folder in self.root.glob("replica-rank-*") if self.root.is_dir() else []:
+            replicas[int(folder.name.rsplit("-", 1)[1])] = mem.steps_in(folder)
+        return mem.Inventory(self.rank, mem.steps_in(mem.own_dir(self.root, self.rank)), replicas)
+
+    def plan(self, group: Any, newest_disk_step: int | None) -> mem.MemoryPlan | str:
+        """The same plan on every rank, from every rank's inventory."""
+        mine = self.inventory()
+        inventories: list[Any] = [mine]
+        if self.world_size > 1:
+            inventories = [None] * self.world_size
+            dist.all_gather_object(inventories, mine, group=group)
+        return mem.plan_restore(inventories, self.world_size, newest_disk_step)
+
+    def fetch(self, plan: mem.MemoryPlan, group: Any) -> dict[str, Any]:
+        """This rank's saved state for plan.step: read from its own copy, or sent by the rank holding its replica
+        (which every rank takes part in: holders send, receivers receive)."""
+        work, outgoing = [], []
+        for rank, source in sorted(plan.sources.items()):
+            if source.holder == self.rank and rank != self.rank:
+                data = mem.step_file(mem.replica_dir(self.root, rank), plan.step, self.world_size).read_bytes()
+                outgoing.append(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+                work.append(_started(dist.isend(outgoing[-1], dst=rank, group=group)))
+        mine = plan.sources[self.rank]
+        if mine.holder == self.rank:
+            data = mem.step_file(mem.own_dir(self.root, self.rank), plan.step, self.world_size).read_bytes()
+        else:
+            buffer = torch.empty(mine.nbytes, dtype=torch.uint8)
+            dist.recv(buffer, src=mine.holder, group=group)
+            data = buffer.numpy().tobytes()
+            try:  # this host lost its copy: keep the received one, so a second failure still finds it
+                mem.write_step(mem.own_dir(self.root, self.rank), plan.step, self.world_size, data)
+            except OSError as err:
+                log.warning("could not keep the received memory copy of step %d: %s", plan.step, err)
+        for w in work:
+            w.wait()
+        saved = mem.from_bytes(data)
+        if saved["step"] != plan.step or saved["rank"] != self.rank or saved["world_size"] != self.world_size:
+            raise ValueError(f"memory copy holds step {saved['step']} of rank {saved['rank']} at world size "
+                             f"{saved['world_size']}, expected step {plan.step} of rank {self.rank}")
+        state: dict[str, Any] = saved["state"]
+        return state
+
+
+def _agree(flag: bool, group: Any) -> bool:
+    """True only if true on every rank."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    t = torch.tensor([int(flag)], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    return bool(t.item())
+
+
+def _started(work: dist.Work | None) -> dist.Work:
+    # isend/irecv return None only for a rank outside the group; every rank here is in it.
+    assert work is not None
+    return work
