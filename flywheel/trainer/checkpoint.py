@@ -78,8 +78,6 @@ class _Save:
     path: Path
     started: float  # monotonic time save() was entered
     blocking_call: bool  # the loop waited for the whole save
-    disk: bool = True  # False: a memory-only save (memoryEverySteps), nothing is written to `path`
-    memory: bool = False
     blocking: float = 0.0  # seconds the loop was held so far
     blocking_reported: bool = False
     staged: threading.Event = field(default_factory=threading.Event)
@@ -110,10 +108,10 @@ class Checkpointer:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-checkpoint")
         self._inflight: _Save | None = None
         self._last_requested_step = -1
-        self._last_disk_step = -1
         self._disk_due: dict[int, bool] = {}  # step -> whether due() found the disk tier due (else memory only)
+        # The memory tier saves on its own thread, buffers and gloo group: a disk write in flight never holds it up.
         self.memory = MemoryTier(memory_dir, cfg.memory_every_steps, rank=self.rank, world_size=self.world_size,
-                                 ranks_per_worker=ranks_per_worker, metrics=metrics) \
+                                 ranks_per_worker=ranks_per_worker, pin_memory=self._cuda, metrics=metrics) \
             if memory_dir is not None and cfg.memory_every_steps > 0 else None
         self.restored_path: str | None = None  # the committed checkpoint restore() loaded
         self._last_save_time = time.monotonic()
@@ -166,6 +164,11 @@ class Checkpointer:
         """Checkpoint the state after `step`. Call on every rank, right after optimizer.step()."""
         started = time.monotonic()
         blocking = blocking or not self.cfg.async_
+        disk = blocking or self._disk_due.pop(step, True)
+        if self.memory is not None and self.memory.due(step) and not blocking:
+            self.memory.submit(step, app, self._control_group)
+        if not disk:
+            return
         if blocking:
             self._wait_inflight()
         else:
@@ -177,19 +180,14 @@ class Checkpointer:
                             "requested faster than storage absorbs them (raise everySteps/everySeconds)", step, prev)
                 return
             self._wait_inflight()  # finished everywhere: collect its result and blocking time
-        disk = blocking or self._disk_due.pop(step, True)
-        if step < self._last_requested_step or (step == self._last_requested_step and
-                                                (step == self._last_disk_step or not disk)):
+        if step <= self._last_requested_step:
             log.info("checkpoint at step %d already taken; not saving it again", step)
             return
         self._last_requested_step = step
-        if disk:
-            self._last_disk_step = step
-            self._last_save_time = time.monotonic()
+        self._last_save_time = time.monotonic()
         self._generation += 1
         record = _Save(step=step, path=store.step_dir(self.directory, step), started=started,
-                       blocking_call=blocking, disk=disk,
-                       memory=self.memory is not None and self.memory.due(step))
+                       blocking_call=blocking)
         state = app.state_dict()
         state["step"] = step
         if blocking:
@@ -206,7 +204,9 @@ class Checkpointer:
         record.blocking += time.monotonic() - started
 
     def wait_staged(self) -> None:
-        """Return once the in-flight save no longer reads live tensors. Call before optimizer.step()."""
+        """Return once the in-flight saves no longer read live tensors. Call before optimizer.step()."""
+        if self.memory is not None:
+            self.memory.wait_staged()
         record = self._inflight
         if record is None or record.blocking_reported:
             return
@@ -222,6 +222,7 @@ class Checkpointer:
         self._closed = True
         self._wait_inflight()
         if self.memory is not None:
+            self.memory.close()
             self.memory_bytes = self.memory.total_bytes(self._control_group)
         if self._pending_due is not None:
             self._pending_due[0].wait()
@@ -235,6 +236,8 @@ class Checkpointer:
         the newest committed disk checkpoint (resharding to this world size); its step, or None.
         See checkpoint_restore.py."""
         self._wait_inflight()
+        if self.memory is not None:
+            self.memory.wait()
         return checkpoint_restore.restore(self, app)
 
     # ---- the write (writer thread for async saves, training thread for blocking ones) -------------------------
@@ -244,7 +247,7 @@ class Checkpointer:
             staging_error: BaseException | None = None
             try:
                 staged = self._buffers.stage(state, self._stream) if stage else state
-                if self.rank == 0 and record.disk:
+                if self.rank == 0:
                     store.retract_commit(record.path)  # a stale marker must not vouch for files being rewritten
             except _FAILURES as err:
                 staging_error = err
@@ -254,10 +257,6 @@ class Checkpointer:
             causes = self._gather_causes(staging_error)
             if causes:
                 raise SaveFailed(causes)
-            if record.memory and self.memory is not None:
-                self.memory.save(record.step, staged, self._write_group)  # failures logged; disk still saves
-            if not record.disk:
-                return
             dcp_save(staged, storage_writer=FileSystemWriter(record.path), process_group=self._write_group)
             # dcp.save returns on rank 0 only after .metadata is written, i.e. after every rank's write finished.
             sums = self._gather_checksums(record.path)

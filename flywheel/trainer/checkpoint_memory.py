@@ -4,11 +4,11 @@ a peer worker's (checkpoint_peer.py), so that a restart restores without reading
     <root>/own-rank-00003/step-00000040-w4.pt       rank 3's state after step 40, saved at world size 4
     <root>/replica-rank-00001/step-00000040-w4.pt   rank 1's, received from the worker before this one
 
-<root> is /dev/shm/flywheel-<job>-<hash of the checkpoint dir>/replica-<worker>: it outlives a rank's restart in
-place (the worker's processes come back on the same host), not the loss of the pod or node; the peer's replica
-covers that. A file is written under a temporary name and renamed, so a present file is complete. After a save
-every rank agrees that it is complete everywhere before older steps are deleted: each rank holds at most its
-newest complete step and one replica (two of each only while a save is under way).
+<root> is /dev/shm/flywheel-<job>-<hash of the checkpoint dir>/replica-<worker> (checkpoint_memory_root.py): it
+outlives a rank's restart in place (the worker's processes come back on the same host), not the loss of the pod or
+node; the peer's replica covers that. A file is written under a temporary name and renamed, so a present file is
+complete. After a save every rank agrees that it is complete everywhere before older steps are deleted: each rank
+holds at most its newest complete step and one replica (two of each only while a save is under way).
 
 What is kept is this rank's local view of the state dict (a DTensor's local shard), so it restores only at the
 same world size and layout; at another world size the restore falls back to disk. The plan of a restore is a pure
@@ -17,7 +17,6 @@ function over every rank's inventory (plan_restore).
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import re
@@ -29,18 +28,11 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from flywheel.trainer.checkpoint_memory_root import memory_root
 from flywheel.trainer.torch_compat import dtensor_local
 
-SHM = Path("/dev/shm")
+__all__ = ["memory_root"]  # checkpoint_memory_root.py: where the copies live
 _STEP_FILE = re.compile(r"^step-(\d{8,})-w(\d+)\.pt$")
-
-
-def memory_root(job: str, replica: str, checkpoint_dir: str, base: Path = SHM) -> Path:
-    """Where this worker keeps its memory copies: one folder per job (the checkpoint dir tells runs of the same
-    name apart) and worker (workers sharing a host keep theirs apart)."""
-    digest = hashlib.sha256(os.path.abspath(checkpoint_dir).encode()).hexdigest()[:10]
-    safe_job = re.sub(r"[^A-Za-z0-9_.-]", "_", job) or "job"
-    return base / f"flywheel-{safe_job}-{digest}" / f"replica-{re.sub(r'[^A-Za-z0-9_.-]', '_', replica)}"
 
 
 def own_dir(root: Path, rank: int) -> Path:

@@ -5,14 +5,21 @@ Ring: rank r sends its copy to rank r + ranks_per_worker (mod world size), the s
 so that losing a whole worker leaves every one of its ranks' copies on another host. With one worker there is no
 peer and only the own copies are kept.
 
-Every call here is made on every rank in the same order (the saves run in the writer thread on the writer group,
-the restore on the training thread on the control group); a rank whose local part failed still takes part in the
-collectives, with nothing to send, so no rank is left waiting.
+The tier is a pipeline of its own beside the disk saves: its own thread, staging buffers and gloo group (a thread
+never shares a communicator with another), so a disk write in flight never holds up a memory save. Like a disk
+save, the loop waits only for the copy into the staging buffers (wait_staged, before optimizer.step()); a memory
+save requested while the previous one is still under way on some rank is skipped on every rank.
+
+Every collective here is made on every rank in the same order (saves on the tier's thread and group, the restore
+on the training thread and the control group); a rank whose local part failed still takes part, with nothing to
+send, so no rank is left waiting.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +27,17 @@ import torch
 import torch.distributed as dist
 
 from flywheel.trainer import checkpoint_memory as mem
+from flywheel.trainer.checkpoint_staging import StagingBuffers, snapshot_unsafe_tensors
+from flywheel.trainer.checkpoint_state import AppState
 
 log = logging.getLogger("flywheel.checkpoint")
 
 
 class MemoryTier:
+    """Construct on every rank (it creates a gloo group, a collective)."""
+
     def __init__(self, root: Path, every_steps: int, *, rank: int, world_size: int, ranks_per_worker: int,
-                 metrics: Any = None) -> None:
+                 pin_memory: bool = False, metrics: Any = None) -> None:
         self.root = root
         self.every_steps = every_steps
         self.rank, self.world_size = rank, world_size
@@ -35,6 +46,15 @@ class MemoryTier:
         self.source = (rank - per_worker) % world_size
         self.metrics = metrics
         self.newest_step: int | None = None
+        distributed = dist.is_available() and dist.is_initialized()
+        self.group = dist.new_group(backend="gloo") if distributed else None
+        self._buffers = StagingBuffers(pin_memory=pin_memory)
+        self._stream = torch.cuda.Stream() if pin_memory else None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-memory")
+        self._future: Future[None] | None = None
+        self._future_step = -1
+        self._staged = threading.Event()
+        self._staged.set()
 
     @property
     def replicated(self) -> bool:
@@ -43,13 +63,56 @@ class MemoryTier:
     def due(self, step: int) -> bool:
         return self.every_steps > 0 and step % self.every_steps == 0
 
-    # ---- save (writer thread) ------------------------------------------------------------------------------------
+    # ---- save (training thread: submit, wait_staged; the tier's thread: the rest) -------------------------------
 
-    def save(self, step: int, staged: dict[str, Any], group: Any) -> bool:
+    def submit(self, step: int, app: AppState, control_group: Any) -> None:
+        """Start a memory save of the state after `step`. Call on every rank, right after optimizer.step()."""
+        busy = self._future is not None and not self._future.done()
+        if _agree(busy, control_group, any_rank=True):
+            log.warning("memory copy at step %d skipped: the copy of step %d is still under way (raise "
+                        "memoryEverySteps)", step, self._future_step)
+            return
+        self.wait()
+        state = app.state_dict()
+        state["step"] = step
+        state = snapshot_unsafe_tensors(state, app.parameter_storages())
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream())
+        self._staged = staged = threading.Event()
+        self._future_step = step
+        self._future = self._executor.submit(self._stage_and_save, step, state, staged)
+
+    def wait_staged(self) -> None:
+        """Return once the in-flight memory save no longer reads live tensors."""
+        self._staged.wait()
+
+    def wait(self) -> None:
+        """Wait for the in-flight memory save (its failures are logged; a collective's raises here)."""
+        if self._future is not None:
+            future, self._future = self._future, None
+            future.result()
+
+    def close(self) -> None:
+        self.wait()
+        self._executor.shutdown(wait=True)
+
+    def _stage_and_save(self, step: int, state: dict[str, Any], staged_event: threading.Event) -> None:
+        staged: dict[str, Any] | None = None
+        try:
+            staged = self._buffers.stage(state, self._stream)
+        except (OSError, RuntimeError) as err:
+            log.warning("memory copy of step %d on rank %d could not be staged: %s", step, self.rank, err)
+        finally:
+            staged_event.set()
+        self.save(step, staged, self.group)
+
+    def save(self, step: int, staged: dict[str, Any] | None, group: Any) -> bool:
         """Keep this rank's staged state and the source rank's replica; whether every rank has both."""
         data: bytes | None = None
-        ok = True
+        ok = staged is not None
         try:
+            if staged is None:
+                raise RuntimeError("staging failed")
             data = mem.to_bytes(step, self.world_size, self.rank, staged)
             mem.write_step(mem.own_dir(self.root, self.rank), step, self.world_size, data)
         except (OSError, RuntimeError, ValueError, TypeError) as err:  # e.g. /dev/shm full: disk still saves
@@ -65,7 +128,7 @@ class MemoryTier:
             except OSError as err:
                 log.warning("replica of rank %d's step %d failed on rank %d: %s", self.source, step, self.rank, err)
                 ok = False
-        if _agree(ok, group):
+        if _agree(ok, group, any_rank=False):
             # Complete everywhere: older steps can go. Otherwise the previous complete step stays.
             mem.drop_older(mem.own_dir(self.root, self.rank), step)
             if self.replicated:
@@ -101,6 +164,12 @@ class MemoryTier:
         """This rank's own copies and the replicas it holds."""
         folders = [mem.own_dir(self.root, self.rank), mem.replica_dir(self.root, self.source)]
         return sum(nbytes for f in folders for nbytes, _ in mem.steps_in(f).values())
+
+    def release(self) -> None:
+        """Drop this rank's copies (the run finished: its final checkpoint is on disk)."""
+        for folder in (mem.own_dir(self.root, self.rank), mem.replica_dir(self.root, self.source)):
+            mem.wipe(folder)
+        self._report_bytes()
 
     def total_bytes(self, group: Any) -> int:
         """Every rank's held_bytes, summed (a collective)."""
@@ -156,12 +225,12 @@ class MemoryTier:
         return state
 
 
-def _agree(flag: bool, group: Any) -> bool:
-    """True only if true on every rank."""
+def _agree(flag: bool, group: Any, *, any_rank: bool) -> bool:
+    """any_rank: true if true on some rank; otherwise true only if true on every rank."""
     if not (dist.is_available() and dist.is_initialized()):
         return flag
     t = torch.tensor([int(flag)], dtype=torch.int32)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if any_rank else dist.ReduceOp.MIN, group=group)
     return bool(t.item())
 
 

@@ -130,10 +130,9 @@ def verified(ck: Checkpointer, step: int, path: str, sums: dict[str, str]) -> bo
 
 def after_restore(ck: Checkpointer, step: int, path: str, saved_world: int, source: str, detail: str = "") -> None:
     ck.restored_path = path
-    ck._last_requested_step = step
+    if source == DISK:  # a restored memory step may still be saved to disk
+        ck._last_requested_step = step
     ck._last_save_time = time.monotonic()
-    if source == DISK:
-        ck._last_disk_step = step
     rng = "restored" if saved_world == ck.world_size else "not restored (world size changed)"
     log.info("restored step %d from %s (%s%s; saved at world size %d, now %d; RNG %s)", step, path, source,
              f", {detail}" if detail else "", saved_world, ck.world_size, rng)

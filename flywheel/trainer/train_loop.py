@@ -343,6 +343,8 @@ def _finish(run: _Run, start: int, events: EventLog, watchdog: ProgressWatchdog)
         # Blocking: waits for an in-flight save; a no-op when the last step's own save was already taken.
         run.ckpt.save(training.steps, run.app, blocking=True)
     run.ckpt.close()
+    if run.ckpt.memory is not None:
+        run.ckpt.memory.release()  # the final checkpoint is on disk: the host memory is given back
     digest = params_sha256(run.model)
     if env.rank == 0:
         complete = run.ckpt.restored_path if start >= training.steps else None

@@ -72,17 +72,18 @@ def test_resume_from_own_memory_is_bitwise_exact(tmp_path: Path, memory: bool) -
     shm = tmp_path / "shm"
     app, data = make_app(seed=0)
     metrics = FakeMetrics()
-    metrics.checkpoint_memory_bytes = _Gauge()  # type: ignore[attr-defined]
+    metrics.checkpoint_memory_bytes = _Gauge()
     ckpt = Checkpointer(_cfg(tmp_path), tmp_path, metrics=metrics, memory_dir=shm)
+    assert ckpt.memory is not None
     for step in range(1, 6):
         train_step(app, data, ckpt)
         if ckpt.due(step):
             ckpt.save(step, app)
-            ckpt._wait_inflight()  # a real step outlasts this tiny write; here the next save would be skipped
+            ckpt.memory.wait()  # a real step outlasts this tiny write; here the next memory save would be skipped
     at_5 = full_state(app)
     ckpt.close()  # a restart in place: the process goes, /dev/shm stays
     assert list(mem.steps_in(mem.own_dir(shm, 0))) == [5]  # only the newest complete step is kept
-    assert ckpt.memory_bytes == metrics.checkpoint_memory_bytes.value > 0  # type: ignore[attr-defined]
+    assert ckpt.memory_bytes == metrics.checkpoint_memory_bytes.value > 0
     assert [p.name for p in tmp_path.glob("step-*")] == ["step-00000003"]  # memory-only saves write no disk
 
     events = FakeEvents()
@@ -120,13 +121,14 @@ def _train(rank: int, world_size: int, root: str, steps: int, memory: bool) -> t
 
 def _run_and_save(rank: int, world_size: int, root: str) -> None:
     app, data, ckpt = _train(rank, world_size, root, 8, True)
+    assert ckpt.memory is not None
     for step in range(1, 9):
         train_step(app, data, ckpt)
         if step == 6:
             at_6 = full_state(app)
         if ckpt.due(step) and step <= 6:
             ckpt.save(step, app)
-            ckpt._wait_inflight()
+            ckpt.memory.wait()
     final = full_state(app)
     ckpt.close()
     if rank == 0:
