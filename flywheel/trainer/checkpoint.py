@@ -23,6 +23,10 @@ removes it where it sees it, so a per-pod directory loses its part too), and the
 (checkpoint_failure.py: no space before a peer's follow-on error) is reported once per failed save, in words with
 the newest good checkpoint, as a `checkpoint_failed` record and flywheel_checkpoint_failures_total{reason}. When the
 disk is full, older committed checkpoints are deleted to make room, never the newest. Training continues.
+
+Memory tier (checkpoint.memoryEverySteps, checkpoint_peer.py): saves of its own into host shared memory with a
+replica on the next worker, on its own thread; restore (checkpoint_restore.py) prefers it when it holds the newest
+step complete for every rank.
 """
 
 from __future__ import annotations

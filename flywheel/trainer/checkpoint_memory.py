@@ -17,7 +17,6 @@ function over every rank's inventory (plan_restore).
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import shutil
@@ -46,15 +45,20 @@ def replica_dir(root: Path, src: int) -> Path:
 # ---- the bytes of one rank's state --------------------------------------------------------------------------------
 
 
-def to_bytes(step: int, world_size: int, rank: int, staged: dict[str, Any]) -> bytes:
-    """This rank's state (DTensors as their local shards) with what a restore checks, serialised."""
-    buf = io.BytesIO()
-    torch.save({"step": step, "world_size": world_size, "rank": rank, "state": _local_view(staged)}, buf)
-    return buf.getvalue()
+def save_file(folder: Path, step: int, world_size: int, rank: int, staged: dict[str, Any]) -> Path:
+    """This rank's state (DTensors as their local shards) with what a restore checks, written as a step file
+    (temporary name, then renamed: a present step file is complete)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = step_file(folder, step, world_size)
+    tmp = folder / f".{target.name}.tmp"
+    torch.save({"step": step, "world_size": world_size, "rank": rank, "state": _local_view(staged)}, tmp)
+    os.replace(tmp, target)
+    return target
 
 
-def from_bytes(data: bytes) -> dict[str, Any]:
-    loaded: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=False)
+def load_file(path: Path) -> dict[str, Any]:
+    """A step file's contents, its tensors memory-mapped from /dev/shm (no copy until fill() copies them in)."""
+    loaded: dict[str, Any] = torch.load(path, weights_only=False, mmap=True)
     return loaded
 
 
@@ -118,7 +122,7 @@ def steps_in(folder: Path) -> dict[int, tuple[int, int]]:
     return found
 
 
-def write_step(folder: Path, step: int, world_size: int, data: bytes) -> Path:
+def write_step(folder: Path, step: int, world_size: int, data: bytes | memoryview) -> Path:
     """Write under a temporary name, then rename: a present step file is complete."""
     folder.mkdir(parents=True, exist_ok=True)
     target = step_file(folder, step, world_size)

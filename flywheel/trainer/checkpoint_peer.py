@@ -108,13 +108,13 @@ class MemoryTier:
 
     def save(self, step: int, staged: dict[str, Any] | None, group: Any) -> bool:
         """Keep this rank's staged state and the source rank's replica; whether every rank has both."""
-        data: bytes | None = None
+        data: torch.Tensor | None = None
         ok = staged is not None
         try:
             if staged is None:
                 raise RuntimeError("staging failed")
-            data = mem.to_bytes(step, self.world_size, self.rank, staged)
-            mem.write_step(mem.own_dir(self.root, self.rank), step, self.world_size, data)
+            path = mem.save_file(mem.own_dir(self.root, self.rank), step, self.world_size, self.rank, staged)
+            data = torch.from_file(str(path), size=path.stat().st_size, dtype=torch.uint8)  # mapped, not copied
         except (OSError, RuntimeError, ValueError, TypeError) as err:  # e.g. /dev/shm full: disk still saves
             log.warning("memory copy of step %d on rank %d failed: %s", step, self.rank, err)
             data, ok = None, False
@@ -139,22 +139,21 @@ class MemoryTier:
         self._report_bytes()
         return ok
 
-    def _exchange(self, data: bytes | None, group: Any) -> bytes | None:
+    def _exchange(self, data: torch.Tensor | None, group: Any) -> memoryview | None:
         """Send ours to the peer, receive the source's: sizes first (all-gather), then the bytes point to point."""
         sizes = torch.zeros(self.world_size, dtype=torch.int64)
-        sizes[self.rank] = -1 if data is None else len(data)
+        sizes[self.rank] = -1 if data is None else data.numel()
         dist.all_reduce(sizes, group=group)  # each rank filled in its own slot only
         work = []
         if data is not None:
-            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            work.append(_started(dist.isend(payload, dst=self.peer, group=group)))
+            work.append(_started(dist.isend(data, dst=self.peer, group=group)))
         incoming = int(sizes[self.source])
         buffer = torch.empty(max(incoming, 0), dtype=torch.uint8)
         if incoming >= 0:
             work.append(_started(dist.irecv(buffer, src=self.source, group=group)))
         for w in work:
             w.wait()
-        return buffer.numpy().tobytes() if incoming >= 0 else None
+        return buffer.numpy().data if incoming >= 0 else None
 
     def _report_bytes(self) -> None:
         if self.metrics is not None and hasattr(self.metrics, "checkpoint_memory_bytes"):
@@ -201,23 +200,19 @@ class MemoryTier:
         work, outgoing = [], []
         for rank, source in sorted(plan.sources.items()):
             if source.holder == self.rank and rank != self.rank:
-                data = mem.step_file(mem.replica_dir(self.root, rank), plan.step, self.world_size).read_bytes()
-                outgoing.append(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+                replica = mem.step_file(mem.replica_dir(self.root, rank), plan.step, self.world_size)
+                outgoing.append(torch.from_file(str(replica), size=replica.stat().st_size, dtype=torch.uint8))
                 work.append(_started(dist.isend(outgoing[-1], dst=rank, group=group)))
         mine = plan.sources[self.rank]
-        if mine.holder == self.rank:
-            data = mem.step_file(mem.own_dir(self.root, self.rank), plan.step, self.world_size).read_bytes()
-        else:
+        path = mem.step_file(mem.own_dir(self.root, self.rank), plan.step, self.world_size)
+        if mine.holder != self.rank:
             buffer = torch.empty(mine.nbytes, dtype=torch.uint8)
             dist.recv(buffer, src=mine.holder, group=group)
-            data = buffer.numpy().tobytes()
-            try:  # this host lost its copy: keep the received one, so a second failure still finds it
-                mem.write_step(mem.own_dir(self.root, self.rank), plan.step, self.world_size, data)
-            except OSError as err:
-                log.warning("could not keep the received memory copy of step %d: %s", plan.step, err)
+            # This host lost its copy: keep the received one (a second failure still finds it) and load from it.
+            mem.write_step(path.parent, plan.step, self.world_size, buffer.numpy().data)
         for w in work:
             w.wait()
-        saved = mem.from_bytes(data)
+        saved = mem.load_file(path)
         if saved["step"] != plan.step or saved["rank"] != self.rank or saved["world_size"] != self.world_size:
             raise ValueError(f"memory copy holds step {saved['step']} of rank {saved['rank']} at world size "
                              f"{saved['world_size']}, expected step {plan.step} of rank {self.rank}")
