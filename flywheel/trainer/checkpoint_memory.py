@@ -122,15 +122,14 @@ def steps_in(folder: Path) -> dict[int, tuple[int, int]]:
     return found
 
 
-def write_step(folder: Path, step: int, world_size: int, data: bytes | memoryview) -> Path:
-    """Write under a temporary name, then rename: a present step file is complete."""
-    folder.mkdir(parents=True, exist_ok=True)
-    target = step_file(folder, step, world_size)
-    tmp = folder / f".{target.name}.tmp"
+def mapped_file(target: Path, nbytes: int) -> tuple[torch.Tensor, Path]:
+    """A byte tensor mapped onto a new temporary file beside `target` (writes land in the file): received bytes
+    go straight to /dev/shm. Rename the file to `target` once it is complete."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp"
     with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, target)
-    return target
+        f.truncate(nbytes)
+    return torch.from_file(str(tmp), shared=True, size=nbytes, dtype=torch.uint8), tmp
 
 
 def drop_older(folder: Path, step: int) -> None:

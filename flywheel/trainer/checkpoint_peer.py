@@ -18,6 +18,7 @@ send, so no rank is left waiting.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -118,16 +119,8 @@ class MemoryTier:
         except (OSError, RuntimeError, ValueError, TypeError) as err:  # e.g. /dev/shm full: disk still saves
             log.warning("memory copy of step %d on rank %d failed: %s", step, self.rank, err)
             data, ok = None, False
-        if self.replicated:
-            received = self._exchange(data, group)
-            try:
-                if received is None:
-                    ok = False
-                else:
-                    mem.write_step(mem.replica_dir(self.root, self.source), step, self.world_size, received)
-            except OSError as err:
-                log.warning("replica of rank %d's step %d failed on rank %d: %s", self.source, step, self.rank, err)
-                ok = False
+        if self.replicated and not self._exchange(data, step, group):
+            ok = False
         if _agree(ok, group, any_rank=False):
             # Complete everywhere: older steps can go. Otherwise the previous complete step stays.
             mem.drop_older(mem.own_dir(self.root, self.rank), step)
@@ -139,8 +132,9 @@ class MemoryTier:
         self._report_bytes()
         return ok
 
-    def _exchange(self, data: torch.Tensor | None, group: Any) -> memoryview | None:
-        """Send ours to the peer, receive the source's: sizes first (all-gather), then the bytes point to point."""
+    def _exchange(self, data: torch.Tensor | None, step: int, group: Any) -> bool:
+        """Send ours to the peer, receive the source's straight into its replica file: sizes first (all-reduce),
+        then the bytes point to point. Whether the replica is complete here."""
         sizes = torch.zeros(self.world_size, dtype=torch.int64)
         sizes[self.rank] = -1 if data is None else data.numel()
         dist.all_reduce(sizes, group=group)  # each rank filled in its own slot only
@@ -148,12 +142,27 @@ class MemoryTier:
         if data is not None:
             work.append(_started(dist.isend(data, dst=self.peer, group=group)))
         incoming = int(sizes[self.source])
-        buffer = torch.empty(max(incoming, 0), dtype=torch.uint8)
+        target = mem.step_file(mem.replica_dir(self.root, self.source), step, self.world_size)
+        buffer, tmp = self._incoming(target, incoming)
         if incoming >= 0:
             work.append(_started(dist.irecv(buffer, src=self.source, group=group)))
         for w in work:
             w.wait()
-        return buffer.numpy().data if incoming >= 0 else None
+        if incoming < 0 or tmp is None:
+            return False
+        del buffer
+        os.replace(tmp, target)
+        return True
+
+    def _incoming(self, target: Path, nbytes: int) -> tuple[torch.Tensor, Path | None]:
+        """A buffer for `nbytes` mapped onto a temporary file beside `target` (no copy after receiving); a plain
+        one if that fails, so the sender is still answered (the replica is then lost)."""
+        if nbytes >= 0:
+            try:
+                return mem.mapped_file(target, nbytes)
+            except (OSError, RuntimeError) as err:
+                log.warning("no room for rank %d's replica on rank %d: %s", self.source, self.rank, err)
+        return torch.empty(max(nbytes, 0), dtype=torch.uint8), None
 
     def _report_bytes(self) -> None:
         if self.metrics is not None and hasattr(self.metrics, "checkpoint_memory_bytes"):
@@ -206,10 +215,11 @@ class MemoryTier:
         mine = plan.sources[self.rank]
         path = mem.step_file(mem.own_dir(self.root, self.rank), plan.step, self.world_size)
         if mine.holder != self.rank:
-            buffer = torch.empty(mine.nbytes, dtype=torch.uint8)
+            # This host lost its copy: receive it into a file (a second failure still finds it) and load from it.
+            buffer, tmp = mem.mapped_file(path, mine.nbytes)
             dist.recv(buffer, src=mine.holder, group=group)
-            # This host lost its copy: keep the received one (a second failure still finds it) and load from it.
-            mem.write_step(path.parent, plan.step, self.world_size, buffer.numpy().data)
+            del buffer
+            os.replace(tmp, path)
         for w in work:
             w.wait()
         saved = mem.load_file(path)
