@@ -177,6 +177,11 @@ class MemoryTier:
         """Drop this rank's copies (the run finished: its final checkpoint is on disk)."""
         for folder in (mem.own_dir(self.root, self.rank), mem.replica_dir(self.root, self.source)):
             mem.wipe(folder)
+        for folder in (self.root, self.root.parent):  # the last rank out removes the emptied folders
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
         self._report_bytes()
 
     def total_bytes(self, group: Any) -> int:

@@ -100,6 +100,9 @@ def test_resume_from_own_memory_is_bitwise_exact(tmp_path: Path, memory: bool) -
         train_step(resumed, data, ckpt)
     ckpt.close()
     assert_same_state(full_state(resumed), expected)
+    if ckpt.memory is not None:  # the run finished: its host memory is given back
+        ckpt.memory.release()
+        assert not shm.exists()
 
 
 class _Gauge:
