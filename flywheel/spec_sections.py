@@ -92,6 +92,12 @@ class CheckpointSpec(_Model):
     dir: str = Field("/ckpt", min_length=1, description="Shared by all workers; one subfolder per checkpoint.")
     every_steps: int = Field(50, ge=0, description="Save every N steps; 0 disables step-based saves.")
     every_seconds: float = Field(0, ge=0, description="Save when this many seconds passed since the last save.")
+    memory_every_steps: int = Field(
+        0, ge=0, description="Also keep a copy in the workers' host shared memory (/dev/shm) every N steps, with a "
+                             "replica on the next worker, and restore from it when it is the newest: a restart "
+                             "replays at most N steps without reading `dir`. Separate from everySteps (which writes "
+                             "`dir`); 0 turns the memory tier off. Needs /dev/shm room for about twice a worker's "
+                             "share of the training state.")
     keep: int = Field(3, ge=1, description="Committed checkpoints kept; older ones are deleted.")
     async_: bool = Field(True, alias="async", description="Write in the background; training blocks only to stage.")
     claim_name: str = Field("", description="Cluster only: a ReadWriteMany PersistentVolumeClaim mounted at `dir` "

@@ -98,6 +98,7 @@ class Restore:
     time: float
     step: int
     path: str = ""
+    source: str = "disk"  # memory-own / memory-peer / disk; a record without it (older writers) read disk
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +122,7 @@ class Done:
     params_sha256: str | None = None
     # The checkpoint a resumed run restored at or past its last step: nothing was trained ("already complete").
     already_complete_checkpoint: str | None = None
+    checkpoint_memory_bytes: int | None = None  # host shared memory the memory tier held at the end, all ranks
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,9 +183,10 @@ def _parse(name: EventName, t: float, raw: Mapping[str, Any]) -> Record:
     if name is EventName.CHECKPOINT_BAD:
         return CheckpointBad(t, int(raw["step"]), str(raw.get("path") or ""), one_line(raw.get("reason") or ""))
     if name is EventName.RESTORE:
-        return Restore(t, int(raw["step"]), str(raw.get("path") or ""))
+        return Restore(t, int(raw["step"]), str(raw.get("path") or ""), str(raw.get("source") or "disk"))
     if name is EventName.DONE:
-        return Done(t, int(raw["step"]), raw.get("params_sha256"), raw.get("already_complete_checkpoint") or None)
+        return Done(t, int(raw["step"]), raw.get("params_sha256"), raw.get("already_complete_checkpoint") or None,
+                    _int(raw, "checkpoint_memory_bytes"))
     return _failure(name, t, raw)
 
 

@@ -100,6 +100,8 @@ class RunRecord:
             "checkpoint_failure_reports": [_checkpoint_failure_row(f, log) for f in log.checkpoint_failure_reports],
             "bad_checkpoints": [{"step": b.step, "path": b.path, "reason": b.reason} for b in log.bad_checkpoints],
             "resumed_from": [s.resumed_from for s in log.starts],
+            "restores": [{"step": r.step, "source": r.source, "path": r.path} for r in log.restores],
+            "checkpoint_memory_bytes": log.done.checkpoint_memory_bytes if log.done else None,
             "lost_steps": log.lost_steps,
             "productive_seconds": productive,
             "goodput": productive / wall_seconds if wall_seconds > 0 else 0.0,

@@ -30,6 +30,7 @@ from flywheel.policy import reasons as R
 from flywheel.policy.startup_failure import StartupFailures, after_failure
 from flywheel.spec import TrainingJobSpec
 from flywheel.trainer import termination_log
+from flywheel.trainer.checkpoint_memory_root import forget, worker_memory_root
 
 POLL_INTERVAL_S = 0.2
 SHUTDOWN_GRACE_S = 30.0  # Ctrl-C/failure: SIGTERM, then SIGKILL after this (agents give ranks 20 s)
@@ -205,6 +206,7 @@ class Supervisor:
                 self.pending_faults.remove(fault)
                 w.lost = True
                 procs.kill_tree(w.pid)
+                forget(worker_memory_root(w.plan.env))  # a lost host takes its memory-tier copies with it
                 self.progress.notice(f"[red]fault {fault.id}: killed worker {fault.replica} "
                                      f"(process tree) at step {self.record.last_step}[/]")
 

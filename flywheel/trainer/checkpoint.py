@@ -23,6 +23,10 @@ removes it where it sees it, so a per-pod directory loses its part too), and the
 (checkpoint_failure.py: no space before a peer's follow-on error) is reported once per failed save, in words with
 the newest good checkpoint, as a `checkpoint_failed` record and flywheel_checkpoint_failures_total{reason}. When the
 disk is full, older committed checkpoints are deleted to make room, never the newest. Training continues.
+
+Memory tier (checkpoint.memoryEverySteps, checkpoint_peer.py): saves of its own into host shared memory with a
+replica on the next worker, on its own thread; restore (checkpoint_restore.py) prefers it when it holds the newest
+step complete for every rank.
 """
 
 from __future__ import annotations
@@ -40,12 +44,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from flywheel.spec import CheckpointSpec
 from flywheel.trainer import checkpoint_integrity as integrity
+from flywheel.trainer import checkpoint_restore
 from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer.checkpoint_failure import (
     FailureReason,
@@ -59,6 +63,7 @@ from flywheel.trainer.checkpoint_failure import (
     rank_cause,
     state_bytes,
 )
+from flywheel.trainer.checkpoint_peer import MemoryTier
 from flywheel.trainer.checkpoint_staging import StagingBuffers, snapshot_unsafe_tensors
 from flywheel.trainer.checkpoint_state import AppState
 
@@ -87,7 +92,9 @@ class Checkpointer:
     """Construct on every rank after dist.init_process_group (it creates two gloo groups, a collective)."""
 
     def __init__(self, cfg: CheckpointSpec, directory: str | os.PathLike[str], *, events: Any = None,
-                 metrics: Any = None) -> None:
+                 metrics: Any = None, memory_dir: Path | None = None, ranks_per_worker: int = 1) -> None:
+        """memory_dir: where the memory tier keeps this worker's copies (checkpoint_memory.memory_root); None, or
+        memoryEverySteps 0, turns the tier off. ranks_per_worker: the ring's stride, so replicas leave the host."""
         self.cfg = cfg
         self.directory = Path(directory)
         self.events = events
@@ -105,12 +112,17 @@ class Checkpointer:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-checkpoint")
         self._inflight: _Save | None = None
         self._last_requested_step = -1
+        self._disk_due: dict[int, bool] = {}  # step -> whether due() found the disk tier due (else memory only)
+        # The memory tier saves on its own thread, buffers and gloo group: a disk write in flight never holds it up.
+        self.memory = MemoryTier(memory_dir, cfg.memory_every_steps, rank=self.rank, world_size=self.world_size,
+                                 ranks_per_worker=ranks_per_worker, pin_memory=self._cuda, metrics=metrics) \
+            if memory_dir is not None and cfg.memory_every_steps > 0 else None
         self.restored_path: str | None = None  # the committed checkpoint restore() loaded
         self._last_save_time = time.monotonic()
         self._generation = 0  # counts started saves; all ranks agree on it
         self._pending_due: tuple[dist.Work, torch.Tensor, int] | None = None
         self._closed = False
-
+        self.memory_bytes: int | None = None  # after close(): the memory tier's bytes over all ranks
     # ---- agreement between ranks -------------------------------------------------------------------------------
 
     def _agree(self, flag: bool, group: Any, *, any_rank: bool) -> bool:
@@ -128,7 +140,13 @@ class Checkpointer:
 
         everySeconds is judged by each rank's own clock, so the ranks agree through a MAX all-reduce that runs in
         the background and is read one call later: a time-based save happens one step after some rank saw the
-        interval elapse, at the same step everywhere, and the loop never waits for the collective."""
+        interval elapse, at the same step everywhere, and the loop never waits for the collective.
+        A step due for the memory tier only (memoryEverySteps) is due too; save() then writes no disk checkpoint."""
+        disk = self._disk_is_due(step)
+        self._disk_due = {step: disk}
+        return disk or (self.memory is not None and self.memory.due(step))
+
+    def _disk_is_due(self, step: int) -> bool:
         by_steps = self.cfg.every_steps > 0 and step % self.cfg.every_steps == 0
         if self.cfg.every_seconds <= 0:
             return by_steps
@@ -150,6 +168,11 @@ class Checkpointer:
         """Checkpoint the state after `step`. Call on every rank, right after optimizer.step()."""
         started = time.monotonic()
         blocking = blocking or not self.cfg.async_
+        disk = blocking or self._disk_due.pop(step, True)
+        if self.memory is not None and self.memory.due(step) and not blocking:
+            self.memory.submit(step, app, self._control_group)
+        if not disk:
+            return
         if blocking:
             self._wait_inflight()
         else:
@@ -185,7 +208,9 @@ class Checkpointer:
         record.blocking += time.monotonic() - started
 
     def wait_staged(self) -> None:
-        """Return once the in-flight save no longer reads live tensors. Call before optimizer.step()."""
+        """Return once the in-flight saves no longer read live tensors. Call before optimizer.step()."""
+        if self.memory is not None:
+            self.memory.wait_staged()
         record = self._inflight
         if record is None or record.blocking_reported:
             return
@@ -200,6 +225,9 @@ class Checkpointer:
             return
         self._closed = True
         self._wait_inflight()
+        if self.memory is not None:
+            self.memory.close()
+            self.memory_bytes = self.memory.total_bytes(self._control_group)
         if self._pending_due is not None:
             self._pending_due[0].wait()
             self._pending_due = None
@@ -208,83 +236,13 @@ class Checkpointer:
     # ---- restore -----------------------------------------------------------------------------------------------
 
     def restore(self, app: AppState) -> int | None:
-        """Load the newest committed checkpoint into app (resharding to this world size); its step, or None.
-
-        Each checkpoint's files are verified against the checksums of its commit first (checkpoint_integrity.py):
-        a damaged one is marked bad, reported and skipped for the previous one, before anything is loaded.
-        A checkpoint that fails to load on any rank is skipped, with a warning, for the previous committed one.
-        If committed checkpoints exist but none loads, raises: parts of the state may already be overwritten."""
+        """Load the newest state a tier holds into app: memory when it is complete there for every rank, else
+        the newest committed disk checkpoint (resharding to this world size); its step, or None.
+        See checkpoint_restore.py."""
         self._wait_inflight()
-        listing: list[Any] = [None]
-        if self.rank == 0:
-            for torn in store.remove_uncommitted(self.directory):
-                log.info("removed torn checkpoint %s (no commit marker)", torn)
-            listing[0] = [(r.step, r.path, r.world_size, r.checksums)
-                          for r in reversed(store.committed(self.directory))]
-        if self.distributed:
-            dist.broadcast_object_list(listing, src=0, group=self._control_group)
-        candidates: list[tuple[int, str, int, dict[str, str]]] = listing[0]
-        failed: list[str] = []
-        for step, path, saved_world, sums in candidates:
-            if not self._verified(step, path, sums):
-                continue
-            error: BaseException | None = None
-            try:
-                state = app.state_dict(include_rng=saved_world == self.world_size)
-                state["step"] = -1
-                dcp_load(state, storage_reader=FileSystemReader(path), process_group=self._write_group)
-                if state["step"] != step:
-                    raise ValueError(f"holds step {state['step']} but its commit marker says {step}")
-                app.load_state_dict(state)
-            except _FAILURES as err:
-                error = err
-            if self._agree(error is None, self._write_group, any_rank=False):
-                self._after_restore(step, path, saved_world)
-                return step
-            cause = describe_failure(error) if error is not None else "it failed to load on another rank"
-            log.warning("could not restore checkpoint %s: %s; falling back to the previous committed checkpoint",
-                        path, cause)
-            failed.append(f"{path} ({cause})")
-        if failed:
-            raise RuntimeError(f"none of the committed checkpoints under {self.directory} could be loaded: "
-                               f"{'; '.join(failed)}. Parts of the state may already be overwritten, so training "
-                               "does not start from scratch; repair or remove these checkpoints")
-        log.info("no committed checkpoint under %s; starting from scratch", self.directory)
-        return None
-
-    def _verified(self, step: int, path: str, sums: dict[str, str]) -> bool:
-        """Whether the checkpoint's files match their committed checksums, each rank checking its share; a
-        damaged one is marked bad (kept, renamed) and reported by rank 0. The same answer on every rank."""
-        mine = {n: sums[n] for n in integrity.share(list(sums), self.rank, self.world_size)}
-        found: list[Any] = [integrity.damaged(path, mine)]
-        if self.distributed:
-            found = [None] * self.world_size
-            dist.all_gather_object(found, integrity.damaged(path, mine), group=self._control_group)
-        damage = [d for part in found for d in part]
-        if not damage:
-            return True
-        reason = "; ".join(damage[:5]) + (f" (and {len(damage) - 5} more)" if len(damage) > 5 else "")
-        log.error("checkpoint at step %d in %s is damaged (%s); falling back to the previous good checkpoint",
-                  step, path, reason)
-        if self.rank == 0:
-            moved = integrity.mark_bad(path, reason)
-            log.error("marked %s bad: kept as %s for inspection, never restored", path, moved)
-            if self.events is not None:
-                self.events.emit("checkpoint_bad", step=step, path=str(moved), reason=reason)
-        return False
-
-    def _after_restore(self, step: int, path: str, saved_world: int) -> None:
-        self.restored_path = path
-        self._last_requested_step = step
-        self._last_save_time = time.monotonic()
-        rng = "restored" if saved_world == self.world_size else "not restored (world size changed)"
-        log.info("restored step %d from %s (saved at world size %d, now %d; RNG %s)", step, path, saved_world,
-                 self.world_size, rng)
-        if self.metrics is not None:
-            self.metrics.checkpoint_last_step.set(step)
-        if self.events is not None and self.rank == 0:
-            self.events.emit("restore", step=step, path=path, from_world_size=saved_world,
-                             world_size=self.world_size)
+        if self.memory is not None:
+            self.memory.wait()
+        return checkpoint_restore.restore(self, app)
 
     # ---- the write (writer thread for async saves, training thread for blocking ones) -------------------------
 

@@ -30,6 +30,7 @@ from flywheel.spec import SpecError
 from flywheel.trainer import termination_log
 from flywheel.trainer.build import build_model, model_shape
 from flywheel.trainer.checkpoint import AppState, Checkpointer
+from flywheel.trainer.checkpoint_memory import memory_root
 from flywheel.trainer.collective_env import (
     CollectiveTimeouts,
     apply_collective_env,
@@ -187,7 +188,9 @@ def _set_up(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Tra
     optimizer = build_optimizer(model, training)
     scheduler = build_scheduler(optimizer, training)
 
-    ckpt = Checkpointer(spec.checkpoint, env.checkpoint_dir, events=events, metrics=metrics)
+    ckpt = Checkpointer(spec.checkpoint, env.checkpoint_dir, events=events, metrics=metrics,
+                        memory_dir=memory_root(env.job, env.replica, env.checkpoint_dir),
+                        ranks_per_worker=int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
     app = AppState(model, optimizer, scheduler, loader, rank=env.rank, world_size=env.world_size)
     eval_ctx = None if sources.validation is None else EvalContext(
         model=model, source=sources.validation, device=device, autocast=autocast, dp_rank=dp_rank, dp_size=dp_size,
@@ -278,10 +281,13 @@ def _finish(run: _Run, start: int, events: EventLog, watchdog: ProgressWatchdog)
         # Blocking: waits for an in-flight save; a no-op when the last step's own save was already taken.
         run.ckpt.save(training.steps, run.app, blocking=True)
     run.ckpt.close()
+    if run.ckpt.memory is not None:
+        run.ckpt.memory.release()  # the final checkpoint is on disk: the host memory is given back
     digest = params_sha256(run.model)
     if env.rank == 0:
         complete = run.ckpt.restored_path if start >= training.steps else None
-        events.emit("done", step=training.steps, params_sha256=digest, already_complete_checkpoint=complete)
+        events.emit("done", step=training.steps, params_sha256=digest, already_complete_checkpoint=complete,
+                    checkpoint_memory_bytes=run.ckpt.memory_bytes)
         log.info("done: step %d, params sha256 %s%s", training.steps, digest,
                  f" (already complete: checkpoint {complete})" if complete else "")
 

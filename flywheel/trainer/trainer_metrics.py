@@ -53,6 +53,9 @@ class TrainerMetrics:
                                                   "Time from starting a checkpoint until it was committed.",
                                                   CHECKPOINT_BUCKETS)
         self.checkpoint_last_step = gauge("flywheel_checkpoint_last_step", "Step of the newest committed checkpoint.")
+        self.checkpoint_memory_bytes = gauge("flywheel_checkpoint_memory_bytes",
+                                             "Host shared memory held by this rank's memory-tier copies (its own "
+                                             "newest step and the replica it keeps for its peer).")
         self.checkpoint_failures_total = ReasonCounter(Counter(
             "flywheel_checkpoint_failures_total", "Checkpoint saves that failed, by reason (counted by global rank 0).",
             (*LABELS, "reason"), registry=self.registry), values, [r.value for r in FailureReason])

@@ -38,6 +38,14 @@ def test_checkpoint_stall_smoke(tmp_path):
     check_record(out)
 
 
+def test_checkpoint_restore_smoke(tmp_path):
+    out = tmp_path / "checkpoint_restore.json"
+    run_bench(tmp_path, "bench.checkpoint_restore", "--quick", "--reps", "1", "--out", str(out))
+    record = check_record(out)
+    assert set(record["runs"]) == {"disk", "memory-own", "memory-peer"}
+    assert record["own_seconds"] > 0 and record["peer_seconds"] > 0
+
+
 def test_trainer_overhead_smoke(tmp_path):
     run_bench(tmp_path, "bench.trainer_overhead", "--rounds", "1", "--steps", str(4 + 3))
     record = check_record(tmp_path / "trainer_overhead.json")

@@ -42,7 +42,7 @@ def _restore_at_world_2(rank: int, world_size: int, root: str) -> None:
     assert data.consumed_samples == expected["consumed"]
     if rank == 0:
         assert events.named("restore") == [{"step": 2, "path": str(store.step_dir(root, 2)), "from_world_size": 4,
-                                            "world_size": 2}]
+                                            "world_size": 2, "source": "disk"}]
     train_step(app, data)  # the resharded state trains
 
 

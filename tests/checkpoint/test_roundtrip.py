@@ -55,7 +55,7 @@ def test_resume_is_bitwise_exact(tmp_path: Path, async_: bool) -> None:
     ckpt2 = Checkpointer(cfg, tmp_path, events=events2)
     assert ckpt2.restore(app2) == 3
     assert events2.named("restore") == [{"step": 3, "path": str(step_dir(tmp_path, 3)), "from_world_size": 1,
-                                         "world_size": 1}]
+                                         "world_size": 1, "source": "disk"}]
     assert data2.consumed_samples == at_save[1]
     assert_same_state(full_state(app2), at_save[0])
     rng_now = (random.getstate(), np.random.get_state(), torch.get_rng_state())

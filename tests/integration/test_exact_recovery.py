@@ -134,3 +134,28 @@ def test_resume_at_another_dp_size_continues_at_the_next_sample(reference, tmp_p
     assert summary["losses"][k] == pytest.approx(ref[k], rel=1e-6)
     for step in range(k + 1, 24):
         assert summary["losses"][step] == pytest.approx(ref[step], rel=1e-3), step
+
+
+@pytest.mark.parametrize("fault,source", [("kill:rank=1:step=13", "memory-own"),
+                                          ("lose-worker:replica=1:step=13", "memory-peer")],
+                         ids=["rank-kill-own-copy", "worker-loss-peer-replica"])
+def test_memory_tier_recovery_is_bitwise_exact_and_replays_little(reference, tmp_path, fault, source):
+    """memoryEverySteps 1: a killed rank restarts in place and finds its own copy in /dev/shm; a lost worker (its
+    host's memory gone with it) gets its ranks' copies from the peer worker's replicas. Either way the run equals
+    the uninterrupted one bit for bit, and far fewer steps are replayed than from the disk checkpoint (every 5)."""
+    doc = job_doc("memory", tmp_path / "ckpt", fsdp=False)
+    doc["spec"]["checkpoint"]["memoryEverySteps"] = 1
+    summary, result = flywheel_run(tmp_path, doc, fault)
+    assert result.returncode == 0 and summary["status"] == "Succeeded", _logs(tmp_path)
+    ref = reference[False]
+    assert summary["losses"] == ref["losses"] and summary["evals"] == ref["evals"]
+    assert summary["final_params_sha256"] == ref["final_params_sha256"] is not None
+    restores = summary["restores"]
+    assert restores and restores[0]["source"] == source, (restores, _logs(tmp_path))
+    # The fault fires as step 13 begins: the copy of step 12 is the newest (11 if the copy of 12 was skipped
+    # because 11's was still under way on a loaded machine); the disk checkpoint before it is step 10.
+    assert restores[0]["step"] >= 11, restores
+    # Replayed: at most memoryEverySteps, plus the one whose copy was under way when the fault hit (the disk
+    # checkpoint alone would replay up to 4 more).
+    assert summary["lost_steps"] <= 2, summary["lost_steps"]
+    assert summary["checkpoint_memory_bytes"] is not None

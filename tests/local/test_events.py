@@ -49,6 +49,9 @@ def test_replayed_steps_keep_the_last_attempt():
     assert summary["checkpoints"] == [{"step": 4, "blocking_seconds": 0.01, "total_seconds": 0.3,
                                        "path": "/c/step-4"}]
     assert summary["resumed_from"] == [None, 4]
+    # a restore record without `source` (an older writer) reads as disk
+    assert summary["restores"] == [{"step": 4, "source": "disk", "path": "/c/step-4"}]
+    assert summary["checkpoint_memory_bytes"] is None
     json.dumps(summary)  # summary.json must be serialisable as is
 
 
@@ -108,3 +111,16 @@ def test_event_tail_waits_for_complete_lines(tmp_path):
         f.write('me": 1, "step": 2, "loss": 1.0}\nnot json\n')
     assert [e.step for e in tail.read_new()] == [2]
     assert tail.read_new() == []
+
+
+def test_the_restore_source_and_memory_bytes_reach_the_summary():
+    events = _run_with_replay()
+    for e in events:
+        if e["event"] == "restore":
+            e["source"] = "memory-peer"
+        if e["event"] == "done":
+            e["checkpoint_memory_bytes"] = 4096
+    summary = fold(events).summary(job="j", status="Succeeded", exit_code=0, world_size=4, start_time=T0,
+                                   wall_seconds=20.0)
+    assert summary["restores"] == [{"step": 4, "source": "memory-peer", "path": "/c/step-4"}]
+    assert summary["checkpoint_memory_bytes"] == 4096

@@ -22,6 +22,7 @@ def test_metrics_are_served_with_design_names_and_labels():
     metrics.checkpoint_blocking_seconds.observe(0.05)
     metrics.checkpoint_total_seconds.observe(1.5)
     metrics.checkpoint_last_step.set(50)
+    metrics.checkpoint_memory_bytes.set(4096)
     metrics.checkpoint_failures_total.labels(reason="no_space").inc()
     metrics.rendezvous_seconds.set(1.25)
     families = scrape(port)
@@ -40,6 +41,7 @@ def test_metrics_are_served_with_design_names_and_labels():
     assert value("flywheel_checkpoint_blocking_seconds_sum") == 0.05
     assert value("flywheel_checkpoint_total_seconds_count") == 1
     assert value("flywheel_checkpoint_last_step") == 50
+    assert value("flywheel_checkpoint_memory_bytes") == 4096
     failures = {s.labels["reason"]: s.value for s in families["flywheel_checkpoint_failures"]
                 if s.name == "flywheel_checkpoint_failures_total"}
     assert failures == {"no_space": 1, "permission": 0, "io_error": 0, "other": 0}

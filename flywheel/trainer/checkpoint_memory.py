@@ -1,0 +1,225 @@
+"""The memory tier: every memory save keeps this rank's staged state in host shared memory, and a replica of it in
+a peer worker's (checkpoint_peer.py), so that a restart restores without reading the shared filesystem.
+
+    <root>/own-rank-00003/step-00000040-w4.pt       rank 3's state after step 40, saved at world size 4
+    <root>/replica-rank-00001/step-00000040-w4.pt   rank 1's, received from the worker before this one
+
+<root> is /dev/shm/flywheel-<job>-<hash of the checkpoint dir>/replica-<worker> (checkpoint_memory_root.py): it
+outlives a rank's restart in place (the worker's processes come back on the same host), not the loss of the pod or
+node; the peer's replica covers that. A file is written under a temporary name and renamed, so a present file is
+complete. After a save every rank agrees that it is complete everywhere before older steps are deleted: each rank
+holds at most its newest complete step and one replica (two of each only while a save is under way).
+
+What is kept is this rank's local view of the state dict (a DTensor's local shard), so it restores only at the
+same world size and layout; at another world size the restore falls back to disk. The plan of a restore is a pure
+function over every rank's inventory (plan_restore).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from flywheel.trainer.checkpoint_memory_root import memory_root
+from flywheel.trainer.torch_compat import dtensor_local
+
+__all__ = ["memory_root"]  # checkpoint_memory_root.py: where the copies live
+_STEP_FILE = re.compile(r"^step-(\d{8,})-w(\d+)\.pt$")
+
+
+def own_dir(root: Path, rank: int) -> Path:
+    return root / f"own-rank-{rank:05d}"
+
+
+def replica_dir(root: Path, src: int) -> Path:
+    return root / f"replica-rank-{src:05d}"
+
+
+# ---- the bytes of one rank's state --------------------------------------------------------------------------------
+
+
+def save_file(folder: Path, step: int, world_size: int, rank: int, staged: dict[str, Any]) -> Path:
+    """This rank's state (DTensors as their local shards) with what a restore checks, written as a step file
+    (temporary name, then renamed: a present step file is complete)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = step_file(folder, step, world_size)
+    tmp = folder / f".{target.name}.tmp"
+    torch.save({"step": step, "world_size": world_size, "rank": rank, "state": _local_view(staged)}, tmp)
+    os.replace(tmp, target)
+    return target
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    """A step file's contents, its tensors memory-mapped from /dev/shm (no copy until fill() copies them in)."""
+    loaded: dict[str, Any] = torch.load(path, weights_only=False, mmap=True)
+    return loaded
+
+
+def _local_view(obj: Any) -> Any:
+    if isinstance(obj, DTensor):
+        return dtensor_local(obj)
+    if isinstance(obj, dict):
+        return {k: _local_view(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_local_view(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_local_view(v) for v in obj)
+    return obj
+
+
+@torch.no_grad()
+def fill(template: Any, saved: Any, path: str = "") -> Any:
+    """`template` (this rank's live state dict) with `saved`'s values: tensors copied in place, as DCP's load does,
+    so that app.load_state_dict sees exactly what a disk restore gives it. Raises on any mismatch."""
+    if isinstance(template, DTensor):
+        local = dtensor_local(template)
+        _check_tensor(local, saved, path)
+        local.copy_(saved)
+        return template
+    if isinstance(template, torch.Tensor):
+        _check_tensor(template, saved, path)
+        template.copy_(saved)
+        return template
+    if isinstance(template, dict) and isinstance(saved, dict):
+        missing = set(template) - set(saved)
+        if missing:
+            raise ValueError(f"memory copy lacks {sorted(map(str, missing))[:3]} under {path or 'the state'}")
+        return {k: fill(template[k], v, f"{path}.{k}") if k in template else v for k, v in saved.items()}
+    return saved
+
+
+def _check_tensor(dst: torch.Tensor, src: Any, path: str) -> None:
+    if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
+        got = f"{tuple(src.shape)} {src.dtype}" if isinstance(src, torch.Tensor) else type(src).__name__
+        raise ValueError(f"memory copy of {path} is {got}, the state holds {tuple(dst.shape)} {dst.dtype}")
+
+
+# ---- files ----------------------------------------------------------------------------------------------------------
+
+
+def step_file(folder: Path, step: int, world_size: int) -> Path:
+    return folder / f"step-{step:08d}-w{world_size}.pt"
+
+
+def steps_in(folder: Path) -> dict[int, tuple[int, int]]:
+    """Complete step files in a folder: step -> (bytes, world size). A missing folder has none."""
+    try:
+        entries = list(os.scandir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    found = {}
+    for entry in entries:
+        match = _STEP_FILE.match(entry.name)
+        if match:
+            found[int(match.group(1))] = (entry.stat().st_size, int(match.group(2)))
+    return found
+
+
+def mapped_file(target: Path, nbytes: int) -> tuple[torch.Tensor, Path]:
+    """A byte tensor mapped onto a new temporary file beside `target` (writes land in the file): received bytes
+    go straight to /dev/shm. Rename the file to `target` once it is complete."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp"
+    with open(tmp, "wb") as f:
+        f.truncate(nbytes)
+    return torch.from_file(str(tmp), shared=True, size=nbytes, dtype=torch.uint8), tmp
+
+
+def drop_older(folder: Path, step: int) -> None:
+    """Delete the step files older than `step` (the newest complete one stays) and stale temporary files."""
+    for old, (_, world_size) in steps_in(folder).items():
+        if old < step:
+            step_file(folder, old, world_size).unlink(missing_ok=True)
+    for entry in folder.glob(".step-*.tmp") if folder.is_dir() else []:
+        entry.unlink(missing_ok=True)
+
+
+def held_bytes(root: Path) -> int:
+    """Bytes of every memory copy this worker's root holds (all its ranks' own copies and replicas)."""
+    total = 0
+    for folder in root.glob("*-rank-*") if root.is_dir() else []:
+        total += sum(nbytes for nbytes, _ in steps_in(folder).values())
+    return total
+
+
+def wipe(root: Path) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+
+
+# ---- the restore plan (pure) ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What one rank holds: its own steps and its replicas' (src rank -> steps), each step -> (bytes, world size)."""
+
+    rank: int
+    own: dict[int, tuple[int, int]] = field(default_factory=dict)
+    replicas: dict[int, dict[int, tuple[int, int]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Source:
+    holder: int  # the rank whose host holds the copy: the rank itself (own) or its peer (replica)
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    step: int
+    sources: dict[int, Source]  # rank -> where its copy comes from
+
+    def source_of(self, rank: int) -> str:
+        return "memory-own" if self.sources[rank].holder == rank else "memory-peer"
+
+    @property
+    def kind(self) -> str:
+        """memory-peer when any rank's copy comes from a peer: the restore record's `source`."""
+        return "memory-peer" if any(s.holder != r for r, s in self.sources.items()) else "memory-own"
+
+
+def plan_restore(inventories: list[Inventory], world_size: int, newest_disk_step: int | None
+                 ) -> MemoryPlan | str:
+    """The newest step complete in memory for every rank (its own copy, else a peer's replica), when it is at least
+    as new as the newest committed disk checkpoint; otherwise why not, in words (the restore reads disk)."""
+    own = {inv.rank: inv.own for inv in inventories}
+    steps = {s for inv in inventories for s in inv.own} | {
+        s for inv in inventories for held in inv.replicas.values() for s in held}
+    if not steps:
+        return "no memory copy"
+    sizes = {ws for inv in inventories for _, ws in inv.own.values()}
+    if sizes and world_size not in sizes:
+        return (f"memory copies were taken at world size {', '.join(map(str, sorted(sizes)))}, now {world_size}: "
+                "they are not resharded")
+    usable = sorted((s for s in steps if newest_disk_step is None or s >= newest_disk_step), reverse=True)
+    if not usable:
+        return f"the memory copies (newest step {max(steps)}) are older than disk checkpoint step {newest_disk_step}"
+    for step in usable:
+        sources: dict[int, Source] = {}
+        for rank in range(world_size):
+            source = _source_for(rank, step, world_size, own, inventories)
+            if source is None:
+                break
+            sources[rank] = source
+        else:
+            return MemoryPlan(step, sources)
+    return f"no step at or after {usable[-1]} is complete in memory for every rank"
+
+
+def _source_for(rank: int, step: int, world_size: int, own: dict[int, dict[int, tuple[int, int]]],
+                inventories: list[Inventory]) -> Source | None:
+    mine = own.get(rank, {}).get(step)
+    if mine is not None and mine[1] == world_size:
+        return Source(rank, mine[0])
+    for inv in inventories:
+        held = inv.replicas.get(rank, {}).get(step)
+        if held is not None and held[1] == world_size:
+            return Source(inv.rank, held[0])
+    return None

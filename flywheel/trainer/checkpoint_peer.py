@@ -1,0 +1,250 @@
+"""The memory tier's executor: saves into host shared memory with a replica on the next worker (a ring over the
+checkpointer's gloo group), and restores from them (checkpoint_memory.py holds the layout and the plan).
+
+Ring: rank r sends its copy to rank r + ranks_per_worker (mod world size), the same local rank on the next worker,
+so that losing a whole worker leaves every one of its ranks' copies on another host. With one worker there is no
+peer and only the own copies are kept.
+
+The tier is a pipeline of its own beside the disk saves: its own thread, staging buffers and gloo group (a thread
+never shares a communicator with another), so a disk write in flight never holds up a memory save. Like a disk
+save, the loop waits only for the copy into the staging buffers (wait_staged, before optimizer.step()); a memory
+save requested while the previous one is still under way on some rank is skipped on every rank.
+
+Every collective here is made on every rank in the same order (saves on the tier's thread and group, the restore
+on the training thread and the control group); a rank whose local part failed still takes part, with nothing to
+send, so no rank is left waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from flywheel.trainer import checkpoint_memory as mem
+from flywheel.trainer.checkpoint_staging import StagingBuffers, snapshot_unsafe_tensors
+from flywheel.trainer.checkpoint_state import AppState
+
+log = logging.getLogger("flywheel.checkpoint")
+
+
+class MemoryTier:
+    """Construct on every rank (it creates a gloo group, a collective)."""
+
+    def __init__(self, root: Path, every_steps: int, *, rank: int, world_size: int, ranks_per_worker: int,
+                 pin_memory: bool = False, metrics: Any = None) -> None:
+        self.root = root
+        self.every_steps = every_steps
+        self.rank, self.world_size = rank, world_size
+        per_worker = max(1, min(ranks_per_worker, world_size))
+        self.peer = (rank + per_worker) % world_size
+        self.source = (rank - per_worker) % world_size
+        self.metrics = metrics
+        self.newest_step: int | None = None
+        distributed = dist.is_available() and dist.is_initialized()
+        self.group = dist.new_group(backend="gloo") if distributed else None
+        self._buffers = StagingBuffers(pin_memory=pin_memory)
+        self._stream = torch.cuda.Stream() if pin_memory else None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-memory")
+        self._future: Future[None] | None = None
+        self._future_step = -1
+        self._staged = threading.Event()
+        self._staged.set()
+
+    @property
+    def replicated(self) -> bool:
+        return self.peer != self.rank
+
+    def due(self, step: int) -> bool:
+        return self.every_steps > 0 and step % self.every_steps == 0
+
+    # ---- save (training thread: submit, wait_staged; the tier's thread: the rest) -------------------------------
+
+    def submit(self, step: int, app: AppState, control_group: Any) -> None:
+        """Start a memory save of the state after `step`. Call on every rank, right after optimizer.step()."""
+        busy = self._future is not None and not self._future.done()
+        if _agree(busy, control_group, any_rank=True):
+            log.warning("memory copy at step %d skipped: the copy of step %d is still under way (raise "
+                        "memoryEverySteps)", step, self._future_step)
+            return
+        self.wait()
+        state = app.state_dict()
+        state["step"] = step
+        state = snapshot_unsafe_tensors(state, app.parameter_storages())
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream())
+        self._staged = staged = threading.Event()
+        self._future_step = step
+        self._future = self._executor.submit(self._stage_and_save, step, state, staged)
+
+    def wait_staged(self) -> None:
+        """Return once the in-flight memory save no longer reads live tensors."""
+        self._staged.wait()
+
+    def wait(self) -> None:
+        """Wait for the in-flight memory save (its failures are logged; a collective's raises here)."""
+        if self._future is not None:
+            future, self._future = self._future, None
+            future.result()
+
+    def close(self) -> None:
+        self.wait()
+        self._executor.shutdown(wait=True)
+
+    def _stage_and_save(self, step: int, state: dict[str, Any], staged_event: threading.Event) -> None:
+        staged: dict[str, Any] | None = None
+        try:
+            staged = self._buffers.stage(state, self._stream)
+        except (OSError, RuntimeError) as err:
+            log.warning("memory copy of step %d on rank %d could not be staged: %s", step, self.rank, err)
+        finally:
+            staged_event.set()
+        self.save(step, staged, self.group)
+
+    def save(self, step: int, staged: dict[str, Any] | None, group: Any) -> bool:
+        """Keep this rank's staged state and the source rank's replica; whether every rank has both."""
+        data: torch.Tensor | None = None
+        ok = staged is not None
+        try:
+            if staged is None:
+                raise RuntimeError("staging failed")
+            path = mem.save_file(mem.own_dir(self.root, self.rank), step, self.world_size, self.rank, staged)
+            data = torch.from_file(str(path), size=path.stat().st_size, dtype=torch.uint8)  # mapped, not copied
+        except (OSError, RuntimeError, ValueError, TypeError) as err:  # e.g. /dev/shm full: disk still saves
+            log.warning("memory copy of step %d on rank %d failed: %s", step, self.rank, err)
+            data, ok = None, False
+        if self.replicated and not self._exchange(data, step, group):
+            ok = False
+        if _agree(ok, group, any_rank=False):
+            # Complete everywhere: older steps can go. Otherwise the previous complete step stays.
+            mem.drop_older(mem.own_dir(self.root, self.rank), step)
+            if self.replicated:
+                mem.drop_older(mem.replica_dir(self.root, self.source), step)
+            self.newest_step = step
+        else:
+            log.warning("memory copy of step %d is not complete on every rank; the previous one is kept", step)
+        self._report_bytes()
+        return ok
+
+    def _exchange(self, data: torch.Tensor | None, step: int, group: Any) -> bool:
+        """Send ours to the peer, receive the source's straight into its replica file: sizes first (all-reduce),
+        then the bytes point to point. Whether the replica is complete here."""
+        sizes = torch.zeros(self.world_size, dtype=torch.int64)
+        sizes[self.rank] = -1 if data is None else data.numel()
+        dist.all_reduce(sizes, group=group)  # each rank filled in its own slot only
+        work = []
+        if data is not None:
+            work.append(_started(dist.isend(data, dst=self.peer, group=group)))
+        incoming = int(sizes[self.source])
+        target = mem.step_file(mem.replica_dir(self.root, self.source), step, self.world_size)
+        buffer, tmp = self._incoming(target, incoming)
+        if incoming >= 0:
+            work.append(_started(dist.irecv(buffer, src=self.source, group=group)))
+        for w in work:
+            w.wait()
+        if incoming < 0 or tmp is None:
+            return False
+        del buffer
+        os.replace(tmp, target)
+        return True
+
+    def _incoming(self, target: Path, nbytes: int) -> tuple[torch.Tensor, Path | None]:
+        """A buffer for `nbytes` mapped onto a temporary file beside `target` (no copy after receiving); a plain
+        one if that fails, so the sender is still answered (the replica is then lost)."""
+        if nbytes >= 0:
+            try:
+                return mem.mapped_file(target, nbytes)
+            except (OSError, RuntimeError) as err:
+                log.warning("no room for rank %d's replica on rank %d: %s", self.source, self.rank, err)
+        return torch.empty(max(nbytes, 0), dtype=torch.uint8), None
+
+    def _report_bytes(self) -> None:
+        if self.metrics is not None and hasattr(self.metrics, "checkpoint_memory_bytes"):
+            self.metrics.checkpoint_memory_bytes.set(self.held_bytes())
+
+    def held_bytes(self) -> int:
+        """This rank's own copies and the replicas it holds."""
+        folders = [mem.own_dir(self.root, self.rank), mem.replica_dir(self.root, self.source)]
+        return sum(nbytes for f in folders for nbytes, _ in mem.steps_in(f).values())
+
+    def release(self) -> None:
+        """Drop this rank's copies (the run finished: its final checkpoint is on disk)."""
+        for folder in (mem.own_dir(self.root, self.rank), mem.replica_dir(self.root, self.source)):
+            mem.wipe(folder)
+        for folder in (self.root, self.root.parent):  # the last rank out removes the emptied folders
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+        self._report_bytes()
+
+    def total_bytes(self, group: Any) -> int:
+        """Every rank's held_bytes, summed (a collective)."""
+        total = torch.tensor([self.held_bytes()], dtype=torch.int64)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(total, group=group)
+        return int(total.item())
+
+    # ---- restore (training thread) -------------------------------------------------------------------------------
+
+    def inventory(self) -> mem.Inventory:
+        replicas = {}
+        for folder in self.root.glob("replica-rank-*") if self.root.is_dir() else []:
+            replicas[int(folder.name.rsplit("-", 1)[1])] = mem.steps_in(folder)
+        return mem.Inventory(self.rank, mem.steps_in(mem.own_dir(self.root, self.rank)), replicas)
+
+    def plan(self, group: Any, newest_disk_step: int | None) -> mem.MemoryPlan | str:
+        """The same plan on every rank, from every rank's inventory."""
+        mine = self.inventory()
+        inventories: list[Any] = [mine]
+        if self.world_size > 1:
+            inventories = [None] * self.world_size
+            dist.all_gather_object(inventories, mine, group=group)
+        return mem.plan_restore(inventories, self.world_size, newest_disk_step)
+
+    def fetch(self, plan: mem.MemoryPlan, group: Any) -> dict[str, Any]:
+        """This rank's saved state for plan.step: read from its own copy, or sent by the rank holding its replica
+        (which every rank takes part in: holders send, receivers receive)."""
+        work, outgoing = [], []
+        for rank, source in sorted(plan.sources.items()):
+            if source.holder == self.rank and rank != self.rank:
+                replica = mem.step_file(mem.replica_dir(self.root, rank), plan.step, self.world_size)
+                outgoing.append(torch.from_file(str(replica), size=replica.stat().st_size, dtype=torch.uint8))
+                work.append(_started(dist.isend(outgoing[-1], dst=rank, group=group)))
+        mine = plan.sources[self.rank]
+        path = mem.step_file(mem.own_dir(self.root, self.rank), plan.step, self.world_size)
+        if mine.holder != self.rank:
+            # This host lost its copy: receive it into a file (a second failure still finds it) and load from it.
+            buffer, tmp = mem.mapped_file(path, mine.nbytes)
+            dist.recv(buffer, src=mine.holder, group=group)
+            del buffer
+            os.replace(tmp, path)
+        for w in work:
+            w.wait()
+        saved = mem.load_file(path)
+        if saved["step"] != plan.step or saved["rank"] != self.rank or saved["world_size"] != self.world_size:
+            raise ValueError(f"memory copy holds step {saved['step']} of rank {saved['rank']} at world size "
+                             f"{saved['world_size']}, expected step {plan.step} of rank {self.rank}")
+        state: dict[str, Any] = saved["state"]
+        return state
+
+
+def _agree(flag: bool, group: Any, *, any_rank: bool) -> bool:
+    """any_rank: true if true on some rank; otherwise true only if true on every rank."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    t = torch.tensor([int(flag)], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if any_rank else dist.ReduceOp.MIN, group=group)
+    return bool(t.item())
+
+
+def _started(work: dist.Work | None) -> dist.Work:
+    # isend/irecv return None only for a rank outside the group; every rank here is in it.
+    assert work is not None
+    return work

@@ -1,0 +1,143 @@
+"""Restore: the newest state any tier holds, the same on every rank.
+
+Memory first (checkpoint_memory.py, checkpoint_peer.py): when every rank's copy of one step is in memory (its own,
+or a peer's replica of it) and that step is at least as new as the newest committed disk checkpoint, the ranks load
+it. Otherwise, or when it fails to load on any rank, the newest committed disk checkpoint: each one's files are
+verified against the checksums of its commit first (checkpoint_integrity.py); a damaged one is marked bad,
+reported and skipped for the previous one. A disk checkpoint that fails to load on any rank is skipped, with a
+warning, for the previous committed one. If committed checkpoints exist but none loads, raises: parts of the state
+may already be overwritten. Every source fills the same state dict that app.load_state_dict takes, so the
+restored state is bitwise the same whichever tier it came from.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+from flywheel.trainer import checkpoint_integrity as integrity
+from flywheel.trainer import checkpoint_memory as mem
+from flywheel.trainer import checkpoint_store as store
+from flywheel.trainer.checkpoint_failure import describe_failure
+from flywheel.trainer.checkpoint_state import AppState
+
+if TYPE_CHECKING:
+    from flywheel.trainer.checkpoint import Checkpointer
+
+log = logging.getLogger("flywheel.checkpoint")
+
+_FAILURES = (Exception, CheckpointException)  # DCP's CheckpointException derives from BaseException
+DISK = "disk"
+
+
+def restore(ck: Checkpointer, app: AppState) -> int | None:
+    """The step restored into app (None: nothing to restore); see the module's docstring."""
+    listing: list[Any] = [None]
+    if ck.rank == 0:
+        for torn in store.remove_uncommitted(ck.directory):
+            log.info("removed torn checkpoint %s (no commit marker)", torn)
+        listing[0] = [(r.step, r.path, r.world_size, r.checksums) for r in reversed(store.committed(ck.directory))]
+    if ck.distributed:
+        dist.broadcast_object_list(listing, src=0, group=ck._control_group)
+    candidates: list[tuple[int, str, int, dict[str, str]]] = listing[0]
+    if ck.memory is not None:
+        step = _from_memory(ck, app, candidates[0][0] if candidates else None)
+        if step is not None:
+            return step
+    return _from_disk(ck, app, candidates)
+
+
+def _from_memory(ck: Checkpointer, app: AppState, newest_disk_step: int | None) -> int | None:
+    assert ck.memory is not None
+    plan = ck.memory.plan(ck._control_group, newest_disk_step)
+    if isinstance(plan, str):
+        log.info("not restoring from memory (%s); restoring from disk", plan)
+        return None
+    error: BaseException | None = None
+    try:
+        saved = ck.memory.fetch(plan, ck._control_group)
+        state = app.state_dict(include_rng=True)
+        state["step"] = -1
+        app.load_state_dict(mem.fill(state, saved))
+    except _FAILURES as err:
+        error = err
+    if ck._agree(error is None, ck._control_group, any_rank=False):
+        after_restore(ck, plan.step, str(ck.memory.root), ck.world_size, plan.kind,
+                      detail=f"this rank's copy: {plan.source_of(ck.rank)}")
+        return plan.step
+    cause = describe_failure(error) if error is not None else "it failed to load on another rank"
+    log.warning("could not restore step %d from memory: %s; restoring from disk", plan.step, cause)
+    return None
+
+
+def _from_disk(ck: Checkpointer, app: AppState, candidates: list[tuple[int, str, int, dict[str, str]]]) -> int | None:
+    failed: list[str] = []
+    for step, path, saved_world, sums in candidates:
+        if not verified(ck, step, path, sums):
+            continue
+        error: BaseException | None = None
+        try:
+            state = app.state_dict(include_rng=saved_world == ck.world_size)
+            state["step"] = -1
+            dcp_load(state, storage_reader=FileSystemReader(path), process_group=ck._write_group)
+            if state["step"] != step:
+                raise ValueError(f"holds step {state['step']} but its commit marker says {step}")
+            app.load_state_dict(state)
+        except _FAILURES as err:
+            error = err
+        if ck._agree(error is None, ck._write_group, any_rank=False):
+            after_restore(ck, step, path, saved_world, DISK)
+            return step
+        cause = describe_failure(error) if error is not None else "it failed to load on another rank"
+        log.warning("could not restore checkpoint %s: %s; falling back to the previous committed checkpoint",
+                    path, cause)
+        failed.append(f"{path} ({cause})")
+    if failed:
+        raise RuntimeError(f"none of the committed checkpoints under {ck.directory} could be loaded: "
+                           f"{'; '.join(failed)}. Parts of the state may already be overwritten, so training "
+                           "does not start from scratch; repair or remove these checkpoints")
+    log.info("no committed checkpoint under %s; starting from scratch", ck.directory)
+    return None
+
+
+def verified(ck: Checkpointer, step: int, path: str, sums: dict[str, str]) -> bool:
+    """Whether the checkpoint's files match their committed checksums, each rank checking its share; a
+    damaged one is marked bad (kept, renamed) and reported by rank 0. The same answer on every rank."""
+    mine = {n: sums[n] for n in integrity.share(list(sums), ck.rank, ck.world_size)}
+    found: list[Any] = [integrity.damaged(path, mine)]
+    if ck.distributed:
+        found = [None] * ck.world_size
+        dist.all_gather_object(found, integrity.damaged(path, mine), group=ck._control_group)
+    damage = [d for part in found for d in part]
+    if not damage:
+        return True
+    reason = "; ".join(damage[:5]) + (f" (and {len(damage) - 5} more)" if len(damage) > 5 else "")
+    log.error("checkpoint at step %d in %s is damaged (%s); falling back to the previous good checkpoint",
+              step, path, reason)
+    if ck.rank == 0:
+        moved = integrity.mark_bad(path, reason)
+        log.error("marked %s bad: kept as %s for inspection, never restored", path, moved)
+        if ck.events is not None:
+            ck.events.emit("checkpoint_bad", step=step, path=str(moved), reason=reason)
+    return False
+
+
+def after_restore(ck: Checkpointer, step: int, path: str, saved_world: int, source: str, detail: str = "") -> None:
+    ck.restored_path = path
+    if source == DISK:  # a restored memory step may still be saved to disk
+        ck._last_requested_step = step
+    ck._last_save_time = time.monotonic()
+    rng = "restored" if saved_world == ck.world_size else "not restored (world size changed)"
+    log.info("restored step %d from %s (%s%s; saved at world size %d, now %d; RNG %s)", step, path, source,
+             f", {detail}" if detail else "", saved_world, ck.world_size, rng)
+    if ck.metrics is not None and source == DISK:
+        ck.metrics.checkpoint_last_step.set(step)
+    if ck.events is not None and ck.rank == 0:
+        ck.events.emit("restore", step=step, path=path, from_world_size=saved_world, world_size=ck.world_size,
+                       source=source)

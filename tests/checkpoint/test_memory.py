@@ -1,0 +1,164 @@
+"""The memory tier: the restore plan (pure), and bitwise-exact resumes from a rank's own memory copy, from a peer's
+replica after a whole worker is lost, and from disk when memory has nothing complete or the world size changed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from ckpt_helpers import MLP, FakeEvents, FakeMetrics, assert_same_state, full_state, make_app, run_ranks, train_step
+
+from flywheel.spec import CheckpointSpec
+from flywheel.trainer import checkpoint_memory as mem
+from flywheel.trainer.checkpoint import Checkpointer
+
+# ---- the plan -------------------------------------------------------------------------------------------------------
+
+
+def _inv(rank: int, own: dict[int, int], replicas: dict[int, dict[int, int]] | None = None,
+         world: int = 2) -> mem.Inventory:
+    return mem.Inventory(rank, {s: (100, world) for s in own},
+                         {src: {s: (100, world) for s in steps} for src, steps in (replicas or {}).items()})
+
+
+def test_the_plan_takes_the_newest_step_every_rank_has_own_copy_first() -> None:
+    plan = mem.plan_restore([_inv(0, {4: 0, 5: 0}, {1: {4: 0}}), _inv(1, {4: 0}, {0: {5: 0}})], 2, None)
+    assert isinstance(plan, mem.MemoryPlan)
+    assert plan.step == 4 and plan.kind == "memory-own"
+    assert {r: s.holder for r, s in plan.sources.items()} == {0: 0, 1: 1}
+
+
+def test_a_lost_worker_is_covered_by_its_peers_replica() -> None:
+    # Worker 1 came back empty: rank 1's copy of step 6 is on worker 0.
+    plan = mem.plan_restore([_inv(0, {6: 0}, {1: {6: 0}}), _inv(1, {})], 2, 4)
+    assert isinstance(plan, mem.MemoryPlan)
+    assert plan.step == 6 and plan.kind == "memory-peer" and plan.source_of(1) == "memory-peer"
+    assert plan.sources[1].holder == 0 and plan.source_of(0) == "memory-own"
+
+
+def test_the_plan_falls_back_to_disk_with_the_reason() -> None:
+    # the peer is lost too: rank 1's step 6 is nowhere
+    assert "no step" in str(mem.plan_restore([_inv(0, {6: 0}), _inv(1, {})], 2, 4))
+    assert mem.plan_restore([_inv(0, {}), _inv(1, {})], 2, 4) == "no memory copy"
+    assert "older than disk checkpoint step 8" in str(mem.plan_restore([_inv(0, {6: 0}), _inv(1, {6: 0})], 2, 8))
+    resized = mem.plan_restore([_inv(0, {6: 0}, world=4), _inv(1, {6: 0}, world=4)], 2, None)
+    assert "world size 4, now 2: they are not resharded" in str(resized)
+
+
+def test_memory_root_keeps_jobs_and_workers_apart(tmp_path: Path) -> None:
+    a = mem.memory_root("job", "0", "/ckpt/a", tmp_path)
+    assert a != mem.memory_root("job", "1", "/ckpt/a", tmp_path) != mem.memory_root("job", "0", "/ckpt/b", tmp_path)
+    assert a.parent.name.startswith("flywheel-job-")
+
+
+# ---- one rank: own copy ---------------------------------------------------------------------------------------------
+
+
+def _cfg(root: Path) -> CheckpointSpec:
+    return CheckpointSpec(dir=str(root), every_steps=3, memory_every_steps=1, keep=2)
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize("memory", [True, False], ids=["memory", "disk"])
+def test_resume_from_own_memory_is_bitwise_exact(tmp_path: Path, memory: bool) -> None:
+    clean, data = make_app(seed=0)
+    for _ in range(8):
+        train_step(clean, data)
+    expected = full_state(clean)
+
+    shm = tmp_path / "shm"
+    app, data = make_app(seed=0)
+    metrics = FakeMetrics()
+    metrics.checkpoint_memory_bytes = _Gauge()
+    ckpt = Checkpointer(_cfg(tmp_path), tmp_path, metrics=metrics, memory_dir=shm)
+    assert ckpt.memory is not None
+    for step in range(1, 6):
+        train_step(app, data, ckpt)
+        if ckpt.due(step):
+            ckpt.save(step, app)
+            ckpt.memory.wait()  # a real step outlasts this tiny write; here the next memory save would be skipped
+    at_5 = full_state(app)
+    ckpt.close()  # a restart in place: the process goes, /dev/shm stays
+    assert list(mem.steps_in(mem.own_dir(shm, 0))) == [5]  # only the newest complete step is kept
+    assert ckpt.memory_bytes == metrics.checkpoint_memory_bytes.value > 0
+    assert [p.name for p in tmp_path.glob("step-*")] == ["step-00000003"]  # memory-only saves write no disk
+
+    events = FakeEvents()
+    resumed, data = make_app(seed=9)
+    ckpt = Checkpointer(_cfg(tmp_path), tmp_path, events=events, memory_dir=shm if memory else None)
+    start = ckpt.restore(resumed)
+    [record] = events.named("restore")
+    if memory:
+        assert start == 5 and record["source"] == "memory-own" and record["step"] == 5
+        assert_same_state(full_state(resumed), at_5)
+    else:
+        assert start == 3 and record["source"] == "disk"
+    for _ in range(start or 0, 8):
+        train_step(resumed, data, ckpt)
+    ckpt.close()
+    assert_same_state(full_state(resumed), expected)
+    if ckpt.memory is not None:  # the run finished: its host memory is given back
+        ckpt.memory.release()
+        assert not shm.exists()
+
+
+class _Gauge:
+    value: float | None = None
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+
+# ---- two workers: the peer's replica --------------------------------------------------------------------------------
+
+
+def _train(rank: int, world_size: int, root: str, steps: int, memory: bool) -> tuple[Any, Any, Checkpointer]:
+    app, data = make_app(seed=0, rank=rank, world_size=world_size, model=MLP(), fsdp=True)
+    host = Path(root) / "shm" / f"worker-{rank}"  # one worker per rank, each its own host's memory
+    cfg = CheckpointSpec(dir=root, every_steps=4, memory_every_steps=1, keep=2)
+    return app, data, Checkpointer(cfg, root, events=FakeEvents(), memory_dir=host if memory else None)
+
+
+def _run_and_save(rank: int, world_size: int, root: str) -> None:
+    app, data, ckpt = _train(rank, world_size, root, 8, True)
+    assert ckpt.memory is not None
+    for step in range(1, 9):
+        train_step(app, data, ckpt)
+        if step == 6:
+            at_6 = full_state(app)
+        if ckpt.due(step) and step <= 6:
+            ckpt.save(step, app)
+            ckpt.memory.wait()
+    final = full_state(app)
+    ckpt.close()
+    if rank == 0:
+        torch.save({"at_6": at_6, "final": final}, Path(root) / "expected.pt")
+
+
+def _restore(rank: int, world_size: int, root: str, want_step: int, want_source: str) -> None:
+    app, data, ckpt = _train(rank, world_size, root, 8, True)
+    expected = torch.load(Path(root) / "expected.pt", weights_only=False)
+    assert ckpt.restore(app) == want_step
+    if rank == 0:
+        [record] = ckpt.events.named("restore")
+        assert record["source"] == want_source, record
+    if want_step == 6:
+        assert_same_state(full_state(app), expected["at_6"])
+    for _ in range(want_step, 8):
+        train_step(app, data, ckpt)
+    ckpt.close()
+    assert_same_state(full_state(app), expected["final"])
+
+
+@pytest.mark.slow
+def test_a_lost_worker_restores_from_its_peers_replica_then_disk_when_the_peer_is_lost_too(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    run_ranks(_run_and_save, 2, root, root)
+    shutil.rmtree(tmp_path / "shm" / "worker-1")  # worker 1's host is gone: its own copy and rank 0's replica
+    run_ranks(_restore, 2, root, root, 6, "memory-peer")
+    # The restore kept the received copy on the new worker 1; losing both hosts leaves only disk (step 4).
+    shutil.rmtree(tmp_path / "shm")
+    run_ranks(_restore, 2, root, root, 4, "disk")
