@@ -44,6 +44,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystem
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from flywheel import object_store
 from flywheel.spec import CheckpointSpec
 from flywheel.trainer import checkpoint_integrity as integrity
 from flywheel.trainer import checkpoint_store as store
@@ -59,6 +60,7 @@ from flywheel.trainer.checkpoint_failure import (
     rank_cause,
     state_bytes,
 )
+from flywheel.trainer.checkpoint_remote import RemoteTier
 from flywheel.trainer.checkpoint_staging import StagingBuffers, snapshot_unsafe_tensors
 from flywheel.trainer.checkpoint_state import AppState
 
@@ -89,7 +91,8 @@ class Checkpointer:
     def __init__(self, cfg: CheckpointSpec, directory: str | os.PathLike[str], *, events: Any = None,
                  metrics: Any = None) -> None:
         self.cfg = cfg
-        self.directory = Path(directory)
+        # An object-store dir (s3://...) is written through a local staging directory (checkpoint_remote.py).
+        self.directory = Path(object_store.local_dir(str(directory), cfg.local_dir))
         self.events = events
         self.metrics = metrics
         self.distributed = dist.is_available() and dist.is_initialized()
@@ -110,6 +113,9 @@ class Checkpointer:
         self._generation = 0  # counts started saves; all ranks agree on it
         self._pending_due: tuple[dist.Work, torch.Tensor, int] | None = None
         self._closed = False
+        self.remote = RemoteTier(str(directory), self.directory, rank=self.rank, world_size=self.world_size,
+                                 group=self._write_group, keep=cfg.keep, events=events, metrics=metrics) \
+            if object_store.is_url(str(directory)) else None
 
     # ---- agreement between ranks -------------------------------------------------------------------------------
 
@@ -219,14 +225,18 @@ class Checkpointer:
         if self.rank == 0:
             for torn in store.remove_uncommitted(self.directory):
                 log.info("removed torn checkpoint %s (no commit marker)", torn)
-            listing[0] = [(r.step, r.path, r.world_size, r.checksums)
-                          for r in reversed(store.committed(self.directory))]
+            listing[0] = self._restore_candidates()
         if self.distributed:
             dist.broadcast_object_list(listing, src=0, group=self._control_group)
-        candidates: list[tuple[int, str, int, dict[str, str]]] = listing[0]
+        candidates: list[tuple[int, str, int, dict[str, str], bool]] = listing[0]
         failed: list[str] = []
-        for step, path, saved_world, sums in candidates:
-            if not self._verified(step, path, sums):
+        for step, path, saved_world, sums, in_bucket in candidates:
+            fetched = False
+            if self.remote is not None:  # every rank: a local copy, downloaded from the bucket when missing
+                path, fetched = self.remote.ensure_local(step, in_bucket)
+                if not path:
+                    continue
+            if not self._verified(step, path, sums, from_bucket=fetched):
                 continue
             error: BaseException | None = None
             try:
@@ -252,7 +262,15 @@ class Checkpointer:
         log.info("no committed checkpoint under %s; starting from scratch", self.directory)
         return None
 
-    def _verified(self, step: int, path: str, sums: dict[str, str]) -> bool:
+    def _restore_candidates(self) -> list[tuple[int, str, int, dict[str, str], bool]]:
+        """Rank 0: (step, path, world size, checksums, whether the bucket has it), newest first."""
+        local = store.committed(self.directory)
+        if self.remote is None:
+            return [(r.step, r.path, r.world_size, r.checksums, False) for r in reversed(local)]
+        return [(r.step, r.path, r.world_size, r.checksums, in_bucket)
+                for r, in_bucket in self.remote.candidates(local)]
+
+    def _verified(self, step: int, path: str, sums: dict[str, str], *, from_bucket: bool = False) -> bool:
         """Whether the checkpoint's files match their committed checksums, each rank checking its share; a
         damaged one is marked bad (kept, renamed) and reported by rank 0. The same answer on every rank."""
         mine = {n: sums[n] for n in integrity.share(list(sums), self.rank, self.world_size)}
@@ -269,6 +287,8 @@ class Checkpointer:
         if self.rank == 0:
             moved = integrity.mark_bad(path, reason)
             log.error("marked %s bad: kept as %s for inspection, never restored", path, moved)
+            if from_bucket and self.remote is not None:
+                self.remote.mark_bad(step, reason)
             if self.events is not None:
                 self.events.emit("checkpoint_bad", step=step, path=str(moved), reason=reason)
         return False
@@ -319,6 +339,8 @@ class Checkpointer:
             self._on_failure(record, err, state)
             return
         self._on_commit(record)
+        if self.remote is not None:  # committed locally; the bucket's copy follows (its marker last)
+            self.remote.upload(record.path, record.step)
 
     def _on_commit(self, record: _Save) -> None:
         total = time.monotonic() - record.started
