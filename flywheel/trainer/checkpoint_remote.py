@@ -205,9 +205,6 @@ class RemoteTier:
             else:
                 log.info("checkpoint at step %d uploaded to %s (%.2f s)", step, self.store.step_url(step),
                          time.monotonic() - started)
-                if self.events is not None:
-                    self.events.emit("checkpoint_uploaded", step=step, path=self.store.step_url(step),
-                                     seconds=time.monotonic() - started)
                 self._retention(step)
                 return True
         if self.rank == 0:
@@ -224,8 +221,9 @@ class RemoteTier:
         log.error("%s", message)
         if self.metrics is not None:
             self.metrics.checkpoint_failures_total.labels(reason=reason.value).inc()
-        if self.events is not None:
-            self.events.emit("checkpoint_upload_failed", step=step, reason=reason.value, message=message)
+        if self.events is not None:  # reported like a failed save: once per cause, in words
+            self.events.emit("checkpoint_failed", step=step, reason=reason.value, message=message, error=cause,
+                             newest_step=step)
 
     def _retention(self, step: int) -> None:
         try:
