@@ -197,7 +197,11 @@ class RemoteTier:
             error = err
             log.error("upload of checkpoint step %d to %s failed on rank %d: %s", step, self.url, self.rank,
                       describe(err))
-        if self._all(error is None) and self.rank == 0:
+        uploaded = self._all(error is None)
+        if self.rank != 0 and store.read_commit(folder) is None:
+            # A per-pod directory: this rank's shards only, never rank 0's marker, so never restorable here.
+            shutil.rmtree(folder, ignore_errors=True)
+        if uploaded and self.rank == 0:
             try:
                 self.store.write_commit(folder, step)
             except Exception as err:  # noqa: BLE001
