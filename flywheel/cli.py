@@ -71,6 +71,7 @@ def _plan(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from flywheel.object_store import storage_problem
     from flywheel.plan import Placement, describe_plan, plan_workers
     from flywheel.spec import SpecError, load_job
 
@@ -79,6 +80,10 @@ def _plan(args: argparse.Namespace) -> int:
         job = load_job(args.job)
     except SpecError as err:
         console.print(f"[red]{args.job}: {err}[/]", highlight=False)
+        return EXIT_BAD_INPUT
+    store_problem = storage_problem(args.checkpoint_dir or job.spec.checkpoint.dir)
+    if store_problem:  # an object-store dir whose scheme or library this machine lacks
+        console.print(f"[red]{args.job}: {store_problem}[/]", highlight=False)
         return EXIT_BAD_INPUT
     replicas = args.replicas or job.spec.replicas.desired
     endpoint = f"127.0.0.1:{PLAN_RDZV_PORT}"

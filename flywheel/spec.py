@@ -20,6 +20,7 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from flywheel import object_store
 from flywheel.data_prep_index import source_problem
 from flywheel.data_prep_tokenizer import tokenizer_vocab
 from flywheel.planner.devices import DEVICES
@@ -393,12 +394,17 @@ def check_local_paths(job: TrainingJob, checkpoint_dir: str | None = None) -> No
     problem = None if job.spec.command else source_problem(source)
     if problem:
         problems.append(problem)
-    ckpt = Path(checkpoint_dir or job.spec.checkpoint.dir)
+    directory = checkpoint_dir or job.spec.checkpoint.dir
+    store_problem = object_store.storage_problem(directory)
+    if store_problem:
+        problems.append(store_problem)
+    ckpt = Path(object_store.local_dir(directory, job.spec.checkpoint.local_dir))
     probe = ckpt
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not os.access(probe, os.W_OK) or not probe.is_dir():
-        problems.append(f"spec.checkpoint.dir: {str(ckpt)!r} is not writable (checked {probe}); point it at a "
+        field = "localDir" if object_store.is_url(directory) else "dir"
+        problems.append(f"spec.checkpoint.{field}: {str(ckpt)!r} is not writable (checked {probe}); point it at a "
                         "writable directory")
     if problems:
         raise SpecError(problems)

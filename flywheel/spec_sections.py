@@ -89,7 +89,14 @@ class Data(_Model):
 class CheckpointSpec(_Model):
     """Where and how often checkpoints are saved, and how many are kept (a restarted job resumes from the last)."""
 
-    dir: str = Field("/ckpt", min_length=1, description="Shared by all workers; one subfolder per checkpoint.")
+    dir: str = Field("/ckpt", min_length=1, description="Shared by all workers; one subfolder per checkpoint. An "
+                                                      "object-store URL (s3://bucket/prefix, gs://..., any fsspec "
+                                                      "protocol) is written through localDir, uploaded in the "
+                                                      "background.")
+    local_dir: str = Field("", description="With an object-store dir: where saves are committed first and restores "
+                                           "read from (a missing or older local copy is downloaded). Empty: "
+                                           "/tmp/flywheel-checkpoints/<scheme>/<bucket>/<prefix> (the pod's emptyDir "
+                                           "on a cluster).")
     every_steps: int = Field(50, ge=0, description="Save every N steps; 0 disables step-based saves.")
     every_seconds: float = Field(0, ge=0, description="Save when this many seconds passed since the last save.")
     memory_every_steps: int = Field(

@@ -14,6 +14,7 @@ from typing import Any
 
 from rich.console import Console
 
+from flywheel import object_store
 from flywheel.local.fault_flags import FaultFlagError, check_targets, parse_faults, worker_faults
 from flywheel.local.progress_bar import make_progress
 from flywheel.local.report import print_summary, write_report
@@ -77,12 +78,14 @@ def run_job(options: RunOptions, console: Console | None = None) -> int:
     spec = job.spec
     out = Path(options.out or Path("runs") / job.name).resolve()
     _fresh_out_dir(out)
-    ckpt_dir = Path(options.checkpoint_dir or spec.checkpoint.dir).resolve()
+    ckpt_dir = options.checkpoint_dir or spec.checkpoint.dir
+    if not object_store.is_url(ckpt_dir):
+        ckpt_dir = str(Path(ckpt_dir).resolve())
     events_file = out / "events.jsonl"
     store = _host_store()
     host, port = "127.0.0.1", int(store.port)
     placement = Placement(replicas=spec.replicas.desired, rdzv_backend="c10d", rdzv_endpoint=f"{host}:{port}",
-                          master_addr=host, master_port=port, checkpoint_dir=str(ckpt_dir),
+                          master_addr=host, master_port=port, checkpoint_dir=ckpt_dir,
                           launcher=options.launcher, metrics_port_base=options.metrics_port_base,
                           events_file=str(events_file), extra_env=faults_env(faults, str(out / "faults")))
     plans = plan_workers(job, placement)

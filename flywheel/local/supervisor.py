@@ -231,17 +231,17 @@ class Supervisor:
             self.progress.notice(f"[yellow]worker {index} failed ({kind.value}) after training finished[/]")
             return
         self.startup = after_failure(self.startup, kind, reason, self.record.log.current_step)
-        said = f": {reason}" if reason else ""
+        said = f": {escape(reason)}" if reason else ""  # worker output may hold [brackets]
         if self.startup.deterministic:
             self.progress.notice(f"[red]worker {index} exited {code} ({kind.value}){said}[/] -> Fail: "
-                                 f"{self.startup.message}")
+                                 f"{escape(self.startup.message)}")
             self._carry_out(index, Action.FAIL, R.STARTUP_FAILURE, self.startup.message)
             return
         live = sum(1 for x in self.workers.values() if not x.stopping)
         decision = decide_restart(self.spec, kind, self.budget, self.record.committed_step, live)
         self.budget = decision.budget
         self.progress.notice(f"[red]worker {index} exited {code} ({kind.value}){said}[/] -> "
-                             f"{decision.action.value}: {decision.message}")
+                             f"{decision.action.value}: {escape(decision.message)}")
         self._carry_out(index, decision.action, decision.reason, decision.message)
 
     def _carry_out(self, index: int, action: Action, reason: str, message: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from flywheel import object_store
 from flywheel.labels import DELETED_FOR_ANNOTATION
 from flywheel.labels import GENERATION_LABEL as GENERATION_LABEL  # re-exported: m.JOB_LABEL etc. in the operator
 from flywheel.labels import INDEX_LABEL as INDEX_LABEL
@@ -118,10 +119,13 @@ def worker_volumes(job: TrainingJob, settings: OperatorSettings, cache_home: boo
     if cache_home:
         volumes.append({"name": "cache-home", "emptyDir": {}})
         mounts.append({"name": "cache-home", "mountPath": CACHE_HOME})
-    if ckpt.dir.startswith("/"):  # a relative dir lives under the working directory (local runs, the test cluster)
+    # An object-store dir is staged in localDir: under /tmp (mounted above) unless it names another absolute path.
+    local = object_store.local_dir(ckpt.dir, ckpt.local_dir)
+    staged_in_tmp = object_store.is_url(ckpt.dir) and local.startswith("/tmp/")
+    if local.startswith("/") and not staged_in_tmp:  # a relative dir lives under the working directory
         source = {"persistentVolumeClaim": {"claimName": ckpt.claim_name}} if ckpt.claim_name else {"emptyDir": {}}
         volumes.append({"name": "checkpoints", **source})
-        mounts.append({"name": "checkpoints", "mountPath": ckpt.dir})
+        mounts.append({"name": "checkpoints", "mountPath": local})
     if settings.events_claim and settings.events_dir:
         volumes.append({"name": "events", "persistentVolumeClaim": {"claimName": settings.events_claim}})
         mounts.append({"name": "events", "mountPath": settings.events_dir})

@@ -47,6 +47,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from flywheel import object_store
 from flywheel.spec import CheckpointSpec
 from flywheel.trainer import checkpoint_integrity as integrity
 from flywheel.trainer import checkpoint_restore
@@ -64,6 +65,7 @@ from flywheel.trainer.checkpoint_failure import (
     state_bytes,
 )
 from flywheel.trainer.checkpoint_peer import MemoryTier
+from flywheel.trainer.checkpoint_remote import RemoteTier
 from flywheel.trainer.checkpoint_staging import StagingBuffers, snapshot_unsafe_tensors
 from flywheel.trainer.checkpoint_state import AppState
 
@@ -96,7 +98,8 @@ class Checkpointer:
         """memory_dir: where the memory tier keeps this worker's copies (checkpoint_memory.memory_root); None, or
         memoryEverySteps 0, turns the tier off. ranks_per_worker: the ring's stride, so replicas leave the host."""
         self.cfg = cfg
-        self.directory = Path(directory)
+        # An object-store dir (s3://...) is written through a local staging directory (checkpoint_remote.py).
+        self.directory = Path(object_store.local_dir(str(directory), cfg.local_dir))
         self.events = events
         self.metrics = metrics
         self.distributed = dist.is_available() and dist.is_initialized()
@@ -123,6 +126,10 @@ class Checkpointer:
         self._pending_due: tuple[dist.Work, torch.Tensor, int] | None = None
         self._closed = False
         self.memory_bytes: int | None = None  # after close(): the memory tier's bytes over all ranks
+        self.remote = RemoteTier(str(directory), self.directory, rank=self.rank, world_size=self.world_size,
+                                 group=self._write_group, keep=cfg.keep, events=events, metrics=metrics) \
+            if object_store.is_url(str(directory)) else None
+
     # ---- agreement between ranks -------------------------------------------------------------------------------
 
     def _agree(self, flag: bool, group: Any, *, any_rank: bool) -> bool:
@@ -277,6 +284,8 @@ class Checkpointer:
             self._on_failure(record, err, state)
             return
         self._on_commit(record)
+        if self.remote is not None:  # committed locally; the bucket's copy follows (its marker last)
+            self.remote.upload(record.path, record.step)
 
     def _on_commit(self, record: _Save) -> None:
         total = time.monotonic() - record.started

@@ -2,9 +2,10 @@
 
 Memory first (checkpoint_memory.py, checkpoint_peer.py): when every rank's copy of one step is in memory (its own,
 or a peer's replica of it) and that step is at least as new as the newest committed disk checkpoint, the ranks load
-it. Otherwise, or when it fails to load on any rank, the newest committed disk checkpoint: each one's files are
-verified against the checksums of its commit first (checkpoint_integrity.py); a damaged one is marked bad,
-reported and skipped for the previous one. A disk checkpoint that fails to load on any rank is skipped, with a
+it. Otherwise, or when it fails to load on any rank, the newest committed disk checkpoint (with an object-store dir,
+checkpoint_remote.py, the local directory's and the bucket's, a step missing locally downloaded first): each one's
+files are verified against the checksums of its commit first (checkpoint_integrity.py); a damaged one is marked
+bad, reported and skipped for the previous one. A disk checkpoint that fails to load on any rank is skipped, with a
 warning, for the previous committed one. If committed checkpoints exist but none loads, raises: parts of the state
 may already be overwritten. Every source fills the same state dict that app.load_state_dict takes, so the
 restored state is bitwise the same whichever tier it came from.
@@ -42,15 +43,27 @@ def restore(ck: Checkpointer, app: AppState) -> int | None:
     if ck.rank == 0:
         for torn in store.remove_uncommitted(ck.directory):
             log.info("removed torn checkpoint %s (no commit marker)", torn)
-        listing[0] = [(r.step, r.path, r.world_size, r.checksums) for r in reversed(store.committed(ck.directory))]
+        listing[0] = _candidates(ck)
     if ck.distributed:
         dist.broadcast_object_list(listing, src=0, group=ck._control_group)
-    candidates: list[tuple[int, str, int, dict[str, str]]] = listing[0]
+    candidates: list[Candidate] = listing[0]
     if ck.memory is not None:
         step = _from_memory(ck, app, candidates[0][0] if candidates else None)
         if step is not None:
             return step
     return _from_disk(ck, app, candidates)
+
+
+Candidate = tuple[int, str, int, dict[str, str], bool]  # step, path, world size, checksums, in the bucket
+
+
+def _candidates(ck: Checkpointer) -> list[Candidate]:
+    """Rank 0: the committed checkpoints, newest first: the local directory's and, with an object-store dir, the
+    bucket's (checkpoint_remote.py)."""
+    local = store.committed(ck.directory)
+    if ck.remote is None:
+        return [(r.step, r.path, r.world_size, r.checksums, False) for r in reversed(local)]
+    return [(r.step, r.path, r.world_size, r.checksums, in_bucket) for r, in_bucket in ck.remote.candidates(local)]
 
 
 def _from_memory(ck: Checkpointer, app: AppState, newest_disk_step: int | None) -> int | None:
@@ -76,10 +89,15 @@ def _from_memory(ck: Checkpointer, app: AppState, newest_disk_step: int | None) 
     return None
 
 
-def _from_disk(ck: Checkpointer, app: AppState, candidates: list[tuple[int, str, int, dict[str, str]]]) -> int | None:
+def _from_disk(ck: Checkpointer, app: AppState, candidates: list[Candidate]) -> int | None:
     failed: list[str] = []
-    for step, path, saved_world, sums in candidates:
-        if not verified(ck, step, path, sums):
+    for step, path, saved_world, sums, in_bucket in candidates:
+        fetched = False
+        if ck.remote is not None:  # every rank: a local copy, downloaded from the bucket when missing
+            path, fetched = ck.remote.ensure_local(step, in_bucket)
+            if not path:
+                continue
+        if not verified(ck, step, path, sums, from_bucket=fetched):
             continue
         error: BaseException | None = None
         try:
@@ -106,7 +124,7 @@ def _from_disk(ck: Checkpointer, app: AppState, candidates: list[tuple[int, str,
     return None
 
 
-def verified(ck: Checkpointer, step: int, path: str, sums: dict[str, str]) -> bool:
+def verified(ck: Checkpointer, step: int, path: str, sums: dict[str, str], *, from_bucket: bool = False) -> bool:
     """Whether the checkpoint's files match their committed checksums, each rank checking its share; a
     damaged one is marked bad (kept, renamed) and reported by rank 0. The same answer on every rank."""
     mine = {n: sums[n] for n in integrity.share(list(sums), ck.rank, ck.world_size)}
@@ -123,6 +141,8 @@ def verified(ck: Checkpointer, step: int, path: str, sums: dict[str, str]) -> bo
     if ck.rank == 0:
         moved = integrity.mark_bad(path, reason)
         log.error("marked %s bad: kept as %s for inspection, never restored", path, moved)
+        if from_bucket and ck.remote is not None:
+            ck.remote.mark_bad(step, reason)
         if ck.events is not None:
             ck.events.emit("checkpoint_bad", step=step, path=str(moved), reason=reason)
     return False

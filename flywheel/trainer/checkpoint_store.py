@@ -23,7 +23,7 @@ from flywheel.trainer import checkpoint_integrity as integrity
 log = logging.getLogger("flywheel.checkpoint")
 
 COMMIT_MARKER = "flywheel-commit.json"
-_STEP_DIR = re.compile(r"^step-(\d{8,})$")
+STEP_DIR = re.compile(r"^step-(\d{8,})$")
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def step_dirs(root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
         return []
     found = []
     for entry in entries:
-        match = _STEP_DIR.match(entry.name)
+        match = STEP_DIR.match(entry.name)
         if match and entry.is_dir(follow_symlinks=False):
             found.append((int(match.group(1)), Path(entry.path)))
     return sorted(found)

@@ -169,7 +169,7 @@ def _set_up(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Tra
     torch.manual_seed(training.seed)
     cfg = model_shape(spec.trainer.model)
     if env.rank == 0:  # what `flywheel export` needs to name and configure the weights
-        write_model_record(env.checkpoint_dir, cfg, spec.trainer.model.pretrained, spec.trainer.data)
+        write_model_record(env.local_checkpoint_dir, cfg, spec.trainer.model.pretrained, spec.trainer.data)
     loader = SampleLoader(sources.train)
     plain = build_model(cfg, seed=training.seed, device=META)  # parallelize allocates this rank's part only
     if env.rank == 0:
@@ -360,7 +360,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         # The collective-watchdog env (NCCL async error handling, flight recorder, dump pipe) is set in one place.
         timeouts = collective_timeouts(env.spec.fault_tolerance)
-        apply_collective_env(collective_env(env.checkpoint_dir, timeouts))
+        apply_collective_env(collective_env(env.local_checkpoint_dir, timeouts))
         dist.init_process_group(backend, timeout=timeouts.startup)
         metrics.rendezvous_seconds.set(time.monotonic() - began)
         code = train(env, sources, events, metrics, watchdog, stop, timeouts)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import FrameType
 
+from flywheel import object_store
 from flywheel.spec import TrainingJobSpec, parse_spec
 from flywheel.trainer.fault_injection import Fault, faults_from_env
 
@@ -37,6 +38,11 @@ class WorkerEnv:
     events_file: str | None
     faults: list[Fault] = field(default_factory=list)
     fault_dir: str | None = None
+
+    @property
+    def local_checkpoint_dir(self) -> str:
+        """checkpoint.dir on this machine: the dir itself, or the local staging dir of an object-store URL."""
+        return object_store.local_dir(self.checkpoint_dir, self.spec.checkpoint.local_dir)
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> WorkerEnv:
@@ -70,7 +76,8 @@ class WorkerEnv:
                    checkpoint_dir=checkpoint_dir, metrics_port=integer("FLYWHEEL_METRICS_PORT", 0),
                    events_file=env.get("FLYWHEEL_EVENTS_FILE") or None, faults=faults,
                    # Markers must outlive restarts and be shared by all workers, like the checkpoints.
-                   fault_dir=env.get("FLYWHEEL_FAULT_DIR") or os.path.join(checkpoint_dir, ".faults"))
+                   fault_dir=env.get("FLYWHEEL_FAULT_DIR") or os.path.join(
+                       object_store.local_dir(checkpoint_dir, spec.checkpoint.local_dir), ".faults"))
 
 
 class StopRequest:

@@ -76,6 +76,20 @@ def test_worker_pods_are_hardened_and_mount_checkpoints_shm_and_events() -> None
         kv.validate(doc, "1.33.0", strict=True)
 
 
+def _with_checkpoint(checkpoint: dict) -> dict:
+    job = parse_job({**JOB.model_dump(by_alias=True, exclude_none=True),
+                     "spec": {**JOB.spec.model_dump(by_alias=True, exclude_none=True), "checkpoint": checkpoint}})
+    body = m.pod(job, m.plan(job, "0123456789abcdef", SETTINGS, None)[0], 0, SETTINGS)
+    return {v["mountPath"]: v["name"] for v in body["spec"]["containers"][0]["volumeMounts"]}
+
+
+def test_an_object_store_dir_is_not_mounted_and_its_local_dir_is() -> None:
+    """s3://... is no path: staged under /tmp (the pod's emptyDir) by default, or in localDir's own emptyDir."""
+    assert _with_checkpoint({"dir": "s3://bucket/j"}) == {"/dev/shm": "dshm", "/tmp": "tmp"}
+    assert _with_checkpoint({"dir": "s3://bucket/j", "localDir": "/staging"})["/staging"] == "checkpoints"
+    assert _with_checkpoint({"dir": "/tmp/ckpt"})["/tmp/ckpt"] == "checkpoints"  # a path dir as before
+
+
 def test_bad_shm_size_names_the_field() -> None:
     with pytest.raises(SpecError, match="shmSize"):
         parse_job({"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "j"},

@@ -1,0 +1,66 @@
+"""checkpoint.dir as an object-store URL (s3://bucket/prefix, gs://..., any fsspec protocol): what it means here.
+
+A URL dir is written through fsspec (s3fs for s3://) with the local staging directory in front of it
+(`checkpoint.localDir`, default under /tmp, the pod's emptyDir on a cluster): the trainer commits a save there first
+and uploads it in the background (trainer/checkpoint_remote.py). `flywheel plan/run` refuse a scheme fsspec does
+not know, or one whose library is not installed, naming checkpoint.dir. No torch here: spec checks and the CLI
+import it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from urllib.parse import urlsplit
+
+from flywheel.spec_layout import OBJECT_STORE_URL
+
+DEFAULT_LOCAL_ROOT = "/tmp/flywheel-checkpoints"  # /tmp is the pod's emptyDir on a cluster (manifests.py)
+# fsspec protocols that name the local disk: not an object store, the path after the scheme is the directory.
+_LOCAL_SCHEMES = frozenset({"file", "local"})
+
+
+def is_url(directory: str) -> bool:
+    """Whether checkpoint.dir names an object store (a scheme other than file://)."""
+    return bool(re.match(OBJECT_STORE_URL, directory)) and scheme(directory) not in _LOCAL_SCHEMES
+
+
+def scheme(directory: str) -> str:
+    return directory.split("://", 1)[0].lower()
+
+
+def local_dir(directory: str, configured: str = "") -> str:
+    """Where saves are staged (and restores read from) for checkpoint.dir: the dir itself when it is a path; for a
+    URL, checkpoint.localDir, else a folder under /tmp named after the bucket and prefix (one URL, one folder)."""
+    if not is_url(directory):
+        return directory  # localDir applies to object stores only
+    if configured:
+        return configured
+    parts = urlsplit(directory)
+    name = "/".join(p for p in (parts.netloc + parts.path).split("/") if p not in ("", ".", ".."))
+    return f"{DEFAULT_LOCAL_ROOT}/{scheme(directory)}/{name or 'root'}"
+
+
+def storage_problem(directory: str) -> str | None:
+    """Why checkpoint.dir cannot be used on this machine (an unknown scheme, a missing library), or None."""
+    if not is_url(directory):
+        return None
+    proto = scheme(directory)
+    try:
+        from fsspec.registry import known_implementations, registry
+    except ImportError:
+        return (f"spec.checkpoint.dir: {directory!r} is an object-store URL but fsspec is not installed; "
+                "install flywheel with its object-store libraries (pip install fsspec s3fs) or use a path")
+    if proto in registry:
+        return None
+    known = known_implementations.get(proto)
+    if known is None:
+        return (f"spec.checkpoint.dir: unknown storage scheme {proto!r} in {directory!r}; use a path, s3://bucket/"
+                "prefix, gs://bucket/prefix or another fsspec protocol")
+    module = str(known["class"]).rsplit(".", 1)[0]
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        hint = known.get("err") or f"install the package that provides {module}"
+        return f"spec.checkpoint.dir: {directory!r} needs a library that is not installed: {hint}"
+    return None

@@ -1,0 +1,148 @@
+"""checkpoint.dir as s3://bucket/prefix against an S3-compatible server (moto): a save commits to the local staging
+directory and is uploaded with its commit marker last; a restore with the local tier wiped downloads the newest
+committed step and resumes bitwise-exact; the local copy is preferred when it is the newest; a torn upload is never
+listed; retention and bad-marking work in the bucket."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ckpt_helpers import FakeEvents, assert_same_state, full_state, make_app, train_step
+
+from flywheel.spec import CheckpointSpec
+from flywheel.trainer import checkpoint_store as store
+from flywheel.trainer.checkpoint import Checkpointer
+from flywheel.trainer.checkpoint_remote import RemoteStore
+from tests.s3_server import s3_server, use_server
+
+pytestmark = pytest.mark.usefixtures("one_rank")
+BUCKET = "ckpt-bucket"
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[dict[str, str]]:
+    with s3_server() as env:
+        yield env
+
+
+@pytest.fixture
+def url(server: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    use_server(server, monkeypatch, BUCKET)
+    return f"s3://{BUCKET}/{tmp_path.name}/run"
+
+
+def cfg(url: str, local: Path, keep: int = 5) -> CheckpointSpec:
+    return CheckpointSpec(dir=url, local_dir=str(local), every_steps=2, keep=keep)
+
+
+def train(url: str, local: Path, steps: range, app: Any, data: Any, keep: int = 5, events: Any = None,
+          blocking: bool = True) -> None:
+    ckpt = Checkpointer(cfg(url, local, keep), url, events=events)
+    for step in steps:
+        train_step(app, data, ckpt)
+        if ckpt.due(step):
+            ckpt.save(step, app, blocking=blocking)
+    ckpt.close()
+
+
+def test_saves_commit_locally_then_upload_with_the_marker(url: str, tmp_path: Path) -> None:
+    app, data = make_app(seed=0)
+    events = FakeEvents()
+    for steps in (range(1, 3), range(3, 5)):  # asynchronous: the upload runs on the writer thread; close waits
+        train(url, tmp_path / "local", steps, app, data, events=events, blocking=False)
+    assert [r.step for r in store.committed(tmp_path / "local")] == [2, 4]
+    remote = RemoteStore(url).committed()
+    assert [r.step for r in remote] == [2, 4] and remote[-1].path == f"{url}/step-00000004"
+    local_marker = store.read_commit(store.step_dir(tmp_path / "local", 4))
+    assert local_marker is not None and remote[-1].checksums == local_marker.checksums
+
+
+def test_with_the_local_tier_wiped_restore_downloads_and_resumes_bitwise(url: str, tmp_path: Path) -> None:
+    clean, data = make_app(seed=0)
+    for _ in range(STEPS):
+        train_step(clean, data)
+    expected = full_state(clean)
+
+    app, data = make_app(seed=0)
+    train(url, tmp_path / "local", range(1, 5), app, data)
+    shutil.rmtree(tmp_path / "local")  # the pod and its emptyDir are gone
+
+    events = FakeEvents()
+    resumed, data = make_app(seed=7)
+    ckpt = Checkpointer(cfg(url, tmp_path / "fresh"), url, events=events)
+    assert ckpt.restore(resumed) == 4
+    assert ckpt.restored_path == str(store.step_dir(tmp_path / "fresh", 4))
+    assert not list((tmp_path / "fresh").glob(".incoming-*"))
+    for step in range(5, STEPS + 1):
+        train_step(resumed, data, ckpt)
+        if ckpt.due(step):
+            ckpt.save(step, resumed)
+    ckpt.close()
+    assert_same_state(full_state(resumed), expected)
+    assert [r.step for r in RemoteStore(url).committed()] == [2, 4, 6]
+
+
+def test_the_local_copy_is_preferred_when_it_is_the_newest(url: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    app, data = make_app(seed=0)
+    train(url, tmp_path / "local", range(1, 5), app, data)
+    downloads: list[int] = []
+    monkeypatch.setattr(RemoteStore, "download", lambda self, step, root: downloads.append(step))
+    resumed, _ = make_app(seed=7)
+    assert Checkpointer(cfg(url, tmp_path / "local"), url).restore(resumed) == 4
+    assert downloads == []
+
+
+def test_a_torn_upload_is_never_listed_and_is_reported(url: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    app, data = make_app(seed=0)
+    train(url, tmp_path / "local", range(1, 3), app, data)
+    real_upload = RemoteStore.upload
+
+    def upload_one_file_then_fail(self: RemoteStore, folder: Any, step: int, names: list[str]) -> None:
+        real_upload(self, folder, step, names[:1])
+        raise OSError(5, "connection reset by peer")
+
+    monkeypatch.setattr(RemoteStore, "upload", upload_one_file_then_fail)
+    events = FakeEvents()
+    train(url, tmp_path / "local", range(3, 5), app, data, events=events)
+    remote = RemoteStore(url)
+    assert remote.fs.ls(f"{BUCKET}/{tmp_path.name}/run/step-00000004")  # a part of step 4 is in the bucket ...
+    assert [r.step for r in remote.committed()] == [2]  # ... but not its marker: not committed there
+    [failed] = events.named("checkpoint_failed")
+    assert failed["step"] == 4 and failed["reason"] == "io_error" and "connection reset" in failed["message"]
+    assert failed["message"].startswith(f"upload of checkpoint step 4 to {url} failed")
+    assert [r.step for r in store.committed(tmp_path / "local")] == [2, 4]  # the local copy stays committed
+
+    shutil.rmtree(tmp_path / "local")
+    resumed, _ = make_app(seed=7)
+    assert Checkpointer(cfg(url, tmp_path / "fresh"), url).restore(resumed) == 2
+
+
+def test_retention_applies_to_the_bucket(url: str, tmp_path: Path) -> None:
+    app, data = make_app(seed=0)
+    train(url, tmp_path / "local", range(1, 9), app, data, keep=2)
+    assert [r.step for r in RemoteStore(url).committed()] == [6, 8]
+    assert [r.step for r in store.committed(tmp_path / "local")] == [6, 8]
+
+
+def test_a_damaged_object_is_marked_bad_in_the_bucket_and_the_previous_step_used(url: str, tmp_path: Path) -> None:
+    app, data = make_app(seed=0)
+    train(url, tmp_path / "local", range(1, 5), app, data)
+    shutil.rmtree(tmp_path / "local")
+    remote = RemoteStore(url)
+    [shard] = [k for k in remote.fs.ls(f"{BUCKET}/{tmp_path.name}/run/step-00000004") if k.endswith(".distcp")]
+    raw = bytearray(remote.fs.cat_file(shard))
+    raw[len(raw) // 2] ^= 0x01
+    remote.fs.pipe_file(shard, bytes(raw))
+
+    events = FakeEvents()
+    resumed, _ = make_app(seed=7)
+    assert Checkpointer(cfg(url, tmp_path / "fresh"), url, events=events).restore(resumed) == 2
+    assert events.named("checkpoint_bad")[0]["step"] == 4
+    assert remote.is_bad(4) and [r.step for r in RemoteStore(url).committed()] == [2]
