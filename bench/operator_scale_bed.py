@@ -13,7 +13,6 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from kubernetes import client, config, watch
 
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.labels import JOB_LABEL
-from tests.k8s_emulator.requestlog import RequestRecorder, bearer, rbac_attributes
+from tests.k8s_emulator.requestlog import Attributes, RequestRecorder
 
 REPO = Path(__file__).resolve().parents[1]
 KUBECTL = REPO / ".tools" / "bin" / "kubectl"
@@ -53,24 +52,13 @@ def rss_mb(pid: int) -> float:
     return int(fields["VmRSS"].split()[0]) / 1024
 
 
-class CountingRecorder(RequestRecorder):
-    """The test cluster's request recording (tests/k8s_emulator/requestlog.py), counting every request too."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: Counter[tuple[str, str, str]] = Counter()  # (identity, verb, resource) -> requests
-
-    def record(self, method: str, path: str, query: Mapping[str, str], headers: Mapping[str, str]) -> None:
-        super().record(method, path, query, headers)
-        attributes = rbac_attributes(method, path, query)
-        if attributes is not None:
-            verb, _, resource, _ = attributes
-            self.counts[(bearer(headers), verb, resource)] += 1
-
-
-def split_counts(counts: Counter[tuple[str, str, str]], identity: str) -> tuple[int, int, dict[str, int]]:
-    """(requests but watches, watches, requests by "verb resource") of one caller."""
-    mine = {f"{verb} {resource}": n for (who, verb, resource), n in counts.items() if who == identity}
+def split_counts(counts: Counter[tuple[str, Attributes]], identity: str) -> tuple[int, int, dict[str, int]]:
+    """(requests but watches, watches, requests by "verb resource") of one caller, from the test cluster's request
+    recording (tests/k8s_emulator/requestlog.py counts each kind of request per identity)."""
+    mine: Counter[str] = Counter()
+    for (who, (verb, _, resource, _)), n in counts.items():
+        if who == identity:
+            mine[f"{verb} {resource}"] += n
     watches = sum(n for key, n in mine.items() if key.startswith("watch "))
     return sum(mine.values()) - watches, watches, dict(sorted(mine.items(), key=lambda kv: -kv[1]))
 
@@ -162,15 +150,15 @@ class Cluster:
         api.rest_client.pool_manager.connection_pool_kw["maxsize"] = 32  # bursts run 16 threads
         self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
         self.kubelet = StandInKubelet(self.core)
-        self.recorder: CountingRecorder | None = None
+        self.recorder: RequestRecorder | None = None
 
     def kubectl(self, *args: str) -> str:
         return subprocess.run([str(KUBECTL), "--kubeconfig", str(self.cluster.kubeconfig), *args], check=True,
                               capture_output=True, text=True, timeout=60).stdout
 
-    def count_requests(self) -> CountingRecorder:
+    def count_requests(self) -> RequestRecorder:
         """A fresh count from now on (the API server's recording, as POST /_flywheel/record-requests starts it)."""
-        recorder = CountingRecorder()
+        recorder = RequestRecorder()
         server = self.cluster._cluster.server  # same process: the bench's recorder, which also counts
         self.cluster._loop.call(lambda: setattr(server, "recorder", recorder))
         self.recorder = recorder

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from bench.operator_scale import figures, rows
-from bench.operator_scale_bed import CountingRecorder, pod_status, split_counts
+from bench.operator_scale_bed import pod_status, split_counts
+from tests.k8s_emulator.requestlog import RequestRecorder
 
 JOBS = "/apis/flywheel.dev/v1alpha1/namespaces/default/trainingjobs"
 
 
 def test_requests_are_counted_per_caller_with_watches_apart():
-    recorder = CountingRecorder()
+    recorder = RequestRecorder()
     operator, bench = {"Authorization": "Bearer op"}, {"Authorization": "Bearer bench"}
     for _ in range(3):
         recorder.record("GET", "/api/v1/namespaces/default/pods", {}, operator)
