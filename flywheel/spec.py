@@ -47,6 +47,7 @@ from flywheel.spec_sections import FaultTolerance as FaultTolerance
 from flywheel.spec_sections import RunPolicy as RunPolicy
 from flywheel.spec_sections import Scheduling as Scheduling
 from flywheel.spec_sections import Training as Training
+from flywheel.spec_sections import eval_data_problem
 from flywheel.spec_status import (  # noqa: F401 (re-exported: flywheel.spec is the schema's one import)
     CheckpointStatus,
     Condition,
@@ -186,6 +187,13 @@ class TrainerSpec(_Model):
     parallelism: Parallelism = Field(default_factory=Parallelism)
     training: Training = Field(default_factory=Training)
     data: Data = Field(default_factory=Data)
+
+    @model_validator(mode="after")
+    def _evaluation_has_data(self) -> TrainerSpec:
+        problem = eval_data_problem(self.training.eval_every_steps, self.data)
+        if problem:
+            raise ValueError(problem)
+        return self
 
     def layout(self) -> JobLayout:
         """What the layout rules (spec_layout.py) read: the model's shape, degrees, batch, data source. A

@@ -159,3 +159,12 @@ class RunPolicy(_Model):
                                                    "seconds after it succeeded or failed. Unset: keep it.")
     active_deadline_seconds: int | None = Field(None, ge=1, description="Fail the job when it has existed this "
                                                 "long (seconds since it was created). Unset: no limit.")
+
+
+def eval_data_problem(eval_every_steps: int, data: Data) -> str | None:
+    """Evaluation needs held-out data: a synthetic source has its own held-out stream; a file source needs
+    data.validation or data.validationFraction (the trainer's preflight says the same, trainer/data.py)."""
+    if eval_every_steps and not data.is_synthetic and data.validation is None and not data.validation_fraction:
+        return ("training.evalEverySteps: evaluation needs validation data beside a file data.source; set "
+                "data.validation (held-out data) or data.validationFraction (a fraction of data.source held out)")
+    return None

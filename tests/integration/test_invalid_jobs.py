@@ -96,6 +96,8 @@ TABLE: list[tuple[str, dict[str, Any], str, str, bool]] = [
      "trainer.model.vocab", "at least 256", False),
     ("data-format", {"trainer": {"data": {"source": "corpus.parquet"}}}, "trainer.data.source",
      "convert the data", False),
+    ("eval-no-data", {"trainer": {"training": {"evalEverySteps": 5}, "data": {"source": "/data/corpus.txt"}}},
+     "trainer.training.evalEverySteps", "set data.validation", False),
     ("replicas-order", {"replicas": {"min": 3, "max": 2}}, "replicas", "set min <= max", True),
     ("replicas-target", {"replicas": {"min": 1, "max": 2, "target": 5}}, "replicas", "scale within the bounds",
      True),

@@ -128,7 +128,8 @@ class WritingKube:
 def test_a_pass_on_a_lagging_cache_creates_no_pod_twice_and_writes_on_the_status_it_wrote():
     job = {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
            "metadata": {"name": "j", "namespace": "ml", "uid": "uid-1", "resourceVersion": "1", "generation": 1},
-           "spec": {"replicas": {"min": 2, "max": 2}, "trainer": {"training": {"globalBatch": 4, "microBatch": 1}}}}
+           "spec": {"replicas": {"min": 2, "max": 2}, "trainer": {"training": {"globalBatch": 4, "microBatch": 1}},
+                    "checkpoint": {"ephemeral": True}}}
     kube = WritingKube(job)
     runner = JobRunner(kube, m.OperatorSettings(etcd_endpoints=""), "ml", "j", "uid-1",  # type: ignore[arg-type]
                        logging.getLogger("test"), reads=FrozenCaches(job))  # type: ignore[arg-type]

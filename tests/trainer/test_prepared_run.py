@@ -30,7 +30,8 @@ def prepared(tmp_path_factory):
 def shard_job(name: str, tmp, shards, tokenizer) -> dict:
     doc = job_doc(name, tmp / "ckpt", fsdp=True, steps=16)
     doc["spec"]["trainer"]["model"] = {"preset": "llama-tiny", "vocab": 320}
-    doc["spec"]["trainer"]["data"] = {"source": str(shards), "tokenizer": str(tokenizer)}
+    # The shared job evaluates every few steps: a tenth of the shards is held out for it.
+    doc["spec"]["trainer"]["data"] = {"source": str(shards), "tokenizer": str(tokenizer), "validationFraction": 0.1}
     return doc
 
 
