@@ -71,23 +71,24 @@ def read_index(directory: str | Path) -> ShardIndex:
     return index
 
 
-def source_problem(source: str) -> str | None:
-    """Why `data.source` cannot be read on this machine (a message naming the field), or None when it can."""
+def source_problem(source: str, field: str = "source") -> str | None:
+    """Why `data.<field>` (the training source, or the validation data) cannot be read on this machine (a message
+    naming the field), or None when it can."""
     if source == "synthetic":
         return None
-    path = Path(source)
+    name, path = f"spec.trainer.data.{field}", Path(source)
     if path.is_dir():
         try:
             read_index(path)
         except IndexError_ as err:
-            return f"spec.trainer.data.source: {err}"
+            return f"{name}: {err}"
         return None
     if not path.is_file():
-        return (f"spec.trainer.data.source: {source!r} does not exist; give an existing file, a shard directory "
+        return (f"{name}: {source!r} does not exist; give an existing file, a shard directory "
                 "(`flywheel prepare-data`) or 'synthetic'")
     try:
         with open(path, "rb") as f:
             f.read(1)
     except OSError as err:
-        return f"spec.trainer.data.source: {source!r} is not readable ({err.strerror}); fix its permissions"
+        return f"{name}: {source!r} is not readable ({err.strerror}); fix its permissions"
     return None

@@ -398,10 +398,10 @@ def load_job(path: str | os.PathLike[str]) -> TrainingJob:
 def check_local_paths(job: TrainingJob, checkpoint_dir: str | None = None) -> None:
     """Checks that only make sense on the machine that runs the job: data exists, checkpoint dir is writable."""
     problems = []
-    source = job.spec.trainer.data.source
-    problem = None if job.spec.command else source_problem(source)
-    if problem:
-        problems.append(problem)
+    data = job.spec.trainer.data
+    if not job.spec.command:
+        problems += [p for p in (source_problem(data.source),
+                                 data.validation and source_problem(data.validation, "validation")) if p]
     directory = checkpoint_dir or job.spec.checkpoint.dir
     store_problem = object_store.storage_problem(directory)
     if store_problem:

@@ -163,3 +163,15 @@ def test_local_paths_checked(tmp_path):
     assert "spec.trainer.data.source" in text and "spec.checkpoint.dir" in text
     ok = job_with("spec.checkpoint", {"dir": str(tmp_path / "new" / "ckpt")})
     check_local_paths(parse_job(ok))
+
+
+def test_missing_validation_data_is_refused_before_any_worker_starts(tmp_path):
+    source = tmp_path / "train.txt"
+    source.write_text("hello world " * 50)
+    doc = job_with("spec.checkpoint", {"dir": str(tmp_path / "ckpt")})
+    doc["spec"]["trainer"]["data"] = {"source": str(source), "validation": str(tmp_path / "held-out.txt")}
+    with pytest.raises(SpecError) as err:
+        check_local_paths(parse_job(doc))
+    assert "spec.trainer.data.validation" in str(err.value) and "does not exist" in str(err.value)
+    (tmp_path / "held-out.txt").write_text("held out " * 50)
+    check_local_paths(parse_job(doc))
