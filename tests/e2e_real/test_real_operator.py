@@ -21,6 +21,25 @@ from tests.operator.test_pod_template_cluster import assert_carries_the_template
 LONG = {"trainer.training.steps": 400, "checkpoint.everySteps": 20}
 
 
+@pytest.mark.skipif(not os.environ.get("FLYWHEEL_E2E_GPU"), reason="set FLYWHEEL_E2E_GPU=1 on a GPU cluster "
+                    "prepared as examples/gpu-cluster.yaml's header says (docs/install.md)")
+def test_gpu_example_trains_on_two_gpu_nodes(real: RealCluster, tmp_path: Path) -> None:
+    """The first scenario: examples/gpu-cluster.yaml as written (its image, claims, Secret and RDMA resource must
+    exist), shortened to 20 steps. Twin of tests/operator/test_gpu_example_cluster.py."""
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "gpu-cluster.yaml").read_text())
+    doc["metadata"] = {"name": "e2e-gpu", "namespace": real.namespace}
+    doc["spec"]["trainer"]["training"]["steps"] = 20
+    doc["spec"]["checkpoint"]["everySteps"] = 10
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    real.kubectl("apply", "-f", str(path))
+    pods = eventually(lambda: len(p := [x for x in real.pods("e2e-gpu") if x["spec"].get("nodeName")]) == 2 and p,
+                      900, "both GPU workers scheduled")
+    assert len({p["spec"]["nodeName"] for p in pods}) == 2
+    status = real.wait_phase("e2e-gpu", "Succeeded", 3600)
+    assert status["step"] == 20 and status["lastCheckpoint"]["step"] == 20
+
+
 def test_tiny_job_succeeds_with_columns(real: RealCluster, tmp_path: Path) -> None:
     real.apply_job("e2e-tiny", tmp_path)
     status = real.wait_phase("e2e-tiny", "Succeeded", 900)
