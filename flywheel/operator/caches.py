@@ -39,10 +39,25 @@ def job_entry(body: Mapping[str, Any]) -> dict[tuple[str, str], Obj]:
     return {(meta["namespace"], meta["name"]): dict(body)}
 
 
+# What pod_view, the runner and the health monitor read of a pod's metadata; its spec is only where it runs. The
+# rest (containers, their env with the whole job spec, volumes, managedFields) is ~10x the size and stays out of
+# the index, which holds every worker pod for the operator's life.
+POD_METADATA = ("name", "namespace", "uid", "labels", "annotations", "creationTimestamp", "deletionTimestamp",
+                "deletionGracePeriodSeconds", "resourceVersion", "ownerReferences")
+
+
+def slim_pod(body: Mapping[str, Any]) -> Obj:
+    meta, spec = body["metadata"], body.get("spec") or {}
+    return {"apiVersion": body.get("apiVersion", "v1"), "kind": body.get("kind", "Pod"),
+            "metadata": {k: meta[k] for k in POD_METADATA if k in meta},
+            "spec": {"nodeName": spec["nodeName"]} if spec.get("nodeName") else {},
+            "status": body.get("status") or {}}
+
+
 def pod_entry(body: Mapping[str, Any]) -> dict[tuple[str, str], Obj]:
-    """A worker pod under (namespace, its job label); the whole object (pod_view and the monitor read it)."""
+    """A worker pod under (namespace, its job label): what the operator reads of it (`slim_pod`)."""
     meta = body["metadata"]
-    return {(meta["namespace"], meta["labels"][m.JOB_LABEL]): dict(body)}
+    return {(meta["namespace"], meta["labels"][m.JOB_LABEL]): slim_pod(body)}
 
 
 def service_entry(body: Mapping[str, Any]) -> dict[tuple[str, str], bool]:

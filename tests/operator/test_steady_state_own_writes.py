@@ -70,7 +70,13 @@ def test_index_entries_and_the_reads_over_them():
     ready = {"metadata": {"name": "n2"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
     assert caches.node_entry(lost) == {caches.LOST: "n1"} and caches.node_entry(ready) == {}
     p = pod("j-worker-0", "a")
-    assert caches.pod_entry(p) == {("ml", "j"): p}
+    assert caches.pod_entry(p) == {("ml", "j"): caches.slim_pod(p)}
+    full = {**p, "spec": {"nodeName": "n1", "containers": [{"name": "worker", "env": [{"name": "X", "value": "y"}]}]},
+            "metadata": {**p["metadata"], "managedFields": [{"manager": "kubectl"}]}}
+    slim = caches.slim_pod(full)
+    assert slim["spec"] == {"nodeName": "n1"} and "managedFields" not in slim["metadata"]
+    assert slim["status"] == full.get("status", {}) and slim["metadata"]["labels"] == p["metadata"]["labels"]
+    assert m.pod_view(slim, set()) == m.pod_view(full, set())  # the pass reads the same from either
     jobs = {("ml", "j"): [job("1")]}
     pods = {("ml", "j"): [p], ("other", "k"): [pod("k-worker-0", "b", namespace="other")]}
     reads = caches.WatchCaches(jobs, pods, {("ml", "j-workers"): [True]}, {caches.LOST: ["n1"]})
