@@ -22,7 +22,6 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -31,23 +30,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from bench.common import RESULTS, write_result
+from bench.common import RESULTS, DataPosition, write_result
 from flywheel.spec import CheckpointSpec
 from flywheel.trainer.checkpoint import AppState, Checkpointer
 from flywheel.trainer.checkpoint_memory_root import SHM
 
 GOAL = 0.2
 WORLD = 2
-
-
-class _Position:
-    consumed_samples = 0
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"consumed_samples": self.consumed_samples}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.consumed_samples = state["consumed_samples"]
 
 
 def _app(dim: int, layers: int, rank: int, seed: int) -> AppState:
@@ -58,7 +47,7 @@ def _app(dim: int, layers: int, rank: int, seed: int) -> AppState:
     optimizer.step()  # AdamW state exists, as after any step
     optimizer.zero_grad(set_to_none=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    return AppState(model, optimizer, scheduler, _Position(), rank=rank, world_size=WORLD)
+    return AppState(model, optimizer, scheduler, DataPosition(), rank=rank, world_size=WORLD)
 
 
 def _timed_restore(ckpt: Checkpointer, app: AppState) -> tuple[float, int | None]:

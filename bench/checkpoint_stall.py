@@ -29,22 +29,12 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from bench.common import RESULTS, write_result
+from bench.common import RESULTS, DataPosition, write_result
 from flywheel.spec import CheckpointSpec
 from flywheel.trainer.checkpoint import AppState, Checkpointer
 
 GOAL_VS_SYNC = 0.05
 GOAL_VS_ASYNC = 0.5
-
-
-class _Position:
-    consumed_samples = 0
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"consumed_samples": self.consumed_samples}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.consumed_samples = state["consumed_samples"]
 
 
 class _Histogram:
@@ -84,7 +74,7 @@ class _Trainer:
         self.model = nn.Sequential(*(nn.Linear(dim, dim) for _ in range(layers)))
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: 1.0)
-        self.data = _Position()
+        self.data = DataPosition()
         self.x = torch.randn(batch, dim)
         self.app = AppState(self.model, self.optimizer, self.scheduler, self.data, rank=0, world_size=1)
         self.step = 0

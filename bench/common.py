@@ -16,6 +16,18 @@ from flywheel.local.procs import kill_tree
 RESULTS = Path(os.environ.get("FLYWHEEL_BENCH_RESULTS", Path(__file__).resolve().parent / "results"))
 
 
+class DataPosition:
+    """The data loader's checkpointed position, for benchmarks that checkpoint an AppState without a loader."""
+
+    consumed_samples = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"consumed_samples": self.consumed_samples}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.consumed_samples = state["consumed_samples"]
+
+
 def machine() -> str:
     try:
         import torch

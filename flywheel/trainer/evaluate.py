@@ -58,7 +58,7 @@ def _rank_loss(model: nn.Module, batches: list[MicroBatch], device: torch.device
                autocast: AbstractContextManager[object]) -> torch.Tensor:
     """This rank's mean loss over its micro batches (the same accumulation as training's, without backward)."""
     if isinstance(model, PipelinedModel):
-        return _pipelined_loss(model, batches, device, autocast)
+        return model.run_schedule(batches, device, autocast, train=False)
     loss_sum = torch.zeros((), device=device)
     for inputs, targets in batches:
         inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
@@ -66,31 +66,6 @@ def _rank_loss(model: nn.Module, batches: list[MicroBatch], device: torch.device
             logits = model(inputs)
         loss_sum += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
     return loss_sum / len(batches)
-
-
-def _pipelined_loss(model: PipelinedModel, batches: list[MicroBatch], device: torch.device,
-                    autocast: AbstractContextManager[object]) -> torch.Tensor:
-    """The pipeline's forward-only schedule (`eval`) over the same micro batches; the last stage's mean loss,
-    broadcast to every pp rank."""
-    assert model.schedule is not None, "pipeline() builds the schedule before training"
-    for stage in model.stage_modules:
-        stage.autocast = autocast
-    model.last_losses = []
-    per_run = len(batches) // model.runs
-    for run in range(model.runs):
-        chunk = batches[run * per_run:(run + 1) * per_run]
-        inputs = torch.cat([b[0] for b in chunk]).to(device, non_blocking=True)
-        targets = torch.cat([b[1] for b in chunk]).to(device, non_blocking=True)
-        args = (inputs,) if model.has_first else ()
-        model.schedule.eval(*args, target=targets if model.has_last else None)
-    loss = torch.zeros((), device=device)
-    if model.has_last:
-        for value in model.last_losses:
-            loss += value
-        loss /= len(batches)
-    model.last_losses = []
-    dist.broadcast(loss, group=model.pp_group, group_src=model.pp_size - 1)
-    return loss
 
 
 @dataclass(frozen=True)

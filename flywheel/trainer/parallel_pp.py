@@ -122,8 +122,14 @@ class PipelinedModel(nn.Module):
     def train_step(self, batches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device,
                    autocast: AbstractContextManager[object]) -> torch.Tensor:
         """Forward and backward over this dp rank's micro batches; returns their mean loss on every pp rank."""
+        return self.run_schedule(batches, device, autocast, train=True)
+
+    def run_schedule(self, batches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device,
+                     autocast: AbstractContextManager[object], *, train: bool) -> torch.Tensor:
+        """The schedule over this dp rank's micro batches: forward and backward (`train`), else forward only (its
+        `eval`, for evaluation). Returns their mean loss on every pp rank."""
         if self.schedule is None:
-            raise RuntimeError("PipelinedModel.train_step before pipeline() built its schedule")
+            raise RuntimeError("PipelinedModel.run_schedule before pipeline() built its schedule")
         for stage in self.stage_modules:
             stage.autocast = autocast
         self.last_losses = []
@@ -133,13 +139,18 @@ class PipelinedModel(nn.Module):
             inputs = torch.cat([b[0] for b in chunk]).to(device, non_blocking=True)
             targets = torch.cat([b[1] for b in chunk]).to(device, non_blocking=True)
             args = (inputs,) if self.has_first else ()
-            self.schedule.step(*args, target=targets if self.has_last else None, return_outputs=False)
-        self._sum_tied_grads()
+            if train:
+                self.schedule.step(*args, target=targets if self.has_last else None, return_outputs=False)
+            else:
+                self.schedule.eval(*args, target=targets if self.has_last else None)
+        if train:
+            self._sum_tied_grads()
         loss = torch.zeros((), device=device)
         if self.has_last:
             for value in self.last_losses:  # the same accumulation as the non-pipelined loop
                 loss += value
             loss /= len(batches)
+        self.last_losses = []
         dist.broadcast(loss, group=self.pp_group, group_src=self.pp_size - 1)
         return loss
 
