@@ -85,7 +85,8 @@ def _with_checkpoint(checkpoint: dict) -> dict:
 
 def test_an_object_store_dir_is_not_mounted_and_its_local_dir_is() -> None:
     """s3://... is no path: staged under /tmp (the pod's emptyDir) by default, or in localDir's own emptyDir."""
-    assert _with_checkpoint({"dir": "s3://bucket/j"}) == {"/dev/shm": "dshm", "/tmp": "tmp"}
+    assert _with_checkpoint({"dir": "s3://bucket/j"}) == {"/dev/shm": "dshm", "/tmp": "tmp",
+                                                          "/home/flywheel": "cache-home"}
     assert _with_checkpoint({"dir": "s3://bucket/j", "localDir": "/staging"})["/staging"] == "checkpoints"
     assert _with_checkpoint({"dir": "/tmp/ckpt"})["/tmp/ckpt"] == "checkpoints"  # a path dir as before
 

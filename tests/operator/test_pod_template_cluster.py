@@ -114,6 +114,7 @@ def test_render_prints_the_pods_the_operator_created(op_env: OpEnv) -> None:
     with contextlib.redirect_stdout(out):
         code = main(["render", str(op_env.tmp / f"{NAME}.yaml"), "-o", "json", "--uid", job["metadata"]["uid"],
                      "--etcd-endpoints", str(op_env.cluster.etcd_url), "--events-dir", str(op_env.events_dir),
+                     "--events-claim", "flywheel-events",
                      "--metrics-port-base", "0", "--worker-env", "OMP_NUM_THREADS=1"])
     assert code == 0
     rendered = {o["metadata"]["name"]: o for o in json.loads(out.getvalue())["items"]}
