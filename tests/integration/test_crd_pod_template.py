@@ -4,7 +4,6 @@ refused with their fix, and `kubectl explain` walks into the pod template."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,23 +11,14 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.chart.conftest import find_tool
+from tests.integration.kubectl_cluster import kubectl_on_test_cluster
 
-KUBECTL = find_tool("kubectl")
 CRD = Path(__file__).resolve().parents[2] / "crds" / "trainingjobs.flywheel.dev.yaml"
 
 
 @pytest.fixture(scope="module")
 def kubectl() -> Iterator[Any]:
-    if KUBECTL is None:
-        pytest.skip("kubectl not found (make tools)")
-    fixtures = pytest.importorskip("tests.k8s_emulator.fixtures")
-    with fixtures.start_cluster(nodes=1, heartbeat_seconds=1.0) as cluster:
-        def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([str(KUBECTL), "--kubeconfig", str(cluster.kubeconfig), *args], input=stdin,
-                                  capture_output=True, text=True, timeout=30)
-        applied = run("apply", "-f", str(CRD))  # client-side apply: the last-applied annotation fits
-        assert applied.returncode == 0, applied.stderr
+    with kubectl_on_test_cluster(CRD) as run:  # client-side apply: the last-applied annotation fits
         yield run
 
 

@@ -6,7 +6,6 @@ pod-group metadata and admission gate, read back with `kubectl get pod -o json`.
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,8 @@ import yaml
 from flywheel.operator import manifests as m
 from flywheel.operator import scheduling_meta as k
 from flywheel.spec import TrainingJob, parse_job
-from tests.chart.conftest import find_tool
+from tests.integration.kubectl_cluster import kubectl_on_test_cluster
 
-KUBECTL = find_tool("kubectl")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "crds"
 SCHEDULERS = {"volcano": ("volcano-podgroup.yaml", "podgroups.scheduling.volcano.sh"),
               "scheduler-plugins": ("scheduler-plugins-podgroup.yaml", "podgroups.scheduling.x-k8s.io")}
@@ -27,16 +25,7 @@ SCHEDULERS = {"volcano": ("volcano-podgroup.yaml", "podgroups.scheduling.volcano
 
 @pytest.fixture(scope="module")
 def kubectl() -> Iterator[Any]:
-    if KUBECTL is None:
-        pytest.skip("kubectl not found (make tools)")
-    fixtures = pytest.importorskip("tests.k8s_emulator.fixtures")
-    with fixtures.start_cluster(nodes=1, heartbeat_seconds=1.0) as cluster:
-        def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([str(KUBECTL), "--kubeconfig", str(cluster.kubeconfig), *args], input=stdin,
-                                  capture_output=True, text=True, timeout=30)
-        for crd, _ in SCHEDULERS.values():
-            applied = run("apply", "-f", str(FIXTURES / crd))
-            assert applied.returncode == 0, applied.stderr
+    with kubectl_on_test_cluster(*(FIXTURES / crd for crd, _ in SCHEDULERS.values())) as run:
         yield run
 
 

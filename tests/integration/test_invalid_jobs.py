@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,8 @@ import yaml
 from flywheel.cli import main
 from flywheel.local.runner import RunOptions, load_checked
 from flywheel.spec import SpecError, parse_cluster_job
-from tests.chart.conftest import find_tool
+from tests.integration.kubectl_cluster import kubectl_on_test_cluster
 
-KUBECTL = find_tool("kubectl")
 CRD = Path(__file__).resolve().parents[2] / "crds" / "trainingjobs.flywheel.dev.yaml"
 TINY = {"preset": None, "layers": 4, "dim": 64, "heads": 4, "vocab": 256, "seqLen": 64}
 
@@ -183,14 +181,7 @@ def test_plan_run_and_the_operator_refuse_it(tmp_path, name, changes, field, fix
 
 @pytest.fixture(scope="module")
 def kubectl() -> Iterator[Any]:
-    if KUBECTL is None:
-        pytest.skip("kubectl not found (make tools)")
-    fixtures = pytest.importorskip("tests.k8s_emulator.fixtures")
-    with fixtures.start_cluster(nodes=1, heartbeat_seconds=1.0) as cluster:
-        def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([str(KUBECTL), "--kubeconfig", str(cluster.kubeconfig), *args], input=stdin,
-                                  capture_output=True, text=True, timeout=30)
-        assert run("apply", "-f", str(CRD)).returncode == 0
+    with kubectl_on_test_cluster(CRD) as run:
         yield run
 
 
