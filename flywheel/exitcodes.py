@@ -22,6 +22,10 @@ STOPPED = 6
 NAMES = {SUCCESS: "success", CRASH: "crash", USER_ERROR: "user-error", HANG: "hang",
          COLLECTIVE_TIMEOUT: "collective-timeout", STOPPED: "stopped"}
 
+# Failures that follow a peer's: a rank whose collective failed because another rank died. Its report names the
+# consequence, not the cause, and waits briefly for the cause's (policy/rank_restarts.py).
+FOLLOWS_A_PEER = (COLLECTIVE_TIMEOUT,)
+
 
 def describe(code: int) -> str:
     """A short name for an exit code, including signal deaths (negative or 128+N)."""

@@ -11,7 +11,9 @@ One interruption often restarts the ranks of several workers: a rank is killed, 
 collectives fail with it, so their agents restart theirs too (exit 5, a moment later); a deleted pod's survivors do
 the same. A report within SAME_RECOVERY_SECONDS of the last counted recovery (`status.lastRestartTime`: a rank
 restart or a decided restart) is that recovery: recorded, not counted. A decided restart right after a counted rank
-restart replaces its reason instead of counting again (`begin_generation`).
+restart replaces its reason instead of counting again (`begin_generation`). Because the peers' reports can reach
+the operator before the crashed rank's, a report whose reason follows a peer's failure (a collective timeout) waits
+up to CAUSE_WAIT_SECONDS for the cause's report, so the counted recovery is named by its cause.
 
 Only pods of the current generation that are not being deleted count: an older generation's pods are the leftovers
 of a restart already counted, and a counted rank restart must not rename a pending whole-job restart
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from flywheel import exitcodes
 from flywheel.policy import reasons as R
 from flywheel.policy.decisions import Event
 from flywheel.policy.observed import PodView
@@ -30,6 +33,15 @@ from flywheel.timefmt import parse_rfc3339, rfc3339
 # The peers of a crashed rank fail within their collective's detection of the loss (a closed connection: well
 # under a second, measured 0.1 s); a deleted pod's survivors once its ranks have stopped (its shutdown grace, 20 s).
 SAME_RECOVERY_SECONDS = 30.0
+# Each agent notices its ranks' exit within its monitor interval (0.1 s) once they exit: the cause's report trails
+# its consequences' by well under a second, by a few seconds on a loaded node.
+CAUSE_WAIT_SECONDS = 5.0
+_CONSEQUENCES = tuple(f"({exitcodes.describe(code)})" for code in exitcodes.FOLLOWS_A_PEER)
+
+
+def follows_a_peer(reason: str) -> bool:
+    """Whether a rank restart's reported reason is a consequence of another rank's failure."""
+    return any(reason.endswith(name) for name in _CONSEQUENCES)
 
 
 def _last_restart(status: TrainingJobStatus) -> float | None:
@@ -54,16 +66,24 @@ def begin_generation(status: TrainingJobStatus, generation: int, now: float, mer
     status.last_restart_time = rfc3339(now)
 
 
-def count_rank_restarts(status: TrainingJobStatus, pods: Sequence[PodView], generation: int) -> list[Event]:
+def _waits_for_cause(status: TrainingJobStatus, pod: PodView, now: float | None) -> bool:
+    """A consequence's report, not yet part of a counted recovery, still within the wait for its cause's."""
+    return (now is not None and follows_a_peer(pod.rank_restart_reason)
+            and not _same_recovery(status, pod.rank_restart_at) and now - pod.rank_restart_at < CAUSE_WAIT_SECONDS)
+
+
+def count_rank_restarts(status: TrainingJobStatus, pods: Sequence[PodView], generation: int,
+                        now: float | None = None) -> list[Event]:
     """Add the rank restarts reported since the last pass to `status.restarts` (lastRestartReason RankRestarted),
     one per recovery; record the counts per pod in `status.rankRestarts` (pruned to `pods`); return an event for
-    each pod whose restart was counted."""
+    each pod whose restart was counted. Causes are taken before consequences; with `now`, a consequence's report
+    is left for a later pass while its cause's may still come."""
     counted = status.rank_restarts
     recorded = {p.uid: counted[p.uid] for p in pods if p.uid in counted}
     events: list[Event] = []
-    for pod in sorted(pods, key=lambda p: p.rank_restart_at):
+    for pod in sorted(pods, key=lambda p: (follows_a_peer(p.rank_restart_reason), p.rank_restart_at)):
         before = recorded.get(pod.uid, 0)
-        if pod.rank_restarts <= before:
+        if pod.rank_restarts <= before or _waits_for_cause(status, pod, now):
             continue
         recorded[pod.uid] = pod.rank_restarts
         added = pod.rank_restarts - before - (1 if _same_recovery(status, pod.rank_restart_at) else 0)

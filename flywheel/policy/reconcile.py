@@ -56,7 +56,7 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: Trai
         return invalid_job(out, pods, invalid, now)
     job = JobView(spec, pods, progress, now, out.status.generation, restart_requested_at, findings)
     _observe(out.status, job)
-    out.events += count_rank_restarts(out.status, pods, job.generation)
+    out.events += count_rank_restarts(out.status, pods, job.generation, now)
     if out.status.phase in TERMINAL:
         return after_finish(out, job)
     clean_up(out, job)

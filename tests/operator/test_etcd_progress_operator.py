@@ -37,7 +37,7 @@ def etcd_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpEnv]:
 
 def test_status_fills_from_etcd_without_an_events_dir(etcd_only: OpEnv) -> None:
     env, name = etcd_only, "etcd-status"
-    env.kubectl("apply", "-f", str(env.job_yaml(name, **{"trainer.training.steps": 40})))
+    env.kubectl("apply", "-f", str(env.job_yaml(name, **{"trainer.training.steps": 200})))
     try:
         seen: set[int] = set()
 
@@ -50,12 +50,12 @@ def test_status_fills_from_etcd_without_an_events_dir(etcd_only: OpEnv) -> None:
         eventually(finished, 300, f"{name} to finish", interval=0.3)
         status = env.status(name)
         assert status["phase"] == "Succeeded", status
-        assert len({s for s in seen if 0 < s < 40}) >= 2, f"status.step did not rise while training: {seen}"
-        assert status["step"] == 40
-        assert status["lastCheckpoint"]["step"] == 40 and status["lastCheckpoint"]["path"]
+        assert len({s for s in seen if 0 < s < 200}) >= 2, f"status.step did not rise while training: {seen}"
+        assert status["step"] == 200
+        assert status["lastCheckpoint"]["step"] == 200 and status["lastCheckpoint"]["path"]
         assert status["goodput"]["ratio"] > 0 and status["goodput"]["productiveSeconds"] > 0
         done = next(c for c in status["conditions"] if c["type"] == "Succeeded")
-        assert "step 40" in done["message"], done
+        assert "step 200" in done["message"], done
         assert not env.events_file(name).exists()  # nothing came through an event log
     finally:
         env.delete(name)

@@ -9,7 +9,7 @@ from flywheel.policy import reasons as R
 from flywheel.policy.decisions import CreatePod, DeletePod, Relabel
 from flywheel.policy.failure_decision import decide_failure
 from flywheel.policy.observed import ObservedProgress
-from flywheel.policy.rank_restarts import SAME_RECOVERY_SECONDS, count_rank_restarts
+from flywheel.policy.rank_restarts import CAUSE_WAIT_SECONDS, SAME_RECOVERY_SECONDS, count_rank_restarts
 from flywheel.policy.reconcile import reconcile
 from flywheel.spec_status import Phase, TrainingJobStatus
 from tests.unit.policy_helpers import NOW, fresh, pod, spec, view
@@ -29,6 +29,37 @@ def test_a_reported_rank_restart_counts_once_with_its_reason_and_an_event() -> N
     assert len(events) == 1 and REASON in events[0].message and events[0].reason == R.RESTART_RANK
     again = count_rank_restarts(status, [pod(0), pod(1, rank_restarts=1, rank_restart_reason=REASON)], 0)
     assert status.restarts == 1 and not again  # the same report on a later pass adds nothing
+
+
+CAUSE = "rank 1: killed by SIGKILL"
+CONSEQUENCE = "rank 0: exit code 5 (collective-timeout)"
+
+
+def test_a_peers_consequence_reported_first_waits_so_the_recovery_is_named_by_its_cause() -> None:
+    status = _running()
+    peer = pod(0, rank_restarts=1, rank_restart_reason=CONSEQUENCE, rank_restart_at=NOW)
+    assert not count_rank_restarts(status, [peer, pod(1)], 0, NOW + 1)  # the cause's report may still come
+    assert status.restarts == 0 and not status.rank_restarts
+    cause = pod(1, rank_restarts=1, rank_restart_reason=CAUSE, rank_restart_at=NOW + 0.5)
+    events = count_rank_restarts(status, [peer, cause], 0, NOW + 2)
+    assert status.restarts == 1 and status.rank_restarts == {"u0-0": 1, "u1-0": 1}
+    assert len(events) == 1 and CAUSE in events[0].message
+
+
+def test_a_consequence_whose_cause_never_reports_counts_after_the_wait() -> None:
+    status = _running()
+    peer = pod(0, rank_restarts=1, rank_restart_reason=CONSEQUENCE, rank_restart_at=NOW)
+    assert not count_rank_restarts(status, [peer], 0, NOW + CAUSE_WAIT_SECONDS - 0.1)
+    events = count_rank_restarts(status, [peer], 0, NOW + CAUSE_WAIT_SECONDS)
+    assert status.restarts == 1 and len(events) == 1 and CONSEQUENCE in events[0].message
+
+
+def test_in_one_pass_the_cause_is_taken_before_an_earlier_consequence() -> None:
+    status = _running()
+    events = count_rank_restarts(status, [
+        pod(0, rank_restarts=1, rank_restart_reason=CONSEQUENCE, rank_restart_at=NOW),
+        pod(1, rank_restarts=1, rank_restart_reason=CAUSE, rank_restart_at=NOW + 0.2)], 0, NOW + 10)
+    assert status.restarts == 1 and len(events) == 1 and CAUSE in events[0].message
 
 
 def test_only_the_growth_since_the_recorded_count_is_added_and_a_lower_report_adds_nothing() -> None:
