@@ -78,3 +78,25 @@ def test_the_gpu_example_waits_for_its_toleration_then_lands_one_worker_per_gpu_
     reasons = {json.dumps(p["status"].get("containerStatuses", [{}])[0].get("state", {})) for p in pods}
     assert all("running" not in r for r in reasons), reasons  # the unpullable image: nothing started
     op_env.delete("gpu-example")
+
+
+def test_with_the_toleration_a_gpu_job_is_scheduled_on_the_tainted_gpu_nodes_and_runs_to_success(
+        op_env: OpEnv) -> None:
+    """The same taint and GPU capacity, a tiny job with the example's toleration and node selector: it runs (the
+    trainer falls back to CPU here: the GPUs are fake) on the GPU nodes, each worker holding its GPU."""
+    nodes = make_gpu_nodes(op_env)
+    name = "gpu-tolerated"
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{
+        "accelerator": {"resource": GPU},
+        "template": {"spec": {"tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
+                              "nodeSelector": {f"{GPU}.product": PRODUCT}}}})))
+    try:
+        pods = eventually(lambda: len(p := [x for x in op_env.pods(name) if x["spec"].get("nodeName")]) == 2
+                          and p, 60, "both workers scheduled")
+        assert {p["spec"]["nodeName"] for p in pods} <= set(nodes)
+        for pod in pods:
+            worker = next(c for c in pod["spec"]["containers"] if c["name"] == "worker")
+            assert worker["resources"]["limits"][GPU] == "1"
+        assert op_env.wait_phase(name, "Succeeded", 240)["phase"] == "Succeeded"
+    finally:
+        op_env.delete(name)
