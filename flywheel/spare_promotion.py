@@ -73,6 +73,20 @@ def write_promotion(path: str | os.PathLike[str], replica: str | int, env: Mappi
     os.replace(tmp, target)
 
 
+def ready_marker(path: str | os.PathLike[str]) -> Path:
+    """The file a local spare creates beside its promotion file once its trainer is imported."""
+    target = Path(path)
+    return target.with_name(target.name + ".ready")
+
+
+def mark_ready(path: str | os.PathLike[str]) -> None:
+    ready_marker(path).touch()
+
+
+def is_ready(path: str | os.PathLike[str]) -> bool:
+    return ready_marker(path).exists()
+
+
 def read_promotion_file(path: str | os.PathLike[str]) -> Promotion | None:
     try:
         return decode_promotion(Path(path).read_bytes())
