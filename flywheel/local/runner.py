@@ -5,6 +5,7 @@ Exit codes: 0 the job succeeded, 1 it failed, 2 the spec (or a --fault flag) is 
 
 from __future__ import annotations
 
+import functools
 import shutil
 import sys
 import time
@@ -22,6 +23,7 @@ from flywheel.local.run_record import RunRecord
 from flywheel.local.supervisor import Outcome, Supervisor
 from flywheel.plan import Placement, faults_env, plan_workers
 from flywheel.spec import SpecError, TrainingJob, check_local_paths, load_job
+from flywheel.trainer.rendezvous_expiry import expire_local_agent
 
 EXIT_SUCCEEDED, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_INTERRUPTED = 0, 1, 2, 130
 _EXIT = {Outcome.SUCCEEDED: EXIT_SUCCEEDED, Outcome.FAILED: EXIT_FAILED, Outcome.INTERRUPTED: EXIT_INTERRUPTED}
@@ -109,7 +111,7 @@ def run_job(options: RunOptions, console: Console | None = None) -> int:
     total_steps = 0 if spec.command else spec.trainer.training.steps  # a user script reports no steps
     with make_progress(console, job.name, total_steps, options.progress) as progress:
         supervisor = Supervisor(spec, plans, events_file, out / "logs", record, progress, worker_faults(faults),
-                                spares=spares)
+                                spares=spares, expire_agent=functools.partial(expire_local_agent, store))
         outcome = supervisor.run()
     wall = time.time() - start
     del store

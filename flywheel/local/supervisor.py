@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -71,7 +71,8 @@ class Supervisor:
     """Runs the planned workers to completion, recreating failed ones as policy decides."""
 
     def __init__(self, spec: TrainingJobSpec, plans: list[WorkerPlan], events_file: Path, logs_dir: Path,
-                 record: RunRecord, progress: ProgressView, lose_worker: list[LoseWorker], spares: int = 0):
+                 record: RunRecord, progress: ProgressView, lose_worker: list[LoseWorker], spares: int = 0,
+                 expire_agent: Callable[[str, int], object] | None = None):
         self.spec, self.plans = spec, {p.index: p for p in plans}
         self.events, self.logs_dir = EventTail(events_file), logs_dir
         self.exits = EventLog(events_file)  # worker exits go into the event log beside the ranks' records
@@ -86,6 +87,7 @@ class Supervisor:
         self.message = ""
         self._signals: list[int] = []
         self.generation = 0  # job restarts so far; each gets a fresh rendezvous run id
+        self.expire_agent = expire_agent  # (rendezvous run id, agent pid): drop a dead agent from the rendezvous
         self.spares = SparePool(spares, logs_dir.parent / "spares", self._start_process, progress.notice)
 
     # --- processes -----------------------------------------------------------------------------------------------
@@ -94,11 +96,23 @@ class Supervisor:
         said = self._termination_log(plan.index)
         said.write_bytes(b"")  # one start, one reason (as a container's termination message file)
         env = {**plan.env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", termination_log.ENV: str(said)}
-        if self.generation:
-            # Every worker is new: a fresh run id forms the group at once instead of waiting for the old
-            # participants' heartbeats to expire.
-            env["PET_RDZV_ID"] = f"{plan.env['PET_RDZV_ID']}-g{self.generation}"
+        env["PET_RDZV_ID"] = self._rdzv_id(plan)
         return env
+
+    def _rdzv_id(self, plan: WorkerPlan) -> str:
+        # After a job restart every worker is new: a fresh run id forms the group at once instead of waiting for the
+        # old participants' heartbeats to expire.
+        return f"{plan.env['PET_RDZV_ID']}-g{self.generation}" if self.generation else plan.env["PET_RDZV_ID"]
+
+    def _forget_in_rendezvous(self, w: WorkerProcess) -> None:
+        """A worker's agent died: its heartbeat is expired now, so the survivors' next round and its replacement
+        do not wait the ~6 s torch takes to notice (trainer/rendezvous_expiry.py)."""
+        if self.expire_agent is None:
+            return
+        try:
+            self.expire_agent(self._rdzv_id(w.plan), w.pid)
+        except Exception as err:  # noqa: BLE001 - the heartbeat then expires by itself
+            self.progress.notice(f"[yellow]could not expire worker {w.plan.index}'s rendezvous entry: {err}[/]")
 
     def _start_process(self, env: Mapping[str, str], log_name: str) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
         log = open(self.logs_dir / log_name, "ab")
@@ -249,6 +263,7 @@ class Supervisor:
         if code == exitcodes.SUCCESS:
             self.succeeded.add(index)
             return
+        self._forget_in_rendezvous(w)
         kind = classify_exit(code)
         assert kind is not None
         reason = "" if w.lost else self._exit_reason(index)
