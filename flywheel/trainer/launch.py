@@ -305,14 +305,9 @@ def _promoted_then(settings: LaunchSettings, zygote_env: Mapping[str, str], comm
     """Run the agent; a warm spare (FLYWHEEL_SPARE=1) first waits for its promotion (spare_wait.py) and then runs
     as the replica it became, with that replica's settings."""
     if replica.is_spare(os.environ):
-        try:
-            if not spare_wait.wait_as_spare(settings.run_id, settings.rdzv_backend, settings.rdzv_endpoint,
-                                            zygote_env):
-                return exitcodes.SUCCESS  # stopped while waiting: a spare deleted is no failure
-        except spare_wait.SpareConfigError as err:
-            print(f"flywheel launch: {err}", file=sys.stderr)
-            termination_log.write_reason(str(err))
-            return exitcodes.USER_ERROR
+        code = spare_wait.become_replica(settings.run_id, settings.rdzv_backend, settings.rdzv_endpoint, zygote_env)
+        if code is not None:
+            return code
         settings = dataclasses.replace(settings_from_env(os.environ), command=settings.command)
     return _run_agent(settings, command)
 

@@ -14,18 +14,21 @@ failure.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
+from flywheel import exitcodes
 from flywheel.replica import SPARE_ENV, SPARE_ID_ENV, SPARE_PROMOTION_FILE_ENV
 from flywheel.spare_promotion import Promotion, mark_ready, wait_for_promotion_file
-from flywheel.trainer import warm
+from flywheel.trainer import termination_log, warm
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,36 @@ class SpareConfigError(ValueError):
 def spare_id_from_env(env: Mapping[str, str]) -> str:
     """The spare's name: FLYWHEEL_SPARE_ID (the pod name on a cluster, spare-<n> locally), else the hostname."""
     return env.get(SPARE_ID_ENV) or socket.gethostname()
+
+
+def become_replica(run_id: str, rdzv_backend: str, rdzv_endpoint: str, zygote_env: Mapping[str, str]) -> int | None:
+    """`flywheel launch` of a spare: wait for the promotion. None: promoted, go on as the replica (os.environ holds
+    its env); else the exit code (0: stopped while waiting, a spare deleted is no failure; USER_ERROR: nothing
+    could promote it)."""
+    preload_agent_modules()  # while it waits: the promoted agent goes straight to its rendezvous
+    try:
+        promoted = wait_as_spare(run_id, rdzv_backend, rdzv_endpoint, zygote_env)
+    except SpareConfigError as err:
+        print(f"flywheel launch: {err}", file=sys.stderr)
+        termination_log.write_reason(str(err))
+        return exitcodes.USER_ERROR
+    return None if promoted else exitcodes.SUCCESS
+
+
+def preload_agent_modules() -> None:
+    """Import the modules the agent imports once it runs (launch._run_agent), with its LOGLEVEL: torch's elastic
+    loggers take their level from it when first imported."""
+    caller_loglevel = os.environ.get("LOGLEVEL")
+    os.environ["LOGLEVEL"] = "INFO"
+    try:
+        importlib.import_module("torch.distributed.elastic.agent.server.local_elastic_agent")
+        importlib.import_module("torch.distributed.elastic.rendezvous.c10d_rendezvous_backend")
+        importlib.import_module("flywheel.trainer.rank_order")
+    finally:
+        if caller_loglevel is None:
+            del os.environ["LOGLEVEL"]
+        else:
+            os.environ["LOGLEVEL"] = caller_loglevel
 
 
 def wait_as_spare(run_id: str, rdzv_backend: str, rdzv_endpoint: str, zygote_env: Mapping[str, str]) -> bool:
