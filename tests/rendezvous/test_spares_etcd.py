@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from flywheel.etcd import keys
-from flywheel.etcd.liveness import list_live_workers, watch_workers
+from flywheel.etcd.liveness import delete_run, list_live_workers, watch_workers
 from flywheel.etcd.session import EtcdSession
 from flywheel.etcd.spares import LiveSpare, SpareRegistration, promote, wait_for_promotion, watch_spares
 from flywheel.spare_promotion import Promotion
@@ -45,6 +45,9 @@ def test_spare_keys_are_watched_and_a_promotion_written_before_the_wait_is_found
             assert wait_for_promotion(session, "job-s", "job-s-spare-0", stop) == Promotion("2", {"A": "b"})
             registration.close()
             assert changes.get(timeout=5) == {}  # removed at once, not after the TTL
+            # The promote key has no lease: the run's cleanup removes it.
+            assert delete_run(session, "job-s") == 1
+            assert session.call(lambda c: c.get(keys.promote_key("job-s", "job-s-spare-0"))) is None
             # A stopped wait returns None.
             threading.Timer(0.2, stop.set).start()
             assert wait_for_promotion(session, "job-s", "job-s-spare-9", stop) is None
