@@ -27,7 +27,7 @@ def _run(args: argparse.Namespace) -> int:
 
     options = RunOptions(job_file=args.job, out=args.out, faults=tuple(args.fault or ()),
                          checkpoint_dir=args.checkpoint_dir, progress=not args.no_progress,
-                         metrics_port_base=args.metrics_port_base)
+                         metrics_port_base=args.metrics_port_base, spares=args.spares)
     if not args.api_port:
         return run_job(options)
     stop = _serve_local_api(args)
@@ -302,6 +302,16 @@ def _crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _non_negative_int(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {raw!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flywheel", description="Elastic, fault-tolerant training.")
     parser.add_argument("--version", action="version", version=f"flywheel {__version__}")
@@ -313,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--fault", action="append", metavar="SPEC",
                      help="inject a fault: kill:rank=R:step=S, hang:rank=R:step=S, lose-worker:replica=I:step=S")
     run.add_argument("--checkpoint-dir", help="override spec.checkpoint.dir")
+    run.add_argument("--spares", type=_non_negative_int, default=None, metavar="N",
+                     help="keep N warm spare workers that replace a lost worker (default: spec.replicas.spares)")
     run.add_argument("--no-progress", action="store_true", help="plain progress lines instead of a live bar")
     run.add_argument("--metrics-port-base", type=int, default=0, metavar="P",
                      help="worker i serves Prometheus metrics on P+i (default: none)")

@@ -1,11 +1,13 @@
 """Torch-free etcd v3 pieces shared by the trainer's rendezvous and the operator (bottom layer: imports nothing
 from flywheel but itself).
 
-- `keys`: the key layout (`/flywheel/rdzv/<run_id>/...`, `/flywheel/workers/<run_id>/<replica>`).
+- `keys`: the key layout (`/flywheel/rdzv/<run_id>/...`, `/flywheel/workers/<run_id>/<replica>`, spares, promotions).
 - `session`: `EtcdSession`, a synchronous face on the asyncio client `aetcd` (one loop thread, leases kept alive,
   retries and endpoint failover).
 - `liveness`: worker liveness keys (`WorkerRegistration`) and the operator's API: `watch_workers`,
   `list_live_workers`, `delete_run`.
+- `spares`: warm spares (`SpareRegistration`, the operator's `watch_spares` and `promote`, the agent's
+  `wait_for_promotion`).
 - `progress`: the progress record global rank 0 keeps under `/flywheel/progress/<run_id>/` and its codec;
   `progress_watch`: the operator's follower of it.
 

@@ -5,6 +5,8 @@
     /flywheel/rdzv/<run_id>/commit/<nonce>  short-lived markers that make a retried `add`/`append` exactly-once
     /flywheel/workers/<run_id>/<replica>    liveness: one key per worker agent under a short-TTL lease
     /flywheel/progress/<run_id>/<rank>      training progress (flywheel/etcd/progress.py), under its writer's lease
+    /flywheel/spares/<run_id>/<spare_id>    a waiting warm spare (flywheel/etcd/spares.py) under its agent's lease
+    /flywheel/promote/<run_id>/<spare_id>   the operator's promotion of that spare: {"replica", "env"} (no lease)
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 RDZV_ROOT = "/flywheel/rdzv/"
 WORKERS_ROOT = "/flywheel/workers/"
 PROGRESS_ROOT = "/flywheel/progress/"
+SPARES_ROOT = "/flywheel/spares/"
+PROMOTE_ROOT = "/flywheel/promote/"
 
 
 def _checked(run_id: str) -> str:
@@ -40,10 +44,14 @@ def workers_prefix(run_id: str) -> bytes:
     return f"{WORKERS_ROOT}{_checked(run_id)}/".encode()
 
 
+def _checked_name(what: str, name: str) -> bytes:
+    if not name or "/" in name:
+        raise ValueError(f"{what} must be non-empty and contain no '/': {name!r}")
+    return name.encode()
+
+
 def worker_key(run_id: str, replica_id: str) -> bytes:
-    if not replica_id or "/" in replica_id:
-        raise ValueError(f"replica id must be non-empty and contain no '/': {replica_id!r}")
-    return workers_prefix(run_id) + replica_id.encode()
+    return workers_prefix(run_id) + _checked_name("replica id", replica_id)
 
 
 def progress_prefix(run_id: str) -> bytes:
@@ -52,3 +60,19 @@ def progress_prefix(run_id: str) -> bytes:
 
 def progress_key(run_id: str, rank: int) -> bytes:
     return progress_prefix(run_id) + str(int(rank)).encode()
+
+
+def spares_prefix(run_id: str) -> bytes:
+    return f"{SPARES_ROOT}{_checked(run_id)}/".encode()
+
+
+def spare_key(run_id: str, spare_id: str) -> bytes:
+    return spares_prefix(run_id) + _checked_name("spare id", spare_id)
+
+
+def promote_prefix(run_id: str) -> bytes:
+    return f"{PROMOTE_ROOT}{_checked(run_id)}/".encode()
+
+
+def promote_key(run_id: str, spare_id: str) -> bytes:
+    return promote_prefix(run_id) + _checked_name("spare id", spare_id)

@@ -94,7 +94,7 @@ def print_summary(console: Console, summary: dict[str, Any], out_dir: Path) -> N
         ("final loss", "-" if final_loss is None else f"{final_loss:.4f}"),
         *([("eval loss", _eval_row(summary))] if summary.get("final_eval_step") is not None else []),
         ("restarts", f"{summary['restarts']} (agent {summary['agent_restarts']}, "
-                     f"worker recreations {len(summary['worker_recreations'])})"),
+                     f"worker recreations {len(summary['worker_recreations'])}{_from_spares(summary)})"),
         ("failures", str(len(summary["failures"]))),
         ("mean time to recover", _seconds(summary["mean_time_to_recover_seconds"])),
         ("lost steps (replayed)", str(summary["lost_steps"])),
@@ -129,3 +129,8 @@ def write_report(out_dir: Path, record: RunRecord, summary: dict[str, Any], star
     write_summary(out_dir, summary)
     plot_loss(out_dir, summary)
     plot_timeline(out_dir, record, summary, start_time)
+
+
+def _from_spares(summary: dict[str, Any]) -> str:
+    promoted = sum(1 for r in summary["worker_recreations"] if r.get("spare"))
+    return f", {promoted} by warm spares" if promoted else ""

@@ -24,6 +24,7 @@ class Recreation:
     replicas: tuple[int, ...]
     action: str
     reason: str
+    spare: str = ""  # the warm spare promoted to the replica (`flywheel run --spares`), "" for a cold start
 
 
 @dataclass
@@ -38,8 +39,9 @@ class RunRecord:
         if record is not None:
             self.log.add(record)
 
-    def add_recreation(self, time: float, replicas: tuple[int, ...], action: str, reason: str) -> None:
-        self.recreations.append(Recreation(time=time, replicas=replicas, action=action, reason=reason))
+    def add_recreation(self, time: float, replicas: tuple[int, ...], action: str, reason: str,
+                       spare: str = "") -> None:
+        self.recreations.append(Recreation(time=time, replicas=replicas, action=action, reason=reason, spare=spare))
 
     # --- views the supervisor and the progress bar use ------------------------------------------------------------
     @property
@@ -90,7 +92,7 @@ class RunRecord:
             "restarts": log.restarts,
             "agent_restarts": log.agent_restarts,
             "worker_recreations": [{"time": r.time - start_time, "replicas": list(r.replicas), "action": r.action,
-                                    "reason": r.reason} for r in self.recreations],
+                                    "reason": r.reason, "spare": r.spare or None} for r in self.recreations],
             "failures": [_failure_row(f, start_time) for f in log.failures],
             "failure_reason": log.failure_reason or None,
             "mean_time_to_recover_seconds": log.mean_time_to_recover,

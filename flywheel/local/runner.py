@@ -5,6 +5,7 @@ Exit codes: 0 the job succeeded, 1 it failed, 2 the spec (or a --fault flag) is 
 
 from __future__ import annotations
 
+import functools
 import shutil
 import sys
 import time
@@ -22,6 +23,7 @@ from flywheel.local.run_record import RunRecord
 from flywheel.local.supervisor import Outcome, Supervisor
 from flywheel.plan import Placement, faults_env, plan_workers
 from flywheel.spec import SpecError, TrainingJob, check_local_paths, load_job
+from flywheel.trainer.rendezvous_expiry import expire_local_agent
 
 EXIT_SUCCEEDED, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_INTERRUPTED = 0, 1, 2, 130
 _EXIT = {Outcome.SUCCEEDED: EXIT_SUCCEEDED, Outcome.FAILED: EXIT_FAILED, Outcome.INTERRUPTED: EXIT_INTERRUPTED}
@@ -35,6 +37,7 @@ class RunOptions:
     checkpoint_dir: str | None = None  # overrides spec.checkpoint.dir
     progress: bool = True
     metrics_port_base: int = 0
+    spares: int | None = None  # warm spare workers; None: spec.replicas.spares
     launcher: tuple[str, ...] = field(default_factory=lambda: (sys.executable, "-m", "flywheel.cli", "launch"))
 
 
@@ -51,10 +54,11 @@ def _fresh_out_dir(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in ("events.jsonl", "summary.json", "loss.png", "timeline.png"):
         (out / name).unlink(missing_ok=True)
-    for name in ("logs", "faults"):
+    for name in ("logs", "faults", "spares"):
         shutil.rmtree(out / name, ignore_errors=True)
     (out / "logs").mkdir()
     (out / "faults").mkdir()
+    (out / "spares").mkdir()
 
 
 def load_checked(options: RunOptions) -> tuple[TrainingJob, list[dict[str, object]]]:
@@ -64,6 +68,13 @@ def load_checked(options: RunOptions) -> tuple[TrainingJob, list[dict[str, objec
     spec = job.spec
     check_targets(faults, spec.replicas.desired, spec.replicas.desired * spec.procs_per_replica)
     return job, faults
+
+
+def spare_count(options: RunOptions, job: TrainingJob) -> int:
+    """`--spares` when given, else `spec.replicas.spares` (0 when the spec has no such field)."""
+    if options.spares is not None:
+        return options.spares
+    return int(getattr(job.spec.replicas, "spares", 0) or 0)
 
 
 def run_job(options: RunOptions, console: Console | None = None) -> int:
@@ -90,13 +101,17 @@ def run_job(options: RunOptions, console: Console | None = None) -> int:
                           events_file=str(events_file), extra_env=faults_env(faults, str(out / "faults")))
     plans = plan_workers(job, placement)
     world_size = placement.replicas * spec.procs_per_replica
+    spares = spare_count(options, job)
+    with_spares = f" + {spares} warm spare{'s' if spares != 1 else ''}" if spares else ""
     console.print(f"[bold]{job.name}[/]: {placement.replicas} workers x {spec.procs_per_replica} ranks "
-                  f"(world {world_size}), checkpoints in {ckpt_dir}, logs in {out / 'logs'}", highlight=False)
+                  f"(world {world_size}){with_spares}, checkpoints in {ckpt_dir}, logs in {out / 'logs'}",
+                  highlight=False)
     record = RunRecord()
     start = time.time()
     total_steps = 0 if spec.command else spec.trainer.training.steps  # a user script reports no steps
     with make_progress(console, job.name, total_steps, options.progress) as progress:
-        supervisor = Supervisor(spec, plans, events_file, out / "logs", record, progress, worker_faults(faults))
+        supervisor = Supervisor(spec, plans, events_file, out / "logs", record, progress, worker_faults(faults),
+                                spares=spares, expire_agent=functools.partial(expire_local_agent, store))
         outcome = supervisor.run()
     wall = time.time() - start
     del store

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -24,6 +25,7 @@ from flywheel.local import procs
 from flywheel.local.fault_flags import LoseWorker
 from flywheel.local.progress_bar import ProgressView
 from flywheel.local.run_record import EventTail, RunRecord
+from flywheel.local.spare_pool import SparePool
 from flywheel.plan import WorkerPlan
 from flywheel.policy import Action, Recovery, RestartBudget, classify_exit, decide_restart, recovery
 from flywheel.policy import reasons as R
@@ -69,7 +71,8 @@ class Supervisor:
     """Runs the planned workers to completion, recreating failed ones as policy decides."""
 
     def __init__(self, spec: TrainingJobSpec, plans: list[WorkerPlan], events_file: Path, logs_dir: Path,
-                 record: RunRecord, progress: ProgressView, lose_worker: list[LoseWorker]):
+                 record: RunRecord, progress: ProgressView, lose_worker: list[LoseWorker], spares: int = 0,
+                 expire_agent: Callable[[str, int], object] | None = None):
         self.spec, self.plans = spec, {p.index: p for p in plans}
         self.events, self.logs_dir = EventTail(events_file), logs_dir
         self.exits = EventLog(events_file)  # worker exits go into the event log beside the ranks' records
@@ -84,21 +87,58 @@ class Supervisor:
         self.message = ""
         self._signals: list[int] = []
         self.generation = 0  # job restarts so far; each gets a fresh rendezvous run id
+        self.expire_agent = expire_agent  # (rendezvous run id, agent pid): drop a dead agent from the rendezvous
+        self.spares = SparePool(spares, logs_dir.parent / "spares", self._start_process, progress.notice)
 
     # --- processes -----------------------------------------------------------------------------------------------
-    def _start(self, plan: WorkerPlan) -> None:
-        log = open(self.logs_dir / f"worker-{plan.index}.log", "ab")
+    def _worker_env(self, plan: WorkerPlan) -> dict[str, str]:
+        """What worker `plan.index` is started with now, on top of the supervisor's own env."""
         said = self._termination_log(plan.index)
         said.write_bytes(b"")  # one start, one reason (as a container's termination message file)
-        env = {**os.environ, **plan.env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-               termination_log.ENV: str(said)}
-        if self.generation:
-            # Every worker is new: a fresh run id forms the group at once instead of waiting for the old
-            # participants' heartbeats to expire.
-            env["PET_RDZV_ID"] = f"{plan.env['PET_RDZV_ID']}-g{self.generation}"
-        popen = subprocess.Popen(list(plan.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
+        env = {**plan.env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", termination_log.ENV: str(said)}
+        env["PET_RDZV_ID"] = self._rdzv_id(plan)
+        return env
+
+    def _rdzv_id(self, plan: WorkerPlan) -> str:
+        # After a job restart every worker is new: a fresh run id forms the group at once instead of waiting for the
+        # old participants' heartbeats to expire.
+        return f"{plan.env['PET_RDZV_ID']}-g{self.generation}" if self.generation else plan.env["PET_RDZV_ID"]
+
+    def _forget_in_rendezvous(self, w: WorkerProcess) -> None:
+        """A worker's agent died: its heartbeat is expired now, so the survivors' next round and its replacement
+        do not wait the ~6 s torch takes to notice (trainer/rendezvous_expiry.py)."""
+        if self.expire_agent is None:
+            return
+        try:
+            self.expire_agent(self._rdzv_id(w.plan), w.pid)
+        except Exception as err:  # noqa: BLE001 - the heartbeat then expires by itself
+            self.progress.notice(f"[yellow]could not expire worker {w.plan.index}'s rendezvous entry: {err}[/]")
+
+    def _start_process(self, env: Mapping[str, str], log_name: str) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
+        log = open(self.logs_dir / log_name, "ab")
+        argv = list(next(iter(self.plans.values())).argv)  # every worker and spare runs the same command
+        popen = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
+        return popen, log
+
+    def _start(self, plan: WorkerPlan) -> None:
+        popen, log = self._start_process(self._worker_env(plan), f"worker-{plan.index}.log")
         self.workers[plan.index] = WorkerProcess(plan=plan, popen=popen, log=log)
+
+    def _replace(self, plan: WorkerPlan) -> str:
+        """Start worker `plan.index` again: a warm spare promoted to it when one runs (spare_pool.py), else a cold
+        process. Returns the spare's name, or "" for a cold start."""
+        env = self._worker_env(plan)
+        spare = self.spares.promote(plan.index, env)
+        if spare is None:
+            self._start(plan)
+            return ""
+        self.workers[plan.index] = WorkerProcess(plan=plan, popen=spare.popen, log=spare.log)
+        with open(self.logs_dir / f"worker-{plan.index}.log", "ab") as log:
+            log.write(f"\n--- worker {plan.index} continues as {spare.spare_id} (logs/{spare.spare_id}.log)\n".encode())
+        self.progress.notice(f"[green]{spare.spare_id} promoted to worker {plan.index}[/]")
+        self.spares.fill(self._spare_template_env())
+        return spare.spare_id
 
     def _termination_log(self, index: int) -> Path:
         return self.logs_dir / f"worker-{index}.termination-log"
@@ -115,6 +155,7 @@ class Supervisor:
 
     def kill_everything(self) -> None:
         """SIGKILL every worker tree and orphan; safe to call twice (also registered with atexit)."""
+        self.spares.stop()
         for w in list(self.workers.values()):
             procs.kill_tree(w.pid)
         for w in list(self.workers.values()):
@@ -162,6 +203,7 @@ class Supervisor:
         try:
             for plan in self.plans.values():
                 self._start(plan)
+            self.spares.fill(self._spare_template_env())
             while self.outcome is None:
                 self._tick()
                 time.sleep(POLL_INTERVAL_S)
@@ -192,7 +234,9 @@ class Supervisor:
             code = w.popen.poll()
             if code is not None:
                 self._on_exit(index, w, code)
-        procs.reap_orphans(w.pid for w in self.workers.values())
+        if self.stop.reason is None:
+            self.spares.reap(self._spare_template_env())
+        procs.reap_orphans([*(w.pid for w in self.workers.values()), *self.spares.pids()])
         if self.stop.kill_at is not None and time.monotonic() >= self.stop.kill_at:
             for w in self.workers.values():
                 procs.kill_tree(w.pid)
@@ -219,6 +263,7 @@ class Supervisor:
         if code == exitcodes.SUCCESS:
             self.succeeded.add(index)
             return
+        self._forget_in_rendezvous(w)
         kind = classify_exit(code)
         assert kind is not None
         reason = "" if w.lost else self._exit_reason(index)
@@ -248,8 +293,8 @@ class Supervisor:
         """The decision table (policy.recovery) the operator carries out too."""
         match recovery(action):
             case Recovery.REPLACE_FAILED:  # RESTART_WORKER, or SHRINK: the survivors go on, the worker rejoins
-                self.record.add_recreation(time.time(), (index,), action.value, reason)
-                self._start(self.plans[index])
+                spare = self._replace(self.plans[index])
+                self.record.add_recreation(time.time(), (index,), action.value, reason, spare=spare)
             case Recovery.REPLACE_ALL:
                 self.stop.restart_job_after = True
                 self._stop_all(None, JOB_RESTART_GRACE_S)
@@ -257,6 +302,10 @@ class Supervisor:
                 self._stop_all(Outcome.FAILED, SHUTDOWN_GRACE_S, message)
             case _:
                 assert_never(recovery(action))
+
+    def _spare_template_env(self) -> dict[str, str]:
+        plan = next(iter(self.plans.values()))
+        return {**plan.env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
     def _maybe_finish(self) -> None:
         if self.workers:

@@ -13,6 +13,7 @@ Exit status (flywheel/exitcodes.py): 0 when every rank succeeded; otherwise the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -23,8 +24,8 @@ from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from flywheel import exitcodes
-from flywheel.trainer import rank_restarts, termination_log, warm
+from flywheel import exitcodes, replica
+from flywheel.trainer import rank_restarts, spare_wait, termination_log, warm
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import RunResult
@@ -292,11 +293,23 @@ def run_agent(settings: LaunchSettings) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if not (settings.warm_start and settings.runs_embedded_trainer):
         _report_user_exceptions(os.environ)
-        return _run_agent(settings, settings.command)
-    # Started first, so its import of the trainer overlaps the agent's own start-up and first rendezvous.
+        return _promoted_then(settings, {}, settings.command)
+    # Started first, so its import of the trainer overlaps the agent's own start-up and first rendezvous (and, for a
+    # warm spare, happens before its promotion).
     with warm.zygote(preload=WARM_PRELOAD) as zygote_env:
         os.environ.update(zygote_env)
-        return _run_agent(settings, warm.client_command(TRAINER_MODULE))
+        return _promoted_then(settings, zygote_env, warm.client_command(TRAINER_MODULE))
+
+
+def _promoted_then(settings: LaunchSettings, zygote_env: Mapping[str, str], command: Sequence[str]) -> int:
+    """Run the agent; a warm spare (FLYWHEEL_SPARE=1) first waits for its promotion (spare_wait.py) and then runs
+    as the replica it became, with that replica's settings."""
+    if replica.is_spare(os.environ):
+        code = spare_wait.become_replica(settings.run_id, settings.rdzv_backend, settings.rdzv_endpoint, zygote_env)
+        if code is not None:
+            return code
+        settings = dataclasses.replace(settings_from_env(os.environ), command=settings.command)
+    return _run_agent(settings, command)
 
 
 def _run_agent(settings: LaunchSettings, command: Sequence[str]) -> int:

@@ -9,6 +9,9 @@ the new torch's source, then move TESTED_TORCH.
 - DynamicRendezvousHandler's node descriptors (`_NodeDesc`, `_NodeDescGenerator`, the class attribute
   `_node_desc_generator` that `from_backend` generates the joining node with) and `_get_timeout`: the etcd-v3
   handler joins with a descriptor that sorts by replica index (trainer/rank_order.py).
+- DynamicRendezvousHandler's state (`_RendezvousState`, pickled by the backend; its `last_heartbeats` by node):
+  the local supervisor expires a dead agent's heartbeat so that the next round need not wait for it
+  (trainer/rendezvous_expiry.py).
 - DeviceMesh._unflatten: the dp dimension viewed as (edp, ep) for expert parallelism.
 - DTensor's `_local_tensor`/`_spec` and its constructor: checkpoint staging swaps a CPU shard into a DTensor
   without moving it back to the mesh's device (DTensor.from_local would), as DCP's own staging does.

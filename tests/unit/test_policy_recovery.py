@@ -16,7 +16,7 @@ class _Record:
     def __init__(self) -> None:
         self.recreations: list[tuple[Any, ...]] = []
 
-    def add_recreation(self, *args: Any) -> None:
+    def add_recreation(self, *args: Any, **kwargs: Any) -> None:
         self.recreations.append(args[1:])
 
 
@@ -25,6 +25,7 @@ def test_the_local_supervisor_restarts_a_shrunk_worker_like_the_operator_recreat
     started: list[int] = []
     sup.plans = {0: "plan0", 1: "plan1"}  # type: ignore[dict-item]
     sup.record = _Record()  # type: ignore[assignment]
-    sup._start = lambda plan: started.append(int(str(plan)[-1]))  # type: ignore[method-assign]
+    # A cold start or a warm spare's promotion (flywheel run --spares): either way worker 1 is replaced.
+    sup._replace = lambda plan: started.append(int(str(plan)[-1])) or ""  # type: ignore[method-assign, func-returns-value]
     sup._carry_out(1, Action.SHRINK, "NodeLost", "continuing with 1 workers")
     assert started == [1] and sup.record.recreations == [((1,), "Shrink", "NodeLost")]  # type: ignore[attr-defined]

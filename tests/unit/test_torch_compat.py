@@ -114,3 +114,33 @@ def test_the_rendezvous_still_numbers_agents_by_sorting_generated_node_descripto
         "ranks are no longer assigned by sorting the participants: re-check trainer/rank_order.py")
     assert [f.name for f in dataclasses.fields(rdzv._NodeDesc)] == ["addr", "pid", "local_id"]
     assert tuple(inspect.signature(rdzv._get_timeout).parameters) == ("params", "key")
+
+
+def test_a_dead_agents_rendezvous_heartbeat_is_expired_and_torch_then_drops_it() -> None:
+    """trainer/rendezvous_expiry.py rewrites `_RendezvousState.last_heartbeats` and relies on torch's `_sanitize`
+    dropping a participant whose heartbeat is older than keep_alive_interval x keep_alive_max_attempt."""
+    import pickle
+    from datetime import datetime, timezone
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    from flywheel.trainer.rank_order import ReplicaOrderedNode
+    from flywheel.trainer.rendezvous_expiry import EXPIRED, expire_local_agent
+
+    assert "last_heartbeat < expire_time" in inspect.getsource(rdzv._BackendRendezvousStateHolder._sanitize)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    backend = C10dRendezvousBackend(store, "job")
+    alive, dead = ReplicaOrderedNode("127.0.0.1", 100, 0, 0), ReplicaOrderedNode("127.0.0.1", 200, 0, 1)
+    state = rdzv._RendezvousState()
+    now = datetime.now(timezone.utc)
+    state.participants = {alive: 0, dead: 1}
+    state.last_heartbeats = {alive: now, dead: now}
+    assert backend.set_state(pickle.dumps(state), None) is not None
+    assert expire_local_agent(store, "job", 200) == 1
+    assert expire_local_agent(store, "job", 200) == 0  # already expired: nothing written
+    current = backend.get_state()
+    assert current is not None
+    after = pickle.loads(current[0])
+    assert after.last_heartbeats == {alive: now, dead: EXPIRED} and after.participants == {alive: 0, dead: 1}
