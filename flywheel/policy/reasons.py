@@ -102,3 +102,9 @@ NODE_STATE_KEPT = "node left schedulable: --no-cordon"
 NODE_CORDONED = "NodeCordoned"
 MSG_NODE_CORDONED = "cordoned by the Flywheel health monitor: {fault}"
 GPU_APP_XID = "GPUAppXid"  # message: RankRestart.message
+
+# policy/spares.py: a warm spare took a lost worker's replica index.
+SPARE_PROMOTED = "SparePromoted"
+MSG_SPARE_PROMOTED = "spare {spare} took replica {index} (worker {pod} lost: {reason})"
+MSG_NO_WORKER = "none"  # the index had no pod left (already gone)
+MSG_NO_REASON = "missing"  # no restart was decided: the index was just missing
