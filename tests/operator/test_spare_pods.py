@@ -14,7 +14,9 @@ import pytest
 from flywheel.operator import manifests as m
 from flywheel.operator import spare_pods
 from flywheel.operator.executor import JobRunner
+from flywheel.operator.progress_follower import JobProgress
 from flywheel.policy.decisions import Pass, PromoteSpare
+from flywheel.policy.observed import PodView
 from flywheel.render import render_objects
 from flywheel.spec import parse_job
 from flywheel.spec_status import TrainingJobStatus
@@ -148,3 +150,12 @@ def test_promotion_relabels_first_then_tells_the_agent(monkeypatch: pytest.Monke
     assert run_id == m.run_id(JOB, "uid-1") and spare_id == "j-spare-0" and replica == 1
     assert env == {"FLYWHEEL_REPLICA_INDEX": "1"}
     assert calls_before == [("relabel", "j-spare-0", labels)]  # the agent is told only once the pod is relabelled
+
+
+def test_a_running_spare_does_not_start_the_hang_clock() -> None:
+    """The etcd hang check waits until the current generation's workers all run; a spare is not one of them."""
+    progress = JobProgress(lambda: None)
+    running = PodView(name="j-worker-0", uid="w0", index=0, generation=0, phase="Running", ready=True)
+    spare = PodView(name="j-spare-0", uid="s0", index=-1, generation=0, phase="Running", ready=True, role="spare")
+    progress.hang(JOB.spec, [running, spare], 0, 100.0)  # worker 1 is not there yet
+    assert progress.running is None
