@@ -57,11 +57,12 @@ def promotions(job: JobView, indices: Sequence[int]) -> list[PromoteSpare]:
 
 def promoted_events(out: Pass, job: JobView, promoted: Sequence[PromoteSpare]) -> None:
     """A SparePromoted event per promotion, naming the worker it replaces and why that one went."""
+    reason = out.status.last_restart_reason or R.MSG_NO_REASON
     for p in promoted:
-        old = next((w.name for w in job.pods if w.index == p.index), R.MSG_NO_WORKER)
-        reason = out.status.last_restart_reason or R.MSG_NO_REASON
-        out.events.append(Event("Normal", R.SPARE_PROMOTED,
-                                R.MSG_SPARE_PROMOTED.format(spare=p.name, index=p.index, pod=old, reason=reason)))
+        old = next((w.name for w in job.pods if w.index == p.index), None)
+        message = (R.MSG_SPARE_PROMOTED.format(spare=p.name, index=p.index, pod=old, reason=reason) if old
+                   else R.MSG_SPARE_PROMOTED_GONE.format(spare=p.name, index=p.index, reason=reason))
+        out.events.append(Event("Normal", R.SPARE_PROMOTED, message))
 
 
 def keep_spares(out: Pass, job: JobView) -> Pass:

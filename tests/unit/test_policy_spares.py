@@ -104,6 +104,15 @@ def test_without_a_ready_spare_the_index_waits_for_its_name_then_gets_a_pod() ->
     assert out.actions == [CreatePod(1, 1)]
 
 
+def test_a_worker_gone_before_the_pass_is_replaced_all_the_same() -> None:
+    """Force-deleted with grace 0: the pass that promotes never saw the old pod."""
+    out = fresh(worker_generation=1, last_restart_reason="PodDeleted")
+    create_missing(out, with_spares(view(spec(**{"replicas.spares": 1}), [pod(0, generation=1)], generation=1),
+                                    spare(0)))
+    assert out.actions == [PromoteSpare("j-spare-0", 1, 1)]
+    assert out.events[0].message == "spare j-spare-0 took replica 1 (its worker lost: PodDeleted)"
+
+
 def test_a_spare_on_a_node_no_worker_uses_is_preferred() -> None:
     job = with_spares(view(spec(**{"replicas.spares": 2}), [pod(0, generation=1, node="a")], generation=1),
                       spare(0, node="a"), spare(1, node="b"))
