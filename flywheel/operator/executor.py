@@ -90,6 +90,9 @@ class JobRunner:
         self.watch: WorkerWatch | None = None
         self.spare_watch: Any = None  # the spare agents' keys (flywheel/etcd/spares.py watch_spares)
         self.live_spares: dict[str, Any] = {}  # spare pod name -> its LiveSpare key
+        # Pod uid -> when this runner promoted it: a promoted spare's worker key is one written after that, not its
+        # predecessor's (whose key may be newer than the spare pod itself).
+        self.promoted_at: dict[str, float] = {}
         self.recovering_reason = ""  # the last restart's reason, for the time-to-recover histogram
         self.recoveries_seen_until = time.time()  # recoveries before this process started were measured before
         self.checkpoint_events: CheckpointEventState | None = None  # seeded by the first pass
@@ -234,7 +237,8 @@ class JobRunner:
             if view is not None and view.is_spare:
                 views.append(PodView(**{**asdict(view), "spare_ready": self._spare_ready(view)}))
             elif view is not None:
-                created = parse_rfc3339(obj["metadata"].get("creationTimestamp")) or 0.0
+                created = max(parse_rfc3339(obj["metadata"].get("creationTimestamp")) or 0.0,
+                              self.promoted_at.get(view.uid, 0.0))
                 views.append(PodView(**{**asdict(view), "liveness_lost": self._liveness_lost(view, created, now),
                                         **self._rank_restarts(view, created),
                                         "spare_ready": self._spare_ready(view)}))
@@ -242,6 +246,7 @@ class JobRunner:
         self.seen_live = {k: v for k, v in self.seen_live.items() if k in alive}
         self.dead_by_lease &= alive
         self.exited_agents &= alive
+        self.promoted_at = {k: v for k, v in self.promoted_at.items() if k in alive}
         progress = self.progress.observe(self.tail.poll() if self.tail is not None else None, status_in.goodput)
         return views, progress
 
@@ -450,7 +455,9 @@ class JobRunner:
         labels = spare_pods.promoted_labels(action.index, action.generation)
         answer = await self.kube.merge_patch(Kube.core(self.namespace, "pods", action.name),
                                              {"metadata": {"labels": labels}})
-        self.own.relabelled_pod(str(answer["metadata"]["uid"]), labels, time.time())
+        uid = str(answer["metadata"]["uid"])
+        self.own.relabelled_pod(uid, labels, time.time())
+        self.promoted_at.setdefault(uid, time.time())
         etcd_spares = spare_pods.etcd_spares()
         if self.etcd is None or etcd_spares is None:
             raise RuntimeError(f"cannot promote {action.name}: the operator has no etcd spare support")

@@ -150,6 +150,29 @@ def test_promotion_relabels_first_then_tells_the_agent(monkeypatch: pytest.Monke
     assert run_id == m.run_id(JOB, "uid-1") and spare_id == "j-spare-0" and replica == 1
     assert env == {"FLYWHEEL_REPLICA_INDEX": "1"}
     assert calls_before == [("relabel", "j-spare-0", labels)]  # the agent is told only once the pod is relabelled
+    assert "uid-spare" in r.promoted_at
+
+
+def test_a_promoted_spare_is_not_judged_by_its_predecessor_s_worker_key() -> None:
+    """The lost worker's key (written after the spare pod was created, still in its TTL) is not the promoted
+    spare's: its expiry before the spare's agent registers must not read as the spare's death."""
+    kube = Kube(copy.deepcopy(DOC))
+    r = runner(kube)
+    pod = spare_pods.spare_pod(JOB, m.plan(JOB, "uid-1", SETTINGS, None)[0], 0, 1, SETTINGS)
+    pod["metadata"].update(uid="s", creationTimestamp="2026-01-01T00:00:00Z", ownerReferences=[{"uid": "uid-1"}])
+    pod["metadata"]["labels"].update(spare_pods.promoted_labels(1, 1))
+    pod["status"] = {"phase": "Running"}
+    created = m.parse_rfc3339("2026-01-01T00:00:00Z") or 0.0
+    r.promoted_at["s"] = created + 50
+    r.live = {"1": SimpleNamespace(since=created + 10, exited=False, rank_restarts=0, rank_restart_reason="",
+                                   rank_restart_at=0.0)}
+
+    async def observe() -> list[PodView]:
+        r.reads.pods = lambda namespace, job: _pods([pod])  # type: ignore[method-assign]
+        views, _ = await r._observe(TrainingJobStatus())
+        return views
+    asyncio.run(observe())
+    assert "s" not in r.seen_live  # the old key was not taken for the promoted spare's
 
 
 def test_a_running_spare_does_not_start_the_hang_clock() -> None:
@@ -159,3 +182,7 @@ def test_a_running_spare_does_not_start_the_hang_clock() -> None:
     spare = PodView(name="j-spare-0", uid="s0", index=-1, generation=0, phase="Running", ready=True, role="spare")
     progress.hang(JOB.spec, [running, spare], 0, 100.0)  # worker 1 is not there yet
     assert progress.running is None
+
+
+async def _pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return pods
