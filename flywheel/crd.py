@@ -211,6 +211,7 @@ def build_crd() -> dict[str, Any]:
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Ready", "type": "integer", "jsonPath": ".status.replicas.ready"},
         {"name": "Desired", "type": "integer", "jsonPath": ".status.replicas.desired"},
+        {"name": "Spares", "type": "integer", "jsonPath": ".status.spares"},
         {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -11,6 +11,11 @@ JOB_LABEL = f"{GROUP}/job"
 # created for (the policy decides failures only for pods of the current generation).
 INDEX_LABEL = f"{GROUP}/replica-index"
 GENERATION_LABEL = f"{GROUP}/generation"
+# On every pod of a job: "worker", or "spare" for a warm spare (spec.replicas.spares), which has no replica index
+# until the operator promotes it (then it is relabelled "worker" with the index it took).
+ROLE_LABEL = f"{GROUP}/role"
+ROLE_WORKER = "worker"
+ROLE_SPARE = "spare"
 # On a TrainingJob: set to an RFC 3339 time to restart the job once (the REST API's `restart`, or `kubectl annotate`).
 RESTART_ANNOTATION = f"{GROUP}/restart-requested-at"
 # On a worker pod the health monitor deletes (a GPU XID): why, for the job's status.lastRestartReason.

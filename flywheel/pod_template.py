@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from flywheel.labels import GENERATION_LABEL, INDEX_LABEL, JOB_LABEL
+from flywheel.labels import GENERATION_LABEL, INDEX_LABEL, JOB_LABEL, ROLE_LABEL
 
 WORKER_CONTAINER = "worker"
 # The operator's own volumes (operator/manifests.py worker_volumes) and where it mounts them besides the checkpoint
@@ -24,7 +24,7 @@ OPERATOR_MOUNT_PATHS = ("/dev/shm", "/tmp", CACHE_HOME)
 # Env of the worker contract (docs/contracts.md): torch elastic's and Flywheel's, set per worker by the operator.
 CONTRACT_ENV = re.compile(r"^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|GROUP_RANK|GROUP_WORLD_SIZE|ROLE_RANK|"
                           r"MASTER_[A-Z0-9_]*|PET_[A-Z0-9_]*|TORCHELASTIC_[A-Z0-9_]*|FLYWHEEL_[A-Z0-9_]*)$")
-OPERATOR_LABELS = (JOB_LABEL, INDEX_LABEL, GENERATION_LABEL)
+OPERATOR_LABELS = (JOB_LABEL, INDEX_LABEL, GENERATION_LABEL, ROLE_LABEL)
 # Pod fields the operator sets on every worker: (field, why, fix).
 OWNED_POD_FIELDS = {
     "restartPolicy": "the operator decides restarts (always Never on the pod)",

@@ -1,8 +1,9 @@
-"""`flywheel render JOB.yaml [-o yaml|json]`: the Service, the PodGroup (gang jobs with --gang-scheduler) and every
-worker Pod exactly as the operator would create them (the same builders, operator/manifests.py), for review before
-`kubectl apply`, like `helm template`. The operator's settings that shape a pod are options here, with the
-operator's defaults; the job's uid (in the rendezvous id and the event-log path) is --uid, a placeholder by
-default. Only the owner reference the operator adds on creation is left out."""
+"""`flywheel render JOB.yaml [-o yaml|json]`: the Service, the PodGroup (gang jobs with --gang-scheduler), every
+worker Pod and every warm spare Pod (spec.replicas.spares) exactly as the operator would create them (the same
+builders, operator/manifests.py and spare_pods.py), for review before `kubectl apply`, like `helm template`. The
+operator's settings that shape a pod are options here, with the operator's defaults; the job's uid (in the
+rendezvous id and the event-log path) is --uid, a placeholder by default. Only the owner reference the operator
+adds on creation is left out."""
 
 from __future__ import annotations
 
@@ -47,9 +48,11 @@ def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
 
 def render_objects(job: TrainingJob, settings: OperatorSettings, uid: str = PLACEHOLDER_UID,
                    generation: int = 0, replicas: int | None = None) -> list[dict[str, Any]]:
-    """The objects the operator creates for `job` (Service, PodGroup, one Pod per worker), in that order."""
+    """The objects the operator creates for `job` (Service, PodGroup, one Pod per worker, one per spare), in that
+    order."""
     from flywheel.operator import manifests as m
     from flywheel.operator.event_log import events_file
+    from flywheel.operator.spare_pods import spare_pod
 
     if replicas is not None:
         job = job.model_copy(update={"spec": job.spec.model_copy(
@@ -60,7 +63,9 @@ def render_objects(job: TrainingJob, settings: OperatorSettings, uid: str = PLAC
     group = m.pod_group(job, settings)
     if group is not None:
         objects.append(group)
-    objects += [m.pod(job, worker, generation, settings) for worker in m.plan(job, uid, settings, events)]
+    workers = m.plan(job, uid, settings, events)
+    objects += [m.pod(job, worker, generation, settings) for worker in workers]
+    objects += [spare_pod(job, workers[0], n, generation, settings) for n in range(job.spec.replicas.spares)]
     return objects
 
 

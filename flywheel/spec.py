@@ -84,6 +84,9 @@ class Replicas(_Model):
     min: int = Field(1, ge=1, description="Fewest workers the job runs with.")
     max: int = Field(1, ge=1, description="Most workers the job runs with.")
     target: int | None = Field(None, ge=1, description="Desired workers within [min, max]; set by kubectl scale.")
+    spares: int = Field(0, ge=0, description="Warm spare workers kept beside the workers (started, trainer imported, "
+                        "out of the rendezvous): a lost worker is replaced by promoting one to its replica index "
+                        "instead of starting a cold pod. Their resources count in gang and Kueue requests.")
 
     @model_validator(mode="after")
     def _ordered(self) -> Replicas:

@@ -111,6 +111,9 @@ class TrainingJobStatus(_Model):
                                           "counted in `restarts`, per worker pod uid (current pods only).")
     last_restart_time: str | None = Field(None, description="When the last counted recovery began: reports of one "
                                           "recovery (a crashed rank and its peers) count once.")
+    spares: int = Field(0, description="Warm spare pods ready to be promoted (spec.replicas.spares).")
+    next_spare: int = Field(0, description="The number the next spare pod is named with (<job>-spare-<n>): "
+                            "names are never reused.")
     observed_generation: int = Field(0, description="The metadata.generation of the spec this status is about.")
 
     def to_json(self) -> dict[str, Any]:

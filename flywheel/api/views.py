@@ -20,7 +20,7 @@ from flywheel.api.schemas import (
     TimelineEntry,
     Worker,
 )
-from flywheel.labels import GENERATION_LABEL, INDEX_LABEL, RESTART_ANNOTATION
+from flywheel.labels import GENERATION_LABEL, INDEX_LABEL, RESTART_ANNOTATION, ROLE_LABEL, ROLE_SPARE
 from flywheel.policy import reasons as R
 from flywheel.spec_status import CheckpointStatus, TrainingJobStatus
 from flywheel.timefmt import parse_rfc3339, rfc3339
@@ -139,7 +139,9 @@ def detail(obj: Obj, pods: list[Obj], raw_events: list[Obj], live: LiveProgress 
     status, meta, spec = _status(obj), _meta(obj), obj.get("spec") or {}
     live = live or from_status(status)
     procs = int(spec.get("procsPerReplica", 1))
-    workers = sorted((worker(p, procs) for p in pods), key=lambda w: w.index)
+    # Warm spares (role=spare) hold no replica index or ranks: not workers until promoted.
+    workers = sorted((worker(p, procs) for p in pods
+                      if (_meta(p).get("labels") or {}).get(ROLE_LABEL) != ROLE_SPARE), key=lambda w: w.index)
     return JobDetail(namespace=meta.get("namespace", "default"), name=meta.get("name", ""), uid=meta.get("uid", ""),
                      created=_ts(meta.get("creationTimestamp")), generation=int(meta.get("generation") or 0),
                      observed_generation=status.observed_generation, phase=status.phase, spec=spec_summary(spec),

@@ -30,6 +30,7 @@ from flywheel.labels import RESTART_ANNOTATION
 from flywheel.monitor.findings import FindingsInbox
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
+from flywheel.operator import spare_pods
 from flywheel.operator.caches import ApiReads, ClusterReads
 from flywheel.operator.event_log import EventLogTail, events_file
 from flywheel.operator.own_writes import OwnWrites
@@ -39,7 +40,17 @@ from flywheel.plan import WorkerPlan
 from flywheel.policy import reasons as R
 from flywheel.policy.checkpoint_events import CheckpointEventState, failure_events, next_event, seed
 from flywheel.policy.conditions import TERMINAL
-from flywheel.policy.decisions import CreatePod, DeleteJob, DeletePod, JobAction, Pass, Relabel, ResetRendezvous
+from flywheel.policy.decisions import (
+    CreatePod,
+    CreateSpare,
+    DeleteJob,
+    DeletePod,
+    JobAction,
+    Pass,
+    PromoteSpare,
+    Relabel,
+    ResetRendezvous,
+)
 from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.reconcile import LIVENESS_GRACE_SECONDS, reconcile
 from flywheel.policy.vanished import vanished_pods
@@ -77,6 +88,11 @@ class JobRunner:
         self.pod_group_tried = False
         self.findings = FindingsInbox(self.poke)  # the health monitor's reports (monitor/findings.py)
         self.watch: WorkerWatch | None = None
+        self.spare_watch: Any = None  # the spare agents' keys (flywheel/etcd/spares.py watch_spares)
+        self.live_spares: dict[str, Any] = {}  # spare pod name -> its LiveSpare key
+        # Pod uid -> when this runner promoted it: a promoted spare's worker key is one written after that, not its
+        # predecessor's (whose key may be newer than the spare pod itself).
+        self.promoted_at: dict[str, float] = {}
         self.recovering_reason = ""  # the last restart's reason, for the time-to-recover histogram
         self.recoveries_seen_until = time.time()  # recoveries before this process started were measured before
         self.checkpoint_events: CheckpointEventState | None = None  # seeded by the first pass
@@ -112,6 +128,25 @@ class JobRunner:
             self.watch = watch_workers(await self.etcd.session(), m.run_id(job, self.uid), changed)
         except Exception as err:  # noqa: BLE001 (etcd down, any client error: pod status still works; retried)
             self.logger.warning(f"etcd liveness watch unavailable: {err}")
+        await self._start_spare_watch(job)
+
+    async def _start_spare_watch(self, job: TrainingJob) -> None:
+        """Follow the spare agents' keys (which spares wait, warm, to be promoted), for a job with spares."""
+        etcd_spares = spare_pods.etcd_spares()
+        if self.spare_watch is not None or self.etcd is None or etcd_spares is None or not job.spec.replicas.spares:
+            return
+        loop = asyncio.get_running_loop()
+
+        def changed(spares: dict[str, Any]) -> None:
+            def apply() -> None:
+                self.live_spares = dict(spares)
+                self.wake.set()
+            loop.call_soon_threadsafe(apply)
+
+        try:
+            self.spare_watch = etcd_spares.watch_spares(await self.etcd.session(), m.run_id(job, self.uid), changed)
+        except Exception as err:  # noqa: BLE001 (etcd down: no spare is seen ready, lost workers get new pods)
+            self.logger.warning(f"etcd spare watch unavailable: {err}")
 
     async def run(self, stopped: kopf.DaemonStopped) -> None:
         try:
@@ -133,9 +168,9 @@ class JobRunner:
         finally:
             if self.metrics is not None:
                 self.metrics.forget_job(self.namespace, self.name)
-            if self.watch is not None:
-                watch = self.watch
-                await asyncio.get_running_loop().run_in_executor(None, watch.stop)
+            for watch in (self.watch, self.spare_watch):
+                if watch is not None:
+                    await asyncio.get_running_loop().run_in_executor(None, watch.stop)
             await asyncio.get_running_loop().run_in_executor(None, self.progress.stop)
 
     async def _sleep(self, stopped: kopf.DaemonStopped) -> None:
@@ -185,6 +220,12 @@ class JobRunner:
         return {"rank_restarts": key.rank_restarts, "rank_restart_reason": key.rank_restart_reason,
                 "rank_restart_at": key.rank_restart_at}
 
+    def _spare_ready(self, view: PodView) -> bool:
+        """Its agent holds a ready spare key: a spare waiting to be promoted (or, on a worker-labelled pod, one whose
+        promotion has not reached it yet: policy/spares.py repeats it)."""
+        key = self.live_spares.get(view.name)
+        return key is not None and bool(getattr(key, "ready", False))
+
     async def _observe(self, status_in: TrainingJobStatus) -> tuple[list[PodView], ObservedProgress]:
         now = time.time()
         pods = self.own.pods(await self.reads.pods(self.namespace, self.name), now)
@@ -193,14 +234,19 @@ class JobRunner:
         views = []
         for obj in pods:
             view = m.pod_view(obj, lost)
-            if view is not None:
-                created = parse_rfc3339(obj["metadata"].get("creationTimestamp")) or 0.0
+            if view is not None and view.is_spare:
+                views.append(PodView(**{**asdict(view), "spare_ready": self._spare_ready(view)}))
+            elif view is not None:
+                created = max(parse_rfc3339(obj["metadata"].get("creationTimestamp")) or 0.0,
+                              self.promoted_at.get(view.uid, 0.0))
                 views.append(PodView(**{**asdict(view), "liveness_lost": self._liveness_lost(view, created, now),
-                                        **self._rank_restarts(view, created)}))
+                                        **self._rank_restarts(view, created),
+                                        "spare_ready": self._spare_ready(view)}))
         alive = {v.uid for v in views}
         self.seen_live = {k: v for k, v in self.seen_live.items() if k in alive}
         self.dead_by_lease &= alive
         self.exited_agents &= alive
+        self.promoted_at = {k: v for k, v in self.promoted_at.items() if k in alive}
         progress = self.progress.observe(self.tail.poll() if self.tail is not None else None, status_in.goodput)
         return views, progress
 
@@ -352,7 +398,8 @@ class JobRunner:
             self.logger.warning(f"could not reset the rendezvous of run {run_id}: {err}")
 
     async def _act(self, obj: dict[str, Any], job: TrainingJob | None, result: Pass) -> None:
-        creates = job is not None and any(isinstance(a, CreatePod) for a in result.actions)
+        creates = job is not None and any(isinstance(a, CreatePod | CreateSpare | PromoteSpare)
+                                          for a in result.actions)
         # Planned only when a pod is to be created: the plan serializes the spec for every worker's env.
         workers = {w.index: w for w in m.plan(job, self.uid, self.settings, self.events_path)} \
             if creates and job is not None else {}
@@ -377,6 +424,17 @@ class JobRunner:
                     raise RuntimeError(f"reconcile decided to create worker {index} of {self.namespace}/{self.name} "
                                        f"but it has no plan for it (spec valid: {job is not None}): a policy bug")
                 await self._create_pod(obj, m.pod(job, workers[index], generation, self.settings))
+            case CreateSpare(number=number, generation=generation):
+                if job is None or not workers:
+                    raise RuntimeError(f"reconcile decided to create a spare of {self.namespace}/{self.name} but it "
+                                       f"has no plan (spec valid: {job is not None}): a policy bug")
+                plan = next(iter(workers.values()))
+                await self._create_pod(obj, spare_pods.spare_pod(job, plan, number, generation, self.settings))
+            case PromoteSpare():
+                if job is None or action.index not in workers:
+                    raise RuntimeError(f"reconcile decided to promote {action.name} to replica {action.index} of "
+                                       f"{self.namespace}/{self.name} but it has no plan for it: a policy bug")
+                await self._promote(job, action, workers[action.index])
             case ResetRendezvous():
                 if job is None:
                     raise RuntimeError(f"reconcile decided to reset the rendezvous of the invalid job "
@@ -387,6 +445,26 @@ class JobRunner:
                 await self.kube.delete(self.path, self.uid)
             case _:
                 assert_never(action)
+
+    async def _promote(self, job: TrainingJob, action: PromoteSpare, worker: WorkerPlan) -> None:
+        """Relabel the spare pod as the worker of its new index, then tell its agent (etcd). In this order: a pod
+        relabelled but not told (the operator stopped between) still holds its spare key, and the next pass sees
+        a worker with a spare key and promotes it again (promotion is idempotent). Told first, a pod not yet
+        relabelled would still read as a spare with its index missing, and another spare could take the index:
+        two agents for one replica."""
+        labels = spare_pods.promoted_labels(action.index, action.generation)
+        answer = await self.kube.merge_patch(Kube.core(self.namespace, "pods", action.name),
+                                             {"metadata": {"labels": labels}})
+        uid = str(answer["metadata"]["uid"])
+        self.own.relabelled_pod(uid, labels, time.time())
+        self.promoted_at.setdefault(uid, time.time())
+        etcd_spares = spare_pods.etcd_spares()
+        if self.etcd is None or etcd_spares is None:
+            raise RuntimeError(f"cannot promote {action.name}: the operator has no etcd spare support")
+        session, run_id = await self.etcd.session(), m.run_id(job, self.uid)
+        env = spare_pods.promotion_env(worker)
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: session.run(etcd_spares.promote(session, run_id, action.name, action.index, env)))
 
     async def _create_pod(self, obj: dict[str, Any], body: dict[str, Any]) -> None:
         _adopt(body, obj)

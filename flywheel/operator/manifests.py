@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from flywheel import object_store
-from flywheel.labels import DELETED_FOR_ANNOTATION
+from flywheel.labels import DELETED_FOR_ANNOTATION, ROLE_SPARE, ROLE_WORKER
 from flywheel.labels import GENERATION_LABEL as GENERATION_LABEL  # re-exported: m.JOB_LABEL etc. in the operator
 from flywheel.labels import INDEX_LABEL as INDEX_LABEL
 from flywheel.labels import JOB_LABEL as JOB_LABEL
 from flywheel.labels import QUEUE_LABEL as QUEUE_LABEL
+from flywheel.labels import ROLE_LABEL as ROLE_LABEL
 from flywheel.operator.scheduling_meta import with_scheduling_meta
 from flywheel.plan import Placement, WorkerPlan, plan_workers
 from flywheel.plan import run_id as run_id  # re-exported: m.run_id in the operator
@@ -208,7 +209,8 @@ def pod_scheduling(job: TrainingJob, worker: WorkerPlan, generation: int, settin
     (affinity, schedulerName, priorityClassName)."""
     spec = job.spec
     pod_spec: dict[str, Any] = {}
-    meta_labels = {**labels(job.name), INDEX_LABEL: str(worker.index), GENERATION_LABEL: str(generation)}
+    meta_labels = {**labels(job.name), INDEX_LABEL: str(worker.index), GENERATION_LABEL: str(generation),
+                   ROLE_LABEL: ROLE_WORKER}
     job_labels = (job.metadata.model_extra or {}).get("labels") or {}
     queue = job_labels.get(QUEUE_LABEL) or spec.scheduling.queue  # Kueue: the job's own label passes through
     if queue:
@@ -233,8 +235,9 @@ def pod_scheduling(job: TrainingJob, worker: WorkerPlan, generation: int, settin
 
 def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = False) -> PodView | None:
     meta, status = obj["metadata"], obj.get("status") or {}
+    role = (meta.get("labels") or {}).get(ROLE_LABEL) or ROLE_WORKER  # a pod from before spares is a worker
     try:
-        index = int(meta["labels"][INDEX_LABEL])
+        index = -1 if role == ROLE_SPARE else int(meta["labels"][INDEX_LABEL])
         generation = int(meta["labels"].get(GENERATION_LABEL, "0"))
     except (KeyError, ValueError):
         return None
@@ -272,7 +275,7 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
                    node_lost=bool(node) and node in lost_nodes, reason=reason, exit_code=code,
                    unschedulable_since=unsched, liveness_lost=liveness_lost, finished_at=finished,
                    message=message, waiting_since=waiting_since, disruption=disruption, deleted_for=deleted_for,
-                   scheduler_message=sched_message)
+                   scheduler_message=sched_message, role=role, node=node or None)
 
 
 def exit_message(text: str | None, limit: int = 500) -> str | None:

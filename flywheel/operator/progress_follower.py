@@ -63,7 +63,7 @@ class JobProgress:
 
     def hang(self, spec: TrainingJobSpec, views: list[PodView], generation: int, now: float) -> ProgressHang | None:
         """Whether the current generation trains no step (None while not all its pods run, or once done)."""
-        current = [v for v in views if v.active and v.generation == generation]
+        current = [v for v in views if v.active and v.generation == generation and not v.is_spare]
         all_running = bool(current) and len(current) >= spec.replicas.min and \
             all(v.phase == "Running" for v in current)
         if not all_running:

@@ -4,7 +4,8 @@ admits the job's workers as one workload and the scheduler sees none of them bef
 (kueue.sigs.k8s.io "Run Plain Pods": a group of Pods admitted together).
 
 The queue is `spec.scheduling.queue`, or the job's own `kueue.x-k8s.io/queue-name` label (which the pods keep).
-The group is named after the job and counts the workers the job runs now (`replicas.desired`): the same group
+The group is named after the job and counts the workers the job runs now (`replicas.desired`) and its warm spares
+(`replicas.spares`, admitted with the workers: their resources are part of the request): the same group
 across restarts, since a restarted worker replaces a failed one of the group and survivors keep their labels.
 With Volcano as the operator's gang scheduler the queue is Volcano's (the PodGroup's `spec.queue`), not Kueue's:
 no Kueue metadata then. A gated pod is Pending with PodScheduled=False reason `SchedulingGated`, which the
@@ -39,7 +40,7 @@ def kueue_metadata(job: TrainingJob, gang_scheduler: str) -> tuple[dict[str, str
     if not queue:
         return {}, {}, []
     return ({QUEUE_LABEL: queue, POD_GROUP_LABEL: job.name},
-            {POD_GROUP_TOTAL_ANNOTATION: str(job.spec.replicas.desired)}, [ADMISSION_GATE])
+            {POD_GROUP_TOTAL_ANNOTATION: str(job.spec.replicas.desired + job.spec.replicas.spares)}, [ADMISSION_GATE])
 
 
 def with_scheduling_meta(job: TrainingJob, gang_scheduler: str, pod: dict[str, Any]) -> dict[str, Any]:

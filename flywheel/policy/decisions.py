@@ -30,6 +30,24 @@ class Relabel:
 
 
 @dataclass(frozen=True)
+class CreateSpare:
+    """Create the warm spare pod `<job>-spare-<number>` (numbers count up in status.nextSpare, never reused)."""
+
+    number: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class PromoteSpare:
+    """Make the ready spare pod `name` the worker of replica `index`: relabel it (role worker, the index, the
+    generation), then ask its agent through etcd to join the rendezvous with that index."""
+
+    name: str
+    index: int
+    generation: int
+
+
+@dataclass(frozen=True)
 class DeleteJob:
     pass
 
@@ -41,7 +59,7 @@ class ResetRendezvous:
     keep_alive_max_attempt, 6 s) before their group forms. Only when no pod of the job exists any more."""
 
 
-JobAction = CreatePod | DeletePod | Relabel | DeleteJob | ResetRendezvous
+JobAction = CreatePod | DeletePod | Relabel | DeleteJob | ResetRendezvous | CreateSpare | PromoteSpare
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def failure_of(pod: PodView, now: float, start_grace: float) -> FailureKind | No
 @dataclass(frozen=True)
 class JobView:
     """`generation` is `status.generation` (workerGeneration) at the start of the pass: the generation the current
-    pods belong to."""
+    pods belong to. `pods` are the workers; the spares (policy/spares.py) are apart."""
 
     spec: TrainingJobSpec
     pods: list[PodView]
@@ -40,6 +40,7 @@ class JobView:
     generation: int
     restart_requested_at: str | None = None
     findings: HealthFindings = field(default_factory=HealthFindings)
+    spares: list[PodView] = field(default_factory=list)  # the warm spare pods (never in `pods`)
 
     @property
     def desired(self) -> int:

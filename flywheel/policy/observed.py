@@ -11,11 +11,12 @@ from flywheel.policy.checkpoint_events import CommittedCheckpoint
 
 @dataclass(frozen=True)
 class PodView:
-    """What one observed worker pod means for the job (built by the executor from the Pod object)."""
+    """What one observed pod of the job means for it (built by the executor from the Pod object): a worker, or a
+    warm spare (`role` "spare", index -1) that the reconcile pass keeps apart from the workers."""
 
     name: str
     uid: str
-    index: int
+    index: int  # -1 for a spare
     generation: int
     phase: str  # Pending | Running | Succeeded | Failed | Unknown
     ready: bool = False
@@ -34,6 +35,13 @@ class PodView:
     rank_restarts: int = 0  # times its agent restarted crashed ranks in place (its etcd liveness key says)
     rank_restart_reason: str = ""  # the last of those restarts' reason
     rank_restart_at: float = 0.0  # and its unix time (0: not reported)
+    role: str = "worker"  # label flywheel.dev/role: "worker" or "spare"
+    spare_ready: bool = False  # its agent holds a ready spare key in etcd: it waits, warm, to be promoted
+    node: str | None = None  # the node it is bound to
+
+    @property
+    def is_spare(self) -> bool:
+        return self.role == "spare"
 
     @property
     def active(self) -> bool:

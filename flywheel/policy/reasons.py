@@ -102,3 +102,10 @@ NODE_STATE_KEPT = "node left schedulable: --no-cordon"
 NODE_CORDONED = "NodeCordoned"
 MSG_NODE_CORDONED = "cordoned by the Flywheel health monitor: {fault}"
 GPU_APP_XID = "GPUAppXid"  # message: RankRestart.message
+
+# policy/spares.py: a warm spare took a lost worker's replica index.
+SPARE_PROMOTED = "SparePromoted"
+MSG_SPARE_PROMOTED = "spare {spare} took replica {index} (worker {pod} lost: {reason})"
+# The lost worker's pod was gone before this pass (force-deleted with grace 0, or a pass in between saw it go).
+MSG_SPARE_PROMOTED_GONE = "spare {spare} took replica {index} (its worker lost: {reason})"
+MSG_NO_REASON = "missing"  # no restart was decided: the index was just missing

@@ -35,6 +35,7 @@ from flywheel.policy.pending_timeout import pending_timeout
 from flywheel.policy.rank_restarts import count_rank_restarts
 from flywheel.policy.running_state import settle
 from flywheel.policy.scale_create import clean_up, create_missing
+from flywheel.policy.spares import keep_spares, split_roles
 from flywheel.policy.suspend_resume import resume, suspend
 from flywheel.spec import TrainingJobSpec
 from flywheel.spec_status import CheckpointStatus, ConditionType, GoodputStatus, ReplicaStatus, TrainingJobStatus
@@ -53,8 +54,15 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: Trai
     `findings`: the health monitor's (flywheel/monitor/findings.py)."""
     out = _begin(status_in, generation, now)
     if spec is None:
-        return invalid_job(out, pods, invalid, now)
-    job = JobView(spec, pods, progress, now, out.status.generation, restart_requested_at, findings)
+        return invalid_job(out, pods, invalid, now)  # spares included: every pod of the job goes
+    workers, spares = split_roles(pods)
+    job = JobView(spec, workers, progress, now, out.status.generation, restart_requested_at, findings, spares)
+    return keep_spares(_decide(out, job), job)
+
+
+def _decide(out: Pass, job: JobView) -> Pass:
+    """Everything but the spares (policy/spares.py), whose count follows whatever this decides."""
+    spec, pods, now = job.spec, job.pods, job.now
     _observe(out.status, job)
     out.events += count_rank_restarts(out.status, pods, job.generation, now)
     if out.status.phase in TERMINAL:

@@ -8,6 +8,7 @@ from flywheel.policy import reasons as R
 from flywheel.policy.conditions import condition
 from flywheel.policy.decisions import CreatePod, DeletePod, Event, Pass, ResetRendezvous
 from flywheel.policy.job_view import JobView
+from flywheel.policy.spares import promoted_events, promotions
 from flywheel.spec_status import ConditionType
 
 
@@ -30,15 +31,25 @@ def clean_up(out: Pass, job: JobView) -> Pass:
 
 
 def create_missing(out: Pass, job: JobView) -> Pass:
-    """Create every replica index below the desired count whose name is free (a name is reused only once its old
-    pod is gone). A whole new group (job restart, resume) starts once the old group is gone -- pods on a lost node
-    or without liveness excepted -- on a fresh rendezvous, so that it forms at once."""
+    """Fill every replica index below the desired count: with a ready spare where one is left (policy/spares.py),
+    else a new pod where the index's name is free (a name is reused only once its old pod is gone). A whole new
+    group (job restart, resume) starts once the old group is gone -- pods on a lost node or without liveness
+    excepted -- on a fresh rendezvous, so that it forms at once."""
     held = {p.index for p in job.pods}
-    creates = [CreatePod(i, job.generation) for i in range(job.desired) if i not in held]
-    if creates and not any(p.generation >= job.generation for p in job.pods):
+    missing = [i for i in range(job.desired) if i not in held]
+    # Held only by a terminating pod: a spare (its own name) may take the index at once (policy/spares.py).
+    leaving = [i for i in range(job.desired) if i in held and not any(p.index == i and p.active for p in job.pods)]
+    new_group = not any(p.generation >= job.generation for p in job.pods)
+    if new_group:
+        leaving = []  # promoted spares too start a whole new group only on its fresh rendezvous
+    if missing and new_group:
         if any(not (p.node_lost or p.liveness_lost) for p in job.pods):
-            creates = []
+            missing = []
         elif job.generation > 0 or condition(out.status, ConditionType.SUSPENDED) is not None:
             out.actions.append(ResetRendezvous())
-    out.actions += creates
+    promoted = promotions(job, sorted(missing + leaving))
+    promoted_events(out, job, promoted)
+    taken = {p.index for p in promoted}
+    out.actions += promoted
+    out.actions += [CreatePod(i, job.generation) for i in missing if i not in taken]
     return out

@@ -39,7 +39,8 @@ def test_pods_follow_the_worker_contract() -> None:
     assert json.loads(env["FLYWHEEL_SPEC"])["replicas"]["target"] == 2
     assert body["spec"]["containers"][0]["command"] == ["python", "-m", "flywheel.cli", "launch"]
     assert body["metadata"]["labels"] == {m.JOB_LABEL: "j", m.INDEX_LABEL: "1", m.GENERATION_LABEL: "3",
-                                          m.QUEUE_LABEL: "team-a", "kueue.x-k8s.io/pod-group-name": "j"}
+                                          m.ROLE_LABEL: "worker", m.QUEUE_LABEL: "team-a",
+                                          "kueue.x-k8s.io/pod-group-name": "j"}
     assert body["spec"]["hostname"] == "j-worker-1" and body["spec"]["subdomain"] == "j-workers"
     assert body["spec"]["restartPolicy"] == "Never" and body["spec"]["schedulerName"] == "volcano"
     svc = m.service(JOB)

@@ -40,7 +40,7 @@ def test_crd_names_columns_and_subresources():
     assert crd["metadata"]["name"] == "trainingjobs.flywheel.dev"
     assert crd["spec"]["names"]["shortNames"] == ["tj"]
     version = crd["spec"]["versions"][0]
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Ready", "Desired", "Step",
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Ready", "Desired", "Spares", "Step",
                                                                         "Restarts", "Age"]
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas.target"
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]

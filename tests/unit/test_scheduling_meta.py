@@ -7,6 +7,7 @@ from typing import Any
 
 from flywheel.operator import manifests as m
 from flywheel.operator import scheduling_meta as k
+from flywheel.operator.spare_pods import spare_pod
 from flywheel.policy.observed import ObservedProgress
 from flywheel.policy.reconcile import reconcile
 from flywheel.spec import TrainingJob, parse_job
@@ -98,3 +99,12 @@ def test_a_job_waiting_for_kueue_stays_pending_for_ever_even_with_a_pending_time
     held = {c.type for c in out.status.conditions if c.status == "True"}
     assert ConditionType.UNSCHEDULABLE.value not in held and ConditionType.FAILED.value not in held
     assert out.status.restarts == 0
+
+
+def test_the_spares_are_part_of_the_kueue_request() -> None:
+    j = job({"queue": "team-a"}, replicas={"min": 3, "max": 3, "spares": 1})
+    settings = m.OperatorSettings(etcd_endpoints="etcd:2379")
+    pods = [worker_pod(j), spare_pod(j, m.plan(j, "0123456789abcdef", settings, None)[0], 0, 0, settings)]
+    for p in pods:
+        assert p["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "4"
+        assert p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "llm"
