@@ -24,6 +24,7 @@ from typing import Any, assert_never, cast
 import kopf
 
 from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.etcd import spares as etcd_spares
 from flywheel.etcd.liveness import WorkerWatch, reset_rendezvous, watch_workers
 from flywheel.kube.client import Kube, KubeApiError
 from flywheel.labels import RESTART_ANNOTATION
@@ -132,8 +133,7 @@ class JobRunner:
 
     async def _start_spare_watch(self, job: TrainingJob) -> None:
         """Follow the spare agents' keys (which spares wait, warm, to be promoted), for a job with spares."""
-        etcd_spares = spare_pods.etcd_spares()
-        if self.spare_watch is not None or self.etcd is None or etcd_spares is None or not job.spec.replicas.spares:
+        if self.spare_watch is not None or self.etcd is None or not job.spec.replicas.spares:
             return
         loop = asyncio.get_running_loop()
 
@@ -458,8 +458,7 @@ class JobRunner:
         uid = str(answer["metadata"]["uid"])
         self.own.relabelled_pod(uid, labels, time.time())
         self.promoted_at.setdefault(uid, time.time())
-        etcd_spares = spare_pods.etcd_spares()
-        if self.etcd is None or etcd_spares is None:
+        if self.etcd is None:
             raise RuntimeError(f"cannot promote {action.name}: the operator has no etcd spare support")
         session, run_id = await self.etcd.session(), m.run_id(job, self.uid)
         env = spare_pods.promotion_env(worker)

@@ -10,9 +10,7 @@ lost with is seldom the spare's too.
 from __future__ import annotations
 
 import copy
-import importlib
 from dataclasses import replace
-from types import ModuleType
 from typing import Any
 
 from flywheel import replica
@@ -22,8 +20,7 @@ from flywheel.plan import WorkerPlan
 from flywheel.spec import TrainingJob
 
 # The spare contract's env names (flywheel/replica.py, shared with the spare agent).
-SPARE_ENV: str = getattr(replica, "SPARE_ENV", "FLYWHEEL_SPARE")
-SPARE_ID_ENV: str = getattr(replica, "SPARE_ID_ENV", "FLYWHEEL_SPARE_ID")
+SPARE_ENV, SPARE_ID_ENV = replica.SPARE_ENV, replica.SPARE_ID_ENV
 ANTI_AFFINITY_WEIGHT = 50  # below a topologyKey's pod affinity (100): staying in the domain matters more
 
 
@@ -65,11 +62,3 @@ def promotion_env(worker: WorkerPlan) -> dict[str, str]:
     spare = spare_plan(worker, "").env
     return {k: v for k, v in worker.env.items() if spare.get(k) != v}
 
-
-def etcd_spares() -> ModuleType | None:
-    """The spare agent's etcd module (`promote`, `watch_spares`), None in a build without it: then no spare is
-    ever seen ready, and none is promoted (lost workers get new pods, as without spares)."""
-    try:
-        return importlib.import_module("flywheel.etcd.spares")
-    except ModuleNotFoundError:
-        return None
