@@ -10,6 +10,13 @@ never shares a communicator with another), so a disk write in flight never holds
 save, the loop waits only for the copy into the staging buffers (wait_staged, before optimizer.step()); a memory
 save requested while the previous one is still under way on some rank is skipped on every rank.
 
+Restore (restore_into) puts the bytes straight into the live state's tensors: a rank's own copy is read from its
+step file, one pread per tensor; a replica is sent by its holder as the header then one gloo message per tensor
+(views of the file, mapped pre-faulted), received straight into the tensors. Measured on 0.55 GB per rank, receiving
+into a new /dev/shm file (to keep it as the rank's own copy) took ~1.5 s of page faults against ~0.13 s into the
+live tensors, so the received copy is not written back: the holder keeps the replica until the next memory save is
+complete on every rank, and that save writes this rank's own copy again.
+
 Every collective here is made on every rank in the same order (saves on the tier's thread and group, the restore
 on the training thread and the control group); a rank whose local part failed still takes part, with nothing to
 send, so no rank is left waiting.
@@ -18,8 +25,10 @@ send, so no rank is left waiting.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import threading
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -28,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from flywheel.trainer import checkpoint_memory as mem
+from flywheel.trainer import checkpoint_memory_file as step_format
 from flywheel.trainer.checkpoint_staging import StagingBuffers, snapshot_unsafe_tensors
 from flywheel.trainer.checkpoint_state import AppState
 
@@ -208,31 +218,91 @@ class MemoryTier:
             dist.all_gather_object(inventories, mine, group=group)
         return mem.plan_restore(inventories, self.world_size, newest_disk_step)
 
-    def fetch(self, plan: mem.MemoryPlan, group: Any) -> dict[str, Any]:
-        """This rank's saved state for plan.step: read from its own copy, or sent by the rank holding its replica
-        (which every rank takes part in: holders send, receivers receive)."""
-        work, outgoing = [], []
-        for rank, source in sorted(plan.sources.items()):
-            if source.holder == self.rank and rank != self.rank:
-                replica = mem.step_file(mem.replica_dir(self.root, rank), plan.step, self.world_size)
-                outgoing.append(torch.from_file(str(replica), size=replica.stat().st_size, dtype=torch.uint8))
-                work.append(_started(dist.isend(outgoing[-1], dst=rank, group=group)))
+    def restore_into(self, plan: mem.MemoryPlan, template: dict[str, Any], group: Any) -> dict[str, Any]:
+        """`template` (this rank's live state dict) filled in place with this rank's saved state for plan.step,
+        read from its own copy or received from the rank holding its replica (every rank takes part: holders
+        send, receivers receive), straight into the live tensors."""
+        sending = [self._send_replica(rank, plan.step, group)
+                   for rank, source in sorted(plan.sources.items()) if source.holder == self.rank and rank != self.rank]
         mine = plan.sources[self.rank]
-        path = mem.step_file(mem.own_dir(self.root, self.rank), plan.step, self.world_size)
-        if mine.holder != self.rank:
-            # This host lost its copy: receive it into a file (a second failure still finds it) and load from it.
-            buffer, tmp = mem.mapped_file(path, mine.nbytes)
-            dist.recv(buffer, src=mine.holder, group=group)
-            del buffer
-            os.replace(tmp, path)
-        for w in work:
-            w.wait()
-        saved = mem.load_file(path)
-        if saved["step"] != plan.step or saved["rank"] != self.rank or saved["world_size"] != self.world_size:
-            raise ValueError(f"memory copy holds step {saved['step']} of rank {saved['rank']} at world size "
-                             f"{saved['world_size']}, expected step {plan.step} of rank {self.rank}")
-        state: dict[str, Any] = saved["state"]
+        try:
+            if mine.holder == self.rank:
+                state = self._read_own(plan.step, template)
+            else:
+                state = self._receive(plan.step, template, mine.holder, group)
+        finally:
+            for works, _ in sending:
+                for w in works:
+                    w.wait()
         return state
+
+    def _read_own(self, step: int, template: dict[str, Any]) -> dict[str, Any]:
+        fd = os.open(mem.step_file(mem.own_dir(self.root, self.rank), step, self.world_size), os.O_RDONLY)
+        try:
+            header, _ = step_format.read_header(fd)
+            self._check(header, step)
+            state, targets = step_format.resolve(template, header.state)
+            step_format.read_into(fd, header, targets)
+        finally:
+            os.close(fd)
+        return state
+
+    def _send_replica(self, src: int, step: int, group: Any) -> tuple[list[dist.Work], mmap.mmap]:
+        """Send the replica of rank `src` to it: the header (length, then bytes), then one message per tensor,
+        each a view of the file mapped (pre-faulted) from /dev/shm."""
+        fd = os.open(mem.step_file(mem.replica_dir(self.root, src), step, self.world_size), os.O_RDONLY)
+        try:
+            header, raw = step_format.read_header(fd)
+            mapped = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                               prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        with warnings.catch_warnings():  # read-only: the bytes are only sent
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.frombuffer(mapped, dtype=torch.uint8)
+        raw_tensor = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        works = [_started(dist.isend(torch.tensor([len(raw)], dtype=torch.int64), dst=src, group=group)),
+                 _started(dist.isend(raw_tensor, dst=src, group=group))]
+        for ref in step_format.refs_of(header.state):
+            if ref.nbytes == 0:  # nothing to send; the receiver skips it too
+                continue
+            start = header.data_start + ref.offset
+            works.append(_started(dist.isend(data[start:start + ref.nbytes], dst=src, group=group)))
+        return works, mapped
+
+    def _receive(self, step: int, template: dict[str, Any], holder: int, group: Any) -> dict[str, Any]:
+        """This rank's state from its replica on `holder`, received straight into the live tensors. Every message
+        the holder sends is received even when the header does not fit the state (then raises after)."""
+        length = torch.zeros(1, dtype=torch.int64)
+        dist.recv(length, src=holder, group=group)
+        raw = torch.empty(int(length.item()), dtype=torch.uint8)
+        dist.recv(raw, src=holder, group=group)
+        header = step_format.parse_header(raw.numpy().tobytes())
+        error: Exception | None = None
+        try:
+            self._check(header, step)
+            state, targets = step_format.resolve(template, header.state)
+        except ValueError as err:
+            error, state = err, {}
+            targets = [(ref, torch.empty(ref.shape, dtype=ref.dtype)) for ref in step_format.refs_of(header.state)]
+        scratch = []
+        for ref, dst in targets:
+            if ref.nbytes == 0:
+                continue
+            buf = dst if step_format.direct(dst) else torch.empty(ref.shape, dtype=ref.dtype)
+            scratch.append((_started(dist.irecv(step_format.raw_bytes(buf), src=holder, group=group)), buf, dst))
+        for work, buf, dst in scratch:
+            work.wait()
+            if buf is not dst:
+                dst.copy_(buf)
+        if error is not None:
+            raise error
+        return state
+
+    def _check(self, header: step_format.Header, step: int) -> None:
+        if header.step != step or header.rank != self.rank or header.world_size != self.world_size:
+            raise ValueError(f"memory copy holds step {header.step} of rank {header.rank} at world size "
+                             f"{header.world_size}, expected step {step} of rank {self.rank}")
 
 
 def _agree(flag: bool, group: Any, *, any_rank: bool) -> bool:
