@@ -127,18 +127,45 @@ def wipe(root: Path) -> None:
 
 
 @dataclass(frozen=True)
+class FileId:
+    """A replica file as its holder sees it. Another host, or another pod on the same node (each pod has its own
+    /dev/shm), finds no file of the same device and inode at that path, so a reader that does has the very file
+    and may read it directly instead of having it sent."""
+
+    path: str
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: Path) -> FileId:
+        st = os.stat(path)
+        return cls(str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def visible(self) -> bool:
+        try:
+            return FileId.of(Path(self.path)) == self
+        except OSError:
+            return False
+
+
+@dataclass(frozen=True)
 class Inventory:
-    """What one rank holds: its own steps and its replicas' (src rank -> steps), each step -> (bytes, world size)."""
+    """What one rank holds: its own steps and its replicas' (src rank -> steps), each step -> (bytes, world size);
+    files: (src rank, step) -> the replica's file, for a reader on the same host."""
 
     rank: int
     own: dict[int, tuple[int, int]] = field(default_factory=dict)
     replicas: dict[int, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    files: dict[tuple[int, int], FileId] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Source:
     holder: int  # the rank whose host holds the copy: the rank itself (own) or its peer (replica)
     nbytes: int
+    file: FileId | None = None  # a replica's file as its holder sees it
 
 
 @dataclass(frozen=True)
@@ -191,5 +218,5 @@ def _source_for(rank: int, step: int, world_size: int, own: dict[int, dict[int, 
     for inv in inventories:
         held = inv.replicas.get(rank, {}).get(step)
         if held is not None and held[1] == world_size:
-            return Source(inv.rank, held[0])
+            return Source(inv.rank, held[0], inv.files.get((rank, step)))
     return None

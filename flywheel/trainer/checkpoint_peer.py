@@ -57,6 +57,9 @@ class MemoryTier:
         self.source = (rank - per_worker) % world_size
         self.metrics = metrics
         self.newest_step: int | None = None
+        # A replica whose file is visible here is read directly; False forces gloo (the cross-host path, measured
+        # by bench/checkpoint_restore.py).
+        self.same_host_reads = True
         distributed = dist.is_available() and dist.is_initialized()
         self.group = dist.new_group(backend="gloo") if distributed else None
         self._buffers = StagingBuffers(pin_memory=pin_memory)
@@ -204,10 +207,16 @@ class MemoryTier:
     # ---- restore (training thread) -------------------------------------------------------------------------------
 
     def inventory(self) -> mem.Inventory:
-        replicas = {}
+        replicas, files = {}, {}
         for folder in self.root.glob("replica-rank-*") if self.root.is_dir() else []:
-            replicas[int(folder.name.rsplit("-", 1)[1])] = mem.steps_in(folder)
-        return mem.Inventory(self.rank, mem.steps_in(mem.own_dir(self.root, self.rank)), replicas)
+            src = int(folder.name.rsplit("-", 1)[1])
+            replicas[src] = mem.steps_in(folder)
+            for step, (_, world_size) in replicas[src].items():
+                try:
+                    files[(src, step)] = mem.FileId.of(mem.step_file(folder, step, world_size))
+                except OSError:
+                    pass  # deleted since listed: the plan then finds it sent over gloo, or not at all
+        return mem.Inventory(self.rank, mem.steps_in(mem.own_dir(self.root, self.rank)), replicas, files)
 
     def plan(self, group: Any, newest_disk_step: int | None) -> mem.MemoryPlan | str:
         """The same plan on every rank, from every rank's inventory."""
@@ -220,14 +229,22 @@ class MemoryTier:
 
     def restore_into(self, plan: mem.MemoryPlan, template: dict[str, Any], group: Any) -> dict[str, Any]:
         """`template` (this rank's live state dict) filled in place with this rank's saved state for plan.step,
-        read from its own copy or received from the rank holding its replica (every rank takes part: holders
-        send, receivers receive), straight into the live tensors."""
-        sending = [self._send_replica(rank, plan.step, group)
-                   for rank, source in sorted(plan.sources.items()) if source.holder == self.rank and rank != self.rank]
+        straight into the live tensors: read from its own copy, or from its replica's file when that very file is
+        visible here (the holder on the same host, sharing /dev/shm), else sent by the rank holding it (every rank
+        takes part: holders send, receivers receive)."""
         mine = plan.sources[self.rank]
+        here = mine.holder != self.rank and self.same_host_reads and mine.file is not None and mine.file.visible()
+        reads_here = _gather_flags(here, self.world_size, self.rank, group) if plan.kind == "memory-peer" else []
+        sending = [self._send_replica(rank, plan.step, group) for rank, source in sorted(plan.sources.items())
+                   if source.holder == self.rank and rank != self.rank and not reads_here[rank]]
         try:
             if mine.holder == self.rank:
-                state = self._read_own(plan.step, template)
+                own = mem.step_file(mem.own_dir(self.root, self.rank), plan.step, self.world_size)
+                state = self._read_file(own, plan.step, template)
+            elif here and mine.file is not None:
+                log.info("rank %d reads its replica from %s (same host as rank %d)", self.rank, mine.file.path,
+                         mine.holder)
+                state = self._read_file(Path(mine.file.path), plan.step, template)
             else:
                 state = self._receive(plan.step, template, mine.holder, group)
         finally:
@@ -236,8 +253,8 @@ class MemoryTier:
                     w.wait()
         return state
 
-    def _read_own(self, step: int, template: dict[str, Any]) -> dict[str, Any]:
-        fd = os.open(mem.step_file(mem.own_dir(self.root, self.rank), step, self.world_size), os.O_RDONLY)
+    def _read_file(self, path: Path, step: int, template: dict[str, Any]) -> dict[str, Any]:
+        fd = os.open(path, os.O_RDONLY)
         try:
             header, _ = step_format.read_header(fd)
             self._check(header, step)
@@ -312,6 +329,15 @@ def _agree(flag: bool, group: Any, *, any_rank: bool) -> bool:
     t = torch.tensor([int(flag)], dtype=torch.int32)
     dist.all_reduce(t, op=dist.ReduceOp.MAX if any_rank else dist.ReduceOp.MIN, group=group)
     return bool(t.item())
+
+
+def _gather_flags(flag: bool, world_size: int, rank: int, group: Any) -> list[bool]:
+    """Every rank's flag (a collective)."""
+    flags = torch.zeros(world_size, dtype=torch.int32)
+    flags[rank] = int(flag)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(flags, group=group)  # each rank filled in its own slot only
+    return [bool(f) for f in flags.tolist()]
 
 
 def _started(work: dist.Work | None) -> dist.Work:
