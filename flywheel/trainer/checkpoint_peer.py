@@ -38,8 +38,7 @@ import torch.distributed as dist
 
 from flywheel.trainer import checkpoint_memory as mem
 from flywheel.trainer import checkpoint_memory_file as step_format
-from flywheel.trainer.checkpoint_staging import StagingBuffers, snapshot_unsafe_tensors
-from flywheel.trainer.checkpoint_state import AppState
+from flywheel.trainer.checkpoint_staging import StagingBuffers
 
 log = logging.getLogger("flywheel.checkpoint")
 
@@ -74,22 +73,29 @@ class MemoryTier:
     def replicated(self) -> bool:
         return self.peer != self.rank
 
+    @property
+    def busy(self) -> bool:
+        """Whether a memory save is still under way on this rank."""
+        return self._future is not None and not self._future.done()
+
     def due(self, step: int) -> bool:
         return self.every_steps > 0 and step % self.every_steps == 0
 
     # ---- save (training thread: submit, wait_staged; the tier's thread: the rest) -------------------------------
 
-    def submit(self, step: int, app: AppState, control_group: Any) -> None:
-        """Start a memory save of the state after `step`. Call on every rank, right after optimizer.step()."""
-        busy = self._future is not None and not self._future.done()
-        if _agree(busy, control_group, any_rank=True):
+    def begin(self, step: int, control_group: Any) -> bool:
+        """Whether to take the memory save of the state after `step` (then call start with it): false on every
+        rank when the previous one is still under way on some rank. Call on every rank (a collective)."""
+        if _agree(self.busy, control_group, any_rank=True):
             log.warning("memory copy at step %d skipped: the copy of step %d is still under way (raise "
                         "memoryEverySteps)", step, self._future_step)
-            return
+            return False
         self.wait()
-        state = app.state_dict()
-        state["step"] = step
-        state = snapshot_unsafe_tensors(state, app.parameter_storages())
+        return True
+
+    def start(self, step: int, state: dict[str, Any]) -> None:
+        """Stage and save `state` (the state dict after `step`, non-parameter tensors already snapshotted; it is
+        only read, so the disk save may share it) on the tier's thread."""
         if self._stream is not None:
             self._stream.wait_stream(torch.cuda.current_stream())
         self._staged = staged = threading.Event()

@@ -199,3 +199,31 @@ def test_a_replica_file_is_read_directly_only_where_that_very_file_is_visible(tm
     plan = mem.plan_restore([mem.Inventory(0, {6: (100, 2)}, {1: {6: (100, 2)}}, {(1, 6): seen}),
                              mem.Inventory(1)], 2, None)
     assert isinstance(plan, mem.MemoryPlan) and plan.sources[1].file == seen and plan.sources[0].file is None
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_step_due_for_disk_and_memory_takes_the_state_dict_once(tmp_path: Path) -> None:
+    # The memory save starts last and shares the disk save's state dict: a thread started earlier took the GIL
+    # from the loop's thread mid-save, and a second state dict cost its time again.
+    app, data = make_app(seed=0)
+    calls: list[int] = []
+    state_dict = app.state_dict
+
+    def counted(**kwargs: Any) -> dict[str, Any]:
+        calls.append(1)
+        return state_dict(**kwargs)
+
+    app.state_dict = counted
+    ckpt = Checkpointer(_cfg(tmp_path), tmp_path, memory_dir=tmp_path / "shm")
+    assert ckpt.memory is not None
+    for step in range(1, 4):  # memory at every step, disk at step 3
+        train_step(app, data, ckpt)
+        calls.clear()
+        assert ckpt.due(step)
+        ckpt.save(step, app)
+        ckpt.wait_staged()
+        assert len(calls) == 1, step
+        ckpt.memory.wait()
+    ckpt.close()
+    assert list(mem.steps_in(mem.own_dir(tmp_path / "shm", 0))) == [3]
+    assert [p.name for p in tmp_path.glob("step-*")] == ["step-00000003"]
