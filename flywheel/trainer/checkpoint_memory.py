@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch.distributed.tensor import DTensor
 
 from flywheel.trainer import checkpoint_memory_file as step_format
@@ -90,16 +89,6 @@ def steps_in(folder: Path) -> dict[int, tuple[int, int]]:
         if match:
             found[int(match.group(1))] = (entry.stat().st_size, int(match.group(2)))
     return found
-
-
-def mapped_file(target: Path, nbytes: int) -> tuple[torch.Tensor, Path]:
-    """A byte tensor mapped onto a new temporary file beside `target` (writes land in the file): received bytes
-    go straight to /dev/shm. Rename the file to `target` once it is complete."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp"
-    with open(tmp, "wb") as f:
-        f.truncate(nbytes)
-    return torch.from_file(str(tmp), shared=True, size=nbytes, dtype=torch.uint8), tmp
 
 
 def drop_older(folder: Path, step: int) -> None:

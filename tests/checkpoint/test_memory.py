@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from ckpt_helpers import MLP, FakeEvents, FakeMetrics, assert_same_state, full_state, make_app, run_ranks, train_step
 
 from flywheel.spec import CheckpointSpec
 from flywheel.trainer import checkpoint_memory as mem
+from flywheel.trainer import checkpoint_peer as peer
 from flywheel.trainer.checkpoint import Checkpointer
 
 # ---- the plan -------------------------------------------------------------------------------------------------------
@@ -227,3 +229,33 @@ def test_a_step_due_for_disk_and_memory_takes_the_state_dict_once(tmp_path: Path
     ckpt.close()
     assert list(mem.steps_in(mem.own_dir(tmp_path / "shm", 0))) == [3]
     assert [p.name for p in tmp_path.glob("step-*")] == ["step-00000003"]
+
+
+def _replicate(rank: int, world_size: int, root: str) -> None:
+    peer.CHUNK = 4096  # a copy goes in many messages, the last one shorter
+    app, data, ckpt = _train(rank, world_size, root, 2, True)
+    assert ckpt.memory is not None
+    hosts = [Path(root) / "shm" / f"worker-{r}" for r in range(world_size)]
+    for step in (1, 2):
+        train_step(app, data, ckpt)
+        if step == 2 and rank == 1:  # no room for rank 0's replica on worker 1: a file where its folder goes
+            shutil.rmtree(mem.replica_dir(hosts[1], 0))
+            mem.replica_dir(hosts[1], 0).write_text("")
+        assert ckpt.due(step)
+        ckpt.save(step, app)
+        ckpt.memory.wait()
+        if step == 1:
+            dist.barrier()
+            other = 1 - rank  # the replica this worker holds is the other rank's own file, byte for byte
+            held = mem.step_file(mem.replica_dir(hosts[rank], other), 1, world_size).read_bytes()
+            assert held == mem.step_file(mem.own_dir(hosts[other], other), 1, world_size).read_bytes()
+            dist.barrier()
+    # Step 2 is not complete on every rank: step 1 stays the newest complete one, and nothing hung.
+    assert ckpt.memory.newest_step == 1
+    assert sorted(mem.steps_in(mem.own_dir(hosts[rank], rank))) == [1, 2]
+    ckpt.close()
+
+
+def test_a_replica_arrives_in_chunks_and_a_worker_without_room_for_it_leaves_the_previous_step(
+        tmp_path: Path) -> None:
+    run_ranks(_replicate, 2, str(tmp_path), str(tmp_path))
