@@ -5,7 +5,9 @@ gloo rank. For each method: a warm-up save, then `--reps` measured saves; the me
   (a) the time dcp.save takes;
   (b) the time dcp.async_save takes to return (it stages a full CPU copy before returning);
   (c) Checkpointer.save() plus Checkpointer.wait_staged(), with the next step's forward/backward in between, as
-      the training loop runs it.
+      the training loop runs it;
+  (d) the same with the memory tier on (memoryEverySteps = everySteps: every save also copies the state into
+      /dev/shm, on a thread of its own), reported as a row against (c): goal within noise of it.
 Each save finishes writing before the next one starts. Writes go to a temp dir (deleted afterwards).
 
     .venv/bin/python bench/checkpoint_stall.py [--quick] [--reps N] [--out bench/results/checkpoint_stall.json]
@@ -32,9 +34,12 @@ from torch import nn
 from bench.common import RESULTS, DataPosition, write_result
 from flywheel.spec import CheckpointSpec
 from flywheel.trainer.checkpoint import AppState, Checkpointer
+from flywheel.trainer.checkpoint_memory_root import SHM
 
 GOAL_VS_SYNC = 0.05
 GOAL_VS_ASYNC = 0.5
+NOISE_S = 0.001
+OURS, OURS_MEMORY = "flywheel Checkpointer", "flywheel Checkpointer, memory tier on"
 
 
 class _Histogram:
@@ -136,8 +141,8 @@ def _bench_ours(trainer: _Trainer, ckpt: Checkpointer, metrics: _Metrics) -> flo
     ckpt.wait_staged()
     blocked += time.perf_counter() - t1
     trainer.optimizer_step()
-    while metrics.committed != step and metrics.failures == 0:
-        trainer.train_step(ckpt.wait_staged)
+    while metrics.committed != step and metrics.failures == 0 or ckpt.memory is not None and ckpt.memory.busy:
+        trainer.train_step(ckpt.wait_staged)  # keep training while the disk (and memory) copies are written
     if metrics.failures:
         raise RuntimeError("checkpoint failed during the benchmark; see the log")
     return blocked
@@ -155,6 +160,7 @@ def main() -> None:
     dim, layers, batch = (1024, 4, 16) if args.quick else (2048, 11, 32)
 
     root = Path(tempfile.mkdtemp(prefix="ckpt-stall-", dir=args.dir))
+    shm = Path(tempfile.mkdtemp(prefix="flywheel-bench-stall-", dir=SHM if SHM.is_dir() else None))
     dist.init_process_group("gloo", init_method=f"file://{root / 'pg-init'}", rank=0, world_size=1)
     try:
         group = dist.new_group(backend="gloo")
@@ -165,31 +171,40 @@ def main() -> None:
         metrics = _Metrics()
         ckpt = Checkpointer(CheckpointSpec(dir=str(root / "ours"), every_steps=1, keep=1), root / "ours",
                             metrics=metrics)
+        # The memory tier on, at the disk interval: every save also copies the state into /dev/shm.
+        mem_metrics = _Metrics()
+        with_memory = Checkpointer(CheckpointSpec(dir=str(root / "mem"), every_steps=1, memory_every_steps=1,
+                                                  keep=1), root / "mem", metrics=mem_metrics, memory_dir=shm)
         methods: dict[str, Callable[[], float]] = {
             "sync dcp.save": lambda: _bench_sync(trainer, root, group),
             "dcp.async_save": lambda: _bench_async_save(trainer, root, group),
-            "flywheel Checkpointer": lambda: _bench_ours(trainer, ckpt, metrics),
+            OURS: lambda: _bench_ours(trainer, ckpt, metrics),
+            OURS_MEMORY: lambda: _bench_ours(trainer, with_memory, mem_metrics),
         }
         runs: dict[str, list[float]] = {}
         for name, run in methods.items():
             run()  # warm-up: first allocation of buffers, page cache
             runs[name] = [run() for _ in range(reps)]
         ckpt.close()
+        with_memory.close()
     finally:
         dist.destroy_process_group()
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
 
     median = {name: statistics.median(values) for name, values in runs.items()}
-    ours, sync, peer = median["flywheel Checkpointer"], median["sync dcp.save"], median["dcp.async_save"]
+    ours, sync, peer = median[OURS], median["sync dcp.save"], median["dcp.async_save"]
     print(f"state {state_bytes / 1e9:.3f} GB (model + AdamW), one gloo rank, train step {step_seconds:.3f} s, "
           f"{reps} reps, median blocking seconds:")
-    print(f"{'method':<24}{'median s':>10}{'vs sync':>10}   runs")
+    print(f"{'method':<40}{'median s':>10}{'vs sync':>10}   runs")
     for name, values in runs.items():
-        print(f"{name:<24}{median[name]:>10.4f}{median[name] / sync:>10.3f}   "
+        print(f"{name:<40}{median[name]:>10.4f}{median[name] / sync:>10.3f}   "
               + " ".join(f"{v:.4f}" for v in values))
     ratio, ratio_vs_sync = ours / peer, ours / sync
     passed = ratio <= GOAL_VS_ASYNC and ratio_vs_sync <= GOAL_VS_SYNC
-    write_result("checkpoint_stall", path=args.out, metric="checkpoint_loop_blocking_seconds", value=ours, unit="s",
+    mem_row = _memory_row(runs)
+    write_result("checkpoint_stall", path=args.out, rows=[mem_row], metric="checkpoint_loop_blocking_seconds",
+                 value=ours, unit="s",
                  peer="dcp.async_save (thread executor, default stager)", peer_value=peer, ratio=ratio,
                  goal=f"ours <= {GOAL_VS_ASYNC}x dcp.async_save and <= {GOAL_VS_SYNC:.0%} of sync dcp.save",
                  passed=passed, runs=runs, sync_value=sync, ratio_vs_sync=ratio_vs_sync, state_bytes=state_bytes,
@@ -197,6 +212,19 @@ def main() -> None:
                  setup=f"torch {torch.__version__}, CPU gloo world 1, OMP_NUM_THREADS=1")
     print(f"ours / dcp.async_save = {ratio:.3f} (goal <= {GOAL_VS_ASYNC}), ours / sync = {ratio_vs_sync:.4f} "
           f"(goal <= {GOAL_VS_SYNC}): {'PASS' if passed else 'FAIL'}")
+    print(f"memory tier on: {mem_row['value']:.4f} s against {mem_row['peer_value']:.4f} s off "
+          f"({mem_row['goal']}): {'PASS' if mem_row['pass'] else 'FAIL'}")
+
+
+def _memory_row(runs: dict[str, list[float]]) -> dict[str, Any]:
+    """The loop's stall with the memory tier on against off, in the same run. Within noise: at most the slowest
+    memory-off save, plus a millisecond (the timer and scheduler's jitter on a shared machine)."""
+    on, off = statistics.median(runs[OURS_MEMORY]), statistics.median(runs[OURS])
+    bound = max(runs[OURS]) + NOISE_S
+    return {"name": "memory tier on", "metric": "checkpoint_loop_blocking_seconds, memoryEverySteps = everySteps",
+            "value": on, "unit": "s", "peer": "the same Checkpointer, memory tier off", "peer_value": off,
+            "ratio": on / off if off else None, "pass": on <= bound,
+            "goal": f"within noise of memory off (<= its slowest save + {NOISE_S * 1e3:.0f} ms)"}
 
 
 if __name__ == "__main__":

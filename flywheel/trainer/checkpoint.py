@@ -90,6 +90,14 @@ class _Save:
     future: Future[None] | None = None
 
 
+def _snapshot(app: AppState, step: int) -> dict[str, Any]:
+    """The state dict after `step` for an asynchronous save: live parameters and optimizer state (staged later,
+    before the next optimizer.step()), the rest copied now."""
+    state = app.state_dict()
+    state["step"] = step
+    return snapshot_unsafe_tensors(state, app.parameter_storages())
+
+
 class Checkpointer:
     """Construct on every rank after dist.init_process_group (it creates two gloo groups, a collective)."""
 
@@ -176,10 +184,16 @@ class Checkpointer:
         started = time.monotonic()
         blocking = blocking or not self.cfg.async_
         disk = blocking or self._disk_due.pop(step, True)
-        if self.memory is not None and self.memory.due(step) and not blocking:
-            self.memory.submit(step, app, self._control_group)
-        if not disk:
-            return
+        memory = self.memory is not None and self.memory.due(step) and not blocking and \
+            self.memory.begin(step, self._control_group)
+        shared = self._save_disk(step, app, blocking, started) if disk else None
+        if memory and self.memory is not None:
+            # Started last, sharing the disk save's state dict (both only read it): a thread started earlier
+            # would take the GIL from the loop's thread mid-save (measured: +4 ms of stall).
+            self.memory.start(step, shared if shared is not None else _snapshot(app, step))
+
+    def _save_disk(self, step: int, app: AppState, blocking: bool, started: float) -> dict[str, Any] | None:
+        """The disk part of save(): the state dict handed to the writer thread, or None (skipped, or blocking)."""
         if blocking:
             self._wait_inflight()
         else:
@@ -189,11 +203,11 @@ class Checkpointer:
                 prev = self._inflight.step if self._inflight else "?"
                 log.warning("checkpoint at step %d skipped: the save of step %s is still being written; saves are "
                             "requested faster than storage absorbs them (raise everySteps/everySeconds)", step, prev)
-                return
+                return None
             self._wait_inflight()  # finished everywhere: collect its result and blocking time
         if step <= self._last_requested_step:
             log.info("checkpoint at step %d already taken; not saving it again", step)
-            return
+            return None
         self._last_requested_step = step
         self._last_save_time = time.monotonic()
         self._generation += 1
@@ -205,7 +219,7 @@ class Checkpointer:
             self._write(record, state, stage=False)
             record.blocking = time.monotonic() - started
             self._report_blocking(record)
-            return
+            return None
         state = snapshot_unsafe_tensors(state, app.parameter_storages())
         if self._stream is not None:
             # The staging stream must see the optimizer step's results; enqueued here, waited for on the GPU.
@@ -213,6 +227,7 @@ class Checkpointer:
         self._inflight = record
         record.future = self._executor.submit(self._write, record, state, True)
         record.blocking += time.monotonic() - started
+        return state
 
     def wait_staged(self) -> None:
         """Return once the in-flight saves no longer read live tensors. Call before optimizer.step()."""

@@ -1,8 +1,10 @@
 """The memory tier: every memory save keeps this rank's staged state in host shared memory, and a replica of it in
 a peer worker's (checkpoint_peer.py), so that a restart restores without reading the shared filesystem.
 
-    <root>/own-rank-00003/step-00000040-w4.pt       rank 3's state after step 40, saved at world size 4
-    <root>/replica-rank-00001/step-00000040-w4.pt   rank 1's, received from the worker before this one
+    <root>/own-rank-00003/step-00000040-w4.bin      rank 3's state after step 40, saved at world size 4
+    <root>/replica-rank-00001/step-00000040-w4.bin  rank 1's, received from the worker before this one
+
+(the step file's layout, and how a restore reads it straight into the live tensors: checkpoint_memory_file.py)
 
 <root> is /dev/shm/flywheel-<job>-<hash of the checkpoint dir>/replica-<worker> (checkpoint_memory_root.py): it
 outlives a rank's restart in place (the worker's processes come back on the same host), not the loss of the pod or
@@ -24,14 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch.distributed.tensor import DTensor
 
+from flywheel.trainer import checkpoint_memory_file as step_format
 from flywheel.trainer.checkpoint_memory_root import memory_root
 from flywheel.trainer.torch_compat import dtensor_local
 
 __all__ = ["memory_root"]  # checkpoint_memory_root.py: where the copies live
-_STEP_FILE = re.compile(r"^step-(\d{8,})-w(\d+)\.pt$")
+_STEP_FILE = re.compile(r"^step-(\d{8,})-w(\d+)\.bin$")
 
 
 def own_dir(root: Path, rank: int) -> Path:
@@ -47,19 +49,13 @@ def replica_dir(root: Path, src: int) -> Path:
 
 def save_file(folder: Path, step: int, world_size: int, rank: int, staged: dict[str, Any]) -> Path:
     """This rank's state (DTensors as their local shards) with what a restore checks, written as a step file
-    (temporary name, then renamed: a present step file is complete)."""
+    (checkpoint_memory_file.py; temporary name, then renamed: a present step file is complete)."""
     folder.mkdir(parents=True, exist_ok=True)
     target = step_file(folder, step, world_size)
     tmp = folder / f".{target.name}.tmp"
-    torch.save({"step": step, "world_size": world_size, "rank": rank, "state": _local_view(staged)}, tmp)
+    step_format.write(tmp, step, world_size, rank, _local_view(staged))
     os.replace(tmp, target)
     return target
-
-
-def load_file(path: Path) -> dict[str, Any]:
-    """A step file's contents, its tensors memory-mapped from /dev/shm (no copy until fill() copies them in)."""
-    loaded: dict[str, Any] = torch.load(path, weights_only=False, mmap=True)
-    return loaded
 
 
 def _local_view(obj: Any) -> Any:
@@ -74,38 +70,11 @@ def _local_view(obj: Any) -> Any:
     return obj
 
 
-@torch.no_grad()
-def fill(template: Any, saved: Any, path: str = "") -> Any:
-    """`template` (this rank's live state dict) with `saved`'s values: tensors copied in place, as DCP's load does,
-    so that app.load_state_dict sees exactly what a disk restore gives it. Raises on any mismatch."""
-    if isinstance(template, DTensor):
-        local = dtensor_local(template)
-        _check_tensor(local, saved, path)
-        local.copy_(saved)
-        return template
-    if isinstance(template, torch.Tensor):
-        _check_tensor(template, saved, path)
-        template.copy_(saved)
-        return template
-    if isinstance(template, dict) and isinstance(saved, dict):
-        missing = set(template) - set(saved)
-        if missing:
-            raise ValueError(f"memory copy lacks {sorted(map(str, missing))[:3]} under {path or 'the state'}")
-        return {k: fill(template[k], v, f"{path}.{k}") if k in template else v for k, v in saved.items()}
-    return saved
-
-
-def _check_tensor(dst: torch.Tensor, src: Any, path: str) -> None:
-    if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
-        got = f"{tuple(src.shape)} {src.dtype}" if isinstance(src, torch.Tensor) else type(src).__name__
-        raise ValueError(f"memory copy of {path} is {got}, the state holds {tuple(dst.shape)} {dst.dtype}")
-
-
 # ---- files ----------------------------------------------------------------------------------------------------------
 
 
 def step_file(folder: Path, step: int, world_size: int) -> Path:
-    return folder / f"step-{step:08d}-w{world_size}.pt"
+    return folder / f"step-{step:08d}-w{world_size}.bin"
 
 
 def steps_in(folder: Path) -> dict[int, tuple[int, int]]:
@@ -120,16 +89,6 @@ def steps_in(folder: Path) -> dict[int, tuple[int, int]]:
         if match:
             found[int(match.group(1))] = (entry.stat().st_size, int(match.group(2)))
     return found
-
-
-def mapped_file(target: Path, nbytes: int) -> tuple[torch.Tensor, Path]:
-    """A byte tensor mapped onto a new temporary file beside `target` (writes land in the file): received bytes
-    go straight to /dev/shm. Rename the file to `target` once it is complete."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp"
-    with open(tmp, "wb") as f:
-        f.truncate(nbytes)
-    return torch.from_file(str(tmp), shared=True, size=nbytes, dtype=torch.uint8), tmp
 
 
 def drop_older(folder: Path, step: int) -> None:
@@ -157,18 +116,45 @@ def wipe(root: Path) -> None:
 
 
 @dataclass(frozen=True)
+class FileId:
+    """A replica file as its holder sees it. Another host, or another pod on the same node (each pod has its own
+    /dev/shm), finds no file of the same device and inode at that path, so a reader that does has the very file
+    and may read it directly instead of having it sent."""
+
+    path: str
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: Path) -> FileId:
+        st = os.stat(path)
+        return cls(str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def visible(self) -> bool:
+        try:
+            return FileId.of(Path(self.path)) == self
+        except OSError:
+            return False
+
+
+@dataclass(frozen=True)
 class Inventory:
-    """What one rank holds: its own steps and its replicas' (src rank -> steps), each step -> (bytes, world size)."""
+    """What one rank holds: its own steps and its replicas' (src rank -> steps), each step -> (bytes, world size);
+    files: (src rank, step) -> the replica's file, for a reader on the same host."""
 
     rank: int
     own: dict[int, tuple[int, int]] = field(default_factory=dict)
     replicas: dict[int, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    files: dict[tuple[int, int], FileId] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Source:
     holder: int  # the rank whose host holds the copy: the rank itself (own) or its peer (replica)
     nbytes: int
+    file: FileId | None = None  # a replica's file as its holder sees it
 
 
 @dataclass(frozen=True)
@@ -221,5 +207,5 @@ def _source_for(rank: int, step: int, world_size: int, own: dict[int, dict[int, 
     for inv in inventories:
         held = inv.replicas.get(rank, {}).get(step)
         if held is not None and held[1] == world_size:
-            return Source(inv.rank, held[0])
+            return Source(inv.rank, held[0], inv.files.get((rank, step)))
     return None

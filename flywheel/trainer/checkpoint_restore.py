@@ -23,7 +23,6 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from flywheel.trainer import checkpoint_integrity as integrity
-from flywheel.trainer import checkpoint_memory as mem
 from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer.checkpoint_failure import describe_failure
 from flywheel.trainer.checkpoint_state import AppState
@@ -74,10 +73,9 @@ def _from_memory(ck: Checkpointer, app: AppState, newest_disk_step: int | None) 
         return None
     error: BaseException | None = None
     try:
-        saved = ck.memory.fetch(plan, ck._control_group)
         state = app.state_dict(include_rng=True)
         state["step"] = -1
-        app.load_state_dict(mem.fill(state, saved))
+        app.load_state_dict(ck.memory.restore_into(plan, state, ck._control_group))
     except _FAILURES as err:
         error = err
     if ck._agree(error is None, ck._control_group, any_rank=False):

@@ -35,15 +35,21 @@ def check_record(path: Path) -> dict:
 def test_checkpoint_stall_smoke(tmp_path):
     out = tmp_path / "checkpoint_stall.json"
     run_bench(tmp_path, "bench.checkpoint_stall", "--quick", "--reps", "1", "--out", str(out))
-    check_record(out)
+    record = check_record(out)
+    assert set(record["runs"]) >= {"flywheel Checkpointer", "flywheel Checkpointer, memory tier on"}
+    [memory_row] = record["rows"]
+    assert memory_row["value"] > 0 and memory_row["peer_value"] == record["value"]
 
 
 def test_checkpoint_restore_smoke(tmp_path):
     out = tmp_path / "checkpoint_restore.json"
     run_bench(tmp_path, "bench.checkpoint_restore", "--quick", "--reps", "1", "--out", str(out))
     record = check_record(out)
-    assert set(record["runs"]) == {"disk", "memory-own", "memory-peer"}
-    assert record["own_seconds"] > 0 and record["peer_seconds"] > 0
+    sources = {"disk (warm)", "disk (cold)", "memory-own", "memory-peer (gloo)", "memory-peer (same host)"}
+    assert set(record["runs"]) == set(record["seconds"]) == sources
+    assert record["warm_disk_seconds"] > 0 and record["cold_disk_seconds"] > 0
+    assert set(record["ratio_to_warm_disk"]) == set(record["ratio_to_cold_disk"]) == sources
+    assert len(record["rows"]) == 6  # each memory source against the cold and the warm disk restore
 
 
 def test_trainer_overhead_smoke(tmp_path):

@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from ckpt_helpers import MLP, FakeEvents, FakeMetrics, assert_same_state, full_state, make_app, run_ranks, train_step
 
 from flywheel.spec import CheckpointSpec
 from flywheel.trainer import checkpoint_memory as mem
+from flywheel.trainer import checkpoint_peer as peer
 from flywheel.trainer.checkpoint import Checkpointer
 
 # ---- the plan -------------------------------------------------------------------------------------------------------
@@ -138,13 +140,29 @@ def _run_and_save(rank: int, world_size: int, root: str) -> None:
         torch.save({"at_6": at_6, "final": final}, Path(root) / "expected.pt")
 
 
-def _restore(rank: int, world_size: int, root: str, want_step: int, want_source: str) -> None:
+def _noting(method: Any, name: str, calls: list[str]) -> Any:
+    def call(*args: Any) -> Any:
+        calls.append(name)
+        return method(*args)
+    return call
+
+
+def _restore(rank: int, world_size: int, root: str, want_step: int, want_source: str, same_host: bool = True
+             ) -> None:
     app, data, ckpt = _train(rank, world_size, root, 8, True)
     expected = torch.load(Path(root) / "expected.pt", weights_only=False)
+    assert ckpt.memory is not None
+    ckpt.memory.same_host_reads = same_host
+    paths: list[str] = []
+    for name in ("_read_file", "_receive"):  # which way this rank's copy came
+        setattr(ckpt.memory, name, _noting(getattr(ckpt.memory, name), name, paths))
     assert ckpt.restore(app) == want_step
     if rank == 0:
         [record] = ckpt.events.named("restore")
         assert record["source"] == want_source, record
+    if want_source == "memory-peer":
+        # rank 0 reads its own copy; rank 1's replica is on worker 0, read from its file when /dev/shm is shared
+        assert paths == ["_read_file" if rank == 0 or same_host else "_receive"], paths
     if want_step == 6:
         assert_same_state(full_state(app), expected["at_6"])
     for _ in range(want_step, 8):
@@ -154,11 +172,90 @@ def _restore(rank: int, world_size: int, root: str, want_step: int, want_source:
 
 
 @pytest.mark.slow
-def test_a_lost_worker_restores_from_its_peers_replica_then_disk_when_the_peer_is_lost_too(tmp_path: Path) -> None:
+@pytest.mark.parametrize("same_host", [False, True], ids=["replica-over-gloo", "replica-file-on-same-host"])
+def test_a_lost_worker_restores_from_its_peers_replica_then_disk_when_the_peer_is_lost_too(
+        tmp_path: Path, same_host: bool) -> None:
     root = str(tmp_path)
     run_ranks(_run_and_save, 2, root, root)
     shutil.rmtree(tmp_path / "shm" / "worker-1")  # worker 1's host is gone: its own copy and rank 0's replica
-    run_ranks(_restore, 2, root, root, 6, "memory-peer")
-    # The restore kept the received copy on the new worker 1; losing both hosts leaves only disk (step 4).
+    run_ranks(_restore, 2, root, root, 6, "memory-peer", same_host)
+    # Losing both hosts leaves only disk (step 4).
     shutil.rmtree(tmp_path / "shm")
-    run_ranks(_restore, 2, root, root, 4, "disk")
+    run_ranks(_restore, 2, root, root, 4, "disk", same_host)
+
+
+def test_a_replica_file_is_read_directly_only_where_that_very_file_is_visible(tmp_path: Path) -> None:
+    path = tmp_path / "step.bin"
+    path.write_bytes(b"x" * 10)
+    seen = mem.FileId.of(path)
+    assert seen.visible()
+    # another pod's /dev/shm: a file at the same path is another file (another device or inode)
+    assert not mem.FileId(seen.path, seen.device + 1, seen.inode, seen.size, seen.mtime_ns).visible()
+    replaced = tmp_path / "new.bin"
+    replaced.write_bytes(b"y" * 10)
+    replaced.replace(path)
+    assert not seen.visible()
+    path.unlink()
+    assert not seen.visible()
+    # the plan hands the holder's view of the file to the rank that restores from it
+    plan = mem.plan_restore([mem.Inventory(0, {6: (100, 2)}, {1: {6: (100, 2)}}, {(1, 6): seen}),
+                             mem.Inventory(1)], 2, None)
+    assert isinstance(plan, mem.MemoryPlan) and plan.sources[1].file == seen and plan.sources[0].file is None
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_step_due_for_disk_and_memory_takes_the_state_dict_once(tmp_path: Path) -> None:
+    # The memory save starts last and shares the disk save's state dict: a thread started earlier took the GIL
+    # from the loop's thread mid-save, and a second state dict cost its time again.
+    app, data = make_app(seed=0)
+    calls: list[int] = []
+    state_dict = app.state_dict
+
+    def counted(**kwargs: Any) -> dict[str, Any]:
+        calls.append(1)
+        return state_dict(**kwargs)
+
+    app.state_dict = counted
+    ckpt = Checkpointer(_cfg(tmp_path), tmp_path, memory_dir=tmp_path / "shm")
+    assert ckpt.memory is not None
+    for step in range(1, 4):  # memory at every step, disk at step 3
+        train_step(app, data, ckpt)
+        calls.clear()
+        assert ckpt.due(step)
+        ckpt.save(step, app)
+        ckpt.wait_staged()
+        assert len(calls) == 1, step
+        ckpt.memory.wait()
+    ckpt.close()
+    assert list(mem.steps_in(mem.own_dir(tmp_path / "shm", 0))) == [3]
+    assert [p.name for p in tmp_path.glob("step-*")] == ["step-00000003"]
+
+
+def _replicate(rank: int, world_size: int, root: str) -> None:
+    peer.CHUNK = 4096  # a copy goes in many messages, the last one shorter
+    app, data, ckpt = _train(rank, world_size, root, 2, True)
+    assert ckpt.memory is not None
+    hosts = [Path(root) / "shm" / f"worker-{r}" for r in range(world_size)]
+    for step in (1, 2):
+        train_step(app, data, ckpt)
+        if step == 2 and rank == 1:  # no room for rank 0's replica on worker 1: a file where its folder goes
+            shutil.rmtree(mem.replica_dir(hosts[1], 0))
+            mem.replica_dir(hosts[1], 0).write_text("")
+        assert ckpt.due(step)
+        ckpt.save(step, app)
+        ckpt.memory.wait()
+        if step == 1:
+            dist.barrier()
+            other = 1 - rank  # the replica this worker holds is the other rank's own file, byte for byte
+            held = mem.step_file(mem.replica_dir(hosts[rank], other), 1, world_size).read_bytes()
+            assert held == mem.step_file(mem.own_dir(hosts[other], other), 1, world_size).read_bytes()
+            dist.barrier()
+    # Step 2 is not complete on every rank: step 1 stays the newest complete one, and nothing hung.
+    assert ckpt.memory.newest_step == 1
+    assert sorted(mem.steps_in(mem.own_dir(hosts[rank], rank))) == [1, 2]
+    ckpt.close()
+
+
+def test_a_replica_arrives_in_chunks_and_a_worker_without_room_for_it_leaves_the_previous_step(
+        tmp_path: Path) -> None:
+    run_ranks(_replicate, 2, str(tmp_path), str(tmp_path))
