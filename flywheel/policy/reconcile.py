@@ -18,7 +18,9 @@ must remember across its own restarts is in the status it writes, so a killed op
 - Pods are named per replica index, so a pod can never be duplicated: a missing index is created, a name still
   held by a terminating pod waits until it is gone (force-deleted after `nodeFailureGraceSeconds` on a lost node).
 
-Each step is a policy of its own module; the order below is the precedence between them.
+Each step is a policy of its own module; the order below is the precedence between them. The pass also says when
+it is next due with nothing else changed (`Pass.next_due`, policy/due.py): the executors run a pass on every change
+of what it reads, and otherwise only then.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from flywheel.policy import reasons as R
 from flywheel.policy.conditions import TERMINAL, condition, iso, set_condition
 from flywheel.policy.deadline_ttl import after_finish, deadline
 from flywheel.policy.decisions import Event, Pass
+from flywheel.policy.due import next_due
 from flywheel.policy.failure_decision import decide_failure, requested_restart
 from flywheel.policy.finish import invalid_job, success
 from flywheel.policy.job_view import JobView
@@ -57,6 +60,14 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: Trai
     job = JobView(spec, pods, progress, now, out.status.generation, restart_requested_at, findings)
     _observe(out.status, job)
     out.events += count_rank_restarts(out.status, pods, job.generation, now)
+    decided = _decide(out, job)
+    decided.next_due = next_due(decided.status, job)
+    return decided
+
+
+def _decide(out: Pass, job: JobView) -> Pass:
+    """The pass after the observations: the first policy (by precedence) that decides."""
+    spec = job.spec
     if out.status.phase in TERMINAL:
         return after_finish(out, job)
     clean_up(out, job)
