@@ -53,6 +53,7 @@ from flywheel.timefmt import parse_rfc3339
 # A pass at least this often with nothing due: what a missed wake-up costs at most (every change wakes the runner).
 SAFETY_TICK_SECONDS = 30.0
 RETRY_SECONDS = 1.0  # after a pass that failed (an API error)
+ETCD_RETRY_SECONDS = 5.0  # after the etcd liveness or progress watch could not start
 SERVICE_RECHECK_SECONDS = 10.0  # how soon a deleted headless Service is created again
 
 
@@ -94,11 +95,13 @@ class JobRunner:
         self.deleted_pods: set[str] = set()
         self.written_version: str | None = None  # the resourceVersion of this runner's last status write
         # When the last pass's time-based rules come due (unix seconds; None: none): the policy's, a missing
-        # liveness key's grace, the hang timeouts', a held-back checkpoint event's.
+        # liveness key's grace, the hang timeouts', a held-back checkpoint event's, a failed etcd watch's retry
+        # (an unseen own write's expiry is the overlay's: `own.due()`).
         self.pass_due: float | None = None
         self.liveness_due: float | None = None
         self.hang_due: float | None = None
         self.checkpoint_due: float | None = None
+        self.etcd_retry_due: float | None = None
 
     # -- wiring -------------------------------------------------------------------------------------------------
     def poke(self) -> None:
@@ -116,7 +119,8 @@ class JobRunner:
 
     def next_due(self) -> float | None:
         """When a pass is next due with nothing else changed (unix seconds; None: only on a change)."""
-        times = [self.pass_due, self.liveness_due, self.hang_due, self.checkpoint_due]
+        times = [self.pass_due, self.liveness_due, self.hang_due, self.checkpoint_due, self.etcd_retry_due,
+                 self.own.due()]
         return min((t for t in times if t is not None), default=None)
 
     async def _start_liveness(self, job: TrainingJob) -> None:
@@ -125,6 +129,7 @@ class JobRunner:
                 self.progress.start(await self.etcd.session(), m.run_id(job, self.uid))
             except Exception as err:  # noqa: BLE001 (etcd down: retried next pass; the event log may still say)
                 self.logger.warning(f"etcd progress watch unavailable: {err}")
+                self.etcd_retry_due = time.time() + ETCD_RETRY_SECONDS
         if self.watch is not None or self.etcd is None or not self.settings.worker_liveness:
             return
         loop = asyncio.get_running_loop()
@@ -139,6 +144,7 @@ class JobRunner:
             self.watch = watch_workers(await self.etcd.session(), m.run_id(job, self.uid), changed)
         except Exception as err:  # noqa: BLE001 (etcd down, any client error: pod status still works; retried)
             self.logger.warning(f"etcd liveness watch unavailable: {err}")
+            self.etcd_retry_due = time.time() + ETCD_RETRY_SECONDS
 
     async def run(self, stopped: kopf.DaemonStopped) -> None:
         stopping = asyncio.ensure_future(self._wake_when_stopped(stopped))
@@ -240,7 +246,7 @@ class JobRunner:
 
     async def reconcile_once(self) -> None:
         # Each set again by the part of the pass that decides it (a pass that ends early leaves them unset).
-        self.pass_due = self.liveness_due = self.hang_due = self.checkpoint_due = None
+        self.pass_due = self.liveness_due = self.hang_due = self.checkpoint_due = self.etcd_retry_due = None
         obj = self.own.job(await self.reads.job(self.namespace, self.name))
         if obj is None or obj["metadata"].get("deletionTimestamp") or obj["metadata"]["uid"] != self.uid:
             return
