@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import asdict
+from dataclasses import replace
 from typing import Any, assert_never, cast
 
 import kopf
@@ -54,6 +54,8 @@ from flywheel.timefmt import parse_rfc3339
 SAFETY_TICK_SECONDS = 30.0
 RETRY_SECONDS = 1.0  # after a pass that failed (an API error)
 ETCD_RETRY_SECONDS = 5.0  # after the etcd liveness or progress watch could not start
+# What a status write changes in the job's metadata: not read by the parsed job (its spec and name are).
+_VOLATILE_METADATA = frozenset({"resourceVersion", "managedFields"})
 SERVICE_RECHECK_SECONDS = 10.0  # how soon a deleted headless Service is created again
 
 
@@ -93,6 +95,7 @@ class JobRunner:
         # (force-deleted with grace 0) is a PodDeleted interruption (policy/vanished.py).
         self.seen_pods: list[PodView] = []
         self.deleted_pods: set[str] = set()
+        self.parsed: tuple[Any, TrainingJob | None, str | None] | None = None  # (parsed from, job, problems)
         self.written_version: str | None = None  # the resourceVersion of this runner's last status write
         # When the last pass's time-based rules come due (unix seconds; None: none): the policy's, a missing
         # liveness key's grace, the hang timeouts', a held-back checkpoint event's, a failed etcd watch's retry
@@ -235,8 +238,8 @@ class JobRunner:
             view = m.pod_view(obj, lost)
             if view is not None:
                 created = parse_rfc3339(obj["metadata"].get("creationTimestamp")) or 0.0
-                views.append(PodView(**{**asdict(view), "liveness_lost": self._liveness_lost(view, created, now),
-                                        **self._rank_restarts(view, created)}))
+                views.append(replace(view, liveness_lost=self._liveness_lost(view, created, now),
+                                     **self._rank_restarts(view, created)))
         alive = {v.uid for v in views}
         self.seen_live = {k: v for k, v in self.seen_live.items() if k in alive}
         self.dead_by_lease &= alive
@@ -250,12 +253,7 @@ class JobRunner:
         obj = self.own.job(await self.reads.job(self.namespace, self.name))
         if obj is None or obj["metadata"].get("deletionTimestamp") or obj["metadata"]["uid"] != self.uid:
             return
-        job: TrainingJob | None = None
-        invalid = None
-        try:
-            job = parse_cluster_job(obj)
-        except SpecError as err:
-            invalid = "; ".join(err.problems)
+        job, invalid = self._parse(obj)
         status_in = TrainingJobStatus.model_validate(obj.get("status") or {})
         views, progress = await self._observe(status_in)
         if job is not None and self.settings.hang_detection:
@@ -285,6 +283,18 @@ class JobRunner:
         for ev in result.events:
             await self._event(obj, ev.type, ev.reason, ev.message)
         await self._checkpoint_event(obj, result.status.phase in TERMINAL, progress)
+
+    def _parse(self, obj: dict[str, Any]) -> tuple[TrainingJob | None, str | None]:
+        """The job as parsed (None and the problems when invalid), parsed again only when what it is parsed from
+        changed: most passes follow a pod event or a status write, not a change of the spec."""
+        meta = {k: v for k, v in obj["metadata"].items() if k not in _VOLATILE_METADATA}
+        source = (obj.get("apiVersion"), obj.get("kind"), meta, obj.get("spec"))
+        if self.parsed is None or self.parsed[0] != source:
+            try:
+                self.parsed = (source, parse_cluster_job(obj), None)
+            except SpecError as err:
+                self.parsed = (source, None, "; ".join(err.problems))
+        return self.parsed[1], self.parsed[2]
 
     def _check_hang(self, job: TrainingJob, views: list[PodView], status: TrainingJobStatus) -> None:
         """A job training no step (etcd progress, operator's clock) is reported like the monitor's hang: the

@@ -124,3 +124,22 @@ def test_a_failed_etcd_watch_is_retried_without_a_change() -> None:
     asyncio.run(r._start_liveness(None))  # type: ignore[arg-type]
     due = r.next_due()
     assert due is not None and before + executor.ETCD_RETRY_SECONDS <= due <= time.time() + executor.ETCD_RETRY_SECONDS
+
+
+def test_a_pass_parses_the_job_again_only_when_its_spec_or_metadata_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.operator_scale_bed import job_doc
+
+    parsed: list[dict[str, object]] = []
+    real = executor.parse_cluster_job
+    monkeypatch.setattr(executor, "parse_cluster_job", lambda obj: parsed.append(obj) or real(obj))
+    r, obj = runner(), job_doc("j", 2)
+    obj["metadata"]["resourceVersion"] = "1"
+    first, _ = r._parse(obj)
+    obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": "2"}, "status": {"phase": "Running"}}
+    assert r._parse(obj)[0] is first and len(parsed) == 1  # a status write: the same job
+    obj["spec"] = {**obj["spec"], "replicas": {"min": 1, "max": 2}}
+    again, _ = r._parse(obj)
+    assert again is not None and again.spec.replicas.min == 1 and len(parsed) == 2
+    obj["spec"] = {**obj["spec"], "replicas": {"min": 3, "max": 2}}
+    job, invalid = r._parse(obj)
+    assert job is None and invalid and "replicas" in invalid
