@@ -74,9 +74,10 @@ class OperatorMetrics:
     def observe_job(self, namespace: str, job: str, status: dict[str, object], previous_restarts: int) -> None:
         """Record one status the reconciler wrote (after the write succeeded)."""
         phase = str(status.get("phase", "Pending"))
-        self._phases[(namespace, job)] = phase
-        self._publish_phases()
-        self.set_job_phase(namespace, job, phase)
+        if self._phases.get((namespace, job)) != phase:  # the count over all jobs: only when a phase changes
+            self._phases[(namespace, job)] = phase
+            self._publish_phases()
+            self.set_job_phase(namespace, job, phase)
         restarts = int(status.get("restarts", 0) or 0)  # type: ignore[call-overload]
         if restarts > previous_restarts:
             self.restarts_total.labels(job, namespace, str(status.get("lastRestartReason", ""))).inc(

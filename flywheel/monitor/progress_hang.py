@@ -43,3 +43,12 @@ def progress_hang(clock: ProgressClock, now: float, progress_timeout: float,
     since = "the last step" if stepped else "its workers started, before the first step"
     return ProgressHang(idle, f"no training step for {idle:.0f} s since {since} (faultTolerance.{what} is "
                               f"{limit:g}; seen from the etcd progress record)")
+
+
+def progress_hang_due(clock: ProgressClock, progress_timeout: float, first_step_timeout: float) -> float | None:
+    """When `progress_hang` finds the hang if no step is seen before (None: it never will without a change)."""
+    if clock.running_since is None or progress_timeout <= 0:
+        return None
+    if clock.last_step_seen is not None and clock.last_step_seen >= clock.running_since:
+        return clock.last_step_seen + progress_timeout
+    return clock.running_since + first_step_timeout

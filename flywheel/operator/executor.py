@@ -6,11 +6,14 @@ The job, its pods, its Service and the lost nodes are read from the operator's w
 the runner's own writes laid over them until the watch has delivered them (own_writes.py): a pass sends the API
 server only the writes it decides, none when nothing changed.
 
-One `JobRunner` per TrainingJob runs inside a kopf daemon. It wakes on pod events, etcd liveness and progress
-changes and a periodic tick. Without Prometheus it also reports a hang itself, from the etcd progress
-(progress_follower.py), into its findings inbox like the health monitor. If the status write loses a race (409)
-nothing is done in that pass: the next one starts over from fresh observations, so no action is ever taken twice
-for one decision.
+One `JobRunner` per TrainingJob runs inside a kopf daemon. It runs a pass when something the pass reads changed (a
+watch event on the job -- not its own status write -- or on its pods or Service, an etcd liveness or progress
+change, a health finding) and when a time-based rule comes due: the pass's own (`Pass.next_due`, policy/due.py)
+and the runner's (a missing liveness key's grace, the hang timeouts, a held-back checkpoint event); at the latest
+every SAFETY_TICK_SECONDS. A job with nothing happening costs no pass. Without Prometheus it also reports a hang
+itself, from the etcd progress (progress_follower.py), into its findings inbox like the health monitor. If the
+status write loses a race (409) nothing is done in that pass: the next one starts over from fresh observations, so
+no action is ever taken twice for one decision.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import asdict
+from dataclasses import replace
 from typing import Any, assert_never, cast
 
 import kopf
@@ -39,7 +42,7 @@ from flywheel.operator.progress_follower import JobProgress
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.plan import WorkerPlan
 from flywheel.policy import reasons as R
-from flywheel.policy.checkpoint_events import CheckpointEventState, failure_events, next_event, seed
+from flywheel.policy.checkpoint_events import CheckpointEventState, event_due, failure_events, next_event, seed
 from flywheel.policy.conditions import TERMINAL
 from flywheel.policy.decisions import (
     CreatePod,
@@ -59,7 +62,12 @@ from flywheel.spec import SpecError, TrainingJob, parse_cluster_job
 from flywheel.spec_status import Phase, TrainingJobStatus
 from flywheel.timefmt import parse_rfc3339
 
-TICK_SECONDS = 1.0
+# A pass at least this often with nothing due: what a missed wake-up costs at most (every change wakes the runner).
+SAFETY_TICK_SECONDS = 30.0
+RETRY_SECONDS = 1.0  # after a pass that failed (an API error)
+ETCD_RETRY_SECONDS = 5.0  # after the etcd liveness or progress watch could not start
+# What a status write changes in the job's metadata: not read by the parsed job (its spec and name are).
+_VOLATILE_METADATA = frozenset({"resourceVersion", "managedFields"})
 SERVICE_RECHECK_SECONDS = 10.0  # how soon a deleted headless Service is created again
 
 
@@ -104,10 +112,36 @@ class JobRunner:
         # (force-deleted with grace 0) is a PodDeleted interruption (policy/vanished.py).
         self.seen_pods: list[PodView] = []
         self.deleted_pods: set[str] = set()
+        self.parsed: tuple[Any, TrainingJob | None, str | None] | None = None  # (parsed from, job, problems)
+        self.written_version: str | None = None  # the resourceVersion of this runner's last status write
+        # When the last pass's time-based rules come due (unix seconds; None: none): the policy's, a missing
+        # liveness key's grace, the hang timeouts', a held-back checkpoint event's, a failed etcd watch's retry
+        # (an unseen own write's expiry is the overlay's: `own.due()`).
+        self.pass_due: float | None = None
+        self.liveness_due: float | None = None
+        self.hang_due: float | None = None
+        self.checkpoint_due: float | None = None
+        self.etcd_retry_due: float | None = None
 
     # -- wiring -------------------------------------------------------------------------------------------------
     def poke(self) -> None:
         self.wake.set()
+
+    def job_event(self, resource_version: str | None) -> None:
+        """A watch event of the job: a pass, unless it only shows this runner's own status write."""
+        if resource_version is None or resource_version != self.written_version:
+            self.poke()
+
+    def service_gone(self) -> None:
+        """The headless Service was deleted: created again by the next pass, now."""
+        self.service_checked_at = None
+        self.poke()
+
+    def next_due(self) -> float | None:
+        """When a pass is next due with nothing else changed (unix seconds; None: only on a change)."""
+        times = [self.pass_due, self.liveness_due, self.hang_due, self.checkpoint_due, self.etcd_retry_due,
+                 self.own.due()]
+        return min((t for t in times if t is not None), default=None)
 
     async def _start_liveness(self, job: TrainingJob) -> None:
         if self.etcd is not None and self.progress.watch is None:
@@ -115,6 +149,7 @@ class JobRunner:
                 self.progress.start(await self.etcd.session(), m.run_id(job, self.uid))
             except Exception as err:  # noqa: BLE001 (etcd down: retried next pass; the event log may still say)
                 self.logger.warning(f"etcd progress watch unavailable: {err}")
+                self.etcd_retry_due = time.time() + ETCD_RETRY_SECONDS
         if self.watch is not None or self.etcd is None or not self.settings.worker_liveness:
             return
         loop = asyncio.get_running_loop()
@@ -129,6 +164,7 @@ class JobRunner:
             self.watch = watch_workers(await self.etcd.session(), m.run_id(job, self.uid), changed)
         except Exception as err:  # noqa: BLE001 (etcd down, any client error: pod status still works; retried)
             self.logger.warning(f"etcd liveness watch unavailable: {err}")
+            self.etcd_retry_due = time.time() + ETCD_RETRY_SECONDS
         await self._start_spare_watch(job)
 
     async def _start_spare_watch(self, job: TrainingJob) -> None:
@@ -149,23 +185,26 @@ class JobRunner:
             self.logger.warning(f"etcd spare watch unavailable: {err}")
 
     async def run(self, stopped: kopf.DaemonStopped) -> None:
+        stopping = asyncio.ensure_future(self._wake_when_stopped(stopped))
         try:
             while not stopped:
                 started, result = time.monotonic(), "error"
                 # Cleared before the pass, not after: a poke that arrives during it (a pod event, a 409 redo) must
-                # run another pass at once instead of waiting for the next tick.
+                # run another pass at once instead of waiting for the next one due.
                 self.wake.clear()
+                due: float | None = time.time() + RETRY_SECONDS
                 try:
                     await self.reconcile_once()
-                    result = "ok"
+                    result, due = "ok", self.next_due()
                 except KubeApiError as err:
                     self.logger.warning(f"API error during reconcile (retrying): {err}")
                 except Exception:
                     self.logger.exception("reconcile pass failed (retrying)")
                 if self.metrics is not None:
                     self.metrics.reconcile_duration_seconds.labels(result).observe(time.monotonic() - started)
-                await self._sleep(stopped)
+                await self._sleep(due)
         finally:
+            stopping.cancel()
             if self.metrics is not None:
                 self.metrics.forget_job(self.namespace, self.name)
             for watch in (self.watch, self.spare_watch):
@@ -173,17 +212,20 @@ class JobRunner:
                     await asyncio.get_running_loop().run_in_executor(None, watch.stop)
             await asyncio.get_running_loop().run_in_executor(None, self.progress.stop)
 
-    async def _sleep(self, stopped: kopf.DaemonStopped) -> None:
-        """Until poked, stopped, or the next tick."""
-        async def until_stopped() -> None:
-            await stopped.wait()
+    async def _wake_when_stopped(self, stopped: kopf.DaemonStopped) -> None:
+        await stopped.wait()
+        self.wake.set()
 
-        tasks = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(until_stopped())]
+    async def _sleep(self, due: float | None) -> None:
+        """Until poked (stopping pokes too), or `due` (unix seconds), or SAFETY_TICK_SECONDS at the latest."""
+        seconds = min(SAFETY_TICK_SECONDS, due - time.time()) if due is not None else SAFETY_TICK_SECONDS
+        if seconds <= 0:
+            return
         try:
-            await asyncio.wait(tasks, timeout=TICK_SECONDS, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
+            async with asyncio.timeout(seconds):
+                await self.wake.wait()
+        except TimeoutError:
+            pass
 
     # -- one pass -----------------------------------------------------------------------------------------------
     def _liveness_lost(self, view: PodView, created: float, now: float) -> bool:
@@ -207,6 +249,7 @@ class JobRunner:
         since = self.seen_live[view.uid] or now
         self.seen_live[view.uid] = since
         if now - since < LIVENESS_GRACE_SECONDS:
+            self.liveness_due = min(since + LIVENESS_GRACE_SECONDS, self.liveness_due or float("inf"))
             return False
         self.dead_by_lease.add(view.uid)
         return True
@@ -235,13 +278,12 @@ class JobRunner:
         for obj in pods:
             view = m.pod_view(obj, lost)
             if view is not None and view.is_spare:
-                views.append(PodView(**{**asdict(view), "spare_ready": self._spare_ready(view)}))
+                views.append(replace(view, spare_ready=self._spare_ready(view)))
             elif view is not None:
                 created = max(parse_rfc3339(obj["metadata"].get("creationTimestamp")) or 0.0,
                               self.promoted_at.get(view.uid, 0.0))
-                views.append(PodView(**{**asdict(view), "liveness_lost": self._liveness_lost(view, created, now),
-                                        **self._rank_restarts(view, created),
-                                        "spare_ready": self._spare_ready(view)}))
+                views.append(replace(view, liveness_lost=self._liveness_lost(view, created, now),
+                                     spare_ready=self._spare_ready(view), **self._rank_restarts(view, created)))
         alive = {v.uid for v in views}
         self.seen_live = {k: v for k, v in self.seen_live.items() if k in alive}
         self.dead_by_lease &= alive
@@ -251,15 +293,12 @@ class JobRunner:
         return views, progress
 
     async def reconcile_once(self) -> None:
+        # Each set again by the part of the pass that decides it (a pass that ends early leaves them unset).
+        self.pass_due = self.liveness_due = self.hang_due = self.checkpoint_due = self.etcd_retry_due = None
         obj = self.own.job(await self.reads.job(self.namespace, self.name))
         if obj is None or obj["metadata"].get("deletionTimestamp") or obj["metadata"]["uid"] != self.uid:
             return
-        job: TrainingJob | None = None
-        invalid = None
-        try:
-            job = parse_cluster_job(obj)
-        except SpecError as err:
-            invalid = "; ".join(err.problems)
+        job, invalid = self._parse(obj)
         status_in = TrainingJobStatus.model_validate(obj.get("status") or {})
         views, progress = await self._observe(status_in)
         if job is not None and self.settings.hang_detection:
@@ -273,8 +312,10 @@ class JobRunner:
         result = reconcile(job.spec if job else None, invalid, status_in, views + gone, progress, time.time(),
                            int(obj["metadata"].get("generation", 0)), annotations.get(RESTART_ANNOTATION), findings)
         written = result.status.to_json()
+        changed = written != (obj.get("status") or {})
         if not await self._write_status(obj, written):
             return
+        self.pass_due = result.next_due
         # Everything below only after the status that decided it is written: a lost race (409) does nothing.
         self.findings.consumed(findings)
         self.seen_pods, self.deleted_pods = views, self.deleted_pods & {v.uid for v in views}
@@ -282,11 +323,23 @@ class JobRunner:
             await self._start_liveness(job)
             await self._ensure_service(obj, job)
         if self.metrics is not None:
-            self._record_metrics(written, status_in, views, progress)
+            self._record_metrics(written if changed else None, status_in, views, progress)
         await self._act(obj, job, result)
         for ev in result.events:
             await self._event(obj, ev.type, ev.reason, ev.message)
         await self._checkpoint_event(obj, result.status.phase in TERMINAL, progress)
+
+    def _parse(self, obj: dict[str, Any]) -> tuple[TrainingJob | None, str | None]:
+        """The job as parsed (None and the problems when invalid), parsed again only when what it is parsed from
+        changed: most passes follow a pod event or a status write, not a change of the spec."""
+        meta = {k: v for k, v in obj["metadata"].items() if k not in _VOLATILE_METADATA}
+        source = (obj.get("apiVersion"), obj.get("kind"), meta, obj.get("spec"))
+        if self.parsed is None or self.parsed[0] != source:
+            try:
+                self.parsed = (source, parse_cluster_job(obj), None)
+            except SpecError as err:
+                self.parsed = (source, None, "; ".join(err.problems))
+        return self.parsed[1], self.parsed[2]
 
     def _check_hang(self, job: TrainingJob, views: list[PodView], status: TrainingJobStatus) -> None:
         """A job training no step (etcd progress, operator's clock) is reported like the monitor's hang: the
@@ -294,7 +347,11 @@ class JobRunner:
         if status.phase in (Phase.SUCCEEDED, Phase.FAILED, Phase.SUSPENDED):
             return
         hang = self.progress.hang(job.spec, views, status.generation, time.time())
-        if hang is not None and self.hang_reported != status.generation:
+        if self.hang_reported == status.generation:
+            return
+        if hang is None:
+            self.hang_due = self.progress.hang_due(job.spec)
+        else:
             self.hang_reported = status.generation
             self.logger.warning(f"job is hung: {hang.message}")
             self.findings.report_hang(hang.message, status.generation)
@@ -310,6 +367,7 @@ class JobRunner:
             answer = await self.kube.merge_patch(self.path + "/status", {
                 "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": status})
             self.own.wrote_job(obj, answer)
+            self.written_version = str(answer["metadata"].get("resourceVersion"))
         except KubeApiError as err:
             if err.status == 409:
                 # Not redone at once: the cache still shows the version that lost, and a pass on it would lose again.
@@ -329,6 +387,7 @@ class JobRunner:
             await self._event(obj, "Warning", R.CHECKPOINT_FAILED, message)
         event, self.checkpoint_events = next_event(progress.checkpoints, self.checkpoint_events, time.time(),
                                                    flush=finished)
+        self.checkpoint_due = event_due(progress.checkpoints, self.checkpoint_events)
         if event is None:
             return
         try:
@@ -337,12 +396,16 @@ class JobRunner:
         except KubeApiError as err:
             self.logger.warning(f"could not post event {R.CHECKPOINT_COMMITTED}: {err}")
 
-    def _record_metrics(self, status: dict[str, Any], previous: TrainingJobStatus, views: list[PodView],
+    def _record_metrics(self, status: dict[str, Any] | None, previous: TrainingJobStatus, views: list[PodView],
                         progress: ObservedProgress) -> None:
-        """Metrics of a written status: phase, restarts, goodput; time to detect a pod failure (its container's end
-        -> the restart decision; a hang's is the monitor's); time to recover (the last step before a restart -> the
-        first step after it, from the event log; only recoveries seen by this operator process)."""
+        """Metrics of a written status (None: the pass changed nothing): phase, restarts, goodput; time to detect a
+        pod failure (its container's end -> the restart decision; a hang's is the monitor's); time to recover (the
+        last step before a restart -> the first step after it, from the progress; only recoveries seen by this
+        operator process)."""
         assert self.metrics is not None
+        self._record_recoveries(progress)
+        if status is None:
+            return
         previous_restarts = previous.restarts
         self.metrics.observe_job(self.namespace, self.name, status, previous_restarts)
         reason = str(status.get("lastRestartReason", ""))
@@ -352,6 +415,9 @@ class JobRunner:
             ended = [v.finished_at for v in views if v.finished_at is not None and v.generation == previous.generation]
             if ended and reason != R.RESTART_HUNG:
                 self.metrics.time_to_detect_seconds.labels(reason).observe(max(0.0, now - min(ended)))
+
+    def _record_recoveries(self, progress: ObservedProgress) -> None:
+        assert self.metrics is not None
         for at, seconds in progress.recoveries:
             if at > self.recoveries_seen_until:
                 self.recoveries_seen_until = at

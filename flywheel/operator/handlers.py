@@ -148,10 +148,21 @@ def pod_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def job_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    """A spec, annotation or status change of a job (its own status writes too) reaches its pass at once."""
-    if namespace is not None:
-        poke(memo, namespace, name)
+def job_changed(namespace: str | None, name: str, body: kopf.Body, memo: Any, **_: Any) -> None:
+    """A spec, annotation or status change of a job reaches its pass at once; the event of the runner's own status
+    write does not (the pass that wrote it decided from everything else the job showed)."""
+    runner: JobRunner | None = memo.runners.get((namespace, name)) if namespace is not None else None
+    if runner is not None:
+        runner.job_event(body.get("metadata", {}).get("resourceVersion"))
+
+
+@kopf.on.event("", "v1", "services", labels={m.JOB_LABEL: kopf.PRESENT})
+def service_changed(type: str | None, namespace: str | None, labels: Mapping[str, str], memo: Any,
+                    **_: Any) -> None:
+    """A deleted headless Service is created again by the job's next pass, run now."""
+    runner: JobRunner | None = memo.runners.get((namespace, labels[m.JOB_LABEL])) if namespace is not None else None
+    if runner is not None and type == "DELETED":
+        runner.service_gone()
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

@@ -102,6 +102,12 @@ class OwnWrites:
             _meta(pod)["deletionTimestamp"] = rfc3339(deleted_at)
         return pod
 
+    def due(self) -> float | None:
+        """When the oldest unseen write stops being laid over the cache (the cache is believed again)."""
+        times = [t for _, t in self.created.values()] + list(self.deleted.values()) + \
+            [t for _, t in self.relabelled.values()]
+        return min(times) + PENDING_SECONDS if times else None
+
     def _expire(self, now: float) -> None:
         self.created = {k: v for k, v in self.created.items() if now - v[1] < PENDING_SECONDS}
         self.deleted = {k: t for k, t in self.deleted.items() if now - t < PENDING_SECONDS}

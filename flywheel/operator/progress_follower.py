@@ -15,7 +15,7 @@ from flywheel.etcd.progress import ProgressRecord
 from flywheel.etcd.progress_watch import ProgressWatch, watch_progress
 from flywheel.etcd.session import EtcdSession
 from flywheel.monitor.etcd_progress import GoodputSeed, ProgressLedger, merged
-from flywheel.monitor.progress_hang import ProgressClock, ProgressHang, progress_hang
+from flywheel.monitor.progress_hang import ProgressClock, ProgressHang, progress_hang, progress_hang_due
 from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.spec import TrainingJobSpec
 from flywheel.spec_status import GoodputStatus
@@ -75,6 +75,14 @@ class JobProgress:
         clock = ProgressClock(self.running[1] if self.running else None, self.last_step_seen)
         ft = spec.fault_tolerance
         return progress_hang(clock, now, ft.progress_timeout_seconds, ft.first_step_timeout_seconds)
+
+    def hang_due(self, spec: TrainingJobSpec) -> float | None:
+        """When `hang` finds the hang with no step seen before, from what the last `hang` call saw of the pods."""
+        if self.done or self.watch is None or self.running is None:
+            return None
+        ft = spec.fault_tolerance
+        return progress_hang_due(ProgressClock(self.running[1], self.last_step_seen), ft.progress_timeout_seconds,
+                                 ft.first_step_timeout_seconds)
 
     def stop(self) -> None:
         if self.watch is not None:

@@ -84,6 +84,15 @@ def next_event(recent: Sequence[CommittedCheckpoint], state: CheckpointEventStat
     return event, CheckpointEventState(handled=total, last_posted_at=now)
 
 
+def event_due(recent: Sequence[CommittedCheckpoint], state: CheckpointEventState,
+              interval: float = CHECKPOINT_EVENT_INTERVAL_SECONDS) -> float | None:
+    """When `next_event` posts the checkpoints still pending (held back by the interval); None: none pending."""
+    total = recent[-1].ordinal if recent else 0
+    if total <= state.handled or state.last_posted_at is None:
+        return None
+    return state.last_posted_at + interval
+
+
 def failure_events(reports: Sequence[tuple[int, str]], handled: int | None) -> tuple[list[str], int]:
     """The CheckpointFailed messages to post: each cause of failing saves once (the trainer reports a cause again
     only when it changes or after a commit). `reports`: (ordinal, message), oldest first; `handled`: the highest

@@ -74,6 +74,7 @@ class Pass:
     status: TrainingJobStatus
     actions: list[JobAction] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    next_due: float | None = None  # when a time-based rule next comes due (policy/due.py); None: only on a change
 
     def keep_only_force_deletes(self) -> None:
         """Drop every action decided so far but a force delete (a stuck pod on a lost node goes regardless)."""

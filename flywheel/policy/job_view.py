@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flywheel.policy.failures import FailureKind, classify_pod, classify_waiting
+from flywheel.policy.failures import START_FAILURES_AFTER_GRACE, FailureKind, classify_pod, classify_waiting
 from flywheel.policy.observed import HealthFindings, ObservedProgress, PodView
 from flywheel.spec import TrainingJobSpec
 
@@ -67,6 +67,13 @@ class JobView:
         of an older generation or above the desired count. Still a failure to decide."""
         return [p for p in self.mine if p.generation == self.generation and p.deleting_since is not None
                 and p.index < self.desired]
+
+    def start_failures_due(self) -> list[float]:
+        """When each current pod waiting on a retryable start failure (an image pull error, a missing Secret or
+        ConfigMap) has waited out startFailureGraceSeconds and `failure` calls it failed."""
+        grace = self.spec.fault_tolerance.start_failure_grace_seconds
+        return [p.waiting_since + grace for p in self.current if p.phase == "Pending" and p.waiting_since is not None
+                and p.reason in START_FAILURES_AFTER_GRACE and self.failure(p) is None]
 
     @property
     def failed(self) -> list[PodView]:

@@ -1,7 +1,8 @@
 """Unschedulable workers (pure): the Unschedulable condition names the pod and the scheduler's message, and
 `faultTolerance.pendingTimeoutSeconds` bounds the wait. Past it, the job fails -- unless it is elastic and runs at
 least `replicas.min` workers: then it has shrunk already (the agents' rendezvous formed without the pending pod,
-which joins once it is scheduled, as after any shrink), and it goes on."""
+which joins once it is scheduled, as after any shrink), and it goes on. `unschedulable_due` says when either
+comes due."""
 
 from __future__ import annotations
 
@@ -40,3 +41,15 @@ def pending_timeout(out: Pass, job: JobView) -> Pass | None:
     message = R.MSG_PENDING_TIMEOUT.format(pod=first.name, seconds=waited, limit=limit,
                                            message=first.scheduler_message or "no node fits")
     return finish(out, job.pods, Phase.FAILED, R.UNSCHEDULABLE, message, job.now)
+
+
+def unschedulable_due(job: JobView) -> list[float]:
+    """When the longest-waiting unschedulable pod shows as Unschedulable (after nodeFailureGraceSeconds, the
+    condition `running_state.settle` sets) and when it times out (pendingTimeoutSeconds)."""
+    pending = unschedulable(job)
+    since = pending[0].unschedulable_since if pending else None
+    if since is None:
+        return []
+    limit = job.spec.fault_tolerance.pending_timeout_seconds
+    shown = since + job.spec.fault_tolerance.node_failure_grace_seconds
+    return [shown] if limit is None else [shown, since + limit]

@@ -72,6 +72,15 @@ def _waits_for_cause(status: TrainingJobStatus, pod: PodView, now: float | None)
             and not _same_recovery(status, pod.rank_restart_at) and now - pod.rank_restart_at < CAUSE_WAIT_SECONDS)
 
 
+def cause_wait_due(status: TrainingJobStatus, pods: Sequence[PodView]) -> list[float]:
+    """When each consequence's report left waiting for its cause's (`count_rank_restarts` with `now`) stops
+    waiting and is counted by itself. `status`: as the pass left it (its `rankRestarts` record what was taken)."""
+    taken = status.rank_restarts
+    return [p.rank_restart_at + CAUSE_WAIT_SECONDS for p in pods
+            if p.rank_restarts > taken.get(p.uid, 0) and follows_a_peer(p.rank_restart_reason)
+            and not _same_recovery(status, p.rank_restart_at)]
+
+
 def count_rank_restarts(status: TrainingJobStatus, pods: Sequence[PodView], generation: int,
                         now: float | None = None) -> list[Event]:
     """Add the rank restarts reported since the last pass to `status.restarts` (lastRestartReason RankRestarted),

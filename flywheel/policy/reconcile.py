@@ -18,7 +18,9 @@ must remember across its own restarts is in the status it writes, so a killed op
 - Pods are named per replica index, so a pod can never be duplicated: a missing index is created, a name still
   held by a terminating pod waits until it is gone (force-deleted after `nodeFailureGraceSeconds` on a lost node).
 
-Each step is a policy of its own module; the order below is the precedence between them.
+Each step is a policy of its own module; the order below is the precedence between them. The pass also says when
+it is next due with nothing else changed (`Pass.next_due`, policy/due.py): the executors run a pass on every change
+of what it reads, and otherwise only then.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from flywheel.policy import reasons as R
 from flywheel.policy.conditions import TERMINAL, condition, iso, set_condition
 from flywheel.policy.deadline_ttl import after_finish, deadline
 from flywheel.policy.decisions import Event, Pass
+from flywheel.policy.due import next_due
 from flywheel.policy.failure_decision import decide_failure, requested_restart
 from flywheel.policy.finish import invalid_job, success
 from flywheel.policy.job_view import JobView
@@ -57,14 +60,21 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: Trai
         return invalid_job(out, pods, invalid, now)  # spares included: every pod of the job goes
     workers, spares = split_roles(pods)
     job = JobView(spec, workers, progress, now, out.status.generation, restart_requested_at, findings, spares)
-    return keep_spares(_decide(out, job), job)
+    decided = keep_spares(_decide(out, job), job)
+    decided.next_due = next_due(decided.status, job)
+    return decided
 
 
 def _decide(out: Pass, job: JobView) -> Pass:
     """Everything but the spares (policy/spares.py), whose count follows whatever this decides."""
-    spec, pods, now = job.spec, job.pods, job.now
     _observe(out.status, job)
-    out.events += count_rank_restarts(out.status, pods, job.generation, now)
+    out.events += count_rank_restarts(out.status, job.pods, job.generation, job.now)
+    return _first_policy(out, job)
+
+
+def _first_policy(out: Pass, job: JobView) -> Pass:
+    """The pass after the observations: the first policy (by precedence) that decides."""
+    spec = job.spec
     if out.status.phase in TERMINAL:
         return after_finish(out, job)
     clean_up(out, job)

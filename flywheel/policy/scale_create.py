@@ -30,6 +30,14 @@ def clean_up(out: Pass, job: JobView) -> Pass:
     return out
 
 
+def force_delete_due(job: JobView) -> list[float]:
+    """When each pod stuck terminating on a lost node (or without liveness) is force-deleted (by `clean_up`, or
+    by `after_finish` for a finished job): nodeFailureGraceSeconds after its deletion began."""
+    grace = job.spec.fault_tolerance.node_failure_grace_seconds
+    return [p.deleting_since + grace for p in job.pods
+            if p.deleting_since is not None and (p.node_lost or p.liveness_lost)]
+
+
 def create_missing(out: Pass, job: JobView) -> Pass:
     """Fill every replica index below the desired count: with a ready spare where one is left (policy/spares.py),
     else a new pod where the index's name is free (a name is reused only once its old pod is gone). A whole new

@@ -80,17 +80,17 @@ def test_planner_accuracy_smoke(tmp_path):
     assert layouts and all(r["peak_live_bytes"] > 0 and r["est_memory_bytes"] > 0 for r in layouts)
 
 
-@pytest.mark.xfail(reason="known regression, open: with rank restarts in place counted, the Prometheus trial's "
-                   "stopped rank is recovered by its agent (its peer's collective times out) and recorded as "
-                   "RankRestarted before the monitor's Hung, so the trial has no detection time; the bench must "
-                   "measure that route", strict=False)
 def test_hang_recovery_smoke(tmp_path):
     if not (REPO / ".tools" / "bin" / "kubectl").exists() or not shutil.which("prometheus"):
         pytest.skip("kubectl or prometheus missing: run scripts/install-tools.sh")
     # --quick shortens torchrun's wait to a 3 s gloo timeout (its trial then takes ~30 s for the stopped rank).
     run_bench(tmp_path, "bench.hang_recovery", "--quick")
     record = check_record(tmp_path / "hang_recovery.json")
-    assert [t["detected_by"] for t in record["runs"]["flywheel"]] == ["Hung"]
+    # The stopped rank is recovered by the monitor's Hung restart or, first, by its agent restarting the ranks in
+    # place once its peer's collective timed out (RankRestarted): either way detected and resumed.
+    (trial,) = record["runs"]["flywheel"]
+    assert trial["detected_by"] in ("Hung", "RankRestarted") and trial["detect_s"] > 0
+    assert trial["resume_s"] > 0 and record["value"] == trial["resume_s"]
     # Without Prometheus (etcd progress only), every rank stopped: still seen as Hung and recovered.
     assert [t["detected_by"] for t in record["runs"]["flywheel-etcd"]] == ["Hung"]
     assert record["runs"]["flywheel-etcd"][0]["resume_s"] > 0

@@ -20,6 +20,7 @@ from flywheel.policy.checkpoint_events import (
     RECENT_CHECKPOINTS,
     CheckpointEventState,
     CommittedCheckpoint,
+    event_due,
     failure_events,
     next_event,
     seed,
@@ -48,6 +49,15 @@ def test_first_checkpoint_at_once_then_one_coalesced_event_per_interval() -> Non
     assert "3 checkpoints since the last event, at steps 20, 30, 40" in later.message
     assert (later.first_time, later.last_time) == (T0 + 10, T0 + 20)  # commit times of step 20 and of step 40
     assert after == CheckpointEventState(handled=4, last_posted_at=T0 + 5 + INTERVAL)
+
+
+def test_a_held_back_checkpoint_event_is_due_when_the_interval_ends() -> None:
+    _, state = next_event(ckpts(10), CheckpointEventState(), T0 + 5)
+    assert event_due(ckpts(10), state) is None  # nothing pending
+    pending = ckpts(10, 20)
+    due = event_due(pending, state)
+    assert due == T0 + 5 + INTERVAL
+    assert next_event(pending, state, due - 0.01)[0] is None and next_event(pending, state, due)[0] is not None
 
 
 def test_a_finished_job_posts_what_is_pending_at_once() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flywheel.monitor.progress_hang import ProgressClock, progress_hang
+from flywheel.monitor.progress_hang import ProgressClock, progress_hang, progress_hang_due
 
 
 def test_no_hang_while_not_all_pods_run_or_disabled() -> None:
@@ -25,3 +25,12 @@ def test_progress_timeout_after_a_step() -> None:
     hang = progress_hang(clock, 210.0, 60, 600)
     assert hang is not None and hang.idle_seconds == 60.0
     assert "progressTimeoutSeconds is 60" in hang.message and "since the last step" in hang.message
+
+
+def test_the_hang_is_due_when_its_allowance_ends() -> None:
+    for clock, due in ((ProgressClock(100.0, None), 700.0), (ProgressClock(100.0, 90.0), 700.0),
+                       (ProgressClock(100.0, 150.0), 210.0)):
+        assert progress_hang_due(clock, 60, 600) == due
+        assert progress_hang(clock, due - 0.01, 60, 600) is None and progress_hang(clock, due, 60, 600) is not None
+    assert progress_hang_due(ProgressClock(None, 150.0), 60, 600) is None  # not all pods run: never
+    assert progress_hang_due(ProgressClock(100.0, 150.0), 0, 600) is None  # off
