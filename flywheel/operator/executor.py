@@ -165,6 +165,7 @@ class JobRunner:
         except Exception as err:  # noqa: BLE001 (etcd down, any client error: pod status still works; retried)
             self.logger.warning(f"etcd liveness watch unavailable: {err}")
             self.etcd_retry_due = time.time() + ETCD_RETRY_SECONDS
+            return  # the spare watch is started with the retried liveness watch
         await self._start_spare_watch(job)
 
     async def _start_spare_watch(self, job: TrainingJob) -> None:
