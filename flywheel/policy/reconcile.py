@@ -27,6 +27,7 @@ from flywheel.policy import reasons as R
 from flywheel.policy.conditions import TERMINAL, condition, iso, set_condition
 from flywheel.policy.deadline_ttl import after_finish, deadline
 from flywheel.policy.decisions import Event, Pass
+from flywheel.policy.drain import DrainInput, drain_ahead
 from flywheel.policy.failure_decision import decide_failure, requested_restart
 from flywheel.policy.finish import invalid_job, success
 from flywheel.policy.job_view import JobView
@@ -42,25 +43,27 @@ from flywheel.spec_status import CheckpointStatus, ConditionType, GoodputStatus,
 
 LIVENESS_GRACE_SECONDS = 1.0  # a key gone this long while the pod still runs means the agent is gone
 NO_FINDINGS = HealthFindings()
+NO_DRAIN_INPUT = DrainInput()
 
 __all__ = ["LIVENESS_GRACE_SECONDS", "PodView", "reconcile"]
 
 
 def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: TrainingJobStatus, pods: list[PodView],
               progress: ObservedProgress, now: float, generation: int = 0, restart_requested_at: str | None = None,
-              findings: HealthFindings = NO_FINDINGS) -> Pass:
+              findings: HealthFindings = NO_FINDINGS, drain: DrainInput = NO_DRAIN_INPUT) -> Pass:
     """Decide one pass. `spec` is None when the TrainingJob is invalid (`invalid` says why).
     `restart_requested_at`: the job's flywheel.dev/restart-requested-at annotation (REST API `restart`).
-    `findings`: the health monitor's (flywheel/monitor/findings.py)."""
+    `findings`: the health monitor's (flywheel/monitor/findings.py). `drain`: marked nodes and the checkpoint
+    request's answers (policy/drain.py)."""
     out = _begin(status_in, generation, now)
     if spec is None:
         return invalid_job(out, pods, invalid, now)  # spares included: every pod of the job goes
     workers, spares = split_roles(pods)
     job = JobView(spec, workers, progress, now, out.status.generation, restart_requested_at, findings, spares)
-    return keep_spares(_decide(out, job), job)
+    return keep_spares(_decide(out, job, drain), job)
 
 
-def _decide(out: Pass, job: JobView) -> Pass:
+def _decide(out: Pass, job: JobView, drain: DrainInput) -> Pass:
     """Everything but the spares (policy/spares.py), whose count follows whatever this decides."""
     spec, pods, now = job.spec, job.pods, job.now
     _observe(out.status, job)
@@ -72,7 +75,7 @@ def _decide(out: Pass, job: JobView) -> Pass:
         return suspend(out, job)
     entry_phase = resume(out, job)
     decided = (deadline(out, job) or success(out, job) or requested_restart(out, job)
-               or decide_failure(out, job) or pending_timeout(out, job))
+               or drain_ahead(out, job, drain) or decide_failure(out, job) or pending_timeout(out, job))
     if decided is not None:
         return decided
     create_missing(out, job)
