@@ -130,6 +130,11 @@ class Checkpointer:
                                  group=self._write_group, keep=cfg.keep, events=events, metrics=metrics) \
             if object_store.is_url(str(directory)) else None
 
+    @property
+    def control_group(self) -> Any:
+        """The gloo group of the saves' own collectives (the memory tier's agreement too)."""
+        return self._control_group
+
     # ---- agreement between ranks -------------------------------------------------------------------------------
 
     def _agree(self, flag: bool, group: Any, *, any_rank: bool) -> bool:
