@@ -40,3 +40,16 @@ def test_only_configured_taint_keys_mark_a_node() -> None:
 def test_a_fatal_xid_marks_its_node() -> None:
     marks = node_marks([("a", True, ())], (), {"a": "XID 79", "b": "XID 48"})
     assert marks["a"] == NodeMarks(unschedulable=True, fatal_xid="XID 79") and marks["b"].cause is not None
+
+
+def test_the_flag_and_the_chart_default_to_the_same_keys() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    from flywheel.operator.main import build_parser, drain_taint_keys
+
+    values = yaml.safe_load((Path(__file__).parents[2] / "charts/flywheel/values.yaml").read_text())
+    assert tuple(values["operator"]["drainTaintKeys"]) == DEFAULT_DRAIN_TAINT_KEYS
+    assert drain_taint_keys(build_parser().parse_args([]).drain_taint_keys) == DEFAULT_DRAIN_TAINT_KEYS
+    assert drain_taint_keys(" a, ,b ") == ("a", "b") and drain_taint_keys("") == ()
