@@ -56,7 +56,7 @@ from flywheel.policy.decisions import (
     ResetRendezvous,
 )
 from flywheel.policy.drain import DrainInput
-from flywheel.policy.observed import ObservedProgress, PodView
+from flywheel.policy.observed import HealthFindings, ObservedProgress, PodView
 from flywheel.policy.reconcile import LIVENESS_GRACE_SECONDS, reconcile
 from flywheel.policy.vanished import vanished_pods
 from flywheel.spec import SpecError, TrainingJob, parse_cluster_job
@@ -163,9 +163,10 @@ class JobRunner:
         except Exception as err:  # noqa: BLE001 (etcd down: no answers seen; a drain then moves after its bound)
             self.logger.warning(f"etcd checkpoint-request watch unavailable: {err}")
 
-    async def _drain_input(self) -> DrainInput:
-        """The nodes that are leaving (cordoned, a --drain-taint-keys taint) and the request's answers."""
-        return self.drain.observe(node_marks(await self.reads.node_marks(), self.settings.drain_taint_keys))
+    async def _drain_input(self, findings: HealthFindings) -> DrainInput:
+        """The nodes that are leaving (cordoned, a --drain-taint-keys taint, a fatal XID) and the request's answers."""
+        return self.drain.observe(node_marks(await self.reads.node_marks(), self.settings.drain_taint_keys,
+                                             dict(findings.node_faults)))
 
     async def _drain_act(self, job: TrainingJob | None, action: RequestCheckpoint | ClearCheckpointRequest) -> None:
         if job is None or self.etcd is None:
@@ -301,7 +302,7 @@ class JobRunner:
         gone = vanished_pods(self.seen_pods, views, self.deleted_pods, status_in.generation, time.time())
         result = reconcile(job.spec if job else None, invalid, status_in, views + gone, progress, time.time(),
                            int(obj["metadata"].get("generation", 0)), annotations.get(RESTART_ANNOTATION), findings,
-                           await self._drain_input())
+                           await self._drain_input(findings))
         written = result.status.to_json()
         if not await self._write_status(obj, written):
             return

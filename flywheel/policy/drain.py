@@ -11,7 +11,8 @@ job takes a checkpoint first and the worker is moved, losing no step.
    a ready spare through the usual promotion, else to a new pod the cordon or taint keeps off the node), the other
    workers join the new generation, and the job resumes from that checkpoint. One restart in `status.restarts`,
    `lastRestartReason` NodeDraining, no restart budget: a planned move is no failure.
-3. No answer within DRAIN_TIMEOUT_SECONDS: the worker is moved anyway (from the last checkpoint). A failure or the
+3. No answer within DRAIN_TIMEOUT_SECONDS (XID_DRAIN_TIMEOUT_SECONDS for a fatal XID: that GPU may never finish
+   the step): the worker is moved anyway (from the last checkpoint). A failure or the
    worker leaving the node first ends the drain; the failure is then decided as usual.
 
 Everything is in the status, so passes repeated over operator restarts decide the same; the request is re-sent on
@@ -33,6 +34,8 @@ from flywheel.spec_status import DrainStatus, Phase
 from flywheel.timefmt import parse_rfc3339, rfc3339
 
 DRAIN_TIMEOUT_SECONDS = 60.0  # a step plus a memory save take seconds; a node's maintenance notice gives minutes
+XID_DRAIN_TIMEOUT_SECONDS = 10.0  # a GPU with a fatal XID may never finish the step: do not wait long for it
+XID_CAUSE = "has a fatal GPU XID"
 MOVE_GRACE_SECONDS = 1  # the moved pod's ranks already stopped after their checkpoint: nothing to wait for
 NO_DRAIN = DrainStatus(node="", cause="", request_id="", requested_at="")  # every field set: the patch clears it
 
@@ -49,7 +52,7 @@ class NodeMarks:
     def cause(self) -> str | None:
         """Why the node is leaving, in words; None when it is not."""
         if self.fatal_xid:
-            return f"has a fatal GPU XID ({self.fatal_xid})"
+            return f"{XID_CAUSE} ({self.fatal_xid})"
         if self.taints:
             return f"is tainted {', '.join(self.taints)}"
         if self.unschedulable:
@@ -126,9 +129,11 @@ def _follow(out: Pass, job: JobView, seen: DrainInput) -> Pass | None:
         _end(out, R.MSG_DRAIN_ABANDONED.format(node=drain.node, cause=drain.cause, why=why), "Warning")
         return None
     requested = parse_rfc3339(drain.requested_at) or job.now
-    if job.now - requested >= seen.timeout_seconds:
-        return _move(out, job, R.MSG_DRAIN_TIMED_OUT.format(node=drain.node, cause=drain.cause,
-                                                            seconds=seen.timeout_seconds, pods=_names(on_node)))
+    bound = min(seen.timeout_seconds, XID_DRAIN_TIMEOUT_SECONDS) if drain.cause.startswith(XID_CAUSE) \
+        else seen.timeout_seconds
+    if job.now - requested >= bound:
+        return _move(out, job, R.MSG_DRAIN_TIMED_OUT.format(node=drain.node, cause=drain.cause, seconds=bound,
+                                                            pods=_names(on_node)))
     out.actions.append(RequestCheckpoint(drain.request_id, f"node {drain.node} {drain.cause}"))
     return None
 

@@ -162,3 +162,13 @@ def test_drain_ahead_alone_returns_no_decision_while_it_waits() -> None:
     from flywheel.policy.decisions import Pass
     out = Pass(draining())
     assert drain_ahead(out, view(spec(), PODS), DrainInput(nodes=CORDONED, request_id="r1")) is None
+
+
+def test_a_fatal_xid_drain_waits_only_the_short_bound() -> None:
+    status = running(drain=DrainStatus(node="n1", cause="has a fatal GPU XID (XID 79)", request_id="r1",
+                                       requested_at=rfc3339(NOW)))
+    waiting = decide(status, PODS, DrainInput(nodes=CORDONED, request_id="r1"), now=NOW + 5)
+    assert waiting.status.drain.node == "n1"
+    moved = decide(status, PODS, DrainInput(nodes=CORDONED, request_id="r1"), now=NOW + 11)
+    assert moved.status.last_restart_reason == R.NODE_DRAINING
+    assert any("did not come within 10s" in e.message for e in moved.events)
