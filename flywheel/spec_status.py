@@ -76,6 +76,14 @@ class StartupFailureStatus(_Model):
     step: int = Field(0, description="The step the attempts started from.")
 
 
+class DrainStatus(_Model):
+    node: str = Field("", description="The node a worker is being moved off (empty: no drain under way).")
+    cause: str = Field("", description="Why: cordoned, a taint's key, or a fatal GPU XID.")
+    request_id: str = Field("", description="The checkpoint request asked of the ranks (etcd "
+                            "/flywheel/requests/<run>/checkpoint).")
+    requested_at: str = Field("", description="When the checkpoint was requested (RFC 3339).")
+
+
 class TrainingJobStatus(_Model):
     """What the operator writes (status subresource). Also the shape the REST API serves."""
 
@@ -114,6 +122,8 @@ class TrainingJobStatus(_Model):
     spares: int = Field(0, description="Warm spare pods ready to be promoted (spec.replicas.spares).")
     next_spare: int = Field(0, description="The number the next spare pod is named with (<job>-spare-<n>): "
                             "names are never reused.")
+    drain: DrainStatus = Field(default_factory=DrainStatus, description="Drain ahead: the node a worker is being "
+                               "moved off after a memory checkpoint (policy/drain.py); empty when none.")
     observed_generation: int = Field(0, description="The metadata.generation of the spec this status is about.")
 
     def to_json(self) -> dict[str, Any]:

@@ -7,6 +7,8 @@
     /flywheel/progress/<run_id>/<rank>      training progress (flywheel/etcd/progress.py), under its writer's lease
     /flywheel/spares/<run_id>/<spare_id>    a waiting warm spare (flywheel/etcd/spares.py) under its agent's lease
     /flywheel/promote/<run_id>/<spare_id>   the operator's promotion of that spare: {"replica", "env"} (no lease)
+    /flywheel/requests/<run_id>/checkpoint  the operator's drain-ahead request: {"id", "reason"} (no lease)
+    /flywheel/requests/<run_id>/done/<rank> a rank's answer: {"id", "step"}: it holds that request's checkpoint
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ WORKERS_ROOT = "/flywheel/workers/"
 PROGRESS_ROOT = "/flywheel/progress/"
 SPARES_ROOT = "/flywheel/spares/"
 PROMOTE_ROOT = "/flywheel/promote/"
+REQUESTS_ROOT = "/flywheel/requests/"
 
 
 def _checked(run_id: str) -> str:
@@ -76,3 +79,19 @@ def promote_prefix(run_id: str) -> bytes:
 
 def promote_key(run_id: str, spare_id: str) -> bytes:
     return promote_prefix(run_id) + _checked_name("spare id", spare_id)
+
+
+def requests_prefix(run_id: str) -> bytes:
+    return f"{REQUESTS_ROOT}{_checked(run_id)}/".encode()
+
+
+def checkpoint_request_key(run_id: str) -> bytes:
+    return requests_prefix(run_id) + b"checkpoint"
+
+
+def checkpoint_done_prefix(run_id: str) -> bytes:
+    return requests_prefix(run_id) + b"done/"
+
+
+def checkpoint_done_key(run_id: str, rank: int) -> bytes:
+    return checkpoint_done_prefix(run_id) + str(int(rank)).encode()

@@ -57,6 +57,7 @@ class WorkerRegistration:
         self.ttl = ttl
         self._lease: KeptLease | None = None
         self._since = 0.0  # when the key was last (re)registered
+        self._written = b""  # the value this agent last put: its exit marker replaces only that
         self._rank_restarts = 0
         self._rank_restart_reason = ""
         self._rank_restart_at = 0.0
@@ -79,7 +80,19 @@ class WorkerRegistration:
             info["rankRestarts"] = self._rank_restarts
             info["rankRestartReason"] = self._rank_restart_reason
             info["rankRestartAt"] = self._rank_restart_at
-        await self.session.call_async(lambda c: c.put(self.key, json.dumps(info).encode(), lease=lease_id))
+        value = json.dumps(info).encode()
+        if exited:  # only over this agent's own key: a promoted spare may hold the replica's key by now
+            written = self._written
+
+            async def mark(c: Any) -> Any:
+                tx = c.transactions
+                return await c.transaction(compare=[tx.value(self.key) == written],
+                                           success=[tx.put(self.key, value, lease=lease_id)], failure=[])
+
+            await self.session.call_async(mark)
+            return
+        await self.session.call_async(lambda c: c.put(self.key, value, lease=lease_id))
+        self._written = value
 
     def report_rank_restart(self, count: int, reason: str, at: float) -> None:
         """The agent restarted its crashed ranks in place (`count` times so far, the last at unix time `at` because
@@ -159,13 +172,13 @@ def list_live_workers(endpoints: str | EtcdSession, run_id: str) -> dict[str, Li
 
 
 def delete_run(endpoints: str | EtcdSession, run_id: str) -> int:
-    """Delete every key of `run_id` (rendezvous state, store, liveness, progress, spares, promotions); for the
+    """Delete every key of `run_id` (rendezvous state, store, liveness, progress, spares, promotions, requests); for the
     operator's finalizer.
 
     Returns the number of keys deleted. Agents still running lose their rendezvous; call this after they stopped.
     """
     prefixes = (keys.rdzv_prefix(run_id), keys.workers_prefix(run_id), keys.progress_prefix(run_id),
-                keys.spares_prefix(run_id), keys.promote_prefix(run_id))
+                keys.spares_prefix(run_id), keys.promote_prefix(run_id), keys.requests_prefix(run_id))
 
     async def delete_all(client: Client) -> int:
         return sum([int((await client.delete_prefix(prefix)).deleted) for prefix in prefixes])

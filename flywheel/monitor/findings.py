@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 
 from flywheel.policy.observed import HangReport, HealthFindings, StragglerReport
 
@@ -25,12 +26,20 @@ class FindingsInbox:
     def report_hang(self, message: str, generation: int) -> None:
         """No step progress while the job had `generation` restarts: the pass restarts it (FailureKind.HANG)."""
         with self._lock:
-            self._findings = HealthFindings(HangReport(message, generation), self._findings.straggler)
+            self._findings = replace(self._findings, hang=HangReport(message, generation))
         self._poke()
 
     def report_straggler(self, degraded: bool, message: str, generation: int) -> None:
         with self._lock:
-            self._findings = HealthFindings(self._findings.hang, StragglerReport(degraded, message, generation))
+            self._findings = replace(self._findings, straggler=StragglerReport(degraded, message, generation))
+        self._poke()
+
+    def report_node_fault(self, node: str, message: str) -> None:
+        """A fatal GPU XID on `node`, which runs workers of this Running job: the pass drains it ahead (a memory
+        checkpoint, then the move) instead of the monitor deleting the pods at once."""
+        with self._lock:
+            faults = tuple(f for f in self._findings.node_faults if f[0] != node) + ((node, message),)
+            self._findings = replace(self._findings, node_faults=faults)
         self._poke()
 
     def snapshot(self) -> HealthFindings:
@@ -42,7 +51,10 @@ class FindingsInbox:
         a newer one arrived meanwhile."""
         with self._lock:
             if seen.hang is not None and self._findings.hang is seen.hang:
-                self._findings = HealthFindings(None, self._findings.straggler)
+                self._findings = replace(self._findings, hang=None)
+            if seen.node_faults:  # the pass that read them started the drain (status.drain keeps it)
+                left = tuple(f for f in self._findings.node_faults if f not in seen.node_faults)
+                self._findings = replace(self._findings, node_faults=left)
 
     def _poke(self) -> None:
         if self._wake is not None:

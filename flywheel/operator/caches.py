@@ -19,9 +19,12 @@ from typing import Any, Protocol
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.kube.client import Kube
 from flywheel.operator import manifests as m
+from flywheel.operator.drain import NodeEntry
+from flywheel.operator.drain import node_entry as drain_node_entry
 
 Obj = dict[str, Any]
-LOST = "lost"  # the one key of the nodes index: the names of the nodes that are not Ready
+LOST = "lost"  # a key of the nodes index: the names of the nodes that are not Ready
+MARKS = "marks"  # and the cordoned or NoSchedule/NoExecute-tainted nodes (operator/drain.py node_entry)
 
 
 class ClusterReads(Protocol):
@@ -29,6 +32,7 @@ class ClusterReads(Protocol):
     async def pods(self, namespace: str, job: str) -> list[Obj]: ...
     async def service_exists(self, namespace: str, name: str) -> bool: ...
     async def lost_nodes(self) -> set[str]: ...
+    async def node_marks(self) -> list[NodeEntry]: ...
     async def jobs(self, namespaces: Sequence[str]) -> list[Obj]: ...
     async def all_pods(self, namespaces: Sequence[str]) -> list[Obj]: ...
 
@@ -65,10 +69,15 @@ def service_entry(body: Mapping[str, Any]) -> dict[tuple[str, str], bool]:
     return {(meta["namespace"], meta["name"]): True}
 
 
-def node_entry(body: Mapping[str, Any]) -> dict[str, str]:
-    """A lost node under LOST; a Ready one under no key (kopf then drops what the node had stored before)."""
+def node_entry(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A lost node under LOST, a cordoned or tainted one under MARKS (drain ahead); a Ready, schedulable, untainted
+    one under no key (kopf then drops what the node had stored before)."""
     name = str(body["metadata"]["name"])
-    return {LOST: name} if m.lost_nodes([dict(body)]) else {}
+    out: dict[str, Any] = {LOST: name} if m.lost_nodes([dict(body)]) else {}
+    marks = drain_node_entry(body)
+    if marks is not None:
+        out[MARKS] = marks
+    return out
 
 
 def _values(index: Mapping[Any, Iterable[Any]], key: Any) -> list[Any]:
@@ -100,6 +109,9 @@ class WatchCaches:
     async def lost_nodes(self) -> set[str]:
         return set(_values(self._nodes, LOST))
 
+    async def node_marks(self) -> list[NodeEntry]:
+        return _values(self._nodes, MARKS)
+
     async def jobs(self, namespaces: Sequence[str]) -> list[Obj]:
         return [o for store in list(self._jobs.values()) for o in store if _in(namespaces, o)]
 
@@ -124,6 +136,10 @@ class ApiReads:
 
     async def lost_nodes(self) -> set[str]:
         return m.lost_nodes(await self.kube.list("/api/v1/nodes"))
+
+    async def node_marks(self) -> list[NodeEntry]:
+        entries = (drain_node_entry(n) for n in await self.kube.list("/api/v1/nodes"))
+        return [e for e in entries if e is not None]
 
     async def _list(self, all_path: str, ns_path: str, namespaces: Sequence[str], selector: str = "") -> list[Obj]:
         if not namespaces:

@@ -36,6 +36,7 @@ from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator import spare_pods
 from flywheel.operator.caches import ApiReads, ClusterReads
+from flywheel.operator.drain import DrainFollower, node_marks
 from flywheel.operator.event_log import EventLogTail, events_file
 from flywheel.operator.own_writes import OwnWrites
 from flywheel.operator.progress_follower import JobProgress
@@ -45,6 +46,7 @@ from flywheel.policy import reasons as R
 from flywheel.policy.checkpoint_events import CheckpointEventState, event_due, failure_events, next_event, seed
 from flywheel.policy.conditions import TERMINAL
 from flywheel.policy.decisions import (
+    ClearCheckpointRequest,
     CreatePod,
     CreateSpare,
     DeleteJob,
@@ -53,9 +55,11 @@ from flywheel.policy.decisions import (
     Pass,
     PromoteSpare,
     Relabel,
+    RequestCheckpoint,
     ResetRendezvous,
 )
-from flywheel.policy.observed import ObservedProgress, PodView
+from flywheel.policy.drain import DrainInput
+from flywheel.policy.observed import HealthFindings, ObservedProgress, PodView
 from flywheel.policy.reconcile import LIVENESS_GRACE_SECONDS, reconcile
 from flywheel.policy.vanished import vanished_pods
 from flywheel.spec import SpecError, TrainingJob, parse_cluster_job
@@ -122,6 +126,7 @@ class JobRunner:
         self.hang_due: float | None = None
         self.checkpoint_due: float | None = None
         self.etcd_retry_due: float | None = None
+        self.drain = DrainFollower(self.poke, logger)  # drain ahead: the checkpoint request and answers (etcd)
 
     # -- wiring -------------------------------------------------------------------------------------------------
     def poke(self) -> None:
@@ -150,6 +155,7 @@ class JobRunner:
             except Exception as err:  # noqa: BLE001 (etcd down: retried next pass; the event log may still say)
                 self.logger.warning(f"etcd progress watch unavailable: {err}")
                 self.etcd_retry_due = time.time() + ETCD_RETRY_SECONDS
+        await self._start_drain_watch(job)
         if self.watch is not None or self.etcd is None or not self.settings.worker_liveness:
             return
         loop = asyncio.get_running_loop()
@@ -185,6 +191,30 @@ class JobRunner:
         except Exception as err:  # noqa: BLE001 (etcd down: no spare is seen ready, lost workers get new pods)
             self.logger.warning(f"etcd spare watch unavailable: {err}")
 
+    async def _start_drain_watch(self, job: TrainingJob) -> None:
+        """Follow the run's checkpoint request and the ranks' answers (drain ahead, operator/drain.py)."""
+        if self.etcd is None or self.drain.watch is not None:
+            return
+        try:
+            self.drain.start(await self.etcd.session(), m.run_id(job, self.uid))
+        except Exception as err:  # noqa: BLE001 (etcd down: no answers seen; a drain then moves after its bound)
+            self.logger.warning(f"etcd checkpoint-request watch unavailable: {err}")
+            self.etcd_retry_due = time.time() + ETCD_RETRY_SECONDS
+
+    async def _drain_input(self, findings: HealthFindings) -> DrainInput:
+        """The nodes that are leaving (cordoned, a --drain-taint-keys taint, a fatal XID) and the request's answers."""
+        return self.drain.observe(node_marks(await self.reads.node_marks(), self.settings.drain_taint_keys,
+                                             dict(findings.node_faults)))
+
+    async def _drain_act(self, job: TrainingJob | None, action: RequestCheckpoint | ClearCheckpointRequest) -> None:
+        if job is None or self.etcd is None:
+            self.logger.warning(f"drain ahead: no etcd to carry out {action} (the drain moves after its bound)")
+            return
+        try:
+            await self.drain.act(await self.etcd.session(), m.run_id(job, self.uid), action)
+        except Exception as err:  # noqa: BLE001 (etcd down: a request is sent again next pass, else bounded)
+            self.logger.warning(f"drain ahead: {type(action).__name__} failed: {err}")
+
     async def run(self, stopped: kopf.DaemonStopped) -> None:
         stopping = asyncio.ensure_future(self._wake_when_stopped(stopped))
         try:
@@ -212,6 +242,7 @@ class JobRunner:
                 if watch is not None:
                     await asyncio.get_running_loop().run_in_executor(None, watch.stop)
             await asyncio.get_running_loop().run_in_executor(None, self.progress.stop)
+            await asyncio.get_running_loop().run_in_executor(None, self.drain.stop)
 
     async def _wake_when_stopped(self, stopped: kopf.DaemonStopped) -> None:
         await stopped.wait()
@@ -311,7 +342,8 @@ class JobRunner:
         findings = self.findings.snapshot()
         gone = vanished_pods(self.seen_pods, views, self.deleted_pods, status_in.generation, time.time())
         result = reconcile(job.spec if job else None, invalid, status_in, views + gone, progress, time.time(),
-                           int(obj["metadata"].get("generation", 0)), annotations.get(RESTART_ANNOTATION), findings)
+                           int(obj["metadata"].get("generation", 0)), annotations.get(RESTART_ANNOTATION), findings,
+                           await self._drain_input(findings))
         written = result.status.to_json()
         changed = written != (obj.get("status") or {})
         if not await self._write_status(obj, written):
@@ -502,6 +534,8 @@ class JobRunner:
                     raise RuntimeError(f"reconcile decided to promote {action.name} to replica {action.index} of "
                                        f"{self.namespace}/{self.name} but it has no plan for it: a policy bug")
                 await self._promote(job, action, workers[action.index])
+            case RequestCheckpoint() | ClearCheckpointRequest():
+                await self._drain_act(job, action)
             case ResetRendezvous():
                 if job is None:
                     raise RuntimeError(f"reconcile decided to reset the rendezvous of the invalid job "

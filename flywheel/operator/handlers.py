@@ -56,8 +56,8 @@ def worker_services(body: kopf.Body, **_: Any) -> dict[tuple[str, str], bool]:
 
 
 @kopf.index("", "v1", "nodes")
-def lost_nodes(body: kopf.Body, **_: Any) -> dict[str, str]:
-    return caches.node_entry(body)
+def lost_nodes(body: kopf.Body, **_: Any) -> dict[str, Any]:
+    return caches.node_entry(body)  # lost nodes, and the cordoned or tainted ones (drain ahead)
 
 
 @kopf.on.startup()

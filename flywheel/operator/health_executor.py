@@ -112,6 +112,7 @@ class KubeJobInventory:
         self.reads: ClusterReads = reads if reads is not None else ApiReads(kube)
         self.restarts: dict[JobKey, int] = {}
         self.checkpoint_dirs: dict[JobKey, str] = {}
+        self.phases: dict[JobKey, str] = {}
 
     async def jobs(self) -> Sequence[WatchedJob]:
         objs = await self.reads.jobs(self.namespaces)
@@ -126,6 +127,7 @@ class KubeJobInventory:
         out: list[WatchedJob] = []
         restarts: dict[JobKey, int] = {}
         dirs: dict[JobKey, str] = {}
+        phases: dict[JobKey, str] = {}
         for obj in objs:
             try:
                 spec = parse_cluster_job(obj).spec
@@ -137,11 +139,12 @@ class KubeJobInventory:
             generation = status.get("workerGeneration")
             restarts[key] = int(generation if generation is not None else status.get("restarts", 0))
             dirs[key] = spec.checkpoint.dir
+            phases[key] = str(status.get("phase", "Pending"))
             pods = sorted(by_owner.get(meta["uid"], []), key=lambda p: (len(p.replica), p.replica))
             ft = spec.fault_tolerance
             out.append(WatchedJob(key[0], key[1], str(status.get("phase", "Pending")), ft.progress_timeout_seconds,
                                   ft.first_step_timeout_seconds, tuple(pods)))
-        self.restarts, self.checkpoint_dirs = restarts, dirs
+        self.restarts, self.checkpoint_dirs, self.phases = restarts, dirs, phases
         return out
 
 
@@ -207,7 +210,11 @@ class KubeHealthActions:
 
     async def replace_pods(self, pods: Sequence[WatchedPod], fault: NodeFault) -> None:
         namespace, job = pods[0].namespace, pods[0].job
-        await self._delete_pods(namespace, [p.name for p in pods])
+        inbox = self._inbox((namespace, job))
+        if inbox is not None and self.inventory.phases.get((namespace, job)) == "Running":
+            inbox.report_node_fault(fault.node, fault.message)  # drain ahead: checkpoint first (policy/drain.py)
+        else:
+            await self._delete_pods(namespace, [p.name for p in pods])
         state = R.NODE_STATE_CORDONED if fault.cordon else R.NODE_STATE_KEPT
         await self._job_event(namespace, job, "Warning", R.GPU_FATAL_XID,
                               R.MSG_GPU_FATAL_XID.format(fault=fault.message, node_state=state))

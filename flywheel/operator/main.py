@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable, Sequence
 
 from flywheel.monitor import MonitorSettings, add_monitor_arguments, settings_from_args
+from flywheel.operator.drain import DEFAULT_DRAIN_TAINT_KEYS
 from flywheel.operator.manifests import OperatorSettings
 from flywheel.pod_merge import SECURITY_PROFILES
 
@@ -34,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "a job's spec.template securityContext overrides it field by field")
     p.add_argument("--rdma-resource", default="rdma/rdma_shared_device_a",
                    help="the device resource each worker of a `network: rdma` job requests (one), with IPC_LOCK")
+    p.add_argument("--drain-taint-keys", default=",".join(DEFAULT_DRAIN_TAINT_KEYS), metavar="KEY,KEY",
+                   help="drain ahead (docs/operator.md): a NoSchedule/NoExecute taint with one of these keys on a "
+                        "worker's node moves the worker after a memory checkpoint, as a cordon does; '' = cordons "
+                        "only (default: the keys of kubectl cordon, NVSentinel, AWS NTH, GKE, Karpenter and the "
+                        "Cluster Autoscaler)")
     p.add_argument("--no-worker-liveness", dest="worker_liveness", action="store_false",
                    help="do not watch the workers' etcd lease keys: a dead worker is then seen only through pod and "
                         "node status, i.e. after the node monitor's grace period (bench/dead_worker.py's peer)")
@@ -53,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="static bearer tokens for the API instead of TokenReview/SubjectAccessReview")
     add_monitor_arguments(p)  # --prometheus-url, --no-health-monitor, --no-cordon, ... (docs/monitoring.md)
     return p
+
+
+def drain_taint_keys(text: str) -> tuple[str, ...]:
+    """--drain-taint-keys: comma-separated taint keys, blanks dropped."""
+    return tuple(key.strip() for key in text.split(",") if key.strip())
 
 
 def monitor_settings(args: argparse.Namespace) -> MonitorSettings | None:
@@ -92,7 +103,8 @@ def run(argv: Sequence[str] | None = None, serve_api: Callable[[argparse.Namespa
                                 events_claim=args.events_claim, metrics_port_base=args.metrics_port_base,
                                 worker_env=env, gang_scheduler=args.gang_scheduler,
                                 worker_liveness=args.worker_liveness, hang_detection=args.hang_detection,
-                                security_profile=args.security_profile, rdma_resource=args.rdma_resource)
+                                security_profile=args.security_profile, rdma_resource=args.rdma_resource,
+                                drain_taint_keys=drain_taint_keys(args.drain_taint_keys))
     kopf.configure(verbose=args.verbose)
     if not args.verbose:  # httpx logs every Prometheus query of the health monitor at INFO
         logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -13,6 +13,7 @@ from flywheel.labels import INDEX_LABEL as INDEX_LABEL
 from flywheel.labels import JOB_LABEL as JOB_LABEL
 from flywheel.labels import QUEUE_LABEL as QUEUE_LABEL
 from flywheel.labels import ROLE_LABEL as ROLE_LABEL
+from flywheel.operator.drain import DEFAULT_DRAIN_TAINT_KEYS
 from flywheel.operator.scheduling_meta import with_scheduling_meta
 from flywheel.plan import Placement, WorkerPlan, plan_workers
 from flywheel.plan import run_id as run_id  # re-exported: m.run_id in the operator
@@ -46,6 +47,8 @@ class OperatorSettings:
     hang_detection: bool = True  # report a job with no step in its etcd progress as hung (no Prometheus needed)
     security_profile: str = "hardened"  # hardened | image (pod_merge.SECURITY_PROFILES): the workers' default context
     rdma_resource: str = "rdma/rdma_shared_device_a"  # what `network: rdma` requests (one per worker)
+    # Drain ahead (operator/drain.py): taints (NoSchedule/NoExecute) whose key means the node is leaving.
+    drain_taint_keys: tuple[str, ...] = DEFAULT_DRAIN_TAINT_KEYS
 
 
 def service_name(job_name: str) -> str:

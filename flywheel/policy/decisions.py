@@ -48,6 +48,19 @@ class PromoteSpare:
 
 
 @dataclass(frozen=True)
+class RequestCheckpoint:
+    """Ask every rank for a checkpoint at its next step boundary, then a stop (etcd request key, policy/drain.py)."""
+
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ClearCheckpointRequest:
+    """The drain is over: delete the run's checkpoint request and the ranks' answers."""
+
+
+@dataclass(frozen=True)
 class DeleteJob:
     pass
 
@@ -59,7 +72,8 @@ class ResetRendezvous:
     keep_alive_max_attempt, 6 s) before their group forms. Only when no pod of the job exists any more."""
 
 
-JobAction = CreatePod | DeletePod | Relabel | DeleteJob | ResetRendezvous | CreateSpare | PromoteSpare
+JobAction = (CreatePod | DeletePod | Relabel | DeleteJob | ResetRendezvous | CreateSpare | PromoteSpare
+             | RequestCheckpoint | ClearCheckpointRequest)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from flywheel.policy.conditions import TERMINAL
 from flywheel.policy.deadline_ttl import deadline_due, ttl_due
+from flywheel.policy.drain import drain_due
 from flywheel.policy.job_view import JobView
 from flywheel.policy.pending_timeout import unschedulable_due
 from flywheel.policy.rank_restarts import cause_wait_due
@@ -28,5 +29,5 @@ def next_due(status: TrainingJobStatus, job: JobView) -> float | None:
         times.append(ttl_due(spec, status))
     elif not spec.suspend:
         times += [deadline_due(spec, status), *unschedulable_due(job), *job.start_failures_due(),
-                  *cause_wait_due(status, job.pods)]
+                  *cause_wait_due(status, job.pods), drain_due(status)]
     return min((t for t in times if t is not None and t > job.now), default=None)

@@ -97,3 +97,5 @@ class HealthFindings:
 
     hang: HangReport | None = None
     straggler: StragglerReport | None = None
+    # Fatal GPU XIDs on nodes of a Running job's workers: (node, message), for drain ahead (policy/drain.py).
+    node_faults: tuple[tuple[str, str], ...] = ()

@@ -109,3 +109,13 @@ MSG_SPARE_PROMOTED = "spare {spare} took replica {index} (worker {pod} lost: {re
 # The lost worker's pod was gone before this pass (force-deleted with grace 0, or a pass in between saw it go).
 MSG_SPARE_PROMOTED_GONE = "spare {spare} took replica {index} (its worker lost: {reason})"
 MSG_NO_REASON = "missing"  # no restart was decided: the index was just missing
+
+# policy/drain.py: a worker's node is cordoned, tainted for maintenance or has a fatal XID: checkpoint, then move.
+NODE_DRAINING = "NodeDraining"  # also status.lastRestartReason of the move
+MSG_DRAIN_REQUESTED = ("node {node} {cause}: asking every rank for a memory checkpoint at the next step boundary "
+                       "(request {request}) before moving worker(s) {pods}")
+MSG_DRAIN_MOVED = ("node {node} {cause}: every rank holds the checkpoint of step {step}; moving worker(s) {pods} off "
+                   "it (no restart budget spent)")
+MSG_DRAIN_TIMED_OUT = ("node {node} {cause}: the checkpoint did not come within {seconds:g}s; moving worker(s) "
+                       "{pods} off it from the last checkpoint")
+MSG_DRAIN_ABANDONED = "node {node} {cause}: drain ahead given up ({why}); the failure is handled as usual"

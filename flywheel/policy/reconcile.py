@@ -29,6 +29,7 @@ from flywheel.policy import reasons as R
 from flywheel.policy.conditions import TERMINAL, condition, iso, set_condition
 from flywheel.policy.deadline_ttl import after_finish, deadline
 from flywheel.policy.decisions import Event, Pass
+from flywheel.policy.drain import DrainInput, drain_ahead
 from flywheel.policy.due import next_due
 from flywheel.policy.failure_decision import decide_failure, requested_restart
 from flywheel.policy.finish import invalid_job, success
@@ -45,34 +46,36 @@ from flywheel.spec_status import CheckpointStatus, ConditionType, GoodputStatus,
 
 LIVENESS_GRACE_SECONDS = 1.0  # a key gone this long while the pod still runs means the agent is gone
 NO_FINDINGS = HealthFindings()
+NO_DRAIN_INPUT = DrainInput()
 
 __all__ = ["LIVENESS_GRACE_SECONDS", "PodView", "reconcile"]
 
 
 def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: TrainingJobStatus, pods: list[PodView],
               progress: ObservedProgress, now: float, generation: int = 0, restart_requested_at: str | None = None,
-              findings: HealthFindings = NO_FINDINGS) -> Pass:
+              findings: HealthFindings = NO_FINDINGS, drain: DrainInput = NO_DRAIN_INPUT) -> Pass:
     """Decide one pass. `spec` is None when the TrainingJob is invalid (`invalid` says why).
     `restart_requested_at`: the job's flywheel.dev/restart-requested-at annotation (REST API `restart`).
-    `findings`: the health monitor's (flywheel/monitor/findings.py)."""
+    `findings`: the health monitor's (flywheel/monitor/findings.py). `drain`: marked nodes and the checkpoint
+    request's answers (policy/drain.py)."""
     out = _begin(status_in, generation, now)
     if spec is None:
         return invalid_job(out, pods, invalid, now)  # spares included: every pod of the job goes
     workers, spares = split_roles(pods)
     job = JobView(spec, workers, progress, now, out.status.generation, restart_requested_at, findings, spares)
-    decided = keep_spares(_decide(out, job), job)
+    decided = keep_spares(_decide(out, job, drain), job)
     decided.next_due = next_due(decided.status, job)
     return decided
 
 
-def _decide(out: Pass, job: JobView) -> Pass:
+def _decide(out: Pass, job: JobView, drain: DrainInput) -> Pass:
     """Everything but the spares (policy/spares.py), whose count follows whatever this decides."""
     _observe(out.status, job)
     out.events += count_rank_restarts(out.status, job.pods, job.generation, job.now)
-    return _first_policy(out, job)
+    return _first_policy(out, job, drain)
 
 
-def _first_policy(out: Pass, job: JobView) -> Pass:
+def _first_policy(out: Pass, job: JobView, drain: DrainInput) -> Pass:
     """The pass after the observations: the first policy (by precedence) that decides."""
     spec = job.spec
     if out.status.phase in TERMINAL:
@@ -82,7 +85,7 @@ def _first_policy(out: Pass, job: JobView) -> Pass:
         return suspend(out, job)
     entry_phase = resume(out, job)
     decided = (deadline(out, job) or success(out, job) or requested_restart(out, job)
-               or decide_failure(out, job) or pending_timeout(out, job))
+               or drain_ahead(out, job, drain) or decide_failure(out, job) or pending_timeout(out, job))
     if decided is not None:
         return decided
     create_missing(out, job)

@@ -138,6 +138,11 @@ class Checkpointer:
                                  group=self._write_group, keep=cfg.keep, events=events, metrics=metrics) \
             if object_store.is_url(str(directory)) else None
 
+    @property
+    def control_group(self) -> Any:
+        """The gloo group of the saves' own collectives (the memory tier's agreement too)."""
+        return self._control_group
+
     # ---- agreement between ranks -------------------------------------------------------------------------------
 
     def _agree(self, flag: bool, group: Any, *, any_rank: bool) -> bool:
@@ -191,6 +196,11 @@ class Checkpointer:
             # Started last, sharing the disk save's state dict (both only read it): a thread started earlier
             # would take the GIL from the loop's thread mid-save (measured: +4 ms of stall).
             self.memory.start(step, shared if shared is not None else _snapshot(app, step))
+
+    def save_to_memory(self, step: int, app: AppState) -> None:
+        """A memory-tier save of the state after `step` now, due or not (a checkpoint request). Every rank."""
+        if self.memory is not None and self.memory.begin(step, self._control_group):
+            self.memory.start(step, _snapshot(app, step))
 
     def _save_disk(self, step: int, app: AppState, blocking: bool, started: float) -> dict[str, Any] | None:
         """The disk part of save(): the state dict handed to the writer thread, or None (skipped, or blocking)."""

@@ -12,6 +12,9 @@ the new torch's source, then move TESTED_TORCH.
 - DynamicRendezvousHandler's state (`_RendezvousState`, pickled by the backend; its `last_heartbeats` by node):
   the local supervisor expires a dead agent's heartbeat so that the next round need not wait for it
   (trainer/rendezvous_expiry.py).
+- DynamicRendezvousHandler's `_stop_heartbeats`, `_op_executor` and torch's `_RendezvousExitOp` (what
+  `next_rendezvous` runs first): an agent stopped by SIGTERM leaves the rendezvous round it took part in, so the
+  next round need not wait for its heartbeat to expire (launch.py; drain ahead, a deleted pod).
 - DeviceMesh._unflatten: the dp dimension viewed as (edp, ep) for expert parallelism.
 - DTensor's `_local_tensor`/`_spec` and its constructor: checkpoint staging swaps a CPU shard into a DTensor
   without moving it back to the mesh's device (DTensor.from_local would), as DCP's own staging does.
@@ -59,6 +62,17 @@ def stop_agent_ranks(agent: Any, timeout: int | None = None) -> None:
 def forbid_agent_restarts(agent: Any) -> None:
     """No more restarts of the ranks: the agent's run ends with the current failure."""
     agent._remaining_restarts = 0
+
+
+def leave_rendezvous(handler: Any, seconds: float) -> None:
+    """Take this agent out of the rendezvous participants (torch's own exit op), within `seconds`; its heartbeat
+    stops. The rendezvous stays open for the others (unlike `shutdown`, which closes it)."""
+    import time
+
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+    handler._stop_heartbeats()
+    handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + seconds)
 
 
 def unflatten_mesh(mesh: DeviceMesh, dim: int, sizes: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:

@@ -31,6 +31,7 @@ from flywheel.trainer import termination_log
 from flywheel.trainer.build import build_model, model_shape
 from flywheel.trainer.checkpoint import AppState, Checkpointer
 from flywheel.trainer.checkpoint_memory import memory_root
+from flywheel.trainer.checkpoint_request import CheckpointRequests, stop_for_request
 from flywheel.trainer.collective_env import (
     CollectiveTimeouts,
     apply_collective_env,
@@ -124,6 +125,7 @@ class _StepResult:
     aux: dict[str, float]  # the MoE load-balancing loss, when the model has one
     seconds: float
     stop: bool  # some rank got SIGTERM
+    drain: bool = False  # some rank saw the operator's checkpoint request (checkpoint_request.py)
 
 
 def train(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: TrainerMetrics,
@@ -134,11 +136,15 @@ def train(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Train
     start = _restore(run, events)
     steps = env.spec.trainer.training.steps
     injector = FaultInjector(env.faults, rank=env.rank, fault_dir=env.fault_dir, events=events)
+    requests = CheckpointRequests.from_environ(env.rank)  # drain ahead: the operator's checkpoint request
     for step in range(start + 1, steps + 1):
         injector.maybe_fire(step)
         # Start-up and the first step are done with its update: from then on a stuck collective fails fast.
-        result = _step(run, stop, shorten=timeouts if step == start + 1 else None)
+        result = _step(run, stop, shorten=timeouts if step == start + 1 else None,
+                       drain=requests is not None and requests.pending())
         _report_step(run, step, result, metrics, watchdog, events)
+        if result.drain and requests is not None and step < steps:  # the last step's save is the final one
+            return stop_for_request(run.ckpt, run.app, requests, step)
         if run.eval_ctx is not None and not result.stop and run.eval_plan.due(step):
             # Before the save: a checkpoint of a step that was due for evaluation implies its eval record.
             _evaluate(run, run.eval_ctx, step, metrics, watchdog, events)
@@ -217,16 +223,19 @@ def _restore(run: _Run, events: EventLog) -> int:
     return start
 
 
-def _step(run: _Run, stop: StopRequest, shorten: CollectiveTimeouts | None) -> _StepResult:
-    """One optimizer step over the next global batch; `shorten`: the timeouts to shorten after the update."""
+def _step(run: _Run, stop: StopRequest, shorten: CollectiveTimeouts | None, drain: bool = False) -> _StepResult:
+    """One optimizer step over the next global batch; `shorten`: the timeouts to shorten after the update;
+    `drain`: this rank saw a checkpoint request."""
     training = run.env.spec.trainer.training
     began = time.perf_counter()
     batches = run.loader.next_microbatches(run.dp_rank, run.dp_size, training.global_batch, training.micro_batch)
     rank_loss, rank_aux = forward_backward(run.model, batches, run.device, run.autocast)
-    # One collective for the logged losses and the stop flag: every rank sees the same sum, so all stop together.
+    # One collective for the logged losses and the stop flags (SIGTERM, a checkpoint request): every rank sees the
+    # same sums, so all stop after the same step.
     # Started now and awaited after the optimizer step, so it overlaps clipping and the update.
     totals = torch.stack([rank_loss * run.loss_weight, rank_aux * run.loss_weight,
-                          torch.tensor(float(stop.requested), device=run.device)])
+                          torch.tensor(float(stop.requested), device=run.device),
+                          torch.tensor(float(drain), device=run.device)])
     totals_reduced = dist.all_reduce(totals, async_op=True)
     if training.grad_clip > 0:
         clip_grad_norm(run.model, training.grad_clip)
@@ -242,7 +251,8 @@ def _step(run: _Run, stop: StopRequest, shorten: CollectiveTimeouts | None) -> _
     # The language-model loss is what `loss` reports (comparable with a dense model); an MoE model's weighted
     # load-balancing loss, also in the gradient, is reported beside it.
     aux = {"aux_loss": totals[1].item() / run.dp_size} if run.moe else {}
-    return _StepResult(loss=mean_loss, aux=aux, seconds=time.perf_counter() - began, stop=stop_now)
+    return _StepResult(loss=mean_loss, aux=aux, seconds=time.perf_counter() - began, stop=stop_now,
+                       drain=totals[3].item() > 0)
 
 
 def _report_step(run: _Run, step: int, result: _StepResult, metrics: TrainerMetrics, watchdog: ProgressWatchdog,

@@ -107,6 +107,9 @@ class Caches:
     async def lost_nodes(self) -> set[str]:
         return set()
 
+    async def node_marks(self) -> list[Any]:
+        return []
+
 
 def runner(kube: Kube, etcd: Any = None) -> JobRunner:
     return JobRunner(kube, SETTINGS, "ml", "j", "uid-1", logging.getLogger("test"),  # type: ignore[arg-type]

@@ -109,6 +109,9 @@ class FrozenCaches:
     async def lost_nodes(self) -> set[str]:
         return set()
 
+    async def node_marks(self) -> list[Any]:
+        return []
+
 
 class WritingKube:
     """Answers writes as an API server would: a status write bumps the resourceVersion, a create gets a uid."""

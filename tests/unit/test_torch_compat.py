@@ -144,3 +144,24 @@ def test_a_dead_agents_rendezvous_heartbeat_is_expired_and_torch_then_drops_it()
     assert current is not None
     after = pickle.loads(current[0])
     assert after.last_heartbeats == {alive: now, dead: EXPIRED} and after.participants == {alive: 0, dead: 1}
+
+
+def test_a_stopped_agent_leaves_its_rendezvous_round_without_closing_it() -> None:
+    """launch.py: an agent stopped by SIGTERM runs torch's exit op (torch_compat.leave_rendezvous): it is no longer
+    a participant, so the others' next round need not wait for its heartbeat to expire; the rendezvous stays open."""
+    import pickle
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    assert "exit_op = _RendezvousExitOp()" in inspect.getsource(rdzv.DynamicRendezvousHandler.next_rendezvous)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    backend = C10dRendezvousBackend(store, "leave")
+    handler = rdzv.DynamicRendezvousHandler.from_backend("leave", store, backend, min_nodes=1, max_nodes=1)
+    handler.next_rendezvous()  # a round of one: this agent is its participant
+    joined = pickle.loads(backend.get_state()[0])  # type: ignore[index]
+    assert list(joined.participants) == [handler._this_node]
+    torch_compat.leave_rendezvous(handler, 5.0)
+    left = pickle.loads(backend.get_state()[0])  # type: ignore[index]
+    assert handler._this_node not in left.participants and not left.closed

@@ -1,0 +1,173 @@
+"""Drain ahead (issue 21, pure): a worker's node is about to go -- cordoned, tainted by a health or maintenance
+controller (NoSchedule/NoExecute with a key in the operator's --drain-taint-keys), or with a fatal GPU XID -- so the
+job takes a checkpoint first and the worker is moved, losing no step.
+
+1. A Running job with a current worker on such a node: record `status.drain` {node, cause, requestId, requestedAt}
+   and ask every rank for a checkpoint at its next step boundary (`RequestCheckpoint`: the etcd request key). The
+   ranks agree on one step in their per-step collective, save to the memory tier (own copy + the peer's replica; a
+   disk save without the tier), answer {id, step} and stop -- no step is trained after the checkpoint. Spares on
+   that node go now: none may be promoted onto it.
+2. Once every rank (`status.worldSize`) answered the request: the pods on the node are deleted (their indices go to
+   a ready spare through the usual promotion, else to a new pod the cordon or taint keeps off the node), the other
+   workers join the new generation, and the job resumes from that checkpoint. One restart in `status.restarts`,
+   `lastRestartReason` NodeDraining, no restart budget: a planned move is no failure.
+3. No answer within DRAIN_TIMEOUT_SECONDS (XID_DRAIN_TIMEOUT_SECONDS for a fatal XID: that GPU may never finish
+   the step): the worker is moved anyway (from the last checkpoint). A failure or the
+   worker leaving the node first ends the drain; the failure is then decided as usual.
+
+Everything is in the status, so passes repeated over operator restarts decide the same; the request is re-sent on
+every waiting pass (the executor sends it once per id) and deleted when the drain ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from flywheel.policy import reasons as R
+from flywheel.policy.conditions import set_phase
+from flywheel.policy.decisions import ClearCheckpointRequest, DeletePod, Event, Pass, Relabel, RequestCheckpoint
+from flywheel.policy.job_view import JobView
+from flywheel.policy.observed import PodView
+from flywheel.policy.rank_restarts import begin_generation
+from flywheel.spec_status import DrainStatus, Phase, TrainingJobStatus
+from flywheel.timefmt import parse_rfc3339, rfc3339
+
+DRAIN_TIMEOUT_SECONDS = 60.0  # a step plus a memory save take seconds; a node's maintenance notice gives minutes
+XID_DRAIN_TIMEOUT_SECONDS = 10.0  # a GPU with a fatal XID may never finish the step: do not wait long for it
+XID_CAUSE = "has a fatal GPU XID"
+MOVE_GRACE_SECONDS = 1  # the moved pod's ranks already stopped after their checkpoint: nothing to wait for
+NO_DRAIN = DrainStatus(node="", cause="", request_id="", requested_at="")  # every field set: the patch clears it
+
+
+@dataclass(frozen=True)
+class NodeMarks:
+    """What a node of the job's pods says about leaving (built by the executor from the Node and the monitor)."""
+
+    unschedulable: bool = False  # cordoned (spec.unschedulable)
+    taints: tuple[str, ...] = ()  # keys of its NoSchedule/NoExecute taints that are in --drain-taint-keys
+    fatal_xid: str = ""  # the health monitor's fatal XID on it, in words ("": none)
+
+    @property
+    def cause(self) -> str | None:
+        """Why the node is leaving, in words; None when it is not."""
+        if self.fatal_xid:
+            return f"{XID_CAUSE} ({self.fatal_xid})"
+        if self.taints:
+            return f"is tainted {', '.join(self.taints)}"
+        if self.unschedulable:
+            return "is cordoned"
+        return None
+
+
+@dataclass(frozen=True)
+class DrainInput:
+    """A pass's observations for drain ahead: the marked nodes, and the checkpoint request and answers in etcd."""
+
+    nodes: Mapping[str, NodeMarks] = field(default_factory=dict)
+    request_id: str = ""  # the request open in etcd ("": none)
+    answers: Mapping[int, tuple[str, int]] = field(default_factory=dict)  # rank -> (request id, step it holds)
+    timeout_seconds: float = DRAIN_TIMEOUT_SECONDS
+
+
+def drain_ahead(out: Pass, job: JobView, seen: DrainInput) -> Pass | None:
+    """Start, follow or end a drain; the Pass when this pass moved the worker (a restart decided), else None."""
+    if out.status.drain.node:
+        return _follow(out, job, seen)
+    if seen.request_id:  # a request left over (the operator stopped before deleting it)
+        out.actions.append(ClearCheckpointRequest())
+    if out.status.phase is not Phase.RUNNING or job.failed:
+        return None
+    node = _draining_node(job, seen)
+    if node is not None:
+        _request(out, job, node, seen.nodes[node])
+    return None
+
+
+def _draining_node(job: JobView, seen: DrainInput) -> str | None:
+    nodes = sorted({p.node for p in job.current if p.active and p.node and p.node in seen.nodes
+                    and seen.nodes[p.node].cause is not None})
+    return nodes[0] if nodes else None
+
+
+def _on(job: JobView, node: str) -> list[PodView]:
+    return [p for p in job.current if p.active and p.node == node]
+
+
+def _names(pods: list[PodView]) -> str:
+    return ", ".join(p.name for p in pods) or "(none left)"
+
+
+def _request(out: Pass, job: JobView, node: str, marks: NodeMarks) -> None:
+    cause = marks.cause or ""
+    request_id = f"{node}-g{job.generation}-{int(job.now * 1000)}"
+    out.status.drain = DrainStatus(node=node, cause=cause, request_id=request_id, requested_at=rfc3339(job.now))
+    out.actions.append(RequestCheckpoint(request_id, f"node {node} {cause}"))
+    out.actions += [DeletePod(s.name, s.uid) for s in job.spares if s.node == node and s.deleting_since is None]
+    out.events.append(Event("Normal", R.NODE_DRAINING, R.MSG_DRAIN_REQUESTED.format(
+        node=node, cause=cause, request=request_id, pods=_names(_on(job, node)))))
+
+
+def answered_step(status_world_size: int, request_id: str, answers: Mapping[int, tuple[str, int]]) -> int | None:
+    """The step every rank holds for `request_id`, once all `status_world_size` ranks answered it; else None."""
+    steps = [step for rid, step in answers.values() if rid == request_id]
+    if status_world_size <= 0 or len(steps) < status_world_size:
+        return None
+    return min(steps)
+
+
+def _follow(out: Pass, job: JobView, seen: DrainInput) -> Pass | None:
+    drain = out.status.drain
+    on_node = _on(job, drain.node)
+    step = answered_step(out.status.world_size, drain.request_id, seen.answers)
+    if step is not None:
+        return _move(out, job, R.MSG_DRAIN_MOVED.format(node=drain.node, cause=drain.cause, step=step,
+                                                        pods=_names(on_node)))
+    failed = [p for p in job.failed if p.node != drain.node or not p.active]
+    if failed or not on_node:
+        why = f"worker {failed[0].name} failed first" if failed else "no worker of the job is on it any more"
+        _end(out, R.MSG_DRAIN_ABANDONED.format(node=drain.node, cause=drain.cause, why=why), "Warning")
+        return None
+    requested = parse_rfc3339(drain.requested_at) or job.now
+    bound = _bound(drain, seen.timeout_seconds)
+    if job.now - requested >= bound:
+        return _move(out, job, R.MSG_DRAIN_TIMED_OUT.format(node=drain.node, cause=drain.cause, seconds=bound,
+                                                            pods=_names(on_node)))
+    out.actions.append(RequestCheckpoint(drain.request_id, f"node {drain.node} {drain.cause}"))
+    return None
+
+
+def _bound(drain: DrainStatus, timeout_seconds: float) -> float:
+    """How long a drain waits for the ranks' answers before it moves the worker anyway."""
+    return min(timeout_seconds, XID_DRAIN_TIMEOUT_SECONDS) if drain.cause.startswith(XID_CAUSE) else timeout_seconds
+
+
+def drain_due(status: TrainingJobStatus, timeout_seconds: float = DRAIN_TIMEOUT_SECONDS) -> float | None:
+    """When a drain still waiting for its answers moves the worker anyway (policy/due.py); None: no drain."""
+    requested = parse_rfc3339(status.drain.requested_at) if status.drain.request_id else None
+    return None if requested is None else requested + _bound(status.drain, timeout_seconds)
+
+
+def _end(out: Pass, message: str, kind: str) -> None:
+    out.status.drain = NO_DRAIN.model_copy()
+    out.actions.append(ClearCheckpointRequest())
+    out.events.append(Event("Warning" if kind == "Warning" else "Normal", R.NODE_DRAINING, message))
+
+
+def _move(out: Pass, job: JobView, message: str) -> Pass:
+    """The worker(s) on the node go (to a spare or a new pod, next pass); the others join the new generation. One
+    restart, no budget."""
+    status, node = out.status, out.status.drain.node
+    begin_generation(status, job.generation + 1, job.now)
+    status.last_restart_reason = R.NODE_DRAINING
+    set_phase(status, Phase.RESTARTING, R.NODE_DRAINING, message, job.now)
+    _end(out, message, "Normal")
+    for p in job.pods:
+        if p.deleting_since is not None:
+            continue
+        if p.node == node or job.failure(p) is not None:  # a rank that stopped after the checkpoint may be done
+            out.actions.append(DeletePod(p.name, p.uid, grace_seconds=MOVE_GRACE_SECONDS))
+        else:
+            out.actions.append(Relabel(p.name, job.generation + 1))
+    out.actions += [DeletePod(s.name, s.uid) for s in job.spares if s.node == node and s.deleting_since is None]
+    return out

@@ -1,0 +1,64 @@
+"""Drain ahead on the test cluster, driven by the real kubectl (issue 21): a worker's node gets a maintenance taint
+mid-run; the operator asks every rank for a memory checkpoint, moves the worker to the warm spare once all answered
+(lastRestartReason NodeDraining), and the job Succeeds with the fault-free run's parameters and no replayed step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from flywheel.labels import INDEX_LABEL
+from tests.operator.conftest import OpEnv, eventually
+from tests.operator.test_operator_cluster import LONG, _reference_hash
+
+pytestmark = pytest.mark.slow
+TAINT = "nvidia.com/gpu-xid-error"  # NVSentinel's fatal-XID quarantine taint: one of the default drain keys
+
+
+def _node_of(env: OpEnv, job: str, pod: str) -> str:
+    return next(str(p["spec"].get("nodeName") or "") for p in env.pods(job) if p["metadata"]["name"] == pod)
+
+
+def _stall(records: list[dict[str, Any]], step: int) -> float:
+    """Seconds from the last `step` record of the drained step to the first record of the step after it."""
+    before = max(r["time"] for r in records if r["event"] == "step" and r["step"] == step)
+    after = min(r["time"] for r in records if r["event"] == "step" and r["step"] == step + 1 and r["time"] > before)
+    return after - before
+
+
+def test_a_tainted_node_is_drained_ahead_to_the_spare_without_replay(op_env: OpEnv) -> None:
+    name = "drain-run"
+    spec = {**LONG, "replicas.spares": 1, "checkpoint.memoryEverySteps": 10}
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **spec)))
+    eventually(lambda: op_env.status(name).get("spares") == 1, 120, "the spare to be ready")
+    eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
+    spare_node = _node_of(op_env, name, f"{name}-spare-0")
+    worker = next(f"{name}-worker-{i}" for i in (1, 0) if _node_of(op_env, name, f"{name}-worker-{i}") != spare_node)
+    node, index = _node_of(op_env, name, worker), worker.rsplit("-", 1)[1]
+    op_env.kubectl("taint", "node", node, f"{TAINT}=true:NoSchedule")
+    try:
+        eventually(lambda: _labels_of(op_env, name, f"{name}-spare-0").get(INDEX_LABEL) == index, 60,
+                   f"the spare to take index {index}")
+        status = op_env.wait_phase(name, "Succeeded", 180)
+    finally:
+        op_env.kubectl("taint", "node", node, f"{TAINT}-", check=False)
+    assert status["step"] == 400 and status["lastRestartReason"] == "NodeDraining", status
+    assert status["restarts"] == 1 and status["goodput"].get("lostSteps", 0) == 0, status
+    assert status["restartBudget"].get("used", 0) == 0  # a planned move is no failure
+    # The promoted spare finished as that replica: no cold pod of the drained index was created behind it.
+    assert worker not in {p["metadata"]["name"] for p in op_env.pods(name)}
+    draining = [e["message"] for e in op_env.events_of(name) if e["reason"] == "NodeDraining"]
+    assert any(node in m and TAINT in m for m in draining), draining
+    assert op_env.done_hash(name) == _reference_hash(op_env)
+    records = op_env.records(name)
+    trained = [r["step"] for r in records if r["event"] == "step"]
+    assert len(trained) == len(set(trained)), "a step was trained twice: the drain replayed steps"
+    moved_at = next(int(m.split("step ")[1].split(";")[0]) for m in draining if "holds the checkpoint" in m)
+    stall = _stall(records, moved_at)
+    print(f"drain ahead: checkpoint at step {moved_at}, stall {stall:.2f}s (last step before -> first after)")
+
+
+def _labels_of(env: OpEnv, job: str, pod: str) -> dict[str, str]:
+    found = [p for p in env.pods(job) if p["metadata"]["name"] == pod]
+    return dict(found[0]["metadata"].get("labels") or {}) if found else {}
