@@ -36,6 +36,7 @@ from flywheel.operator.caches import ApiReads, ClusterReads
 from flywheel.operator.event_log import EventLogTail, events_file
 from flywheel.operator.own_writes import OwnWrites
 from flywheel.operator.progress_follower import JobProgress
+from flywheel.operator.rendezvous_expiry import expire_pods
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.plan import WorkerPlan
 from flywheel.policy import reasons as R
@@ -52,6 +53,7 @@ from flywheel.policy.decisions import (
     Relabel,
     ResetRendezvous,
 )
+from flywheel.policy.lost_agents import lost_agents
 from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.reconcile import LIVENESS_GRACE_SECONDS, reconcile
 from flywheel.policy.vanished import vanished_pods
@@ -283,6 +285,8 @@ class JobRunner:
             await self._ensure_service(obj, job)
         if self.metrics is not None:
             self._record_metrics(written, status_in, views, progress)
+        await self._expire_lost_agents(job, lost_agents(views + gone, status_in.generation, result.status.generation,
+                                                        result.actions))
         await self._act(obj, job, result)
         for ev in result.events:
             await self._event(obj, ev.type, ev.reason, ev.message)
@@ -396,6 +400,18 @@ class JobRunner:
             self.logger.info(f"new workers: reset the rendezvous of run {run_id} ({deleted} keys)")
         except Exception as err:  # noqa: BLE001 (etcd down: the group still forms once old heartbeats expire)
             self.logger.warning(f"could not reset the rendezvous of run {run_id}: {err}")
+
+    async def _expire_lost_agents(self, job: TrainingJob | None, pods: list[str]) -> None:
+        """Drop the agents this pass gave up on from the rendezvous at once (operator/rendezvous_expiry.py); on any
+        error their heartbeats expire by themselves."""
+        if not pods or job is None or self.etcd is None:
+            return
+        try:
+            session, run_id = await self.etcd.session(), m.run_id(job, self.uid)
+            expired = await asyncio.get_running_loop().run_in_executor(None, expire_pods, session, run_id, pods)
+            self.logger.info(f"expired the rendezvous heartbeats of {expired} lost agent(s) of {', '.join(pods)}")
+        except Exception as err:  # noqa: BLE001 (etcd down, torch missing: the heartbeats then time out)
+            self.logger.warning(f"could not expire the rendezvous heartbeats of {', '.join(pods)}: {err}")
 
     async def _act(self, obj: dict[str, Any], job: TrainingJob | None, result: Pass) -> None:
         creates = job is not None and any(isinstance(a, CreatePod | CreateSpare | PromoteSpare)
