@@ -36,6 +36,7 @@ from flywheel.operator.caches import ApiReads, ClusterReads
 from flywheel.operator.event_log import EventLogTail, events_file
 from flywheel.operator.own_writes import OwnWrites
 from flywheel.operator.progress_follower import JobProgress
+from flywheel.operator.recovery_record import RecoveryClock, record_recovery, recovered_message
 from flywheel.operator.rendezvous_expiry import expire_pods
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.plan import WorkerPlan
@@ -106,6 +107,7 @@ class JobRunner:
         # (force-deleted with grace 0) is a PodDeleted interruption (policy/vanished.py).
         self.seen_pods: list[PodView] = []
         self.deleted_pods: set[str] = set()
+        self.recovery = RecoveryClock()  # the recovery being timed, and the last one's record
 
     # -- wiring -------------------------------------------------------------------------------------------------
     def poke(self) -> None:
@@ -264,6 +266,8 @@ class JobRunner:
             invalid = "; ".join(err.problems)
         status_in = TrainingJobStatus.model_validate(obj.get("status") or {})
         views, progress = await self._observe(status_in)
+        self.recovery.observe_pods(views, status_in.generation, time.time())
+        progress = self.recovery.progress(progress, self.progress.ledger)
         if job is not None and self.settings.hang_detection:
             self._check_hang(job, views, status_in)
         if self.checkpoint_events is None:  # what the operator before this process had seen: not posted again
@@ -287,7 +291,10 @@ class JobRunner:
             self._record_metrics(written, status_in, views, progress)
         await self._expire_lost_agents(job, lost_agents(views + gone, status_in.generation, result.status.generation,
                                                         result.actions))
+        self.recovery.decided(status_in, result.status, views + gone, result.actions, self.progress.last_step_seen,
+                              time.time())
         await self._act(obj, job, result)
+        await self._record_recovery(obj, result)
         for ev in result.events:
             await self._event(obj, ev.type, ev.reason, ev.message)
         await self._checkpoint_event(obj, result.status.phase in TERMINAL, progress)
@@ -400,6 +407,19 @@ class JobRunner:
             self.logger.info(f"new workers: reset the rendezvous of run {run_id} ({deleted} keys)")
         except Exception as err:  # noqa: BLE001 (etcd down: the group still forms once old heartbeats expire)
             self.logger.warning(f"could not reset the rendezvous of run {run_id}: {err}")
+
+    async def _record_recovery(self, obj: dict[str, Any], result: Pass) -> None:
+        """Time the recovery this pass acted on; once its group trained a step, record it (recovery_record.py):
+        the next pass writes it into status.goodput."""
+        self.recovery.acted(result.actions, time.time())
+        cost = self.recovery.finish(self.progress.ledger)
+        if cost is None:
+            return
+        self.poke()  # the next pass writes the record
+        record_recovery(self.events_path, cost)
+        if self.metrics is not None:
+            self.metrics.observe_recovery(self.namespace, self.name, cost.cause, cost.parts(), cost.replayed_steps)
+        await self._event(obj, "Normal", R.RECOVERED, recovered_message(cost))
 
     async def _expire_lost_agents(self, job: TrainingJob | None, pods: list[str]) -> None:
         """Drop the agents this pass gave up on from the rendezvous at once (operator/rendezvous_expiry.py); on any

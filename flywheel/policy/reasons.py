@@ -109,3 +109,9 @@ MSG_SPARE_PROMOTED = "spare {spare} took replica {index} (worker {pod} lost: {re
 # The lost worker's pod was gone before this pass (force-deleted with grace 0, or a pass in between saw it go).
 MSG_SPARE_PROMOTED_GONE = "spare {spare} took replica {index} (its worker lost: {reason})"
 MSG_NO_REASON = "missing"  # no restart was decided: the index was just missing
+RECOVERED = "Recovered"
+MSG_RECOVERED = ("trained again {total:.1f} s after the fault ({cause}): detect {detect:.1f} s, decide {decide:.1f} s, "
+                 "pod ready {ready:.1f} s, rendezvous {rendezvous:.1f} s, restore {restore:.1f} s, first step "
+                 "{first:.1f} s; {restored}; {replayed} steps replayed")
+MSG_RESTORED_FROM = "restored step {step} from {source}"
+MSG_RESTORED_NOTHING = "no checkpoint restored"
