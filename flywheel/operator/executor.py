@@ -37,7 +37,7 @@ from flywheel.operator.event_log import EventLogTail, events_file
 from flywheel.operator.own_writes import OwnWrites
 from flywheel.operator.progress_follower import JobProgress
 from flywheel.operator.recovery_record import RecoveryClock, record_recovery, recovered_message
-from flywheel.operator.rendezvous_expiry import expire_pods
+from flywheel.operator.rendezvous_expiry import AgentMemory, expire_pods
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.plan import WorkerPlan
 from flywheel.policy import reasons as R
@@ -54,7 +54,7 @@ from flywheel.policy.decisions import (
     Relabel,
     ResetRendezvous,
 )
-from flywheel.policy.lost_agents import lost_agents
+from flywheel.policy.lost_agents import AgentId, lost_agents
 from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.reconcile import LIVENESS_GRACE_SECONDS, reconcile
 from flywheel.policy.vanished import vanished_pods
@@ -108,6 +108,7 @@ class JobRunner:
         self.seen_pods: list[PodView] = []
         self.deleted_pods: set[str] = set()
         self.recovery = RecoveryClock()  # the recovery being timed, and the last one's record
+        self.agents = AgentMemory()  # each worker pod's agent (host, pid), for the rendezvous expiry
 
     # -- wiring -------------------------------------------------------------------------------------------------
     def poke(self) -> None:
@@ -243,6 +244,7 @@ class JobRunner:
             elif view is not None:
                 created = max(parse_rfc3339(obj["metadata"].get("creationTimestamp")) or 0.0,
                               self.promoted_at.get(view.uid, 0.0))
+                self.agents.remember(view, self.live, created)
                 views.append(PodView(**{**asdict(view), "liveness_lost": self._liveness_lost(view, created, now),
                                         **self._rank_restarts(view, created),
                                         "spare_ready": self._spare_ready(view)}))
@@ -289,8 +291,9 @@ class JobRunner:
             await self._ensure_service(obj, job)
         if self.metrics is not None:
             self._record_metrics(written, status_in, views, progress)
-        await self._expire_lost_agents(job, lost_agents(views + gone, status_in.generation, result.status.generation,
-                                                        result.actions))
+        await self._expire_lost_agents(job, self.agents.of(lost_agents(views + gone, status_in.generation,
+                                                                       result.status.generation, result.actions)))
+        self.agents.keep({v.name for v in views + gone})
         self.recovery.decided(status_in, result.status, views + gone, result.actions, self.progress.last_step_seen,
                               time.time())
         await self._act(obj, job, result)
@@ -421,14 +424,15 @@ class JobRunner:
             self.metrics.observe_recovery(self.namespace, self.name, cost.cause, cost.parts(), cost.replayed_steps)
         await self._event(obj, "Normal", R.RECOVERED, recovered_message(cost))
 
-    async def _expire_lost_agents(self, job: TrainingJob | None, pods: list[str]) -> None:
+    async def _expire_lost_agents(self, job: TrainingJob | None, agents: list[AgentId]) -> None:
         """Drop the agents this pass gave up on from the rendezvous at once (operator/rendezvous_expiry.py); on any
         error their heartbeats expire by themselves."""
-        if not pods or job is None or self.etcd is None:
+        if not agents or job is None or self.etcd is None:
             return
+        pods = [a.pod for a in agents]
         try:
             session, run_id = await self.etcd.session(), m.run_id(job, self.uid)
-            expired = await asyncio.get_running_loop().run_in_executor(None, expire_pods, session, run_id, pods)
+            expired = await asyncio.get_running_loop().run_in_executor(None, expire_pods, session, run_id, agents)
             self.logger.info(f"expired the rendezvous heartbeats of {expired} lost agent(s) of {', '.join(pods)}")
         except Exception as err:  # noqa: BLE001 (etcd down, torch missing: the heartbeats then time out)
             self.logger.warning(f"could not expire the rendezvous heartbeats of {', '.join(pods)}: {err}")

@@ -10,6 +10,7 @@ never joined the rendezvous. Expiring a live agent would drop it from the group,
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from flywheel.policy.decisions import DeletePod, JobAction, Relabel
 from flywheel.policy.observed import PodView
@@ -30,3 +31,29 @@ def agent_host(addr: str) -> str:
     """The pod name in a node descriptor's address: the host name, or the first label of its FQDN
     (`<pod>.<job>-workers.<namespace>.svc...`)."""
     return addr.split(".", 1)[0]
+
+
+LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+@dataclass(frozen=True)
+class AgentId:
+    """A worker pod's agent as its liveness key named it (host name and pid, with its replica index), or by the pod
+    name alone when no key of it was seen."""
+
+    pod: str
+    replica: int = -1
+    host: str = ""
+    pid: int = 0
+
+
+def is_agent(addr: str, pid: int, replica: int, agent: AgentId) -> bool:
+    """Whether a rendezvous node descriptor (address, pid, replica index) is `agent`'s. With its key: the same pid
+    and replica, and the same host unless the address is a loopback name (pods that are processes of one machine,
+    the test cluster, all resolve to one; containers of one replica index may share a pid, never a host).
+    Without: its host is the pod's name (a worker's address is its pod's FQDN)."""
+    if agent.pid:
+        same_host = agent_host(addr) == agent_host(agent.host) or addr.split(".", 1)[0] in LOOPBACK or \
+            addr in LOOPBACK
+        return pid == agent.pid and replica == agent.replica and same_host
+    return agent_host(addr) == agent.pod

@@ -4,6 +4,7 @@ own DynamicRendezvousHandler (the ordered one every `flywheel launch` agent uses
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from flywheel.operator.rendezvous_expiry import expire_pods
+from flywheel.policy.lost_agents import AgentId
 from flywheel.trainer.rank_order import create_ordered_handler
 from flywheel.trainer.rendezvous import EtcdSession, EtcdStore, EtcdV3RendezvousBackend
 
@@ -59,11 +61,17 @@ def test_a_lost_worker_is_expired_by_the_operator_and_the_next_round_does_not_wa
         lost._stop_heartbeats()  # its pod is gone: no more heartbeats (torch's own timer, private)
         # The survivor's ranks failed with their peer: its agent leaves the round it completed and joins the next.
         # The operator's pass that gave up on job-worker-1 expires it (a spare's host is never matched).
-        assert expire_pods(session, RUN, {"job-worker-1", "job-spare-0"}) == 1
+        assert expire_pods(session, RUN, [AgentId("job-worker-1"), AgentId("job-spare-0")]) == 1
         spare = agent(session, etcd_server.endpoint, "job-spare-0" + svc, 1)  # promoted to replica 1
         seconds, ranks = round_of(survivor, spare)
         assert ranks == [0, 1]  # rank = replica index still holds
         assert seconds < KEEP_ALIVE_S * KEEP_ALIVE_ATTEMPTS - 2, f"the round waited {seconds:.1f} s for the lost agent"
-        assert expire_pods(session, RUN, {"job-worker-1"}) == 0  # gone from the state: nothing to expire
+        assert expire_pods(session, RUN, [AgentId("job-worker-1")]) == 0  # gone from the state: nothing to expire
+        # Agents that share a host (the test cluster's pods are processes of one machine) are told apart by the pid
+        # and replica index their liveness key gave: the survivor (replica 0) and the spare (pid, other replica)
+        # never match the lost replica 1's agent of another pid.
+        pid = os.getpid()
+        assert expire_pods(session, RUN, [AgentId("job-worker-1", 1, "job-worker-1" + svc, pid + 1)]) == 0
+        assert expire_pods(session, RUN, [AgentId("job-worker-1", 1, "job-spare-0" + svc, pid)]) == 1
         for h in (survivor, spare):
             h._stop_heartbeats()
