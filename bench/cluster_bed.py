@@ -42,13 +42,16 @@ class Bed:
         return self.get("pods", "-l", f"flywheel.dev/job={job}")["items"]
 
     def apply_job(self, name: str, *, steps: int, checkpoint_every: int, node_failure_grace_s: float,
-                  replicas: int = 2, procs_per_replica: int = 1, max_restarts: int = 10) -> None:
+                  replicas: int = 2, procs_per_replica: int = 1, max_restarts: int = 10, spares: int = 0,
+                  memory_every_steps: int = 0) -> None:
         doc = yaml.safe_load(EXAMPLE.read_text())
         doc["metadata"]["name"] = name
         spec = doc["spec"]
-        spec["replicas"] = {"min": replicas, "max": replicas}
+        spec["replicas"] = {"min": replicas, "max": replicas, **({"spares": spares} if spares else {})}
         spec["procsPerReplica"] = procs_per_replica
         spec["checkpoint"].update(dir=str(self.workdir / "ckpt" / name), everySteps=checkpoint_every)
+        if memory_every_steps:
+            spec["checkpoint"]["memoryEverySteps"] = memory_every_steps
         spec["trainer"]["training"]["steps"] = steps
         spec["faultTolerance"].update(nodeFailureGraceSeconds=node_failure_grace_s, maxRestarts=max_restarts)
         path = self.workdir / f"{name}.yaml"

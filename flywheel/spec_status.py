@@ -55,6 +55,23 @@ class CheckpointStatus(_Model):
     path: str = Field("", description="Its directory under spec.checkpoint.dir.")
 
 
+class RecoveryCostStatus(_Model):
+    cause: str = Field("", description="Why the job recovered (status.lastRestartReason then).")
+    total_seconds: float = Field(0.0, description="The fault to the first step after it: the sum of the parts.")
+    detect_seconds: float = Field(0.0, description="The fault to the operator's restart decision.")
+    decide_seconds: float = Field(0.0, description="The decision to its actions carried out (pods deleted, a spare "
+                                                   "promoted or a pod created).")
+    pod_ready_seconds: float = Field(0.0, description="The actions to the replacement worker ready (0 for a "
+                                                      "promoted spare: it waited ready).")
+    rendezvous_seconds: float = Field(0.0, description="The replacement ready to the new group formed and its "
+                                                       "restore begun.")
+    restore_seconds: float = Field(0.0, description="Loading the checkpoint (restoreSource).")
+    first_step_seconds: float = Field(0.0, description="The group's start to its first step.")
+    restore_source: str = Field("", description="Where the state came from: memory-own, memory-peer or disk "
+                                                "(none: no checkpoint, started over).")
+    replayed_steps: int = Field(0, description="Steps trained before the fault and again after it.")
+
+
 class GoodputStatus(_Model):
     ratio: float = Field(0.0, description="Productive step time over the wall time since the first start (0 to 1).")
     productive_seconds: float = Field(0.0, description="Seconds of productive step time.")
@@ -62,6 +79,15 @@ class GoodputStatus(_Model):
                                            "earlier checkpoint).")
     mean_time_to_recover_seconds: float = Field(0.0, description="Mean seconds from a failure to the first step "
                                                                  "after it.")
+    last_recovery: RecoveryCostStatus | None = Field(None, description="Where the last recovery's time went.")
+    badput_seconds: dict[str, float] = Field(default_factory=dict, description="Seconds from a fault to the first "
+                                             "step after it, added up by cause (lastRestartReason), since this "
+                                             "operator started.")
+
+
+class RestoreStatus(_Model):
+    source: str = Field("", description="memory-own, memory-peer or disk.")
+    step: int = Field(0, description="The step restored.")
 
 
 class RestartBudgetStatus(_Model):
@@ -104,6 +130,8 @@ class TrainingJobStatus(_Model):
     last_checkpoint: CheckpointStatus = Field(default_factory=CheckpointStatus,
                                               description="The last committed checkpoint.")
     goodput: GoodputStatus = Field(default_factory=GoodputStatus, description="How much of the time trained.")
+    last_restore: RestoreStatus | None = Field(None, description="The checkpoint the last (re)started group "
+                                               "restored, and from where (the trainer's restore report).")
     restart_budget: RestartBudgetStatus = Field(default_factory=RestartBudgetStatus,
                                                 description="Restarts used of faultTolerance.maxRestarts.")
     # policy/startup_failure.py: the same crash before the first step on 2 attempts in a row fails the job.

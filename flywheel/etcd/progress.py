@@ -41,6 +41,11 @@ class ProgressRecord:
     exit_reason: str = ""
     eval_step: int = 0  # the step of this process's latest evaluation (0: none); written only when set
     eval_loss: float | None = None
+    # What this attempt restored before its start (the trainer's `restore` report): where from (memory-own /
+    # memory-peer / disk; "" when it restored nothing), the step, and how long the load took. Written only when set.
+    restore_source: str = ""
+    restore_step: int = 0
+    restore_seconds: float = 0.0
 
     @property
     def stepped(self) -> bool:
@@ -58,6 +63,9 @@ def encode(record: ProgressRecord) -> bytes:
         value["exitReason"] = record.exit_reason
     if record.eval_step:  # optional keys: a reader without them ignores them, and one with them defaults them
         value["evalStep"], value["evalLoss"] = record.eval_step, _finite(record.eval_loss)
+    if record.restore_source:
+        value["restore"] = {"source": record.restore_source, "step": record.restore_step,
+                            "seconds": record.restore_seconds}
     if record.checkpoint is not None:
         c = record.checkpoint
         value["checkpoint"] = {"step": c.step, "path": c.path, "time": c.time}
@@ -71,7 +79,8 @@ def decode(data: bytes) -> ProgressRecord | None:
         value = json.loads(data)
         if not isinstance(value, dict) or value.get("v") != VERSION:
             return None
-        ckpt = value.get("checkpoint")
+        ckpt, restore = value.get("checkpoint"), value.get("restore")
+        restore = restore if isinstance(restore, dict) else {}
         checkpoint = (CheckpointRecord(int(ckpt["step"]), str(ckpt["path"]), float(ckpt["time"]))
                       if isinstance(ckpt, dict) else None)
         return ProgressRecord(
@@ -80,7 +89,9 @@ def decode(data: bytes) -> ProgressRecord | None:
             loss=_optional_float(value.get("loss")), tokens_per_second=_optional_float(value.get("tokensPerSecond")),
             checkpoint=checkpoint, productive_seconds=float(value.get("productiveSeconds", 0.0)),
             done=bool(value.get("done", False)), exit_reason=str(value.get("exitReason") or ""),
-            eval_step=int(value.get("evalStep", 0)), eval_loss=_optional_float(value.get("evalLoss")))
+            eval_step=int(value.get("evalStep", 0)), eval_loss=_optional_float(value.get("evalLoss")),
+            restore_source=str(restore.get("source") or ""), restore_step=int(restore.get("step") or 0),
+            restore_seconds=float(restore.get("seconds") or 0.0))
     except (ValueError, TypeError, KeyError):
         return None
 

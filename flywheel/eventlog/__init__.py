@@ -13,6 +13,7 @@ from flywheel.eventlog.records import (
     Failure,
     LogReset,
     Record,
+    Recovery,
     Restore,
     Start,
     Step,
@@ -23,6 +24,5 @@ from flywheel.eventlog.tail import EventTail, read_records
 from flywheel.eventlog.writer import EventLog
 
 __all__ = ["Checkpoint", "CheckpointBad", "CheckpointFailed", "Done", "Eval", "EventLog", "EventName", "EventTail",
-           "Failure", "FailureEntry", "Incident", "LogReset", "Record", "Restore", "RunFold", "Start", "Step", "fold",
-           "one_line",
-           "parse_record", "read_records"]
+           "Failure", "FailureEntry", "Incident", "LogReset", "Record", "Recovery", "Restore", "RunFold", "Start",
+           "Step", "fold", "one_line", "parse_record", "read_records"]

@@ -31,6 +31,7 @@ from flywheel.eventlog.records import (
     Failure,
     LogReset,
     Record,
+    Recovery,
     Restore,
     Start,
     Step,
@@ -99,6 +100,7 @@ class RunFold:
         self.last: Step | None = None  # the latest step record
         self.starts: list[Start] = []
         self.restores: list[Restore] = []
+        self.recovery_records: list[Recovery] = []  # the operator's, one per recovery it decided
         self.checkpoints: list[Checkpoint] = []
         self.checkpoint_failures: list[CheckpointFailed] = []
         # The first failure of each cause: a save failing again for the reason already reported (no commit since)
@@ -148,6 +150,8 @@ class RunFold:
             self.restores.append(record)
         elif isinstance(record, Eval):
             self.evals[record.step] = self.last_eval = record
+        elif isinstance(record, Recovery):
+            self.recovery_records.append(record)
         else:
             self.done = record
 

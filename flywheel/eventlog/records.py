@@ -29,6 +29,7 @@ class EventName(StrEnum):
     WORKER_EXIT = "worker_exit"  # the local supervisor, a worker process exited unasked with a non-zero code
     DONE = "done"  # rank 0, training finished
     EVAL = "eval"  # rank 0, an evaluation on the validation data finished (after the step it names)
+    RECOVERY = "recovery"  # the operator, once a recovery it decided trained its first step: where the time went
 
 
 # Reported by the ranks of one group: after one outage every blocked rank may report too; one per start counts.
@@ -126,13 +127,32 @@ class Done:
 
 
 @dataclass(frozen=True, slots=True)
+class Recovery:
+    """The operator's record of one recovery (flywheel/policy/recovery_cost.py): its parts add up to total."""
+
+    time: float
+    cause: str
+    total_seconds: float
+    detect_seconds: float = 0.0
+    decide_seconds: float = 0.0
+    pod_ready_seconds: float = 0.0
+    rendezvous_seconds: float = 0.0
+    restore_seconds: float = 0.0
+    first_step_seconds: float = 0.0
+    restore_source: str = ""  # "" when nothing was restored
+    restore_step: int = 0
+    replayed_steps: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class LogReset:
     """Not a line: the tailer's marker that the file was truncated or replaced, so a fold starts over."""
 
     time: float = 0.0
 
 
-Record = Start | Step | Eval | Checkpoint | CheckpointFailed | CheckpointBad | Restore | Failure | Done | LogReset
+Record = (Start | Step | Eval | Checkpoint | CheckpointFailed | CheckpointBad | Restore | Failure | Done | Recovery
+          | LogReset)
 
 
 def _float(raw: Mapping[str, Any], key: str) -> float | None:
@@ -184,6 +204,12 @@ def _parse(name: EventName, t: float, raw: Mapping[str, Any]) -> Record:
         return CheckpointBad(t, int(raw["step"]), str(raw.get("path") or ""), one_line(raw.get("reason") or ""))
     if name is EventName.RESTORE:
         return Restore(t, int(raw["step"]), str(raw.get("path") or ""), str(raw.get("source") or "disk"))
+    if name is EventName.RECOVERY:
+        parts = {k: _float(raw, k) or 0.0 for k in ("detect_seconds", "decide_seconds", "pod_ready_seconds",
+                                                     "rendezvous_seconds", "restore_seconds", "first_step_seconds")}
+        return Recovery(t, str(raw.get("cause") or ""), float(raw["total_seconds"]), **parts,
+                        restore_source=str(raw.get("restore_source") or ""),
+                        restore_step=_int(raw, "restore_step") or 0, replayed_steps=_int(raw, "replayed_steps") or 0)
     if name is EventName.DONE:
         return Done(t, int(raw["step"]), raw.get("params_sha256"), raw.get("already_complete_checkpoint") or None,
                     _int(raw, "checkpoint_memory_bytes"))

@@ -42,6 +42,16 @@ class OperatorMetrics:
             "flywheel_operator_time_to_recover_seconds",
             "From a failure until the job made its first step again.", ("reason",), buckets=RECOVERY_BUCKETS,
             registry=r)
+        self.recovery_part_seconds = Histogram(
+            "flywheel_operator_recovery_part_seconds",
+            "Each part of a recovery (detect, decide, pod_ready, rendezvous, restore, first_step), by reason.",
+            ("reason", "part"), buckets=RECOVERY_BUCKETS, registry=r)
+        self.badput_seconds_total = Counter("flywheel_job_badput_seconds_total",
+                                            "Seconds from a fault to the first step after it, by cause.",
+                                            JOB_LABELS + ("cause",), registry=r)
+        self.replayed_steps_total = Counter("flywheel_job_replayed_steps_total",
+                                            "Steps trained again after a recovery, by cause.",
+                                            JOB_LABELS + ("cause",), registry=r)
         self.goodput_ratio = Gauge("flywheel_job_goodput_ratio",
                                    "Productive training time over wall time since the job started.", JOB_LABELS,
                                    registry=r)
@@ -67,6 +77,13 @@ class OperatorMetrics:
         for query in ("progress", "step_times", "xids"):  # export zeros so rate() and alerts see the first error
             for reason in QUERY_ERROR_REASONS:
                 self.monitor_query_errors_total.labels(query, reason)
+
+    def observe_recovery(self, namespace: str, job: str, cause: str, parts: dict[str, float], replayed: int) -> None:
+        """One recovery's record (operator/recovery_record.py): its parts, its badput, its replayed steps."""
+        for part, seconds in parts.items():
+            self.recovery_part_seconds.labels(cause, part).observe(seconds)
+        self.badput_seconds_total.labels(job, namespace, cause).inc(sum(parts.values()))
+        self.replayed_steps_total.labels(job, namespace, cause).inc(replayed)
 
     def serve(self, port: int) -> None:
         start_http_server(port, registry=self.registry)

@@ -40,6 +40,8 @@ from flywheel.operator.drain import DrainFollower, node_marks
 from flywheel.operator.event_log import EventLogTail, events_file
 from flywheel.operator.own_writes import OwnWrites
 from flywheel.operator.progress_follower import JobProgress
+from flywheel.operator.recovery_record import RecoveryClock, record_recovery, recovered_message
+from flywheel.operator.rendezvous_expiry import AgentMemory, expire_pods
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.plan import WorkerPlan
 from flywheel.policy import reasons as R
@@ -59,6 +61,7 @@ from flywheel.policy.decisions import (
     ResetRendezvous,
 )
 from flywheel.policy.drain import DrainInput
+from flywheel.policy.lost_agents import AgentId, lost_agents
 from flywheel.policy.observed import HealthFindings, ObservedProgress, PodView
 from flywheel.policy.reconcile import LIVENESS_GRACE_SECONDS, reconcile
 from flywheel.policy.vanished import vanished_pods
@@ -127,6 +130,8 @@ class JobRunner:
         self.checkpoint_due: float | None = None
         self.etcd_retry_due: float | None = None
         self.drain = DrainFollower(self.poke, logger)  # drain ahead: the checkpoint request and answers (etcd)
+        self.recovery = RecoveryClock()  # the recovery being timed, and the last one's record
+        self.agents = AgentMemory()  # each worker pod's agent (host, pid), for the rendezvous expiry
 
     # -- wiring -------------------------------------------------------------------------------------------------
     def poke(self) -> None:
@@ -314,6 +319,7 @@ class JobRunner:
             elif view is not None:
                 created = max(parse_rfc3339(obj["metadata"].get("creationTimestamp")) or 0.0,
                               self.promoted_at.get(view.uid, 0.0))
+                self.agents.remember(view, self.live, created)
                 views.append(replace(view, liveness_lost=self._liveness_lost(view, created, now),
                                      spare_ready=self._spare_ready(view), **self._rank_restarts(view, created)))
         alive = {v.uid for v in views}
@@ -333,6 +339,8 @@ class JobRunner:
         job, invalid = self._parse(obj)
         status_in = TrainingJobStatus.model_validate(obj.get("status") or {})
         views, progress = await self._observe(status_in)
+        self.recovery.observe_pods(views, status_in.generation, time.time())
+        progress = self.recovery.progress(progress, self.progress.ledger)
         if job is not None and self.settings.hang_detection:
             self._check_hang(job, views, status_in)
         if self.checkpoint_events is None:  # what the operator before this process had seen: not posted again
@@ -357,7 +365,13 @@ class JobRunner:
             await self._ensure_service(obj, job)
         if self.metrics is not None:
             self._record_metrics(written if changed else None, status_in, views, progress)
+        await self._expire_lost_agents(job, self.agents.of(lost_agents(views + gone, status_in.generation,
+                                                                       result.status.generation, result.actions)))
+        self.agents.keep({v.name for v in views + gone})
+        self.recovery.decided(status_in, result.status, views + gone, result.actions, self.progress.last_step_seen,
+                              time.time())
         await self._act(obj, job, result)
+        await self._record_recovery(obj, result)
         for ev in result.events:
             await self._event(obj, ev.type, ev.reason, ev.message)
         await self._checkpoint_event(obj, result.status.phase in TERMINAL, progress)
@@ -495,6 +509,32 @@ class JobRunner:
             self.logger.info(f"new workers: reset the rendezvous of run {run_id} ({deleted} keys)")
         except Exception as err:  # noqa: BLE001 (etcd down: the group still forms once old heartbeats expire)
             self.logger.warning(f"could not reset the rendezvous of run {run_id}: {err}")
+
+    async def _record_recovery(self, obj: dict[str, Any], result: Pass) -> None:
+        """Time the recovery this pass acted on; once its group trained a step, record it (recovery_record.py):
+        the next pass writes it into status.goodput."""
+        self.recovery.acted(result.actions, time.time())
+        cost = self.recovery.finish(self.progress.ledger)
+        if cost is None:
+            return
+        self.poke()  # the next pass writes the record
+        record_recovery(self.events_path, cost)
+        if self.metrics is not None:
+            self.metrics.observe_recovery(self.namespace, self.name, cost.cause, cost.parts(), cost.replayed_steps)
+        await self._event(obj, "Normal", R.RECOVERED, recovered_message(cost))
+
+    async def _expire_lost_agents(self, job: TrainingJob | None, agents: list[AgentId]) -> None:
+        """Drop the agents this pass gave up on from the rendezvous at once (operator/rendezvous_expiry.py); on any
+        error their heartbeats expire by themselves."""
+        if not agents or job is None or self.etcd is None:
+            return
+        pods = [a.pod for a in agents]
+        try:
+            session, run_id = await self.etcd.session(), m.run_id(job, self.uid)
+            expired = await asyncio.get_running_loop().run_in_executor(None, expire_pods, session, run_id, agents)
+            self.logger.info(f"expired the rendezvous heartbeats of {expired} lost agent(s) of {', '.join(pods)}")
+        except Exception as err:  # noqa: BLE001 (etcd down, torch missing: the heartbeats then time out)
+            self.logger.warning(f"could not expire the rendezvous heartbeats of {', '.join(pods)}: {err}")
 
     async def _act(self, obj: dict[str, Any], job: TrainingJob | None, result: Pass) -> None:
         creates = job is not None and any(isinstance(a, CreatePod | CreateSpare | PromoteSpare)

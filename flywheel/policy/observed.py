@@ -70,6 +70,7 @@ class ObservedProgress:
     eval_loss: float | None = None
     # Each cause of failing saves, in words, numbered in log order: (ordinal, message) (eventlog fold's reports).
     checkpoint_failures: tuple[tuple[int, str], ...] = ()
+    last_restore: tuple[str, int] | None = None  # the newest group's restore report: (source, step)
 
 
 @dataclass(frozen=True)

@@ -119,3 +119,10 @@ MSG_DRAIN_MOVED = ("node {node} {cause}: every rank holds the checkpoint of step
 MSG_DRAIN_TIMED_OUT = ("node {node} {cause}: the checkpoint did not come within {seconds:g}s; moving worker(s) "
                        "{pods} off it from the last checkpoint")
 MSG_DRAIN_ABANDONED = "node {node} {cause}: drain ahead given up ({why}); the failure is handled as usual"
+
+RECOVERED = "Recovered"
+MSG_RECOVERED = ("trained again {total:.1f} s after the fault ({cause}): detect {detect:.1f} s, decide {decide:.1f} s, "
+                 "pod ready {ready:.1f} s, rendezvous {rendezvous:.1f} s, restore {restore:.1f} s, first step "
+                 "{first:.1f} s; {restored}; {replayed} steps replayed")
+MSG_RESTORED_FROM = "restored step {step} from {source}"
+MSG_RESTORED_NOTHING = "no checkpoint restored"

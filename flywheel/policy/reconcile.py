@@ -42,7 +42,14 @@ from flywheel.policy.scale_create import clean_up, create_missing
 from flywheel.policy.spares import keep_spares, split_roles
 from flywheel.policy.suspend_resume import resume, suspend
 from flywheel.spec import TrainingJobSpec
-from flywheel.spec_status import CheckpointStatus, ConditionType, GoodputStatus, ReplicaStatus, TrainingJobStatus
+from flywheel.spec_status import (
+    CheckpointStatus,
+    ConditionType,
+    GoodputStatus,
+    ReplicaStatus,
+    RestoreStatus,
+    TrainingJobStatus,
+)
 
 LIVENESS_GRACE_SECONDS = 1.0  # a key gone this long while the pod still runs means the agent is gone
 NO_FINDINGS = HealthFindings()
@@ -121,3 +128,5 @@ def _observe(status: TrainingJobStatus, job: JobView) -> None:
             time=iso(progress.checkpoint_time) if progress.checkpoint_time else None)
     if progress.goodput:
         status.goodput = GoodputStatus.model_validate(progress.goodput)
+    if progress.last_restore is not None:
+        status.last_restore = RestoreStatus(source=progress.last_restore[0], step=progress.last_restore[1])

@@ -40,15 +40,21 @@ class ProgressState:
 
     def __init__(self) -> None:
         self.record: ProgressRecord | None = None  # None until the attempt's `start`
+        self.restored: tuple[str, int] = ("", 0)  # the `restore` report before the next `start`: (source, step)
 
     def observe(self, event: str, fields: Mapping[str, Any], now: float) -> bool:
+        if event == "restore":
+            self.restored = (str(fields.get("source") or "disk"), int(fields.get("step") or 0))
+            return False
         if event == "start":
             resumed = int(fields.get("resumed_from") or 0)
             previous = self.record or ProgressRecord(time=now, attempt=now)
+            (source, step), self.restored = self.restored, ("", 0)
             self.record = ProgressRecord(time=now, attempt=now, step=resumed, resumed_from=resumed,
                                          world_size=int(fields.get("world_size") or 0),
                                          checkpoint=previous.checkpoint, eval_step=previous.eval_step,
-                                         eval_loss=previous.eval_loss)
+                                         eval_loss=previous.eval_loss, restore_source=source, restore_step=step,
+                                         restore_seconds=float(fields.get("restore_seconds") or 0.0))
             return True
         if self.record is None:
             if event != "step":
@@ -57,6 +63,7 @@ class ProgressState:
             resumed = int(fields["step"]) - 1
             self.record = ProgressRecord(time=now, attempt=now, step=resumed, resumed_from=resumed)
         r = self.record
+        first_step = event == "step" and r.step == r.resumed_from  # a recovery's end: published at once
         if event == "step":
             self.record = replace(r, time=now, step=int(fields["step"]), loss=_float(fields.get("loss")),
                                   tokens_per_second=_float(fields.get("tokens_per_second")),
@@ -71,7 +78,7 @@ class ProgressState:
             self.record = replace(r, time=now, step=int(fields.get("step") or r.step), done=True)
         else:
             return False
-        return event in URGENT_EVENTS
+        return event in URGENT_EVENTS or first_step
 
 
     def observe_exit(self, reason: str, now: float) -> bool:

@@ -211,14 +211,17 @@ def _set_up(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Tra
 def _restore(run: _Run, events: EventLog) -> int:
     """Loads the newest committed checkpoint, if any; returns its step (0 without one)."""
     env, training = run.env, run.env.spec.trainer.training
+    began = time.monotonic()
     start = run.ckpt.restore(run.app) or 0
+    restore_seconds = round(time.monotonic() - began, 3)
     if run.loader.consumed_samples != start * training.global_batch:
         log.warning("restored data position is %d samples, not step %d x globalBatch %d (globalBatch changed?); "
                     "continuing from the restored position", run.loader.consumed_samples, start,
                     training.global_batch)
     if env.rank == 0:
         events.emit("start", rank=env.rank, world_size=env.world_size, dp=run.dp_size,
-                    restart_count=env.restart_count, resumed_from=start or None)
+                    restart_count=env.restart_count, resumed_from=start or None,
+                    restore_seconds=restore_seconds if start else None)
         log.info("training steps %d..%d%s", start + 1, training.steps, f" (resumed from {start})" if start else "")
     return start
 

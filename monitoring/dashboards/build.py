@@ -134,6 +134,12 @@ def cluster_overview() -> dashboard.Dashboard:
                  for what in ("detect", "recover") for q, p in ((0.5, 50), (0.95, 95))]),
         series("Goodput per job", "percentunit",
                query(f"flywheel_job_goodput_ratio{{{JOB}}}", "{{namespace}}/{{job}}")),
+        series("Badput by cause (fault to first step)", "s",
+               query(f"sum by (cause) (increase(flywheel_job_badput_seconds_total{{{JOB}}}[$__rate_interval]))",
+                     "{{cause}}")),
+        series("Where recovery time goes (p50 per part)", "s",
+               query("histogram_quantile(0.5, sum by (le, part) "
+                     "(rate(flywheel_operator_recovery_part_seconds_bucket[$__rate_interval])))", "{{part}}")),
         series("Reconcile duration p95", "s",
                query("histogram_quantile(0.95, sum by (le, result) "
                      "(rate(flywheel_operator_reconcile_duration_seconds_bucket[$__rate_interval])))", "{{result}}")),

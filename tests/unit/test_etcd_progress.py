@@ -37,7 +37,8 @@ def test_publisher_state_follows_rank_zero_events() -> None:
     assert state.observe("start", {"world_size": 2, "resumed_from": 4}, 10.0) is True
     assert state.record == ProgressRecord(time=10.0, attempt=10.0, step=4, resumed_from=4, world_size=2)
     assert state.observe("step", {"step": 5, "loss": 2.0, "step_seconds": 0.5, "tokens_per_second": 100.0,
-                                  "world_size": 2}, 11.0) is False  # steps are rate-limited, not urgent
+                                  "world_size": 2}, 11.0) is True  # the attempt's first step: at once (recovery end)
+    # Later steps are rate-limited, not urgent.
     assert state.observe("step", {"step": 6, "loss": 1.5, "step_seconds": 0.25}, 12.0) is False
     assert state.observe("checkpoint", {"step": 6, "path": "/c/6"}, 13.0) is True
     assert state.observe("fault", {"rank": 0}, 13.5) is False
