@@ -22,48 +22,37 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from typing import Any, assert_never, cast
+from typing import Any
 
 import kopf
 
 from flywheel.crd import GROUP, PLURAL, VERSION
-from flywheel.etcd import spares as etcd_spares
-from flywheel.etcd.liveness import WorkerWatch, reset_rendezvous, watch_workers
+from flywheel.etcd.liveness import WorkerWatch
 from flywheel.kube.client import Kube, KubeApiError
 from flywheel.labels import RESTART_ANNOTATION
 from flywheel.monitor.findings import FindingsInbox
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
-from flywheel.operator import spare_pods
 from flywheel.operator.caches import ApiReads, ClusterReads
 from flywheel.operator.drain import DrainFollower, node_marks
+from flywheel.operator.etcd_views import EtcdViews
 from flywheel.operator.event_log import EventLogTail, events_file
+from flywheel.operator.job_actions import JobActions
 from flywheel.operator.own_writes import OwnWrites
 from flywheel.operator.progress_follower import JobProgress
 from flywheel.operator.recovery_record import RecoveryClock, record_recovery, recovered_message
-from flywheel.operator.rendezvous_expiry import AgentMemory, expire_pods
+from flywheel.operator.rendezvous_expiry import AgentMemory
 from flywheel.operator.shared_etcd import SharedEtcd
-from flywheel.plan import WorkerPlan
 from flywheel.policy import reasons as R
 from flywheel.policy.checkpoint_events import CheckpointEventState, event_due, failure_events, next_event, seed
 from flywheel.policy.conditions import TERMINAL
 from flywheel.policy.decisions import (
-    ClearCheckpointRequest,
-    CreatePod,
-    CreateSpare,
-    DeleteJob,
-    DeletePod,
-    JobAction,
     Pass,
-    PromoteSpare,
-    Relabel,
-    RequestCheckpoint,
-    ResetRendezvous,
 )
 from flywheel.policy.drain import DrainInput
-from flywheel.policy.lost_agents import AgentId, lost_agents
+from flywheel.policy.lost_agents import lost_agents
 from flywheel.policy.observed import HealthFindings, ObservedProgress, PodView
-from flywheel.policy.reconcile import LIVENESS_GRACE_SECONDS, reconcile
+from flywheel.policy.reconcile import reconcile
 from flywheel.policy.vanished import vanished_pods
 from flywheel.spec import SpecError, TrainingJob, parse_cluster_job
 from flywheel.spec_status import Phase, TrainingJobStatus
@@ -72,13 +61,11 @@ from flywheel.timefmt import parse_rfc3339
 # A pass at least this often with nothing due: what a missed wake-up costs at most (every change wakes the runner).
 SAFETY_TICK_SECONDS = 30.0
 RETRY_SECONDS = 1.0  # after a pass that failed (an API error)
-ETCD_RETRY_SECONDS = 5.0  # after the etcd liveness or progress watch could not start
 # What a status write changes in the job's metadata: not read by the parsed job (its spec and name are).
 _VOLATILE_METADATA = frozenset({"resourceVersion", "managedFields"})
-SERVICE_RECHECK_SECONDS = 10.0  # how soon a deleted headless Service is created again
 
 
-class JobRunner:
+class JobRunner(EtcdViews, JobActions):
     def __init__(self, kube: Kube, settings: m.OperatorSettings, namespace: str, name: str, uid: str,
                  logger: logging.Logger | logging.LoggerAdapter[Any], metrics: OperatorMetrics | None = None,
                  etcd: SharedEtcd | None = None, reads: ClusterReads | None = None) -> None:
@@ -153,72 +140,10 @@ class JobRunner:
                  self.own.due()]
         return min((t for t in times if t is not None), default=None)
 
-    async def _start_liveness(self, job: TrainingJob) -> None:
-        if self.etcd is not None and self.progress.watch is None:
-            try:
-                self.progress.start(await self.etcd.session(), m.run_id(job, self.uid))
-            except Exception as err:  # noqa: BLE001 (etcd down: retried next pass; the event log may still say)
-                self.logger.warning(f"etcd progress watch unavailable: {err}")
-                self.etcd_retry_due = time.time() + ETCD_RETRY_SECONDS
-        await self._start_drain_watch(job)
-        if self.watch is not None or self.etcd is None or not self.settings.worker_liveness:
-            return
-        loop = asyncio.get_running_loop()
-
-        def changed(workers: dict[str, Any]) -> None:
-            def apply() -> None:
-                self.live = workers
-                self.wake.set()
-            loop.call_soon_threadsafe(apply)
-
-        try:
-            self.watch = watch_workers(await self.etcd.session(), m.run_id(job, self.uid), changed)
-        except Exception as err:  # noqa: BLE001 (etcd down, any client error: pod status still works; retried)
-            self.logger.warning(f"etcd liveness watch unavailable: {err}")
-            self.etcd_retry_due = time.time() + ETCD_RETRY_SECONDS
-            return  # the spare watch is started with the retried liveness watch
-        await self._start_spare_watch(job)
-
-    async def _start_spare_watch(self, job: TrainingJob) -> None:
-        """Follow the spare agents' keys (which spares wait, warm, to be promoted), for a job with spares."""
-        if self.spare_watch is not None or self.etcd is None or not job.spec.replicas.spares:
-            return
-        loop = asyncio.get_running_loop()
-
-        def changed(spares: dict[str, Any]) -> None:
-            def apply() -> None:
-                self.live_spares = dict(spares)
-                self.wake.set()
-            loop.call_soon_threadsafe(apply)
-
-        try:
-            self.spare_watch = etcd_spares.watch_spares(await self.etcd.session(), m.run_id(job, self.uid), changed)
-        except Exception as err:  # noqa: BLE001 (etcd down: no spare is seen ready, lost workers get new pods)
-            self.logger.warning(f"etcd spare watch unavailable: {err}")
-
-    async def _start_drain_watch(self, job: TrainingJob) -> None:
-        """Follow the run's checkpoint request and the ranks' answers (drain ahead, operator/drain.py)."""
-        if self.etcd is None or self.drain.watch is not None:
-            return
-        try:
-            self.drain.start(await self.etcd.session(), m.run_id(job, self.uid))
-        except Exception as err:  # noqa: BLE001 (etcd down: no answers seen; a drain then moves after its bound)
-            self.logger.warning(f"etcd checkpoint-request watch unavailable: {err}")
-            self.etcd_retry_due = time.time() + ETCD_RETRY_SECONDS
-
     async def _drain_input(self, findings: HealthFindings) -> DrainInput:
         """The nodes that are leaving (cordoned, a --drain-taint-keys taint, a fatal XID) and the request's answers."""
         return self.drain.observe(node_marks(await self.reads.node_marks(), self.settings.drain_taint_keys,
                                              dict(findings.node_faults)))
-
-    async def _drain_act(self, job: TrainingJob | None, action: RequestCheckpoint | ClearCheckpointRequest) -> None:
-        if job is None or self.etcd is None:
-            self.logger.warning(f"drain ahead: no etcd to carry out {action} (the drain moves after its bound)")
-            return
-        try:
-            await self.drain.act(await self.etcd.session(), m.run_id(job, self.uid), action)
-        except Exception as err:  # noqa: BLE001 (etcd down: a request is sent again next pass, else bounded)
-            self.logger.warning(f"drain ahead: {type(action).__name__} failed: {err}")
 
     async def run(self, stopped: kopf.DaemonStopped) -> None:
         stopping = asyncio.ensure_future(self._wake_when_stopped(stopped))
@@ -265,47 +190,6 @@ class JobRunner:
             pass
 
     # -- one pass -----------------------------------------------------------------------------------------------
-    def _liveness_lost(self, view: PodView, created: float, now: float) -> bool:
-        if view.uid in self.dead_by_lease:
-            return True
-        if self.live is None or view.phase != "Running" or view.deleting_since is not None:
-            return False
-        key = self.live.get(str(view.index))
-        # A key written before this pod existed belongs to its predecessor of the same name (still within its TTL).
-        if key is not None and key.since >= created - 1.0:
-            self.seen_live[view.uid] = None
-            if key.exited:  # its agent ended by itself: the pod's own status decides, not the key's expiry
-                self.exited_agents.add(view.uid)
-            else:  # a live agent of this pod (registered after any exited marker): its expiry counts again
-                self.exited_agents.discard(view.uid)
-            return False
-        if view.uid in self.exited_agents:
-            return False
-        if view.uid not in self.seen_live:
-            return False  # never registered yet (starting up)
-        since = self.seen_live[view.uid] or now
-        self.seen_live[view.uid] = since
-        if now - since < LIVENESS_GRACE_SECONDS:
-            self.liveness_due = min(since + LIVENESS_GRACE_SECONDS, self.liveness_due or float("inf"))
-            return False
-        self.dead_by_lease.add(view.uid)
-        return True
-
-    def _rank_restarts(self, view: PodView, created: float) -> dict[str, Any]:
-        """What this pod's agent reported of its rank restarts in place (policy/rank_restarts.py): from its own key
-        only, not a predecessor's of the same name."""
-        key = self.live.get(str(view.index)) if self.live is not None else None
-        if key is None or key.since < created - 1.0:
-            return {}
-        return {"rank_restarts": key.rank_restarts, "rank_restart_reason": key.rank_restart_reason,
-                "rank_restart_at": key.rank_restart_at}
-
-    def _spare_ready(self, view: PodView) -> bool:
-        """Its agent holds a ready spare key: a spare waiting to be promoted (or, on a worker-labelled pod, one whose
-        promotion has not reached it yet: policy/spares.py repeats it)."""
-        key = self.live_spares.get(view.name)
-        return key is not None and bool(getattr(key, "ready", False))
-
     async def _observe(self, status_in: TrainingJobStatus) -> tuple[list[PodView], ObservedProgress]:
         now = time.time()
         pods = self.own.pods(await self.reads.pods(self.namespace, self.name), now)
@@ -470,46 +354,6 @@ class JobRunner:
                 self.recoveries_seen_until = at
                 self.metrics.time_to_recover_seconds.labels(self.recovering_reason or "Unknown").observe(seconds)
 
-    async def _event(self, obj: dict[str, Any], etype: str, reason: str, message: str) -> None:
-        try:
-            await self.kube.post_event(obj, etype, reason, message)
-        except KubeApiError as err:
-            self.logger.warning(f"could not post event {reason}: {err}")
-
-    async def _ensure_service(self, obj: dict[str, Any], job: TrainingJob) -> None:
-        """The headless Service (created again when someone deleted it: looked at every SERVICE_RECHECK_SECONDS),
-        and the PodGroup once (a failure to create it is reported, and the job runs without a gang)."""
-        now = time.monotonic()
-        if self.service_checked_at is None or now - self.service_checked_at >= SERVICE_RECHECK_SECONDS:
-            body = m.service(job)
-            if not await self.reads.service_exists(self.namespace, body["metadata"]["name"]):
-                _adopt(body, obj)
-                await self.kube.create(Kube.core(self.namespace, "services"), body)
-            self.service_checked_at = now
-        if self.pod_group_tried:
-            return
-        group = m.pod_group(job, self.settings)
-        if group is not None:
-            _adopt(group, obj)
-            try:
-                await self.kube.create(f"/apis/{group['apiVersion']}/namespaces/{self.namespace}/podgroups", group)
-            except KubeApiError as err:  # e.g. the scheduler's CRDs are not installed: run without a gang
-                await self._event(obj, "Warning", R.CREATE_FAILED,
-                                  R.MSG_CREATE_FAILED.format(kind="PodGroup", name=job.name, error=err))
-        self.pod_group_tried = True
-
-    async def _reset_rendezvous(self, job: TrainingJob) -> None:
-        run_id = m.run_id(job, self.uid)
-        if self.etcd is None:  # the rendezvous is not in etcd (no --etcd-endpoints): nothing to forget
-            self.logger.debug(f"new workers: no etcd rendezvous to reset for run {run_id}")
-            return
-        try:
-            session = await self.etcd.session()
-            deleted = await asyncio.get_running_loop().run_in_executor(None, reset_rendezvous, session, run_id)
-            self.logger.info(f"new workers: reset the rendezvous of run {run_id} ({deleted} keys)")
-        except Exception as err:  # noqa: BLE001 (etcd down: the group still forms once old heartbeats expire)
-            self.logger.warning(f"could not reset the rendezvous of run {run_id}: {err}")
-
     async def _record_recovery(self, obj: dict[str, Any], result: Pass) -> None:
         """Time the recovery this pass acted on; once its group trained a step, record it (recovery_record.py):
         the next pass writes it into status.goodput."""
@@ -522,105 +366,6 @@ class JobRunner:
         if self.metrics is not None:
             self.metrics.observe_recovery(self.namespace, self.name, cost.cause, cost.parts(), cost.replayed_steps)
         await self._event(obj, "Normal", R.RECOVERED, recovered_message(cost))
-
-    async def _expire_lost_agents(self, job: TrainingJob | None, agents: list[AgentId]) -> None:
-        """Drop the agents this pass gave up on from the rendezvous at once (operator/rendezvous_expiry.py); on any
-        error their heartbeats expire by themselves."""
-        if not agents or job is None or self.etcd is None:
-            return
-        pods = [a.pod for a in agents]
-        try:
-            session, run_id = await self.etcd.session(), m.run_id(job, self.uid)
-            expired = await asyncio.get_running_loop().run_in_executor(None, expire_pods, session, run_id, agents)
-            self.logger.info(f"expired the rendezvous heartbeats of {expired} lost agent(s) of {', '.join(pods)}")
-        except Exception as err:  # noqa: BLE001 (etcd down, torch missing: the heartbeats then time out)
-            self.logger.warning(f"could not expire the rendezvous heartbeats of {', '.join(pods)}: {err}")
-
-    async def _act(self, obj: dict[str, Any], job: TrainingJob | None, result: Pass) -> None:
-        creates = job is not None and any(isinstance(a, CreatePod | CreateSpare | PromoteSpare)
-                                          for a in result.actions)
-        # Planned only when a pod is to be created: the plan serializes the spec for every worker's env.
-        workers = {w.index: w for w in m.plan(job, self.uid, self.settings, self.events_path)} \
-            if creates and job is not None else {}
-        for action in result.actions:
-            await self._act_one(obj, job, workers, action)
-
-    async def _act_one(self, obj: dict[str, Any], job: TrainingJob | None, workers: dict[int, WorkerPlan],
-                       action: JobAction) -> None:
-        """Carry out one action; every kind of action has its branch (a new one fails the type check here)."""
-        match action:
-            case DeletePod(name=name, uid=uid, force=force, grace_seconds=grace):
-                self.deleted_pods.add(uid)
-                await self.kube.delete(Kube.core(self.namespace, "pods", name), uid, 0 if force else grace)
-                self.own.deleted_pod(uid, time.time())
-            case Relabel(name=name, generation=generation):
-                labels = {m.GENERATION_LABEL: str(generation)}
-                answer = await self.kube.merge_patch(Kube.core(self.namespace, "pods", name),
-                                                     {"metadata": {"labels": labels}})
-                self.own.relabelled_pod(str(answer["metadata"]["uid"]), labels, time.time())
-            case CreatePod(index=index, generation=generation):
-                if job is None or index not in workers:
-                    raise RuntimeError(f"reconcile decided to create worker {index} of {self.namespace}/{self.name} "
-                                       f"but it has no plan for it (spec valid: {job is not None}): a policy bug")
-                await self._create_pod(obj, m.pod(job, workers[index], generation, self.settings))
-            case CreateSpare(number=number, generation=generation):
-                if job is None or not workers:
-                    raise RuntimeError(f"reconcile decided to create a spare of {self.namespace}/{self.name} but it "
-                                       f"has no plan (spec valid: {job is not None}): a policy bug")
-                plan = next(iter(workers.values()))
-                await self._create_pod(obj, spare_pods.spare_pod(job, plan, number, generation, self.settings))
-            case PromoteSpare():
-                if job is None or action.index not in workers:
-                    raise RuntimeError(f"reconcile decided to promote {action.name} to replica {action.index} of "
-                                       f"{self.namespace}/{self.name} but it has no plan for it: a policy bug")
-                await self._promote(job, action, workers[action.index])
-            case RequestCheckpoint() | ClearCheckpointRequest():
-                await self._drain_act(job, action)
-            case ResetRendezvous():
-                if job is None:
-                    raise RuntimeError(f"reconcile decided to reset the rendezvous of the invalid job "
-                                       f"{self.namespace}/{self.name}: a policy bug")
-                await self._reset_rendezvous(job)
-            case DeleteJob():
-                self.logger.info("ttlSecondsAfterFinished passed: deleting the TrainingJob")
-                await self.kube.delete(self.path, self.uid)
-            case _:
-                assert_never(action)
-
-    async def _promote(self, job: TrainingJob, action: PromoteSpare, worker: WorkerPlan) -> None:
-        """Relabel the spare pod as the worker of its new index, then tell its agent (etcd). In this order: a pod
-        relabelled but not told (the operator stopped between) still holds its spare key, and the next pass sees
-        a worker with a spare key and promotes it again (promotion is idempotent). Told first, a pod not yet
-        relabelled would still read as a spare with its index missing, and another spare could take the index:
-        two agents for one replica."""
-        labels = spare_pods.promoted_labels(action.index, action.generation)
-        answer = await self.kube.merge_patch(Kube.core(self.namespace, "pods", action.name),
-                                             {"metadata": {"labels": labels}})
-        uid = str(answer["metadata"]["uid"])
-        self.own.relabelled_pod(uid, labels, time.time())
-        self.promoted_at.setdefault(uid, time.time())
-        if self.etcd is None:
-            raise RuntimeError(f"cannot promote {action.name}: the operator has no etcd spare support")
-        session, run_id = await self.etcd.session(), m.run_id(job, self.uid)
-        env = spare_pods.promotion_env(worker)
-        await asyncio.get_running_loop().run_in_executor(
-            None, lambda: session.run(etcd_spares.promote(session, run_id, action.name, action.index, env)))
-
-    async def _create_pod(self, obj: dict[str, Any], body: dict[str, Any]) -> None:
-        _adopt(body, obj)
-        try:
-            created = await self.kube.create(Kube.core(self.namespace, "pods"), body)
-            if created is not None:  # None: 409 AlreadyExists, the pod is there (the cache shows it soon)
-                self.own.wrote_pod(created, time.time())
-        except KubeApiError as err:
-            await self._event(obj, "Warning", R.CREATE_FAILED,
-                              R.MSG_CREATE_FAILED.format(kind="pod", name=body["metadata"]["name"], error=err))
-
-
-def _adopt(body: dict[str, Any], owner: dict[str, Any]) -> None:
-    """Make `owner` (the TrainingJob as read) the controller of `body`: garbage-collected with it."""
-    kopf.adopt(body, owner=cast(kopf.Body, owner))
-
 
 def _checkpoint_time(status: TrainingJobStatus) -> float | None:
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from flywheel.kube.client import Kube
-from flywheel.operator import executor
+from flywheel.operator import job_actions
 from flywheel.policy.decisions import CreatePod, Pass
 from flywheel.spec_status import TrainingJobStatus
 from tests.k8s_emulator.fixtures import RunningCluster
@@ -25,7 +25,7 @@ def test_a_deleted_service_comes_back_and_a_create_without_a_plan_is_an_error(
         assert await kube.get(path) is None
         await world.runner.reconcile_once()
         assert await kube.get(path) is None  # looked at again only every SERVICE_RECHECK_SECONDS
-        monkeypatch.setattr(executor, "SERVICE_RECHECK_SECONDS", 0.0)
+        monkeypatch.setattr(job_actions, "SERVICE_RECHECK_SECONDS", 0.0)
         await world.runner.reconcile_once()
         assert await kube.get(path) is not None
         obj = await kube.get(world.path)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from flywheel.operator import executor, spare_pods
+from flywheel.operator import job_actions, spare_pods
 from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.progress_follower import JobProgress
@@ -143,7 +143,7 @@ def test_promotion_relabels_first_then_tells_the_agent(monkeypatch: pytest.Monke
         async def session(self) -> Session:
             return Session()
 
-    monkeypatch.setattr(executor.etcd_spares, "promote", promote)
+    monkeypatch.setattr(job_actions.etcd_spares, "promote", promote)
     r = runner(kube, Etcd())
     action = PromoteSpare("j-spare-0", 1, 3)
     asyncio.run(r._act(kube.job, JOB, Pass(TrainingJobStatus(), actions=[action])))

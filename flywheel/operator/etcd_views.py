@@ -1,0 +1,137 @@
+"""What a JobRunner reads from etcd (executor.py): the workers' liveness keys, the spares' keys and the drain
+answers, followed by watches that wake the runner, and how a pod's view is judged from them (its agent lost, its
+rank restarts in place, a spare ready). A base class of JobRunner, which owns the state declared here."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from flywheel.etcd import spares as etcd_spares
+from flywheel.etcd.liveness import WorkerWatch, watch_workers
+from flywheel.operator import manifests as m
+from flywheel.operator.drain import DrainFollower
+from flywheel.operator.progress_follower import JobProgress
+from flywheel.operator.shared_etcd import SharedEtcd
+from flywheel.policy.observed import PodView
+from flywheel.policy.reconcile import LIVENESS_GRACE_SECONDS
+from flywheel.spec import TrainingJob
+
+ETCD_RETRY_SECONDS = 5.0  # after the etcd liveness or progress watch could not start
+
+
+class EtcdViews:
+    settings: m.OperatorSettings
+    logger: logging.Logger | logging.LoggerAdapter[Any]
+    etcd: SharedEtcd | None
+    uid: str
+    wake: asyncio.Event
+    progress: JobProgress
+    drain: DrainFollower
+    watch: WorkerWatch | None
+    spare_watch: Any
+    live: dict[str, Any] | None
+    live_spares: dict[str, Any]
+    seen_live: dict[str, float | None]
+    exited_agents: set[str]
+    dead_by_lease: set[str]
+    liveness_due: float | None
+    etcd_retry_due: float | None
+    poke: Callable[[], None]
+
+    async def _start_liveness(self, job: TrainingJob) -> None:
+        if self.etcd is not None and self.progress.watch is None:
+            try:
+                self.progress.start(await self.etcd.session(), m.run_id(job, self.uid))
+            except Exception as err:  # noqa: BLE001 (etcd down: retried next pass; the event log may still say)
+                self.logger.warning(f"etcd progress watch unavailable: {err}")
+                self.etcd_retry_due = time.time() + ETCD_RETRY_SECONDS
+        await self._start_drain_watch(job)
+        if self.watch is not None or self.etcd is None or not self.settings.worker_liveness:
+            return
+        loop = asyncio.get_running_loop()
+
+        def changed(workers: dict[str, Any]) -> None:
+            def apply() -> None:
+                self.live = workers
+                self.wake.set()
+            loop.call_soon_threadsafe(apply)
+
+        try:
+            self.watch = watch_workers(await self.etcd.session(), m.run_id(job, self.uid), changed)
+        except Exception as err:  # noqa: BLE001 (etcd down, any client error: pod status still works; retried)
+            self.logger.warning(f"etcd liveness watch unavailable: {err}")
+            self.etcd_retry_due = time.time() + ETCD_RETRY_SECONDS
+            return  # the spare watch is started with the retried liveness watch
+        await self._start_spare_watch(job)
+
+    async def _start_spare_watch(self, job: TrainingJob) -> None:
+        """Follow the spare agents' keys (which spares wait, warm, to be promoted), for a job with spares."""
+        if self.spare_watch is not None or self.etcd is None or not job.spec.replicas.spares:
+            return
+        loop = asyncio.get_running_loop()
+
+        def changed(spares: dict[str, Any]) -> None:
+            def apply() -> None:
+                self.live_spares = dict(spares)
+                self.wake.set()
+            loop.call_soon_threadsafe(apply)
+
+        try:
+            self.spare_watch = etcd_spares.watch_spares(await self.etcd.session(), m.run_id(job, self.uid), changed)
+        except Exception as err:  # noqa: BLE001 (etcd down: no spare is seen ready, lost workers get new pods)
+            self.logger.warning(f"etcd spare watch unavailable: {err}")
+
+    async def _start_drain_watch(self, job: TrainingJob) -> None:
+        """Follow the run's checkpoint request and the ranks' answers (drain ahead, operator/drain.py)."""
+        if self.etcd is None or self.drain.watch is not None:
+            return
+        try:
+            self.drain.start(await self.etcd.session(), m.run_id(job, self.uid))
+        except Exception as err:  # noqa: BLE001 (etcd down: no answers seen; a drain then moves after its bound)
+            self.logger.warning(f"etcd checkpoint-request watch unavailable: {err}")
+            self.etcd_retry_due = time.time() + ETCD_RETRY_SECONDS
+
+    def _liveness_lost(self, view: PodView, created: float, now: float) -> bool:
+        if view.uid in self.dead_by_lease:
+            return True
+        if self.live is None or view.phase != "Running" or view.deleting_since is not None:
+            return False
+        key = self.live.get(str(view.index))
+        # A key written before this pod existed belongs to its predecessor of the same name (still within its TTL).
+        if key is not None and key.since >= created - 1.0:
+            self.seen_live[view.uid] = None
+            if key.exited:  # its agent ended by itself: the pod's own status decides, not the key's expiry
+                self.exited_agents.add(view.uid)
+            else:  # a live agent of this pod (registered after any exited marker): its expiry counts again
+                self.exited_agents.discard(view.uid)
+            return False
+        if view.uid in self.exited_agents:
+            return False
+        if view.uid not in self.seen_live:
+            return False  # never registered yet (starting up)
+        since = self.seen_live[view.uid] or now
+        self.seen_live[view.uid] = since
+        if now - since < LIVENESS_GRACE_SECONDS:
+            self.liveness_due = min(since + LIVENESS_GRACE_SECONDS, self.liveness_due or float("inf"))
+            return False
+        self.dead_by_lease.add(view.uid)
+        return True
+
+    def _rank_restarts(self, view: PodView, created: float) -> dict[str, Any]:
+        """What this pod's agent reported of its rank restarts in place (policy/rank_restarts.py): from its own key
+        only, not a predecessor's of the same name."""
+        key = self.live.get(str(view.index)) if self.live is not None else None
+        if key is None or key.since < created - 1.0:
+            return {}
+        return {"rank_restarts": key.rank_restarts, "rank_restart_reason": key.rank_restart_reason,
+                "rank_restart_at": key.rank_restart_at}
+
+    def _spare_ready(self, view: PodView) -> bool:
+        """Its agent holds a ready spare key: a spare waiting to be promoted (or, on a worker-labelled pod, one whose
+        promotion has not reached it yet: policy/spares.py repeats it)."""
+        key = self.live_spares.get(view.name)
+        return key is not None and bool(getattr(key, "ready", False))

@@ -1,0 +1,208 @@
+"""What a JobRunner does with a pass's decisions (executor.py): each JobAction carried out against the Kubernetes API
+or etcd, and the side effects around them (the headless Service and PodGroup, events, the rendezvous reset and the
+lost agents' expiry). A base class of JobRunner, which owns the state declared here: kept apart so that the runner's
+module holds the pass loop and this one the action table, which the type checker keeps exhaustive."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, assert_never, cast
+
+import kopf
+
+from flywheel.etcd import spares as etcd_spares
+from flywheel.etcd.liveness import reset_rendezvous
+from flywheel.kube.client import Kube, KubeApiError
+from flywheel.operator import manifests as m
+from flywheel.operator import spare_pods
+from flywheel.operator.caches import ClusterReads
+from flywheel.operator.drain import DrainFollower
+from flywheel.operator.own_writes import OwnWrites
+from flywheel.operator.rendezvous_expiry import expire_pods
+from flywheel.operator.shared_etcd import SharedEtcd
+from flywheel.plan import WorkerPlan
+from flywheel.policy import reasons as R
+from flywheel.policy.decisions import (
+    ClearCheckpointRequest,
+    CreatePod,
+    CreateSpare,
+    DeleteJob,
+    DeletePod,
+    JobAction,
+    Pass,
+    PromoteSpare,
+    Relabel,
+    RequestCheckpoint,
+    ResetRendezvous,
+)
+from flywheel.policy.lost_agents import AgentId
+from flywheel.spec import TrainingJob
+
+SERVICE_RECHECK_SECONDS = 10.0  # how soon a deleted headless Service is created again
+
+
+class JobActions:
+    kube: Kube
+    settings: m.OperatorSettings
+    logger: logging.Logger | logging.LoggerAdapter[Any]
+    reads: ClusterReads
+    own: OwnWrites
+    etcd: SharedEtcd | None
+    namespace: str
+    name: str
+    uid: str
+    path: str
+    events_path: str | None
+    service_checked_at: float | None
+    pod_group_tried: bool
+    deleted_pods: set[str]
+    promoted_at: dict[str, float]
+    drain: DrainFollower
+
+    async def _event(self, obj: dict[str, Any], etype: str, reason: str, message: str) -> None:
+        try:
+            await self.kube.post_event(obj, etype, reason, message)
+        except KubeApiError as err:
+            self.logger.warning(f"could not post event {reason}: {err}")
+
+    async def _ensure_service(self, obj: dict[str, Any], job: TrainingJob) -> None:
+        """The headless Service (created again when someone deleted it: looked at every SERVICE_RECHECK_SECONDS),
+        and the PodGroup once (a failure to create it is reported, and the job runs without a gang)."""
+        now = time.monotonic()
+        if self.service_checked_at is None or now - self.service_checked_at >= SERVICE_RECHECK_SECONDS:
+            body = m.service(job)
+            if not await self.reads.service_exists(self.namespace, body["metadata"]["name"]):
+                _adopt(body, obj)
+                await self.kube.create(Kube.core(self.namespace, "services"), body)
+            self.service_checked_at = now
+        if self.pod_group_tried:
+            return
+        group = m.pod_group(job, self.settings)
+        if group is not None:
+            _adopt(group, obj)
+            try:
+                await self.kube.create(f"/apis/{group['apiVersion']}/namespaces/{self.namespace}/podgroups", group)
+            except KubeApiError as err:  # e.g. the scheduler's CRDs are not installed: run without a gang
+                await self._event(obj, "Warning", R.CREATE_FAILED,
+                                  R.MSG_CREATE_FAILED.format(kind="PodGroup", name=job.name, error=err))
+        self.pod_group_tried = True
+
+    async def _reset_rendezvous(self, job: TrainingJob) -> None:
+        run_id = m.run_id(job, self.uid)
+        if self.etcd is None:  # the rendezvous is not in etcd (no --etcd-endpoints): nothing to forget
+            self.logger.debug(f"new workers: no etcd rendezvous to reset for run {run_id}")
+            return
+        try:
+            session = await self.etcd.session()
+            deleted = await asyncio.get_running_loop().run_in_executor(None, reset_rendezvous, session, run_id)
+            self.logger.info(f"new workers: reset the rendezvous of run {run_id} ({deleted} keys)")
+        except Exception as err:  # noqa: BLE001 (etcd down: the group still forms once old heartbeats expire)
+            self.logger.warning(f"could not reset the rendezvous of run {run_id}: {err}")
+
+    async def _expire_lost_agents(self, job: TrainingJob | None, agents: list[AgentId]) -> None:
+        """Drop the agents this pass gave up on from the rendezvous at once (operator/rendezvous_expiry.py); on any
+        error their heartbeats expire by themselves."""
+        if not agents or job is None or self.etcd is None:
+            return
+        pods = [a.pod for a in agents]
+        try:
+            session, run_id = await self.etcd.session(), m.run_id(job, self.uid)
+            expired = await asyncio.get_running_loop().run_in_executor(None, expire_pods, session, run_id, agents)
+            self.logger.info(f"expired the rendezvous heartbeats of {expired} lost agent(s) of {', '.join(pods)}")
+        except Exception as err:  # noqa: BLE001 (etcd down, torch missing: the heartbeats then time out)
+            self.logger.warning(f"could not expire the rendezvous heartbeats of {', '.join(pods)}: {err}")
+
+    async def _drain_act(self, job: TrainingJob | None, action: RequestCheckpoint | ClearCheckpointRequest) -> None:
+        if job is None or self.etcd is None:
+            self.logger.warning(f"drain ahead: no etcd to carry out {action} (the drain moves after its bound)")
+            return
+        try:
+            await self.drain.act(await self.etcd.session(), m.run_id(job, self.uid), action)
+        except Exception as err:  # noqa: BLE001 (etcd down: a request is sent again next pass, else bounded)
+            self.logger.warning(f"drain ahead: {type(action).__name__} failed: {err}")
+
+    async def _act(self, obj: dict[str, Any], job: TrainingJob | None, result: Pass) -> None:
+        creates = job is not None and any(isinstance(a, CreatePod | CreateSpare | PromoteSpare)
+                                          for a in result.actions)
+        # Planned only when a pod is to be created: the plan serializes the spec for every worker's env.
+        workers = {w.index: w for w in m.plan(job, self.uid, self.settings, self.events_path)} \
+            if creates and job is not None else {}
+        for action in result.actions:
+            await self._act_one(obj, job, workers, action)
+
+    async def _act_one(self, obj: dict[str, Any], job: TrainingJob | None, workers: dict[int, WorkerPlan],
+                       action: JobAction) -> None:
+        """Carry out one action; every kind of action has its branch (a new one fails the type check here)."""
+        match action:
+            case DeletePod(name=name, uid=uid, force=force, grace_seconds=grace):
+                self.deleted_pods.add(uid)
+                await self.kube.delete(Kube.core(self.namespace, "pods", name), uid, 0 if force else grace)
+                self.own.deleted_pod(uid, time.time())
+            case Relabel(name=name, generation=generation):
+                labels = {m.GENERATION_LABEL: str(generation)}
+                answer = await self.kube.merge_patch(Kube.core(self.namespace, "pods", name),
+                                                     {"metadata": {"labels": labels}})
+                self.own.relabelled_pod(str(answer["metadata"]["uid"]), labels, time.time())
+            case CreatePod(index=index, generation=generation):
+                if job is None or index not in workers:
+                    raise RuntimeError(f"reconcile decided to create worker {index} of {self.namespace}/{self.name} "
+                                       f"but it has no plan for it (spec valid: {job is not None}): a policy bug")
+                await self._create_pod(obj, m.pod(job, workers[index], generation, self.settings))
+            case CreateSpare(number=number, generation=generation):
+                if job is None or not workers:
+                    raise RuntimeError(f"reconcile decided to create a spare of {self.namespace}/{self.name} but it "
+                                       f"has no plan (spec valid: {job is not None}): a policy bug")
+                plan = next(iter(workers.values()))
+                await self._create_pod(obj, spare_pods.spare_pod(job, plan, number, generation, self.settings))
+            case PromoteSpare():
+                if job is None or action.index not in workers:
+                    raise RuntimeError(f"reconcile decided to promote {action.name} to replica {action.index} of "
+                                       f"{self.namespace}/{self.name} but it has no plan for it: a policy bug")
+                await self._promote(job, action, workers[action.index])
+            case RequestCheckpoint() | ClearCheckpointRequest():
+                await self._drain_act(job, action)
+            case ResetRendezvous():
+                if job is None:
+                    raise RuntimeError(f"reconcile decided to reset the rendezvous of the invalid job "
+                                       f"{self.namespace}/{self.name}: a policy bug")
+                await self._reset_rendezvous(job)
+            case DeleteJob():
+                self.logger.info("ttlSecondsAfterFinished passed: deleting the TrainingJob")
+                await self.kube.delete(self.path, self.uid)
+            case _:
+                assert_never(action)
+
+    async def _promote(self, job: TrainingJob, action: PromoteSpare, worker: WorkerPlan) -> None:
+        """Relabel the spare pod as the worker of its new index, then tell its agent (etcd). In this order: a pod
+        relabelled but not told (the operator stopped between) still holds its spare key, and the next pass sees
+        a worker with a spare key and promotes it again (promotion is idempotent). Told first, a pod not yet
+        relabelled would still read as a spare with its index missing, and another spare could take the index:
+        two agents for one replica."""
+        labels = spare_pods.promoted_labels(action.index, action.generation)
+        answer = await self.kube.merge_patch(Kube.core(self.namespace, "pods", action.name),
+                                             {"metadata": {"labels": labels}})
+        uid = str(answer["metadata"]["uid"])
+        self.own.relabelled_pod(uid, labels, time.time())
+        self.promoted_at.setdefault(uid, time.time())
+        if self.etcd is None:
+            raise RuntimeError(f"cannot promote {action.name}: the operator has no etcd spare support")
+        session, run_id = await self.etcd.session(), m.run_id(job, self.uid)
+        env = spare_pods.promotion_env(worker)
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: session.run(etcd_spares.promote(session, run_id, action.name, action.index, env)))
+
+    async def _create_pod(self, obj: dict[str, Any], body: dict[str, Any]) -> None:
+        _adopt(body, obj)
+        try:
+            created = await self.kube.create(Kube.core(self.namespace, "pods"), body)
+            if created is not None:  # None: 409 AlreadyExists, the pod is there (the cache shows it soon)
+                self.own.wrote_pod(created, time.time())
+        except KubeApiError as err:
+            await self._event(obj, "Warning", R.CREATE_FAILED,
+                              R.MSG_CREATE_FAILED.format(kind="pod", name=body["metadata"]["name"], error=err))
+
+def _adopt(body: dict[str, Any], owner: dict[str, Any]) -> None:
+    """Make `owner` (the TrainingJob as read) the controller of `body`: garbage-collected with it."""
+    kopf.adopt(body, owner=cast(kopf.Body, owner))
