@@ -20,6 +20,7 @@ from flywheel.policy.observed import PodView
 from flywheel.render import render_objects
 from flywheel.spec import parse_job
 from flywheel.spec_status import TrainingJobStatus
+from tests.operator.frozen_caches import FrozenCaches
 
 DOC = {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
        "metadata": {"name": "j", "namespace": "ml", "uid": "uid-1", "resourceVersion": "1", "generation": 1},
@@ -91,29 +92,9 @@ class Kube:
         return None
 
 
-class Caches:
-    def __init__(self, job: dict[str, Any]) -> None:
-        self.first = copy.deepcopy(job)
-
-    async def job(self, namespace: str, name: str) -> dict[str, Any]:
-        return copy.deepcopy(self.first)
-
-    async def pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
-        return []
-
-    async def service_exists(self, namespace: str, name: str) -> bool:
-        return True
-
-    async def lost_nodes(self) -> set[str]:
-        return set()
-
-    async def node_marks(self) -> list[Any]:
-        return []
-
-
 def runner(kube: Kube, etcd: Any = None) -> JobRunner:
     return JobRunner(kube, SETTINGS, "ml", "j", "uid-1", logging.getLogger("test"),  # type: ignore[arg-type]
-                     etcd=etcd, reads=Caches(kube.job))  # type: ignore[arg-type]
+                     etcd=etcd, reads=FrozenCaches(kube.job))  # type: ignore[arg-type]
 
 
 def test_a_pass_creates_the_workers_and_the_spare_once() -> None:

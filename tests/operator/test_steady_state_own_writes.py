@@ -12,6 +12,7 @@ from flywheel.operator import caches
 from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.own_writes import PENDING_SECONDS, OwnWrites
+from tests.operator.frozen_caches import FrozenCaches
 
 
 def pod(name: str, uid: str, generation: int = 0, deleting: bool = False, namespace: str = "ml") -> dict[str, Any]:
@@ -89,28 +90,6 @@ def test_index_entries_and_the_reads_over_them():
         assert len(await reads.all_pods(())) == 2 and await reads.all_pods(("ml",)) == [p]
         assert await reads.jobs(("other",)) == []
     asyncio.run(check())
-
-
-class FrozenCaches:
-    """Watch-fed caches that never catch up: the job as first seen, no pods, no Service, no lost node."""
-
-    def __init__(self, job: dict[str, Any]) -> None:
-        self.first = copy.deepcopy(job)
-
-    async def job(self, namespace: str, name: str) -> dict[str, Any]:
-        return copy.deepcopy(self.first)
-
-    async def pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
-        return []
-
-    async def service_exists(self, namespace: str, name: str) -> bool:
-        return True
-
-    async def lost_nodes(self) -> set[str]:
-        return set()
-
-    async def node_marks(self) -> list[Any]:
-        return []
 
 
 class WritingKube:
