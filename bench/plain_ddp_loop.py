@@ -49,6 +49,9 @@ def main() -> None:
         times.append(time.perf_counter() - began)
     if rank == 0:
         Path(os.environ["FLYWHEEL_CHECKPOINT_DIR"]).parent.joinpath("plain_steps.json").write_text(json.dumps(times))
+    # Every rank reaches the end before any leaves: rank 0 hosts the store, and a rank still tearing down its group
+    # after rank 0 exited waited out the store's 30-minute timeout (seen with the fast llama-tiny steps).
+    dist.barrier()
     dist.destroy_process_group()
 
 
