@@ -259,3 +259,40 @@ def test_templated_job_carries_every_pass_through_field_and_succeeds(real: RealC
     real.apply_job("e2e-tmpl", tmp_path, template=template_for("e2e-tmpl"), **{"trainer.training.steps": 10})
     real.wait_phase("e2e-tmpl", "Succeeded", 900)
     assert_carries_the_template(real.pods("e2e-tmpl"), "e2e-tmpl")
+
+
+def _pod(real: RealCluster, job: str, name: str) -> dict[str, Any] | None:
+    return next((p for p in real.pods(job) if p["metadata"]["name"] == name), None)
+
+
+def test_a_deleted_worker_is_replaced_by_the_warm_spare(real: RealCluster, tmp_path: Path) -> None:
+    name = "e2e-spare"
+    real.apply_job(name, tmp_path, **LONG, **{"replicas.spares": 1})
+    eventually(lambda: real.status(name).get("spares") == 1, 600, "the spare to be ready")
+    eventually(lambda: real.status(name).get("step", 0) >= 40, 900, "step 40")
+    real.kubectl("delete", "pod", f"{name}-worker-1", "--grace-period=0", "--force")
+    eventually(lambda: ((p := _pod(real, name, f"{name}-spare-0")) is not None
+                        and p["metadata"]["labels"].get("flywheel.dev/replica-index") == "1"), 120,
+               "the spare to take index 1")
+    eventually(lambda: _pod(real, name, f"{name}-spare-1") is not None, 120, "a new spare behind it")
+    status = real.wait_phase(name, "Succeeded", 900)
+    assert status["step"] == 400 and status["lastRestartReason"] == "PodDeleted", status
+    assert _pod(real, name, f"{name}-worker-1") is None  # no cold pod of that index
+
+
+def test_a_tainted_node_is_drained_ahead_without_replay(real: RealCluster, tmp_path: Path) -> None:
+    name, taint = "e2e-drain", "nvidia.com/gpu-xid-error"
+    real.apply_job(name, tmp_path, **LONG, **{"replicas.spares": 1, "checkpoint.memoryEverySteps": 10})
+    eventually(lambda: real.status(name).get("spares") == 1, 600, "the spare to be ready")
+    eventually(lambda: real.status(name).get("step", 0) >= 40, 900, "step 40")
+    spare_node = (_pod(real, name, f"{name}-spare-0") or {}).get("spec", {}).get("nodeName")
+    worker = next(p for p in real.pods(name) if p["metadata"]["labels"].get("flywheel.dev/role") == "worker"
+                  and p["spec"].get("nodeName") != spare_node)
+    node = worker["spec"]["nodeName"]
+    real.kubectl("taint", "node", node, f"{taint}=true:NoSchedule")
+    try:
+        status = real.wait_phase(name, "Succeeded", 900)
+    finally:
+        real.kubectl("taint", "node", node, f"{taint}-", check=False)
+    assert status["lastRestartReason"] == "NodeDraining" and status["goodput"].get("lostSteps", 0) == 0, status
+    assert status["restartBudget"].get("used", 0) == 0
