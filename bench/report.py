@@ -27,7 +27,7 @@ def _fmt(value: object) -> str:
 
 def plot(name: str, record: dict[str, Any], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7.2, 3.4), dpi=100)
-    values = [float(record["value"]), float(record["peer_value"] or 0.0)]
+    values = [float(record["value"] or 0.0), float(record["peer_value"] or 0.0)]  # None: nothing measured
     peer_label = textwrap.fill(str(record["peer"]), 28, max_lines=3, placeholder=" ...")
     bars = ax.barh(["ours", peer_label], values,
                    color=["#2a9d8f" if record["pass"] else "#e76f51", "#8d99ae"])
