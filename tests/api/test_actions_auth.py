@@ -54,7 +54,7 @@ def test_suspend_resume_restart_and_scale_change_the_trainingjob(api_env: ApiEnv
 
     resp = api_env.http.patch("/v1/jobs/default/act/scale", json={"replicas": 2}, headers=api_env.headers())
     assert resp.status_code == 200 and resp.json()["job"]["spec"]["replicasTarget"] == 2
-    assert api_env.job("act")["spec"]["replicas"] == {"min": 1, "max": 3, "target": 2}
+    assert api_env.job("act")["spec"]["replicas"] == {"min": 1, "max": 3, "target": 2, "spares": 0}  # CRD default
     # The audit log names the server's account: the server's own log names the caller of each action.
     actions = [r.getMessage() for r in caplog.records if r.name == "flywheel.api.routes_actions"]
     assert [a.split()[0] for a in actions] == ["suspend", "resume", "restart", "scale"]
