@@ -119,6 +119,7 @@ class JobRunner(EtcdViews, JobActions):
         self.drain = DrainFollower(self.poke, logger)  # drain ahead: the checkpoint request and answers (etcd)
         self.recovery = RecoveryClock()  # the recovery being timed, and the last one's record
         self.agents = AgentMemory()  # each worker pod's agent (host, pid), for the rendezvous expiry
+        self.expiring: set[asyncio.Future[None]] = set()  # expiries of lost agents under way (background tasks)
 
     # -- wiring -------------------------------------------------------------------------------------------------
     def poke(self) -> None:
@@ -249,12 +250,16 @@ class JobRunner(EtcdViews, JobActions):
             await self._ensure_service(obj, job)
         if self.metrics is not None:
             self._record_metrics(written if changed else None, status_in, views, progress)
-        await self._expire_lost_agents(job, self.agents.of(lost_agents(views + gone, status_in.generation,
-                                                                       result.status.generation, result.actions)))
+        lost = self.agents.of(lost_agents(views + gone, status_in.generation, result.status.generation,
+                                          result.actions))
         self.agents.keep({v.name for v in views + gone})
         self.recovery.decided(status_in, result.status, views + gone, result.actions, self.progress.last_step_seen,
                               time.time())
         await self._act(obj, job, result)
+        if lost:  # in the background: its first use imports torch (seconds), which must not hold up the pass
+            task = asyncio.ensure_future(self._expire_lost_agents(job, lost))
+            self.expiring.add(task)
+            task.add_done_callback(self.expiring.discard)
         await self._record_recovery(obj, result)
         for ev in result.events:
             await self._event(obj, ev.type, ev.reason, ev.message)

@@ -53,11 +53,14 @@ def _steps(env: OpEnv, name: str, after: float = 0.0) -> list[dict[str, Any]]:
     return [r for r in env.records(name) if r["event"] == "step" and r["time"] > after]
 
 
+HOLD_TAINT = "example.com/hold"  # keeps new pods off a node; not one of the operator's drain taint keys
+
+
 @pytest.mark.slow
 def test_lost_worker_shrinks_the_world_to_min_and_regrows_when_its_node_returns(op_env: OpEnv) -> None:
     """Elastic (replicas 1..2): worker 1's node is lost and its replacement cannot be scheduled (the other node is
-    cordoned), so training goes on at world size 1; when the node returns the replacement starts and the world
-    grows back to 2, and the job Succeeds."""
+    held by a NoSchedule taint that is no drain key: a cordon would drain the survivor ahead), so training goes on at
+    world size 1; when the node returns the replacement starts and the world grows back to 2, and the job Succeeds."""
     name = "shrink-regrow"
     op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{
         **LONG, "trainer.training.steps": 1500, "replicas": {"min": 1, "max": 2},
@@ -68,7 +71,8 @@ def test_lost_worker_shrinks_the_world_to_min_and_regrows_when_its_node_returns(
     nodes = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in op_env.pods(name)}
     kept, lost = nodes[f"{name}-worker-0"], nodes[f"{name}-worker-1"]
     assert kept != lost
-    op_env.kubectl("cordon", kept)  # the survivor keeps running there; nothing new may land on it
+    # The survivor keeps running there; nothing new may land on it.
+    op_env.kubectl("taint", "node", kept, f"{HOLD_TAINT}=true:NoSchedule")
     try:
         op_env.cluster.kubelet.lose_node(lost)
         lost_at = time.time()
@@ -89,7 +93,7 @@ def test_lost_worker_shrinks_the_world_to_min_and_regrows_when_its_node_returns(
                    "training at world size 2 again")
     finally:
         op_env.cluster.kubelet.restore_node(lost)
-        op_env.kubectl("uncordon", kept)
+        op_env.kubectl("taint", "node", kept, f"{HOLD_TAINT}-")
     status = op_env.wait_phase(name, "Succeeded", 240)
     assert status["step"] == 1500 and status["worldSize"] == 2 and status["restartBudget"]["used"] == 0
     restores = [r for r in op_env.records(name) if r["event"] == "restore"]
