@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from flywheel import exitcodes, replica
-from flywheel.trainer import rank_restarts, spare_wait, termination_log, warm
+from flywheel.trainer import rank_restarts, rendezvous_expiry, spare_wait, termination_log, warm
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import RunResult
@@ -362,7 +362,7 @@ def _run_agent(settings: LaunchSettings, command: Sequence[str]) -> int:
             # Leave the rendezvous open: closing it would stop the other workers from re-forming the group.
             shutdown_rdzv = False
             log.warning("stopped by %s; ranks were sent SIGTERM", err.sigval.name)
-            _leave_round(rdzv_handler, log)
+            rendezvous_expiry.leave_round(rdzv_handler)
             termination_log.write_reason(f"stopped by {err.sigval.name}")
             return exitcodes.STOPPED
         except RendezvousError as err:
@@ -373,22 +373,6 @@ def _run_agent(settings: LaunchSettings, command: Sequence[str]) -> int:
             if shutdown_rdzv and rdzv_handler is not None:
                 rdzv_handler.shutdown()
         return _exit_code(result)
-
-
-LEAVE_ROUND_SECONDS = 2.0
-
-
-def _leave_round(handler: Any, log: logging.Logger) -> None:
-    """A stopped agent (its pod deleted: drain ahead, preemption, a move) leaves its rendezvous round, so the
-    others' next round forms without waiting ~6 s for its heartbeat to expire. Best effort."""
-    if handler is None:
-        return
-    from flywheel.trainer import torch_compat
-
-    try:
-        torch_compat.leave_rendezvous(handler, LEAVE_ROUND_SECONDS)
-    except Exception as exc:  # noqa: BLE001 - the heartbeat then expires as before
-        log.info("could not leave the rendezvous round (%s); its heartbeat expires instead", exc)
 
 
 @contextlib.contextmanager

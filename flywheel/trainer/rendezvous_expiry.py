@@ -8,6 +8,7 @@ token, like any agent's write); the next sync of any agent then removes it (torc
 agents known dead: expiring a live one would drop it from the group.
 
 The state is torch's private `_RendezvousState` (pickled; its `last_heartbeats`): named in torch_compat.py.
+An agent that is stopped (SIGTERM) leaves its round itself instead (`leave_round`, torch's own exit op).
 """
 
 from __future__ import annotations
@@ -54,3 +55,19 @@ def expire_local_agent(store: Any, run_id: str, pid: int) -> int:
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
     return expire_agents(C10dRendezvousBackend(store, run_id), lambda node: int(node.pid) == pid)
+
+
+LEAVE_ROUND_SECONDS = 2.0
+
+
+def leave_round(handler: Any) -> None:
+    """A stopped agent (its pod deleted: drain ahead, preemption, a move) leaves its rendezvous round, so the
+    others' next round forms without waiting ~6 s for its heartbeat to expire. Best effort."""
+    if handler is None:
+        return
+    from flywheel.trainer import torch_compat
+
+    try:
+        torch_compat.leave_rendezvous(handler, LEAVE_ROUND_SECONDS)
+    except Exception as exc:  # noqa: BLE001 - the heartbeat then expires as before
+        log.info("could not leave the rendezvous round (%s); its heartbeat expires instead", exc)
