@@ -208,8 +208,7 @@ def test_fatal_xid_cordons_and_replaces_and_ignored_xids_do_nothing(hang_env) ->
                    "cordon + a replacement pod", interval=0.2)
         print(f"fatal XID -> cordon + replacement in {time.monotonic() - injected:.2f}s "
               f"(budget {SCRAPE_INTERVAL + 10:.0f}s)")
-        reasons = [e["reason"] for e in env.events_of(name)]
-        assert "GPUFatalXid" in reasons
+        eventually(lambda: "GPUFatalXid" in {e["reason"] for e in env.events_of(name)}, 10, "the GPUFatalXid event")
         # The only node is cordoned: the replacement waits until it is uncordoned, then resumes training from the
         # last checkpoint (the job is long: it is deleted once that is shown).
         time.sleep(1)
