@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -48,19 +49,31 @@ def params_sha256(model: nn.Module) -> str | None:
     return digest.hexdigest()
 
 
+LossesReady = Callable[[torch.Tensor, torch.Tensor], None]
+
+
 def forward_backward(model: nn.Module, batches: list[MicroBatch], device: torch.device,
-                     autocast: AbstractContextManager[object]) -> tuple[torch.Tensor, torch.Tensor]:
+                     autocast: AbstractContextManager[object],
+                     losses_ready: LossesReady | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Accumulates gradients over this rank's micro batches (reducing them across dp only with the last one);
     returns this rank's mean language-model loss and mean MoE load-balancing loss (weighted; zero for a dense
     model), detached. The gradient is that of their sum. A pipelined model runs them through its schedule instead
-    (the loss then comes from the last stage, on every pp rank)."""
+    (the loss then comes from the last stage, on every pp rank).
+
+    `losses_ready(loss, aux)` gets those two as soon as they are known: after the last forward, before its backward,
+    so a collective over them (the loop's loss and stop-flag reduction) overlaps the backward (after the schedule
+    for a pipelined model)."""
     aux_sum = torch.zeros((), device=device)
     if isinstance(model, PipelinedModel):
-        return model.train_step(batches, device, autocast), aux_sum
+        loss = model.train_step(batches, device, autocast)
+        if losses_ready is not None:
+            losses_ready(loss, aux_sum)
+        return loss, aux_sum
     loss_sum = torch.zeros((), device=device)
     for i, (inputs, targets) in enumerate(batches):
+        last = i == len(batches) - 1
         inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-        with gradient_sync(model, enabled=i == len(batches) - 1):
+        with gradient_sync(model, enabled=last):
             with autocast:
                 logits = model(inputs)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
@@ -68,10 +81,12 @@ def forward_backward(model: nn.Module, batches: list[MicroBatch], device: torch.
             # to peak memory.
             del logits
             aux = aux_loss_of(model)
+            loss_sum += loss.detach()
+            if aux is not None:
+                aux_sum += aux.detach()
+            if last and losses_ready is not None:
+                losses_ready(loss_sum / len(batches), aux_sum / len(batches))
             # Micro batches are equally sized: dividing by their number averages over this rank's share of the
             # global batch, and the gradient reduction (an average) then over all of it.
             torch.autograd.backward((loss if aux is None else loss + aux) / len(batches))
-        loss_sum += loss.detach()
-        if aux is not None:
-            aux_sum += aux.detach()
     return loss_sum / len(batches), aux_sum / len(batches)

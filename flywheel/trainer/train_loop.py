@@ -232,14 +232,21 @@ def _step(run: _Run, stop: StopRequest, shorten: CollectiveTimeouts | None, drai
     training = run.env.spec.trainer.training
     began = time.perf_counter()
     batches = run.loader.next_microbatches(run.dp_rank, run.dp_size, training.global_batch, training.micro_batch)
-    rank_loss, rank_aux = forward_backward(run.model, batches, run.device, run.autocast)
     # One collective for the logged losses and the stop flags (SIGTERM, a checkpoint request): every rank sees the
-    # same sums, so all stop after the same step.
-    # Started now and awaited after the optimizer step, so it overlaps clipping and the update.
-    totals = torch.stack([rank_loss * run.loss_weight, rank_aux * run.loss_weight,
-                          torch.tensor(float(stop.requested), device=run.device),
-                          torch.tensor(float(drain), device=run.device)])
-    totals_reduced = dist.all_reduce(totals, async_op=True)
+    # same sums, so all stop after the same step. Started as soon as the losses are known (before the last
+    # backward) and awaited after the optimizer step, so its round trip overlaps the backward and the update.
+    reduction: list[tuple[torch.Tensor, dist.Work]] = []
+
+    def reduce_totals(rank_loss: torch.Tensor, rank_aux: torch.Tensor) -> None:
+        totals = torch.stack([rank_loss * run.loss_weight, rank_aux * run.loss_weight,
+                              torch.tensor(float(stop.requested), device=run.device),
+                              torch.tensor(float(drain), device=run.device)])
+        work = dist.all_reduce(totals, async_op=True)
+        assert work is not None
+        reduction.append((totals, work))
+
+    forward_backward(run.model, batches, run.device, run.autocast, losses_ready=reduce_totals)
+    totals, totals_reduced = reduction[0]
     if training.grad_clip > 0:
         clip_grad_norm(run.model, training.grad_clip)
     run.ckpt.wait_staged()
