@@ -25,6 +25,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _get_timeout as rdzv_timeout
 
 from flywheel.replica import replica_id_from_env
+from flywheel.trainer.rendezvous_regroup import regroup_early
 
 UNORDERED = 1 << 62  # agents without a replica index sort after every indexed one, then by address
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
@@ -74,7 +75,8 @@ class _ReplicaOrderedNodes(_NodeDescGenerator):
 
 def create_ordered_handler(store: Store, backend: RendezvousBackend, params: RendezvousParameters,
                            replica_id: str) -> DynamicRendezvousHandler:
-    """torch's `create_handler`, joining with a descriptor that sorts by `replica_id`'s index."""
+    """torch's `create_handler`, joining with a descriptor that sorts by `replica_id`'s index, and closing a round
+    as soon as the last group has re-formed (trainer/rendezvous_regroup.py)."""
     handler_class: type[DynamicRendezvousHandler] = type("ReplicaOrderedRendezvousHandler", (DynamicRendezvousHandler,),
                          {"_node_desc_generator": _ReplicaOrderedNodes(replica_order(replica_id))})
     timeout = RendezvousTimeout(rdzv_timeout(params, "join"), rdzv_timeout(params, "last_call"),
@@ -83,6 +85,7 @@ def create_ordered_handler(store: Store, backend: RendezvousBackend, params: Ren
         params.run_id, store, backend, params.min_nodes, params.max_nodes, params.local_addr, timeout,
         keep_alive_interval=params.get_as_int("keep_alive_interval", 5) or 5,
         keep_alive_max_attempt=params.get_as_int("keep_alive_max_attempt", 3) or 3)
+    regroup_early(handler)  # a group re-forming as it was does not wait out the last call
     return handler
 
 

@@ -15,6 +15,9 @@ the new torch's source, then move TESTED_TORCH.
 - DynamicRendezvousHandler's `_stop_heartbeats`, `_op_executor` and torch's `_RendezvousExitOp` (what
   `next_rendezvous` runs first): an agent stopped by SIGTERM leaves the rendezvous round it took part in, so the
   next round need not wait for its heartbeat to expire (launch.py; drain ahead, a deleted pod).
+- DynamicRendezvousHandler's `_op_executor`, `_this_node`, `_state_holder`, `_settings`, and
+  `_DistributedRendezvousOpExecutor`'s `_add_to_participants`/`_mark_rendezvous_complete`/`_state`: a round closes
+  as soon as the last group's agents have all rejoined (trainer/rendezvous_regroup.py).
 - DeviceMesh._unflatten: the dp dimension viewed as (edp, ep) for expert parallelism.
 - DTensor's `_local_tensor`/`_spec` and its constructor: checkpoint staging swaps a CPU shard into a DTensor
   without moving it back to the mesh's device (DTensor.from_local would), as DCP's own staging does.

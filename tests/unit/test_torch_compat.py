@@ -165,3 +165,58 @@ def test_a_stopped_agent_leaves_its_rendezvous_round_without_closing_it() -> Non
     torch_compat.leave_rendezvous(handler, 5.0)
     left = pickle.loads(backend.get_state()[0])  # type: ignore[index]
     assert handler._this_node not in left.participants and not left.closed
+
+
+def test_a_regrouping_round_closes_when_the_last_group_is_back_and_keeps_the_last_call_otherwise() -> None:
+    """trainer/rendezvous_regroup.py: with min 1 < max 3, a round closes once every participant of the last
+    completed round rejoined (no last call); a first round, a round missing one of them, or one with an agent on
+    the wait list keeps torch's last call. Seams: torch's executor methods and the handler attributes swapped."""
+    import pickle
+    import time
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    from flywheel.trainer.rank_order import ReplicaOrderedNode
+    from flywheel.trainer.rendezvous_regroup import FORMED, RegroupingOpExecutor, regroup_early, regrouped
+
+    source = inspect.getsource(rdzv.DynamicRendezvousHandler.__init__)
+    assert "self._op_executor = _DistributedRendezvousOpExecutor(" in source
+    for name in ("_add_to_participants", "_mark_rendezvous_complete"):
+        assert name in inspect.getsource(rdzv._DistributedRendezvousOpExecutor)
+
+    a, b = ReplicaOrderedNode("h", 1, 0, 0), ReplicaOrderedNode("h", 2, 0, 1)
+    state = rdzv._RendezvousState()
+    state.participants = {a: 0}
+    assert not regrouped(state)  # a first round: no group formed yet
+    setattr(state, FORMED, frozenset({a, b}))
+    assert not regrouped(state)  # b is not back
+    state.participants[b] = 0
+    assert regrouped(state)
+    state.wait_list = {ReplicaOrderedNode("h", 3, 0, 2)}
+    assert not regrouped(state)  # an agent waits to scale up: the last call lets it in
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+
+    def rounds(run_id: str, regroup: bool) -> tuple[float, float]:
+        """Seconds of a first round and of the next (a restart in place) for one agent, last call 2 s."""
+        backend = C10dRendezvousBackend(store, run_id)
+        handler = rdzv.DynamicRendezvousHandler.from_backend(
+            run_id, store, backend, min_nodes=1, max_nodes=3,
+            timeout=rdzv.RendezvousTimeout(last_call=timedelta(seconds=2)))
+        if regroup:
+            regroup_early(handler)
+            assert isinstance(handler._op_executor, RegroupingOpExecutor)
+        took = []
+        for _ in range(2):
+            began = time.monotonic()
+            handler.next_rendezvous()
+            took.append(time.monotonic() - began)
+        formed = pickle.loads(backend.get_state()[0]).__dict__.get(FORMED)  # type: ignore[index]
+        assert formed == ({handler._this_node} if regroup else None)
+        return took[0], took[1]
+
+    plain_first, plain_next = rounds("plain", regroup=False)
+    first, regrouped_next = rounds("regroup", regroup=True)
+    assert plain_first >= 1.8 and plain_next >= 1.8 and first >= 1.8  # torch's last call
+    assert regrouped_next < 1.0, regrouped_next  # the same group re-formed: no last call
