@@ -336,8 +336,10 @@ def _is_collective_failure(err: BaseException) -> bool:
     if isinstance(err, dist.DistError):
         return True
     text = str(err)
-    return isinstance(err, RuntimeError) and any(
-        s in text for s in ("gloo", "Gloo", "NCCL", "Timed out", "timed out", "Connection closed by peer"))
+    # "pair closure": a gloo collective queued behind one that timed out on the same connection (the step's
+    # loss/stop-flag reduction is queued ahead of DDP's gradient buckets) fails with the connection it shared.
+    return isinstance(err, RuntimeError) and any(s in text for s in (
+        "gloo", "Gloo", "NCCL", "Timed out", "timed out", "Connection closed by peer", "pair closure"))
 
 
 def main(environ: Mapping[str, str] | None = None) -> int:
