@@ -178,6 +178,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "goodput_operator.json")
     parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS),
                         help="which configurations to run (default: both, the baseline first)")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep the test bed's files (operator log, pod logs, event logs) in this folder")
     args = parser.parse_args()
     if args.quick:
         # Each fault fires once the job trains again after the previous one: one of each kind, back to back.
@@ -186,7 +188,11 @@ def main() -> int:
         print("kubectl missing: run scripts/install-tools.sh")
         return 2
     with tempfile.TemporaryDirectory(prefix="goodput-operator-") as tmp:
-        bed = Bed(Path(tmp), node_grace=40.0, nodes=NODES)
+        workdir = Path(tmp)
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=False)
+            workdir = args.keep.resolve()
+        bed = Bed(workdir, node_grace=40.0, nodes=NODES)
         try:
             clean = run_job(bed, "clean", args.clean_steps, None, args.seed)
             step_s = clean["wall_s"] / (args.clean_steps - 1)

@@ -49,8 +49,12 @@ class LiveWorker:
 class WorkerRegistration:
     """Holds one worker's liveness key for as long as the process lives (or until `close`)."""
 
-    def __init__(self, session: EtcdSession, run_id: str, replica_id: str, ttl: int = DEFAULT_WORKER_TTL) -> None:
+    def __init__(self, session: EtcdSession, run_id: str, replica_id: str, ttl: int = DEFAULT_WORKER_TTL,
+                 on_replaced: Callable[[str], None] | None = None) -> None:
         self.session = session
+        # Called (with what holds the key now) when another agent took this replica's key while this one was cut
+        # off: its pod was given up and replaced, so this agent must end without rejoining the group.
+        self.on_replaced = on_replaced
         self.run_id = run_id
         self.replica_id = replica_id
         self.key = keys.worker_key(run_id, replica_id)
@@ -91,8 +95,42 @@ class WorkerRegistration:
 
             await self.session.call_async(mark)
             return
-        await self.session.call_async(lambda c: c.put(self.key, value, lease=lease_id))
-        self._written = value
+        if not self._written:  # the first registration: a predecessor's key (its pod gone) is taken over
+            await self.session.call_async(lambda c: c.put(self.key, value, lease=lease_id))
+            self._written = value
+            return
+        holder = await self.session.call_async(lambda c: self._claim(c, value, lease_id))
+        if holder is None:
+            self._written = value
+        elif self.on_replaced is not None:
+            self.on_replaced(holder)
+
+    async def _claim(self, c: Any, value: bytes, lease_id: int) -> str | None:
+        """Re-attach the key (a new lease, a rank restart's report) only while it is absent or still this agent's;
+        else what holds it now (a replacement's registration)."""
+        tx = c.transactions
+        for compare in (tx.version(self.key) == 0, tx.value(self.key) == self._written):
+            succeeded, _ = await c.transaction(compare=[compare], success=[tx.put(self.key, value, lease=lease_id)],
+                                               failure=[])
+            if succeeded:
+                return None
+        current = await c.get(self.key)
+        return "nothing" if current is None else current.value.decode(errors="replace")
+
+    def still_held(self) -> bool:
+        """Before the agent joins a rendezvous round: is the replica's key still this agent's (re-attached if it
+        expired meanwhile)? False: a replacement holds it (on_replaced was told)."""
+        lease = self._lease
+        if lease is None or not self._written:
+            return True
+        value, timeout = self._written, self.session.rpc_timeout
+        holder = self.session.run(asyncio.wait_for(self.session.call_async(
+            lambda c: self._claim(c, value, lease.lease_id)), timeout), timeout=timeout + 1)
+        if holder is None:
+            return True
+        if self.on_replaced is not None:
+            self.on_replaced(holder)
+        return False
 
     def report_rank_restart(self, count: int, reason: str, at: float) -> None:
         """The agent restarted its crashed ranks in place (`count` times so far, the last at unix time `at` because

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from flywheel.etcd import spares as etcd_spares
@@ -21,6 +21,22 @@ from flywheel.policy.reconcile import LIVENESS_GRACE_SECONDS
 from flywheel.spec import TrainingJob
 
 ETCD_RETRY_SECONDS = 5.0  # after the etcd liveness or progress watch could not start
+KEY_CLOCK_SLACK_S = 1.0  # a key written this long before its pod's creation still counts as its own (clock skew)
+
+
+def key_owners(workers: Sequence[tuple[PodView, float]], live: dict[str, Any] | None) -> dict[int, str]:
+    """The uid of the pod each replica's liveness key belongs to, from (view, created or promoted at) of the
+    worker pods: of those with the key's index, the newest one that existed when the key was written. Two pods
+    share an index while a lost one is still being deleted and its replacement (a new pod, a promoted spare)
+    already runs: the key is the replacement's then, never the lost pod's."""
+    newest: dict[int, tuple[float, str]] = {}
+    for view, created in workers:
+        key = live.get(str(view.index)) if live is not None else None
+        if key is None or key.since < created - KEY_CLOCK_SLACK_S:
+            continue  # written before this pod existed: a predecessor's
+        if created > newest.get(view.index, (float("-inf"), ""))[0]:
+            newest[view.index] = (created, view.uid)
+    return {index: uid for index, (_, uid) in newest.items()}
 
 
 class EtcdViews:
@@ -39,6 +55,7 @@ class EtcdViews:
     exited_agents: set[str]
     dead_by_lease: set[str]
     liveness_due: float | None
+    key_owner: dict[int, str]  # replica index -> uid of the pod its liveness key belongs to (key_owners)
     etcd_retry_due: float | None
     poke: Callable[[], None]
 
@@ -95,14 +112,19 @@ class EtcdViews:
             self.logger.warning(f"etcd checkpoint-request watch unavailable: {err}")
             self.etcd_retry_due = time.time() + ETCD_RETRY_SECONDS
 
-    def _liveness_lost(self, view: PodView, created: float, now: float) -> bool:
+    def _own_key(self, view: PodView) -> Any:
+        """The pod's own liveness key (key_owners), None when the replica's key is another pod's or there is none."""
+        if self.live is None or self.key_owner.get(view.index) != view.uid:
+            return None
+        return self.live.get(str(view.index))
+
+    def _liveness_lost(self, view: PodView, now: float) -> bool:
         if view.uid in self.dead_by_lease:
             return True
         if self.live is None or view.phase != "Running" or view.deleting_since is not None:
             return False
-        key = self.live.get(str(view.index))
-        # A key written before this pod existed belongs to its predecessor of the same name (still within its TTL).
-        if key is not None and key.since >= created - 1.0:
+        key = self._own_key(view)
+        if key is not None:
             self.seen_live[view.uid] = None
             if key.exited:  # its agent ended by itself: the pod's own status decides, not the key's expiry
                 self.exited_agents.add(view.uid)
@@ -121,11 +143,11 @@ class EtcdViews:
         self.dead_by_lease.add(view.uid)
         return True
 
-    def _rank_restarts(self, view: PodView, created: float) -> dict[str, Any]:
+    def _rank_restarts(self, view: PodView) -> dict[str, Any]:
         """What this pod's agent reported of its rank restarts in place (policy/rank_restarts.py): from its own key
-        only, not a predecessor's of the same name."""
-        key = self.live.get(str(view.index)) if self.live is not None else None
-        if key is None or key.since < created - 1.0:
+        only, not a predecessor's or a replacement's of the same index."""
+        key = self._own_key(view)
+        if key is None:
             return {}
         return {"rank_restarts": key.rank_restarts, "rank_restart_reason": key.rank_restart_reason,
                 "rank_restart_at": key.rank_restart_at}

@@ -35,7 +35,7 @@ from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.caches import ApiReads, ClusterReads
 from flywheel.operator.drain import DrainFollower, node_marks
-from flywheel.operator.etcd_views import EtcdViews
+from flywheel.operator.etcd_views import EtcdViews, key_owners
 from flywheel.operator.event_log import EventLogTail, events_file
 from flywheel.operator.job_actions import JobActions
 from flywheel.operator.own_writes import OwnWrites
@@ -87,6 +87,7 @@ class JobRunner(EtcdViews, JobActions):
         # Pods judged dead by their lease stay so while Terminating: the force delete after nodeFailureGraceSeconds
         # must not wait for the node monitor (40 s) to confirm what etcd already said.
         self.dead_by_lease: set[str] = set()
+        self.key_owner: dict[int, str] = {}  # replica index -> uid of the pod its liveness key belongs to
         self.service_checked_at: float | None = None  # monotonic time the headless Service was last seen
         self.pod_group_tried = False
         self.findings = FindingsInbox(self.poke)  # the health monitor's reports (monitor/findings.py)
@@ -196,17 +197,19 @@ class JobRunner(EtcdViews, JobActions):
         pods = self.own.pods(await self.reads.pods(self.namespace, self.name), now)
         pods = [p for p in pods if any(o.get("uid") == self.uid for o in p["metadata"].get("ownerReferences", []))]
         lost = await self.reads.lost_nodes()
-        views = []
+        views, workers = [], []
         for obj in pods:
             view = m.pod_view(obj, lost)
             if view is not None and view.is_spare:
                 views.append(replace(view, spare_ready=self._spare_ready(view)))
             elif view is not None:
-                created = max(parse_rfc3339(obj["metadata"].get("creationTimestamp")) or 0.0,
-                              self.promoted_at.get(view.uid, 0.0))
-                self.agents.remember(view, self.live, created)
-                views.append(replace(view, liveness_lost=self._liveness_lost(view, created, now),
-                                     spare_ready=self._spare_ready(view), **self._rank_restarts(view, created)))
+                workers.append((view, max(parse_rfc3339(obj["metadata"].get("creationTimestamp")) or 0.0,
+                                          self.promoted_at.get(view.uid, 0.0))))
+        self.key_owner = key_owners(workers, self.live)
+        for view, _ in workers:
+            self.agents.remember(view, self._own_key(view))
+            views.append(replace(view, liveness_lost=self._liveness_lost(view, now),
+                                 spare_ready=self._spare_ready(view), **self._rank_restarts(view)))
         alive = {v.uid for v in views}
         self.seen_live = {k: v for k, v in self.seen_live.items() if k in alive}
         self.dead_by_lease &= alive

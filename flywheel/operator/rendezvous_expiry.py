@@ -26,10 +26,11 @@ class AgentMemory:
     def __init__(self) -> None:
         self.agents: dict[str, AgentId] = {}
 
-    def remember(self, view: PodView, live: dict[str, Any] | None, created: float) -> None:
-        key = live.get(str(view.index)) if live is not None else None
-        if key is not None and key.since >= created - 1.0 and key.pid:  # its own key, not a predecessor's
-            self.agents[view.name] = AgentId(view.name, view.index, str(key.host), int(key.pid))
+    def remember(self, view: PodView, own_key: Any) -> None:
+        """`own_key`: the pod's own liveness key (etcd_views.key_owners), never a predecessor's or a replacement's
+        of the same replica index: remembering a replacement's agent would expire it in the pod's name."""
+        if own_key is not None and own_key.pid:
+            self.agents[view.name] = AgentId(view.name, view.index, str(own_key.host), int(own_key.pid))
 
     def of(self, pods: Sequence[str]) -> list[AgentId]:
         return [self.agents.get(name, AgentId(name)) for name in pods]

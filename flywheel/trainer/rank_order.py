@@ -10,6 +10,7 @@ address is kept as it is: the rank 0 agent still publishes it as MASTER_ADDR.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,11 +75,20 @@ class _ReplicaOrderedNodes(_NodeDescGenerator):
 
 
 def create_ordered_handler(store: Store, backend: RendezvousBackend, params: RendezvousParameters,
-                           replica_id: str) -> DynamicRendezvousHandler:
+                           replica_id: str, before_join: Callable[[], object] | None = None
+                           ) -> DynamicRendezvousHandler:
     """torch's `create_handler`, joining with a descriptor that sorts by `replica_id`'s index, and closing a round
-    as soon as the last group has re-formed (trainer/rendezvous_regroup.py)."""
-    handler_class: type[DynamicRendezvousHandler] = type("ReplicaOrderedRendezvousHandler", (DynamicRendezvousHandler,),
-                         {"_node_desc_generator": _ReplicaOrderedNodes(replica_order(replica_id))})
+    as soon as the last group has re-formed (trainer/rendezvous_regroup.py). `before_join` runs before every
+    round this agent joins (the etcd handler's check that the agent has not been replaced meanwhile)."""
+    members: dict[str, Any] = {"_node_desc_generator": _ReplicaOrderedNodes(replica_order(replica_id))}
+    if before_join is not None:
+        def next_rendezvous(self: DynamicRendezvousHandler) -> Any:
+            before_join()
+            return DynamicRendezvousHandler.next_rendezvous(self)
+
+        members["next_rendezvous"] = next_rendezvous
+    handler_class: type[DynamicRendezvousHandler] = type("ReplicaOrderedRendezvousHandler",
+                                                         (DynamicRendezvousHandler,), members)
     timeout = RendezvousTimeout(rdzv_timeout(params, "join"), rdzv_timeout(params, "last_call"),
                                 rdzv_timeout(params, "close"), rdzv_timeout(params, "heartbeat"))
     handler: DynamicRendezvousHandler = handler_class.from_backend(

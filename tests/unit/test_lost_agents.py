@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from flywheel.policy.decisions import CreatePod, DeletePod, PromoteSpare, Relabel
 from flywheel.policy.lost_agents import agent_host, lost_agents
 from flywheel.policy.observed import PodView
@@ -58,10 +60,29 @@ def test_the_operator_remembers_a_pods_agent_past_its_keys_expiry() -> None:
     from flywheel.policy.lost_agents import AgentId
 
     memory, view = AgentMemory(), pod("j-worker-1", 1)
-    memory.remember(view, {"1": SimpleNamespace(since=5.0, host="h", pid=9)}, created=10.0)  # a predecessor's key
+    memory.remember(view, None)  # no key of its own yet (a predecessor's or none)
     assert memory.of(["j-worker-1"]) == [AgentId("j-worker-1")]
-    memory.remember(view, {"1": SimpleNamespace(since=11.0, host="h", pid=9)}, created=10.0)
-    memory.remember(view, {}, created=10.0)  # the key expired (a lost node): still known
+    memory.remember(view, SimpleNamespace(since=11.0, host="h", pid=9))
+    memory.remember(view, None)  # the key expired (a lost node), or is a replacement's: still known
     assert memory.of(["j-worker-1"]) == [AgentId("j-worker-1", 1, "h", 9)]
     memory.keep(set())
     assert memory.of(["j-worker-1"]) == [AgentId("j-worker-1")]
+
+
+def test_a_replicas_liveness_key_belongs_to_the_newest_pod_that_existed_when_it_was_written() -> None:
+    """A lost worker still being deleted and the spare promoted to its index share the index's key: it is the
+    spare's. Read as the lost pod's, the operator remembered the spare's agent under the lost pod's name and expired
+    it in the rendezvous, which shrank the new group below its minimum (bench/goodput_operator, lose-node)."""
+    from types import SimpleNamespace
+
+    from flywheel.operator.etcd_views import key_owners
+
+    lost, spare, other = pod("j-worker-1", 1), pod("j-spare-0", 1), pod("j-worker-0", 0)
+    lost, spare, other = (replace(v, uid=v.name) for v in (lost, spare, other))
+    workers = [(lost, 10.0), (spare, 50.0), (other, 10.0)]
+    key = SimpleNamespace(since=50.5, host="h", pid=9)
+    assert key_owners(workers, {"1": key}) == {1: "j-spare-0"}
+    assert key_owners(workers, {"1": SimpleNamespace(since=20.0)}) == {1: "j-worker-1"}  # before the promotion
+    assert key_owners(workers, {"1": SimpleNamespace(since=5.0)}) == {}  # a predecessor's of both
+    assert key_owners(workers, {"0": SimpleNamespace(since=12.0)}) == {0: "j-worker-0"}
+    assert key_owners(workers, None) == {}

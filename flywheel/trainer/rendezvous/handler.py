@@ -20,10 +20,11 @@ import os
 from torch.distributed.elastic.rendezvous.api import RendezvousParameters
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
+from flywheel import exitcodes
 from flywheel.etcd.liveness import DEFAULT_WORKER_TTL, WorkerRegistration
 from flywheel.etcd.session import EtcdSession
 from flywheel.replica import replica_id_from_env
-from flywheel.trainer import rank_restarts
+from flywheel.trainer import rank_restarts, termination_log
 from flywheel.trainer.rank_order import create_ordered_handler
 
 from .backend import EtcdV3RendezvousBackend
@@ -69,6 +70,7 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> DynamicRendezvousHan
         params.run_id,
         replica_id,
         ttl=_int_param(params, "worker_ttl", DEFAULT_WORKER_TTL),
+        on_replaced=lambda holder: end_replaced_agent(replica_id, holder),
     ).start()
     rank_restarts.add_reporter(registration.report_rank_restart)  # the operator counts them from the key
 
@@ -79,4 +81,17 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> DynamicRendezvousHan
         session.close()
 
     atexit.register(release)
-    return create_ordered_handler(store, backend, params, replica_id)
+    return create_ordered_handler(store, backend, params, replica_id, before_join=registration.still_held)
+
+
+def end_replaced_agent(replica_id: str, holder: str) -> None:
+    """This agent was cut off (its node lost, frozen, partitioned), given up by the operator and replaced: another
+    agent holds its replica's liveness key. Rejoining would put a second agent of the replica into the group (or
+    on its wait list, restarting the live group to admit it), so it ends at once, with its ranks (they die with
+    their agent: PDEATHSIG) and without any checkpoint of its stale state."""
+    message = (f"replica {replica_id} was replaced while this agent was cut off (its liveness key is now held by "
+               f"{holder}); this agent ends without rejoining the group")
+    log.error(message)
+    termination_log.write_reason(message)
+    logging.shutdown()
+    os._exit(exitcodes.STOPPED)
