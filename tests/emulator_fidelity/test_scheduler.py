@@ -1,6 +1,7 @@
 """The test cluster schedules as kube-scheduler does, read back with the real kubectl: well-known node labels,
 GPU taints and a fake `nvidia.com/gpu` count; a pod without the toleration, or asking for more GPUs than are free,
-stays Pending with the scheduler's reason, and runs once it tolerates the taint or the GPUs are free."""
+stays Pending with the scheduler's reason, and runs once it tolerates the taint or the GPUs are free. The pod's own
+pod (anti-)affinity is honoured: required terms filter nodes, preferred ones pick among them."""
 
 from __future__ import annotations
 
@@ -46,12 +47,12 @@ def kubectl(gpu_cluster: RunningCluster) -> Kubectl:
     return run
 
 
-def sleeper(name: str, gpus: int = 0, seconds: float = 0.0, **spec: Any) -> str:
+def sleeper(name: str, gpus: int = 0, seconds: float = 0.0, labels: dict[str, str] | None = None, **spec: Any) -> str:
     container: dict[str, Any] = {"name": "main", "image": "python:3.11",
                                  "command": ["python", "-c", f"import time; time.sleep({seconds})"]}
     if gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
-    return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}},
                            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
                                     "containers": [container], **spec}})
 
@@ -150,3 +151,65 @@ def test_set_resources_brings_up_gpus_at_runtime(kubectl: Kubectl, gpu_cluster: 
     assert reaches(kubectl, "eight-gpus", "Succeeded")["spec"]["nodeName"] == "node-2"
     gpu_cluster.kubelet.set_resources("node-2", {"nvidia.com/gpu": "1"})
     kubectl("delete", "pod", "eight-gpus")
+
+
+def pod_affinity(kind: str, mode: str, weight: int = 0, **selector: str) -> dict[str, Any]:
+    """One `kind` (podAffinity/podAntiAffinity) term per node (hostname), required or preferred with `weight`."""
+    term = {"labelSelector": {"matchLabels": selector}, "topologyKey": "kubernetes.io/hostname"}
+    if mode == "required":
+        return {kind: {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    return {kind: {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": weight, "podAffinityTerm": term}]}}
+
+
+def run_pods(kubectl: Kubectl, names: list[str], seconds: float = 60, **spec: Any) -> dict[str, str]:
+    """Create the pods one at a time, each once the last is running; {name: node}."""
+    nodes = {}
+    for name in names:
+        kubectl("apply", "-f", "-", stdin=sleeper(name, seconds=seconds, tolerations=[TOLERATE_GPU], **spec))
+        nodes[name] = reaches(kubectl, name, "Running", "Succeeded")["spec"]["nodeName"]
+    return nodes
+
+
+def test_required_anti_affinity_spreads_one_per_node_and_leaves_the_rest_pending(kubectl: Kubectl) -> None:
+    anti = pod_affinity("podAntiAffinity", "required", app="spread")
+    nodes = run_pods(kubectl, ["spread-a", "spread-b"], labels={"app": "spread"}, affinity=anti)
+    assert sorted(nodes.values()) == ["node-1", "node-2"]
+    kubectl("apply", "-f", "-", stdin=sleeper("spread-c", labels={"app": "spread"}, affinity=anti,
+                                              tolerations=[TOLERATE_GPU]))
+    assert unschedulable(kubectl, "spread-c") == (
+        "0/2 nodes are available: 2 node(s) didn't match pod anti-affinity rules. "
+        "preemption: 0/2 nodes are available: 2 No preemption victims found for incoming pod.")
+    kubectl("delete", "pod", "spread-a")
+    assert reaches(kubectl, "spread-c", "Running", "Succeeded")["spec"]["nodeName"] == nodes["spread-a"]
+    kubectl("delete", "pod", "spread-b", "spread-c")
+
+
+def test_required_affinity_co_locates_from_the_first_pod(kubectl: Kubectl) -> None:
+    together = pod_affinity("podAffinity", "required", group="g")
+    nodes = run_pods(kubectl, ["group-0", "group-1", "group-2"], labels={"group": "g"}, affinity=together)
+    assert len(set(nodes.values())) == 1  # round robin alone would have spread them
+    follower = pod_affinity("podAffinity", "required", group="absent")
+    kubectl("apply", "-f", "-", stdin=sleeper("orphan", affinity=follower, tolerations=[TOLERATE_GPU]))
+    assert unschedulable(kubectl, "orphan") == (
+        "0/2 nodes are available: 2 node(s) didn't match pod affinity rules. "
+        "preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.")
+    kubectl("delete", "pod", "orphan", *nodes)
+
+
+def test_preferred_anti_affinity_avoids_the_workers_node_while_it_can(kubectl: Kubectl) -> None:
+    worker = run_pods(kubectl, ["worker"], labels={"role": "worker"})["worker"]
+    away = pod_affinity("podAntiAffinity", "preferred", weight=50, role="worker")
+    spares = run_pods(kubectl, ["spare-0", "spare-1", "spare-2"], seconds=0, labels={"role": "spare"}, affinity=away)
+    assert worker not in spares.values()
+    pinned = run_pods(kubectl, ["spare-pinned"], seconds=0, labels={"role": "spare"}, affinity=away,
+                      nodeSelector={"kubernetes.io/hostname": worker})
+    assert pinned == {"spare-pinned": worker}  # preferred only: it still schedules where nothing better is feasible
+    kubectl("delete", "pod", "worker", "spare-pinned", *spares)
+
+
+def test_preferred_affinity_pulls_a_pod_to_the_matching_pods_node(kubectl: Kubectl) -> None:
+    leader = run_pods(kubectl, ["leader"], labels={"job": "j"})["leader"]
+    near = pod_affinity("podAffinity", "preferred", weight=100, job="j")
+    followers = run_pods(kubectl, ["near-0", "near-1", "near-2"], seconds=0, affinity=near)
+    assert set(followers.values()) == {leader}
+    kubectl("delete", "pod", "leader", *followers)

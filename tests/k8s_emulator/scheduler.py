@@ -1,7 +1,8 @@
 """The test cluster's scheduler loop step: binds an unassigned pod to a node that passes kube-scheduler's filters
-(scheduling.py), round robin over the kubelet's nodes, or reports it Pending with PodScheduled=False -- reason
-`SchedulingGated` while it has scheduling gates, else `Unschedulable` with the scheduler's message and a
-FailedScheduling event -- again whenever the reason changes. The kubelet retries unscheduled pods on heartbeats."""
+(scheduling.py), round robin over the kubelet's nodes that score highest for its preferred pod (anti-)affinity, or
+reports it Pending with PodScheduled=False -- reason `SchedulingGated` while it has scheduling gates, else
+`Unschedulable` with the scheduler's message and a FailedScheduling event -- again whenever the reason changes.
+The kubelet retries unscheduled pods on heartbeats."""
 
 from __future__ import annotations
 
@@ -46,15 +47,18 @@ class PodScheduler:
         return True
 
     async def pick_node(self, pod: dict[str, Any]) -> tuple[str | None, str]:
-        """Round robin over this kubelet's nodes that pass the scheduler's filters (scheduling.py); when none
-        does, (None, the scheduler's message)."""
-        nodes = await self.api.request("GET", resource_path("nodes"))
-        pods = await self.api.request("GET", resource_path("pods"))
-        ours = [n for n in nodes["items"] if n["metadata"]["name"] in self.node_names]
-        fit, misfits = scheduling.feasible_nodes(pod, ours, pods["items"], self.lost)
+        """Round robin over this kubelet's nodes that pass the scheduler's filters and score highest for the pod's
+        preferred pod (anti-)affinity (scheduling.py); when none passes, (None, the scheduler's message)."""
+        nodes = (await self.api.request("GET", resource_path("nodes")))["items"]
+        pods = (await self.api.request("GET", resource_path("pods")))["items"]
+        namespaces = (await self.api.request("GET", resource_path("namespaces")))["items"]
+        around = scheduling.Neighbours.of(pods, nodes, namespaces)
+        ours = [n for n in nodes if n["metadata"]["name"] in self.node_names]
+        fit, misfits = scheduling.feasible_nodes(pod, ours, pods, self.lost, around)
+        best = scheduling.best_scored(pod, fit, around)
         for _ in self.node_names:
             node = next(self._round_robin)
-            if node in fit:
+            if node in best:
                 return node, ""
         return None, scheduling.unschedulable_message(misfits)
 

@@ -17,7 +17,9 @@ _EXISTS_TERM = re.compile(r"^\s*(!?)\s*([A-Za-z0-9._/-]+)\s*$")
 
 def _split_terms(selector: str) -> list[str]:
     """Split on commas that are not inside a parenthesised value set."""
-    terms, depth, current = [], 0, []
+    terms: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in selector:
         if char == "(":
             depth += 1
