@@ -94,7 +94,8 @@ def inject(bed: Bed, job: str, kind: str, rng: random.Random) -> dict[str, Any] 
         return None
     pod = rng.choice(sorted(pods, key=lambda p: p["metadata"]["name"]))
     name, node = pod["metadata"]["name"], pod["spec"]["nodeName"]
-    fault: dict[str, Any] = {"kind": kind, "pod": name, "node": node}
+    placement = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in bed.pods(job)}
+    fault: dict[str, Any] = {"kind": kind, "pod": name, "node": node, "placement": placement}
     if kind == "kill-rank":
         pid = bed.cluster.kubelet.pid_of("default", name)
         ranks = find_ranks([pid]) if pid else {}

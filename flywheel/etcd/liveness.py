@@ -30,7 +30,7 @@ from .session import EtcdSession, KeptLease
 
 log = logging.getLogger(__name__)
 
-DEFAULT_WORKER_TTL = 5
+DEFAULT_WORKER_TTL = 3  # refreshed every ttl/3 = 1 s: a lost node is seen 2-3 s after it died
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,10 @@ class SparePool:
             self.count = 0
         self.fill(worker_env)
 
+    def ready_count(self) -> int:
+        """Spares running and warm (their trainer imported): what a lost worker can be replaced by at once."""
+        return sum(1 for s in self.spares if s.popen.poll() is None and s.ready)
+
     def pids(self) -> list[int]:
         return [s.popen.pid for s in self.spares]
 

@@ -283,7 +283,8 @@ class Supervisor:
             self._carry_out(index, Action.FAIL, R.STARTUP_FAILURE, self.startup.message)
             return
         live = sum(1 for x in self.workers.values() if not x.stopping)
-        decision = decide_restart(self.spec, kind, self.budget, self.record.committed_step, live)
+        decision = decide_restart(self.spec, kind, self.budget, self.record.committed_step, live,
+                                  self.spares.ready_count())
         self.budget = decision.budget
         self.progress.notice(f"[red]worker {index} exited {code} ({kind.value}){said}[/] -> "
                              f"{decision.action.value}: {escape(decision.message)}")

@@ -15,6 +15,7 @@ from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import PodView
 from flywheel.policy.rank_restarts import begin_generation
 from flywheel.policy.restart import Action, Decision, Recovery, RestartBudget, decide_restart, recovery
+from flywheel.policy.spares import promotable
 from flywheel.policy.startup_failure import StartupFailures, after_failure
 from flywheel.spec_status import ConditionType, Phase, RestartBudgetStatus, StartupFailureStatus, TrainingJobStatus
 
@@ -106,7 +107,8 @@ def decide_failure(out: Pass, job: JobView) -> Pass | None:
     if startup.deterministic:
         return finish(out, job.pods, Phase.FAILED, R.STARTUP_FAILURE, f"{detail}; {startup.message}", job.now)
     live = sum(1 for p in job.current if p.active and job.failure(p) is None)
-    decision = decide_restart(job.spec, kind, budget_of(status), status.last_checkpoint.step, live)
+    ready_spares = sum(1 for s in job.spares if promotable(s))
+    decision = decide_restart(job.spec, kind, budget_of(status), status.last_checkpoint.step, live, ready_spares)
     status.restart_budget = RestartBudgetStatus(used=decision.budget.used,
                                                 window_start_step=decision.budget.window_start_step)
     if recovery(decision.action) is Recovery.END_JOB:

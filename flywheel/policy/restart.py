@@ -72,11 +72,14 @@ class Decision:
 
 
 def decide_restart(spec: TrainingJobSpec, failure: FailureKind, budget: RestartBudget, committed_step: int,
-                   live_replicas: int) -> Decision:
+                   live_replicas: int, ready_spares: int = 0) -> Decision:
     """Decide what to do after a worker failed.
 
-    `live_replicas` counts healthy workers besides the failed one. External failures (preemption, eviction, a lost
-    node) never spend the budget; permanent ones fail at once; the rest spend one restart each.
+    `live_replicas` counts healthy workers besides the failed one, `ready_spares` the warm spares waiting to be
+    promoted. External failures (preemption, eviction, a lost node) never spend the budget; permanent ones fail at
+    once; the rest spend one restart each. A lost or evicted worker with a warm spare ready is replaced by it alone:
+    the survivors restart their ranks in place when it joins (recreating them too would make every one of them a
+    cold pod, and the spare pointless).
     """
     budget = budget.refreshed(spec, committed_step)
     reason = failure.value
@@ -92,6 +95,8 @@ def decide_restart(spec: TrainingJobSpec, failure: FailureKind, budget: RestartB
         budget = budget.charged()
     if failure is FailureKind.POD_DELETED:  # the survivors are fine: only the deleted pod is replaced
         return Decision(Action.RESTART_WORKER, reason, f"{reason}: recreating the deleted worker", budget)
+    if failure in (FailureKind.NODE_LOST, FailureKind.EVICTED) and ready_spares > 0:
+        return Decision(Action.RESTART_WORKER, reason, f"{reason}: a warm spare takes the lost worker's place", budget)
     elastic = spec.replicas.min < spec.replicas.max
     if failure in (FailureKind.NODE_LOST, FailureKind.EVICTED) and elastic and live_replicas >= spec.replicas.min:
         return Decision(Action.SHRINK, reason,

@@ -234,6 +234,12 @@ def _build_agent_class() -> type:
 
         def _stop_workers(self, worker_group: WorkerGroup) -> None:
             # A healthy group is stopped for a membership change: give it time to agree on an emergency checkpoint.
+            # Not when a member is gone (a lost node: its replacement is what joins): the ranks are blocked in a
+            # collective with it, cannot run their SIGTERM handler and would hold the restart for any grace given
+            # (until the collective timeout): they are killed at once (what they saved is in the memory tier).
+            if torch_compat.group_lost_a_member(self, worker_group.group_world_size):
+                torch_compat.stop_agent_ranks(self, 0)
+                return
             failed = worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
             torch_compat.stop_agent_ranks(self, RESTART_STOP_GRACE_SECONDS if failed else None)
 

@@ -26,10 +26,15 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _get_timeout as rdzv_timeout
 
 from flywheel.replica import replica_id_from_env
+from flywheel.trainer import torch_compat
 from flywheel.trainer.rendezvous_regroup import regroup_early
 
 UNORDERED = 1 << 62  # agents without a replica index sort after every indexed one, then by address
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
+# How often a waiting agent reads the rendezvous state, and how old a copy of it the agent's monitor may use (torch:
+# 1 s each). A restart waits through up to three such reads (the survivor notices the joiner, the joiner sees the new
+# round, the last joiner sees it complete); each is one small read of the backend (etcd): 4 a second per agent.
+RENDEZVOUS_POLL_SECONDS = 0.25
 
 
 def replica_order(replica_id: str) -> int:
@@ -96,6 +101,8 @@ def create_ordered_handler(store: Store, backend: RendezvousBackend, params: Ren
         keep_alive_interval=params.get_as_int("keep_alive_interval", 5) or 5,
         keep_alive_max_attempt=params.get_as_int("keep_alive_max_attempt", 3) or 3)
     regroup_early(handler)  # a group re-forming as it was does not wait out the last call
+    torch_compat.set_rendezvous_poll_interval(RENDEZVOUS_POLL_SECONDS)
+    torch_compat.set_rendezvous_state_cache(handler, RENDEZVOUS_POLL_SECONDS)
     return handler
 
 

@@ -43,7 +43,7 @@ AGENT_HOOKS = {"_start_workers": ("self", "worker_group"), "_stop_workers": ("se
                "_monitor_workers": ("self", "worker_group"), "_restart_workers": ("self", "worker_group"),
                "_shutdown": ("self", "death_sig", "timeout")}
 # The agent attributes read or set here (set by LocalElasticAgent/SimpleElasticAgent.__init__).
-AGENT_ATTRIBUTES = ("_pcontext", "_shutdown_timeout", "_remaining_restarts")
+AGENT_ATTRIBUTES = ("_pcontext", "_shutdown_timeout", "_remaining_restarts", "_rdzv_handler")
 PRIVATE_IMPORTS = {
     "all_to_all_single_autograd": ("torch.distributed._functional_collectives", "all_to_all_single_autograd"),
     "checkpoint_wrapper": ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "checkpoint_wrapper"),
@@ -60,6 +60,45 @@ def agent_process_context(agent: Any) -> PContext | None:
 def stop_agent_ranks(agent: Any, timeout: int | None = None) -> None:
     """Stop the agent's ranks: SIGTERM, then SIGKILL after `timeout` s (default: the agent's shutdown_timeout)."""
     agent._shutdown(timeout=agent._shutdown_timeout if timeout is None else timeout)
+
+
+def group_lost_a_member(agent: Any, group_world_size: int | None) -> bool:
+    """Whether the agent's last rendezvous round now has fewer participants than the group it formed: a member's
+    heartbeat expired (or an executor expired it: its node is lost), and torch's `_sanitize` dropped it while
+    keeping the round complete. False when that cannot be read (another handler, the backend unreachable)."""
+    handler = getattr(agent, "_rdzv_handler", None)
+    holder, lock = getattr(handler, "_state_holder", None), getattr(handler, "_heartbeat_lock", None)
+    if holder is None or lock is None or not group_world_size:
+        return False
+    try:
+        with lock:
+            holder.sync()
+            state = holder.state
+            return bool(state.complete) and len(state.participants) < group_world_size
+    except Exception:  # noqa: BLE001 - unknown: the caller keeps its default
+        return False
+
+
+def set_rendezvous_poll_interval(interval: float) -> None:
+    """torch's rendezvous op executor polls the backend state once a second while it waits for a round to change
+    (`_delay(seconds=1)` in `_DistributedRendezvousOpExecutor.run`); a restart waits through up to two such polls
+    (the waiting agent sees the new round, then the last joiner sees it complete). Poll every `interval` s instead in
+    this process (the agent's). The executor's other delays (its randomized back-off) are kept."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    original = getattr(dynamic_rendezvous._delay, "flywheel_original", dynamic_rendezvous._delay)
+
+    def delay(seconds: float | tuple[float, float]) -> None:
+        original(interval if seconds == 1 else seconds)
+
+    delay.flywheel_original = original  # type: ignore[attr-defined]
+    dynamic_rendezvous._delay = delay
+
+
+def set_rendezvous_state_cache(handler: Any, seconds: float) -> None:
+    """The handler's state holder serves reads from a copy up to `cache_duration` (1 s) old: the agent's monitor
+    (`num_nodes_waiting`) and every poll of a waiting join read it, so a joiner was noticed up to 1 s late."""
+    handler._state_holder._cache_duration = seconds
 
 
 def forbid_agent_restarts(agent: Any) -> None:

@@ -155,3 +155,18 @@ def test_an_interrupted_promotion_is_repeated() -> None:
     result = reconcile(spec(), None, running(1), [pod(0, generation=1), promoted], ObservedProgress(), NOW)
     assert PromoteSpare("j-spare-0", 1, 1) in result.actions
     assert not any(isinstance(a, CreatePod) for a in result.actions)
+
+
+def test_a_lost_node_with_a_ready_spare_replaces_only_its_worker() -> None:
+    """The survivors stay (their agents restart their ranks in place when the spare joins); recreating them too made
+    every one a cold pod, and a spare-backed job lost a node at no-spare cost (bench/goodput_operator)."""
+    pods = [pod(0), pod(1, liveness_lost=True), spare(0)]
+    result = reconcile(spec(**{"replicas.spares": 1}), None, running(0), pods, ObservedProgress(), NOW)
+    deleted = [a.name for a in result.actions if isinstance(a, DeletePod)]
+    assert deleted == ["j-worker-1"]
+    assert Relabel("j-worker-0", 1) in result.actions
+    assert result.status.last_restart_reason == "NodeLost"
+    without = reconcile(spec(**{"replicas.spares": 1}), None, running(0), [pod(0), pod(1, liveness_lost=True),
+                                                                           spare(0, ready=False)],
+                        ObservedProgress(), NOW)
+    assert sorted(a.name for a in without.actions if isinstance(a, DeletePod)) == ["j-worker-0", "j-worker-1"]

@@ -220,3 +220,63 @@ def test_a_regrouping_round_closes_when_the_last_group_is_back_and_keeps_the_las
     first, regrouped_next = rounds("regroup", regroup=True)
     assert plain_first >= 1.8 and plain_next >= 1.8 and first >= 1.8  # torch's last call
     assert regrouped_next < 1.0, regrouped_next  # the same group re-formed: no last call
+
+
+def test_a_group_that_lost_a_member_is_told_from_one_whose_round_is_whole() -> None:
+    """launch.py stops a healthy group with a short grace when a member of its round is gone (its ranks are blocked
+    in a collective with it): torch keeps a complete round complete when `_sanitize` drops a dead participant."""
+    import pickle
+    import threading
+    from datetime import datetime, timedelta, timezone
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    from flywheel.trainer.rank_order import ReplicaOrderedNode
+
+    assert "self._heartbeat_lock = threading.Lock()" in inspect.getsource(rdzv.DynamicRendezvousHandler.__init__)
+    assert "if state.complete:" in inspect.getsource(rdzv._remove_participant_epilogue)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    backend = C10dRendezvousBackend(store, "lost")
+    a, b = ReplicaOrderedNode("127.0.0.1", 100, 0, 0), ReplicaOrderedNode("127.0.0.1", 200, 0, 1)
+    state = rdzv._RendezvousState()
+    now = datetime.now(timezone.utc)
+    state.complete, state.participants, state.last_heartbeats = True, {a: 0, b: 1}, {a: now, b: now}
+    assert backend.set_state(pickle.dumps(state), None) is not None
+    settings = rdzv.RendezvousSettings("lost", 2, 2, rdzv.RendezvousTimeout(), timedelta(seconds=5), 3)
+    holder = rdzv._BackendRendezvousStateHolder(backend, settings, cache_duration=0)
+    agent = SimpleNamespace(_rdzv_handler=SimpleNamespace(_state_holder=holder, _heartbeat_lock=threading.Lock()))
+    assert not torch_compat.group_lost_a_member(agent, 2)
+    token = backend.get_state()[1]  # type: ignore[index]
+    state.last_heartbeats[b] = datetime(1970, 1, 1, tzinfo=timezone.utc)  # b's node is lost
+    assert backend.set_state(pickle.dumps(state), token) is not None
+    assert torch_compat.group_lost_a_member(agent, 2)
+    assert not torch_compat.group_lost_a_member(SimpleNamespace(_rdzv_handler=object()), 2)
+
+
+def test_the_rendezvous_poll_interval_replaces_only_torchs_one_second_state_poll(monkeypatch) -> None:
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+
+    assert "_delay(seconds=1)" in inspect.getsource(rdzv._DistributedRendezvousOpExecutor.run)
+    slept: list[object] = []
+    monkeypatch.setattr(rdzv, "_delay", lambda seconds: slept.append(seconds))
+    torch_compat.set_rendezvous_poll_interval(0.25)
+    torch_compat.set_rendezvous_poll_interval(0.25)  # again (a second handler): still one wrapper
+    rdzv._delay(seconds=1)
+    rdzv._delay(seconds=(0, 0.3))
+    assert slept == [0.25, (0, 0.3)]
+
+
+def test_the_rendezvous_state_cache_is_the_holders_cache_duration() -> None:
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    assert "self._cache_duration = cache_duration" in inspect.getsource(rdzv._BackendRendezvousStateHolder.__init__)
+    assert "self._cache_duration" in inspect.getsource(rdzv._BackendRendezvousStateHolder.sync)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    handler = rdzv.DynamicRendezvousHandler.from_backend("cache", store, C10dRendezvousBackend(store, "cache"), 1, 1)
+    torch_compat.set_rendezvous_state_cache(handler, 0.25)
+    assert handler._state_holder._cache_duration == 0.25

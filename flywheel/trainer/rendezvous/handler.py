@@ -6,7 +6,7 @@ Rendezvous parameters (torchrun `--rdzv-conf k=v,...` / `PET_RDZV_CONF`, on top 
     read_timeout        seconds per etcd request (default 5)
     etcd_retry_timeout  seconds an operation keeps retrying while etcd is unreachable (default 30)
     store_ttl           lease TTL of the store keys an agent wrote, after it is gone (default 30)
-    worker_ttl          lease TTL of the worker's liveness key (default 5)
+    worker_ttl          lease TTL of the worker's liveness key (default 3)
     replica_id          liveness key name (default: $FLYWHEEL_REPLICA_INDEX, else the hostname); ranks follow its
                         number (rank_order.py), so rank = replica index x procs per replica + local rank
 """
