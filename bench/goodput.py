@@ -4,6 +4,9 @@ fault schedule SIGKILLs a random rank every T seconds.
 - Ours: `flywheel run` (async checkpoints every 50 steps, the spec default; maxRestarts 100 so the budget never
   ends a run). Rank restarts are done by each worker's elastic agent (`flywheel launch`), ranks forked warm from
   its zygote (flywheel/trainer/warm.py).
+- `ours-memory`: the same with `checkpoint.memoryEverySteps: 1` (a staged copy of every step in host memory and
+  a peer's, issue 21): a restart resumes from the step before the kill instead of replaying up to 50 steps. It runs
+  beside `ours` at the first period, with its own fault-free reference; goal >= 0.96 at 1 kill / min.
 - Peers: two `torchrun` processes on localhost (2 nodes x 2 procs, like ours): `--nnodes 2 --nproc-per-node 2
   --rdzv-backend c10d --max-restarts 100` (monitor interval 0.1 s), running examples/scripts/goodput_peer.py on the
   same model, data and optimizer, with a synchronous DCP save every 50 steps and a resume from the latest on start.
@@ -24,9 +27,10 @@ exited; `goodput_e2e` uses the whole process wall time instead. Per fault: detec
 (kill -> an agent logs the failed rank), restart (kill -> first step of the restarted group), lost steps (steps
 done before the kill that were replayed).
 
-    python -m bench.goodput           # clean runs, 1 kill/min (ours and both peers, 4 min of training each),
+    python -m bench.goodput           # clean runs, 1 kill/min (ours, ours-memory and both peers, 4 min each),
                                       # 1 kill/5 min (ours, 10 min): ~30 min
-    python -m bench.goodput --quick   # clean runs + 6 s with one kill after 3 s, ours and torchrun-tuned (~1.5 min)
+    python -m bench.goodput --quick   # clean runs + 6 s with one kill after 3 s, ours, ours-memory and
+                                      # torchrun-tuned (~2 min)
 """
 
 from __future__ import annotations
@@ -60,10 +64,12 @@ PROGRESS_TIMEOUT_S = 20.0
 EXIT_GRACE_S = 15.0  # after the last step's "done": processes that have not exited by then are killed
 GOALS = {60.0: 0.85, 300.0: 0.95}
 GOAL_RATIO = 1.2
+MEMORY_EVERY = 1  # `ours-memory`: checkpoint.memoryEverySteps (issue 21's configuration)
+MEMORY_GOAL = 0.96  # `ours-memory` at 1 kill / min (issue 21)
 
 
-def job_doc(name: str, steps: int) -> dict[str, Any]:
-    return {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
+def job_doc(name: str, steps: int, memory_every: int = 0) -> dict[str, Any]:
+    doc = {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
             "spec": {"replicas": {"min": REPLICAS, "max": REPLICAS}, "procsPerReplica": PROCS,
                      "trainer": {"model": {"preset": "gpt-tiny"}, "parallelism": {"fsdp": False},
                                  "training": {"steps": steps, "globalBatch": 16, "microBatch": 2, "lr": 3.0e-3,
@@ -72,6 +78,9 @@ def job_doc(name: str, steps: int) -> dict[str, Any]:
                      "checkpoint": {"dir": "/unused", "everySteps": CKPT_EVERY, "keep": 3, "async": True},
                      "faultTolerance": {"maxRestarts": 100, "progressTimeoutSeconds": PROGRESS_TIMEOUT_S,
                                         "firstStepTimeoutSeconds": 120}}}
+    if memory_every:
+        doc["spec"]["checkpoint"]["memoryEverySteps"] = memory_every  # type: ignore[index]
+    return doc
 
 
 def _free_port() -> int:
@@ -87,17 +96,19 @@ def _env() -> dict[str, str]:
 
 
 SIDES = {"ours": "flywheel run (warm rank starts, async checkpoints)",
+         "ours-memory": f"flywheel run with checkpoint.memoryEverySteps {MEMORY_EVERY} (restores from the memory tier)",
          "torchrun": "torchrun --max-restarts 100, defaults (c10d rendezvous, shared TCP store)",
          "torchrun-tuned": "torchrun --max-restarts 100 with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"}
+OURS = ("ours", "ours-memory")
 STALL_LIMIT_S = 150.0  # no step for this long after a fault: the side did not recover; the run ends there
 
 
 def launch(side: str, workdir: Path, steps: int) -> tuple[list[subprocess.Popen], Path, list[Path]]:
     """Start one side; returns (launcher processes, events file, agent logs)."""
     workdir.mkdir(parents=True)
-    doc = job_doc(workdir.name, steps)
+    doc = job_doc(workdir.name, steps, MEMORY_EVERY if side == "ours-memory" else 0)
     env = _env()
-    if side == "ours":
+    if side in OURS:
         (workdir / "job.yaml").write_text(yaml.safe_dump(doc))
         out = workdir / "run"
         log = open(workdir / "flywheel-run.log", "wb")
@@ -161,7 +172,7 @@ def run_side(side: str, workdir: Path, steps: int, period_s: float | None, seed:
             if time.time() - last_progress > STALL_LIMIT_S:
                 ended_by = "stalled"
                 break
-            if side != "ours" and any(p.poll() not in (None, 0) for p in popens):
+            if side not in OURS and any(p.poll() not in (None, 0) for p in popens):
                 ended_by = "gave-up"  # a torchrun exhausted its restarts or its rendezvous failed
                 break
             time.sleep(0.2)
@@ -236,6 +247,18 @@ def summarise(run: dict[str, Any], clean_s: float, ours_clean_s: float) -> dict[
             "clean_step_s": clean_s}
 
 
+def memory_row(run: dict[str, Any], head_key: str) -> dict[str, Any]:
+    """`ours-memory`'s row of the report (issue 21's goal), beside the headline."""
+    s = run["summary"]
+    return {"name": "ours-memory",
+            "metric": f"goodput at 1 rank SIGKILL per {head_key.split('_')[1]}, checkpoint.memoryEverySteps "
+                      f"{MEMORY_EVERY} (restart median {_fmt(s['restart_median_s'])} s, {s['lost_steps_total']} "
+                      "steps replayed in all)",
+            "value": s["goodput"], "unit": "ratio", "peer": "goal", "peer_value": MEMORY_GOAL,
+            "ratio": s["goodput"] / MEMORY_GOAL, "goal": f">= {MEMORY_GOAL} at 1 kill / min",
+            "pass": s["goodput"] >= MEMORY_GOAL}
+
+
 def _fmt(v: Any, spec: str = ".2f") -> str:
     return "-" if v is None else format(v, spec) if isinstance(v, float) else str(v)
 
@@ -247,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--periods", type=float, nargs="+", help="kill periods in seconds (default 60 300)")
     parser.add_argument("--seconds", type=float, nargs="+",
                         help="fault-free training seconds of each faulted run, one per period (default 240 600)")
-    parser.add_argument("--peers", nargs="*", choices=[s for s in SIDES if s != "ours"],
+    parser.add_argument("--peers", nargs="*", choices=[s for s in SIDES if s not in OURS],
                         help="peers run at the first period (default: both; quick: torchrun-tuned)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-faults", type=int, help="at most this many faults per run (smoke tests)")
@@ -273,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="goodput-") as tmp:
         clean = {}
         # Without faults both torchrun variants run the same: one clean run serves as their reference.
-        for side in ("ours", "torchrun-tuned") if peers else ("ours",):
+        for side in ("ours", "ours-memory", *(("torchrun-tuned",) if peers else ())):
             clean[side] = run_side(side, Path(tmp) / f"{side}-clean", clean_steps, None, args.seed,
                                    timeout_s=clean_steps * 0.5 + 120)
             console.print(f"{side} clean: {clean[side]['useful_steps']} steps, {clean_step_s(clean[side]) * 1e3:.1f} "
@@ -283,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         runs["clean"] = {side: {**run, "clean_step_s": clean_s[side]} for side, run in clean.items()}
         for i, (period, secs) in enumerate(zip(periods, seconds)):
             steps = max(int(secs / clean_s["ours"]), 2 * CKPT_EVERY)
-            for side in ("ours", *(peers if i == 0 else ())):
+            for side in ("ours", *(("ours-memory", *peers) if i == 0 else ())):
                 run = run_side(side, Path(tmp) / f"{side}-{period:g}s", steps, period, args.seed,
                                timeout_s=secs * 4 + 180, max_faults=args.max_faults)
                 run["clean_pace_s"] = clean[side if side in clean else "torchrun-tuned"]["pace_s"]
@@ -300,6 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge and args.out.exists():
         old = json.loads(args.out.read_text())
         kept = {k: v for k, v in old["runs"].items() if k.startswith("period_") and k not in runs}
+        # A period measured again keeps the sides this run did not measure (each with its own summary).
+        for key, by_side in runs.items():
+            if key.startswith("period_") and key in old["runs"]:
+                for side, run in old["runs"][key].items():
+                    by_side.setdefault(side, run)
         runs.update(kept)
         runs.setdefault("clean_of_kept_periods", old["runs"].get("clean"))
         merged_from = {"periods": sorted(kept), "bench_seconds": old.get("bench_seconds")}
@@ -334,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     head = runs[head_key]
     value = head["ours"]["summary"]["goodput"]
     ratios = {side: value / run["summary"]["goodput"] if run["summary"]["goodput"] else None
-              for side, run in head.items() if side != "ours"}
+              for side, run in head.items() if side not in OURS}
     # The issue's peer is torchrun as a user runs it (`torchrun --max-restarts`); the tuned one is reported beside.
     peer = "torchrun" if "torchrun" in head else next(iter(ratios), None)
     peer_value = head[peer]["summary"]["goodput"] if peer else None
@@ -344,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
         run = runs[f"period_{period:g}s"]["ours"]
         if period in GOALS:
             checks[f"ours >= {GOALS[period]:.0%} at 1 kill / {period:g} s"] = run["summary"]["goodput"] >= GOALS[period]
+    if head_key == "period_60s" and "ours-memory" in head:
+        checks[f"ours-memory >= {MEMORY_GOAL:.0%} at 1 kill / 60 s"] = \
+            head["ours-memory"]["summary"]["goodput"] >= MEMORY_GOAL
     if head_key == "period_60s" and peer == "torchrun" and ratio is not None:
         checks[f">= {GOAL_RATIO}x torchrun at 1 kill / 60 s"] = ratio >= GOAL_RATIO
     passed = bool(checks) and all(checks.values()) and not args.quick
@@ -356,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                  goal=f"ours >= 95% at 1 kill / 5 min, >= 85% at 1 kill / min, >= {GOAL_RATIO}x torchrun at 1 kill / "
                       "min (each side against its own fault-free run)",
                  passed=passed, checks=checks, quick=args.quick, seed=args.seed, runs=runs, merged_from=merged_from,
+                 rows=[memory_row(head["ours-memory"], head_key)] if "ours-memory" in head else [],
                  bench_seconds=time.monotonic() - started, load_average_1m=os.getloadavg()[0])
     console.print(f"ours {value:.3f} at {head_key}; "
                   + "; ".join(f"vs {side} {head[side]['summary']['goodput']:.3f} (ratio {_fmt(r)})"

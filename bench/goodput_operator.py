@@ -218,7 +218,7 @@ def main() -> int:
                  quick=args.quick, period_s=args.period,
                  spares_goal=f"goodput >= {SPARES_GOALS['goodput']}, delete-pod <= {SPARES_GOALS['delete-pod']} s, "
                              f"lose-node <= {SPARES_GOALS['lose-node']} s (medians)",
-                 spares_pass=spares_pass)
+                 spares_pass=spares_pass, rows=[spares_row(spares)] if spares is not None else [])
     for config, c in configs.items():
         print(f"{config}: goodput {c['goodput']:.3f} over {c['wall_s']:.0f} s with {c['faults']} faults, "
               f"{c['phase']}")
@@ -245,6 +245,21 @@ def summarize(run: dict[str, Any], step_s: float, period_s: float) -> dict[str, 
             "by_kind": by_kind, "last_recovery": (run.get("goodput_status") or {}).get("lastRecovery"),
             "badput_seconds": (run.get("goodput_status") or {}).get("badputSeconds"),
             "last_restore": run.get("last_restore")}
+
+
+def spares_row(config: dict[str, Any]) -> dict[str, Any]:
+    """The spares configuration's row of the report: its goodput beside the baseline's run, with the issue's goals."""
+    by_kind = config["by_kind"]
+    parts = ", ".join(f"{kind} {by_kind[kind]['restart_s']:.1f} s" for kind in KINDS
+                      if by_kind.get(kind, {}).get("restart_s") is not None)
+    return {"name": "spares + memory checkpoints",
+            "metric": f"goodput with replicas.spares 1 and checkpoint.memoryEverySteps 1 (fault -> first step after, "
+                      f"medians: {parts})",
+            "value": config["goodput"], "unit": "ratio", "peer": "goal", "peer_value": SPARES_GOALS["goodput"],
+            "ratio": config["goodput"] / SPARES_GOALS["goodput"],
+            "goal": f">= {SPARES_GOALS['goodput']}, delete-pod <= {SPARES_GOALS['delete-pod']} s, lose-node <= "
+                    f"{SPARES_GOALS['lose-node']} s (medians), Succeeded",
+            "pass": config["phase"] == "Succeeded" and spares_met(config)}
 
 
 def spares_met(config: dict[str, Any]) -> bool:

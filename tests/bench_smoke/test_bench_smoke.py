@@ -131,10 +131,13 @@ def test_dead_worker_smoke(tmp_path):
 
 
 def test_goodput_smoke(tmp_path):
-    """Ours and the tuned torchrun each train ~6 s with one rank SIGKILLed and recover from it."""
+    """Ours (with and without memory checkpoints) and the tuned torchrun each train ~6 s with one rank SIGKILLed
+    and recover from it."""
+    sides = {"ours", "ours-memory", "torchrun-tuned"}
     out = tmp_path / "goodput.json"
     run_bench(tmp_path, "bench.goodput", "--quick", "--out", str(out))
     record = check_record(out)
+    assert set(record["runs"]["period_6s"]) == sides
     for side, run in record["runs"]["period_6s"].items():
         assert run["finished"] and run["summary"]["faults"] == 1, side
         assert run["summary"]["recovered"] == run["summary"]["faults"], side

@@ -14,6 +14,9 @@ from flywheel.trainer import launch, rank_restarts
 
 def test_only_restarts_after_a_failure_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(LocalElasticAgent, "_restart_workers", lambda self, group: None)  # torch's own restart
+    # Only this test's reporter: handlers that earlier tests in this process created keep theirs (an etcd liveness
+    # key each, its etcd long gone: every report would wait out its RPC timeout).
+    monkeypatch.setattr(rank_restarts, "_reporters", [])
     agent = object.__new__(launch._build_agent_class())
     reports: list[tuple[int, str]] = []
 
