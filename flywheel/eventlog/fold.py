@@ -186,6 +186,9 @@ class RunFold:
         self._stepped_since_start = self._rank_failure_since_start = False
 
     def _on_failure(self, f: Failure) -> None:
+        current = self.starts[-1].group if self.starts else ""
+        if f.event in RANK_FAILURES and f.group and current and f.group != current:
+            return  # a group that is no longer the current one (a replaced worker's ranks, a late straggler)
         if f.event in RANK_FAILURES:
             if self._rank_failure_since_start:  # the same outage seen by another rank
                 if self._open is not None and not self._open.reason:

@@ -42,6 +42,7 @@ class Start:
     world_size: int = 0
     restart_count: int = 0
     resumed_from: int | None = None
+    group: str = ""  # the trainer group that started (writer.group_of); empty in older logs
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +115,7 @@ class Failure:
     rank: int | None = None
     replica: int | None = None
     exit_code: int | None = None
+    group: str = ""  # a rank failure's trainer group (writer.group_of); empty for worker exits and older logs
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,14 +174,17 @@ def one_line(text: object, limit: int = 500) -> str:
 
 def _failure(name: EventName, t: float, raw: Mapping[str, Any]) -> Failure:
     rank, reason = _int(raw, "rank"), one_line(raw.get("reason") or raw.get("error") or "")
+    group = str(raw.get("group") or "")
     if name is EventName.FAULT:
-        return Failure(t, name, str(raw.get("kind", "kill")), f"injected at step {raw.get('step')}", rank=rank)
+        return Failure(t, name, str(raw.get("kind", "kill")), f"injected at step {raw.get('step')}", rank=rank,
+                       group=group)
     if name is EventName.HANG:
-        return Failure(t, name, "hang", f"watchdog: {raw.get('seconds_since_step', '?')} s without a step", rank=rank)
+        return Failure(t, name, "hang", f"watchdog: {raw.get('seconds_since_step', '?')} s without a step", rank=rank,
+                       group=group)
     if name is EventName.COLLECTIVE_TIMEOUT:
-        return Failure(t, name, "collective-timeout", reason, reason, rank=rank)
+        return Failure(t, name, "collective-timeout", reason, reason, rank=rank, group=group)
     if name is EventName.USER_ERROR:
-        return Failure(t, name, "user-error", reason, reason, rank=rank)
+        return Failure(t, name, "user-error", reason, reason, rank=rank, group=group)
     code = _int(raw, "exit_code")
     detail = str(raw.get("detail") or (f"exit {code} ({exitcodes.describe(code)})" if code is not None else ""))
     return Failure(t, name, str(raw.get("kind", "")), detail, reason, replica=_int(raw, "replica"), exit_code=code)
@@ -193,7 +198,8 @@ def _parse(name: EventName, t: float, raw: Mapping[str, Any]) -> Record:
         return Eval(t, int(raw["step"]), _float(raw, "loss"), _float(raw, "perplexity"),
                     _float(raw, "eval_seconds") or 0.0, _int(raw, "samples") or 0)
     if name is EventName.START:
-        return Start(t, _int(raw, "world_size") or 0, _int(raw, "restart_count") or 0, _int(raw, "resumed_from"))
+        return Start(t, _int(raw, "world_size") or 0, _int(raw, "restart_count") or 0, _int(raw, "resumed_from"),
+                     str(raw.get("group") or ""))
     if name is EventName.CHECKPOINT:
         return Checkpoint(t, int(raw["step"]), str(raw.get("path") or ""), _float(raw, "blocking_seconds") or 0.0,
                           _float(raw, "total_seconds") or 0.0)

@@ -11,14 +11,18 @@ import math
 import os
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 
 class EventLog:
     """`EventLog(None)` is a no-op log. Which rank writes which event is the caller's choice (see contracts.md)."""
 
-    def __init__(self, path: str | os.PathLike[str] | None):
+    def __init__(self, path: str | os.PathLike[str] | None, group: str = ""):
         self.path = None if path is None else os.fspath(path)
+        # The trainer group (rendezvous round) the writing rank belongs to, on every record: a failure logged by a
+        # group that is no longer the current one (a cut-off worker's ranks resuming) is told from a new one.
+        self.group = group
         self._fd: int | None = None
         self._lock = threading.Lock()  # the checkpointer emits from its background thread
         if self.path:
@@ -33,6 +37,8 @@ class EventLog:
         if self._fd is None:
             return
         record = {"event": event, "time": time.time(), **{k: _plain(v) for k, v in fields.items()}}
+        if self.group:
+            record.setdefault("group", self.group)
         line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
         with self._lock:
             os.write(self._fd, line)
@@ -42,6 +48,13 @@ class EventLog:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+
+def group_of(env: Mapping[str, str]) -> str:
+    """A trainer group's identity as its ranks see it: the rendezvous round's master address and port (a fresh store,
+    so a fresh port, every round); empty outside torch elastic."""
+    addr, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
+    return f"{addr}:{port}" if addr and port else ""
 
 
 def _plain(value: Any) -> Any:

@@ -25,6 +25,7 @@ from flywheel.etcd import keys
 from flywheel.etcd.progress import CheckpointRecord, ProgressRecord, encode
 from flywheel.etcd.session import EtcdSession, KeptLease
 from flywheel.eventlog import EventLog
+from flywheel.eventlog.writer import group_of
 from flywheel.trainer import termination_log
 
 log = logging.getLogger(__name__)
@@ -184,8 +185,8 @@ class ProgressPublisher:
 class PublishingEventLog(EventLog):
     """The event log (or none: `path` None) that also hands every event to the progress publisher."""
 
-    def __init__(self, path: str | None, publisher: ProgressPublisher) -> None:
-        super().__init__(path)
+    def __init__(self, path: str | None, publisher: ProgressPublisher, group: str = "") -> None:
+        super().__init__(path, group)
         self.publisher = publisher
 
     def emit(self, event: str, **fields: Any) -> None:
@@ -201,8 +202,9 @@ def progress_events(events_file: str | None, rank: int, environ: Mapping[str, st
     sets them), else the plain event log."""
     env = os.environ if environ is None else environ
     endpoint, run_id = env.get("PET_RDZV_ENDPOINT", ""), env.get("PET_RDZV_ID", "")
+    group = group_of(env)
     if rank != 0 or env.get("PET_RDZV_BACKEND") != "etcd-v3" or not endpoint or not run_id or "/" in run_id:
-        return EventLog(events_file)
+        return EventLog(events_file, group)
     publisher = ProgressPublisher(endpoint, run_id).start()
     termination_log.add_listener(publisher.observe_exit)  # the exit reason goes to the progress key too
-    return PublishingEventLog(events_file, publisher)
+    return PublishingEventLog(events_file, publisher, group)

@@ -136,3 +136,35 @@ def test_every_emitted_name_is_in_the_enum_and_documented():
     assert emitted <= {n.value for n in EventName}
     contracts = (ROOT / "docs" / "contracts.md").read_text()
     assert all(f"| `{n.value}` |" in contracts for n in EventName)
+
+
+def test_a_failure_logged_by_a_group_that_is_no_longer_current_is_no_incident():
+    """A cut-off worker's ranks resume when their node comes back, find their peers gone and log a collective
+    timeout before they die: that group was replaced long ago (the start of the current one names another group),
+    so it opens no incident. It opened one that stayed open until the next start, and bench/goodput_operator read a
+    0.9 s rank restart 23 s later as a 24 s recovery."""
+    old, new = "127.0.0.1:4000", "127.0.0.1:5000"
+    raw = [{**start(0), "group": old}, step(1, 1), step(2, 2),
+           {"event": "fault", "time": T0 + 2.5, "kind": "lose-node", "rank": 3},
+           {**start(5, resumed_from=2), "group": new}, step(3, 6), step(4, 7),
+           {"event": "collective_timeout", "time": T0 + 7.5, "rank": 2, "error": "closed by peer", "group": old},
+           step(5, 8), {"event": "collective_timeout", "time": T0 + 8.5, "rank": 2, "error": "reset", "group": new},
+           {**start(9, resumed_from=5, restart_count=1), "group": "127.0.0.1:6000"}, step(6, 10)]
+    log = fold(_records(raw))
+    assert [(i.cause, i.recovery_seconds) for i in log.incidents] == [
+        ("lose-node", pytest.approx(6 - 2.5)), ("collective-timeout", pytest.approx(10 - 8.5))]
+    assert log.open_incident is None
+
+
+def test_the_writer_tags_every_record_with_its_group(tmp_path):
+    import json
+
+    from flywheel.eventlog import EventLog
+    from flywheel.eventlog.writer import group_of
+
+    assert group_of({"MASTER_ADDR": "h", "MASTER_PORT": "29500"}) == "h:29500" and group_of({}) == ""
+    log = EventLog(tmp_path / "e.jsonl", "h:29500")
+    log.emit("collective_timeout", rank=1, error="x")
+    log.close()
+    record = json.loads((tmp_path / "e.jsonl").read_text())
+    assert record["group"] == "h:29500" and parse_record(record).group == "h:29500"  # type: ignore[union-attr]
