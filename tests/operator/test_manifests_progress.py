@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from flywheel.operator import manifests as m
 from flywheel.operator.event_log import EventLogTail
 from flywheel.spec import SpecError, parse_job
+from tests.operator.liveness_verdict import verdict
 
 JOB = parse_job({"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
                  "metadata": {"name": "j", "namespace": "ml"},
@@ -157,14 +157,6 @@ def test_operator_does_not_import_torch() -> None:
     assert out.strip() == "False"
 
 
-def lost(runner: Any, pod: Any, created: float, now: float) -> bool:
-    """The runner's verdict on `pod` alone (created at `created`) at `now`, as its pass would judge it."""
-    from flywheel.operator.etcd_views import key_owners
-
-    runner.key_owner = key_owners([(pod, created)], runner.live)
-    return bool(runner._liveness_lost(pod, now))
-
-
 def test_liveness_keys_of_a_predecessor_do_not_count() -> None:
     import logging
 
@@ -175,14 +167,14 @@ def test_liveness_keys_of_a_predecessor_do_not_count() -> None:
     runner = JobRunner(None, SETTINGS, "ml", "j", "uid", logging.getLogger("t"))  # type: ignore[arg-type]
     pod = PodView(name="j-worker-0", uid="new", index=0, generation=1, phase="Running", ready=True)
     runner.live = {"0": LiveWorker("0", "h", 1, since=90.0, lease_id=1)}  # the old pod's key, still in its TTL
-    assert not lost(runner, pod, 100.0, 101.0)
+    assert not verdict(runner, pod, 100.0, 101.0)
     runner.live = {}  # the old key expired before the new agent registered: not a death
-    assert not lost(runner, pod, 100.0, 110.0)
+    assert not verdict(runner, pod, 100.0, 110.0)
     runner.live = {"0": LiveWorker("0", "h", 2, since=104.0, lease_id=2)}  # the new agent registered
-    assert not lost(runner, pod, 100.0, 111.0)
+    assert not verdict(runner, pod, 100.0, 111.0)
     runner.live = {}
-    assert not lost(runner, pod, 100.0, 112.0)  # gone: the grace starts
-    assert lost(runner, pod, 100.0, 113.5)
+    assert not verdict(runner, pod, 100.0, 112.0)  # gone: the grace starts
+    assert verdict(runner, pod, 100.0, 113.5)
 
 
 def test_an_agent_that_exited_by_itself_is_not_a_lost_worker() -> None:
@@ -197,18 +189,18 @@ def test_an_agent_that_exited_by_itself_is_not_a_lost_worker() -> None:
     runner = JobRunner(None, SETTINGS, "ml", "j", "uid", logging.getLogger("t"))  # type: ignore[arg-type]
     pod = PodView(name="j-worker-0", uid="p", index=0, generation=1, phase="Running", ready=True)
     runner.live = {"0": LiveWorker("0", "h", 2, since=104.0, lease_id=2)}
-    assert not lost(runner, pod, 100.0, 105.0)
+    assert not verdict(runner, pod, 100.0, 105.0)
     runner.live = {"0": LiveWorker("0", "h", 2, since=130.0, lease_id=2, exited=True)}
-    assert not lost(runner, pod, 100.0, 130.5)
+    assert not verdict(runner, pod, 100.0, 130.5)
     runner.live = {}  # expired with its lease; the pod still shows Running
-    assert not lost(runner, pod, 100.0, 136.0)
-    assert not lost(runner, pod, 100.0, 160.0)
+    assert not verdict(runner, pod, 100.0, 136.0)
+    assert not verdict(runner, pod, 100.0, 160.0)
     other = PodView(name="j-worker-0", uid="q", index=0, generation=2, phase="Running", ready=True)
     runner.live = {"0": LiveWorker("0", "h", 3, since=201.0, lease_id=3)}  # a new pod's agent: judged afresh
-    assert not lost(runner, other, 200.0, 202.0)
+    assert not verdict(runner, other, 200.0, 202.0)
     runner.live = {}
-    assert not lost(runner, other, 200.0, 203.0)
-    assert lost(runner, other, 200.0, 204.5)
+    assert not verdict(runner, other, 200.0, 203.0)
+    assert verdict(runner, other, 200.0, 204.5)
 
 
 def test_a_live_key_after_an_exited_marker_makes_the_lease_count_again() -> None:
@@ -224,12 +216,12 @@ def test_a_live_key_after_an_exited_marker_makes_the_lease_count_again() -> None
     runner = JobRunner(None, SETTINGS, "ml", "j", "uid", logging.getLogger("t"))  # type: ignore[arg-type]
     pod = PodView(name="j-worker-1", uid="b", index=1, generation=1, phase="Running", ready=True)
     runner.live = {"1": LiveWorker("1", "h", 2, since=100.5, lease_id=2, exited=True)}
-    assert not lost(runner, pod, 100.0, 101.0)
+    assert not verdict(runner, pod, 100.0, 101.0)
     runner.live = {"1": LiveWorker("1", "h", 3, since=103.0, lease_id=3)}  # this pod's agent registered
-    assert not lost(runner, pod, 100.0, 104.0)
+    assert not verdict(runner, pod, 100.0, 104.0)
     runner.live = {}  # its node died: the lease expired
-    assert not lost(runner, pod, 100.0, 110.0)
-    assert lost(runner, pod, 100.0, 111.5)
+    assert not verdict(runner, pod, 100.0, 110.0)
+    assert verdict(runner, pod, 100.0, 111.5)
 
 
 def test_operator_metrics_count_each_decided_restart_once() -> None:

@@ -16,6 +16,7 @@ from flywheel.operator.executor import JobRunner
 from flywheel.operator.own_writes import PENDING_SECONDS
 from flywheel.policy.observed import PodView
 from flywheel.policy.reconcile import LIVENESS_GRACE_SECONDS
+from tests.operator.liveness_verdict import verdict
 
 SETTINGS = m.OperatorSettings(etcd_endpoints="")
 
@@ -97,12 +98,12 @@ def test_a_missing_liveness_key_is_due_when_its_grace_ends() -> None:
     r = runner()
     pod = PodView(name="j-worker-0", uid="p", index=0, generation=0, phase="Running", ready=True)
     r.live = {"0": LiveWorker("0", "h", 1, since=100.0, lease_id=1)}
-    assert not r._liveness_lost(pod, created=100.0, now=101.0) and r.next_due() is None  # registered
+    assert not verdict(r, pod, 100.0, 101.0) and r.next_due() is None  # registered
     r.live = {}  # its key is gone
-    assert not r._liveness_lost(pod, created=100.0, now=102.0)
+    assert not verdict(r, pod, 100.0, 102.0)
     due = r.next_due()
     assert due == 102.0 + LIVENESS_GRACE_SECONDS
-    assert not r._liveness_lost(pod, created=100.0, now=due - 0.01) and r._liveness_lost(pod, 100.0, due)
+    assert not verdict(r, pod, 100.0, due - 0.01) and verdict(r, pod, 100.0, due)
 
 
 def test_an_unseen_own_write_is_due_when_the_cache_is_believed_again() -> None:
