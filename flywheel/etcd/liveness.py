@@ -124,8 +124,12 @@ class WorkerRegistration:
         if lease is None or not self._written:
             return True
         value, timeout = self._written, self.session.rpc_timeout
-        holder = self.session.run(asyncio.wait_for(self.session.call_async(
-            lambda c: self._claim(c, value, lease.lease_id)), timeout), timeout=timeout + 1)
+        try:
+            holder = self.session.run(asyncio.wait_for(self.session.call_async(
+                lambda c: self._claim(c, value, lease.lease_id)), timeout), timeout=timeout + 1)
+        except Exception as exc:  # noqa: BLE001 - etcd unreachable: the rendezvous' own retries decide, not this check
+            log.warning("could not check %s before joining the rendezvous: %s", self.key, exc)
+            return True
         if holder is None:
             return True
         if self.on_replaced is not None:

@@ -94,3 +94,20 @@ def test_the_rendezvous_handler_checks_before_every_round() -> None:
     with pytest.raises(Replaced):
         handler.next_rendezvous()
     assert len(calls) == 2
+
+
+def test_etcd_unreachable_during_the_check_does_not_stop_the_agent(etcd_server: EtcdServer, monkeypatch) -> None:
+    """The check cannot tell (etcd down): the agent goes on to the rendezvous, whose backend retries for
+    etcd_retry_timeout; the check must not fail it after one RPC timeout."""
+    key, told = keys.worker_key("job-h", "0"), []
+    with EtcdSession(etcd_server.endpoint) as session:
+        registration = WorkerRegistration(session, "job-h", "0", ttl=3, on_replaced=told.append).start()
+        _wait_for("its key", lambda: _read(session, key))
+
+        async def unreachable(_fn):  # type: ignore[no-untyped-def]
+            raise ConnectionError("etcd at 127.0.0.1 unavailable")
+
+        monkeypatch.setattr(session, "call_async", unreachable)
+        assert registration.still_held() and not told
+        monkeypatch.undo()
+        registration.close()
