@@ -30,7 +30,8 @@ class Training(_Model):
         "torch.compile each transformer block (inductor; on CPU it needs a C compiler, else the run is refused)."))
     seed: int = Field(0, ge=0, description="Seeds model init and data order.")
     activation_checkpointing: bool = Field(False, description="Recompute block activations in backward.")
-    deterministic: bool = Field(True, description="Deterministic algorithms (needed for bitwise-exact resume).")
+    deterministic: bool = Field(True, description="Deterministic kernels only (needed for bitwise-exact resume); a "
+                                "kernel that has no deterministic version fails the run naming this field.")
     eval_every_steps: int = Field(0, ge=0, description="Evaluate on the validation data (trainer.data.validation "
                                   "or validationFraction; a synthetic source has its own held-out stream) after "
                                   "every N optimizer steps and after the last one; 0 disables evaluation.")

@@ -26,7 +26,7 @@ from torch import nn
 from flywheel import exitcodes
 from flywheel.data_prep_tokenizer import resolve_tokenizer
 from flywheel.eventlog import EventLog, EventName, one_line
-from flywheel.spec import SpecError
+from flywheel.spec import SpecError, Training
 from flywheel.trainer import termination_log
 from flywheel.trainer.build import build_model, model_shape
 from flywheel.trainer.checkpoint import AppState, Checkpointer
@@ -332,6 +332,20 @@ def user_error(events: EventLog, rank: int | str, err: Exception) -> int:
     return exitcodes.USER_ERROR
 
 
+def use_deterministic_algorithms(training: Training) -> None:
+    """training.deterministic: deterministic kernels only. Not warn_only, on CUDA too: with warn_only torch keeps
+    the non-deterministic algorithm of kernels that have a deterministic one (memory-efficient attention's backward:
+    two identical passes on an H200 gave different gradients, so a resume was not bitwise exact); a kernel with none
+    fails the run with its name (main turns that into a USER_ERROR naming the field)."""
+    if training.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for deterministic matmuls
+        torch.use_deterministic_algorithms(True)
+
+
+# What torch says when a deterministic run reaches a kernel that has no deterministic implementation.
+_NO_DETERMINISTIC_KERNEL = "does not have a deterministic implementation"
+
+
 def _is_collective_failure(err: BaseException) -> bool:
     if isinstance(err, dist.DistError):
         return True
@@ -359,11 +373,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     if env.spec.command:
         return user_error(EventLog(env.events_file), env.rank,
                           UserError("spec.command is set: the job runs a user command, not the embedded trainer"))
-    training = env.spec.trainer.training
-    if training.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for deterministic matmuls
-        # On CUDA some kernels (e.g. attention backward) have no deterministic version: warn rather than fail.
-        torch.use_deterministic_algorithms(True, warn_only=torch.cuda.is_available())
+    use_deterministic_algorithms(env.spec.trainer.training)
 
     events = progress_events(env.events_file, env.rank)  # rank 0 also publishes progress to etcd
     labels = {"job": env.job, "namespace": env.namespace, "replica": env.replica, "rank": str(env.rank)}
@@ -392,6 +402,10 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     except USER_ERRORS as err:
         return user_error(events, env.rank, err)
     except Exception as err:
+        if _NO_DETERMINISTIC_KERNEL in str(err):
+            return user_error(events, env.rank, UserError(
+                f"training.deterministic: {one_line(str(err))}; set trainer.training.deterministic: false (a "
+                "resume is then not bitwise exact) or use a layout or precision whose kernels have one"))
         log.exception("training failed")
         termination_log.write_reason(termination_log.exception_reason(err))
         if _is_collective_failure(err):
