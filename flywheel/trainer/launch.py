@@ -423,6 +423,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"flywheel launch: {err}", file=sys.stderr)
         termination_log.write_reason(termination_log.exception_reason(err))
         return exitcodes.USER_ERROR
+    import torch
+
+    from flywheel.trainer import torch_compat
+
+    missing = torch_compat.agent_seam_problems()
+    if missing:
+        reason = (f"flywheel launch needs torch {torch_compat.TESTED_TORCH}.x (the version pyproject pins); torch "
+                  f"{torch.__version__} lacks: {'; '.join(missing)}")
+        print(f"flywheel launch: {reason}", file=sys.stderr)
+        termination_log.write_reason(reason)
+        return exitcodes.USER_ERROR
     return run_agent(settings)
 
 

@@ -30,6 +30,7 @@ the new torch's source, then move TESTED_TORCH.
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -49,6 +50,22 @@ PRIVATE_IMPORTS = {
     "checkpoint_wrapper": ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "checkpoint_wrapper"),
     "set_pg_timeout": ("torch.distributed.distributed_c10d", "_set_pg_timeout"),
 }
+
+
+def agent_seam_problems() -> list[str]:
+    """What `flywheel launch` needs of the installed torch's elastic agent and does not find there (empty: all is
+    there). Checked at start-up, so another torch fails with this list rather than a TypeError mid-start."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    problems = []
+    for hook, params in AGENT_HOOKS.items():
+        method = getattr(LocalElasticAgent, hook, None)
+        found = tuple(inspect.signature(method).parameters) if callable(method) else None
+        if found != params:
+            problems.append(f"LocalElasticAgent.{hook}({', '.join(params)}) is {hook}{found or ' missing'}")
+    if "shutdown_timeout" not in inspect.signature(LocalElasticAgent.__init__).parameters:
+        problems.append("LocalElasticAgent() takes no shutdown_timeout")
+    return problems
 
 
 def agent_process_context(agent: Any) -> PContext | None:

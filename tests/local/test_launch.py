@@ -39,6 +39,19 @@ def test_user_command_and_rdzv_conf_overrides():
     assert settings_from_env(BASE_ENV, ["bash", "-c", "true"]).command == ("bash", "-c", "true")
 
 
+def test_a_torch_without_the_agent_seams_is_refused_with_what_it_lacks(monkeypatch, tmp_path):
+    from flywheel.trainer import launch, torch_compat
+
+    reason_file = tmp_path / "termination-log"
+    for key, value in {**BASE_ENV, "FLYWHEEL_TERMINATION_LOG": str(reason_file)}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(torch_compat, "agent_seam_problems", lambda: ["LocalElasticAgent() takes no shutdown_timeout"])
+    monkeypatch.setattr(launch, "run_agent", lambda settings: pytest.fail("the agent started"))
+    assert launch.main([]) == exitcodes.USER_ERROR
+    reason = reason_file.read_text()
+    assert f"needs torch {torch_compat.TESTED_TORCH}.x" in reason and "takes no shutdown_timeout" in reason
+
+
 @pytest.mark.parametrize("env, problem", [
     ({"PET_NNODES": "2:1"}, "min <= max"),
     ({"PET_NNODES": "two"}, "not N or MIN:MAX"),

@@ -56,6 +56,25 @@ def test_the_agent_seams_read_and_set_those_attributes() -> None:
     assert agent._remaining_restarts == 0
 
 
+def test_the_installed_torch_has_every_seam_the_launcher_checks_at_start() -> None:
+    assert torch_compat.agent_seam_problems() == []
+
+
+def test_the_start_up_check_names_a_changed_hook_and_a_missing_argument(monkeypatch) -> None:
+    class OlderAgent:  # the shape torch 2.11's LocalElasticAgent has (seen on a lent H200)
+        def __init__(self, spec, logs_specs, start_method="spawn", exit_barrier_timeout=300) -> None: ...
+
+        def _shutdown(self, death_sig) -> None: ...
+
+    for hook in torch_compat.AGENT_HOOKS:
+        if hook != "_shutdown":
+            setattr(OlderAgent, hook, getattr(LocalElasticAgent, hook))
+    monkeypatch.setattr("torch.distributed.elastic.agent.server.local_elastic_agent.LocalElasticAgent", OlderAgent)
+    problems = torch_compat.agent_seam_problems()
+    assert len(problems) == 2
+    assert "_shutdown(self, death_sig, timeout)" in problems[0] and "takes no shutdown_timeout" in problems[1]
+
+
 def test_the_process_context_close_keeps_its_signature() -> None:
     from torch.distributed.elastic.multiprocessing.api import PContext
 
