@@ -141,3 +141,16 @@ def test_goodput_smoke(tmp_path):
     for side, run in record["runs"]["period_6s"].items():
         assert run["finished"] and run["summary"]["faults"] == 1, side
         assert run["summary"]["recovered"] == run["summary"]["faults"], side
+
+
+def test_gpu_check_smoke(tmp_path):
+    """The GPU script's harness on tiny models (a lent GPU runs it for real): the launcher starts ranks, the
+    determinism probe compares passes, a killed run resumes to the unkilled run's parameters."""
+    out = tmp_path / "gpu_check.json"
+    run_bench(tmp_path, "bench.gpu_check", "--smoke", "--only", "launch", "--only", "determinism", "--only",
+              "resume", "--no-rerun", "--timeout", "200", "--out", str(out))
+    record = json.loads(out.read_text())
+    assert record["launch"]["exit"] == 0 and record["launch"]["steps"] == 5
+    assert record["determinism"]["math"]["bitwise_repeatable"] is True
+    for row in record["exact_resume"].values():
+        assert row["exit"] == [0, 0] and row["starts_of_killed_run"] == 2 and row["equal"], row
