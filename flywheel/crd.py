@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from flywheel.pod_template import KUEUE_KEYS, METADATA_MAPS, OWNED_POD_FIELDS, kueue_key_problem, owned_field_problem
 from flywheel.spec import API_VERSION, MAX_NAME_LENGTH, TrainingJobSpec
 from flywheel.spec_layout import OBJECT_STORE_URL, CheckpointStorage, cluster_storage_problems
 from flywheel.spec_status import TrainingJobStatus
@@ -107,17 +108,16 @@ _RULES: dict[str, list[dict[str, str]]] = {
     ],
 }
 
-# Pod fields the operator owns (each worker's restart, hostname and headless-Service subdomain): refused at apply
-# time with the fix; the merge refuses them again for a job that reaches the operator another way.
-_OWNED_POD_FIELDS = {
-    "restartPolicy": "the operator recreates failed workers (faultTolerance.restartScope); remove it",
-    "hostname": "worker pods are named <job>-worker-<index> by the operator; remove it",
-    "subdomain": "workers live under the job's headless Service; remove it",
-}
+# The template rules CEL can decide (pod_template.py defines them and words their refusals): the pod fields the
+# operator owns (each worker's restart, hostname and headless-Service subdomain) and Kueue's pod-group metadata,
+# refused at apply time with the fix; the operator refuses them again for a job that reaches it another way.
 TEMPLATE_RULES = [
-    {"rule": f"!has(self.spec) || !has(self.spec.{name})",
-     "message": f"template.spec.{name} is set by the operator: {fix}", "fieldPath": f".spec.{name}"}
-    for name, fix in _OWNED_POD_FIELDS.items()]
+    *({"rule": f"!has(self.spec) || !has(self.spec.{name})", "message": owned_field_problem(name),
+       "fieldPath": f".spec.{name}"} for name in OWNED_POD_FIELDS),
+    *({"rule": f"!has(self.metadata) || !has(self.metadata.{where}) || !('{key}' in self.metadata.{where})",
+       "message": kueue_key_problem(where, key), "fieldPath": f".metadata.{where}"}
+      for where in METADATA_MAPS for key in KUEUE_KEYS),
+]
 
 
 def _resolve(node: Any, defs: dict[str, Any]) -> Any:

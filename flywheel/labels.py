@@ -27,3 +27,7 @@ XID_HANDLED_ANNOTATION = f"{GROUP}/xid-handled"
 FINALIZER = f"{GROUP}/cleanup"
 # Kueue's queue label: the job's own passes through to its pods.
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Kueue's pod-group metadata on the worker pods of a job with a queue (operator/scheduling_meta.py): the group's
+# name (a label) and its total pod count (an annotation).
+POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+POD_GROUP_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"

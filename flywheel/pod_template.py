@@ -11,7 +11,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from flywheel.labels import GENERATION_LABEL, INDEX_LABEL, JOB_LABEL, ROLE_LABEL
+from flywheel.labels import (
+    GENERATION_LABEL,
+    INDEX_LABEL,
+    JOB_LABEL,
+    POD_GROUP_LABEL,
+    POD_GROUP_TOTAL_ANNOTATION,
+    QUEUE_LABEL,
+    ROLE_LABEL,
+)
 
 WORKER_CONTAINER = "worker"
 # The operator's own volumes (operator/manifests.py worker_volumes) and where it mounts them besides the checkpoint
@@ -25,15 +33,33 @@ OPERATOR_MOUNT_PATHS = ("/dev/shm", "/tmp", CACHE_HOME)
 CONTRACT_ENV = re.compile(r"^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|GROUP_RANK|GROUP_WORLD_SIZE|ROLE_RANK|"
                           r"MASTER_[A-Z0-9_]*|PET_[A-Z0-9_]*|TORCHELASTIC_[A-Z0-9_]*|FLYWHEEL_[A-Z0-9_]*)$")
 OPERATOR_LABELS = (JOB_LABEL, INDEX_LABEL, GENERATION_LABEL, ROLE_LABEL)
-# Pod fields the operator sets on every worker: (field, why, fix).
+# Pod fields the operator sets on every worker: field -> (why, fix). Refused here and, at apply time, by the CRD's
+# CEL rules (crd.py TEMPLATE_RULES), both in owned_field_problem's words.
 OWNED_POD_FIELDS = {
-    "restartPolicy": "the operator decides restarts (always Never on the pod)",
-    "hostname": "the operator names each worker for the rendezvous",
-    "subdomain": "the operator puts workers under the job's headless Service",
+    "restartPolicy": ("the operator decides restarts (always Never on the pod)",
+                      "use spec.faultTolerance (maxRestarts, restartScope)"),
+    "hostname": ("the operator names each worker for the rendezvous", "remove it (workers are <job>-worker-<index>)"),
+    "subdomain": ("the operator puts workers under the job's headless Service",
+                  "remove it (the Service is <job>-workers)"),
 }
-FIX_POD_FIELD = {"restartPolicy": "use spec.faultTolerance (maxRestarts, restartScope)",
-                 "hostname": "remove it (workers are <job>-worker-<index>)",
-                 "subdomain": "remove it (the Service is <job>-workers)"}
+# Kueue's pod-group metadata (labels, or annotations, which Kueue also reads): on a template it would give every
+# worker pod its own queue or group, so Kueue would admit the workers as separate workloads (or never, with a total
+# count that is not the job's). The operator sets it from spec.scheduling.queue (operator/scheduling_meta.py).
+# Refused here and by CEL (crd.py TEMPLATE_RULES), both in kueue_key_problem's words.
+KUEUE_KEYS = (QUEUE_LABEL, POD_GROUP_LABEL, POD_GROUP_TOTAL_ANNOTATION)
+METADATA_MAPS = ("labels", "annotations")
+
+
+def owned_field_problem(key: str) -> str:
+    """The refusal of template.spec.<key>, an OWNED_POD_FIELDS field."""
+    why, fix = OWNED_POD_FIELDS[key]
+    return f"template.spec.{key}: {why}; {fix}"
+
+
+def kueue_key_problem(where: str, key: str) -> str:
+    """The refusal of template.metadata.<where>.<key>, where is labels or annotations and key one of KUEUE_KEYS."""
+    return (f"template.metadata.{where}.{key}: Kueue would admit the worker pods as separate workloads; remove it "
+            "and set spec.scheduling.queue (the operator gives every worker the job's pod-group metadata)")
 
 
 def worker_index(containers: list[Any]) -> int | None:
@@ -63,9 +89,7 @@ def template_problems(template: dict[str, Any], checkpoint_dir: str, events_dir:
         return problems
     if not isinstance(pod, dict):
         return [*problems, "template.spec: expected a pod spec mapping"]
-    for key, why in OWNED_POD_FIELDS.items():
-        if key in pod:
-            problems.append(f"template.spec.{key}: {why}; {FIX_POD_FIELD[key]}")
+    problems += [owned_field_problem(key) for key in OWNED_POD_FIELDS if key in pod]
     problems += _volume_problems(pod.get("volumes"))
     containers = pod.get("containers") or []
     if not isinstance(containers, list) or not all(isinstance(c, dict) for c in containers):
@@ -87,6 +111,8 @@ def _metadata_problems(meta: Any) -> list[str]:
     labels = meta.get("labels") or {}
     problems += [f"template.metadata.labels.{key}: the operator sets this label on every worker; remove it"
                  for key in labels if key in OPERATOR_LABELS]
+    problems += [kueue_key_problem(where, key) for where in METADATA_MAPS for key in KUEUE_KEYS
+                 if key in (meta.get(where) or {})]
     return problems
 
 

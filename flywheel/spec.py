@@ -239,7 +239,8 @@ class TrainingJobSpec(_Model):
         "serviceAccountName, securityContext, init containers and sidecars pass through; the container named worker "
         "(else the first) is merged with the operator's (env, envFrom, volumeMounts, resources, securityContext "
         "field by field, ports, lifecycle). The operator's restartPolicy, hostname, subdomain, the worker's "
-        "command/args and contract env are refused (docs/operator.md).")
+        "command/args and contract env are refused, as are Kueue's pod-group labels (use scheduling.queue) and a "
+        "schedulerName under scheduling.gang (use scheduling.schedulerName) (docs/operator.md).")
     accelerator: Accelerator | None = Field(
         None, description="Cluster only: the device of each local rank, e.g. {resource: nvidia.com/gpu, device: "
         "h100}: every worker requests and limits procsPerReplica of it, and the planner sizes layouts for the "

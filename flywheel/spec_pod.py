@@ -73,6 +73,11 @@ def _shorthand_conflicts(spec: TrainingJobSpec) -> list[str]:
                                ("scheduling.priorityClassName", sched.priority_class_name, "priorityClassName")):
         if value and pod.get(field) not in (None, value):
             out.append(f"{ours}: {value!r} differs from template.spec.{field} {pod[field]!r}; set it in one place")
+    if sched.gang and not sched.scheduler_name and pod.get("schedulerName"):
+        # The gang scheduler's name is the operator's (--gang-scheduler), unknown here: the template cannot agree.
+        out.append(f"scheduling.gang: true (the default) gives the pods the gang scheduler's schedulerName (where the "
+                   f"operator creates PodGroups), which template.spec.schedulerName {pod['schedulerName']!r} would "
+                   "replace; set the scheduler in scheduling.schedulerName instead, or scheduling.gang: false")
     grace = spec.fault_tolerance.termination_grace_seconds
     theirs_grace = pod.get("terminationGracePeriodSeconds")
     if not _is_default(spec.fault_tolerance, "termination_grace_seconds") and theirs_grace not in (None, grace):

@@ -17,11 +17,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from flywheel.labels import QUEUE_LABEL
+from flywheel.labels import POD_GROUP_LABEL, POD_GROUP_TOTAL_ANNOTATION, QUEUE_LABEL
 from flywheel.spec import TrainingJob
 
-POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
-POD_GROUP_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"  # Kueue removes it once the workload is admitted
 GATED_REASON = "SchedulingGated"  # PodScheduled=False while a pod has scheduling gates
 

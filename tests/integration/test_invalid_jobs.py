@@ -116,9 +116,15 @@ TABLE: list[tuple[str, dict[str, Any], str, str, bool]] = [
      "trainer.parallelism.stagesPerRank", "set stagesPerRank: 1 or schedule: interleaved-1f1b", True),
     # spec.template: what the operator owns in the worker pod, and shorthands that disagree with the template.
     ("template-restart-policy", {"template": {"spec": {"restartPolicy": "OnFailure"}}},
-     "template.spec.restartPolicy", "use spec.faultTolerance", False),
+     "template.spec.restartPolicy", "use spec.faultTolerance (maxRestarts, restartScope)", True),
     ("template-hostname", {"template": {"spec": {"hostname": "h", "subdomain": "s"}}}, "template.spec.hostname",
-     "remove it", False),
+     "remove it (workers are <job>-worker-<index>)", True),
+    ("template-kueue-queue", {"template": {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "q"}}}},
+     "template.metadata.labels.kueue.x-k8s.io/queue-name", "set spec.scheduling.queue", True),
+    ("template-kueue-count", {"template": {"metadata": {"annotations": {"kueue.x-k8s.io/pod-group-total-count": "2"}}}},
+     "template.metadata.annotations.kueue.x-k8s.io/pod-group-total-count", "set spec.scheduling.queue", True),
+    ("template-gang-scheduler", {"template": {"spec": {"schedulerName": "other"}}}, "scheduling.gang",
+     "template.spec.schedulerName 'other' would replace", False),
     ("template-command", {"template": {"spec": {"containers": [{"name": "worker", "command": ["torchrun"]}]}}},
      "template.spec.containers[0].command", "put your entrypoint in spec.command", False),
     ("template-contract-env", {"template": {"spec": {"containers": [{"name": "worker", "env": [

@@ -121,10 +121,31 @@ def test_template_is_inserted_even_when_the_model_declares_it():
         "properties"]
 
 
-def test_operator_owned_pod_fields_are_refused_by_cel():
-    rules = {r["fieldPath"]: r for r in _template()["x-kubernetes-validations"]}
-    assert set(rules) == {".spec.restartPolicy", ".spec.hostname", ".spec.subdomain"}
-    assert all("remove it" in r["message"] for r in rules.values())
+def test_operator_owned_pod_fields_and_kueue_metadata_are_refused_by_cel_in_the_operators_words():
+    """Each template rule CEL decides refuses what pod_template.py refuses, with the same message (one definition:
+    `kubectl apply` and the operator's Invalid condition say the same), and only that."""
+    from flywheel.pod_template import (
+        KUEUE_KEYS,
+        METADATA_MAPS,
+        OWNED_POD_FIELDS,
+        kueue_key_problem,
+        owned_field_problem,
+        template_problems,
+    )
+    from tests.k8s_emulator import cel
+
+    rules = _template()["x-kubernetes-validations"]
+    cases = [({"spec": {key: "x"}}, owned_field_problem(key)) for key in OWNED_POD_FIELDS]
+    cases += [({"metadata": {where: {"team": "a", key: "x"}}}, kueue_key_problem(where, key))
+              for where in METADATA_MAPS for key in KUEUE_KEYS]
+    assert sorted(r["message"] for r in rules) == sorted(message for _, message in cases)
+    for template, message in cases:
+        assert template_problems(template, "/ckpt") == [message]
+        refused = [r["message"] for r in rules if not cel.evaluate(r["rule"], template)]
+        assert refused == [message], template
+    fine = {"metadata": {"labels": {"team": "a"}, "annotations": {"kueue.x-k8s.io/other": "x"}},
+            "spec": {"nodeSelector": {"a": "b"}}}
+    assert all(cel.evaluate(r["rule"], fine) for r in rules) and all(cel.evaluate(r["rule"], {}) for r in rules)
 
 
 def test_crd_fits_the_object_and_last_applied_limits():

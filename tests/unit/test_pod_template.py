@@ -94,6 +94,32 @@ def test_metadata_beyond_labels_and_annotations_and_operator_labels_are_refused(
     assert "spec.template.metadata.labels.flywheel.dev/job: the operator sets this label" in text
 
 
+@pytest.mark.parametrize("where", ["labels", "annotations"])
+@pytest.mark.parametrize("key", ["kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/pod-group-name",
+                                 "kueue.x-k8s.io/pod-group-total-count"])
+def test_kueue_pod_group_metadata_in_the_template_is_refused(where, key):
+    """Per pod, Kueue's queue, group or count would make each worker its own workload: spec.scheduling.queue is
+    the way (the operator puts the job's pod-group metadata on every worker)."""
+    text = refusal(template={"metadata": {where: {"team": "a", key: "x"}}})
+    assert f"spec.template.metadata.{where}.{key}: Kueue would admit the worker pods as separate workloads" in text
+    assert "set spec.scheduling.queue" in text, text
+    fine = job(scheduling={"queue": "team-a"}, template={"metadata": {where: {"kueue.x-k8s.io/other": "x"}}})
+    assert fine.spec.scheduling.queue == "team-a"
+
+
+def test_a_template_scheduler_name_under_gang_scheduling_is_refused_naming_both_fields():
+    text = refusal(template={"spec": {"schedulerName": "other"}})  # scheduling.gang is true by default
+    assert "spec.scheduling.gang" in text and "template.spec.schedulerName 'other'" in text, text
+    assert "set the scheduler in scheduling.schedulerName instead, or scheduling.gang: false" in text, text
+    # Without gang scheduling the template's scheduler passes through, even where the operator runs a gang scheduler.
+    volcano = m.OperatorSettings(etcd_endpoints="etcd:2379", gang_scheduler="volcano")
+    no_gang = job(scheduling={"gang": False}, template={"spec": {"schedulerName": "other"}})
+    assert worker_pod(no_gang, volcano)["spec"]["schedulerName"] == "other"
+    # The shorthand and the template may say the same scheduler; the gang then uses it.
+    same = job(scheduling={"schedulerName": "volcano"}, template={"spec": {"schedulerName": "volcano"}})
+    assert worker_pod(same, volcano)["spec"]["schedulerName"] == "volcano"
+
+
 @pytest.mark.parametrize("spec, field, other", [
     ({"image": "a:1", "template": {"spec": {"containers": [{"name": "worker", "image": "b:2"}]}}},
      "spec.image", "template.spec.containers[0].image 'b:2'"),
