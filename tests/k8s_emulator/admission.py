@@ -49,6 +49,10 @@ def _pod_defaults(pod: dict[str, Any]) -> list[str]:
         container.setdefault("terminationMessagePolicy", "File")
         for port in container.get("ports") or []:
             port.setdefault("protocol", "TCP")
+    for container in [*containers, *(spec.get("initContainers") or [])]:
+        for port in container.get("ports") or [] if spec.get("hostNetwork") else []:
+            if not port.get("hostPort"):  # SetDefaults_Pod: with host networking, each port is a host port
+                port["hostPort"] = port.get("containerPort")
     if spec.get("restartPolicy") not in ("Always", "OnFailure", "Never"):
         errors.append(f'spec.restartPolicy: Unsupported value: "{spec.get("restartPolicy")}": supported values: '
                       '"Always", "OnFailure", "Never"')

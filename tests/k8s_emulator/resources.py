@@ -86,6 +86,14 @@ BUILTIN_TYPES: list[ResourceType] = [
                  scale={"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}),
     _builtin("apiextensions.k8s.io", "customresourcedefinitions", "CustomResourceDefinition", False,
              ["crd", "crds"], status=True),
+    # What a pod's priorityClassName and runtimeClassName name, resolved at pod admission as the Priority and
+    # RuntimeClass admission plugins do (pod_classes.py); nothing preempts, and every handler runs the same process.
+    ResourceType(group="scheduling.k8s.io", versions=["v1"], plural="priorityclasses", singular="priorityclass",
+                 kind="PriorityClass", namespaced=False, short_names=["pc"]),  # its columns: tables.py
+    ResourceType(group="node.k8s.io", versions=["v1"], plural="runtimeclasses", singular="runtimeclass",
+                 kind="RuntimeClass", namespaced=False, printer_columns=[
+                     {"name": "Handler", "type": "string", "jsonPath": ".handler"},
+                     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]),
     # Stored only (no controllers), so that RBAC objects from a Helm chart can be applied.
     _builtin("rbac.authorization.k8s.io", "roles", "Role", True),
     _builtin("rbac.authorization.k8s.io", "rolebindings", "RoleBinding", True),

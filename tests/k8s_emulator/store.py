@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tests.k8s_emulator import admission
+from tests.k8s_emulator import admission, pod_classes
 from tests.k8s_emulator.errors import StatusError
 from tests.k8s_emulator.resources import CRD_KEY, Registry, ResourceKey, ResourceType, resource_type_from_crd
 from tests.k8s_emulator.selectors import Predicate
@@ -101,6 +101,8 @@ class Store:
         for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.create(self.registry.get(NAMESPACES), "", {"apiVersion": "v1", "kind": "Namespace",
                                                             "metadata": {"name": name}})
+        for priority_class in pod_classes.system_priority_classes():  # as kube-apiserver's bootstrap creates them
+            self.create(self.registry.get(pod_classes.PRIORITY_CLASSES), "", priority_class)
 
     # ---- reads -------------------------------------------------------------------------------------------
     def bucket(self, key: ResourceKey) -> dict[ObjectKey, dict[str, Any]]:
@@ -196,10 +198,31 @@ class Store:
         if rt.key == PODS:
             for hook in self.pod_hooks:  # mutating admission, before validation (as webhooks run)
                 hook(obj)
+        self._admit_classes(rt, obj, None)
         obj = admission.admit_create(rt, obj, strict)
         if dry_run:
             return obj
         return self._store(rt, obj, None)
+
+    def _admit_classes(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        """The admission that reads other objects: a pod's PriorityClass and RuntimeClass, a PriorityClass's
+        globalDefault (pod_classes.py)."""
+        def objects(key: ResourceKey) -> list[dict[str, Any]]:
+            return list(self.bucket(key).values())
+
+        errors: list[str] = []
+        if rt.key == PODS and old is None:
+            pod_classes.admit_pod(obj, objects)
+        elif rt.key == PODS and old is not None:
+            spec, old_spec = obj.get("spec") or {}, old.get("spec") or {}
+            if spec.get("priority") is None and old_spec.get("priority") is not None:
+                spec["priority"] = old_spec["priority"]  # the Priority plugin keeps it on update
+        elif rt.key == pod_classes.PRIORITY_CLASSES:
+            errors = pod_classes.admit_priority_class(obj, old, objects)
+        elif rt.key == pod_classes.RUNTIME_CLASSES:
+            errors = pod_classes.admit_runtime_class(obj, old)
+        if errors:
+            raise StatusError.invalid(rt.group_kind, obj["metadata"]["name"], errors)
 
     def force_conflict(self, key: ResourceKey, namespace: str, name: str, count: int = 1) -> None:
         """Fault hook: the next `count` writes to this object answer 409 Conflict."""
@@ -257,6 +280,8 @@ class Store:
                 raise StatusError.invalid(rt.group_kind, name, [f"metadata.finalizers: Forbidden: no new finalizers "
                                                              f"can be added if the object is being deleted, found "
                                                              f"new finalizers {sorted(added)}"])
+        if subresource is None:
+            self._admit_classes(rt, obj, old)
         obj = admission.admit_custom(rt, obj, old, strict)
         meta = obj["metadata"]
         if "generation" in old_meta and {k: v for k, v in obj.items() if k not in _NOT_SPEC} != {

@@ -106,7 +106,12 @@ def columns_and_cells(rt: ResourceType, version: str):
     if rt.key == deployments.DEPLOYMENTS:
         return [_column(n, k) for n, k in deployments.TABLE_COLUMNS], lambda obj: deployments.table_cells(
             obj, human_duration(obj["metadata"].get("creationTimestamp")))
-    if rt.custom and rt.printer_columns:
+    if rt.key == ("scheduling.k8s.io", "priorityclasses"):  # a Go bool: printed false when omitted
+        return [_column("Name"), _column("Value", "integer"), _column("Global-Default", "boolean"), _column("Age"),
+                _column("PreemptionPolicy")], lambda obj: [
+            obj["metadata"]["name"], obj.get("value", 0), bool(obj.get("globalDefault")),
+            human_duration(obj["metadata"].get("creationTimestamp")), obj.get("preemptionPolicy", "")]
+    if rt.printer_columns:  # a CRD's additionalPrinterColumns, or a built-in's (resources.py)
         printer = rt.printer_columns
 
         def custom_cells(obj: dict[str, Any]) -> list[Any]:
