@@ -148,6 +148,25 @@ def test_operator_args_accepted_by_the_operator_parser():
     assert parsed.namespace == [NAMESPACE] and not parsed.health_monitor
 
 
+def test_security_profile_and_rdma_resource_reach_the_operator_args():
+    """operator.securityProfile and operator.rdmaResource are the operator's --security-profile and --rdma-resource
+    (what every worker pod's security context and a `network: rdma` job's device request come from); the chart's
+    defaults are the operator's own."""
+    main = pytest.importorskip("flywheel.operator.main")
+    parser = main.build_parser()
+
+    def parsed(*sets: str) -> argparse.Namespace:
+        args = operator_deployment(render(*sets))["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[0] == "operator"
+        return parser.parse_args(args[1:])
+
+    default, bare = parsed(), parser.parse_args([])
+    assert (default.security_profile, default.rdma_resource) == (bare.security_profile, bare.rdma_resource) == (
+        "hardened", "rdma/rdma_shared_device_a")
+    custom = parsed("operator.securityProfile=image", "operator.rdmaResource=nvidia.com/hostdev")
+    assert (custom.security_profile, custom.rdma_resource) == ("image", "nvidia.com/hostdev")
+
+
 def test_liveness_port_off_means_no_probes_and_metrics_port_off_keeps_them():
     op = one(render("operator.livenessPort=0"), "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert "livenessProbe" not in op and "readinessProbe" not in op
@@ -199,6 +218,8 @@ def test_external_etcd():
     ("operator.bogus=1",),                        # typo in a key
     ("etcd.replicas=2",),                         # even-sized etcd cluster
     ("operator.healthMonitor.prometheusUrl=prometheus:9090",),
+    ("operator.securityProfile=root",),           # not a profile the operator knows
+    ("operator.rdmaResource=",),                  # a network: rdma job would request a nameless resource
 ])
 def test_schema_rejects_bad_values(bad):
     args = ["template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION]
