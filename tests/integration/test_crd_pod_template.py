@@ -1,6 +1,7 @@
 """The CRD's `spec.template` is the real PodTemplateSpec schema: with the real kubectl on the test cluster, a typo or
-a wrong type under the template is refused at apply time as it would be for a Pod, the operator-owned pod fields are
-refused with their fix, and `kubectl explain` walks into the pod template."""
+a wrong type under the template is refused at apply time as it would be for a Pod, the operator-owned pod fields
+and Kueue's pod-group metadata are refused with their fix (the operator's words), and `kubectl explain` walks into
+the pod template."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from flywheel.pod_template import kueue_key_problem, owned_field_problem
 from tests.integration.kubectl_cluster import kubectl_on_test_cluster
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "trainingjobs.flywheel.dev.yaml"
@@ -73,9 +75,22 @@ def test_a_wrong_type_under_the_template_is_refused(kubectl, template, words):
 
 @pytest.mark.parametrize("field", ["restartPolicy", "hostname", "subdomain"])
 def test_operator_owned_pod_fields_are_refused_with_the_fix(kubectl, field):
+    """In the operator's words (pod_template.py), so that kubectl and the Invalid condition say the same."""
     result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=job({"spec": {field: "Always"}}))
     assert result.returncode != 0, result.stderr
-    assert f"spec.template.spec.{field}" in result.stderr and "remove it" in result.stderr, result.stderr
+    assert f"spec.template.spec.{field}" in result.stderr, result.stderr
+    assert owned_field_problem(field) in " ".join(result.stderr.split()), result.stderr
+
+
+@pytest.mark.parametrize("where, key", [("labels", "kueue.x-k8s.io/queue-name"),
+                                        ("labels", "kueue.x-k8s.io/pod-group-name"),
+                                        ("annotations", "kueue.x-k8s.io/pod-group-total-count")])
+def test_kueue_pod_group_metadata_is_refused_with_the_fix(kubectl, where, key):
+    result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=job({"metadata": {where: {key: "x"}}}))
+    assert result.returncode != 0, result.stderr
+    assert kueue_key_problem(where, key) in " ".join(result.stderr.split()), result.stderr
+    fine = kubectl("apply", "--dry-run=server", "-f", "-", stdin=job({"metadata": {where: {"team": "a"}}}))
+    assert fine.returncode == 0, fine.stderr
 
 
 def test_kubectl_explain_walks_into_the_pod_template(kubectl):
