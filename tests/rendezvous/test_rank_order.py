@@ -1,10 +1,20 @@
 """Ranks follow the replica index at any size: 12 agents joining in a shuffled order, with host names whose string
-order differs from their numeric order, against a real etcd."""
+order differs from their numeric order, against a real etcd (and the local runner's c10d store). The handler tests
+check the agents' group ranks; the `flywheel launch` tests check every process's global rank with 2 per replica."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import signal
+import subprocess
+import sys
 import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import pytest
 from torch.distributed import TCPStore
@@ -12,6 +22,11 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvou
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, _NodeDesc
 
 import flywheel.trainer.rendezvous  # noqa: F401  (registers the etcd-v3 handler)
+from flywheel.local.runner import _host_store
+from flywheel.operator.manifests import OperatorSettings
+from flywheel.operator.manifests import plan as operator_plan
+from flywheel.plan import Placement, WorkerPlan, plan_workers
+from flywheel.spec import API_VERSION, TrainingJob, parse_job
 from flywheel.trainer.rank_order import UNORDERED, ReplicaOrderedNode, create_ordered_c10d_handler, replica_order
 
 from .etcd_server import EtcdServer
@@ -73,3 +88,89 @@ def test_twelve_local_agents_on_one_address_get_ranks_in_replica_order(monkeypat
             backend="c10d", endpoint=f"127.0.0.1:{host.port}", run_id="local-order", min_nodes=size,
             max_nodes=size, local_addr="127.0.0.1", is_host=False, last_call_timeout=1, join_timeout=60))
     assert join_all(handlers) == {i: (i, size) for i in range(size)}
+
+
+SIZE, PROCS = 12, 2
+REPO = Path(__file__).resolve().parents[2]
+RECORD_RANK = Path(__file__).with_name("record_rank.py")
+
+
+def rank_order_job(out_dir: Path) -> TrainingJob:
+    """12 replicas x 2 ranks of a user command that only records who each rank became."""
+    return parse_job({"apiVersion": API_VERSION, "kind": "TrainingJob", "metadata": {"name": "rank-order"},
+                      "spec": {"replicas": {"min": SIZE, "max": SIZE}, "procsPerReplica": PROCS,
+                               "command": [str(RECORD_RANK), str(out_dir)]}})
+
+
+def launch_all(plans: Sequence[WorkerPlan], order: Sequence[int], logs: Path,
+               extra_env: Mapping[int, Mapping[str, str]] | None = None, timeout: float = 180) -> None:
+    """Start one `flywheel launch` per plan (argv and contract env as the executor gives them), in `order`, each in
+    its own process group; wait for all of them to exit 0."""
+    assert sorted(order) == [p.index for p in plans] and list(order) != sorted(order)
+    agents: dict[int, subprocess.Popen[bytes]] = {}
+    try:
+        for index in order:
+            plan = plans[index]
+            argv = [sys.executable if plan.argv[0] == "python" else plan.argv[0], *plan.argv[1:]]
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **plan.env,
+                   **(extra_env or {}).get(index, {})}
+            with open(logs / f"agent{index}.log", "wb") as log:
+                agents[index] = subprocess.Popen(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                                 start_new_session=True)
+        deadline = time.monotonic() + timeout
+        for index, agent in agents.items():
+            try:
+                code = agent.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"agent {index} still running after {timeout} s:\n{agent_log(logs, index)}")
+            assert code == 0, f"agent {index} exited {code}:\n{agent_log(logs, index)}"
+    finally:
+        for agent in agents.values():
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+                agent.wait()
+
+
+def agent_log(logs: Path, index: int) -> str:
+    return (logs / f"agent{index}.log").read_text(errors="replace")[-3000:]
+
+
+def assert_ranks_follow_replicas(plans: Sequence[WorkerPlan], out_dir: Path) -> None:
+    seen = {(int(r["FLYWHEEL_REPLICA_INDEX"]), int(r["LOCAL_RANK"])): r
+            for r in (json.loads(p.read_text()) for p in out_dir.glob("*.json"))}
+    assert sorted(seen) == [(i, local) for i in range(SIZE) for local in range(PROCS)]
+    for (index, local), record in sorted(seen.items()):
+        assert int(record["RANK"]) == index * PROCS + local, record
+        assert plans[index].first_rank <= int(record["RANK"]) <= plans[index].last_rank  # what the plan promised
+        assert (int(record["GROUP_RANK"]), int(record["WORLD_SIZE"])) == (index, SIZE * PROCS), record
+
+
+@pytest.mark.timeout(300)
+def test_twelve_launched_workers_on_a_cluster_rank_every_process_by_replica(etcd_server: EtcdServer,
+                                                                            tmp_path: Path) -> None:
+    """The operator's plan through the etcd backend: each agent's address is its pod's name (torch's getfqdn() on a
+    cluster), which sorts as `...worker-1`, `...worker-10`, `...worker-11`, `...worker-2`."""
+    out = tmp_path / "ranks"
+    out.mkdir()
+    plans = operator_plan(rank_order_job(out), uuid.uuid4().hex, OperatorSettings(etcd_endpoints=etcd_server.endpoint),
+                          None)
+    hostnames = [p.hostname for p in plans]
+    assert sorted(hostnames) != hostnames and hostnames[10] < hostnames[2]
+    launch_all(plans, random.Random(11).sample(range(SIZE), SIZE), tmp_path,
+               {p.index: {"PET_LOCAL_ADDR": p.hostname} for p in plans})
+    assert_ranks_follow_replicas(plans, out)
+
+
+@pytest.mark.timeout(300)
+def test_twelve_launched_local_workers_rank_every_process_by_replica(tmp_path: Path) -> None:
+    """`flywheel run`'s plan through the c10d store it hosts: every agent on 127.0.0.1, started in a shuffled order
+    (so that their pids, torch's own tie-break, do not follow the replica index)."""
+    out = tmp_path / "ranks"
+    out.mkdir()
+    store = _host_store()
+    placement = Placement(replicas=SIZE, rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{store.port}",
+                          master_addr="127.0.0.1", master_port=store.port, checkpoint_dir=str(tmp_path / "ckpt"),
+                          launcher=(sys.executable, "-m", "flywheel.cli", "launch"))
+    plans = plan_workers(rank_order_job(out), placement)
+    launch_all(plans, random.Random(13).sample(range(SIZE), SIZE), tmp_path)
+    assert_ranks_follow_replicas(plans, out)
