@@ -1,17 +1,22 @@
 """spec.template on the test cluster with the real kubectl: a job whose template carries the pass-through fields
 has worker pods that carry them, keeps the worker contract and runs to Succeeded; `flywheel render` prints the
-pods the operator created for that job (the same builders, compared with `kubectl get pod -o json`)."""
+pods the operator created for that job (the same builders, compared with `kubectl get pod -o json`). A second job's
+template carries the scheduling and Secret fields (nodeSelector, priorityClassName, env from a Secret both ways, a
+scheduling gate of the user's, runtimeClassName, hostNetwork): it waits gated without failing, then runs with the
+Secret's value in its processes."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import io
 import json
+import time
 from typing import Any
 
 from flywheel.cli import main
-from tests.operator.conftest import OpEnv
+from tests.operator.conftest import OpEnv, eventually
 
 NAME = "tmpl-ok"
 
@@ -125,3 +130,123 @@ def test_render_prints_the_pods_the_operator_created(op_env: OpEnv) -> None:
         assert _subset(obj["spec"], live[name]["spec"]) == [], name
         assert obj["metadata"]["labels"] == live[name]["metadata"]["labels"], name
         assert _subset(obj["metadata"].get("annotations") or {}, live[name]["metadata"].get("annotations") or {}) == []
+
+
+# The scheduling and Secret fields of a template: a nodeSelector every node matches, a PriorityClass, env from a
+# Secret (secretKeyRef and envFrom secretRef), and a scheduling gate of the user's own, which holds the pods Pending
+# (SchedulingGated, not Unschedulable: the job waits) until the test removes it as the user's controller would.
+# runtimeClassName and hostNetwork are added on the test cluster (accepted, not acted on: docs/test-cluster.md); the
+# real-cluster twin adds them only when asked (tests/e2e_real/test_real_pod_security.py).
+SCHED_NAME, SECRET, SECRET_VALUE = "tmpl-sched", "tmpl-secret", "s3cret-token"
+PRIORITY_CLASS, PRIORITY, HOLD_GATE = "flywheel-test-high", 1000, "example.com/hold"
+
+# The worker reports what it got: its rank and replica (the contract), and a digest of the Secret's value as each
+# route delivered it (no secret in the log).
+REPORT_ENV = """
+import hashlib, os
+env = os.environ
+def digest(name):
+    return hashlib.sha256(env[name].encode()).hexdigest()[:16]
+print(f"rank {env['RANK']} of {env['WORLD_SIZE']} replica {env['FLYWHEEL_REPLICA_INDEX']} "
+      f"secretKeyRef {digest('TRACKER_TOKEN')} envFrom {digest('FROM_SECRET_token')}", flush=True)
+"""
+
+
+def scheduling_prerequisites(runtime_handler: str = "") -> list[dict[str, Any]]:
+    """The cluster-scoped objects the template names: the PriorityClass (preemptionPolicy Never: it never evicts
+    anything on a shared cluster) and, with a handler, a RuntimeClass of that handler."""
+    objects: list[dict[str, Any]] = [{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                      "metadata": {"name": PRIORITY_CLASS}, "value": PRIORITY,
+                                      "preemptionPolicy": "Never", "description": "Flywheel's template tests"}]
+    if runtime_handler:
+        objects.append({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                        "metadata": {"name": f"flywheel-test-{runtime_handler}"}, "handler": runtime_handler})
+    return objects
+
+
+def scheduling_template(runtime_handler: str = "", host_network: bool = False) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "priorityClassName": PRIORITY_CLASS,
+        "schedulingGates": [{"name": HOLD_GATE}],
+        "containers": [{"name": "worker",
+                        "env": [{"name": "TRACKER_TOKEN",
+                                 "valueFrom": {"secretKeyRef": {"name": SECRET, "key": "token"}}}],
+                        "envFrom": [{"secretRef": {"name": SECRET}, "prefix": "FROM_SECRET_"}]}],
+    }
+    if runtime_handler:
+        spec["runtimeClassName"] = f"flywheel-test-{runtime_handler}"
+    if host_network:
+        spec.update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
+    return {"spec": spec}
+
+
+def assert_gated(pods: list[dict[str, Any]]) -> None:
+    """The pods wait behind the user's gate, unscheduled, with the reason the scheduler gives."""
+    assert len(pods) == 2
+    for pod in pods:
+        assert pod["spec"]["schedulingGates"] == [{"name": HOLD_GATE}] and not pod["spec"].get("nodeName")
+        scheduled = next(c for c in pod["status"].get("conditions", []) if c["type"] == "PodScheduled")
+        assert (scheduled["status"], scheduled["reason"]) == ("False", "SchedulingGated"), scheduled
+
+
+def assert_waiting_not_failed(status: dict[str, Any]) -> None:
+    held = {c["type"] for c in status.get("conditions", []) if c["status"] == "True"}
+    assert status.get("phase", "Pending") == "Pending" and not held & {"Unschedulable", "Failed"}, status
+
+
+def ungate(pod_name: str) -> list[str]:
+    """kubectl arguments that remove the pod's scheduling gates (as the user's controller would)."""
+    return ["patch", "pod", pod_name, "--type=json",
+            "-p", json.dumps([{"op": "remove", "path": "/spec/schedulingGates"}])]
+
+
+def assert_carries_the_scheduling_template(pods: list[dict[str, Any]], logs: dict[str, str], runtime_handler: str = "",
+                                           host_network: bool = False) -> None:
+    """Every pod ran with the template's scheduling fields, the class's priority and the Secret's value by both
+    routes, its gate gone; each worker's rank is its replica index (the contract env intact)."""
+    assert len(pods) == 2
+    digest = hashlib.sha256(SECRET_VALUE.encode()).hexdigest()[:16]
+    for pod in pods:
+        spec = pod["spec"]
+        assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"} and spec.get("nodeName")
+        assert (spec["priorityClassName"], spec["priority"], spec["preemptionPolicy"]) == (PRIORITY_CLASS, PRIORITY,
+                                                                                          "Never")
+        assert not spec.get("schedulingGates")
+        assert spec.get("runtimeClassName") == (f"flywheel-test-{runtime_handler}" if runtime_handler else None)
+        assert bool(spec.get("hostNetwork")) is host_network
+        assert spec["dnsPolicy"] == ("ClusterFirstWithHostNet" if host_network else "ClusterFirst")
+        worker = next(c for c in spec["containers"] if c["name"] == "worker")
+        env = {e["name"]: e for e in worker["env"]}
+        assert env["TRACKER_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": SECRET, "key": "token"}}
+        assert env["WORLD_SIZE"]["value"] == "2" and env["PET_NNODES"]["value"] == "2:2"
+        assert worker["envFrom"] == [{"secretRef": {"name": SECRET}, "prefix": "FROM_SECRET_"}]
+        index = pod["metadata"]["labels"]["flywheel.dev/replica-index"]
+        assert f"rank {index} of 2 replica {index} secretKeyRef {digest} envFrom {digest}" in \
+            logs[pod["metadata"]["name"]], logs
+        assert pod["status"]["phase"] == "Succeeded"
+
+
+def test_a_gated_templated_job_with_secrets_and_a_priority_class_waits_then_runs(op_env: OpEnv) -> None:
+    for obj in scheduling_prerequisites("runc"):
+        op_env.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
+    op_env.kubectl("create", "secret", "generic", SECRET, f"--from-literal=token={SECRET_VALUE}")
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(
+        SCHED_NAME, template=scheduling_template("runc", host_network=True), command=["python", "-c", REPORT_ENV],
+        **{"faultTolerance.pendingTimeoutSeconds": 1, "faultTolerance.nodeFailureGraceSeconds": 1})))
+    pods = eventually(lambda: len(p := op_env.pods(SCHED_NAME)) == 2 and all(any(
+        c.get("reason") == "SchedulingGated" for c in x["status"].get("conditions", [])) for x in p) and p, 30,
+        "both pods gated")
+    assert_gated(pods)
+    time.sleep(3)  # past pendingTimeoutSeconds and the grace: a gated pod waits for its gate, it is not unschedulable
+    assert_waiting_not_failed(op_env.status(SCHED_NAME))
+    assert_gated(op_env.pods(SCHED_NAME))
+    for pod in pods:
+        op_env.kubectl(*ungate(pod["metadata"]["name"]))
+    status = eventually(lambda: (s := op_env.status(SCHED_NAME)).get("phase") in ("Succeeded", "Failed") and s, 120,
+                        f"{SCHED_NAME} to finish")
+    assert status["phase"] == "Succeeded" and status.get("restarts", 0) == 0, status
+    pods = op_env.pods(SCHED_NAME)
+    logs = {p["metadata"]["name"]: op_env.kubectl("logs", p["metadata"]["name"]).stdout for p in pods}
+    assert_carries_the_scheduling_template(pods, logs, "runc", host_network=True)
+    op_env.delete(SCHED_NAME)
