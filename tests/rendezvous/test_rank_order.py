@@ -13,8 +13,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from torch.distributed import TCPStore
@@ -28,6 +29,7 @@ from flywheel.operator.manifests import plan as operator_plan
 from flywheel.plan import Placement, WorkerPlan, plan_workers
 from flywheel.spec import API_VERSION, TrainingJob, parse_job
 from flywheel.trainer.rank_order import UNORDERED, ReplicaOrderedNode, create_ordered_c10d_handler, replica_order
+from flywheel.trainer.rendezvous import handler as etcd_handler
 
 from .etcd_server import EtcdServer
 
@@ -68,7 +70,19 @@ def join_all(handlers: dict[int, DynamicRendezvousHandler]) -> dict[int, tuple[i
     return ranks
 
 
-def test_twelve_agents_get_ranks_in_replica_order(etcd_server: EtcdServer) -> None:
+def test_twelve_agents_get_ranks_in_replica_order(etcd_server: EtcdServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each etcd handler releases its liveness lease at interpreter exit (an agent's life); here they are released
+    # while etcd still runs, not by pytest's exit against a stopped server (5 s read timeout each).
+    releases: list[Callable[[], None]] = []
+    monkeypatch.setattr(etcd_handler, "atexit", SimpleNamespace(register=releases.append))
+    try:
+        _join_twelve_etcd_agents(etcd_server)
+    finally:
+        for release in releases:
+            release()
+
+
+def _join_twelve_etcd_agents(etcd_server: EtcdServer) -> None:
     size, handlers = 12, {}
     for index in random.Random(5).sample(range(size), size):  # created and joined in a shuffled order
         handlers[index] = rendezvous_handler_registry.create_handler(RendezvousParameters(
