@@ -133,6 +133,15 @@ def test_protobuf_bodies_from_typed_clients_and_helm(kubectl: Kubectl, shared_cl
     secret = json.loads(kubectl("create", "secret", "generic", "creds", "-n", "proto", "--from-literal=k=v",
                                 "-o", "json").stdout)
     assert secret["data"] == {"k": "dg=="} and secret["type"] == "Opaque"
+    # stringData is write-only: stored base64 in data (over a data key of the same name), on create and on update.
+    manifest = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "strings", "namespace": "proto"},
+                "data": {"a": "eA==", "b": "eQ=="}, "stringData": {"b": "token"}}
+    kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+    stored = json.loads(kubectl("get", "secret", "strings", "-n", "proto", "-o", "json").stdout)
+    assert stored["data"] == {"a": "eA==", "b": "dG9rZW4="} and "stringData" not in stored
+    kubectl("apply", "-f", "-", stdin=json.dumps({**manifest, "stringData": {"b": "other"}}))
+    stored = json.loads(kubectl("get", "secret", "strings", "-n", "proto", "-o", "json").stdout)
+    assert stored["data"]["b"] == "b3RoZXI=" and "stringData" not in stored
     helm = KUBECTL.with_name("helm")
     if not helm.exists():
         return

@@ -3,6 +3,7 @@ structural-schema admission of custom resources, and the CRD's own status."""
 
 from __future__ import annotations
 
+import base64
 import itertools
 import re
 from typing import Any
@@ -130,8 +131,18 @@ def admit_create(resource_type: ResourceType, obj: dict[str, Any], strict: bool)
     return admit_custom(resource_type, obj, None, strict)
 
 
+def _fold_string_data(secret: dict[str, Any]) -> None:
+    """A Secret's `stringData` is write-only: the API server stores it in `data` (base64; its keys win) and drops it."""
+    string_data = secret.pop("stringData", None) or {}
+    if string_data:
+        secret["data"] = {**(secret.get("data") or {}),
+                          **{k: base64.b64encode(str(v).encode()).decode() for k, v in string_data.items()}}
+
+
 def admit_custom(resource_type: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
                  strict: bool) -> dict[str, Any]:
+    if resource_type.key == ("", "secrets"):
+        _fold_string_data(obj)
     if resource_type.key in (CRD_KEY, deployments.DEPLOYMENTS) and old is not None:
         errors = _crd_admit(obj) if resource_type.key == CRD_KEY else deployments.admit(obj, old)
         if errors:
