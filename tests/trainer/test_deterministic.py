@@ -5,9 +5,11 @@ resumed run's parameters differed from an unkilled run's: bench/results/gpu_chec
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ from flywheel import exitcodes
 from flywheel.eventlog import Failure, read_records
 from flywheel.spec import Training
 from flywheel.trainer import train_loop
-from tests.trainer.workers import free_port, job_spec
+from tests.trainer.workers import REPO, free_port, job_spec
 
 
 @pytest.fixture
@@ -43,24 +45,29 @@ def test_non_deterministic_training_leaves_the_kernels_alone() -> None:
     assert not torch.are_deterministic_algorithms_enabled()
 
 
-@pytest.mark.usefixtures("restore_determinism")
-def test_a_kernel_without_a_deterministic_version_is_a_user_error_naming_the_field(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+# Run in its own process: main() sets process-wide state (the collective env, signal handlers, the process group).
+_MAIN_WITH_A_FAILING_KERNEL = """
+import sys
+from flywheel.trainer import train_loop
+
+def train(*_, **__):
+    raise RuntimeError("index_add_cuda_ does not have a deterministic implementation, but you set "
+                       "'torch.use_deterministic_algorithms(True)'.")
+
+train_loop.train = train
+sys.exit(train_loop.main())
+"""
+
+
+def test_a_kernel_without_a_deterministic_version_is_a_user_error_naming_the_field(tmp_path: Path) -> None:
     # torch's own words (CPU kernels all have a deterministic version, so the failing kernel is simulated).
-    message = ("index_add_cuda_ does not have a deterministic implementation, but you set "
-               "'torch.use_deterministic_algorithms(True)'.")
-
-    def train(*_: Any, **__: Any) -> int:
-        raise RuntimeError(message)
-
-    monkeypatch.setattr(train_loop, "train", train)
     events = tmp_path / "events.jsonl"
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port()), "FLYWHEEL_SPEC": json.dumps(job_spec(1)),
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "FLYWHEEL_SPEC": json.dumps(job_spec(1)), "PYTHONPATH": str(REPO),
            "FLYWHEEL_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "FLYWHEEL_EVENTS_FILE": str(events)}
-    for key, value in env.items():  # init_process_group reads the process env
-        monkeypatch.setenv(key, value)
-    assert train_loop.main(env) == exitcodes.USER_ERROR
+    done = subprocess.run([sys.executable, "-c", _MAIN_WITH_A_FAILING_KERNEL], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == exitcodes.USER_ERROR, done.stderr[-2000:]
     [failure] = [r for r in read_records(events) if isinstance(r, Failure)]
     assert failure.kind == "user-error"
     assert "training.deterministic" in failure.reason and "index_add_cuda_" in failure.reason
