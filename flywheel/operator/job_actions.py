@@ -135,7 +135,9 @@ class JobActions:
             return
         request = rank_restart.RankRestartRequest(action.generation, action.reason)
         try:
-            await rank_restart.put_request(await self.etcd.session(), m.run_id(job, self.uid), request)
+            session, run_id = await self.etcd.session(), m.run_id(job, self.uid)
+            await asyncio.get_running_loop().run_in_executor(
+                None, lambda: session.run(rank_restart.put_request(session, run_id, request)))
             self.logger.info(f"asked every agent to restart its ranks in place for generation {action.generation}")
         except Exception as err:  # noqa: BLE001 (etcd down: as above)
             self.logger.warning(f"could not ask the agents to restart their ranks in place: {err}")
