@@ -147,6 +147,9 @@ class TrainingJobStatus(_Model):
                                           "counted in `restarts`, per worker pod uid (current pods only).")
     last_restart_time: str | None = Field(None, description="When the last counted recovery began: reports of one "
                                           "recovery (a crashed rank and its peers) count once.")
+    in_place_restart_generation: int = Field(0, description="The worker generation begun by restarting every "
+                                             "worker's ranks in place after a hang (no pod recreated); 0: none. A "
+                                             "hang of that generation before it trained a step recreates the pods.")
     spares: int = Field(0, description="Warm spare pods ready to be promoted (spec.replicas.spares).")
     next_spare: int = Field(0, description="The number the next spare pod is named with (<job>-spare-<n>): "
                             "names are never reused.")

@@ -10,6 +10,8 @@ from flywheel but itself).
   `wait_for_promotion`).
 - `progress`: the progress record global rank 0 keeps under `/flywheel/progress/<run_id>/` and its codec;
   `progress_watch`: the operator's follower of it.
+- `requests`: drain ahead's checkpoint request and the ranks' answers; `rank_restart`: the operator's request that
+  every agent restart its ranks in place (a hang), and the agent's follower of it.
 
 See docs/etcd-rendezvous.md for the design and the reasons for `aetcd`.
 """

@@ -9,6 +9,9 @@
     /flywheel/promote/<run_id>/<spare_id>   the operator's promotion of that spare: {"replica", "env"} (no lease)
     /flywheel/requests/<run_id>/checkpoint  the operator's drain-ahead request: {"id", "reason"} (no lease)
     /flywheel/requests/<run_id>/done/<rank> a rank's answer: {"id", "step"}: it holds that request's checkpoint
+    /flywheel/restart/<run_id>/ranks        the operator's request that every worker's agent restart its ranks in
+                                            place, for worker generation G: {"generation", "reason"} (no lease: an
+                                            agent started later reads it too, as already served; rank_restart.py)
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ PROGRESS_ROOT = "/flywheel/progress/"
 SPARES_ROOT = "/flywheel/spares/"
 PROMOTE_ROOT = "/flywheel/promote/"
 REQUESTS_ROOT = "/flywheel/requests/"
+RESTART_ROOT = "/flywheel/restart/"
 
 
 def _checked(run_id: str) -> str:
@@ -95,3 +99,11 @@ def checkpoint_done_prefix(run_id: str) -> bytes:
 
 def checkpoint_done_key(run_id: str, rank: int) -> bytes:
     return checkpoint_done_prefix(run_id) + str(int(rank)).encode()
+
+
+def restart_prefix(run_id: str) -> bytes:
+    return f"{RESTART_ROOT}{_checked(run_id)}/".encode()
+
+
+def rank_restart_key(run_id: str) -> bytes:
+    return restart_prefix(run_id) + b"ranks"

@@ -214,13 +214,14 @@ def list_live_workers(endpoints: str | EtcdSession, run_id: str) -> dict[str, Li
 
 
 def delete_run(endpoints: str | EtcdSession, run_id: str) -> int:
-    """Delete every key of `run_id` (rendezvous state, store, liveness, progress, spares, promotions, requests); for the
-    operator's finalizer.
+    """Delete every key of `run_id` (rendezvous state, store, liveness, progress, spares, promotions, requests, the
+    rank restart request); for the operator's finalizer.
 
     Returns the number of keys deleted. Agents still running lose their rendezvous; call this after they stopped.
     """
     prefixes = (keys.rdzv_prefix(run_id), keys.workers_prefix(run_id), keys.progress_prefix(run_id),
-                keys.spares_prefix(run_id), keys.promote_prefix(run_id), keys.requests_prefix(run_id))
+                keys.spares_prefix(run_id), keys.promote_prefix(run_id), keys.requests_prefix(run_id),
+                keys.restart_prefix(run_id))
 
     async def delete_all(client: Client) -> int:
         return sum([int((await client.delete_prefix(prefix)).deleted) for prefix in prefixes])

@@ -23,10 +23,11 @@ class FindingsInbox:
         self._lock = threading.Lock()
         self._findings = HealthFindings()
 
-    def report_hang(self, message: str, generation: int) -> None:
-        """No step progress while the job had `generation` restarts: the pass restarts it (FailureKind.HANG)."""
+    def report_hang(self, message: str, generation: int, stepped: bool = False) -> None:
+        """No step progress while the job had `generation` restarts: the pass restarts it (FailureKind.HANG).
+        `stepped`: that generation trained a step before it stopped (False when the finder cannot tell)."""
         with self._lock:
-            self._findings = replace(self._findings, hang=HangReport(message, generation))
+            self._findings = replace(self._findings, hang=HangReport(message, generation, stepped))
         self._poke()
 
     def report_straggler(self, degraded: bool, message: str, generation: int) -> None:

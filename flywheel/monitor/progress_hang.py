@@ -24,6 +24,7 @@ class ProgressClock:
 class ProgressHang:
     idle_seconds: float
     message: str
+    stepped: bool = False  # the current generation trained a step before it stopped
 
 
 def progress_hang(clock: ProgressClock, now: float, progress_timeout: float,
@@ -42,7 +43,7 @@ def progress_hang(clock: ProgressClock, now: float, progress_timeout: float,
         return None
     since = "the last step" if stepped else "its workers started, before the first step"
     return ProgressHang(idle, f"no training step for {idle:.0f} s since {since} (faultTolerance.{what} is "
-                              f"{limit:g}; seen from the etcd progress record)")
+                              f"{limit:g}; seen from the etcd progress record)", stepped)
 
 
 def progress_hang_due(clock: ProgressClock, progress_timeout: float, first_step_timeout: float) -> float | None:

@@ -143,6 +143,12 @@ class EtcdViews:
         self.dead_by_lease.add(view.uid)
         return True
 
+    def _agent_alive(self, view: PodView) -> bool:
+        """Its agent holds the pod's own liveness key now, not marked exited: it can be asked to restart its ranks in
+        place (policy/failure_decision.py)."""
+        key = self._own_key(view)
+        return key is not None and not key.exited
+
     def _rank_restarts(self, view: PodView) -> dict[str, Any]:
         """What this pod's agent reported of its rank restarts in place (policy/rank_restarts.py): from its own key
         only, not a predecessor's or a replacement's of the same index."""

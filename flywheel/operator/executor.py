@@ -209,7 +209,8 @@ class JobRunner(EtcdViews, JobActions):
         for view, _ in workers:
             self.agents.remember(view, self._own_key(view))
             views.append(replace(view, liveness_lost=self._liveness_lost(view, now),
-                                 spare_ready=self._spare_ready(view), **self._rank_restarts(view)))
+                                 agent_alive=self._agent_alive(view), spare_ready=self._spare_ready(view),
+                                 **self._rank_restarts(view)))
         alive = {v.uid for v in views}
         self.seen_live = {k: v for k, v in self.seen_live.items() if k in alive}
         self.dead_by_lease &= alive
@@ -293,7 +294,7 @@ class JobRunner(EtcdViews, JobActions):
         else:
             self.hang_reported = status.generation
             self.logger.warning(f"job is hung: {hang.message}")
-            self.findings.report_hang(hang.message, status.generation)
+            self.findings.report_hang(hang.message, status.generation, hang.stepped)
             if self.metrics is not None:
                 self.metrics.time_to_detect_seconds.labels("Hang").observe(hang.idle_seconds)
 

@@ -12,6 +12,7 @@ from typing import Any, assert_never, cast
 
 import kopf
 
+from flywheel.etcd import rank_restart
 from flywheel.etcd import spares as etcd_spares
 from flywheel.etcd.liveness import reset_rendezvous
 from flywheel.kube.client import Kube, KubeApiError
@@ -36,6 +37,7 @@ from flywheel.policy.decisions import (
     Relabel,
     RequestCheckpoint,
     ResetRendezvous,
+    RestartRanks,
 )
 from flywheel.policy.lost_agents import AgentId
 from flywheel.spec import TrainingJob
@@ -123,6 +125,23 @@ class JobActions:
         except Exception as err:  # noqa: BLE001 (etcd down: a request is sent again next pass, else bounded)
             self.logger.warning(f"drain ahead: {type(action).__name__} failed: {err}")
 
+    async def _restart_ranks(self, job: TrainingJob | None, action: RestartRanks) -> None:
+        """Ask every agent of the run to restart its ranks in place (flywheel/etcd/rank_restart.py). Not raised on
+        failure: the status already says the generation restarted; if the ranks stay hung, the hang is found again
+        for that generation before any step, and the pods are recreated then (policy/failure_decision.py)."""
+        if job is None or self.etcd is None:
+            self.logger.warning(f"no etcd to ask the agents to restart their ranks ({action}); the hang will be "
+                                f"found again and the pods recreated")
+            return
+        request = rank_restart.RankRestartRequest(action.generation, action.reason)
+        try:
+            session, run_id = await self.etcd.session(), m.run_id(job, self.uid)
+            await asyncio.get_running_loop().run_in_executor(
+                None, lambda: session.run(rank_restart.put_request(session, run_id, request)))
+            self.logger.info(f"asked every agent to restart its ranks in place for generation {action.generation}")
+        except Exception as err:  # noqa: BLE001 (etcd down: as above)
+            self.logger.warning(f"could not ask the agents to restart their ranks in place: {err}")
+
     async def _act(self, obj: dict[str, Any], job: TrainingJob | None, result: Pass) -> None:
         creates = job is not None and any(isinstance(a, CreatePod | CreateSpare | PromoteSpare)
                                           for a in result.actions)
@@ -163,6 +182,8 @@ class JobActions:
                 await self._promote(job, action, workers[action.index])
             case RequestCheckpoint() | ClearCheckpointRequest():
                 await self._drain_act(job, action)
+            case RestartRanks():
+                await self._restart_ranks(job, action)
             case ResetRendezvous():
                 if job is None:
                     raise RuntimeError(f"reconcile decided to reset the rendezvous of the invalid job "

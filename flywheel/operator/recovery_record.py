@@ -15,7 +15,7 @@ from typing import Any
 from flywheel.eventlog import EventLog
 from flywheel.monitor.etcd_progress import ProgressLedger
 from flywheel.policy import reasons as R
-from flywheel.policy.decisions import CreatePod, JobAction, PromoteSpare, Relabel
+from flywheel.policy.decisions import CreatePod, JobAction, PromoteSpare, Relabel, RestartRanks
 from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.recovery_cost import GroupStart, OperatorTimes, RecoveryCost, add_badput, recovery_cost
 from flywheel.spec_status import TrainingJobStatus
@@ -59,12 +59,13 @@ class RecoveryClock:
         self.pending = OperatorTimes(status_out.last_restart_reason or "Unknown", min(fault, now), now, now)
 
     def acted(self, actions: Sequence[JobAction], now: float) -> None:
-        """The decision's actions are carried out; a promoted spare is the replacement, ready at once."""
+        """The decision's actions are carried out; a promoted spare, or the pods whose ranks restart in place, are
+        the replacement, ready at once."""
         if self.pending is None or self.pending.acted_at != self.pending.decided_at:
             return
-        promoted = any(isinstance(a, PromoteSpare) for a in actions)
+        kept = any(isinstance(a, PromoteSpare | RestartRanks) for a in actions)
         created = any(isinstance(a, CreatePod) for a in actions)
-        ready = now if promoted and not created else None
+        ready = now if kept and not created else None
         self.pending = replace(self.pending, acted_at=now, ready_at=ready)
 
     def observe_pods(self, pods: Sequence[PodView], generation: int, now: float) -> None:

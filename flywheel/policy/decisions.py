@@ -30,6 +30,17 @@ class Relabel:
 
 
 @dataclass(frozen=True)
+class RestartRanks:
+    """Ask every worker's agent to restart its ranks in place for worker `generation` (the etcd key
+    /flywheel/restart/<run_id>/ranks, flywheel/etcd/rank_restart.py): a hang answered without recreating a pod
+    (policy/failure_decision.py); the pods are relabelled to `generation` before. The local executor has no such
+    request: under `flywheel run` a hang is the rank's own watchdog exit, which its agent restarts in place."""
+
+    generation: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class CreateSpare:
     """Create the warm spare pod `<job>-spare-<number>` (numbers count up in status.nextSpare, never reused)."""
 
@@ -73,7 +84,7 @@ class ResetRendezvous:
 
 
 JobAction = (CreatePod | DeletePod | Relabel | DeleteJob | ResetRendezvous | CreateSpare | PromoteSpare
-             | RequestCheckpoint | ClearCheckpointRequest)
+             | RequestCheckpoint | ClearCheckpointRequest | RestartRanks)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ class PodView:
     unschedulable_since: float | None = None
     scheduler_message: str | None = None  # the PodScheduled=False condition's message (why it does not fit)
     liveness_lost: bool = False  # its etcd liveness key vanished while the pod still ran
+    agent_alive: bool = False  # its own etcd liveness key is held now, not marked exited: its agent runs
     finished_at: float | None = None  # when its container terminated (the failure's time, for metrics)
     message: str | None = None  # why its container cannot start (waiting) or exited (its termination message)
     waiting_since: float | None = None  # its container is waiting (not started yet) since then
@@ -76,10 +77,12 @@ class ObservedProgress:
 @dataclass(frozen=True)
 class HangReport:
     """The health monitor found no step progress (policy/health_checks.py) while the job had `generation`
-    restarts: a report about an older generation is stale and ignored."""
+    restarts: a report about an older generation is stale and ignored. `stepped`: the finder saw this generation
+    train a step before it stopped (False: it did not, or the finder cannot tell)."""
 
     message: str
     generation: int
+    stepped: bool = False
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,12 @@ in the same pod) adds nothing.
 One interruption often restarts the ranks of several workers: a rank is killed, its agent restarts it, and its peers'
 collectives fail with it, so their agents restart theirs too (exit 5, a moment later); a deleted pod's survivors do
 the same. A report within SAME_RECOVERY_SECONDS of the last counted recovery (`status.lastRestartTime`: a rank
-restart or a decided restart) is that recovery: recorded, not counted. A decided restart right after a counted rank
-restart replaces its reason instead of counting again (`begin_generation`). Because the peers' reports can reach
-the operator before the crashed rank's, a report whose reason follows a peer's failure (a collective timeout) waits
-up to CAUSE_WAIT_SECONDS for the cause's report, so the counted recovery is named by its cause.
+restart or a decided restart) is that recovery: recorded, not counted. So are the agents' reports of a hang's
+restart in place (policy/failure_decision.py): every agent reports the restart it was asked for, moments after the
+decided restart counted it. A decided restart right after a counted rank restart replaces its reason instead of
+counting again (`begin_generation`). Because the peers' reports can reach the operator before the crashed rank's, a
+report whose reason follows a peer's failure (a collective timeout) waits up to CAUSE_WAIT_SECONDS for the cause's
+report, so the counted recovery is named by its cause.
 
 Only pods of the current generation that are not being deleted count: an older generation's pods are the leftovers
 of a restart already counted, and a counted rank restart must not rename a pending whole-job restart

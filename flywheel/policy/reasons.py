@@ -90,6 +90,11 @@ HANG_RESTARTED = "RestartedAfterHang"
 MSG_HANG_RESTARTED = "the workers were restarted after: {finding}"
 MSG_HANG_DECIDED = "hung: {finding}"
 MSG_HANG_RESTART_ALL = "{reason}: restarting every worker from the last checkpoint"
+RESTART_IN_PLACE = "RestartRanksInPlace"  # how a hang's restart is carried out when every worker's agent is alive
+MSG_HANG_RESTART_IN_PLACE = ("{reason}: restarting every worker's ranks in place from the last checkpoint (every "
+                             "agent is alive: no pod is recreated)")
+MSG_HANG_AGAIN = ("{reason}: hung again before a step since its ranks were restarted in place: restarting every "
+                  "worker from the last checkpoint")
 
 STRAGGLER = "Straggler"  # Degraded; message: Degradation.message
 STRAGGLER_RECOVERED = "StragglerRecovered"

@@ -25,10 +25,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from flywheel import exitcodes, replica
-from flywheel.trainer import rank_restarts, rendezvous_expiry, spare_wait, termination_log, warm
+from flywheel.trainer import rank_restarts, rendezvous_expiry, restart_requests, spare_wait, termination_log, warm
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import RunResult
+
+    from flywheel.etcd.rank_restart import RankRestartRequest
 
 DEFAULT_JOIN_TIMEOUT_S = 900  # generous: a replacement worker may take minutes to be scheduled and start
 DEFAULT_MONITOR_INTERVAL_S = 0.1
@@ -201,7 +203,7 @@ RESTART_STOP_GRACE_SECONDS = 2
 
 
 def _build_agent_class() -> type:
-    from torch.distributed.elastic.agent.server.api import WorkerGroup, WorkerState
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     from flywheel.trainer import torch_compat
@@ -211,13 +213,25 @@ def _build_agent_class() -> type:
         grace when it stops them after a failure (a peer already failed, so no emergency checkpoint can be taken; a
         SIGSTOPped rank would otherwise hold the restart for torch's 30 s default). A SIGTERM to the agent itself
         (preemption, Ctrl-C) still gives ranks the long grace of `_shutdown` for their emergency checkpoint.
-        Each restart of its ranks after a failure is reported (rank_restarts.py), so the operator counts it."""
+        Each restart of its ranks after a failure is reported (rank_restarts.py), so the operator counts it.
+
+        The operator may ask it to restart its ranks in place (restart_requests.py: a hang while every agent is
+        alive): the monitor then SIGKILLs them at once (a hung rank can take no checkpoint, a SIGSTOPped one ignores
+        SIGTERM) and reports the group unhealthy, so torch restarts it in a new rendezvous round of the same agents
+        (rendezvous_regroup.py closes it as soon as all are back). That restart is reported like the others (the
+        operator takes it as the recovery it decided) and does not spend the agent's own restart budget
+        (PET_MAX_RESTARTS, for crashes of its ranks): the operator spent its own."""
 
         rank_restarts_done = 0
         last_failures: dict[int, tuple[int, float]] = {}
+        restart_request: RankRestartRequest | None = None  # the operator's request this restart serves
 
         def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
             started: dict[int, Any] = super()._start_workers(worker_group)
+            # These ranks started after every request seen so far: they serve it (a restart for a crash, or for a
+            # peer's new round, that began while the request arrived, must not be followed by a second one).
+            self.restart_request = None
+            restart_requests.take()
             # When one rank fails, torch's process context closes the others itself (`_poll` -> `close()`) with a
             # 30 s grace, which a SIGSTOPped or collective-blocked rank always uses up. Failure-triggered closes
             # get the short grace; explicit ones (the agent's own shutdown) keep the timeout they ask for.
@@ -237,6 +251,10 @@ def _build_agent_class() -> type:
             # Not when a member is gone (a lost node: its replacement is what joins): the ranks are blocked in a
             # collective with it, cannot run their SIGTERM handler and would hold the restart for any grace given
             # (until the collective timeout): they are killed at once (what they saved is in the memory tier).
+            # Nor when the operator asked for the restart: the ranks are hung.
+            if self.restart_request is not None:
+                torch_compat.kill_agent_ranks(self)
+                return
             if torch_compat.group_lost_a_member(self, worker_group.group_world_size):
                 torch_compat.stop_agent_ranks(self, 0)
                 return
@@ -244,6 +262,15 @@ def _build_agent_class() -> type:
             torch_compat.stop_agent_ranks(self, RESTART_STOP_GRACE_SECONDS if failed else None)
 
         def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+            request = restart_requests.take()
+            if request is not None:
+                logging.getLogger(__name__).warning(
+                    "the operator asks for a restart of the ranks in place (generation %d: %s): killing them",
+                    request.generation, request.reason or "no reason given")
+                self.restart_request = request
+                torch_compat.kill_agent_ranks(self)
+                torch_compat.grant_agent_restart(self)  # torch takes it back for this restart
+                return RunResult(state=WorkerState.UNHEALTHY)
             result: RunResult = super()._monitor_workers(worker_group)
             if result.is_failed():
                 self.last_failures = {r: (f.exitcode, float(f.timestamp)) for r, f in result.failures.items()}
@@ -255,11 +282,16 @@ def _build_agent_class() -> type:
 
         def _restart_workers(self, worker_group: WorkerGroup) -> None:
             # torch restarts the ranks after a failure (state FAILED/UNHEALTHY) or for a membership change
-            # (HEALTHY: another worker joined or restarted); only the first is an interruption of this worker.
-            if worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            # (HEALTHY: another worker joined or restarted); only the first is an interruption of this worker --
+            # or the operator's request, which a peer's new round may have brought here before the monitor saw it.
+            if self.restart_request is None:
+                self.restart_request = restart_requests.take()
+            request = self.restart_request
+            if worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) or request is not None:
                 self.rank_restarts_done += 1
                 failures = self.last_failures
-                reason = rank_restarts.restart_reason(failures, first_failure_exit_code(failures))
+                reason = (restart_requests.restart_reason(request) if request is not None
+                          else rank_restarts.restart_reason(failures, first_failure_exit_code(failures)))
                 logging.getLogger(__name__).warning("restarting the ranks in place (%d so far): %s",
                                                     self.rank_restarts_done, reason)
                 rank_restarts.report(self.rank_restarts_done, reason)

@@ -4,8 +4,8 @@ the new torch's source, then move TESTED_TORCH.
 
 - LocalElasticAgent (torch.distributed.elastic): `flywheel launch`'s agent overrides the hooks in AGENT_HOOKS and
   reads or sets `_pcontext` (the ranks' process context, to shorten the grace of a failure-triggered close),
-  `_shutdown`/`_shutdown_timeout` (stop the ranks with a chosen grace), `_remaining_restarts` (no restart after a
-  USER_ERROR exit).
+  `_shutdown`/`_shutdown_timeout` (stop the ranks with a chosen grace and signal), `_remaining_restarts` (no
+  restart after a USER_ERROR exit; one given back for a restart in place the operator asked for).
 - DynamicRendezvousHandler's node descriptors (`_NodeDesc`, `_NodeDescGenerator`, the class attribute
   `_node_desc_generator` that `from_backend` generates the joining node with) and `_get_timeout`: the etcd-v3
   handler joins with a descriptor that sorts by replica index (trainer/rank_order.py).
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import signal
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -79,6 +80,14 @@ def stop_agent_ranks(agent: Any, timeout: int | None = None) -> None:
     agent._shutdown(timeout=agent._shutdown_timeout if timeout is None else timeout)
 
 
+KILL_WAIT_SECONDS = 1  # how long `kill_agent_ranks` waits for the SIGKILLed ranks to be gone (they go in ms)
+
+
+def kill_agent_ranks(agent: Any) -> None:
+    """SIGKILL the agent's ranks now (each one's process group): no grace, for ranks that are hung or stopped."""
+    agent._shutdown(death_sig=signal.SIGKILL, timeout=KILL_WAIT_SECONDS)
+
+
 def group_lost_a_member(agent: Any, group_world_size: int | None) -> bool:
     """Whether the agent's last rendezvous round now has fewer participants than the group it formed: a member's
     heartbeat expired (or an executor expired it: its node is lost), and torch's `_sanitize` dropped it while
@@ -121,6 +130,12 @@ def set_rendezvous_state_cache(handler: Any, seconds: float) -> None:
 def forbid_agent_restarts(agent: Any) -> None:
     """No more restarts of the ranks: the agent's run ends with the current failure."""
     agent._remaining_restarts = 0
+
+
+def grant_agent_restart(agent: Any) -> None:
+    """One more restart of the ranks: torch takes one from `max_restarts` for every restart after an unhealthy or
+    failed group, including one the agent was asked for from outside."""
+    agent._remaining_restarts += 1
 
 
 def leave_rendezvous(handler: Any, seconds: float) -> None:

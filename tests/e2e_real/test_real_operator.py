@@ -215,18 +215,31 @@ def test_import_error_fails_in_two_attempts_with_the_error(real: RealCluster, tm
     assert "flywheel_no_such_module" in real.kubectl("describe", "tj", "e2e-import").stdout
 
 
-def test_all_ranks_stopped_is_restarted_as_hung_without_prometheus(real: RealCluster, tmp_path: Path) -> None:
+def test_all_ranks_stopped_is_restarted_in_place_as_hung_without_prometheus(real: RealCluster, tmp_path: Path) -> None:
+    """Twin of tests/operator/test_etcd_progress_operator.py: every rank SIGSTOPped, the agents alive: Hung, the
+    ranks restarted in place (the same pods, relabelled to generation 1), counted once, and the job finishes."""
     real.apply_job("e2e-stopped", tmp_path, **{**LONG, "faultTolerance.progressTimeoutSeconds": 20})
     eventually(lambda: real.status("e2e-stopped").get("step", 0) >= 20, 900, "step 20")
+    pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in real.pods("e2e-stopped")}
+    # The rank processes: forked by the warm zygote (named fw-rank-<RANK>) or a cold `python -m flywheel.trainer`;
+    # not the zygote itself nor the warm client the agent started for a rank.
     stop = ("import os, signal\nfor p in filter(str.isdigit, os.listdir('/proc')):\n    try:\n"
-            "        cmd = open(f'/proc/{p}/cmdline', 'rb').read()\n    except OSError:\n        continue\n"
-            "    if b'flywheel.trainer' in cmd and int(p) != os.getpid():\n        os.kill(int(p), signal.SIGSTOP)\n")
-    for pod in real.pods("e2e-stopped"):
-        real.kubectl("exec", pod["metadata"]["name"], "--", "python", "-c", stop)
+            "        cmd = open(f'/proc/{p}/cmdline', 'rb').read().split(b'\\0')\n"
+            "        comm = open(f'/proc/{p}/comm').read()\n    except OSError:\n        continue\n"
+            "    if int(p) != os.getpid() and (comm.startswith('fw-rank-') or (b'flywheel.trainer' in cmd and "
+            "b'flywheel.trainer.warm' not in cmd)):\n        os.kill(int(p), signal.SIGSTOP)\n")
+    for pod in pods:
+        real.kubectl("exec", pod, "--", "python", "-c", stop)
     status = eventually(lambda: (s := real.status("e2e-stopped")).get("lastRestartReason") == "Hung" and s, 300,
                         "a Hung restart")
-    assert status["restarts"] >= 1
-    assert real.wait_phase("e2e-stopped", "Succeeded", 1200)["step"] == 400
+    assert status["restarts"] == 1 and status["inPlaceRestartGeneration"] == 1, status
+    hung_at = status["step"]
+    eventually(lambda: real.status("e2e-stopped").get("step", 0) > hung_at, 600, "a step after the restart")
+    after = real.pods("e2e-stopped")
+    assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in after} == pods
+    assert {p["metadata"]["labels"]["flywheel.dev/generation"] for p in after} == {"1"}
+    final = real.wait_phase("e2e-stopped", "Succeeded", 1200)
+    assert final["step"] == 400 and final["restarts"] == 1, final
 
 
 def test_a_queued_job_waits_for_kueue_admission_then_runs(real: RealCluster, tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """The operator as the chart starts it by default: etcd endpoints, no --events-dir, no Prometheus. Step,
 checkpoint and goodput reach the status through the workers' etcd progress record, and a job whose ranks are all
-SIGSTOPped is marked Hung and restarted from that record alone."""
+SIGSTOPped is marked Hung and restarted from that record alone -- in place, its agents being alive."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -61,45 +62,85 @@ def test_status_fills_from_etcd_without_an_events_dir(etcd_only: OpEnv) -> None:
         env.delete(name)
 
 
+def _rank_processes(agent: int) -> list[int]:
+    """The rank processes below a worker's agent: forked by its warm-start zygote (named fw-rank-<RANK>), or started
+    cold as `python -m flywheel.trainer` -- not the zygote, which is no rank, nor the warm client the agent started
+    for a rank (stopping it would leave the rank running)."""
+    ranks = []
+    for pid in procs.descendants(agent):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if comm.startswith("fw-rank-") or (b"flywheel.trainer" in cmdline and b"flywheel.trainer.warm" not in cmdline):
+            ranks.append(pid)
+    return ranks
+
+
 def _stop_ranks(env: OpEnv, pod: str) -> list[int]:
-    """SIGSTOP every rank process of the pod (the processes below its agent); the agent runs on and keeps its
-    liveness lease, so only the missing steps can tell."""
+    """SIGSTOP every rank process of the pod; the agent runs on and keeps its liveness lease, so only the missing
+    steps can tell."""
     assert env.cluster.kubelet is not None
     agent = env.cluster.kubelet.pid_of("default", pod)
     assert agent is not None, f"{pod} has no process"
-    ranks = procs.descendants(agent)
+    ranks = _rank_processes(agent)
     assert ranks, f"{pod}: no rank processes below the agent {agent}"
     for pid in ranks:
         os.kill(pid, signal.SIGSTOP)
     return ranks
 
 
-def test_stopped_ranks_are_marked_hung_and_restarted_without_prometheus(etcd_only: OpEnv) -> None:
-    env, name = etcd_only, "etcd-hang"
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_stopped_ranks_are_marked_hung_and_restarted_in_place_without_prometheus(etcd_only: OpEnv) -> None:
+    """Every worker's agent is alive: the ranks are restarted in place (the same pods, relabelled to the new
+    generation), counted once although each agent reports the restart it was asked for, and the job finishes."""
+    env, name, steps = etcd_only, "etcd-hang", 120
     env.kubectl("apply", "-f", str(env.job_yaml(name, **{
-        "trainer.training.steps": 2000, "faultTolerance.progressTimeoutSeconds": 4,
+        "trainer.training.steps": steps, "faultTolerance.progressTimeoutSeconds": 4,
         "faultTolerance.firstStepTimeoutSeconds": 120, "faultTolerance.budgetResetAfterSteps": 5})))
     stopped: list[int] = []
     try:
         eventually(lambda: env.status(name).get("lastCheckpoint", {}).get("step", 0) >= 10, 200,
                    f"{name} to commit a checkpoint at step >= 10", interval=0.5)
+        pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in env.pods(name)}
+        assert len(pods) == 2
         began = time.time()
         for i in range(2):  # every worker's ranks: no rank's own watchdog can end it, only the operator
             stopped += _stop_ranks(env, f"{name}-worker-{i}")
         status = eventually(lambda: (s := env.status(name)).get("lastRestartReason") == "Hung" and s, 60,
                             "a restart for the hang")
         detected = time.time() - began
-        assert status["restarts"] == 1
+        assert status["restarts"] == 1 and status["inPlaceRestartGeneration"] == 1, status
         hung = next(c for c in status["conditions"] if c["type"] == "Hung")
         assert "etcd progress" in hung["message"] and "progressTimeoutSeconds" in hung["message"], hung
         assert detected < 4 + 10, f"hang seen after {detected:.1f} s"
         # The budget window opened at the last committed checkpoint, which only etcd reported.
         budget = status["restartBudget"]
         assert budget["windowStartStep"] == status["lastCheckpoint"]["step"] > 0, status
-        step_at_restart = status["lastCheckpoint"]["step"]
-        eventually(lambda: env.status(name).get("phase") == "Running"
-                   and env.status(name).get("step", 0) > step_at_restart, 200, "training again after the restart",
-                   interval=0.5)
+        # The pods keep running (Running at once); a step past the one the ranks hung at is the new group's.
+        hung_at = status["step"]
+        eventually(lambda: env.status(name).get("phase") == "Running" and env.status(name).get("step", 0) > hung_at,
+                   200, "training again after the restart", interval=0.5)
+        # In place: the same pods, now of generation 1; the stopped ranks were killed, not left behind.
+        after = env.pods(name)
+        assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in after} == pods
+        assert {p["metadata"]["labels"]["flywheel.dev/generation"] for p in after} == {"1"}
+        assert not [pid for pid in stopped if _alive(pid)]
+        restarting = [e["message"] for e in env.events_of(name) if e["reason"] == "Restarting"]
+        assert restarting and "RestartRanksInPlace" in restarting[-1], restarting
+        # Each agent reported the restart it was asked for in its liveness key: taken as the decided one.
+        reported = eventually(lambda: sorted((s := env.status(name)).get("rankRestarts", {}).values()) == [1, 1]
+                              and s, 30, "both agents' reports of their restart")
+        assert reported["restarts"] == 1, reported
+        final = env.wait_phase(name, "Succeeded", 300)
+        assert final["step"] == steps and final["restarts"] == 1 and final["lastRestartReason"] == "Hung", final
     finally:
         for pid in stopped:  # let anything left end normally
             try:

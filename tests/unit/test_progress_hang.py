@@ -15,6 +15,7 @@ def test_first_step_allowance_until_the_group_steps() -> None:
     assert progress_hang(clock, 699.0, 60, 600) is None
     hang = progress_hang(clock, 700.0, 60, 600)
     assert hang is not None and hang.idle_seconds == 600.0 and "firstStepTimeoutSeconds" in hang.message
+    assert not hang.stepped  # this generation trained no step: a restart in place of it is not repeated
     # A step of the previous generation (before its pods all ran) does not end the first-step allowance.
     assert progress_hang(ProgressClock(100.0, 90.0), 200.0, 60, 600) is None
 
@@ -25,6 +26,7 @@ def test_progress_timeout_after_a_step() -> None:
     hang = progress_hang(clock, 210.0, 60, 600)
     assert hang is not None and hang.idle_seconds == 60.0
     assert "progressTimeoutSeconds is 60" in hang.message and "since the last step" in hang.message
+    assert hang.stepped
 
 
 def test_the_hang_is_due_when_its_allowance_ends() -> None:

@@ -22,9 +22,10 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRende
 
 from flywheel import exitcodes
 from flywheel.etcd.liveness import DEFAULT_WORKER_TTL, WorkerRegistration
+from flywheel.etcd.rank_restart import RankRestartFollower
 from flywheel.etcd.session import EtcdSession
 from flywheel.replica import replica_id_from_env
-from flywheel.trainer import rank_restarts, termination_log
+from flywheel.trainer import rank_restarts, restart_requests, termination_log
 from flywheel.trainer.rank_order import create_ordered_handler
 
 from .backend import EtcdV3RendezvousBackend
@@ -65,6 +66,10 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> DynamicRendezvousHan
     backend = EtcdV3RendezvousBackend(session, params.run_id)
     store = EtcdStore(session, params.run_id, lease_ttl=_int_param(params, "store_ttl", DEFAULT_STORE_LEASE_TTL))
     replica_id = params.get("replica_id") or replica_id_from_env()
+    # Before the liveness key: the operator asks only agents it saw alive, so every request meant for this agent
+    # comes after what the follower reads first (served already: an older generation's).
+    follower = RankRestartFollower(session, params.run_id)
+    restart_requests.add_source(follower.take)  # the agent restarts its ranks in place when asked (launch.py)
     registration = WorkerRegistration(
         session,
         params.run_id,
@@ -75,6 +80,8 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> DynamicRendezvousHan
     rank_restarts.add_reporter(registration.report_rank_restart)  # the operator counts them from the key
 
     def release() -> None:
+        restart_requests.remove_source(follower.take)
+        follower.stop()
         rank_restarts.remove_reporter(registration.report_rank_restart)
         registration.close()
         store.close()
