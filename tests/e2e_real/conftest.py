@@ -14,7 +14,9 @@ The cluster must already run the operator (the Helm chart) with etcd, and have t
 | `FLYWHEEL_E2E_ETCD` | `<operator ns>:app.kubernetes.io/component=etcd` | the chart's etcd pods: ns:selector |
 
 Scenarios of tests/operator that need the test cluster's own hooks (a frozen node, forced 409 conflicts, dropped
-watch streams) have no real-cluster twin; the rest do, a rank kill standing in for the killed worker process.
+watch streams) have no real-cluster twin; the rest do, a rank kill standing in for the killed worker process. The
+warm spares' lost node is the exception: given the platform's commands to freeze and thaw a node
+(test_real_spares_lost_node.py), it runs too.
 """
 
 from __future__ import annotations

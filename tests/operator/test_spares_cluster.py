@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -29,18 +29,23 @@ def _labels(env: OpEnv, pod: str) -> dict[str, str]:
     return dict(found[0]["metadata"].get("labels") or {}) if found else {}
 
 
+class JobPods(Protocol):
+    def pods(self, name: str) -> list[dict[str, Any]]: ...
+
+
 class PodNames:
     """Every pod name of a job seen while it runs (polled): was a pod created that the test must not see? `uids`
-    keeps each name's pod uids, first seen when (wall time)."""
+    keeps each name's pod uids, first seen when (wall time). `env`: the test cluster's OpEnv or a real cluster's."""
 
-    def __init__(self, env: OpEnv, job: str) -> None:
+    def __init__(self, env: JobPods, job: str, interval: float = 0.2) -> None:
         self.env, self.job, self.seen, self.stop = env, job, set(), threading.Event()  # type: ignore[var-annotated]
+        self.interval = interval
         self.uids: dict[str, dict[str, float]] = {}
         self.thread = threading.Thread(target=self._poll, daemon=True)
         self.thread.start()
 
     def _poll(self) -> None:
-        while not self.stop.wait(0.2):
+        while not self.stop.wait(self.interval):
             try:
                 pods = self.env.pods(self.job)
             except Exception:  # noqa: BLE001 (a kubectl hiccup: the next poll sees it)
