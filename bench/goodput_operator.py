@@ -312,16 +312,16 @@ def spares_goal(what: str = "goodput ") -> str:
 def spares_row(config: dict[str, Any]) -> dict[str, Any]:
     """The spares configuration's row of the report: its goodput beside the baseline's run, with the issue's goals."""
     by_kind = config["by_kind"]
-    parts = ", ".join(f"{kind} {by_kind[kind]['restart_s']:.1f} s" for kind in KINDS
-                      if kind != "drain-node" and (by_kind.get(kind) or {}).get("restart_s") is not None)
+    parts = [", ".join(f"{kind} {by_kind[kind]['restart_s']:.1f} s" for kind in KINDS
+                       if kind != "drain-node" and (by_kind.get(kind) or {}).get("restart_s") is not None)]
     drain = by_kind.get("drain-node") or {}
     if drain.get("stall_s") is not None:
-        parts += (f"; drain-node stall {drain['stall_s']:.1f} s, at most {drain['max_lost_steps']} steps "
-                  "replayed")
+        parts.append(f"drain-node stall {drain['stall_s']:.1f} s, at most {drain['max_lost_steps']} steps replayed")
+    parts_text = "; ".join(p for p in parts if p)
     return {"name": "spares + memory checkpoints",
             "metric": f"goodput with replicas.spares 1 and checkpoint.memoryEverySteps {MEMORY_EVERY} (fault -> first "
                       "step after, "
-                      f"medians: {parts})",
+                      f"medians: {parts_text})",
             "value": config["goodput"], "unit": "ratio", "peer": "goal", "peer_value": SPARES_GOALS["goodput"],
             "ratio": config["goodput"] / SPARES_GOALS["goodput"],
             "goal": f"{spares_goal(what='')}, Succeeded",
