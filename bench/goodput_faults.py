@@ -233,9 +233,9 @@ def analyse_faults(fired: list[dict[str, Any]], events: list[Record], failure_ti
 def _recovery_columns(incident: Incident | None) -> dict[str, Any]:
     if incident is None:
         return {"restart_s": None, "stall_s": None, "restarts_until_next_step": 0, "lost_steps": None,
-                "step_at_fault": 0, "resumed_from": None}
+                "step_at_fault": 0, "resumed_from": None, "recovered_at": None}
     at, healthy = incident.recovered_at, incident.healthy_until
-    return {"restart_s": incident.recovery_seconds,
+    return {"restart_s": incident.recovery_seconds, "recovered_at": at,
             "stall_s": None if at is None or healthy is None else at - healthy,
             "restarts_until_next_step": incident.starts,
             "lost_steps": None if at is None else incident.lost_steps,

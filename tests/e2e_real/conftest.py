@@ -9,12 +9,14 @@ The cluster must already run the operator (the Helm chart) with etcd, and have t
 | `FLYWHEEL_E2E_IMAGE` | `flywheel:latest` | worker image (this package installed) |
 | `FLYWHEEL_E2E_CKPT_DIR` | `/ckpt` | checkpoint dir inside the worker image |
 | `FLYWHEEL_E2E_CKPT_CLAIM` | `""` | a ReadWriteMany PVC for the checkpoints (empty: per-pod, `ephemeral: true`) |
-| `FLYWHEEL_E2E_OPERATOR` | `flywheel-system:app.kubernetes.io/name=flywheel-operator` | operator pod: ns:selector |
+| `FLYWHEEL_E2E_OPERATOR` | `flywheel-system:` + the chart's operator labels (below) | the operator pod: ns:selector |
 | `FLYWHEEL_E2E_KUBECTL` | `kubectl` on PATH, else .tools/bin/kubectl | the kubectl binary |
 | `FLYWHEEL_E2E_ETCD` | `<operator ns>:app.kubernetes.io/component=etcd` | the chart's etcd pods: ns:selector |
 
 Scenarios of tests/operator that need the test cluster's own hooks (a frozen node, forced 409 conflicts, dropped
-watch streams) have no real-cluster twin; the rest do, a rank kill standing in for the killed worker process.
+watch streams) have no real-cluster twin; the rest do, a rank kill standing in for the killed worker process. The
+warm spares' lost node is the exception: given the platform's commands to freeze and thaw a node
+(test_real_spares_lost_node.py), it runs too.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from tests.waiting import eventually as _eventually
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "operator-tiny.yaml"
+# The chart's operator pod (deployment.yaml: the chart's name label and component `operator`, whatever the release;
+# `name=flywheel-operator` matched no pod, and the operator-restart scenario deleted none).
+DEFAULT_OPERATOR = "flywheel-system:app.kubernetes.io/name=flywheel,app.kubernetes.io/component=operator"
 
 
 
@@ -58,7 +63,7 @@ class RealCluster:
         self.namespace = os.environ.get("FLYWHEEL_E2E_NAMESPACE", "flywheel-e2e")
         self.image = os.environ.get("FLYWHEEL_E2E_IMAGE", "flywheel:latest")
         self.ckpt = os.environ.get("FLYWHEEL_E2E_CKPT_DIR", "/ckpt")
-        op = os.environ.get("FLYWHEEL_E2E_OPERATOR", "flywheel-system:app.kubernetes.io/name=flywheel-operator")
+        op = os.environ.get("FLYWHEEL_E2E_OPERATOR", DEFAULT_OPERATOR)
         self.operator_ns, _, self.operator_selector = op.partition(":")
 
     def kubectl(self, *args: str, check: bool = True, namespace: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -14,6 +14,14 @@ from tests.operator.test_operator_cluster import LONG, _reference_hash
 
 pytestmark = pytest.mark.slow
 TAINT = "nvidia.com/gpu-xid-error"  # NVSentinel's fatal-XID quarantine taint: one of the default drain keys
+# The stall's bound (last step before the move -> first step after). The path takes ~1.3-1.4 s here (docs/operator.md,
+# "Drain ahead": the ranks' answers ~0.1 s, the move ~0.1 s, the new rendezvous round ~0.6 s of 0.25 s polls, the
+# ranks' warm start and memory restore ~0.4 s; 1.4 s measured at a load average of 4.5 on the 2 cores). The
+# regressions it must catch are waits, not slowness: the stopped agent's rendezvous heartbeat waited out (6 s more:
+# 7.4 s before launch.py made it leave its round), a collective or rendezvous timeout, the 60 s drain timeout. 5 s
+# is ~3.5x the path as measured under load, yet below the smallest of those waits.
+# (The cold-pod fallback is asserted apart: no new pod of the drained index.)
+STALL_BOUND_S = 5.0
 
 
 def _node_of(env: OpEnv, job: str, pod: str) -> str:
@@ -55,8 +63,13 @@ def test_a_tainted_node_is_drained_ahead_to_the_spare_without_replay(op_env: OpE
     trained = [r["step"] for r in records if r["event"] == "step"]
     assert len(trained) == len(set(trained)), "a step was trained twice: the drain replayed steps"
     moved_at = next(int(m.split("step ")[1].split(";")[0]) for m in draining if "holds the checkpoint" in m)
+    # Resumed at the checkpointed step: the first step of the new group is the one after it (0 replayed, and none
+    # skipped), and the old group trained nothing past it.
+    moved = max(r["time"] for r in records if r["event"] == "step" and r["step"] == moved_at)
+    assert min(r["step"] for r in records if r["event"] == "step" and r["time"] > moved) == moved_at + 1
     stall = _stall(records, moved_at)
     print(f"drain ahead: checkpoint at step {moved_at}, stall {stall:.2f}s (last step before -> first after)")
+    assert stall < STALL_BOUND_S, f"drain ahead stalled {stall:.2f}s (bound {STALL_BOUND_S}s)"
 
 
 def _labels_of(env: OpEnv, job: str, pod: str) -> dict[str, str]:

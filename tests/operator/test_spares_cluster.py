@@ -1,16 +1,23 @@
 """Warm spares on the test cluster, driven by the real kubectl (issue 21): a job with `replicas.spares: 1` keeps a
-spare pod running and registered; a deleted worker pod is replaced by promoting that spare (relabelled to the lost
-index; no new worker pod in the critical path), a new spare is created behind it, and the job trains to the same
-parameters as a fault-free run."""
+spare pod running and registered; a deleted worker pod, and a worker on a lost node, are each replaced by promoting
+that spare (relabelled to the lost index; no new worker pod in the critical path), a new spare is created behind it,
+and the job trains to the same parameters as a fault-free run.
+
+The lost node is the test cluster's (docs/test-cluster.md): its kubelet stops, its pods' processes are frozen
+(SIGSTOP) and its pods stay Terminating until force-deleted. The nodes share /dev/shm, so the promoted spare could
+read the lost worker's memory-tier file; these jobs take no memory checkpoints and restore from disk, which a real
+cluster's spare reads too. Its real-cluster twin: tests/e2e_real/test_real_spares_lost_node.py."""
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+import time
+from typing import Any, Protocol
 
 import pytest
 
 from flywheel.labels import INDEX_LABEL, ROLE_LABEL
+from flywheel.policy import reasons as R
 from tests.operator.conftest import OpEnv, eventually
 from tests.operator.test_operator_cluster import LONG, _columns, _reference_hash
 
@@ -22,20 +29,31 @@ def _labels(env: OpEnv, pod: str) -> dict[str, str]:
     return dict(found[0]["metadata"].get("labels") or {}) if found else {}
 
 
-class PodNames:
-    """Every pod name of a job seen while it runs (polled): was a pod created that the test must not see?"""
+class JobPods(Protocol):
+    def pods(self, name: str) -> list[dict[str, Any]]: ...
 
-    def __init__(self, env: OpEnv, job: str) -> None:
+
+class PodNames:
+    """Every pod name of a job seen while it runs (polled): was a pod created that the test must not see? `uids`
+    keeps each name's pod uids, first seen when (wall time). `env`: the test cluster's OpEnv or a real cluster's."""
+
+    def __init__(self, env: JobPods, job: str, interval: float = 0.2) -> None:
         self.env, self.job, self.seen, self.stop = env, job, set(), threading.Event()  # type: ignore[var-annotated]
+        self.interval = interval
+        self.uids: dict[str, dict[str, float]] = {}
         self.thread = threading.Thread(target=self._poll, daemon=True)
         self.thread.start()
 
     def _poll(self) -> None:
-        while not self.stop.wait(0.2):
+        while not self.stop.wait(self.interval):
             try:
-                self.seen |= {p["metadata"]["name"] for p in self.env.pods(self.job)}
+                pods = self.env.pods(self.job)
             except Exception:  # noqa: BLE001 (a kubectl hiccup: the next poll sees it)
                 continue
+            now = time.time()
+            for p in pods:
+                self.seen.add(p["metadata"]["name"])
+                self.uids.setdefault(p["metadata"]["name"], {}).setdefault(p["metadata"]["uid"], now)
 
     def close(self) -> set[str]:
         self.stop.set()
@@ -67,5 +85,65 @@ def test_a_deleted_worker_is_replaced_by_the_warm_spare(op_env: OpEnv) -> None:
     assert events and events[0]["message"] == f"spare {name}-spare-0 took replica 1 (its worker lost: PodDeleted)"
     assert op_env.done_hash(name) == _reference_hash(op_env)
     # Spares go with the finished job; none is left running.
+    eventually(lambda: not [p for p in op_env.pods(name) if p["metadata"]["labels"].get(ROLE_LABEL) == "spare"
+                            and p["status"].get("phase") in ("Pending", "Running")], 30, "the spares to go")
+
+
+def _node_of(env: OpEnv, job: str, pod: str) -> str:
+    return next(str(p["spec"].get("nodeName") or "") for p in env.pods(job) if p["metadata"]["name"] == pod)
+
+
+def _first_step_after(records: list[dict[str, Any]], t: float) -> float | None:
+    """The time of the first step trained by a group (re)started after `t` (a step the old group logged in flight
+    just after `t` does not count), None while there is none."""
+    starts = [r["time"] for r in records if r["event"] == "start" and r["time"] > t]
+    if not starts:
+        return None
+    return min((r["time"] for r in records if r["event"] == "step" and r["time"] > min(starts)), default=None)
+
+
+def test_a_lost_node_is_replaced_by_the_warm_spare(op_env: OpEnv) -> None:
+    name = "spare-lost"
+    spec = {**LONG, "replicas.spares": 1, "faultTolerance.nodeFailureGraceSeconds": 3}
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **spec)))
+    eventually(lambda: op_env.status(name).get("spares") == 1, 120, "the spare to be ready")
+    eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
+    # The test cluster's scheduler honours no preferred anti-affinity: with 2 nodes the spare shares one with a
+    # worker. The node lost is the other worker's (a node holding the spare too would take both with it).
+    spare_node = _node_of(op_env, name, f"{name}-spare-0")
+    worker = next(f"{name}-worker-{i}" for i in (1, 0) if _node_of(op_env, name, f"{name}-worker-{i}") != spare_node)
+    lost = next(p for p in op_env.pods(name) if p["metadata"]["name"] == worker)
+    node, uid, index = lost["spec"]["nodeName"], lost["metadata"]["uid"], worker.rsplit("-", 1)[1]
+    names = PodNames(op_env, name)
+    lost_at = time.time()
+    op_env.cluster.kubelet.lose_node(node)
+    try:
+        # The etcd liveness key of the frozen agent expires (its TTL): the operator promotes the spare at once and
+        # force-deletes the lost pod after nodeFailureGraceSeconds.
+        eventually(lambda: _labels(op_env, f"{name}-spare-0").get(INDEX_LABEL) == index, 60,
+                   f"the spare to take index {index}")
+        assert _labels(op_env, f"{name}-spare-0")[ROLE_LABEL] == "worker"
+        eventually(lambda: all(p["metadata"]["uid"] != uid for p in op_env.pods(name)), 60,
+                   "the lost pod to be force-deleted")
+        first_after = eventually(lambda: _first_step_after(op_env.records(name), lost_at), 60,
+                                 "a step after the node was lost", interval=0.1)
+        eventually(lambda: any(p["metadata"]["name"] == f"{name}-spare-1" for p in op_env.pods(name)), 30,
+                   "a new spare behind the promoted one")
+    finally:
+        # Back once the job trains without it: its frozen processes resume, and those of deleted pods are killed.
+        op_env.cluster.kubelet.restore_node(node)
+    status = op_env.wait_phase(name, "Succeeded", 180)
+    names.close()
+    # No cold pod of the lost index at all, so none before the first step after the loss (the critical path).
+    cold = {u: t for u, t in names.uids.get(worker, {}).items() if u != uid}
+    assert not cold, f"a cold {worker} was created (first seen {cold}; first step after the loss at {first_after})"
+    assert status["step"] == 400 and status["restarts"] == 1 and status["lastRestartReason"] == "NodeLost", status
+    assert status["restartBudget"].get("used", 0) == 0  # a lost node is an external failure
+    events = [e["message"] for e in op_env.events_of(name) if e["reason"] == R.SPARE_PROMOTED]
+    # The lost pod was still there (stuck Terminating on the frozen node) when the spare was promoted.
+    assert events == [R.MSG_SPARE_PROMOTED.format(spare=f"{name}-spare-0", index=index, pod=worker,
+                                                  reason="NodeLost")], events
+    print(f"lost node {node}: spare promoted to {worker}; first step after {first_after - lost_at:.1f}s")
+    assert op_env.done_hash(name) == _reference_hash(op_env)
     eventually(lambda: not [p for p in op_env.pods(name) if p["metadata"]["labels"].get(ROLE_LABEL) == "spare"
                             and p["status"].get("phase") in ("Pending", "Running")], 30, "the spares to go")
