@@ -31,6 +31,7 @@ from flywheel.crd import GROUP, PLURAL, VERSION
 from tests.k8s_emulator.fixtures import start_cluster
 from tests.monitoring.prometheus_server import PROMETHEUS_BINARY, ChildProcess, PrometheusServer, ScrapeJob, free_port
 from tests.operator.conftest import CRD, KUBECTL, OpEnv, OperatorProcess, eventually
+from tests.rank_processes import trainer_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -38,41 +39,6 @@ PROGRESS_TIMEOUT = 5.0
 SCRAPE_INTERVAL = 1.0
 NODE = "node-1"  # the test cluster's only node here
 XID_JOB = "xid"
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (from /proc: the ranks are the agent's children)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def trainer_ranks(agent_pid: int) -> list[int]:
-    """The rank processes below a worker's agent: forked by its warm-start zygote (named fw-rank-<RANK>), or started
-    cold as `python -m flywheel.trainer` (not the warm client the agent started for a rank: stopping it would
-    leave the rank running)."""
-    ranks = []
-    for pid in descendants(agent_pid):
-        try:
-            comm = Path(f"/proc/{pid}/comm").read_text().strip()
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if comm.startswith("fw-rank-") or (b"flywheel.trainer" in cmdline and b"flywheel.trainer.warm" not in cmdline):
-            ranks.append(pid)
-    return ranks
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.local import procs
 from tests.k8s_emulator.fixtures import start_cluster
 from tests.operator.conftest import CRD, KUBECTL, OpEnv, OperatorProcess, eventually
+from tests.rank_processes import trainer_ranks
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -62,29 +62,13 @@ def test_status_fills_from_etcd_without_an_events_dir(etcd_only: OpEnv) -> None:
         env.delete(name)
 
 
-def _rank_processes(agent: int) -> list[int]:
-    """The rank processes below a worker's agent: forked by its warm-start zygote (named fw-rank-<RANK>), or started
-    cold as `python -m flywheel.trainer` -- not the zygote, which is no rank, nor the warm client the agent started
-    for a rank (stopping it would leave the rank running)."""
-    ranks = []
-    for pid in procs.descendants(agent):
-        try:
-            comm = Path(f"/proc/{pid}/comm").read_text().strip()
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if comm.startswith("fw-rank-") or (b"flywheel.trainer" in cmdline and b"flywheel.trainer.warm" not in cmdline):
-            ranks.append(pid)
-    return ranks
-
-
 def _stop_ranks(env: OpEnv, pod: str) -> list[int]:
     """SIGSTOP every rank process of the pod; the agent runs on and keeps its liveness lease, so only the missing
     steps can tell."""
     assert env.cluster.kubelet is not None
     agent = env.cluster.kubelet.pid_of("default", pod)
     assert agent is not None, f"{pod} has no process"
-    ranks = _rank_processes(agent)
+    ranks = trainer_ranks(agent)
     assert ranks, f"{pod}: no rank processes below the agent {agent}"
     for pid in ranks:
         os.kill(pid, signal.SIGSTOP)
