@@ -108,8 +108,8 @@ def test_a_lost_node_is_replaced_by_the_warm_spare(op_env: OpEnv) -> None:
     op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **spec)))
     eventually(lambda: op_env.status(name).get("spares") == 1, 120, "the spare to be ready")
     eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
-    # The test cluster's scheduler honours no preferred anti-affinity: with 2 nodes the spare shares one with a
-    # worker. The node lost is the other worker's (a node holding the spare too would take both with it).
+    # With 2 nodes the spare shares one with a worker whatever its preferred anti-affinity. The node lost is the
+    # other worker's (a node holding the spare too would take both with it).
     spare_node = _node_of(op_env, name, f"{name}-spare-0")
     worker = next(f"{name}-worker-{i}" for i in (1, 0) if _node_of(op_env, name, f"{name}-worker-{i}") != spare_node)
     lost = next(p for p in op_env.pods(name) if p["metadata"]["name"] == worker)
