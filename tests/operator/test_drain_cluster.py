@@ -10,6 +10,7 @@ import pytest
 
 from flywheel.labels import INDEX_LABEL
 from tests.operator.conftest import OpEnv, eventually
+from tests.operator.spare_jobs import node_of, train_with_a_ready_spare
 from tests.operator.test_operator_cluster import LONG, _reference_hash
 
 pytestmark = pytest.mark.slow
@@ -24,10 +25,6 @@ TAINT = "nvidia.com/gpu-xid-error"  # NVSentinel's fatal-XID quarantine taint: o
 STALL_BOUND_S = 5.0
 
 
-def _node_of(env: OpEnv, job: str, pod: str) -> str:
-    return next(str(p["spec"].get("nodeName") or "") for p in env.pods(job) if p["metadata"]["name"] == pod)
-
-
 def _stall(records: list[dict[str, Any]], step: int) -> float:
     """Seconds from the last `step` record of the drained step to the first record of the step after it."""
     before = max(r["time"] for r in records if r["event"] == "step" and r["step"] == step)
@@ -38,12 +35,8 @@ def _stall(records: list[dict[str, Any]], step: int) -> float:
 def test_a_tainted_node_is_drained_ahead_to_the_spare_without_replay(op_env: OpEnv) -> None:
     name = "drain-run"
     spec = {**LONG, "replicas.spares": 1, "checkpoint.memoryEverySteps": 10}
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **spec)))
-    eventually(lambda: op_env.status(name).get("spares") == 1, 120, "the spare to be ready")
-    eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
-    spare_node = _node_of(op_env, name, f"{name}-spare-0")
-    worker = next(f"{name}-worker-{i}" for i in (1, 0) if _node_of(op_env, name, f"{name}-worker-{i}") != spare_node)
-    node, index = _node_of(op_env, name, worker), worker.rsplit("-", 1)[1]
+    worker = train_with_a_ready_spare(op_env, name, spec)
+    node, index = node_of(op_env, name, worker), worker.rsplit("-", 1)[1]
     op_env.kubectl("taint", "node", node, f"{TAINT}=true:NoSchedule")
     try:
         eventually(lambda: _labels_of(op_env, name, f"{name}-spare-0").get(INDEX_LABEL) == index, 60,

@@ -19,6 +19,7 @@ import pytest
 from flywheel.labels import INDEX_LABEL, ROLE_LABEL
 from flywheel.policy import reasons as R
 from tests.operator.conftest import OpEnv, eventually
+from tests.operator.spare_jobs import train_with_a_ready_spare
 from tests.operator.test_operator_cluster import LONG, _columns, _reference_hash
 
 pytestmark = pytest.mark.slow
@@ -89,10 +90,6 @@ def test_a_deleted_worker_is_replaced_by_the_warm_spare(op_env: OpEnv) -> None:
                             and p["status"].get("phase") in ("Pending", "Running")], 30, "the spares to go")
 
 
-def _node_of(env: OpEnv, job: str, pod: str) -> str:
-    return next(str(p["spec"].get("nodeName") or "") for p in env.pods(job) if p["metadata"]["name"] == pod)
-
-
 def _first_step_after(records: list[dict[str, Any]], t: float) -> float | None:
     """The time of the first step trained by a group (re)started after `t` (a step the old group logged in flight
     just after `t` does not count), None while there is none."""
@@ -105,13 +102,7 @@ def _first_step_after(records: list[dict[str, Any]], t: float) -> float | None:
 def test_a_lost_node_is_replaced_by_the_warm_spare(op_env: OpEnv) -> None:
     name = "spare-lost"
     spec = {**LONG, "replicas.spares": 1, "faultTolerance.nodeFailureGraceSeconds": 3}
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **spec)))
-    eventually(lambda: op_env.status(name).get("spares") == 1, 120, "the spare to be ready")
-    eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
-    # With 2 nodes the spare shares one with a worker whatever its preferred anti-affinity. The node lost is the
-    # other worker's (a node holding the spare too would take both with it).
-    spare_node = _node_of(op_env, name, f"{name}-spare-0")
-    worker = next(f"{name}-worker-{i}" for i in (1, 0) if _node_of(op_env, name, f"{name}-worker-{i}") != spare_node)
+    worker = train_with_a_ready_spare(op_env, name, spec)
     lost = next(p for p in op_env.pods(name) if p["metadata"]["name"] == worker)
     node, uid, index = lost["spec"]["nodeName"], lost["metadata"]["uid"], worker.rsplit("-", 1)[1]
     names = PodNames(op_env, name)
