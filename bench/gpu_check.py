@@ -24,7 +24,7 @@ from typing import IO, Any
 
 import yaml
 
-from flywheel.eventlog.records import Checkpoint, Done, Start, Step
+from flywheel.eventlog.records import Checkpoint, Done, Restore, Start, Step
 from flywheel.eventlog.tail import read_records
 from flywheel.planner.devices import DEVICES
 from flywheel.spec import parse_spec
@@ -33,13 +33,15 @@ ROOT = Path(__file__).resolve().parent.parent
 WARMUP_STEPS = 5  # steps left out of the medians: allocator warm-up, compilation, the first checkpoint
 
 
-def job(name: str, model: dict[str, Any], training: dict[str, Any], every: int, steps: int) -> dict[str, Any]:
+def job(name: str, model: dict[str, Any], training: dict[str, Any], every: int, steps: int,
+        memory_every: int = 0) -> dict[str, Any]:
+    memory = {"memoryEverySteps": memory_every} if memory_every else {}
     return {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
             "spec": {"replicas": {"min": 1, "max": 1}, "procsPerReplica": 1,
                      "trainer": {"model": model, "parallelism": {"fsdp": True},
                                  "training": {"steps": steps, "warmupSteps": 2, "lr": 3e-4, **training},
                                  "data": {"source": "synthetic"}},
-                     "checkpoint": {"dir": "ckpt", "everySteps": every, "keep": 2, "async": True},
+                     "checkpoint": {"dir": "ckpt", "everySteps": every, "keep": 2, "async": True, **memory},
                      "faultTolerance": {"maxRestarts": 3, "progressTimeoutSeconds": 300,
                                         "firstStepTimeoutSeconds": 900}}}
 
@@ -66,6 +68,7 @@ def run_job(manifest: dict[str, Any], work: Path, kill_step: int | None, timeout
             "starts": sum(isinstance(r, Start) for r in records),
             "steps": [r for r in records if isinstance(r, Step)],
             "checkpoints": [r for r in records if isinstance(r, Checkpoint)],
+            "restores": [(r.source, r.step) for r in records if isinstance(r, Restore)],
             "log_tail": (work / "output.log").read_text()[-3000:]}
 
 
@@ -159,6 +162,10 @@ def exact_resume(manifest: dict[str, Any], work: Path, kill_step: int, timeout_s
         "losses_equal": losses[0] == losses[1] and bool(losses[0]),
         "starts_of_killed_run": killed["starts"], "checkpoints": len(blocking),
         "checkpoint_blocking_s_during_training": blocking,
+        "restores_of_killed_run": killed["restores"],
+        # The staging buffers are allocated in the background after the first step: steps 2-6 show any cost.
+        "first_step_s_clean": [round(s.step_seconds, 4) for s in clean["steps"][:8]],
+        "step_s_median_clean": statistics.median([s.step_seconds for s in clean["steps"][WARMUP_STEPS:]] or [0]),
         "checkpoint_total_s_median": statistics.median(
             [c.total_seconds for r in (clean, killed) for c in r["checkpoints"]] or [0])}
     if not row["equal"] and rerun:  # was the clean run itself reproducible? (non-deterministic kernels, not the resume)
@@ -233,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("launch", "determinism", "throughput", "resume"), action="append",
                         help="the parts to run (repeatable; default: all)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per flywheel run")
+    parser.add_argument("--cases", nargs="+", help="resume: the cases to run (default: all)")
     parser.add_argument("--no-rerun", action="store_true", help="resume: no second clean run when they differ")
     parser.add_argument("--launch", choices=("run", "rank"), default="run", help="flywheel run, or the rank alone")
     args = parser.parse_args(argv)
@@ -278,10 +286,14 @@ def main(argv: list[str] | None = None) -> int:
             gpt = {"preset": "gpt-tiny"} if args.smoke else {"preset": "gpt-125m", "seqLen": 1024}
             cases = {"gpt-125m-fp32": (job("resume", gpt, {"globalBatch": 8, "microBatch": 8}, every=20, steps=45),
                                        25),
+                     "gpt-125m-fp32-memory": (job("resume-memory", gpt, {"globalBatch": 8, "microBatch": 8},
+                                                  every=20, steps=45, memory_every=5), 27),
                      "llama-tiny-bf16": (job("resume-bf16", {"preset": "llama-tiny"},
                                              {"globalBatch": 8, "microBatch": 8, "precision": "bf16"}, every=10,
                                              steps=30), 15)}
             for name, (manifest, kill) in cases.items():
+                if args.cases and name not in args.cases:
+                    continue
                 if args.smoke:
                     manifest["spec"]["trainer"]["training"]["steps"], kill = 15, 8
                     manifest["spec"]["checkpoint"]["everySteps"] = 5
