@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 from bench.goodput_faults import analyse_faults, read_events
-from bench.goodput_operator import KINDS, kind_figures, pauses, spares_met, spares_row
+from bench.goodput_operator import (
+    KINDS,
+    config_kinds,
+    config_steps,
+    every_step_row,
+    kind_figures,
+    pauses,
+    spares_met,
+    spares_row,
+)
 from tests.unit.test_eventlog import T0, start, step
 
 
@@ -60,3 +69,19 @@ def test_the_spares_goals_hold_the_drain_to_its_stall_and_no_replayed_step() -> 
     assert figures(good, None, 0)["by_kind"]["drain-node"] == {"detect_s": None, "restart_s": None, "stall_s": None,
                                                                "lost_steps": None, "max_lost_steps": None,
                                                                "faults": 0}
+
+
+def test_the_every_step_configuration_loses_nodes_only_and_passes_on_at_most_one_replayed_step() -> None:
+    assert config_kinds("memory-every-step", KINDS) == ("lose-node",)
+    assert config_kinds("memory-every-step", ("kill-rank",)) == ("kill-rank",)  # --kinds without node losses
+    assert config_kinds("spares-memory", KINDS) == KINDS and config_steps("memory-every-step", 1000) == 500
+
+    def config(lost: list[int]) -> dict:
+        rows = [{"kind": "lose-node", "restart_s": 5.0, "pause_s": 5.0, "detect_s": 3.0, "lost_steps": n}
+                for n in lost]
+        return {"goodput": 0.6, "phase": "Succeeded", "by_kind": {"lose-node": kind_figures(rows)}}
+
+    assert every_step_row(config([0, 1, 1]))["pass"]
+    row = every_step_row(config([1, 2, 0]))
+    assert not row["pass"] and row["value"] == 2 and "3 node losses" in row["metric"]
+    assert not every_step_row(config([]))["pass"]  # no node loss measured: not met
