@@ -100,7 +100,7 @@ class ProgressFollower:
 
         with self._lock:
             self._followed[key] = followed
-        self._watches[key] = watch_progress(self.session, run_id, changed)
+        self._watches[key] = watch_progress(self.session, run_id, changed, shared=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -246,15 +246,18 @@ class WorkerWatch(PrefixWatch[LiveWorker]):
     """Follows `/flywheel/workers/<run_id>/` and calls `on_change(live_workers)` with the whole current set
     (prefix_watch.py: level-triggered, lists again after a broken watch)."""
 
-    def __init__(self, endpoints: str | EtcdSession, run_id: str, on_change: OnWorkersChange) -> None:
+    def __init__(self, endpoints: str | EtcdSession, run_id: str, on_change: OnWorkersChange, *,
+                 shared: bool = False) -> None:
         super().__init__(endpoints, keys.workers_prefix(run_id), lambda kv: _parse_worker(kv.key, kv.value, kv.lease),
-                         on_change, "worker watch")
+                         on_change, "worker watch", shared=shared)
 
     @property
     def live_workers(self) -> dict[str, LiveWorker]:
         return self.current
 
 
-def watch_workers(endpoints: str | EtcdSession, run_id: str, on_change: OnWorkersChange) -> WorkerWatch:
-    """Start following the live workers of `run_id`; `.stop()` the returned watch when done."""
-    return WorkerWatch(endpoints, run_id, on_change)
+def watch_workers(endpoints: str | EtcdSession, run_id: str, on_change: OnWorkersChange, *,
+                  shared: bool = False) -> WorkerWatch:
+    """Start following the live workers of `run_id`; `.stop()` the returned watch when done. shared: through
+    the session's one watch of every run's keys (prefix_watch.PrefixHub; the operator's)."""
+    return WorkerWatch(endpoints, run_id, on_change, shared=shared)

@@ -20,11 +20,14 @@ OnProgress = Callable[[dict[str, ProgressRecord]], None]
 class ProgressWatch(PrefixWatch[ProgressRecord]):
     """A garbled record or another codec version is left out (`decode` gives None)."""
 
-    def __init__(self, endpoints: str | EtcdSession, run_id: str, on_change: OnProgress) -> None:
+    def __init__(self, endpoints: str | EtcdSession, run_id: str, on_change: OnProgress, *,
+                 shared: bool = False) -> None:
         super().__init__(endpoints, keys.progress_prefix(run_id), lambda kv: decode(kv.value), on_change,
-                         "progress watch")
+                         "progress watch", shared=shared)
 
 
-def watch_progress(endpoints: str | EtcdSession, run_id: str, on_change: OnProgress) -> ProgressWatch:
-    """Start following the progress records of `run_id`; `.stop()` the returned watch when done."""
-    return ProgressWatch(endpoints, run_id, on_change)
+def watch_progress(endpoints: str | EtcdSession, run_id: str, on_change: OnProgress, *,
+                   shared: bool = False) -> ProgressWatch:
+    """Start following the progress records of `run_id`; `.stop()` the returned watch when done (shared: see
+    liveness.watch_workers)."""
+    return ProgressWatch(endpoints, run_id, on_change, shared=shared)

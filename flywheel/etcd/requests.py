@@ -110,8 +110,9 @@ async def read_state(session: EtcdSession, run_id: str) -> RequestState:
     return parse_entries({kv.key.rsplit(b"/", 1)[-1].decode(): (kv.key, kv.value) for kv in listing})
 
 
-def watch_requests(endpoints: str | EtcdSession, run_id: str,
-                   on_change: Callable[[RequestState], None]) -> PrefixWatch[tuple[bytes, bytes]]:
-    """Follow the run's request and answers; `on_change(state)` on the session's loop thread (keep it quick)."""
+def watch_requests(endpoints: str | EtcdSession, run_id: str, on_change: Callable[[RequestState], None], *,
+                   shared: bool = False) -> PrefixWatch[tuple[bytes, bytes]]:
+    """Follow the run's request and answers; `on_change(state)` on the session's loop thread (keep it quick).
+    shared: see liveness.watch_workers (the operator's; a rank follows its own run only)."""
     return PrefixWatch(endpoints, keys.requests_prefix(run_id), lambda kv: (bytes(kv.key), bytes(kv.value)),
-                       lambda entries: on_change(parse_entries(entries)), "checkpoint requests")
+                       lambda entries: on_change(parse_entries(entries)), "checkpoint requests", shared=shared)

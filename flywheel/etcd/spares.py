@@ -102,18 +102,21 @@ OnSparesChange = Callable[[dict[str, LiveSpare]], None]
 class SpareWatch(PrefixWatch[LiveSpare]):
     """Follows `/flywheel/spares/<run_id>/` and calls `on_change(live_spares)` with the whole current set."""
 
-    def __init__(self, endpoints: str | EtcdSession, run_id: str, on_change: OnSparesChange) -> None:
+    def __init__(self, endpoints: str | EtcdSession, run_id: str, on_change: OnSparesChange, *,
+                 shared: bool = False) -> None:
         super().__init__(endpoints, keys.spares_prefix(run_id), lambda kv: parse_spare(kv.key, kv.value, kv.lease),
-                         on_change, "spare watch")
+                         on_change, "spare watch", shared=shared)
 
     @property
     def live_spares(self) -> dict[str, LiveSpare]:
         return self.current
 
 
-def watch_spares(endpoints: str | EtcdSession, run_id: str, on_change: OnSparesChange) -> SpareWatch:
-    """Start following the waiting spares of `run_id`; `.stop()` the returned watch when done."""
-    return SpareWatch(endpoints, run_id, on_change)
+def watch_spares(endpoints: str | EtcdSession, run_id: str, on_change: OnSparesChange, *,
+                 shared: bool = False) -> SpareWatch:
+    """Start following the waiting spares of `run_id`; `.stop()` the returned watch when done (shared: see
+    liveness.watch_workers)."""
+    return SpareWatch(endpoints, run_id, on_change, shared=shared)
 
 
 async def promote(session: EtcdSession, run_id: str, spare_id: str, replica: str | int,

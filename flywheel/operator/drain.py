@@ -84,7 +84,7 @@ class DrainFollower:
                 self.poke()
             loop.call_soon_threadsafe(apply)
 
-        self.watch = etcd_requests.watch_requests(session, run_id, changed)
+        self.watch = etcd_requests.watch_requests(session, run_id, changed, shared=True)
 
     def stop(self) -> None:
         if self.watch is not None:

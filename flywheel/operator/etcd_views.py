@@ -78,7 +78,7 @@ class EtcdViews:
             loop.call_soon_threadsafe(apply)
 
         try:
-            self.watch = watch_workers(await self.etcd.session(), m.run_id(job, self.uid), changed)
+            self.watch = watch_workers(await self.etcd.session(), m.run_id(job, self.uid), changed, shared=True)
         except Exception as err:  # noqa: BLE001 (etcd down, any client error: pod status still works; retried)
             self.logger.warning(f"etcd liveness watch unavailable: {err}")
             self.etcd_retry_due = time.time() + ETCD_RETRY_SECONDS
@@ -98,7 +98,8 @@ class EtcdViews:
             loop.call_soon_threadsafe(apply)
 
         try:
-            self.spare_watch = etcd_spares.watch_spares(await self.etcd.session(), m.run_id(job, self.uid), changed)
+            self.spare_watch = etcd_spares.watch_spares(await self.etcd.session(), m.run_id(job, self.uid), changed,
+                                                        shared=True)
         except Exception as err:  # noqa: BLE001 (etcd down: no spare is seen ready, lost workers get new pods)
             self.logger.warning(f"etcd spare watch unavailable: {err}")
 

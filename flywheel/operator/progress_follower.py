@@ -41,7 +41,7 @@ class JobProgress:
         def changed(records: dict[str, ProgressRecord]) -> None:
             loop.call_soon_threadsafe(self._apply, records)
 
-        self.watch = watch_progress(session, run_id, changed)
+        self.watch = watch_progress(session, run_id, changed, shared=True)
 
     def _apply(self, records: dict[str, ProgressRecord]) -> None:
         for record in records.values():
