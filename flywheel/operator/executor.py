@@ -29,7 +29,7 @@ import kopf
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.etcd.liveness import WorkerWatch
 from flywheel.kube.client import Kube, KubeApiError
-from flywheel.labels import RESTART_ANNOTATION
+from flywheel.labels import DIFFBASE_ANNOTATION, FINALIZER, RESTART_ANNOTATION
 from flywheel.monitor.findings import FindingsInbox
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
@@ -61,8 +61,16 @@ from flywheel.timefmt import parse_rfc3339
 # A pass at least this often with nothing due: what a missed wake-up costs at most (every change wakes the runner).
 SAFETY_TICK_SECONDS = 30.0
 RETRY_SECONDS = 1.0  # after a pass that failed (an API error)
+KOPF_SETTLE_SECONDS = 2.0  # the longest a new job's first pass waits for kopf's own patches (kopf_settled)
 # What a status write changes in the job's metadata: not read by the parsed job (its spec and name are).
 _VOLATILE_METADATA = frozenset({"resourceVersion", "managedFields"})
+
+
+def kopf_settled(obj: dict[str, Any]) -> bool:
+    """Whether kopf has made its patches of a new job (its finalizer and the diffbase annotation): from then on the
+    runner is the job's only writer, so a status write with the version read does not lose."""
+    meta = obj.get("metadata") or {}
+    return FINALIZER in (meta.get("finalizers") or []) and DIFFBASE_ANNOTATION in (meta.get("annotations") or {})
 
 
 class JobRunner(EtcdViews, JobActions):
@@ -109,6 +117,7 @@ class JobRunner(EtcdViews, JobActions):
         self.deleted_pods: set[str] = set()
         self.parsed: tuple[Any, TrainingJob | None, str | None] | None = None  # (parsed from, job, problems)
         self.written_version: str | None = None  # the resourceVersion of this runner's last status write
+        self.settle_until = time.monotonic() + KOPF_SETTLE_SECONDS  # kopf_settled's wait ends then at the latest
         # When the last pass's time-based rules come due (unix seconds; None: none): the policy's, a missing
         # liveness key's grace, the hang timeouts', a held-back checkpoint event's, a failed etcd watch's retry
         # (an unseen own write's expiry is the overlay's: `own.due()`).
@@ -224,6 +233,11 @@ class JobRunner(EtcdViews, JobActions):
         self.pass_due = self.liveness_due = self.hang_due = self.checkpoint_due = self.etcd_retry_due = None
         obj = self.own.job(await self.reads.job(self.namespace, self.name))
         if obj is None or obj["metadata"].get("deletionTimestamp") or obj["metadata"]["uid"] != self.uid:
+            return
+        if self.written_version is None and not kopf_settled(obj) and time.monotonic() < self.settle_until:
+            # kopf patches a new job twice (finalizer, then its diffbase): a status written before would lose to
+            # each (409) and its pass be redone. The patch's event wakes this runner; the bound is the backstop.
+            self.pass_due = time.time() + (self.settle_until - time.monotonic())
             return
         job, invalid = self._parse(obj)
         status_in = TrainingJobStatus.model_validate(obj.get("status") or {})

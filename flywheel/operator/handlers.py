@@ -17,7 +17,7 @@ import kopf
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.etcd.liveness import delete_run
 from flywheel.kube.client import Kube, KubeConfigError, load_credentials
-from flywheel.labels import FINALIZER
+from flywheel.labels import DIFFBASE_KEY, FINALIZER
 from flywheel.monitor import FindingsInbox, MonitorSettings
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import caches
@@ -67,7 +67,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     settings.posting.level = logging.WARNING  # our own events go out after each status write (executor.py)
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key=DIFFBASE_KEY)
     settings.watching.server_timeout = 60
     settings.watching.reconnect_backoff = 0.5
     settings.watching.connect_timeout = 10
