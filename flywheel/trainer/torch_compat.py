@@ -32,6 +32,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import signal
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -105,17 +106,21 @@ def group_lost_a_member(agent: Any, group_world_size: int | None) -> bool:
         return False
 
 
-def set_rendezvous_poll_interval(interval: float) -> None:
+def set_rendezvous_poll_interval(interval: float, wait: Callable[[float], None] | None = None) -> None:
     """torch's rendezvous op executor polls the backend state once a second while it waits for a round to change
     (`_delay(seconds=1)` in `_DistributedRendezvousOpExecutor.run`); a restart waits through up to two such polls
     (the waiting agent sees the new round, then the last joiner sees it complete). Poll every `interval` s instead in
-    this process (the agent's). The executor's other delays (its randomized back-off) are kept."""
+    this process (the agent's), or `wait(interval)` (a wait a change of the state ends early: state_watch.py). The
+    executor's other delays (its randomized back-off) are kept."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     original = getattr(dynamic_rendezvous._delay, "flywheel_original", dynamic_rendezvous._delay)
 
     def delay(seconds: float | tuple[float, float]) -> None:
-        original(interval if seconds == 1 else seconds)
+        if seconds == 1 and wait is not None:
+            wait(interval)
+        else:
+            original(interval if seconds == 1 else seconds)
 
     delay.flywheel_original = original  # type: ignore[attr-defined]
     dynamic_rendezvous._delay = delay
@@ -125,6 +130,11 @@ def set_rendezvous_state_cache(handler: Any, seconds: float) -> None:
     """The handler's state holder serves reads from a copy up to `cache_duration` (1 s) old: the agent's monitor
     (`num_nodes_waiting`) and every poll of a waiting join read it, so a joiner was noticed up to 1 s late."""
     handler._state_holder._cache_duration = seconds
+
+
+def drop_rendezvous_state_cache(handler: Any) -> None:
+    """The handler's next read of the rendezvous state goes to the backend (its cached copy is stale)."""
+    handler._state_holder._last_sync_time = -1.0
 
 
 def forbid_agent_restarts(agent: Any) -> None:

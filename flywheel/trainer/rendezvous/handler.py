@@ -21,14 +21,17 @@ from torch.distributed.elastic.rendezvous.api import RendezvousParameters
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
 from flywheel import exitcodes
+from flywheel.etcd import keys
 from flywheel.etcd.liveness import DEFAULT_WORKER_TTL, WorkerRegistration
 from flywheel.etcd.rank_restart import RankRestartFollower
 from flywheel.etcd.session import EtcdSession
 from flywheel.replica import replica_id_from_env
 from flywheel.trainer import rank_restarts, restart_requests, termination_log
-from flywheel.trainer.rank_order import create_ordered_handler
+from flywheel.trainer.rank_order import RENDEZVOUS_POLL_SECONDS, create_ordered_handler
+from flywheel.trainer.torch_compat import set_rendezvous_poll_interval
 
 from .backend import EtcdV3RendezvousBackend
+from .state_watch import RendezvousStateWatch
 from .store import DEFAULT_STORE_LEASE_TTL, EtcdStore
 
 log = logging.getLogger(__name__)
@@ -79,7 +82,12 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> DynamicRendezvousHan
     ).start()
     rank_restarts.add_reporter(registration.report_rank_restart)  # the operator counts them from the key
 
+    handler = create_ordered_handler(store, backend, params, replica_id, before_join=registration.still_held)
+    state_watch = RendezvousStateWatch(session, keys.state_key(params.run_id), handler)
+    set_rendezvous_poll_interval(RENDEZVOUS_POLL_SECONDS, wait=state_watch.wait)
+
     def release() -> None:
+        state_watch.stop()
         restart_requests.remove_source(follower.take)
         follower.stop()
         rank_restarts.remove_reporter(registration.report_rank_restart)
@@ -88,7 +96,7 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> DynamicRendezvousHan
         session.close()
 
     atexit.register(release)
-    return create_ordered_handler(store, backend, params, replica_id, before_join=registration.still_held)
+    return handler
 
 
 def end_replaced_agent(replica_id: str, holder: str) -> None:
