@@ -53,6 +53,8 @@ README_BEGIN, README_END = "<!-- bench-table:begin -->", "<!-- bench-table:end -
 def _verdict(record: dict) -> str:
     # A quick run shortens the runs and timeouts the goals are stated for and may share the cores with the other
     # lane: its failures are shown, but only a full run judges the goal.
+    if record["pass"] is None:  # a figure shown for what it explains, with no goal of its own
+        return "-"
     if record["pass"]:
         return "yes"
     return "NO (quick: not judged)" if record.get("quick") else "NO"
