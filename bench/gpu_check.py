@@ -4,7 +4,8 @@ One short script for a lent GPU: what the card does at best (a bf16 matrix produ
 (`flywheel run`, NCCL beside gloo, FSDP2 bf16 mixed precision) on Llama 3.2-1B, eager and with `compile: true`,
 reporting tokens/s and MFU (model FLOPs per token from spec_model, over the datasheet's dense bf16 peak and over
 the measured product); then exact resume on the GPU: a GPT-125M run killed mid-way must end with the parameter hash
-of an unkilled run, with its async checkpoints' loop blocking on pinned staging buffers. Writes
+of an unkilled run, with its async checkpoints' loop blocking on pinned staging buffers, and again with the memory
+tier on (`memoryEverySteps`; the restore's source is reported) and for llama-tiny in bf16. Writes
 bench/results/gpu_check.json (or --out), the device named in it.
 """
 

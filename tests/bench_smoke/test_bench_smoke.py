@@ -148,9 +148,12 @@ def test_gpu_check_smoke(tmp_path):
     determinism probe compares passes, a killed run resumes to the unkilled run's parameters."""
     out = tmp_path / "gpu_check.json"
     run_bench(tmp_path, "bench.gpu_check", "--smoke", "--only", "launch", "--only", "determinism", "--only",
-              "resume", "--no-rerun", "--timeout", "200", "--out", str(out))
+              "resume", "--cases", "gpt-125m-fp32-memory", "llama-tiny-bf16", "--no-rerun", "--timeout", "200",
+              "--out", str(out))
     record = json.loads(out.read_text())
     assert record["launch"]["exit"] == 0 and record["launch"]["steps"] == 5
     assert record["determinism"]["math"]["bitwise_repeatable"] is True
     for row in record["exact_resume"].values():
         assert row["exit"] == [0, 0] and row["starts_of_killed_run"] == 2 and row["equal"], row
+    # the memory case (the plain disk case's checks and more): restored from this worker's own memory copy
+    assert record["exact_resume"]["gpt-125m-fp32-memory"]["restores_of_killed_run"][0][0] == "memory-own"
