@@ -108,6 +108,7 @@ def run(argv: Sequence[str] | None = None, serve_api: Callable[[argparse.Namespa
     kopf.configure(verbose=args.verbose)
     if not args.verbose:  # httpx logs every Prometheus query of the health monitor at INFO
         logging.getLogger("httpx").setLevel(logging.WARNING)
+        logging.getLogger("kopf.objects").addFilter(handlers.QuietWakeups())
     config = handlers.OperatorConfig(kubeconfig=args.kubeconfig, settings=settings,
                                      metrics_port=args.operator_metrics_port, monitor=monitor,
                                      namespaces=tuple(args.namespace))
