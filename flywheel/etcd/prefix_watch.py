@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
@@ -141,8 +140,6 @@ class PrefixHub:
     current keys, so a watch subscribing later starts from them, and lists again after a broken watch. Everything
     here runs on the session's loop thread."""
 
-    _hubs: weakref.WeakKeyDictionary[EtcdSession, dict[bytes, PrefixHub]] = weakref.WeakKeyDictionary()
-
     def __init__(self, session: EtcdSession, root: bytes) -> None:
         self._session, self._root = session, root
         self._subscribers: dict[bytes, set[PrefixWatch[Any]]] = {}
@@ -151,10 +148,11 @@ class PrefixHub:
 
     @classmethod
     def of(cls, session: EtcdSession, root: bytes) -> PrefixHub:
-        hubs = cls._hubs.setdefault(session, {})
-        if root not in hubs:
-            hubs[root] = cls(session, root)
-        return hubs[root]
+        """The session's hub of `root` (it lives as long as the session: its watch ends with the session's loop)."""
+        hub = session.prefix_hubs.get(root)
+        if hub is None:
+            hub = session.prefix_hubs[root] = cls(session, root)
+        return hub
 
     def subscribe(self, watch: PrefixWatch[Any]) -> None:
         self._session.loop.call_soon_threadsafe(self._add, watch)

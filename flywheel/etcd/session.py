@@ -106,6 +106,7 @@ class EtcdSession:
         self._generation = 0
         self._closed = False
         self._retired: list[aetcd.Client] = []
+        self.prefix_hubs: dict[bytes, Any] = {}  # key root -> its shared watch (prefix_watch.PrefixHub), per session
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
         self._thread.start()

@@ -12,7 +12,7 @@ import pytest
 
 from flywheel.etcd import keys
 from flywheel.etcd.liveness import watch_workers
-from flywheel.etcd.prefix_watch import PrefixHub, PrefixWatch
+from flywheel.etcd.prefix_watch import PrefixWatch
 from flywheel.etcd.session import EtcdSession
 
 from .etcd_server import EtcdServer
@@ -45,7 +45,7 @@ def test_one_watch_serves_every_run_each_seeing_its_own(etcd_server: EtcdServer)
         watch_a, watch_b = _watch(session, "run-a", a), _watch(session, "run-b", b)
         _until(a, {"0": b"a0"})
         _until(b, {"0": b"b0"})
-        assert list(PrefixHub._hubs[session]) == [ROOT]  # one hub (one etcd watch) for both runs
+        assert list(session.prefix_hubs) == [ROOT]  # one hub (one etcd watch) for both runs
         _put(session, ROOT + b"run-a/1", b"a1")
         _until(a, {"0": b"a0", "1": b"a1"})
         session.call(lambda c: c.delete(ROOT + b"run-a/0"))
@@ -80,7 +80,7 @@ def test_a_shared_watch_needs_a_session_and_a_worker_watch_stays_per_run(etcd_se
     with EtcdSession(etcd_server.endpoint) as session:
         live: queue.Queue[dict[str, Any]] = queue.Queue()
         watch = watch_workers(session, "run-d", live.put, shared=True)
-        assert watch._hub is PrefixHub._hubs[session][keys.WORKERS_ROOT.encode()]
+        assert watch._hub is session.prefix_hubs[keys.WORKERS_ROOT.encode()]
         assert live.get(timeout=5) == {}
         watch.stop()
 
