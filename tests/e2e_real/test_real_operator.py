@@ -57,6 +57,18 @@ def test_tiny_job_succeeds_with_columns(real: RealCluster, tmp_path: Path) -> No
     assert "TrainingSucceeded" in real.kubectl("describe", "tj", "e2e-tiny").stdout
 
 
+def test_a_new_jobs_first_status_write_does_not_lose_to_kopfs_own_patches(real: RealCluster, tmp_path: Path) -> None:
+    """The twin of test_steady_state_requests' log checks: while a new job goes to Succeeded, the operator's log
+    shows no lost status race (409) and none of the wake-up handlers' per-event success lines."""
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 1))
+    real.apply_job("e2e-first-write", tmp_path)
+    real.wait_phase("e2e-first-write", "Succeeded", 900)
+    log = real.kubectl("logs", "-l", real.operator_selector, f"--since-time={since}", "--tail=-1",
+                       namespace=real.operator_ns).stdout
+    assert "status changed under us" not in log
+    assert "Handler 'pod_changed' succeeded." not in log and "Handler 'job_changed' succeeded." not in log
+
+
 def test_force_deleted_worker_pod_is_replaced(real: RealCluster, tmp_path: Path) -> None:
     real.apply_job("e2e-kill", tmp_path, **LONG)
     eventually(lambda: real.status("e2e-kill").get("step", 0) >= 40, 900, "step 40")
