@@ -76,9 +76,11 @@ def kopf_settled(obj: dict[str, Any]) -> bool:
 class JobRunner(EtcdViews, JobActions):
     def __init__(self, kube: Kube, settings: m.OperatorSettings, namespace: str, name: str, uid: str,
                  logger: logging.Logger | logging.LoggerAdapter[Any], metrics: OperatorMetrics | None = None,
-                 etcd: SharedEtcd | None = None, reads: ClusterReads | None = None) -> None:
+                 etcd: SharedEtcd | None = None, reads: ClusterReads | None = None, *,
+                 under_kopf: bool = False) -> None:
         """`etcd`: the operator's shared session (none: no liveness watch or rendezvous reset). `reads`: the
-        operator's watch-fed caches (none: every pass reads the API, for passes driven by hand)."""
+        operator's watch-fed caches (none: every pass reads the API, for passes driven by hand). `under_kopf`: kopf
+        handles the job too, so the first pass waits for kopf's own patches (kopf_settled)."""
         self.kube, self.settings, self.logger, self.metrics = kube, settings, logger, metrics
         self.reads: ClusterReads = reads if reads is not None else ApiReads(kube)
         self.own = OwnWrites()  # this runner's writes the caches may not show yet
@@ -117,7 +119,8 @@ class JobRunner(EtcdViews, JobActions):
         self.deleted_pods: set[str] = set()
         self.parsed: tuple[Any, TrainingJob | None, str | None] | None = None  # (parsed from, job, problems)
         self.written_version: str | None = None  # the resourceVersion of this runner's last status write
-        self.settle_until = time.monotonic() + KOPF_SETTLE_SECONDS  # kopf_settled's wait ends then at the latest
+        # kopf_settled's wait ends then at the latest; a pass driven by hand has no kopf to wait for
+        self.settle_until = time.monotonic() + KOPF_SETTLE_SECONDS if under_kopf else 0.0
         # When the last pass's time-based rules come due (unix seconds; None: none): the policy's, a missing
         # liveness key's grace, the hang timeouts', a held-back checkpoint event's, a failed etcd watch's retry
         # (an unseen own write's expiry is the overlay's: `own.due()`).

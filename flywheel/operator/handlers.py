@@ -144,7 +144,7 @@ async def run_job(name: str, namespace: str | None, uid: str, stopped: kopf.Daem
                   logger: Logger, **_: Any) -> None:
     assert namespace is not None, "TrainingJobs are namespaced"
     runner = JobRunner(memo.kube, memo.config.settings, namespace, name, uid, logger, memo.metrics, memo.etcd,
-                       memo.caches)
+                       memo.caches, under_kopf=True)
     memo.runners[(namespace, name)] = runner
     try:
         await runner.run(stopped)
