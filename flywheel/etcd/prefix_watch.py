@@ -135,15 +135,22 @@ def _run_prefix(root: bytes, key: bytes) -> bytes:
     return root + key[len(root):].split(b"/", 1)[0] + b"/"
 
 
+# A hub lists its root again at least this often, on a new stream (an informer's resync): one full run of the
+# operator's tests saw a job's progress stop reaching its status after an etcd restart, its stream alive but silent.
+# One range read per key root every 10 s, for all jobs.
+RESYNC_SECONDS = 10.0
+
+
 class PrefixHub:
     """One watch of a key root for every PrefixWatch of a session under it (by <root><run>/). It keeps the root's
-    current keys, so a watch subscribing later starts from them, and lists again after a broken watch. Everything
-    here runs on the session's loop thread."""
+    current keys, so a watch subscribing later starts from them, and lists again after a broken watch and every
+    RESYNC_SECONDS. Everything here runs on the session's loop thread."""
 
     def __init__(self, session: EtcdSession, root: bytes) -> None:
         self._session, self._root = session, root
         self._subscribers: dict[bytes, set[PrefixWatch[Any]]] = {}
         self._kvs: dict[bytes, dict[bytes, Any]] | None = None  # <root><run>/ -> key -> kv; None until listed
+        self.listings = 0  # how many times the root was listed (the first, resyncs, after broken streams)
         self._task = session.submit(self._follow())
 
     @classmethod
@@ -180,6 +187,7 @@ class PrefixHub:
         for kv in kvs:
             by_run.setdefault(_run_prefix(self._root, bytes(kv.key)), {})[bytes(kv.key)] = kv
         self._kvs = by_run
+        self.listings += 1
         for prefix, watchers in self._subscribers.items():
             for watch in list(watchers):
                 watch._reset(by_run.get(prefix, {}).values())
@@ -206,9 +214,13 @@ class PrefixHub:
                 self._list(listing)
                 watch = await self._session.client.watch_prefix(self._root,
                                                                 start_revision=listing.header.revision + 1)
-                async for event in watch:
-                    self._apply(event)
-                await asyncio.sleep(0.1)  # the stream ended without an error (client replaced): list again
+                try:
+                    async with asyncio.timeout(RESYNC_SECONDS):
+                        async for event in watch:
+                            self._apply(event)
+                    await asyncio.sleep(0.1)  # the stream ended without an error (client replaced): list again
+                except TimeoutError:  # the periodic resync: list again, on a new stream
+                    await watch.cancel()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - etcd restarts, compaction: list again after a pause

@@ -90,3 +90,22 @@ def _drain(changes: queue.Queue[dict[str, bytes]]) -> list[dict[str, bytes]]:
     while not changes.empty():
         out.append(changes.get())
     return out
+
+
+def test_the_hub_lists_again_periodically_and_reports_only_changes(etcd_server: EtcdServer,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An informer-style resync: the root is listed again every RESYNC_SECONDS on a new stream (a stream alive but
+    silent must not freeze a job's status), and a listing that finds nothing new wakes no watch."""
+    monkeypatch.setattr("flywheel.etcd.prefix_watch.RESYNC_SECONDS", 0.3)
+    with EtcdSession(etcd_server.endpoint) as session:
+        _put(session, ROOT + b"run-r/0", b"r0")
+        changes: queue.Queue[dict[str, bytes]] = queue.Queue()
+        watch = _watch(session, "run-r", changes)
+        _until(changes, {"0": b"r0"})
+        time.sleep(1.5)
+        hub = session.prefix_hubs[ROOT]
+        assert hub.listings >= 3
+        assert changes.empty()  # the same keys listed again: nothing published
+        _put(session, ROOT + b"run-r/1", b"r1")  # and the new stream still carries changes
+        _until(changes, {"0": b"r0", "1": b"r1"})
+        watch.stop()
