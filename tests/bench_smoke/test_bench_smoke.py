@@ -46,10 +46,13 @@ def test_checkpoint_restore_smoke(tmp_path):
     run_bench(tmp_path, "bench.checkpoint_restore", "--quick", "--reps", "1", "--out", str(out))
     record = check_record(out)
     sources = {"disk (warm)", "disk (cold)", "memory-own", "memory-peer (gloo)", "memory-peer (same host)"}
-    assert set(record["runs"]) == set(record["seconds"]) == sources
-    assert record["warm_disk_seconds"] > 0 and record["cold_disk_seconds"] > 0
+    floor = "gloo send/recv of the same bytes"  # the transport alone, beside the sources
+    assert set(record["runs"]) == set(record["seconds"]) == sources | {floor}
+    assert record["warm_disk_seconds"] > 0 and record["cold_disk_seconds"] > 0 and record["seconds"][floor] > 0
     assert set(record["ratio_to_warm_disk"]) == set(record["ratio_to_cold_disk"]) == sources
-    assert len(record["rows"]) == 6  # each memory source against the cold and the warm disk restore
+    # each memory source against the cold and the warm disk restore, then the peer restore against its transport
+    assert len(record["rows"]) == 7
+    assert record["rows"][-1]["peer"] == floor and record["rows"][-1]["pass"] is None
 
 
 def test_trainer_overhead_smoke(tmp_path):
