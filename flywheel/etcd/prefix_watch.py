@@ -3,8 +3,9 @@
 
 Level-triggered: `on_change(current)` gets every current entry (by the key's last path segment) once at start and
 after each change, so a consumer never replays missed events; a set that did not change is not reported again. A
-broken watch (etcd restart, compaction, a replaced client) lists again and carries on. `on_change` runs on the
-session's loop thread: keep it quick (hand off with `loop.call_soon_threadsafe` or a queue).
+broken watch (etcd restart, compaction, a replaced client) lists again and carries on, and every watch lists again
+each RESYNC_SECONDS (`list_and_watch`). `on_change` runs on the session's loop thread: keep it quick (hand off with
+`loop.call_soon_threadsafe` or a queue).
 
 Shared (`shared=True`, the operator's watches): one etcd watch per key root (`/flywheel/progress/`, ...) for every run
 a session follows (PrefixHub), instead of a listing and a watch stream per run. Measured in the operator's burst of
@@ -75,7 +76,7 @@ class PrefixWatch(Generic[T]):
             self._task.cancel()
         self._ref.__exit__()
 
-    # ---- fed by a PrefixHub (on the session's loop thread) --------------------------------------------------------
+    # ---- fed by its own list_and_watch or by a PrefixHub (on the session's loop thread) ------------------------
 
     def _reset(self, kvs: Iterable[Any]) -> None:
         self._entries_now = self._entries(kvs)
@@ -103,26 +104,7 @@ class PrefixWatch(Generic[T]):
             log.exception("%s: on_change callback failed", self._what)
 
     async def _follow(self) -> None:
-        session = self._ref.session
-        while not self._stopped:
-            try:
-                listing = await session.call_async(lambda c: c.get_prefix(self._prefix))
-                entries = self._entries(listing)
-                self._publish(entries)
-                watch = await session.client.watch_prefix(self._prefix, start_revision=listing.header.revision + 1)
-                async for event in watch:
-                    entry = None if event.kind == "DELETE" else self._parse(event.kv)
-                    if entry is None:
-                        entries.pop(_name(event.kv.key), None)
-                    else:
-                        entries[_name(event.kv.key)] = entry
-                    self._publish(entries)
-                await asyncio.sleep(0.1)  # the stream ended without an error (client replaced): list again
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - etcd restarts, compaction: list again after a pause
-                log.debug("%s interrupted (%s: %s); listing again", self._what, type(exc).__name__, exc)
-                await asyncio.sleep(0.3)
+        await list_and_watch(self._ref.session, self._prefix, self._reset, self._event, self._what)
 
 
 def _root_of(prefix: bytes) -> bytes:
@@ -135,10 +117,33 @@ def _run_prefix(root: bytes, key: bytes) -> bytes:
     return root + key[len(root):].split(b"/", 1)[0] + b"/"
 
 
-# A hub lists its root again at least this often, on a new stream (an informer's resync): one full run of the
+# A prefix is listed again at least this often, on a new stream (an informer's resync): one full run of the
 # operator's tests saw a job's progress stop reaching its status after an etcd restart, its stream alive but silent.
-# One range read per key root every 10 s, for all jobs.
+# One range read per followed prefix every 10 s (a hub's: per key root, for all jobs).
 RESYNC_SECONDS = 10.0
+
+
+async def list_and_watch(session: EtcdSession, prefix: bytes, on_list: Callable[[Iterable[Any]], None],
+                         on_event: Callable[[Any], None], what: str) -> None:
+    """Follow `prefix` for ever: `on_list(kvs)` with a listing, then `on_event(event)` for each change from the
+    listing's revision on; listed again after a broken stream and every RESYNC_SECONDS."""
+    while True:
+        try:
+            listing = await session.call_async(lambda c: c.get_prefix(prefix))
+            on_list(listing)
+            watch = await session.client.watch_prefix(prefix, start_revision=listing.header.revision + 1)
+            try:
+                async with asyncio.timeout(RESYNC_SECONDS):
+                    async for event in watch:
+                        on_event(event)
+                await asyncio.sleep(0.1)  # the stream ended without an error (client replaced): list again
+            except TimeoutError:  # the periodic resync: list again, on a new stream
+                await watch.cancel()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - etcd restarts, compaction: list again after a pause
+            log.debug("%s interrupted (%s: %s); listing again", what, type(exc).__name__, exc)
+            await asyncio.sleep(0.3)
 
 
 class PrefixHub:
@@ -208,22 +213,4 @@ class PrefixHub:
             watch._event(event)
 
     async def _follow(self) -> None:
-        while True:
-            try:
-                listing = await self._session.call_async(lambda c: c.get_prefix(self._root))
-                self._list(listing)
-                watch = await self._session.client.watch_prefix(self._root,
-                                                                start_revision=listing.header.revision + 1)
-                try:
-                    async with asyncio.timeout(RESYNC_SECONDS):
-                        async for event in watch:
-                            self._apply(event)
-                    await asyncio.sleep(0.1)  # the stream ended without an error (client replaced): list again
-                except TimeoutError:  # the periodic resync: list again, on a new stream
-                    await watch.cancel()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - etcd restarts, compaction: list again after a pause
-                log.debug("watch of %s interrupted (%s: %s); listing again", self._root.decode(),
-                          type(exc).__name__, exc)
-                await asyncio.sleep(0.3)
+        await list_and_watch(self._session, self._root, self._list, self._apply, f"watch of {self._root.decode()}")
