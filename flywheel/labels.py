@@ -25,10 +25,6 @@ DELETED_FOR_ANNOTATION = f"{GROUP}/deleted-for"
 XID_HANDLED_ANNOTATION = f"{GROUP}/xid-handled"
 # The operator's finalizer on a TrainingJob (kopf's persistence setting).
 FINALIZER = f"{GROUP}/cleanup"
-# kopf's record of the job's last handled spec (its diffbase storage, under GROUP): with the finalizer, what kopf
-# patches onto a new job before it leaves it alone (executor.kopf_settled).
-DIFFBASE_KEY = "last-handled-configuration"
-DIFFBASE_ANNOTATION = f"{GROUP}/{DIFFBASE_KEY}"
 # Kueue's queue label: the job's own passes through to its pods.
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # Kueue's pod-group metadata on the worker pods of a job with a queue (operator/scheduling_meta.py): the group's

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
@@ -156,6 +157,8 @@ class PrefixHub:
         self._subscribers: dict[bytes, set[PrefixWatch[Any]]] = {}
         self._kvs: dict[bytes, dict[bytes, Any]] | None = None  # <root><run>/ -> key -> kv; None until listed
         self.listings = 0  # how many times the root was listed (the first, resyncs, after broken streams)
+        self._pending: list[tuple[Callable[[PrefixWatch[Any]], None], PrefixWatch[Any]]] = []
+        self._pending_lock = threading.Lock()
         self._task = session.submit(self._follow())
 
     @classmethod
@@ -167,11 +170,25 @@ class PrefixHub:
         return hub
 
     def subscribe(self, watch: PrefixWatch[Any]) -> None:
-        self._session.loop.call_soon_threadsafe(self._add, watch)
+        self._hand_over(self._add, watch)
 
     def unsubscribe(self, watch: PrefixWatch[Any]) -> None:
-        if not self._session.loop.is_closed():
-            self._session.loop.call_soon_threadsafe(self._remove, watch)
+        self._hand_over(self._remove, watch)
+
+    def _hand_over(self, change: Callable[[PrefixWatch[Any]], None], watch: PrefixWatch[Any]) -> None:
+        """Queue a (un)subscription for the loop thread, in order; one wake-up of that thread per batch (a burst
+        of new jobs subscribes hundreds of watches: a wake-up each was ~3% of the operator's CPU)."""
+        with self._pending_lock:
+            self._pending.append((change, watch))
+            first = len(self._pending) == 1
+        if first and not self._session.loop.is_closed():
+            self._session.loop.call_soon_threadsafe(self._take_pending)
+
+    def _take_pending(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        for change, watch in pending:
+            change(watch)
 
     def _add(self, watch: PrefixWatch[Any]) -> None:
         if watch._stopped:

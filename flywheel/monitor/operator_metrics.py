@@ -21,8 +21,10 @@ class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
-        self._job_namespaces: set[str] = set()
         self._phases: dict[tuple[str, str], str] = {}  # (namespace, job) -> phase, of the jobs this process runs
+        # (namespace, phase) -> jobs, kept with _phases; a namespace whose jobs are all gone keeps reading 0
+        self._phase_counts: dict[tuple[str, str], int] = {}
+        self._namespaces: set[str] = set()
 
         # Operator (set by the reconciler).
         self.jobs = Gauge("flywheel_operator_jobs", "TrainingJobs by phase.", ("namespace", "phase"), registry=r)
@@ -91,9 +93,10 @@ class OperatorMetrics:
     def observe_job(self, namespace: str, job: str, status: dict[str, object], previous_restarts: int) -> None:
         """Record one status the reconciler wrote (after the write succeeded)."""
         phase = str(status.get("phase", "Pending"))
-        if self._phases.get((namespace, job)) != phase:  # the count over all jobs: only when a phase changes
+        old = self._phases.get((namespace, job))
+        if old != phase:
             self._phases[(namespace, job)] = phase
-            self._publish_phases()
+            self._count_phase(namespace, old, phase)
             self.set_job_phase(namespace, job, phase)
         restarts = int(status.get("restarts", 0) or 0)  # type: ignore[call-overload]
         if restarts > previous_restarts:
@@ -103,18 +106,19 @@ class OperatorMetrics:
         if isinstance(goodput, dict) and "ratio" in goodput:
             self.goodput_ratio.labels(job, namespace).set(float(goodput["ratio"]))
 
-    def _publish_phases(self) -> None:
-        counts: dict[tuple[str, str], int] = {}
-        for (ns, _), phase in self._phases.items():
-            counts[(ns, phase)] = counts.get((ns, phase), 0) + 1
-        self.set_jobs_by_phase(counts)
-
-    def set_jobs_by_phase(self, counts: dict[tuple[str, str], int]) -> None:
-        """Replace the jobs-by-phase gauge with `counts[(namespace, phase)]`; absent phases read 0."""
-        self._job_namespaces |= {ns for ns, _ in counts}  # a namespace whose jobs are all gone must read 0
-        for ns in sorted(self._job_namespaces):
-            for phase in PHASES:
-                self.jobs.labels(ns, phase).set(counts.get((ns, phase), 0))
+    def _count_phase(self, namespace: str, old: str | None, new: str | None) -> None:
+        """A job of `namespace` left phase `old` for `new` (None: it came or went): only those two series change,
+        so a pass costs the same with 5 jobs or 5,000."""
+        if namespace not in self._namespaces:
+            self._namespaces.add(namespace)
+            for phase in PHASES:  # a namespace's first job: every phase reads 0 until it counts
+                self._phase_counts[(namespace, phase)] = 0
+                self.jobs.labels(namespace, phase).set(0)
+        for changed, step in ((old, -1), (new, 1)):
+            if changed is not None:
+                key = (namespace, changed)
+                self._phase_counts[key] = self._phase_counts.get(key, 0) + step
+                self.jobs.labels(namespace, changed).set(self._phase_counts[key])
 
     def set_job_phase(self, namespace: str, job: str, phase: str) -> None:
         for p in PHASES:
@@ -122,8 +126,9 @@ class OperatorMetrics:
 
     def forget_job(self, namespace: str, job: str) -> None:
         """Drop a deleted job's per-job series (restart counters stay: they are history)."""
-        if self._phases.pop((namespace, job), None) is not None:
-            self._publish_phases()
+        old = self._phases.pop((namespace, job), None)
+        if old is not None:
+            self._count_phase(namespace, old, None)
         for gauge in (self.goodput_ratio, self.job_stragglers):
             try:
                 gauge.remove(job, namespace)

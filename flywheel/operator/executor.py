@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -29,7 +31,7 @@ import kopf
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.etcd.liveness import WorkerWatch
 from flywheel.kube.client import Kube, KubeApiError
-from flywheel.labels import DIFFBASE_ANNOTATION, FINALIZER, RESTART_ANNOTATION
+from flywheel.labels import FINALIZER, RESTART_ANNOTATION
 from flywheel.monitor.findings import FindingsInbox
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
@@ -61,16 +63,16 @@ from flywheel.timefmt import parse_rfc3339
 # A pass at least this often with nothing due: what a missed wake-up costs at most (every change wakes the runner).
 SAFETY_TICK_SECONDS = 30.0
 RETRY_SECONDS = 1.0  # after a pass that failed (an API error)
+WRITES_REMEMBERED = 8  # own status writes whose watch events are recognised as such (job_event)
 KOPF_SETTLE_SECONDS = 2.0  # the longest a new job's first pass waits for kopf's own patches (kopf_settled)
 # What a status write changes in the job's metadata: not read by the parsed job (its spec and name are).
 _VOLATILE_METADATA = frozenset({"resourceVersion", "managedFields"})
 
 
 def kopf_settled(obj: dict[str, Any]) -> bool:
-    """Whether kopf has made its patches of a new job (its finalizer and the diffbase annotation): from then on the
-    runner is the job's only writer, so a status write with the version read does not lose."""
-    meta = obj.get("metadata") or {}
-    return FINALIZER in (meta.get("finalizers") or []) and DIFFBASE_ANNOTATION in (meta.get("annotations") or {})
+    """Whether kopf has made its patch of a new job (its finalizer, which holds the job until its daemon exits):
+    from then on the runner is the job's only writer, so a status write with the version read does not lose."""
+    return FINALIZER in ((obj.get("metadata") or {}).get("finalizers") or [])
 
 
 class JobRunner(EtcdViews, JobActions):
@@ -118,7 +120,9 @@ class JobRunner(EtcdViews, JobActions):
         self.seen_pods: list[PodView] = []
         self.deleted_pods: set[str] = set()
         self.parsed: tuple[Any, TrainingJob | None, str | None] | None = None  # (parsed from, job, problems)
-        self.written_version: str | None = None  # the resourceVersion of this runner's last status write
+        # The resourceVersions of this runner's last status writes: their watch events wake no pass (two writes in
+        # quick succession see the first one's event after the second is written).
+        self.written_versions: deque[str] = deque(maxlen=WRITES_REMEMBERED)
         # kopf_settled's wait ends then at the latest; a pass driven by hand has no kopf to wait for
         self.settle_until = time.monotonic() + KOPF_SETTLE_SECONDS if under_kopf else 0.0
         # When the last pass's time-based rules come due (unix seconds; None: none): the policy's, a missing
@@ -140,7 +144,12 @@ class JobRunner(EtcdViews, JobActions):
 
     def job_event(self, resource_version: str | None) -> None:
         """A watch event of the job: a pass, unless it only shows this runner's own status write."""
-        if resource_version is None or resource_version != self.written_version:
+        if resource_version is None or resource_version not in self.written_versions:
+            self.poke()
+
+    def pod_event(self, event_type: str | None, pod: Mapping[str, Any]) -> None:
+        """A watch event of one of the job's pods: a pass, unless it only echoes this runner's own create."""
+        if event_type == "DELETED" or not self.own.echoes_create(pod):
             self.poke()
 
     def service_gone(self) -> None:
@@ -237,9 +246,9 @@ class JobRunner(EtcdViews, JobActions):
         obj = self.own.job(await self.reads.job(self.namespace, self.name))
         if obj is None or obj["metadata"].get("deletionTimestamp") or obj["metadata"]["uid"] != self.uid:
             return
-        if self.written_version is None and not kopf_settled(obj) and time.monotonic() < self.settle_until:
-            # kopf patches a new job twice (finalizer, then its diffbase): a status written before would lose to
-            # each (409) and its pass be redone. The patch's event wakes this runner; the bound is the backstop.
+        if not self.written_versions and not kopf_settled(obj) and time.monotonic() < self.settle_until:
+            # kopf patches a new job's finalizer: a status written before would lose to it (409) and its pass be
+            # redone. The patch's event wakes this runner; the bound is the backstop.
             self.pass_due = time.time() + (self.settle_until - time.monotonic())
             return
         job, invalid = self._parse(obj)
@@ -324,11 +333,12 @@ class JobRunner(EtcdViews, JobActions):
             answer = await self.kube.merge_patch(self.path + "/status", {
                 "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": status})
             self.own.wrote_job(obj, answer)
-            self.written_version = str(answer["metadata"].get("resourceVersion"))
+            self.written_versions.append(str(answer["metadata"].get("resourceVersion")))
         except KubeApiError as err:
             if err.status == 409:
                 # Not redone at once: the cache still shows the version that lost, and a pass on it would lose again.
-                # The change that won reaches the cache and wakes the runner (job_changed); the tick is the backstop.
+                # The change that won reaches the cache and wakes the runner (handlers.training_jobs); the tick is
+                # the backstop.
                 self.logger.info("status changed under us; redoing the pass when the cache has the change")
                 return False
             raise

@@ -17,7 +17,7 @@ import kopf
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.etcd.liveness import delete_run
 from flywheel.kube.client import Kube, KubeConfigError, load_credentials
-from flywheel.labels import DIFFBASE_KEY, FINALIZER
+from flywheel.labels import FINALIZER
 from flywheel.monitor import FindingsInbox, MonitorSettings
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import caches
@@ -43,8 +43,19 @@ class OperatorConfig:
 # The index and event handlers are coroutines: kopf runs a plain function in its thread pool, a hop per watch event
 # and handler, and a runner's wake-up (an asyncio.Event) must be set from the event loop's thread.
 @kopf.index(GROUP, VERSION, PLURAL)
-async def training_jobs(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    return caches.job_entry(body)
+async def training_jobs(body: kopf.Body, memo: Any, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """Also each job's wake-up: kopf calls index handlers on every watch event but a deletion (the job's daemon
+    is stopped then), and stores what one returns before its task next yields, so the pass this wakes reads the
+    job as changed. One handler per event instead of an index and an event handler (kopf's per-handler cost is
+    the operator's largest; docs/operator.md)."""
+    entry = caches.job_entry(body)
+    meta = body["metadata"]
+    runner: JobRunner | None = memo.runners.get((meta["namespace"], meta["name"])) if "runners" in memo else None
+    if runner is not None:
+        runner.job_event(meta.get("resourceVersion"))
+    elif meta.get("deletionTimestamp") and FINALIZER in (meta.get("finalizers") or []):
+        forget_run_soon(memo, body)  # deleted while no daemon ran it (e.g. while the operator was down)
+    return entry
 
 
 @kopf.index("", "v1", "pods", labels={m.JOB_LABEL: kopf.PRESENT})
@@ -62,6 +73,22 @@ async def lost_nodes(body: kopf.Body, **_: Any) -> dict[str, Any]:
     return caches.node_entry(body)  # lost nodes, and the cordoned or tainted ones (drain ahead)
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf deep-copies every watched object (each pod too) on each of its watch events into an "essence" to diff
+    against the last handled one, for changing handlers (on.create/update/delete) and timers' idling only. This
+    operator has neither (tests/operator/test_handlers.py holds it to that), so none is built: that copy was ~10% of
+    its CPU in a burst of jobs."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
+        return {}
+
+    def fetch(self, *, body: kopf.Body) -> Any:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
+        return None
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
     """`kwargs` holds kopf's indices, each by its handler's name (training_jobs, worker_pods, ...)."""
@@ -69,7 +96,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     settings.posting.level = logging.WARNING  # our own events go out after each status write (executor.py)
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key=DIFFBASE_KEY)
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.watching.server_timeout = 60
     settings.watching.reconnect_backoff = 0.5
     settings.watching.connect_timeout = 10
@@ -79,6 +106,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     except KubeConfigError as err:
         raise kopf.PermanentError(str(err)) from err  # stops the operator with the message, no retries
     memo.runners = {}
+    memo.forgotten = {}  # job uid -> when its run's etcd keys were deleted (forget_run)
+    memo.background = set()  # tasks started from handlers, kept until done
     # kopf's indices are the same objects for the operator's life, updated in place: kept once for every reader.
     memo.caches = caches.WatchCaches(kwargs["training_jobs"], kwargs["worker_pods"], kwargs["worker_services"],
                                      kwargs["lost_nodes"])
@@ -98,18 +127,11 @@ def findings_inbox(memo: kopf.Memo, namespace: str, name: str) -> FindingsInbox 
     return runner.findings if runner is not None else None
 
 
-def poke(memo: kopf.Memo, namespace: str, name: str) -> None:
-    """Run this job's reconcile pass now (e.g. after one of its pods changed)."""
-    runner = memo.runners.get((namespace, name))
-    if runner is not None:
-        runner.poke()
-
-
 class QuietWakeups(logging.Filter):
     """Drops kopf's "Handler 'pod_changed' succeeded." line, one per watch event of every job: the event handlers
     below only wake a runner, and their lines were ~5% of the operator's CPU in a burst of jobs."""
 
-    NAMES = ("pod_changed", "job_changed", "service_changed")
+    NAMES = ("pod_changed", "service_changed")
     LINES = frozenset(f"Handler {name!r} succeeded." for name in NAMES)
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -139,9 +161,11 @@ async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
                                proxy_url=conn.proxy, expiration=conn.expiration)
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
-async def run_job(name: str, namespace: str | None, uid: str, stopped: kopf.DaemonStopped, memo: Any,
-                  logger: Logger, **_: Any) -> None:
+# Stopped (the job deleted, the operator exiting), a runner finishes its pass and exits within the backoff; kopf
+# cancels it only after that (without a backoff kopf cancels a daemon at once).
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_backoff=5.0, cancellation_timeout=10.0)
+async def run_job(name: str, namespace: str | None, uid: str, body: kopf.Body, stopped: kopf.DaemonStopped,
+                  memo: Any, logger: Logger, **_: Any) -> None:
     assert namespace is not None, "TrainingJobs are namespaced"
     runner = JobRunner(memo.kube, memo.config.settings, namespace, name, uid, logger, memo.metrics, memo.etcd,
                        memo.caches, under_kopf=True)
@@ -151,22 +175,17 @@ async def run_job(name: str, namespace: str | None, uid: str, stopped: kopf.Daem
     finally:
         if memo.runners.get((namespace, name)) is runner:
             del memo.runners[(namespace, name)]
+    if stopped.reason is not None and stopped.reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
+        await forget_run(memo, body, logger)  # before kopf lets the job go (its finalizer waits for this daemon)
 
 
 @kopf.on.event("", "v1", "pods", labels={m.JOB_LABEL: kopf.PRESENT})
-async def pod_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
+async def pod_changed(type: str | None, body: kopf.Body, namespace: str | None, labels: Mapping[str, str], memo: Any,
+                      **_: Any) -> None:
     """kopf updates its indices before its event handlers: the pass this wakes reads the pod as changed."""
-    if namespace is not None:
-        poke(memo, namespace, labels[m.JOB_LABEL])
-
-
-@kopf.on.event(GROUP, VERSION, PLURAL)
-async def job_changed(namespace: str | None, name: str, body: kopf.Body, memo: Any, **_: Any) -> None:
-    """A spec, annotation or status change of a job reaches its pass at once; the event of the runner's own status
-    write does not (the pass that wrote it decided from everything else the job showed)."""
-    runner: JobRunner | None = memo.runners.get((namespace, name)) if namespace is not None else None
+    runner: JobRunner | None = memo.runners.get((namespace, labels[m.JOB_LABEL])) if namespace is not None else None
     if runner is not None:
-        runner.job_event(body.get("metadata", {}).get("resourceVersion"))
+        runner.pod_event(type, body)
 
 
 @kopf.on.event("", "v1", "services", labels={m.JOB_LABEL: kopf.PRESENT})
@@ -178,14 +197,39 @@ async def service_changed(type: str | None, namespace: str | None, labels: Mappi
         runner.service_gone()
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL)
-async def cleanup_etcd(body: kopf.Body, uid: str, memo: Any, logger: Logger, **_: Any) -> None:
-    """Finalizer: delete this run's rendezvous and liveness keys (pods and Service go by garbage collection)."""
+# -- a deleted job's etcd keys ---------------------------------------------------------------------------------------
+# No @kopf.on.delete: a changing handler makes kopf keep a diffbase annotation and work out a diff on every watch
+# event of every job, for one action at deletion. kopf holds its finalizer until the job's daemon has exited, so the
+# daemon deletes the keys on its way out; a job deleted while no daemon ran it is seen by its index handler.
+FORGET_MEMORY_SECONDS = 600.0  # how long a forgotten run's uid is remembered (its last watch events come soon after)
+
+
+async def forget_run(memo: Any, body: Mapping[str, Any], logger: Logger) -> None:
+    """Delete this run's rendezvous, liveness, progress and request keys (pods and Service go by garbage
+    collection); once per job uid."""
+    uid = str(body["metadata"].get("uid", ""))
+    now = asyncio.get_running_loop().time()
+    forgotten: dict[str, float] = memo.forgotten
+    for old in [u for u, at in forgotten.items() if now - at > FORGET_MEMORY_SECONDS]:
+        del forgotten[old]
+    if memo.etcd is None or uid in forgotten:
+        return
+    forgotten[uid] = now
     try:
         job = parse_job(dict(body))
     except SpecError:
         return  # never ran
-    if memo.etcd is not None:
+    run = m.run_id(job, uid)
+    try:
         session = await memo.etcd.session()
-        deleted = await asyncio.get_running_loop().run_in_executor(None, delete_run, session, m.run_id(job, uid))
-        logger.info(f"deleted {deleted} etcd keys of run {m.run_id(job, uid)}")
+        deleted = await asyncio.get_running_loop().run_in_executor(None, delete_run, session, run)
+    except Exception as err:  # noqa: BLE001 - reported; keys of a gone run are left, never retried against it
+        logger.warning(f"could not delete the etcd keys of run {run}: {err}")
+        return
+    logger.info(f"deleted {deleted} etcd keys of run {run}")
+
+
+def forget_run_soon(memo: Any, body: Mapping[str, Any]) -> None:
+    task = asyncio.ensure_future(forget_run(memo, dict(body), logging.getLogger("flywheel.operator")))
+    memo.background.add(task)
+    task.add_done_callback(memo.background.discard)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -73,6 +74,18 @@ def monitor_settings(args: argparse.Namespace) -> MonitorSettings | None:
     return settings_from_args(args)
 
 
+# The operator holds every job's body, pods and watches for its life: with the interpreter's default thresholds a
+# burst of jobs spent ~17% of the operator's CPU in the collector, mostly re-scanning those long-lived objects.
+GC_THRESHOLDS = (20_000, 20, 100)
+
+
+def tune_gc() -> None:
+    """Leave the objects of start-up (modules, kopf's registry) out of every collection, and collect less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def run(argv: Sequence[str] | None = None, serve_api: Callable[[argparse.Namespace], None] | None = None) -> int:
     """`serve_api(args)` starts the REST API in this process when --api-port is set; the CLI passes it, since
     the operator does not import the API (they are siblings)."""
@@ -105,6 +118,7 @@ def run(argv: Sequence[str] | None = None, serve_api: Callable[[argparse.Namespa
                                 worker_liveness=args.worker_liveness, hang_detection=args.hang_detection,
                                 security_profile=args.security_profile, rdma_resource=args.rdma_resource,
                                 drain_taint_keys=drain_taint_keys(args.drain_taint_keys))
+    tune_gc()
     kopf.configure(verbose=args.verbose)
     if not args.verbose:  # httpx logs every Prometheus query of the health monitor at INFO
         logging.getLogger("httpx").setLevel(logging.WARNING)

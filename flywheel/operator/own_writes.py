@@ -18,6 +18,7 @@ A create answered 409 AlreadyExists stays the API server's truth in any case: a 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,16 @@ class OwnWrites:
     # -- pods ---------------------------------------------------------------------------------------------------
     def wrote_pod(self, answer: Obj, now: float) -> None:
         self.created[str(_meta(answer)["name"])] = (answer, now)
+
+    def echoes_create(self, pod: Mapping[str, Any]) -> bool:
+        """Whether a watch event shows a pod exactly as this runner's create answered it (the same uid and
+        resourceVersion): the pass that created it already read it so, and a pass on the echo would find nothing
+        new (two of a new job's ~7 passes were these)."""
+        entry = self.created.get(str(pod["metadata"].get("name")))
+        if entry is None:
+            return False
+        meta, created = pod["metadata"], _meta(entry[0])
+        return meta.get("uid") == created.get("uid") and meta.get("resourceVersion") == created.get("resourceVersion")
 
     def deleted_pod(self, uid: str, now: float) -> None:
         self.deleted.setdefault(uid, now)

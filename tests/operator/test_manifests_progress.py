@@ -243,4 +243,10 @@ def test_operator_metrics_count_each_decided_restart_once() -> None:
     assert value("flywheel_job_goodput_ratio", {"namespace": "ns", "job": "b"}) == 0.5
     metrics.forget_job("ns", "b")
     assert value("flywheel_operator_jobs", {"namespace": "ns", "phase": "Running"}) == 0
+    metrics.observe_job("other", "c", {"phase": "Succeeded"}, 0)  # a second namespace: its own counts, all phases
+    assert value("flywheel_operator_jobs", {"namespace": "other", "phase": "Succeeded"}) == 1
+    assert value("flywheel_operator_jobs", {"namespace": "other", "phase": "Running"}) == 0
+    assert value("flywheel_operator_jobs", {"namespace": "ns", "phase": "Restarting"}) == 1
+    metrics.forget_job("other", "c")  # its last job gone: the namespace reads 0, not a stale 1
+    assert value("flywheel_operator_jobs", {"namespace": "other", "phase": "Succeeded"}) == 0
     assert value("flywheel_job_phase", {"namespace": "ns", "job": "b", "phase": "Running"}) is None

@@ -138,14 +138,32 @@ def test_deadline_fails_the_job_and_stops_the_workers(op_env: OpEnv) -> None:
 def test_ttl_deletes_the_finished_job_and_the_finalizer_cleans_etcd(op_env: OpEnv) -> None:
     name = "ttl"
     op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{"runPolicy.ttlSecondsAfterFinished": 2})))
-    job = op_env.job(name)
-    assert "flywheel.dev/cleanup" in job["metadata"]["finalizers"]
+    job = eventually(lambda: "flywheel.dev/cleanup" in ((j := op_env.job(name))["metadata"].get("finalizers") or [])
+                     and j, 30, "kopf's finalizer")
     run_id = f"default-{name}-{job['metadata']['uid'][:8]}"
     eventually(lambda: _etcd_keys(op_env, keys.rdzv_prefix(run_id)) > 0, 60, "the rendezvous keys")
     op_env.wait_phase(name, "Succeeded", 120)
     eventually(lambda: op_env.kubectl("get", "tj", name, check=False).returncode != 0, 30, "the TTL deletion")
     assert _etcd_keys(op_env, keys.rdzv_prefix(run_id)) == 0
     eventually(lambda: op_env.pods(name) == [], 30, "garbage collection of the pods")
+
+
+def test_a_job_deleted_while_the_operator_is_down_has_its_etcd_keys_deleted_on_restart(op_env: OpEnv) -> None:
+    """No daemon runs a job deleted while the operator is down: its index handler sees it deleting (kopf's
+    finalizer holds it) and the keys go before kopf lets it go."""
+    name = "deleted-while-down"
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **LONG)))
+    job = op_env.job(name)
+    run_id = f"default-{name}-{job['metadata']['uid'][:8]}"
+    eventually(lambda: _etcd_keys(op_env, keys.rdzv_prefix(run_id)) > 0, 60, "the rendezvous keys")
+    op_env.operator.stop()
+    try:
+        op_env.kubectl("delete", "tj", name, "--wait=false")
+        assert op_env.job(name)["metadata"].get("deletionTimestamp")  # held by the finalizer meanwhile
+    finally:
+        op_env.operator.start()
+    eventually(lambda: op_env.kubectl("get", "tj", name, check=False).returncode != 0, 60, "the job to go")
+    eventually(lambda: _etcd_keys(op_env, keys.rdzv_prefix(run_id)) == 0, 30, "its rendezvous keys to go")
 
 
 def test_user_script_runs_under_the_same_agent(op_env: OpEnv) -> None:

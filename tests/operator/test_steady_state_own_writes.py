@@ -41,6 +41,24 @@ def test_a_created_pod_counts_as_present_until_the_cache_shows_it():
     assert own.pods([], 100.0 + PENDING_SECONDS) == []  # deleted before its watch event: believed gone
 
 
+def test_the_watch_echo_of_a_pods_own_create_wakes_no_pass_and_any_later_change_does():
+    r = JobRunner(None, m.OperatorSettings(etcd_endpoints=""), "ml", "j", "u", logging.getLogger("t"))  # type: ignore[arg-type]
+    created = pod("j-worker-0", "new")
+    r.own.wrote_pod(created, 100.0)
+    r.pod_event("ADDED", copy.deepcopy(created))  # exactly as the create answered
+    assert not r.wake.is_set()
+    scheduled = copy.deepcopy(created)
+    scheduled["metadata"]["resourceVersion"] = "2"  # the scheduler or the kubelet changed it
+    r.pod_event("MODIFIED", scheduled)
+    assert r.wake.is_set()
+    r.wake.clear()
+    r.pod_event("DELETED", copy.deepcopy(created))  # a deletion always counts
+    assert r.wake.is_set()
+    r.wake.clear()
+    r.pod_event("ADDED", pod("j-worker-1", "other"))  # a pod this runner did not create (or no longer remembers)
+    assert r.wake.is_set()
+
+
 def test_a_deleted_pod_is_terminating_until_the_cache_says_so_and_a_relabel_shows_at_once():
     own = OwnWrites()
     running = pod("j-worker-0", "a")

@@ -88,13 +88,13 @@ def test_steady_state_reads_no_api_and_a_deleted_pod_is_still_replaced(steady_en
             "faultTolerance.progressTimeoutSeconds": 0, "faultTolerance.firstStepTimeoutSeconds": 900})))
     eventually(lambda: _stopped_at_the_fault(env), 300, "every job Running and stopped at its fault", interval=1.0)
     statuses = _settled(env)
-    # kopf's own patches of each new job (its finalizer, its diffbase) came before the runner's first status write:
+    # kopf's own patch of each new job (its finalizer) came before the runner's first status write:
     # no write lost a race (409) and had its pass redone (executor.kopf_settled).
     log = env.operator.log_path.read_text()
     lost = [line for line in log.splitlines() if "status changed under us" in line]
     assert not lost, lost
     # The wake-up handlers' success lines (one per watch event of every job) are filtered out (QuietWakeups).
-    assert "Handler 'pod_changed' succeeded." not in log and "Handler 'job_changed' succeeded." not in log
+    assert "Handler 'pod_changed' succeeded." not in log and "Handler 'service_changed' succeeded." not in log
     admin(env, "record-requests?on=true", "POST")
     time.sleep(WINDOW_SECONDS)  # no kubectl in the window: only the operator's requests are recorded
     recorded = admin(env, "recorded-requests?counts=true").get(OPERATOR_TOKEN, [])

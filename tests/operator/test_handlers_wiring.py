@@ -1,0 +1,100 @@
+"""How the kopf handlers (operator/handlers.py) wire watch events to runners and a deleted job to its etcd cleanup,
+without a cluster: the handlers are called as kopf calls them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+import pytest
+
+from flywheel.labels import FINALIZER
+from flywheel.operator import handlers
+from flywheel.operator.handlers import NoDiffBase, forget_run, training_jobs
+
+
+def job_body(name: str = "j", uid: str = "0123456789ab", deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "ml", "uid": uid, "resourceVersion": "5",
+                            "finalizers": [FINALIZER]}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob", "metadata": meta,
+            "spec": {"replicas": {"min": 1, "max": 1}, "checkpoint": {"dir": "/ckpt", "ephemeral": True}}}
+
+
+class Runner:
+    def __init__(self) -> None:
+        self.events: list[str | None] = []
+
+    def job_event(self, version: str | None) -> None:
+        self.events.append(version)
+
+
+class Etcd:
+    """The operator's SharedEtcd as forget_run uses it; `delete_run` is replaced to record the run ids."""
+
+    async def session(self) -> str:
+        return "session"
+
+
+def memo(runners: dict[Any, Any] | None = None) -> kopf.Memo:
+    return kopf.Memo(runners=runners or {}, forgotten={}, background=set(), etcd=Etcd())
+
+
+@pytest.fixture
+def deleted_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    runs: list[str] = []
+    monkeypatch.setattr(handlers, "delete_run", lambda session, run: runs.append(run) or 3)
+    return runs
+
+
+def test_the_operator_registers_no_changing_handler_or_timer() -> None:
+    """NoDiffBase (no diff kept) is only right while nothing reads kopf's diffs: on.create/update/delete, timers."""
+    registry = kopf.get_default_registry()
+    assert registry._changing.get_all_handlers() == []
+    assert [str(h) for h in registry._spawning.get_all_handlers()] == ["Daemon 'run_job'"]
+    assert NoDiffBase().build(body=kopf.Body(job_body())) == {}
+
+
+def test_a_job_event_reaches_its_runner_through_the_index_handler() -> None:
+    runner = Runner()
+    entry = asyncio.run(training_jobs(body=kopf.Body(job_body()), memo=memo({("ml", "j"): runner})))
+    assert entry == {("ml", "j"): job_body()}
+    assert runner.events == ["5"]
+
+
+def test_a_job_deleted_while_no_daemon_ran_it_has_its_keys_deleted_once(deleted_runs: list[str]) -> None:
+    async def scenario() -> None:
+        m = memo()
+        for _ in range(3):  # kopf's finalizer removal and other late events show the same deleting job
+            await training_jobs(body=kopf.Body(job_body(deleting=True)), memo=m)
+            await asyncio.gather(*m.background)
+        await training_jobs(body=kopf.Body(job_body(uid="fedcba987654", deleting=True)), memo=m)
+        await asyncio.gather(*m.background)
+
+    asyncio.run(scenario())
+    assert deleted_runs == ["ml-j-01234567", "ml-j-fedcba98"]
+
+
+def test_a_running_job_is_not_cleaned_up_by_its_index_handler(deleted_runs: list[str]) -> None:
+    async def scenario() -> None:
+        m = memo({("ml", "j"): Runner()})  # its daemon runs: the daemon cleans up on its way out
+        await training_jobs(body=kopf.Body(job_body(deleting=True)), memo=m)
+        await training_jobs(body=kopf.Body(job_body()), memo=memo())  # not deleting
+        await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+    assert deleted_runs == []
+
+
+def test_a_failed_cleanup_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    def unreachable(session: Any, run: str) -> int:
+        raise ConnectionError("etcd down")
+
+    monkeypatch.setattr(handlers, "delete_run", unreachable)
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(forget_run(memo(), job_body(), logging.getLogger("t")))
+    assert "could not delete the etcd keys of run ml-j-01234567: etcd down" in caplog.text
