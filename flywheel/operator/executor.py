@@ -126,13 +126,14 @@ class JobRunner(EtcdViews, JobActions):
         # kopf_settled's wait ends then at the latest; a pass driven by hand has no kopf to wait for
         self.settle_until = time.monotonic() + KOPF_SETTLE_SECONDS if under_kopf else 0.0
         # When the last pass's time-based rules come due (unix seconds; None: none): the policy's, a missing
-        # liveness key's grace, the hang timeouts', a held-back checkpoint event's, a failed etcd watch's retry
-        # (an unseen own write's expiry is the overlay's: `own.due()`).
+        # liveness key's grace, the hang timeouts', a held-back checkpoint event's, a failed etcd watch's retry, a
+        # failed pod create's retry (an unseen own write's expiry is the overlay's: `own.due()`).
         self.pass_due: float | None = None
         self.liveness_due: float | None = None
         self.hang_due: float | None = None
         self.checkpoint_due: float | None = None
         self.etcd_retry_due: float | None = None
+        self.create_retry_due: float | None = None
         self.drain = DrainFollower(self.poke, logger)  # drain ahead: the checkpoint request and answers (etcd)
         self.recovery = RecoveryClock()  # the recovery being timed, and the last one's record
         self.agents = AgentMemory()  # each worker pod's agent (host, pid), for the rendezvous expiry
@@ -160,7 +161,7 @@ class JobRunner(EtcdViews, JobActions):
     def next_due(self) -> float | None:
         """When a pass is next due with nothing else changed (unix seconds; None: only on a change)."""
         times = [self.pass_due, self.liveness_due, self.hang_due, self.checkpoint_due, self.etcd_retry_due,
-                 self.own.due()]
+                 self.create_retry_due, self.own.due()]
         return min((t for t in times if t is not None), default=None)
 
     async def _drain_input(self, findings: HealthFindings) -> DrainInput:
@@ -243,6 +244,7 @@ class JobRunner(EtcdViews, JobActions):
     async def reconcile_once(self) -> None:
         # Each set again by the part of the pass that decides it (a pass that ends early leaves them unset).
         self.pass_due = self.liveness_due = self.hang_due = self.checkpoint_due = self.etcd_retry_due = None
+        self.create_retry_due = None
         obj = self.own.job(await self.reads.job(self.namespace, self.name))
         if obj is None or obj["metadata"].get("deletionTimestamp") or obj["metadata"]["uid"] != self.uid:
             return

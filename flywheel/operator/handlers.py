@@ -98,6 +98,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.watching.server_timeout = 60
+    # A stopped runner exits within a pass (the etcd cleanup of a deleted job included): kopf waits for that inline,
+    # so it lets a deleted job go at once, not after a polling patch and the daemon's cancellation backoff.
+    settings.background.instant_exit_timeout = 1.0
     settings.watching.reconnect_backoff = 0.5
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = 30

@@ -43,6 +43,7 @@ from flywheel.policy.lost_agents import AgentId
 from flywheel.spec import TrainingJob
 
 SERVICE_RECHECK_SECONDS = 10.0  # how soon a deleted headless Service is created again
+CREATE_RETRY_SECONDS = 2.0  # how soon a pod whose create failed is tried again (quota, a webhook, the API)
 
 
 class JobActions:
@@ -62,6 +63,7 @@ class JobActions:
     deleted_pods: set[str]
     promoted_at: dict[str, float]
     drain: DrainFollower
+    create_retry_due: float | None
 
     async def _event(self, obj: dict[str, Any], etype: str, reason: str, message: str) -> None:
         try:
@@ -223,6 +225,8 @@ class JobActions:
         except KubeApiError as err:
             await self._event(obj, "Warning", R.CREATE_FAILED,
                               R.MSG_CREATE_FAILED.format(kind="pod", name=body["metadata"]["name"], error=err))
+            # Its pass counted it in status.replicas.current: the next pass, soon, sees it missing and tries again.
+            self.create_retry_due = time.time() + CREATE_RETRY_SECONDS
 
 def _adopt(body: dict[str, Any], owner: dict[str, Any]) -> None:
     """Make `owner` (the TrainingJob as read) the controller of `body`: garbage-collected with it."""

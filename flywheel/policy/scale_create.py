@@ -59,5 +59,9 @@ def create_missing(out: Pass, job: JobView) -> Pass:
     promoted_events(out, job, promoted)
     taken = {p.index for p in promoted}
     out.actions += promoted
-    out.actions += [CreatePod(i, job.generation) for i in missing if i not in taken]
+    created = [CreatePod(i, job.generation) for i in missing if i not in taken]
+    out.actions += created
+    # Counted by the pass that creates them, as the Job controller counts the pods it creates in `active`: the pass
+    # on their watch events then has nothing new to write. A create that fails is retried by a pass soon after.
+    out.status.replicas.current += len(created) + len(promoted)
     return out

@@ -3,11 +3,13 @@ it cannot carry out is an error, never dropped."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from flywheel.kube.client import Kube
+from flywheel.kube.client import Kube, KubeApiError
 from flywheel.operator import job_actions
 from flywheel.policy.decisions import CreatePod, Pass
 from flywheel.spec_status import TrainingJobStatus
@@ -32,4 +34,34 @@ def test_a_deleted_service_comes_back_and_a_create_without_a_plan_is_an_error(
         assert obj is not None
         with pytest.raises(RuntimeError, match="no plan"):
             await world.runner._act(obj, None, Pass(TrainingJobStatus(), [CreatePod(0, 0)]))
+    run(cluster, scenario)
+
+
+def test_a_refused_pod_create_is_reported_and_tried_again_soon(
+        cluster: RunningCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Its pass counted the pod in status.replicas.current: the pass after the retry delay sees it missing."""
+    async def scenario(kube: Kube) -> None:
+        world = await World.create(kube, "refused", ("ref-a", "ref-b"), tmp_path)
+        runner = world.runner
+        real_create = kube.create
+
+        async def refuse_pods(path: str, body: dict[str, Any]) -> Any:
+            if path.endswith("/pods"):
+                raise KubeApiError(403, {"message": "exceeded quota: pods"})
+            return await real_create(path, body)
+
+        monkeypatch.setattr(kube, "create", refuse_pods)
+        for i in (0, 1):  # the job's pods gone: a pass creates them again (a whole-job restart, same path)
+            await kube.delete(Kube.core(NS, "pods", f"refused-worker-{i}"), grace_seconds=0)
+        before = time.time()
+        for _ in range(5):  # the pass that records the loss, then the one that creates
+            await runner.reconcile_once()
+            if runner.create_retry_due is not None:
+                break
+        assert runner.create_retry_due is not None
+        assert before + job_actions.CREATE_RETRY_SECONDS <= runner.create_retry_due <= time.time() + 3
+        assert runner.next_due() is not None and runner.next_due() <= runner.create_retry_due  # type: ignore[operator]
+        events = await kube.request("GET", Kube.core(NS, "events"))
+        failed = [e for e in events["items"] if e["reason"] == "CreateFailed"]
+        assert failed and "exceeded quota: pods" in failed[0]["message"]
     run(cluster, scenario)

@@ -31,10 +31,12 @@ def deletes(result: Any, force: bool = False) -> list[str]:
 def test_new_job_creates_every_worker_once_and_names_hold() -> None:
     first = reconcile(spec(), None, {}, [], Progress(), NOW)
     assert creates(first) == [0, 1] and first.status["phase"] == "Pending"
+    assert first.status["replicas"]["current"] == 2  # counted by the pass that creates them (the Job controller's way)
     assert [e.reason for e in first.events] == ["Created"]
     # Worker 1 exists (even terminating): only worker 0 is created; a second pass creates nothing new.
     again = reconcile(spec(), None, first.status, [pod(1, "Pending")], Progress(), NOW + 1)
     assert creates(again) == [0] and not [e for e in again.events if e.reason == "Created"]
+    assert again.status["replicas"]["current"] == 2  # pod 1, and pod 0 created by this pass
     running = reconcile(spec(), None, again.status, [pod(0), pod(1)], Progress(step=3), NOW + 2)
     assert running.status["phase"] == "Running" and creates(running) == [] and running.status["step"] == 3
     assert running.status["replicas"] == {"desired": 2, "current": 2, "ready": 2}

@@ -136,7 +136,7 @@ def test_reconcile_promotes_and_creates_a_spare_behind() -> None:
     result = reconcile(spec(**{"replicas.spares": 1}), None, running(1).model_copy(update={"next_spare": 1}), pods,
                        ObservedProgress(), NOW)
     assert result.actions == [PromoteSpare("j-spare-0", 1, 1), CreateSpare(1, 1)]
-    assert result.status.replicas.current == 1  # the spare is no worker
+    assert result.status.replicas.current == 2  # worker 0, and the spare promoted to worker 1 by this pass
     assert result.status.spares == 0
 
 
