@@ -204,6 +204,16 @@ class Cluster:
             for pod in self.kubelet.pods_of(namespace, name):
                 self.kubelet.set_phase(namespace, pod, "Succeeded")
 
+    def wait_gone(self, namespace: str, names: list[str], timeout: float) -> None:
+        """Until none of these jobs is left in the API (the operator removed its finalizer from each)."""
+        wanted, deadline = set(names), time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            items = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+            if not wanted & {item["metadata"]["name"] for item in items}:
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"jobs still there after {timeout:g} s: {sorted(wanted)[:5]}...")
+
     def delete_jobs(self, namespace: str, names: list[str]) -> None:
         """Delete the jobs, then their pods at once (without a kubelet, a graceful delete never ends)."""
         def delete(name: str) -> None:

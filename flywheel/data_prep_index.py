@@ -9,8 +9,6 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-
 INDEX = "index.json"
 FORMAT = "flywheel-token-shards/1"
 UINT16_VOCAB = 1 << 16
@@ -33,6 +31,9 @@ class ShardIndex:
     @property
     def total_tokens(self) -> int:
         return sum(self.tokens)
+
+
+TOKEN_BYTES = {"uint16": 2, "uint32": 4}  # the token dtypes a shard may hold (no numpy here: the operator imports this)
 
 
 def dtype_for(vocab: int) -> str:
@@ -59,10 +60,10 @@ def read_index(directory: str | Path) -> ShardIndex:
     except (ValueError, KeyError, TypeError) as err:
         raise IndexError_(f"{path}: not a prepare-data index ({err!r}); write it again with `flywheel "
                           "prepare-data`") from None
-    if index.dtype not in ("uint16", "uint32") or len(index.shards) != len(index.tokens):
+    if index.dtype not in TOKEN_BYTES or len(index.shards) != len(index.tokens):
         raise IndexError_(f"{path}: dtype {index.dtype!r} or shard list is malformed; write it again with "
                           "`flywheel prepare-data`")
-    width = np.dtype(index.dtype).itemsize
+    width = TOKEN_BYTES[index.dtype]
     for name, count in zip(index.shards, index.tokens, strict=True):
         shard = root / name
         if not shard.is_file() or shard.stat().st_size != count * width:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+if TYPE_CHECKING:  # imported when a client is made: the operator without Prometheus never loads httpx
+    import httpx
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class PrometheusClient:
     at the same time so a slow query does not keep running there."""
 
     def __init__(self, base_url: str, timeout_s: float = 5.0, transport: httpx.AsyncBaseTransport | None = None):
+        import httpx
+
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self._client = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(timeout_s),
@@ -40,6 +43,8 @@ class PrometheusClient:
 
     async def query(self, promql: str) -> list[Sample]:
         """Evaluate `promql` now; it must give an instant vector (a scalar becomes one sample without labels)."""
+        import httpx
+
         try:
             # Prometheus durations take no fractions ("1.5s" is a 400): say it in milliseconds.
             params = {"query": promql, "timeout": f"{max(1, round(self.timeout_s * 1000))}ms"}

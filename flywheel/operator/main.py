@@ -76,7 +76,7 @@ def monitor_settings(args: argparse.Namespace) -> MonitorSettings | None:
 
 # The operator holds every job's body, pods and watches for its life: with the interpreter's default thresholds a
 # burst of jobs spent ~17% of the operator's CPU in the collector, mostly re-scanning those long-lived objects.
-GC_THRESHOLDS = (20_000, 20, 100)
+GC_THRESHOLDS = (10_000, 10, 10)  # the defaults are (700, 10, 10)
 
 
 def tune_gc() -> None:

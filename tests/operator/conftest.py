@@ -41,6 +41,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# The operator as the image runs it: the tests' sync `kubernetes` client (pyproject's dev extra, not in the image)
+# hidden, since kopf imports it whenever it is installed (~14 MB more of the operator's memory).
+AS_IN_IMAGE = ["-c", "import runpy, sys; sys.modules['kubernetes'] = None; sys.argv[0] = 'flywheel'; "
+                     "runpy.run_module('flywheel.cli', run_name='__main__')"]
+
+
 class OperatorProcess:
     def __init__(self, cluster: RunningCluster, events_dir: Path | None, log_path: Path) -> None:
         """`events_dir` None: no --events-dir (the chart's default; progress then comes from etcd alone)."""
@@ -50,9 +56,11 @@ class OperatorProcess:
         self.extra_args: list[str] = []
         self.monitor_args: list[str] = ["--no-health-monitor"]  # test_health_operator.py turns it on
         self.metrics_port = _free_port()
+        self.as_in_image = False  # bench/operator_scale: without the test-only packages the image lacks
 
     def start(self) -> None:
-        argv = [sys.executable, "-m", "flywheel.cli", "operator", "--kubeconfig", str(self.cluster.kubeconfig),
+        entry = AS_IN_IMAGE if self.as_in_image else ["-m", "flywheel.cli"]
+        argv = [sys.executable, *entry, "operator", "--kubeconfig", str(self.cluster.kubeconfig),
                 "--etcd-endpoints", str(self.cluster.etcd_url),
                 # The workers write the event log on the claim mounted there, as the chart sets it up (the test
                 # kubelet enforces the read-only root: an undeclared path is not writable).
