@@ -147,6 +147,8 @@ class JobRunner(EtcdViews, JobActions):
         """A watch event of the job: a pass, unless it only shows this runner's own status write."""
         if resource_version is None or resource_version not in self.written_versions:
             self.poke()
+        else:
+            self.own.cache_shows_job(resource_version)
 
     def pod_event(self, event_type: str | None, pod: Mapping[str, Any]) -> None:
         """A watch event of one of the job's pods: a pass, unless it only echoes this runner's own create."""

@@ -46,6 +46,13 @@ class OwnWrites:
         self.superseded.add(str(_meta(before).get("resourceVersion")))
         self.job_written = answer
 
+    def cache_shows_job(self, resource_version: str) -> None:
+        """The cache holds the job at this version (its watch event): if it is the last write's, the overlay lets
+        the written object go (a finished job may see no pass after its last write)."""
+        if self.job_written is not None and str(_meta(self.job_written).get("resourceVersion")) == resource_version:
+            self.superseded.clear()
+            self.job_written = None
+
     def job(self, cached: Obj | None) -> Obj | None:
         if cached is None:
             return None
@@ -62,12 +69,17 @@ class OwnWrites:
     def echoes_create(self, pod: Mapping[str, Any]) -> bool:
         """Whether a watch event shows a pod exactly as this runner's create answered it (the same uid and
         resourceVersion): the pass that created it already read it so, and a pass on the echo would find nothing
-        new (two of a new job's ~7 passes were these)."""
-        entry = self.created.get(str(pod["metadata"].get("name")))
+        new (two of a new job's ~7 passes were these). The cache holds it now (kopf updates its index before the
+        event handlers), so the overlay lets it go."""
+        name = str(pod["metadata"].get("name"))
+        entry = self.created.get(name)
         if entry is None:
             return False
         meta, created = pod["metadata"], _meta(entry[0])
-        return meta.get("uid") == created.get("uid") and meta.get("resourceVersion") == created.get("resourceVersion")
+        if meta.get("uid") != created.get("uid") or meta.get("resourceVersion") != created.get("resourceVersion"):
+            return False
+        del self.created[name]
+        return True
 
     def deleted_pod(self, uid: str, now: float) -> None:
         self.deleted.setdefault(uid, now)

@@ -46,7 +46,8 @@ def test_the_watch_echo_of_a_pods_own_create_wakes_no_pass_and_any_later_change_
     created = pod("j-worker-0", "new")
     r.own.wrote_pod(created, 100.0)
     r.pod_event("ADDED", copy.deepcopy(created))  # exactly as the create answered
-    assert not r.wake.is_set()
+    assert not r.wake.is_set() and not r.own.created  # the cache holds it now: the overlay let it go
+    r.own.wrote_pod(created, 100.0)
     scheduled = copy.deepcopy(created)
     scheduled["metadata"]["resourceVersion"] = "2"  # the scheduler or the kubelet changed it
     r.pod_event("MODIFIED", scheduled)
@@ -71,6 +72,18 @@ def test_a_deleted_pod_is_terminating_until_the_cache_says_so_and_a_relabel_show
     assert view["metadata"]["labels"][m.GENERATION_LABEL] == "3"
     own.pods([pod("j-worker-1", "b", generation=3)], 101.0)
     assert not own.relabelled
+
+
+def test_the_watch_event_of_the_last_status_write_lets_the_written_job_go():
+    r = JobRunner(None, m.OperatorSettings(etcd_endpoints=""), "ml", "j", "u", logging.getLogger("t"))  # type: ignore[arg-type]
+    r.own.wrote_job(job("4"), job("5"))
+    r.written_versions.append("5")
+    r.job_event("5")  # its own write: no pass, and nothing held for a pass that may never come
+    assert not r.wake.is_set() and r.own.job_written is None
+    r.own.wrote_job(job("5"), job("6"))
+    r.written_versions.append("6")
+    r.job_event("5")  # an older write's late event: the last one is still laid over the cache
+    assert r.own.job_written is not None and r.own.job(job("5")) == job("6")
 
 
 def test_the_job_as_written_is_read_until_the_cache_shows_that_write_or_a_newer_one():
