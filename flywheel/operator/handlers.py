@@ -24,6 +24,7 @@ from flywheel.operator import caches
 from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.health_executor import BackgroundMonitor
+from flywheel.operator.main import collect_cycles
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.spec import SpecError, parse_job
 
@@ -109,6 +110,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     except KubeConfigError as err:
         raise kopf.PermanentError(str(err)) from err  # stops the operator with the message, no retries
     memo.runners = {}
+    memo.collector = asyncio.ensure_future(collect_cycles())  # bounds the garbage of relaxed gc thresholds
     memo.forgotten = {}  # job uid -> when its run's etcd keys were deleted (forget_run)
     memo.background = set()  # tasks started from handlers, kept until done
     # kopf's indices are the same objects for the operator's life, updated in place: kept once for every reader.
@@ -143,6 +145,8 @@ class QuietWakeups(logging.Filter):
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
+    if memo.get("collector") is not None:
+        memo.collector.cancel()
     if memo.get("health") is not None:
         await memo.health.close()
     if memo.get("etcd") is not None:
