@@ -65,6 +65,7 @@ from flywheel.trainer.parallelize import (
 )
 from flywheel.trainer.progress_publisher import progress_events
 from flywheel.trainer.step import autocast_for, forward_backward, params_sha256, pick_device
+from flywheel.trainer.store_ready import wait_for_store
 from flywheel.trainer.trainer_metrics import TrainerMetrics
 from flywheel.trainer.watchdog import ProgressWatchdog
 from flywheel.trainer.worker_env import StopRequest, UserError, WorkerEnv
@@ -393,6 +394,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         # The collective-watchdog env (NCCL async error handling, flight recorder, dump pipe) is set in one place.
         timeouts = collective_timeouts(env.spec.fault_tolerance)
         apply_collective_env(collective_env(env.local_checkpoint_dir, timeouts))
+        wait_for_store(environ, timeouts.startup.total_seconds())  # one connect, not torch's refused-connect backoff
         dist.init_process_group(backend, timeout=timeouts.startup)
         metrics.rendezvous_seconds.set(time.monotonic() - began)
         code = train(env, sources, events, metrics, watchdog, stop, timeouts)
