@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -329,3 +330,37 @@ def test_a_tainted_node_is_drained_ahead_without_replay(real: RealCluster, tmp_p
         real.kubectl("taint", "node", node, f"{taint}-", check=False)
     assert status["lastRestartReason"] == "NodeDraining" and status["goodput"].get("lostSteps", 0) == 0, status
     assert status["restartBudget"].get("used", 0) == 0
+
+
+def test_a_job_deleted_while_the_operator_is_down_has_its_etcd_keys_deleted(real: RealCluster,
+                                                                             tmp_path: Path) -> None:
+    """The twin of test_operator_lifecycle's: no daemon runs a job deleted while the operator is down; its index
+    handler sees it deleting (kopf's finalizer holds it) after the restart and deletes its run's keys."""
+    ns, _, selector = os.environ.get("FLYWHEEL_E2E_ETCD",
+                                     f"{real.operator_ns}:app.kubernetes.io/component=etcd").partition(":")
+    etcd_pods = real.kubectl("get", "pods", "-l", selector, "-o", "name", namespace=ns).stdout.split()
+    if not etcd_pods:
+        pytest.skip("no in-cluster etcd (the chart points at an external endpoint)")
+    name = "e2e-deleted-while-down"
+    real.apply_job(name, tmp_path, **LONG)
+    eventually(lambda: real.status(name).get("step", 0) >= 10, 900, "step 10")
+    uid = json.loads(real.kubectl("get", "tj", name, "-o", "json").stdout)["metadata"]["uid"]
+    prefix = f"/flywheel/rdzv/{real.namespace}-{name}-{uid[:8]}/"
+
+    def keys() -> int:
+        out = real.kubectl("exec", etcd_pods[0], "--", "etcdctl", "get", "--prefix", "--keys-only", prefix,
+                           namespace=ns).stdout
+        return len([line for line in out.splitlines() if line.strip()])
+
+    assert keys() > 0
+    operator = ["deployment", "-l", real.operator_selector]
+    real.kubectl("scale", *operator, "--replicas=0", namespace=real.operator_ns)
+    try:
+        eventually(lambda: not real.kubectl("get", "pods", "-l", real.operator_selector, "-o", "name",
+                                            namespace=real.operator_ns).stdout.strip(), 300, "the operator to stop")
+        real.kubectl("delete", "tj", name, "--wait=false")
+        assert json.loads(real.kubectl("get", "tj", name, "-o", "json").stdout)["metadata"].get("deletionTimestamp")
+    finally:
+        real.kubectl("scale", *operator, "--replicas=1", namespace=real.operator_ns)
+    eventually(lambda: real.kubectl("get", "tj", name, check=False).returncode != 0, 600, "the job to go")
+    eventually(lambda: keys() == 0, 120, "its rendezvous keys to go")
