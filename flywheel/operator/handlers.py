@@ -77,8 +77,8 @@ async def lost_nodes(body: kopf.Body, **_: Any) -> dict[str, Any]:
 class NoDiffBase(kopf.DiffBaseStorage):
     """kopf deep-copies every watched object (each pod too) on each of its watch events into an "essence" to diff
     against the last handled one, for changing handlers (on.create/update/delete) and timers' idling only. This
-    operator has neither (tests/operator/test_handlers.py holds it to that), so none is built: that copy was ~10% of
-    its CPU in a burst of jobs."""
+    operator has neither (tests/operator/test_handlers_wiring.py holds it to that), so none is built: that copy was
+    ~10% of its CPU in a burst of jobs."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
         return {}
