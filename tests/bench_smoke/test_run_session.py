@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from bench.common import run_session
+from tests.rank_processes import alive
 
 # A launcher whose worker sits in a new session, like torch elastic's SubprocessHandler (start_new_session=True).
 LAUNCHER = """
@@ -19,14 +20,6 @@ time.sleep(600)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_a_timed_out_launcher_takes_its_own_session_workers_along(tmp_path: Path):
     pid_file = tmp_path / "worker.pid"
     began = time.monotonic()
@@ -34,9 +27,9 @@ def test_a_timed_out_launcher_takes_its_own_session_workers_along(tmp_path: Path
     assert time.monotonic() - began < 15
     worker = int(pid_file.read_text())
     deadline = time.monotonic() + 5
-    while _alive(worker) and time.monotonic() < deadline:
+    while alive(worker) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(worker)
+    assert not alive(worker)
 
 
 def test_a_launcher_that_ends_in_time_gives_its_exit_code(tmp_path: Path):

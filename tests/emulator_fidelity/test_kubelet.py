@@ -3,7 +3,6 @@ lost node leaves its pods Terminating until they are force-deleted."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from tests.k8s_emulator.fixtures import RunningCluster
+from tests.rank_processes import alive
 from tests.waiting import eventually as wait_for
 
 
@@ -50,15 +50,6 @@ def gone(core: client.CoreV1Api, name: str) -> Callable[[], bool]:
             return err.status == 404
         return False
     return check
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not stat.exists() or stat.read_text().split()[2] != "Z"
 
 
 def test_pod_runs_to_succeeded_with_env_and_logs(cluster: RunningCluster, core: client.CoreV1Api) -> None:

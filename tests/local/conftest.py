@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.rank_processes import alive
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 PYTHON = sys.executable
@@ -27,15 +29,6 @@ def child_env(**extra: str) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.update(extra)
     return env
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie waiting to be reaped."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 def write_job(path: Path, name: str, body: str) -> Path:

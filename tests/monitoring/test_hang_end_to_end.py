@@ -31,7 +31,7 @@ from flywheel.crd import GROUP, PLURAL, VERSION
 from tests.k8s_emulator.fixtures import start_cluster
 from tests.monitoring.prometheus_server import PROMETHEUS_BINARY, ChildProcess, PrometheusServer, ScrapeJob, free_port
 from tests.operator.conftest import CRD, KUBECTL, OpEnv, OperatorProcess, eventually
-from tests.rank_processes import trainer_ranks
+from tests.rank_processes import alive, trainer_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -121,7 +121,7 @@ def test_sigstopped_rank_is_hung_then_restarted_and_completes(hang_env) -> None:
         reasons = [e["reason"] for e in env.events_of(name)]
         assert "ProgressStalled" in reasons and "Restarting" in reasons
         assert env.operator.metrics().count('flywheel_monitor_decisions_total{decision="mark_hung"} 1.0') == 1
-        assert not trainer_ranks(agent) and not pid_alive(rank)  # the stopped rank did not outlive its pod
+        assert not trainer_ranks(agent) and not alive(rank)  # the stopped rank did not outlive its pod
     finally:
         env.delete(name)
 
@@ -130,14 +130,6 @@ def prom_saw_a_step(prom: PrometheusServer, job: str) -> bool:
     query = urllib.parse.quote(f'flywheel_train_last_step_timestamp_seconds{{job="{job}"}}')
     with urllib.request.urlopen(f"{prom.url}/api/v1/query?query={query}", timeout=5) as resp:
         return any(float(r["value"][1]) > 0 for r in json.load(resp)["data"]["result"])
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def post(url: str) -> None:

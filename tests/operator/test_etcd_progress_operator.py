@@ -8,13 +8,12 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.k8s_emulator.fixtures import start_cluster
 from tests.operator.conftest import CRD, KUBECTL, OpEnv, OperatorProcess, eventually
-from tests.rank_processes import trainer_ranks
+from tests.rank_processes import alive, trainer_ranks
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -75,13 +74,6 @@ def _stop_ranks(env: OpEnv, pod: str) -> list[int]:
     return ranks
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_stopped_ranks_are_marked_hung_and_restarted_in_place_without_prometheus(etcd_only: OpEnv) -> None:
     """Every worker's agent is alive: the ranks are restarted in place (the same pods, relabelled to the new
     generation), counted once although each agent reports the restart it was asked for, and the job finishes."""
@@ -116,7 +108,7 @@ def test_stopped_ranks_are_marked_hung_and_restarted_in_place_without_prometheus
         after = env.pods(name)
         assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in after} == pods
         assert {p["metadata"]["labels"]["flywheel.dev/generation"] for p in after} == {"1"}
-        assert not [pid for pid in stopped if _alive(pid)]
+        assert not [pid for pid in stopped if alive(pid)]
         restarting = [e["message"] for e in env.events_of(name) if e["reason"] == "Restarting"]
         assert restarting and "RestartRanksInPlace" in restarting[-1], restarting
         # Each agent reported the restart it was asked for in its liveness key: taken as the decided one.

@@ -16,26 +16,13 @@ import pytest
 from flywheel.etcd.liveness import list_live_workers
 from flywheel.etcd.rank_restart import RankRestartRequest, put_request
 from flywheel.etcd.session import EtcdSession
+from tests.rank_processes import alive, process_state
 
 from .etcd_server import EtcdServer
 
 pytestmark = pytest.mark.timeout(90)
 REPO = Path(__file__).resolve().parents[2]
 RANK = Path(__file__).with_name("stop_rank.py")
-
-
-def _stopped(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-    except OSError:
-        return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_an_agent_asked_to_restart_its_hung_ranks_kills_and_restarts_them_in_place(etcd_server: EtcdServer,
@@ -57,14 +44,14 @@ def test_an_agent_asked_to_restart_its_hung_ranks_kills_and_restarts_them_in_pla
             deadline = time.monotonic() + 45
             while time.monotonic() < deadline:
                 first = [int(p.name.rsplit(".", 1)[1]) for p in tmp_path.glob("started.*")]
-                if len(first) == 2 and all(_stopped(pid) for pid in first):
+                if len(first) == 2 and all(process_state(pid) == "T" for pid in first):
                     break
                 assert agent.poll() is None, log.read_text()[-3000:]
                 time.sleep(0.05)
             else:
                 pytest.fail(f"the ranks did not stop themselves:\n{log.read_text()[-3000:]}")
             time.sleep(0.5)  # past a few monitor intervals: the stale request restarted nothing
-            assert len(list(tmp_path.glob("started.*"))) == 2 and all(_stopped(pid) for pid in first)
+            assert len(list(tmp_path.glob("started.*"))) == 2 and all(process_state(pid) == "T" for pid in first)
             session.run(put_request(session, run_id, RankRestartRequest(2, "no training step for 5 s")))
             assert agent.wait(timeout=40) == 0, log.read_text()[-3000:]
         finally:
@@ -73,7 +60,7 @@ def test_an_agent_asked_to_restart_its_hung_ranks_kills_and_restarts_them_in_pla
                 agent.wait()
         pids = [int(p.name.rsplit(".", 1)[1]) for p in tmp_path.glob("started.*")]
         assert len(pids) == 4, sorted(p.name for p in tmp_path.glob("started.*"))
-        assert not any(_alive(pid) for pid in first)  # SIGKILLed, not left stopped
+        assert not any(alive(pid) for pid in first)  # SIGKILLed, not left stopped
         # torch's own restart count did not move: the agent's budget was given the restart back.
         assert {(tmp_path / f"restart-count.{r}").read_text() for r in (0, 1)} == {"0"}
         worker = list_live_workers(session, run_id)["0"]

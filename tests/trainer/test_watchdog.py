@@ -6,6 +6,7 @@ import textwrap
 import time
 
 from flywheel import exitcodes
+from tests.rank_processes import alive
 
 
 def run_snippet(code: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -78,22 +79,9 @@ def test_orphaned_rank_exits_when_its_parent_dies(tmp_path):
     assert middle.returncode == 0
     child = int(pid_file.read_text())
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _alive(child):
+    while time.monotonic() < deadline and alive(child):
         time.sleep(0.1)
-    alive = _alive(child)
-    if alive:
+    left = alive(child)
+    if left:
         os.kill(child, signal.SIGKILL)
-    assert not alive
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie whose parent (init/subreaper) has not reaped it yet counts as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
+    assert not left
