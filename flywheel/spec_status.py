@@ -107,7 +107,11 @@ class DrainStatus(_Model):
     cause: str = Field("", description="Why: cordoned, a taint's key, or a fatal GPU XID.")
     request_id: str = Field("", description="The checkpoint request asked of the ranks (etcd "
                             "/flywheel/requests/<run>/checkpoint).")
-    requested_at: str = Field("", description="When the checkpoint was requested (RFC 3339).")
+    requested_at: str = Field("", description="When the checkpoint was requested (RFC 3339; empty while warm "
+                              "replacements start).")
+    started_at: str = Field("", description="When the drain began (RFC 3339).")
+    replacements: int = Field(0, description="Spare pods started for this drain beyond spec.replicas.spares, so "
+                              "that each worker on the node moves to a warm pod (0: enough spares were ready).")
 
 
 class TrainingJobStatus(_Model):

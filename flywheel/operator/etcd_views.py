@@ -59,7 +59,8 @@ class EtcdViews:
     etcd_retry_due: float | None
     poke: Callable[[], None]
 
-    async def _start_liveness(self, job: TrainingJob) -> None:
+    async def _start_liveness(self, job: TrainingJob, spares: bool) -> None:
+        """The job's etcd watches; `spares`: the job has or wants spare pods (spec.replicas.spares, a drain's)."""
         if self.etcd is not None and self.progress.watch is None:
             try:
                 self.progress.start(await self.etcd.session(), m.run_id(job, self.uid))
@@ -67,6 +68,8 @@ class EtcdViews:
                 self.logger.warning(f"etcd progress watch unavailable: {err}")
                 self.etcd_retry_due = time.time() + ETCD_RETRY_SECONDS
         await self._start_drain_watch(job)
+        if spares:
+            await self._start_spare_watch(job)
         if self.watch is not None or self.etcd is None or not self.settings.worker_liveness:
             return
         loop = asyncio.get_running_loop()
@@ -82,12 +85,10 @@ class EtcdViews:
         except Exception as err:  # noqa: BLE001 (etcd down, any client error: pod status still works; retried)
             self.logger.warning(f"etcd liveness watch unavailable: {err}")
             self.etcd_retry_due = time.time() + ETCD_RETRY_SECONDS
-            return  # the spare watch is started with the retried liveness watch
-        await self._start_spare_watch(job)
 
     async def _start_spare_watch(self, job: TrainingJob) -> None:
-        """Follow the spare agents' keys (which spares wait, warm, to be promoted), for a job with spares."""
-        if self.spare_watch is not None or self.etcd is None or not job.spec.replicas.spares:
+        """Follow the spare agents' keys (which spares wait, warm, to be promoted)."""
+        if self.spare_watch is not None or self.etcd is None:
             return
         loop = asyncio.get_running_loop()
 

@@ -280,7 +280,8 @@ class JobRunner(EtcdViews, JobActions):
         self.findings.consumed(findings)
         self.seen_pods, self.deleted_pods = views, self.deleted_pods & {v.uid for v in views}
         if job is not None and result.status.phase not in (Phase.SUCCEEDED, Phase.FAILED, Phase.SUSPENDED):
-            await self._start_liveness(job)
+            await self._start_liveness(job, bool(job.spec.replicas.spares or result.status.drain.replacements
+                                                 or any(v.is_spare for v in views)))
             await self._ensure_service(obj, job)
         if self.metrics is not None:
             self._record_metrics(written if changed else None, status_in, views, progress)

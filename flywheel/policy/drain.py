@@ -2,11 +2,16 @@
 controller (NoSchedule/NoExecute with a key in the operator's --drain-taint-keys), or with a fatal GPU XID -- so the
 job takes a checkpoint first and the worker is moved, losing no step.
 
-1. A Running job with a current worker on such a node: record `status.drain` {node, cause, requestId, requestedAt}
-   and ask every rank for a checkpoint at its next step boundary (`RequestCheckpoint`: the etcd request key). The
-   ranks agree on one step in their per-step collective, save to the memory tier (own copy + the peer's replica; a
-   disk save without the tier), answer {id, step} and stop -- no step is trained after the checkpoint. Spares on
-   that node go now: none may be promoted onto it.
+1. A Running job with a current worker on such a node: record `status.drain` {node, cause, startedAt}; spares on
+   that node go now (none may be promoted onto it). Warm pods first: unless a ready spare off the leaving nodes
+   waits for each worker on the node, spares are started for the drain (`replacements`, beyond spec.replicas.spares;
+   the cordon or taint keeps them off the node) and the job trains on until they are ready, for at most
+   DRAIN_PREPARE_SECONDS -- a new pod's start (image, imports) would otherwise be a stall of the move. A fatal XID
+   does not wait: that GPU may not last.
+   Then ask every rank for a checkpoint at its next step boundary (`RequestCheckpoint`: the etcd request key;
+   {requestId, requestedAt}). The ranks agree on one step in their per-step collective, save to the memory tier
+   (own copy + the peer's replica; a disk save without the tier), answer {id, step} and stop -- no step is trained
+   after the checkpoint.
 2. Once every rank (`status.worldSize`) answered the request: the pods on the node are deleted (their indices go to
    a ready spare through the usual promotion, else to a new pod the cordon or taint keeps off the node), the other
    workers join the new generation, and the job resumes from that checkpoint. One restart in `status.restarts`,
@@ -30,14 +35,19 @@ from flywheel.policy.decisions import ClearCheckpointRequest, DeletePod, Event, 
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import PodView
 from flywheel.policy.rank_restarts import begin_generation
+from flywheel.policy.spares import promotable, spare_failed
 from flywheel.spec_status import DrainStatus, Phase, TrainingJobStatus
 from flywheel.timefmt import parse_rfc3339, rfc3339
 
 DRAIN_TIMEOUT_SECONDS = 60.0  # a step plus a memory save take seconds; a node's maintenance notice gives minutes
 XID_DRAIN_TIMEOUT_SECONDS = 10.0  # a GPU with a fatal XID may never finish the step: do not wait long for it
+# A replacement pod's start (image pull, imports, its warm zygote) takes seconds to minutes; the job trains on
+# meanwhile and its memory checkpoints cover the node going sooner.
+DRAIN_PREPARE_SECONDS = 120.0
 XID_CAUSE = "has a fatal GPU XID"
 MOVE_GRACE_SECONDS = 1  # the moved pod's ranks already stopped after their checkpoint: nothing to wait for
-NO_DRAIN = DrainStatus(node="", cause="", request_id="", requested_at="")  # every field set: the patch clears it
+# Every field set: the merge patch clears the recorded drain.
+NO_DRAIN = DrainStatus(node="", cause="", request_id="", requested_at="", started_at="", replacements=0)
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,7 @@ def drain_ahead(out: Pass, job: JobView, seen: DrainInput) -> Pass | None:
         return None
     node = _draining_node(job, seen)
     if node is not None:
-        _request(out, job, node, seen.nodes[node])
+        _begin(out, job, node, seen.nodes[node], seen)
     return None
 
 
@@ -98,14 +108,56 @@ def _names(pods: list[PodView]) -> str:
     return ", ".join(p.name for p in pods) or "(none left)"
 
 
-def _request(out: Pass, job: JobView, node: str, marks: NodeMarks) -> None:
-    cause = marks.cause or ""
-    request_id = f"{node}-g{job.generation}-{int(job.now * 1000)}"
-    out.status.drain = DrainStatus(node=node, cause=cause, request_id=request_id, requested_at=rfc3339(job.now))
-    out.actions.append(RequestCheckpoint(request_id, f"node {node} {cause}"))
+def _leaving(seen: DrainInput, node: str) -> set[str]:
+    return {node} | {n for n, marks in seen.nodes.items() if marks.cause is not None}
+
+
+def _spares_off(job: JobView, seen: DrainInput, node: str) -> list[PodView]:
+    """The spares a worker on `node` may move to: on none of the leaving nodes (or not placed yet), not going."""
+    leaving = _leaving(seen, node)
+    return [s for s in job.spares if s.node not in leaving and s.deleting_since is None and not spare_failed(s)]
+
+
+def _begin(out: Pass, job: JobView, node: str, marks: NodeMarks, seen: DrainInput) -> None:
+    """Record the drain; ask for the checkpoint now, or once warm pods wait for the node's workers."""
     out.actions += [DeletePod(s.name, s.uid) for s in job.spares if s.node == node and s.deleting_since is None]
+    moving = _on(job, node)
+    spares = _spares_off(job, seen, node)
+    ready = [s for s in spares if promotable(s)]
+    new = max(0, len(moving) - len(spares))
+    out.status.drain = DrainStatus(node=node, cause=marks.cause or "", started_at=rfc3339(job.now),
+                                   replacements=new)
+    if marks.fatal_xid or len(ready) >= len(moving):
+        _ask(out, job)
+        return
+    out.events.append(Event("Normal", R.NODE_DRAINING, R.MSG_DRAIN_PREPARING.format(
+        node=node, cause=out.status.drain.cause, count=len(moving) - len(ready), pods=_names(moving), new=new,
+        seconds=DRAIN_PREPARE_SECONDS)))
+
+
+def _ask(out: Pass, job: JobView) -> None:
+    drain = out.status.drain
+    request_id = f"{drain.node}-g{job.generation}-{int(job.now * 1000)}"
+    out.status.drain = drain.model_copy(update={"request_id": request_id, "requested_at": rfc3339(job.now)})
+    out.actions.append(RequestCheckpoint(request_id, f"node {drain.node} {drain.cause}"))
     out.events.append(Event("Normal", R.NODE_DRAINING, R.MSG_DRAIN_REQUESTED.format(
-        node=node, cause=cause, request=request_id, pods=_names(_on(job, node)))))
+        node=drain.node, cause=drain.cause, request=request_id, pods=_names(_on(job, drain.node)))))
+
+
+def _prepare(out: Pass, job: JobView, seen: DrainInput) -> None:
+    """Waiting for warm pods: ask for the checkpoint once a ready spare off the leaving nodes waits for each worker
+    on the node, or once DRAIN_PREPARE_SECONDS are over (a drain recorded without a start asks at once)."""
+    drain = out.status.drain
+    moving = _on(job, drain.node)
+    ready = [s for s in _spares_off(job, seen, drain.node) if promotable(s)]
+    started = parse_rfc3339(drain.started_at)
+    if started is not None and len(ready) < len(moving):
+        if job.now - started < DRAIN_PREPARE_SECONDS:
+            return
+        out.events.append(Event("Warning", R.NODE_DRAINING, R.MSG_DRAIN_UNPREPARED.format(
+            node=drain.node, cause=drain.cause, count=len(moving) - len(ready), seconds=DRAIN_PREPARE_SECONDS,
+            pods=_names(moving))))
+    _ask(out, job)
 
 
 def answered_step(status_world_size: int, request_id: str, answers: Mapping[int, tuple[str, int]]) -> int | None:
@@ -119,7 +171,7 @@ def answered_step(status_world_size: int, request_id: str, answers: Mapping[int,
 def _follow(out: Pass, job: JobView, seen: DrainInput) -> Pass | None:
     drain = out.status.drain
     on_node = _on(job, drain.node)
-    step = answered_step(out.status.world_size, drain.request_id, seen.answers)
+    step = answered_step(out.status.world_size, drain.request_id, seen.answers) if drain.request_id else None
     if step is not None:
         return _move(out, job, R.MSG_DRAIN_MOVED.format(node=drain.node, cause=drain.cause, step=step,
                                                         pods=_names(on_node)))
@@ -127,6 +179,9 @@ def _follow(out: Pass, job: JobView, seen: DrainInput) -> Pass | None:
     if failed or not on_node:
         why = f"worker {failed[0].name} failed first" if failed else "no worker of the job is on it any more"
         _end(out, R.MSG_DRAIN_ABANDONED.format(node=drain.node, cause=drain.cause, why=why), "Warning")
+        return None
+    if not drain.request_id:
+        _prepare(out, job, seen)
         return None
     requested = parse_rfc3339(drain.requested_at) or job.now
     bound = _bound(drain, seen.timeout_seconds)
@@ -143,9 +198,14 @@ def _bound(drain: DrainStatus, timeout_seconds: float) -> float:
 
 
 def drain_due(status: TrainingJobStatus, timeout_seconds: float = DRAIN_TIMEOUT_SECONDS) -> float | None:
-    """When a drain still waiting for its answers moves the worker anyway (policy/due.py); None: no drain."""
-    requested = parse_rfc3339(status.drain.requested_at) if status.drain.request_id else None
-    return None if requested is None else requested + _bound(status.drain, timeout_seconds)
+    """When a drain waiting for warm pods asks for its checkpoint anyway, or one waiting for its answers moves the
+    worker anyway (policy/due.py); None: no drain."""
+    drain = status.drain
+    if drain.node and not drain.request_id:
+        started = parse_rfc3339(drain.started_at)
+        return None if started is None else started + DRAIN_PREPARE_SECONDS
+    requested = parse_rfc3339(drain.requested_at) if drain.request_id else None
+    return None if requested is None else requested + _bound(drain, timeout_seconds)
 
 
 def _end(out: Pass, message: str, kind: str) -> None:

@@ -117,6 +117,10 @@ MSG_NO_REASON = "missing"  # no restart was decided: the index was just missing
 
 # policy/drain.py: a worker's node is cordoned, tainted for maintenance or has a fatal XID: checkpoint, then move.
 NODE_DRAINING = "NodeDraining"  # also status.lastRestartReason of the move
+MSG_DRAIN_PREPARING = ("node {node} {cause}: waiting for {count} warm pod(s) off it to take worker(s) {pods} "
+                       "({new} new spare(s) started for the drain); the job trains on meanwhile (up to {seconds:g}s)")
+MSG_DRAIN_UNPREPARED = ("node {node} {cause}: {count} replacement pod(s) not warm after {seconds:g}s; moving "
+                        "worker(s) {pods} after the checkpoint all the same (to new pods where no spare is ready)")
 MSG_DRAIN_REQUESTED = ("node {node} {cause}: asking every rank for a memory checkpoint at the next step boundary "
                        "(request {request}) before moving worker(s) {pods}")
 MSG_DRAIN_MOVED = ("node {node} {cause}: every rank holds the checkpoint of step {step}; moving worker(s) {pods} off "

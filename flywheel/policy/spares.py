@@ -15,7 +15,10 @@ spare never counts for success, failure, ranks or the ready workers.
   of an older generation is only relabelled to the current one.
 - A spare that failed goes and a new one is created behind every promoted or failed spare (`<job>-spare-<n>`, n
   counted in status.nextSpare and never reused). Spares above the count go, not-ready ones first; every spare goes
-  when the job finishes or is suspended.
+  when the job finishes or is suspended. The count is spec.replicas.spares, plus a drain's replacements while it
+  waits for them (policy/drain.py), plus the ready spares that replica indices without a worker wait for (a moved
+  or lost worker's index is filled a pass or two later, once its old group is gone): a ready spare is never
+  deleted as an extra while an index waits for it.
 - A worker pod still holding its spare key was relabelled but its agent never got the promotion (the operator
   stopped between the two): it is promoted again (the promotion is idempotent).
 """
@@ -25,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from flywheel.policy import reasons as R
-from flywheel.policy.decisions import CreateSpare, DeletePod, Event, Pass, PromoteSpare, Relabel
+from flywheel.policy.decisions import CreatePod, CreateSpare, DeletePod, Event, Pass, PromoteSpare, Relabel
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import PodView
 from flywheel.spec_status import Phase
@@ -73,19 +76,24 @@ def keep_spares(out: Pass, job: JobView) -> Pass:
     out.actions += [PromoteSpare(p.name, p.index, p.generation) for p in job.pods
                     if p.spare_ready and p.active and p.index >= 0]
     promoted = {a.name for a in out.actions if isinstance(a, PromoteSpare)}
-    wanted = 0 if status.phase in ENDED_PHASES else job.spec.replicas.spares
     node_grace = job.spec.fault_tolerance.node_failure_grace_seconds
+    deleted = {a.uid for a in out.actions if isinstance(a, DeletePod)}  # this pass's (a drain's) deletions
     kept: list[PodView] = []
     for s in job.spares:
+        if s.uid in deleted:
+            continue
         if s.deleting_since is not None:
             if s.node_lost and job.now - s.deleting_since >= node_grace:
                 out.actions.append(DeletePod(s.name, s.uid, force=True))
         elif s.name in promoted:
             continue
-        elif spare_failed(s) or wanted == 0:
+        elif spare_failed(s) or status.phase in ENDED_PHASES:
             out.actions.append(DeletePod(s.name, s.uid))
         else:
             kept.append(s)
+    wanted = 0 if status.phase in ENDED_PHASES else (
+        job.spec.replicas.spares + status.drain.replacements
+        + min(len(_waiting_indices(out, job)), sum(1 for s in kept if promotable(s))))
     # Extras go, those not ready first, then the newest.
     kept.sort(key=lambda s: (not promotable(s), -_number(s.name)))
     for s in kept[wanted:]:
@@ -97,6 +105,15 @@ def keep_spares(out: Pass, job: JobView) -> Pass:
         status.next_spare += 1
     status.spares = sum(1 for s in kept if promotable(s))
     return out
+
+
+def _waiting_indices(out: Pass, job: JobView) -> set[int]:
+    """Replica indices that no worker holds (or whose worker this pass deletes) and that this pass fills neither
+    with a promotion nor with a new pod: a ready spare will take each, once the old group is gone."""
+    deleted = {a.uid for a in out.actions if isinstance(a, DeletePod)}
+    held = {p.index for p in job.pods if p.active and p.uid not in deleted}
+    filled = {a.index for a in out.actions if isinstance(a, (PromoteSpare, CreatePod))}
+    return set(range(job.desired)) - held - filled
 
 
 def _number(name: str) -> int:

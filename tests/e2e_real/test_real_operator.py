@@ -332,6 +332,27 @@ def test_a_tainted_node_is_drained_ahead_without_replay(real: RealCluster, tmp_p
     assert status["restartBudget"].get("used", 0) == 0
 
 
+def test_without_a_spare_a_drain_starts_a_warm_pod_first(real: RealCluster, tmp_path: Path) -> None:
+    """The twin of test_drain_cluster's: spares 0; the drain starts a spare off the tainted node, waits for it to be
+    warm while the job trains, then moves the worker to it with no replayed step."""
+    name, taint = "e2e-drain-no-spare", "nvidia.com/gpu-xid-error"
+    real.apply_job(name, tmp_path, **LONG, **{"checkpoint.memoryEverySteps": 10})
+    eventually(lambda: real.status(name).get("step", 0) >= 40, 900, "step 40")
+    worker = _pod(real, name, f"{name}-worker-1") or {}
+    node = worker["spec"]["nodeName"]
+    real.kubectl("taint", "node", node, f"{taint}=true:NoSchedule")
+    try:
+        eventually(lambda: any((_pod(real, name, f"{name}-spare-{n}") or {}).get("metadata", {}).get("labels", {})
+                               .get("flywheel.dev/replica-index") == "1" for n in range(2)), 900,
+                   "a spare of the drain to take index 1")
+        status = real.wait_phase(name, "Succeeded", 900)
+    finally:
+        real.kubectl("taint", "node", node, f"{taint}-", check=False)
+    assert status["lastRestartReason"] == "NodeDraining" and status["goodput"].get("lostSteps", 0) == 0, status
+    assert status["restartBudget"].get("used", 0) == 0
+    assert _pod(real, name, f"{name}-worker-1") is None  # no cold pod of that index
+
+
 def test_a_job_deleted_while_the_operator_is_down_has_its_etcd_keys_deleted(real: RealCluster,
                                                                              tmp_path: Path) -> None:
     """The twin of test_operator_lifecycle's: no daemon runs a job deleted while the operator is down; its index

@@ -1,6 +1,7 @@
 """Drain ahead on the test cluster, driven by the real kubectl (issue 21): a worker's node gets a maintenance taint
 mid-run; the operator asks every rank for a memory checkpoint, moves the worker to the warm spare once all answered
-(lastRestartReason NodeDraining), and the job Succeeds with the fault-free run's parameters and no replayed step."""
+(lastRestartReason NodeDraining), and the job Succeeds with the fault-free run's parameters and no replayed step.
+Without a spare the operator starts a warm pod for the drain first and moves the worker to it the same way."""
 
 from __future__ import annotations
 
@@ -49,8 +50,38 @@ def test_a_tainted_node_is_drained_ahead_to_the_spare_without_replay(op_env: OpE
     assert status["restartBudget"].get("used", 0) == 0  # a planned move is no failure
     # The promoted spare finished as that replica: no cold pod of the drained index was created behind it.
     assert worker not in {p["metadata"]["name"] for p in op_env.pods(name)}
+    _no_replay_and_a_short_stall(op_env, name, node)
+
+
+def test_without_a_spare_a_drain_starts_a_warm_pod_first(op_env: OpEnv) -> None:
+    """spares: 0. The drain starts a spare for the moving worker (the taint keeps it off the node) while the job
+    trains on, asks for the checkpoint once it is warm, and moves the worker to it: no cold pod in the stall."""
+    name = "drain-no-spare"
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **LONG, **{"checkpoint.memoryEverySteps": 10})))
+    eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
+    worker = f"{name}-worker-1"
+    node = node_of(op_env, name, worker)
+    moving = [p["metadata"]["name"] for p in op_env.pods(name) if p["spec"].get("nodeName") == node]
+    op_env.kubectl("taint", "node", node, f"{TAINT}=true:NoSchedule")
+    try:
+        eventually(lambda: any(_labels_of(op_env, name, f"{name}-spare-{n}").get(INDEX_LABEL) == "1"
+                               for n in range(len(moving))), 120, "a spare of the drain to take index 1")
+        status = op_env.wait_phase(name, "Succeeded", 180)
+    finally:
+        op_env.kubectl("taint", "node", node, f"{TAINT}-", check=False)
+    assert status["step"] == 400 and status["lastRestartReason"] == "NodeDraining", status
+    assert status["restarts"] == 1 and status["restartBudget"].get("used", 0) == 0, status
+    assert worker not in {p["metadata"]["name"] for p in op_env.pods(name)}
+    draining = [e["message"] for e in op_env.events_of(name) if e["reason"] == "NodeDraining"]
+    wait = f"waiting for {len(moving)} warm pod(s)"
+    assert any(wait in m and f"{len(moving)} new spare" in m for m in draining), draining
+    _no_replay_and_a_short_stall(op_env, name, node)
+
+
+def _no_replay_and_a_short_stall(op_env: OpEnv, name: str, node: str) -> None:
     draining = [e["message"] for e in op_env.events_of(name) if e["reason"] == "NodeDraining"]
     assert any(node in m and TAINT in m for m in draining), draining
+    assert op_env.status(name)["goodput"].get("lostSteps", 0) == 0
     assert op_env.done_hash(name) == _reference_hash(op_env)
     records = op_env.records(name)
     trained = [r["step"] for r in records if r["event"] == "step"]

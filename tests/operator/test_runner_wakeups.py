@@ -123,7 +123,7 @@ def test_a_failed_etcd_watch_is_retried_without_a_change() -> None:
 
     r = JobRunner(None, SETTINGS, "ml", "j", "uid", logging.getLogger("t"), etcd=EtcdDown())  # type: ignore[arg-type]
     before = time.time()
-    asyncio.run(r._start_liveness(None))  # type: ignore[arg-type]
+    asyncio.run(r._start_liveness(None, False))  # type: ignore[arg-type]
     due = r.next_due()
     retry = etcd_views.ETCD_RETRY_SECONDS
     assert due is not None and before + retry <= due <= time.time() + retry

@@ -10,12 +10,14 @@ from flywheel.policy import reasons as R
 from flywheel.policy.decisions import (
     ClearCheckpointRequest,
     CreatePod,
+    CreateSpare,
     DeletePod,
     PromoteSpare,
     Relabel,
     RequestCheckpoint,
 )
 from flywheel.policy.drain import (
+    DRAIN_PREPARE_SECONDS,
     DRAIN_TIMEOUT_SECONDS,
     MOVE_GRACE_SECONDS,
     XID_DRAIN_TIMEOUT_SECONDS,
@@ -38,18 +40,19 @@ def on(index: int, node: str, generation: int = 0, **kw: Any) -> PodView:
     return pod(index, generation=generation, node=node, **kw)
 
 
-def spare(number: int, node: str) -> PodView:
-    return PodView(name=f"j-spare-{number}", uid=f"s{number}", index=-1, generation=0, phase="Running", ready=True,
-                   role="spare", spare_ready=True, node=node)
+def spare(number: int, node: str, ready: bool = True) -> PodView:
+    return PodView(name=f"j-spare-{number}", uid=f"s{number}", index=-1, generation=0, phase="Running", ready=ready,
+                   role="spare", spare_ready=ready, node=node)
 
 
 def running(**fields: Any) -> TrainingJobStatus:
     return TrainingJobStatus(phase=Phase.RUNNING, worker_generation=0, world_size=2, **fields)
 
 
-def draining(at: float = NOW, request_id: str = "r1", **fields: Any) -> TrainingJobStatus:
+def draining(at: float = NOW, request_id: str = "r1", replacements: int = 0, **fields: Any) -> TrainingJobStatus:
     return running(drain=DrainStatus(node="n1", cause="is cordoned", request_id=request_id,
-                                     requested_at=rfc3339(at)), **fields)
+                                     requested_at=rfc3339(at), started_at=rfc3339(at), replacements=replacements),
+                   **fields)
 
 
 def decide(status: TrainingJobStatus, pods: list[PodView], seen: DrainInput, now: float = NOW, **spec_kw: Any):
@@ -65,7 +68,8 @@ PODS = [on(0, "n0"), on(1, "n1")]
     (NodeMarks(fatal_xid="XID 79 on GPU 0"), "has a fatal GPU XID (XID 79 on GPU 0)"),
 ])
 def test_each_trigger_requests_a_checkpoint_and_records_the_drain(marks: NodeMarks, cause: str) -> None:
-    out = decide(running(), PODS, DrainInput(nodes={"n1": marks}))
+    # A ready spare off the node waits for the worker: the checkpoint is asked at once.
+    out = decide(running(), PODS + [spare(0, "n2")], DrainInput(nodes={"n1": marks}), **{"replicas.spares": 1})
     drain = out.status.drain
     assert (drain.node, drain.cause) == ("n1", cause) and drain.request_id and drain.requested_at
     assert RequestCheckpoint(drain.request_id, f"node n1 {cause}") in out.actions
@@ -73,6 +77,92 @@ def test_each_trigger_requests_a_checkpoint_and_records_the_drain(marks: NodeMar
     assert out.status.phase is Phase.RUNNING and out.status.restarts == 0
     drained = [e for e in out.events if e.reason == R.NODE_DRAINING]
     assert len(drained) == 1 and "j-worker-1" in drained[0].message
+    assert drain.replacements == 0 and drain.started_at == drain.requested_at
+    assert not any(isinstance(a, CreateSpare) for a in out.actions)
+
+
+def preparing(replacements: int = 1, at: float = NOW) -> TrainingJobStatus:
+    return running(drain=DrainStatus(node="n1", cause="is cordoned", started_at=rfc3339(at),
+                                     replacements=replacements))
+
+
+def test_without_a_ready_spare_a_warm_pod_starts_before_the_checkpoint() -> None:
+    """No spare at all: one is started for the drain (the cordon keeps it off n1) and the job trains on; no
+    checkpoint is asked yet, so nothing stalls while the new pod imports."""
+    out = decide(running(), PODS, DrainInput(nodes=CORDONED))
+    drain = out.status.drain
+    assert (drain.node, drain.replacements, drain.request_id) == ("n1", 1, "") and drain.started_at
+    assert [a for a in out.actions if isinstance(a, CreateSpare)] == [CreateSpare(0, 0)]
+    assert not any(isinstance(a, (RequestCheckpoint, DeletePod)) for a in out.actions)
+    assert out.status.phase is Phase.RUNNING and out.status.restarts == 0
+    message = next(e.message for e in out.events if e.reason == R.NODE_DRAINING)
+    assert "j-worker-1" in message and "1 new spare" in message and "trains on" in message
+
+
+def test_a_spare_on_the_draining_node_is_replaced_before_the_checkpoint() -> None:
+    out = decide(running(), PODS + [spare(0, "n1")], DrainInput(nodes=CORDONED), **{"replicas.spares": 1})
+    assert DeletePod("j-spare-0", "s0") in out.actions
+    assert out.status.drain.replacements == 1 and not out.status.drain.request_id
+    # One for the move, one to stay the job's spare after it.
+    assert len([a for a in out.actions if isinstance(a, CreateSpare)]) == 2
+
+
+def test_a_spare_still_starting_off_the_node_is_waited_for_without_another() -> None:
+    out = decide(running(), PODS + [spare(0, "n2", ready=False)], DrainInput(nodes=CORDONED),
+                 **{"replicas.spares": 1})
+    assert out.status.drain.replacements == 0 and not out.status.drain.request_id
+    assert not any(isinstance(a, (CreateSpare, DeletePod, RequestCheckpoint)) for a in out.actions)
+
+
+def test_a_spare_on_another_leaving_node_does_not_count() -> None:
+    nodes = {**CORDONED, "n2": NodeMarks(taints=("karpenter.sh/disrupted",))}
+    out = decide(running(), PODS + [spare(0, "n2")], DrainInput(nodes=nodes), **{"replicas.spares": 1})
+    assert out.status.drain.replacements == 1 and not out.status.drain.request_id
+
+
+def test_the_checkpoint_is_asked_once_the_replacement_is_warm() -> None:
+    waiting = decide(preparing(), PODS + [spare(0, "n2", ready=False)], DrainInput(nodes=CORDONED), now=NOW + 3)
+    assert not any(isinstance(a, (RequestCheckpoint, CreateSpare, DeletePod)) for a in waiting.actions)
+    assert waiting.next_due == NOW + DRAIN_PREPARE_SECONDS
+    out = decide(preparing(), PODS + [spare(0, "n2")], DrainInput(nodes=CORDONED), now=NOW + 4)
+    drain = out.status.drain
+    assert drain.request_id and drain.requested_at == rfc3339(NOW + 4) and drain.started_at == rfc3339(NOW)
+    assert RequestCheckpoint(drain.request_id, "node n1 is cordoned") in out.actions
+    assert not any(isinstance(a, (CreateSpare, DeletePod)) for a in out.actions)  # the drain's spare is kept
+
+
+def test_replacements_not_warm_within_the_bound_ask_for_the_checkpoint_anyway() -> None:
+    out = decide(preparing(), PODS + [spare(0, "", ready=False)], DrainInput(nodes=CORDONED),
+                 now=NOW + DRAIN_PREPARE_SECONDS)
+    assert out.status.drain.request_id and any(isinstance(a, RequestCheckpoint) for a in out.actions)
+    assert any(e.type == "Warning" and "not warm after 120s" in e.message for e in out.events)
+
+
+def test_the_drains_spare_survives_the_move_and_takes_the_index() -> None:
+    """spares: 0. The spare started for the drain is no extra to delete when the drain ends with the move: the
+    moved index waits for it; once promoted no spare is left or created."""
+    seen = DrainInput(nodes=CORDONED, request_id="r1", answers={0: ("r1", 12), 1: ("r1", 12)})
+    status = draining(replacements=1)
+    moved = decide(status, PODS + [spare(0, "n2")], seen, now=NOW + 3)
+    assert moved.status.drain.replacements == 0 and moved.status.last_restart_reason == R.NODE_DRAINING
+    assert not any(isinstance(a, (CreateSpare, CreatePod)) for a in moved.actions)
+    assert DeletePod("j-spare-0", "s0") not in moved.actions
+    after = [on(0, "n0", generation=1), on(1, "n1", deleting_since=NOW + 3.5), spare(0, "n2")]
+    nxt = decide(moved.status, after, DrainInput(nodes=CORDONED), now=NOW + 4)
+    assert PromoteSpare("j-spare-0", 1, 1) in nxt.actions
+    assert not any(isinstance(a, (CreateSpare, CreatePod)) for a in nxt.actions)
+
+
+def test_a_drain_given_up_while_preparing_lets_its_spare_go() -> None:
+    pods = [on(0, "n0", phase="Failed", exit_code=1), on(1, "n1")]
+    out = decide(preparing(), pods + [spare(0, "n2", ready=False)], DrainInput(nodes=CORDONED), now=NOW + 2)
+    assert out.status.drain.node == "" and out.status.drain.replacements == 0
+    assert DeletePod("j-spare-0", "s0") in out.actions
+
+
+def test_a_fatal_xid_asks_at_once_even_without_a_spare() -> None:
+    out = decide(running(), PODS, DrainInput(nodes={"n1": NodeMarks(fatal_xid="XID 79")}))
+    assert out.status.drain.request_id and any(isinstance(a, RequestCheckpoint) for a in out.actions)
 
 
 def test_unmarked_nodes_and_nodes_without_workers_start_nothing() -> None:
@@ -112,7 +202,8 @@ def test_every_rank_answered_moves_the_worker_without_budget() -> None:
     moved = [e for e in out.events if e.reason == R.NODE_DRAINING]
     assert moved and "n1" in moved[0].message and "step 12" in moved[0].message and "cordoned" in moved[0].message
     # The cleared drain is written field by field: a merge patch must overwrite the recorded one.
-    assert status.to_json()["drain"] == {"node": "", "cause": "", "requestId": "", "requestedAt": ""}
+    assert status.to_json()["drain"] == {"node": "", "cause": "", "requestId": "", "requestedAt": "", "startedAt": "",
+                                         "replacements": 0}
 
 
 def test_answers_of_another_request_do_not_count() -> None:
@@ -155,11 +246,17 @@ def test_a_failure_elsewhere_ends_the_drain_and_is_decided_as_usual() -> None:
 
 def test_a_repeated_pass_over_the_same_status_decides_the_same() -> None:
     """An operator restarted after writing the status re-reads it: the same drain, not a second request id."""
-    first = decide(running(), PODS, DrainInput(nodes=CORDONED))
-    again = decide(first.status, PODS, DrainInput(nodes=CORDONED, request_id=first.status.drain.request_id),
-                   now=NOW + 1)
+    pods = PODS + [spare(0, "n2")]
+    first = decide(running(), pods, DrainInput(nodes=CORDONED), **{"replicas.spares": 1})
+    again = decide(first.status, pods, DrainInput(nodes=CORDONED, request_id=first.status.drain.request_id),
+                   now=NOW + 1, **{"replicas.spares": 1})
     assert again.status.drain == first.status.drain
     assert again.actions == [RequestCheckpoint(first.status.drain.request_id, "node n1 is cordoned")]
+    # Waiting for the drain's spare: its create is seen, nothing more is created or asked.
+    prepared = decide(running(), PODS, DrainInput(nodes=CORDONED))
+    created = PodView(name="j-spare-0", uid="s0", index=-1, generation=0, phase="Pending", role="spare")
+    repeat = decide(prepared.status, PODS + [created], DrainInput(nodes=CORDONED), now=NOW + 1)
+    assert repeat.status.drain == prepared.status.drain and repeat.actions == []
 
 
 def test_a_leftover_request_is_cleared_when_no_drain_is_recorded() -> None:

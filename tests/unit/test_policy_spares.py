@@ -69,6 +69,19 @@ def test_extra_spares_go_not_ready_first() -> None:
     assert out.actions == [DeletePod("j-spare-1", "s1")]
 
 
+def test_a_ready_spare_an_index_waits_for_is_no_extra() -> None:
+    """Worker 1's pod is going (a drain's move, a loss) and its index is not filled in this pass: the ready spare
+    waits for it beyond the count (here 0, a drain's spare) and is neither deleted nor doubled."""
+    out = fresh()
+    job = with_spares(view(spec(), [pod(0), pod(1, deleting_since=NOW)]), spare(0), spare(1, ready=False))
+    keep_spares(out, job)
+    assert out.actions == [DeletePod("j-spare-1", "s1")]  # the one not ready is an extra
+    out = fresh()
+    keep_spares(out, with_spares(view(spec(**{"replicas.spares": 1}), [pod(0), pod(1, deleting_since=NOW)]),
+                                 spare(0)))
+    assert out.actions == [CreateSpare(0, 0)]  # the count is kept beside the one the index waits for
+
+
 def test_every_spare_goes_when_the_job_ended() -> None:
     out = fresh(Phase.SUCCEEDED)
     keep_spares(out, with_spares(view(spec(**{"replicas.spares": 1}), []), spare(0)))
@@ -77,7 +90,9 @@ def test_every_spare_goes_when_the_job_ended() -> None:
 
 def test_spares_survive_a_new_generation_relabelled() -> None:
     out = fresh(worker_generation=2)
-    keep_spares(out, with_spares(view(spec(**{"replicas.spares": 1}), [], generation=2), spare(0, generation=1)))
+    workers = [pod(0, generation=2), pod(1, generation=2)]
+    keep_spares(out, with_spares(view(spec(**{"replicas.spares": 1}), workers, generation=2),
+                                 spare(0, generation=1)))
     assert out.actions == [Relabel("j-spare-0", 2)]
 
 
