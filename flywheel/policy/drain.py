@@ -124,7 +124,10 @@ def _begin(out: Pass, job: JobView, node: str, marks: NodeMarks, seen: DrainInpu
     moving = _on(job, node)
     spares = _spares_off(job, seen, node)
     ready = [s for s in spares if promotable(s)]
-    new = max(0, len(moving) - len(spares))
+    # The spares the job keeps anyway (spec.replicas.spares) are recreated off the node when those on it go: only
+    # the workers beyond them and the spares already off it need one started for the drain.
+    kept = [s for s in job.spares if s.node != node and s.deleting_since is None and not spare_failed(s)]
+    new = max(0, len(moving) - len(spares) - max(0, job.spec.replicas.spares - len(kept)))
     out.status.drain = DrainStatus(node=node, cause=marks.cause or "", started_at=rfc3339(job.now),
                                    replacements=new)
     if marks.fatal_xid or len(ready) >= len(moving):

@@ -15,7 +15,8 @@ spare never counts for success, failure, ranks or the ready workers.
   of an older generation is only relabelled to the current one.
 - A spare that failed goes and a new one is created behind every promoted or failed spare (`<job>-spare-<n>`, n
   counted in status.nextSpare and never reused). Spares above the count go, not-ready ones first; every spare goes
-  when the job finishes or is suspended. The count is spec.replicas.spares, plus a drain's replacements while it
+  when the job finishes or is suspended. New spares are created while the job is not Restarting: a spare's start
+  does not compete with a recovery. The count is spec.replicas.spares, plus a drain's replacements while it
   waits for them (policy/drain.py), plus the ready spares that replica indices without a worker wait for (a moved
   or lost worker's index is filled a pass or two later, once its old group is gone): a ready spare is never
   deleted as an extra while an index waits for it.
@@ -100,7 +101,9 @@ def keep_spares(out: Pass, job: JobView) -> Pass:
         out.actions.append(DeletePod(s.name, s.uid))
     kept = kept[:wanted]
     out.actions += [Relabel(s.name, generation) for s in kept if s.generation != generation]
-    for _ in range(wanted - len(kept)):
+    # A new spare waits for the job to train again: its start (imports, a zygote) would compete for the CPU of a
+    # node it shares with workers, and a recovery under way already has the spare it could use.
+    for _ in range(0 if status.phase is Phase.RESTARTING else wanted - len(kept)):
         out.actions.append(CreateSpare(status.next_spare, generation))
         status.next_spare += 1
     status.spares = sum(1 for s in kept if promotable(s))

@@ -82,6 +82,15 @@ def test_a_ready_spare_an_index_waits_for_is_no_extra() -> None:
     assert out.actions == [CreateSpare(0, 0)]  # the count is kept beside the one the index waits for
 
 
+def test_a_new_spare_waits_for_the_job_to_train_again() -> None:
+    out = fresh(Phase.RESTARTING)
+    keep_spares(out, with_spares(view(spec(**{"replicas.spares": 2}), [pod(0), pod(1)]), spare(0)))
+    assert out.actions == [] and out.status.spares == 1
+    out = fresh(Phase.RUNNING)
+    keep_spares(out, with_spares(view(spec(**{"replicas.spares": 2}), [pod(0), pod(1)]), spare(0)))
+    assert out.actions == [CreateSpare(0, 0)]
+
+
 def test_every_spare_goes_when_the_job_ended() -> None:
     out = fresh(Phase.SUCCEEDED)
     keep_spares(out, with_spares(view(spec(**{"replicas.spares": 1}), []), spare(0)))
@@ -150,9 +159,14 @@ def test_reconcile_promotes_and_creates_a_spare_behind() -> None:
     pods = [pod(0, generation=1), pod(1, generation=0, deleting_since=NOW - 1), spare(0)]
     result = reconcile(spec(**{"replicas.spares": 1}), None, running(1).model_copy(update={"next_spare": 1}), pods,
                        ObservedProgress(), NOW)
-    assert result.actions == [PromoteSpare("j-spare-0", 1, 1), CreateSpare(1, 1)]
+    assert result.status.phase is Phase.RESTARTING
+    assert result.actions == [PromoteSpare("j-spare-0", 1, 1)]  # the spare behind waits for the job to train
     assert result.status.replicas.current == 2  # worker 0, and the spare promoted to worker 1 by this pass
     assert result.status.spares == 0
+    promoted = PodView(name="j-spare-0", uid="s0", index=1, generation=1, phase="Running", ready=True)
+    trains = reconcile(spec(**{"replicas.spares": 1}), None, result.status, [pod(0, generation=1), promoted],
+                       ObservedProgress(step=5, world_size=2), NOW + 2)
+    assert trains.status.phase is Phase.RUNNING and trains.actions == [CreateSpare(1, 1)]
 
 
 def test_spares_never_count_as_workers_for_failure_or_readiness() -> None:
