@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from flywheel.trainer import checkpoint_integrity as integrity
 from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer.checkpoint_failure import describe_failure
-from flywheel.trainer.checkpoint_state import AppState
+from flywheel.trainer.checkpoint_state import AppState, drop_rng_not_saved
 
 if TYPE_CHECKING:
     from flywheel.trainer.checkpoint import Checkpointer
@@ -101,7 +101,9 @@ def _from_disk(ck: Checkpointer, app: AppState, candidates: list[Candidate]) -> 
         try:
             state = app.state_dict(include_rng=saved_world == ck.world_size)
             state["step"] = -1
-            dcp_load(state, storage_reader=FileSystemReader(path), process_group=ck._write_group)
+            reader = FileSystemReader(path)
+            drop_rng_not_saved(state, ck.rank, reader.read_metadata().state_dict_metadata)
+            dcp_load(state, storage_reader=reader, process_group=ck._write_group)
             if state["step"] != step:
                 raise ValueError(f"holds step {state['step']} but its commit marker says {step}")
             app.load_state_dict(state)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -13,9 +13,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
-
-# torch.cuda.is_initialized has no annotations; this is its signature.
-_cuda_is_initialized: Callable[[], bool] = torch.cuda.is_initialized
 
 
 class DataPosition(Protocol):
@@ -28,15 +25,29 @@ def rng_key(rank: int) -> str:
     return f"rng_rank{rank}"
 
 
-def capture_rng() -> dict[str, Any]:
+def capture_rng(cuda: bool) -> dict[str, Any]:
+    """The RNG states; the CUDA generators' with `cuda` (the model is on a GPU). Decided by the job, not by whether
+    CUDA happens to be initialised yet: pinned staging buffers initialise it after the first save's capture, and a
+    restore whose template then asked for CUDA states that save never wrote would fail."""
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and _cuda_is_initialized():
+    if cuda:
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+def drop_rng_not_saved(state: dict[str, Any], rank: int, saved_keys: Mapping[str, Any]) -> None:
+    """Leave out of a load template the RNG parts a checkpoint does not hold (DCP's flattened keys, e.g.
+    `rng_rank0.cuda.0`): one written by a CPU job restored on a GPU keeps the CUDA generators as they are."""
+    rng = state.get(rng_key(rank))
+    if not isinstance(rng, dict):
+        return
+    for part in [k for k in rng if not any(key == f"{rng_key(rank)}.{k}" or key.startswith(f"{rng_key(rank)}.{k}.")
+                                           for key in saved_keys)]:
+        del rng[part]
 
 
 def restore_rng(state: dict[str, Any]) -> None:
@@ -60,6 +71,7 @@ class AppState(Stateful):
         self.data = data
         self.rank = rank
         self.world_size = world_size
+        self.cuda_rng = any(p.device.type == "cuda" for p in model.parameters())
         # Pipeline parallel: each rank holds some stages. Checkpoint keys stay the whole model's FQNs; the last
         # stage's copy of a tied weight is saved under the tied source's name, and the optimizer's param_groups
         # (one object in the checkpoint, written by one rank) list every stage's parameters, so any layout finds
@@ -96,7 +108,7 @@ class AppState(Stateful):
             "world_size": self.world_size,
         }
         if include_rng:
-            state[rng_key(self.rank)] = capture_rng()
+            state[rng_key(self.rank)] = capture_rng(self.cuda_rng)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

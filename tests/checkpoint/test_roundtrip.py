@@ -93,3 +93,40 @@ def test_async_save_captures_the_state_at_its_step(tmp_path: Path, monkeypatch: 
     app2, _ = make_app(seed=2)
     assert Checkpointer(cfg, tmp_path).restore(app2) == 2
     assert_same_state(full_state(app2), expected)
+
+
+def test_a_restore_asks_only_for_the_rng_parts_the_checkpoint_holds(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found on a GPU host running a CPU job: pinned staging buffers initialised CUDA after the first save's
+    capture, the restore's template then asked for CUDA generator states that save never wrote, and no checkpoint
+    loaded. The CUDA states now follow the model's device, and a template part the checkpoint lacks is left out."""
+    from flywheel.trainer import checkpoint_state
+
+    cfg = CheckpointSpec(dir=str(tmp_path), every_steps=1, keep=2)
+    app, data = make_app(seed=0)
+    assert app.cuda_rng is False and "cuda" not in app.state_dict()["rng_rank0"]  # a CPU model
+    ckpt = Checkpointer(cfg, tmp_path)
+    train_step(app, data, ckpt)
+    ckpt.save(1, app)
+    ckpt.close()
+    saved = full_state(app)
+    capture = checkpoint_state.capture_rng
+
+    def with_a_part_never_saved(cuda: bool) -> dict[str, Any]:  # as CUDA's states would be on a GPU host
+        return {**capture(cuda), "cuda": [torch.zeros(8, dtype=torch.uint8)]}
+
+    monkeypatch.setattr(checkpoint_state, "capture_rng", with_a_part_never_saved)
+    app2, _ = make_app(seed=5)
+    assert Checkpointer(cfg, tmp_path).restore(app2) == 1
+    assert_same_state(full_state(app2), saved)
+
+
+def test_drop_rng_not_saved_keeps_what_the_checkpoint_has() -> None:
+    from flywheel.trainer.checkpoint_state import drop_rng_not_saved
+
+    state = {"rng_rank1": {"python": 1, "torch": 2, "cuda": [3]}, "model": {}}
+    drop_rng_not_saved(state, 1, {"rng_rank1.python": 0, "rng_rank1.torch": 0, "rng_rank10.cuda.0": 0})
+    assert state["rng_rank1"] == {"python": 1, "torch": 2}
+    kept = {"rng_rank0": {"cuda": [3]}}
+    drop_rng_not_saved(kept, 0, {"rng_rank0.cuda.0": 0})
+    assert kept == {"rng_rank0": {"cuda": [3]}}
