@@ -28,7 +28,10 @@ import contextlib
 import logging
 import mmap
 import os
+import sys
 import threading
+import time
+import traceback
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -43,6 +46,9 @@ from flywheel.trainer.checkpoint_staging import StagingBuffers
 
 log = logging.getLogger("flywheel.checkpoint")
 CHUNK = 64 << 20  # bytes per message of a replica sent after a save (two such buffers per rank receive them)
+# A copy under way this long is stuck (a step's copy takes well under a second): said once, with where its thread is.
+STUCK_SECONDS = 30.0
+THREAD_PREFIX = "flywheel-memory"
 
 
 class MemoryTier:
@@ -65,9 +71,11 @@ class MemoryTier:
         self.group = dist.new_group(backend="gloo") if distributed else None
         self._buffers = StagingBuffers(pin_memory=pin_memory)
         self._stream = torch.cuda.Stream() if pin_memory else None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-memory")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_PREFIX)
         self._future: Future[None] | None = None
         self._future_step = -1
+        self._future_began = 0.0
+        self._stuck_said = False
         self._staged = threading.Event()
         self._staged.set()
         self._chunks: tuple[torch.Tensor, torch.Tensor] | None = None  # receive buffers, reused between saves
@@ -92,6 +100,7 @@ class MemoryTier:
         if _agree(self.busy, control_group, any_rank=True):
             log.warning("memory copy at step %d skipped: the copy of step %d is still under way (raise "
                         "memoryEverySteps)", step, self._future_step)
+            self._say_if_stuck()
             return False
         self.wait()
         return True
@@ -102,8 +111,19 @@ class MemoryTier:
         if self._stream is not None:
             self._stream.wait_stream(torch.cuda.current_stream())
         self._staged = staged = threading.Event()
-        self._future_step = step
+        self._future_step, self._future_began, self._stuck_said = step, time.monotonic(), False
         self._future = self._executor.submit(self._stage_and_save, step, state, staged)
+
+    def _say_if_stuck(self) -> None:
+        """Once per copy: this rank's copy has been under way for STUCK_SECONDS, and where its thread waits (every
+        later copy is skipped until it ends, so the memory tier falls behind the disk checkpoints)."""
+        seconds = time.monotonic() - self._future_began
+        if not self.busy or self._stuck_said or seconds < STUCK_SECONDS:
+            return
+        self._stuck_said = True
+        log.error("memory copy of step %d on rank %d has been under way for %.0f s: every copy is skipped until "
+                  "it ends (a peer that never answers?); its thread is at:\n%s", self._future_step, self.rank,
+                  seconds, thread_stack(THREAD_PREFIX))
 
     def wait_staged(self) -> None:
         """Return once the in-flight memory save no longer reads live tensors."""
@@ -349,6 +369,15 @@ class MemoryTier:
         if header.step != step or header.rank != self.rank or header.world_size != self.world_size:
             raise ValueError(f"memory copy holds step {header.step} of rank {header.rank} at world size "
                              f"{header.world_size}, expected step {step} of rank {self.rank}")
+
+
+def thread_stack(prefix: str) -> str:
+    """The Python stack of the live thread whose name starts with `prefix`."""
+    frames = sys._current_frames()
+    for thread in threading.enumerate():
+        if thread.name.startswith(prefix) and thread.ident in frames:
+            return "".join(traceback.format_stack(frames[thread.ident]))
+    return f"(no thread named {prefix}*)"
 
 
 def _agree(flag: bool, group: Any, *, any_rank: bool) -> bool:

@@ -259,3 +259,39 @@ def _replicate(rank: int, world_size: int, root: str) -> None:
 def test_a_replica_arrives_in_chunks_and_a_worker_without_room_for_it_leaves_the_previous_step(
         tmp_path: Path) -> None:
     run_ranks(_replicate, 2, str(tmp_path), str(tmp_path))
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_copy_stuck_under_way_is_said_once_with_where_its_thread_waits(tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A copy that never ends (a peer that never answers its exchange) makes every later copy skip, so the memory
+    tier falls behind the disk checkpoints without an error: after STUCK_SECONDS the skip says so, once, with the
+    tier thread's stack."""
+    import threading
+    import time
+
+    tier = peer.MemoryTier(tmp_path / "shm", 1, rank=0, world_size=1, ranks_per_worker=1)
+    release = threading.Event()
+
+    def never_answered() -> None:
+        release.wait(30)
+
+    try:
+        tier._future, tier._future_step = tier._executor.submit(never_answered), 7
+        tier._future_began = time.monotonic() - peer.STUCK_SECONDS - 1
+        with caplog.at_level("WARNING", logger="flywheel.checkpoint"):
+            assert tier.begin(8, None) is False and tier.begin(9, None) is False
+        stuck = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert len(stuck) == 1 and "step 7" in stuck[0] and "never_answered" in stuck[0], stuck
+        skipped = [r for r in caplog.records if "skipped: the copy of step 7" in r.getMessage()]
+        assert len(skipped) == 2
+    finally:
+        release.set()
+        tier.close()
+    fresh = peer.MemoryTier(tmp_path / "shm2", 1, rank=0, world_size=1, ranks_per_worker=1)
+    try:
+        fresh._future_began = time.monotonic() - 100  # idle: nothing under way, nothing to say
+        fresh._say_if_stuck()
+    finally:
+        fresh.close()
+    assert peer.thread_stack("no-such-thread").startswith("(no thread")
