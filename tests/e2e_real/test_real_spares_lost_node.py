@@ -31,7 +31,8 @@ spare restores from its peer's replica, whatever checkpoint volume the suite has
 
 Run against the test cluster (4 nodes, the chart installed as docs/test-cluster.md says) with its fault command in
 both variables (`python -m tests.k8s_emulator fault --kubeconfig K lose-node node={node}`, `restore-node`): passed
-in ~40 s, the spare taking replica 0 (restored from memory-own: the emulated nodes share /dev/shm).
+in ~40 s, the spare taking replica 0 (restored from memory-own while the emulated nodes shared one /dev/shm; each
+node has its own since stop 27, so there too it now restores from the peer's replica).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from tests.k8s_emulator.fixtures import RunningCluster
-from tests.rank_processes import alive
+from tests.rank_processes import alive, process_state
 from tests.waiting import eventually as wait_for
 
 
@@ -138,7 +138,7 @@ def test_lost_node_leaves_pods_terminating_until_force_deleted(cluster: RunningC
     pid = wait_for(lambda: cluster.kubelet.pid_of("default", "stranded"), what="pid")
     cluster.kubelet.lose_node("node-1")
     # Frozen, like a dead machine. The stop takes effect when the target next runs: under load, not at once.
-    wait_for(lambda: Path(f"/proc/{pid}/stat").read_text().split()[2] == "T", what="the pod's process stopped")
+    wait_for(lambda: process_state(pid) == "T", what="the pod's process stopped")
 
     def node_unknown() -> bool:
         node = core.read_node("node-1")
@@ -172,3 +172,18 @@ def test_pod_finalizer_holds_a_terminated_pod(cluster: RunningCluster, core: cli
              what="kubelet's final delete")
     core.patch_namespaced_pod("held", "default", {"metadata": {"finalizers": None}})
     wait_for(gone(core, "held"), what="removal after the finalizer")
+
+
+def test_each_node_has_its_own_dev_shm(cluster: RunningCluster, core: client.CoreV1Api) -> None:
+    """Host memory is per node, as on a cluster: a pod sees what another pod on its node left in /dev/shm, never
+    what a pod on another node did (the memory tier's own copies and peer replicas depend on it)."""
+    write = "open('/dev/shm/fw-shm-probe', 'w').write('here')"
+    look = "import os; print(os.path.exists('/dev/shm/fw-shm-probe'))"
+    core.create_namespaced_pod("default", pod("shm-writer", write, node="node-1"))
+    wait_for(phase_is(core, "shm-writer", "Succeeded"), what="the writer done")
+    assert not Path("/dev/shm/fw-shm-probe").exists()  # not in the machine's own /dev/shm either
+    for name, node in (("shm-same", "node-1"), ("shm-other", "node-2")):
+        core.create_namespaced_pod("default", pod(name, look, node=node))
+    for name, seen in (("shm-same", "True"), ("shm-other", "False")):
+        wait_for(phase_is(core, name, "Succeeded"), what=f"{name} done")
+        assert core.read_namespaced_pod_log(name, "default").strip() == seen, name

@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import functools
 import os
+import shutil
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from tests.k8s_emulator.nodes import NodeSetup
 from tests.k8s_emulator.scheduler import PodScheduler
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+SHM_BASE = Path("/dev/shm")  # the machine's: each node's host memory is a folder of it
 KUBELET_VERSION = "v1.33.0-flywheel"
 
 
@@ -84,6 +86,7 @@ class ProcessKubelet:
         self.pods: dict[str, PodProcess] = {}  # by pod uid
         self._latest: dict[str, dict[str, Any]] = {}  # last seen pod object by uid
         self.scheduler = PodScheduler(self.api, self.node_names, self.lost, self._event)
+        self.shm_root = SHM_BASE / f"flywheel-test-cluster-{os.getpid()}-{id(self):x}"  # <node>/: a node's /dev/shm
         self._tasks: list[asyncio.Task[None]] = []
 
     # ---- lifecycle -----------------------------------------------------------------------------------------
@@ -106,6 +109,7 @@ class ProcessKubelet:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(pod.process.wait(), 5)
         await asyncio.gather(*self._tasks, *(p.task for p in self.pods.values() if p.task), return_exceptions=True)
+        shutil.rmtree(self.shm_root, ignore_errors=True)
         await self.api.close()
 
     # ---- nodes ---------------------------------------------------------------------------------------------
@@ -346,8 +350,11 @@ class ProcessKubelet:
             argv = podenv.container_argv(container, env)
             message_file = termination.host_file(self.log_dir, running.namespace, running.name, running.uid)
             termination.mount(container, env, message_file)
+            box = dataclasses.replace(box, shm=str(self._node_shm(running.node)))
             if box.needed:
                 argv = self._sandboxed(running, pod, box, argv, env, message_file)
+            elif box.namespaced:
+                argv = sandbox.wrap(argv, box)  # only the node's /dev/shm
         except podenv.ConfigError as err:
             said, running.config_error = running.config_error, str(err)
             await self._report(running, "Pending", {"waiting": {"reason": "CreateContainerConfigError",
@@ -365,6 +372,14 @@ class ProcessKubelet:
                 log.write(f"process kubelet: cannot start {argv!r}: {err}\n".encode())
                 return 128
         return None
+
+    def _node_shm(self, node: str) -> Path:
+        """The node's host memory: a folder under the machine's /dev/shm, the node's /dev/shm in its containers
+        (it outlives the pods, as a host's memory does, and goes with the kubelet)."""
+        folder = self.shm_root / node
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o1777)
+        return folder
 
     def _sandboxed(self, running: PodProcess, pod: dict[str, Any], box: sandbox.Sandbox, argv: list[str],
                    env: dict[str, str], message_file: Path) -> list[str]:

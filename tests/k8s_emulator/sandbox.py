@@ -1,7 +1,9 @@
 """How the process kubelet applies a container's security context, as a runtime does: the process runs as
 `runAsUser`/`runAsGroup` (else the image's user) with `fsGroup` and `supplementalGroups`, `runAsNonRoot` refuses
 a root user with the kubelet's own messages, and `readOnlyRootFilesystem` leaves only the declared volume mounts
-(and /dev, /dev/shm, the termination message file) writable.
+(and /dev, /dev/shm, the termination message file) writable. Each node has its own host memory: the kubelet's
+folder for the node is bind-mounted over /dev/shm in every container's namespace (a container with no security
+context to apply gets only that), so workers on two nodes never see each other's /dev/shm, as on a cluster.
 
 It uses util-linux, present on every Debian system (no extra package): `unshare --mount` gives the container a
 private mount namespace in which each writable volume's mountPath is bind-mounted onto itself (a mount of its own
@@ -47,11 +49,17 @@ class Sandbox:
     writable: tuple[str, ...] = ()  # mountPaths that stay writable under a read-only root
     read_only: tuple[str, ...] = ()  # volume mounts declared readOnly
     overlays: tuple[tuple[str, str], ...] = ()  # (host file, path it is bind-mounted over), e.g. /etc/passwd
+    shm: str = ""  # the node's own host memory, bind-mounted over /dev/shm ("": the machine's, shared)
 
     @property
     def needed(self) -> bool:
         """A root process on a writable root with its capabilities runs as the kubelet's own child, as before."""
         return self.uid != 0 or self.read_only_root or self.drop_all_capabilities or bool(self.read_only)
+
+    @property
+    def namespaced(self) -> bool:
+        """Whether the process needs a mount namespace of its own: a sandbox, or only its node's /dev/shm."""
+        return self.needed or bool(self.shm)
 
 
 def pod_ref(pod: dict[str, Any]) -> str:
@@ -113,6 +121,8 @@ def plan(pod: dict[str, Any], container: dict[str, Any], extra_writable: Iterabl
 def wrap(argv: list[str], box: Sandbox) -> list[str]:
     """The argv that runs `argv` inside the sandbox (unshare + sh + setpriv, all exec'ing in turn)."""
     lines = ["set -e"]
+    if box.shm:  # first: a volume mounted below /dev/shm stays visible above it
+        lines.append(f"mount --bind {shlex.quote(box.shm)} /dev/shm")
     mounts = sorted([(p, False) for p in box.writable] + [(p, True) for p in box.read_only],
                     key=lambda mount: len(Path(mount[0]).parts))  # a parent first, or it would hide its child
     for path, read_only in mounts:
