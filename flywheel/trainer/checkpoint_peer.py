@@ -215,15 +215,17 @@ class MemoryTier:
         try:
             if out is not None:
                 out.close()
-        except OSError as err:
+            if error is None:
+                os.replace(tmp, target)
+        except OSError as err:  # e.g. the file taken away meanwhile: an error here, never an exchange left hanging
             error = error or err
         if error is not None:
-            log.warning("no room for rank %d's replica on rank %d: %s", self.source, self.rank, error)
+            log.warning("rank %d's replica could not be kept on rank %d (no room, or its file taken away): %s",
+                        self.source, self.rank, error)
             if out is not None:
                 with contextlib.suppress(OSError):
                     tmp.unlink(missing_ok=True)
             return False
-        os.replace(tmp, target)
         return True
 
     def _report_bytes(self) -> None:
