@@ -128,9 +128,10 @@ def _begin(out: Pass, job: JobView, node: str, marks: NodeMarks, seen: DrainInpu
     # the workers beyond them and the spares already off it need one started for the drain.
     kept = [s for s in job.spares if s.node != node and s.deleting_since is None and not spare_failed(s)]
     new = max(0, len(moving) - len(spares) - max(0, job.spec.replicas.spares - len(kept)))
+    at_once = bool(marks.fatal_xid) or len(ready) >= len(moving)
     out.status.drain = DrainStatus(node=node, cause=marks.cause or "", started_at=rfc3339(job.now),
-                                   replacements=new)
-    if marks.fatal_xid or len(ready) >= len(moving):
+                                   replacements=0 if at_once else new)
+    if at_once:
         _ask(out, job)
         return
     out.events.append(Event("Normal", R.NODE_DRAINING, R.MSG_DRAIN_PREPARING.format(

@@ -166,6 +166,8 @@ def test_a_drain_given_up_while_preparing_lets_its_spare_go() -> None:
 def test_a_fatal_xid_asks_at_once_even_without_a_spare() -> None:
     out = decide(running(), PODS, DrainInput(nodes={"n1": NodeMarks(fatal_xid="XID 79")}))
     assert out.status.drain.request_id and any(isinstance(a, RequestCheckpoint) for a in out.actions)
+    # No spare started for a move that will not wait for it (it would go again as an extra).
+    assert out.status.drain.replacements == 0 and not any(isinstance(a, CreateSpare) for a in out.actions)
 
 
 def test_unmarked_nodes_and_nodes_without_workers_start_nothing() -> None:
