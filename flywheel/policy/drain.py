@@ -112,10 +112,14 @@ def _leaving(seen: DrainInput, node: str) -> set[str]:
     return {node} | {n for n, marks in seen.nodes.items() if marks.cause is not None}
 
 
+def _staying_spares(job: JobView, away_from: set[str]) -> list[PodView]:
+    """The spares not going (deleted, failed) and on none of `away_from` (or not placed yet)."""
+    return [s for s in job.spares if s.node not in away_from and s.deleting_since is None and not spare_failed(s)]
+
+
 def _spares_off(job: JobView, seen: DrainInput, node: str) -> list[PodView]:
-    """The spares a worker on `node` may move to: on none of the leaving nodes (or not placed yet), not going."""
-    leaving = _leaving(seen, node)
-    return [s for s in job.spares if s.node not in leaving and s.deleting_since is None and not spare_failed(s)]
+    """The spares a worker on `node` may move to: on none of the leaving nodes."""
+    return _staying_spares(job, _leaving(seen, node))
 
 
 def _begin(out: Pass, job: JobView, node: str, marks: NodeMarks, seen: DrainInput) -> None:
@@ -126,7 +130,7 @@ def _begin(out: Pass, job: JobView, node: str, marks: NodeMarks, seen: DrainInpu
     ready = [s for s in spares if promotable(s)]
     # The spares the job keeps anyway (spec.replicas.spares) are recreated off the node when those on it go: only
     # the workers beyond them and the spares already off it need one started for the drain.
-    kept = [s for s in job.spares if s.node != node and s.deleting_since is None and not spare_failed(s)]
+    kept = _staying_spares(job, {node})
     new = max(0, len(moving) - len(spares) - max(0, job.spec.replicas.spares - len(kept)))
     at_once = bool(marks.fatal_xid) or len(ready) >= len(moving)
     out.status.drain = DrainStatus(node=node, cause=marks.cause or "", started_at=rfc3339(job.now),

@@ -94,7 +94,7 @@ def keep_spares(out: Pass, job: JobView) -> Pass:
             kept.append(s)
     wanted = 0 if status.phase in ENDED_PHASES else (
         job.spec.replicas.spares + status.drain.replacements
-        + min(len(_waiting_indices(out, job)), sum(1 for s in kept if promotable(s))))
+        + min(len(_waiting_indices(out, job, deleted)), sum(1 for s in kept if promotable(s))))
     # Extras go, those not ready first, then the newest.
     kept.sort(key=lambda s: (not promotable(s), -_number(s.name)))
     for s in kept[wanted:]:
@@ -110,10 +110,9 @@ def keep_spares(out: Pass, job: JobView) -> Pass:
     return out
 
 
-def _waiting_indices(out: Pass, job: JobView) -> set[int]:
-    """Replica indices that no worker holds (or whose worker this pass deletes) and that this pass fills neither
-    with a promotion nor with a new pod: a ready spare will take each, once the old group is gone."""
-    deleted = {a.uid for a in out.actions if isinstance(a, DeletePod)}
+def _waiting_indices(out: Pass, job: JobView, deleted: set[str]) -> set[int]:
+    """Replica indices that no worker holds (or whose worker this pass deletes: `deleted` uids) and that this pass
+    fills neither with a promotion nor with a new pod: a ready spare will take each, once the old group is gone."""
     held = {p.index for p in job.pods if p.active and p.uid not in deleted}
     filled = {a.index for a in out.actions if isinstance(a, (PromoteSpare, CreatePod))}
     return set(range(job.desired)) - held - filled

@@ -45,8 +45,9 @@ def drop_rng_not_saved(state: dict[str, Any], rank: int, saved_keys: Mapping[str
     rng = state.get(rng_key(rank))
     if not isinstance(rng, dict):
         return
-    for part in [k for k in rng if not any(key == f"{rng_key(rank)}.{k}" or key.startswith(f"{rng_key(rank)}.{k}.")
-                                           for key in saved_keys)]:
+    prefix = f"{rng_key(rank)}."
+    saved = {key[len(prefix):].split(".", 1)[0] for key in saved_keys if key.startswith(prefix)}
+    for part in [k for k in rng if k not in saved]:
         del rng[part]
 
 
