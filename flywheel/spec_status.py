@@ -114,6 +114,15 @@ class DrainStatus(_Model):
                               "that each worker on the node moves to a warm pod (0: enough spares were ready).")
 
 
+class SpareMoveStatus(_Model):
+    spare: int = Field(-1, description="The number of the spare being started on a node with no pod of the job, to "
+                       "replace a ready spare that shares a worker's node (-1: no move under way).")
+    started_at: str = Field("", description="When that spare was created (RFC 3339).")
+    nodes: list[str] = Field(default_factory=list, description="The nodes it may start on (required affinity).")
+    gave_up_on: list[str] = Field(default_factory=list, description="Nodes a move found no room on (its spare not "
+                                  "ready in time): not tried again until another node is usable.")
+
+
 class TrainingJobStatus(_Model):
     """What the operator writes (status subresource). Also the shape the REST API serves."""
 
@@ -159,6 +168,8 @@ class TrainingJobStatus(_Model):
                             "names are never reused.")
     drain: DrainStatus = Field(default_factory=DrainStatus, description="Drain ahead: the node a worker is being "
                                "moved off after a memory checkpoint (policy/drain.py); empty when none.")
+    spare_move: SpareMoveStatus = Field(default_factory=SpareMoveStatus, description="A spare beside a worker "
+                                        "being moved to a free node (policy/spare_placement.py).")
     observed_generation: int = Field(0, description="The metadata.generation of the spec this status is about.")
 
     def to_json(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from flywheel.operator.drain import node_entry as drain_node_entry
 Obj = dict[str, Any]
 LOST = "lost"  # a key of the nodes index: the names of the nodes that are not Ready
 MARKS = "marks"  # and the cordoned or NoSchedule/NoExecute-tainted nodes (operator/drain.py node_entry)
+USABLE = "usable"  # and the Ready ones with neither (where a spare may be moved: policy/spare_placement.py)
 
 
 class ClusterReads(Protocol):
@@ -33,6 +34,7 @@ class ClusterReads(Protocol):
     async def service_exists(self, namespace: str, name: str) -> bool: ...
     async def lost_nodes(self) -> set[str]: ...
     async def node_marks(self) -> list[NodeEntry]: ...
+    async def usable_nodes(self) -> frozenset[str]: ...
     async def jobs(self, namespaces: Sequence[str]) -> list[Obj]: ...
     async def all_pods(self, namespaces: Sequence[str]) -> list[Obj]: ...
 
@@ -70,13 +72,16 @@ def service_entry(body: Mapping[str, Any]) -> dict[tuple[str, str], bool]:
 
 
 def node_entry(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A lost node under LOST, a cordoned or tainted one under MARKS (drain ahead); a Ready, schedulable, untainted
-    one under no key (kopf then drops what the node had stored before)."""
+    """A lost node under LOST, a cordoned or tainted one under MARKS (drain ahead), a Ready one with neither under
+    USABLE (a node under no key any more: kopf drops what it had stored before)."""
     name = str(body["metadata"]["name"])
-    out: dict[str, Any] = {LOST: name} if m.lost_nodes([dict(body)]) else {}
+    lost = bool(m.lost_nodes([dict(body)]))
+    out: dict[str, Any] = {LOST: name} if lost else {}
     marks = drain_node_entry(body)
     if marks is not None:
         out[MARKS] = marks
+    elif not lost:
+        out[USABLE] = name
     return out
 
 
@@ -112,6 +117,9 @@ class WatchCaches:
     async def node_marks(self) -> list[NodeEntry]:
         return _values(self._nodes, MARKS)
 
+    async def usable_nodes(self) -> frozenset[str]:
+        return frozenset(_values(self._nodes, USABLE))
+
     async def jobs(self, namespaces: Sequence[str]) -> list[Obj]:
         return [o for store in list(self._jobs.values()) for o in store if _in(namespaces, o)]
 
@@ -140,6 +148,10 @@ class ApiReads:
     async def node_marks(self) -> list[NodeEntry]:
         entries = (drain_node_entry(n) for n in await self.kube.list("/api/v1/nodes"))
         return [e for e in entries if e is not None]
+
+    async def usable_nodes(self) -> frozenset[str]:
+        entries = map(node_entry, await self.kube.list("/api/v1/nodes"))
+        return frozenset(e[USABLE] for e in entries if USABLE in e)
 
     async def _list(self, all_path: str, ns_path: str, namespaces: Sequence[str], selector: str = "") -> list[Obj]:
         if not namespaces:

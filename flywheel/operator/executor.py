@@ -270,7 +270,7 @@ class JobRunner(EtcdViews, JobActions):
         gone = vanished_pods(self.seen_pods, views, self.deleted_pods, status_in.generation, time.time())
         result = reconcile(job.spec if job else None, invalid, status_in, views + gone, progress, time.time(),
                            int(obj["metadata"].get("generation", 0)), annotations.get(RESTART_ANNOTATION), findings,
-                           await self._drain_input(findings))
+                           await self._drain_input(findings), await self.reads.usable_nodes())
         written = result.status.to_json()
         changed = written != (obj.get("status") or {})
         if not await self._write_status(obj, written):

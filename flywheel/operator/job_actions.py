@@ -171,12 +171,12 @@ class JobActions:
                     raise RuntimeError(f"reconcile decided to create worker {index} of {self.namespace}/{self.name} "
                                        f"but it has no plan for it (spec valid: {job is not None}): a policy bug")
                 await self._create_pod(obj, m.pod(job, workers[index], generation, self.settings))
-            case CreateSpare(number=number, generation=generation):
+            case CreateSpare(number=number, generation=generation, nodes=nodes):
                 if job is None or not workers:
                     raise RuntimeError(f"reconcile decided to create a spare of {self.namespace}/{self.name} but it "
                                        f"has no plan (spec valid: {job is not None}): a policy bug")
                 plan = next(iter(workers.values()))
-                await self._create_pod(obj, spare_pods.spare_pod(job, plan, number, generation, self.settings))
+                await self._create_pod(obj, spare_pods.spare_pod(job, plan, number, generation, self.settings, nodes))
             case PromoteSpare():
                 if job is None or action.index not in workers:
                     raise RuntimeError(f"reconcile decided to promote {action.name} to replica {action.index} of "

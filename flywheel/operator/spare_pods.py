@@ -36,8 +36,9 @@ def spare_plan(worker: WorkerPlan, name: str) -> WorkerPlan:
 
 
 def spare_pod(job: TrainingJob, worker: WorkerPlan, number: int, generation: int,
-              settings: m.OperatorSettings) -> dict[str, Any]:
-    """The spare pod `<job>-spare-<number>`, built from any worker's plan (they differ only in the index)."""
+              settings: m.OperatorSettings, nodes: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The spare pod `<job>-spare-<number>`, built from any worker's plan (they differ only in the index); `nodes`:
+    only on one of them (a spare moved off a worker's node)."""
     plan = spare_plan(worker, spare_name(job.name, number))
     body = copy.deepcopy(m.pod(job, plan, generation, settings))
     labels = body["metadata"]["labels"]
@@ -48,7 +49,21 @@ def spare_pod(job: TrainingJob, worker: WorkerPlan, number: int, generation: int
         "topologyKey": "kubernetes.io/hostname"}}
     anti = body["spec"].setdefault("affinity", {}).setdefault("podAntiAffinity", {})
     anti.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(term)
+    if nodes:
+        only_on(body["spec"]["affinity"], nodes)
     return body
+
+
+def only_on(affinity: dict[str, Any], nodes: tuple[str, ...]) -> None:
+    """Require one of `nodes` on top of the template's required node affinity: nodeSelectorTerms are ORed, so the
+    name requirement joins each term (a term's requirements are ANDed), or is the one term when there is none."""
+    names = {"key": "metadata.name", "operator": "In", "values": list(nodes)}
+    required = affinity.setdefault("nodeAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.setdefault("nodeSelectorTerms", [])
+    for term in terms:
+        term.setdefault("matchFields", []).append(dict(names))
+    if not terms:
+        terms.append({"matchFields": [names]})
 
 
 def promoted_labels(index: int, generation: int) -> dict[str, str]:

@@ -42,10 +42,12 @@ class RestartRanks:
 
 @dataclass(frozen=True)
 class CreateSpare:
-    """Create the warm spare pod `<job>-spare-<number>` (numbers count up in status.nextSpare, never reused)."""
+    """Create the warm spare pod `<job>-spare-<number>` (numbers count up in status.nextSpare, never reused);
+    `nodes`: only on one of these (a spare moved off a worker's node, policy/spare_placement.py)."""
 
     number: int
     generation: int
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

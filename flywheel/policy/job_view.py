@@ -41,6 +41,7 @@ class JobView:
     restart_requested_at: str | None = None
     findings: HealthFindings = field(default_factory=HealthFindings)
     spares: list[PodView] = field(default_factory=list)  # the warm spare pods (never in `pods`)
+    usable_nodes: frozenset[str] = frozenset()  # Ready, not cordoned, tainted or draining (empty: not known)
 
     @property
     def desired(self) -> int:

@@ -115,6 +115,15 @@ MSG_SPARE_PROMOTED = "spare {spare} took replica {index} (worker {pod} lost: {re
 MSG_SPARE_PROMOTED_GONE = "spare {spare} took replica {index} (its worker lost: {reason})"
 MSG_NO_REASON = "missing"  # no restart was decided: the index was just missing
 
+# policy/spare_placement.py: a ready spare beside a worker is replaced by one on a node without the job's pods.
+SPARE_MOVED = "SpareMoved"
+MSG_SPARE_MOVED = ("spare {new} is warm on node {node}, away from the workers; spare {old} goes (it shared node "
+                   "{old_node} with a worker, so a loss of that node would take both)")
+SPARE_NOT_MOVED = "SpareNotMoved"
+MSG_SPARE_NOT_MOVED = ("spare {new} was not warm on any of nodes {nodes} within {seconds:g}s (no room for it there?); "
+                       "spare {old} stays beside a worker on node {old_node}; not tried again until another node is "
+                       "usable")
+
 # policy/drain.py: a worker's node is cordoned, tainted for maintenance or has a fatal XID: checkpoint, then move.
 NODE_DRAINING = "NodeDraining"  # also status.lastRestartReason of the move
 MSG_DRAIN_PREPARING = ("node {node} {cause}: waiting for {count} warm pod(s) off it to take worker(s) {pods} "

@@ -60,16 +60,19 @@ __all__ = ["LIVENESS_GRACE_SECONDS", "PodView", "reconcile"]
 
 def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: TrainingJobStatus, pods: list[PodView],
               progress: ObservedProgress, now: float, generation: int = 0, restart_requested_at: str | None = None,
-              findings: HealthFindings = NO_FINDINGS, drain: DrainInput = NO_DRAIN_INPUT) -> Pass:
+              findings: HealthFindings = NO_FINDINGS, drain: DrainInput = NO_DRAIN_INPUT,
+              usable_nodes: frozenset[str] = frozenset()) -> Pass:
     """Decide one pass. `spec` is None when the TrainingJob is invalid (`invalid` says why).
     `restart_requested_at`: the job's flywheel.dev/restart-requested-at annotation (REST API `restart`).
     `findings`: the health monitor's (flywheel/monitor/findings.py). `drain`: marked nodes and the checkpoint
-    request's answers (policy/drain.py)."""
+    request's answers (policy/drain.py). `usable_nodes`: the Ready nodes neither cordoned nor tainted (where a spare
+    may move, policy/spare_placement.py; empty where there are no nodes)."""
     out = _begin(status_in, generation, now)
     if spec is None:
         return invalid_job(out, pods, invalid, now)  # spares included: every pod of the job goes
     workers, spares = split_roles(pods)
-    job = JobView(spec, workers, progress, now, out.status.generation, restart_requested_at, findings, spares)
+    job = JobView(spec, workers, progress, now, out.status.generation, restart_requested_at, findings, spares,
+                  usable_nodes - set(drain.nodes))
     decided = keep_spares(_decide(out, job, drain), job)
     decided.next_due = next_due(decided.status, job)
     return decided

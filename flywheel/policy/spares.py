@@ -32,6 +32,7 @@ from flywheel.policy import reasons as R
 from flywheel.policy.decisions import CreatePod, CreateSpare, DeletePod, Event, Pass, PromoteSpare, Relabel
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import PodView
+from flywheel.policy.spare_placement import beside_worker, move_spare, spare_number
 from flywheel.spec_status import Phase
 
 ENDED_PHASES = (Phase.SUCCEEDED, Phase.FAILED, Phase.SUSPENDED)
@@ -95,8 +96,9 @@ def keep_spares(out: Pass, job: JobView) -> Pass:
     wanted = 0 if status.phase in ENDED_PHASES else (
         job.spec.replicas.spares + status.drain.replacements
         + min(len(_waiting_indices(out, job, deleted)), sum(1 for s in kept if promotable(s))))
-    # Extras go, those not ready first, then the newest.
-    kept.sort(key=lambda s: (not promotable(s), -_number(s.name)))
+    wanted += move_spare(out, job, kept, {s.name for s in kept if promotable(s)})
+    # Extras go: those not ready first, then those beside a worker, then the oldest.
+    kept.sort(key=lambda s: (not promotable(s), beside_worker(job, s), -spare_number(s.name)))
     for s in kept[wanted:]:
         out.actions.append(DeletePod(s.name, s.uid))
     kept = kept[:wanted]
@@ -116,8 +118,3 @@ def _waiting_indices(out: Pass, job: JobView, deleted: set[str]) -> set[int]:
     held = {p.index for p in job.pods if p.active and p.uid not in deleted}
     filled = {a.index for a in out.actions if isinstance(a, (PromoteSpare, CreatePod))}
     return set(range(job.desired)) - held - filled
-
-
-def _number(name: str) -> int:
-    tail = name.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else -1

@@ -353,6 +353,40 @@ def test_without_a_spare_a_drain_starts_a_warm_pod_first(real: RealCluster, tmp_
     assert _pod(real, name, f"{name}-worker-1") is None  # no cold pod of that index
 
 
+def test_a_spare_beside_a_worker_moves_to_a_node_that_frees_up(real: RealCluster, tmp_path: Path) -> None:
+    """The twin of test_spares_cluster's: every schedulable node but one held off with a NoSchedule taint (a key
+    outside the drain keys), the job and its spare start on that one; the hold lifted from a second node, the
+    operator starts a spare there and lets the one beside the workers go. Skips with fewer than 2 usable nodes."""
+    name, hold = "e2e-spare-moves", "flywheel.dev/e2e-hold"
+    nodes = json.loads(real.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    usable = [n["metadata"]["name"] for n in nodes if not n["spec"].get("unschedulable") and not any(
+        t.get("effect") in ("NoSchedule", "NoExecute") for t in n["spec"].get("taints") or [])]
+    if len(usable) < 2:
+        pytest.skip(f"needs 2 schedulable untainted nodes, found {usable}")
+    home, freed = usable[0], usable[1]
+    held = usable[1:]
+    for node in held:
+        real.kubectl("taint", "node", node, f"{hold}=true:NoSchedule")
+    try:
+        real.apply_job(name, tmp_path, **{**LONG, "trainer.training.steps": 5000, "replicas.spares": 1})
+        eventually(lambda: real.status(name).get("spares") == 1, 600, "the spare to be ready")
+        assert {p["spec"].get("nodeName") for p in real.pods(name)} == {home}
+        real.kubectl("taint", "node", freed, f"{hold}-")
+
+        def spares() -> list[dict[str, Any]]:
+            return [p for p in real.pods(name) if p["metadata"]["labels"].get("flywheel.dev/role") == "spare"
+                    and not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") == "Running"]
+        eventually(lambda: [p["metadata"]["name"] for p in spares()] == [f"{name}-spare-1"], 900,
+                   "the spare to move and the old one to go")
+        assert spares()[0]["spec"]["nodeName"] == freed
+        status = real.status(name)
+        assert status["spares"] == 1 and status["spareMove"]["spare"] == -1 and not status.get("restarts"), status
+    finally:
+        for node in held:
+            real.kubectl("taint", "node", node, f"{hold}-", check=False)
+        real.kubectl("delete", "tj", name, "--wait=false", check=False)
+
+
 def test_a_job_deleted_while_the_operator_is_down_has_its_etcd_keys_deleted(real: RealCluster,
                                                                              tmp_path: Path) -> None:
     """The twin of test_operator_lifecycle's: no daemon runs a job deleted while the operator is down; its index

@@ -26,3 +26,6 @@ class FrozenCaches:
 
     async def node_marks(self) -> list[Any]:
         return []
+
+    async def usable_nodes(self) -> frozenset[str]:
+        return frozenset()

@@ -23,8 +23,11 @@ def test_only_cordoned_or_blocking_tainted_nodes_are_kept_slim() -> None:
         == ("a", False, ("k1", "k2"))
 
 
-def test_the_index_entry_carries_lost_and_marked_nodes() -> None:
-    assert caches.node_entry(node("a")) == {}
+def test_the_index_entry_carries_lost_marked_and_usable_nodes() -> None:
+    assert caches.node_entry(node("a")) == {caches.USABLE: "a"}
+    assert caches.node_entry(node("a", taints=[{"key": "x", "effect": "PreferNoSchedule"}])) == {caches.USABLE: "a"}
+    assert caches.node_entry(node("a", taints=[{"key": "x", "effect": "NoSchedule"}])) == {
+        caches.MARKS: ("a", False, ("x",))}
     assert caches.node_entry(node("a", ready=False)) == {caches.LOST: "a"}
     assert caches.node_entry(node("a", unschedulable=True, ready=False)) == {caches.LOST: "a",
                                                                               caches.MARKS: ("a", True, ())}

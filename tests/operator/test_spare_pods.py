@@ -170,3 +170,22 @@ def test_a_running_spare_does_not_start_the_hang_clock() -> None:
 
 async def _pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return pods
+
+
+def test_a_moved_spare_is_required_on_the_free_nodes_on_top_of_the_template_s_affinity() -> None:
+    plan = m.plan(JOB, "uid-1", SETTINGS, None)[0]
+    spare = spare_pods.spare_pod(JOB, plan, 8, 2, SETTINGS, ("b", "d"))
+    names = {"key": "metadata.name", "operator": "In", "values": ["b", "d"]}
+    required = spare["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required == {"nodeSelectorTerms": [{"matchFields": [names]}]}
+    assert "nodeAffinity" not in spare_pods.spare_pod(JOB, plan, 8, 2, SETTINGS)["spec"]["affinity"]
+    # The template's terms are ORed: the name requirement joins each of them (ANDed within a term).
+    gpu = {"key": "pool", "operator": "In", "values": ["gpu"]}
+    affinity: dict[str, Any] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [gpu]}, {"matchFields": [{"key": "metadata.name",
+                                                                             "operator": "NotIn", "values": ["x"]}]}]}}}
+    spare_pods.only_on(affinity, ("b",))
+    terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    only_b = {"key": "metadata.name", "operator": "In", "values": ["b"]}
+    assert terms == [{"matchExpressions": [gpu], "matchFields": [only_b]},
+                     {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["x"]}, only_b]}]

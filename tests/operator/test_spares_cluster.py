@@ -138,3 +138,38 @@ def test_a_lost_node_is_replaced_by_the_warm_spare(op_env: OpEnv) -> None:
     assert op_env.done_hash(name) == _reference_hash(op_env)
     eventually(lambda: not [p for p in op_env.pods(name) if p["metadata"]["labels"].get(ROLE_LABEL) == "spare"
                             and p["status"].get("phase") in ("Pending", "Running")], 30, "the spares to go")
+
+
+def test_a_spare_beside_a_worker_moves_to_a_node_that_frees_up(op_env: OpEnv) -> None:
+    """node-2 cordoned at the start: both workers and the spare run on node-1. Uncordoned, node-2 holds no pod of
+    the job: the operator starts a spare that may only run there and, once it is warm, lets the old spare go, so a
+    loss of node-1 would no longer take the spare with the workers."""
+    name = "spare-moves"
+    op_env.kubectl("cordon", "node-2")
+    try:
+        op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{**LONG, "trainer.training.steps": 5000,
+                                                                    "replicas.spares": 1})))
+        eventually(lambda: op_env.status(name).get("spares") == 1, 120, "the spare to be ready")
+        assert {p["spec"].get("nodeName") for p in op_env.pods(name)} == {"node-1"}
+        eventually(lambda: op_env.last_step(name) >= 20, 120, f"{name} to train")
+        assert op_env.status(name)["spareMove"]["spare"] == -1  # no usable node free: no move
+    finally:
+        op_env.kubectl("uncordon", "node-2")
+    eventually(lambda: any(e["reason"] == R.SPARE_MOVED for e in op_env.events_of(name)), 120, "the spare to move")
+
+    def spares() -> list[dict[str, Any]]:
+        return [p for p in op_env.pods(name) if p["metadata"]["labels"].get(ROLE_LABEL) == "spare"
+                and not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") == "Running"]
+    eventually(lambda: [p["metadata"]["name"] for p in spares()] == [f"{name}-spare-1"], 60, "the old spare to go")
+    moved = spares()[0]
+    assert moved["spec"]["nodeName"] == "node-2"
+    terms = moved["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [{"matchFields": [{"key": "metadata.name", "operator": "In",
+                                                           "values": ["node-2"]}]}]
+    status = op_env.status(name)
+    assert status["spares"] == 1 and status["spareMove"]["spare"] == -1 and status["phase"] == "Running", status
+    assert status.get("restarts", 0) == 0  # moving a spare interrupts no training
+    message = next(e["message"] for e in op_env.events_of(name) if e["reason"] == R.SPARE_MOVED)
+    assert message == R.MSG_SPARE_MOVED.format(new=f"{name}-spare-1", node="node-2", old=f"{name}-spare-0",
+                                               old_node="node-1")
+    op_env.kubectl("delete", "tj", name, "--wait=false")

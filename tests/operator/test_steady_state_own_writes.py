@@ -100,7 +100,7 @@ def test_the_job_as_written_is_read_until_the_cache_shows_that_write_or_a_newer_
 def test_index_entries_and_the_reads_over_them():
     lost = {"metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}
     ready = {"metadata": {"name": "n2"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-    assert caches.node_entry(lost) == {caches.LOST: "n1"} and caches.node_entry(ready) == {}
+    assert caches.node_entry(lost) == {caches.LOST: "n1"} and caches.node_entry(ready) == {caches.USABLE: "n2"}
     p = pod("j-worker-0", "a")
     assert caches.pod_entry(p) == {("ml", "j"): caches.slim_pod(p)}
     full = {**p, "spec": {"nodeName": "n1", "containers": [{"name": "worker", "env": [{"name": "X", "value": "y"}]}]},
@@ -111,13 +111,13 @@ def test_index_entries_and_the_reads_over_them():
     assert m.pod_view(slim, set()) == m.pod_view(full, set())  # the pass reads the same from either
     jobs = {("ml", "j"): [job("1")]}
     pods = {("ml", "j"): [p], ("other", "k"): [pod("k-worker-0", "b", namespace="other")]}
-    reads = caches.WatchCaches(jobs, pods, {("ml", "j-workers"): [True]}, {caches.LOST: ["n1"]})
+    reads = caches.WatchCaches(jobs, pods, {("ml", "j-workers"): [True]}, {caches.LOST: ["n1"], caches.USABLE: ["n2"]})
 
     async def check() -> None:
         assert await reads.job("ml", "j") == job("1") and await reads.job("ml", "x") is None
         assert await reads.pods("ml", "j") == [p] and await reads.pods("ml", "x") == []
         assert await reads.service_exists("ml", "j-workers") and not await reads.service_exists("ml", "x")
-        assert await reads.lost_nodes() == {"n1"}
+        assert await reads.lost_nodes() == {"n1"} and await reads.usable_nodes() == {"n2"}
         assert len(await reads.all_pods(())) == 2 and await reads.all_pods(("ml",)) == [p]
         assert await reads.jobs(("other",)) == []
     asyncio.run(check())
