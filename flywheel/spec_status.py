@@ -120,7 +120,7 @@ class SpareMoveStatus(_Model):
     started_at: str = Field("", description="When that spare was created (RFC 3339).")
     nodes: list[str] = Field(default_factory=list, description="The nodes it may start on (required affinity).")
     gave_up_on: list[str] = Field(default_factory=list, description="Nodes a move found no room on (its spare not "
-                                  "ready in time): not tried again until another node is usable.")
+                                  "ready in time): not tried again while they stay usable.")
 
 
 class TrainingJobStatus(_Model):

@@ -121,8 +121,8 @@ MSG_SPARE_MOVED = ("spare {new} is warm on node {node}, away from the workers; s
                    "{old_node} with a worker, so a loss of that node would take both)")
 SPARE_NOT_MOVED = "SpareNotMoved"
 MSG_SPARE_NOT_MOVED = ("spare {new} was not warm on any of nodes {nodes} within {seconds:g}s (no room for it there?); "
-                       "spare {old} stays beside a worker on node {old_node}; not tried again until another node is "
-                       "usable")
+                       "spare {old} stays beside a worker on node {old_node}; those nodes are not tried again while "
+                       "they stay usable")
 
 # policy/drain.py: a worker's node is cordoned, tainted for maintenance or has a fatal XID: checkpoint, then move.
 NODE_DRAINING = "NodeDraining"  # also status.lastRestartReason of the move

@@ -7,7 +7,7 @@ node (Ready, not cordoned, tainted or draining) holds no pod of the job, a new s
 there (CreateSpare.nodes, a required node affinity ANDed with the template's); when it is warm, the spare beside the
 worker goes (keep_spares drops the extras beside workers first). A new spare that is not warm within
 MOVE_TIMEOUT_SECONDS (no room on those nodes: resources, selectors, taints it does not tolerate) goes instead, and
-those nodes are not tried again until another node is usable, so a move never churns pods.
+those nodes are not tried again while they stay usable (only other nodes are), so a move never churns pods.
 
 Moves start only while the job is Running with no drain under way and every spare warm (never competing with a
 recovery for the CPU, nor with a spare being replaced); a move whose reason went away (the spare was promoted, the
@@ -26,6 +26,9 @@ from flywheel.spec_status import Phase, SpareMoveStatus, TrainingJobStatus
 from flywheel.timefmt import parse_rfc3339, rfc3339
 
 MOVE_TIMEOUT_SECONDS = 120.0
+# A move asks for at most this many nodes (the affinity's and status.spareMove's list): on a large cluster most
+# usable nodes hold no pod of the job.
+MOVE_NODES = 16
 
 
 def worker_nodes(job: JobView) -> set[str]:
@@ -62,13 +65,18 @@ def move_spare(out: Pass, job: JobView, kept: list[PodView], ready: set[str]) ->
 
 
 def _start(out: Pass, job: JobView, kept: list[PodView]) -> None:
+    """A new spare on the free nodes not given up on yet (those still usable: one that left and came back may
+    have room now)."""
     status = out.status
-    free = free_nodes(job, kept)
-    if not free or set(free) <= set(status.spare_move.gave_up_on):
+    gave_up_on = [n for n in status.spare_move.gave_up_on if n in job.usable_nodes]
+    if gave_up_on != status.spare_move.gave_up_on:
+        _end(out, gave_up_on)
+    nodes = [n for n in free_nodes(job, kept) if n not in gave_up_on][:MOVE_NODES]
+    if not nodes:
         return
-    out.actions.append(CreateSpare(status.next_spare, status.generation, tuple(free)))
-    status.spare_move = SpareMoveStatus(spare=status.next_spare, started_at=rfc3339(job.now), nodes=free,
-                                        gave_up_on=status.spare_move.gave_up_on)
+    out.actions.append(CreateSpare(status.next_spare, status.generation, tuple(nodes)))
+    status.spare_move = SpareMoveStatus(spare=status.next_spare, started_at=rfc3339(job.now), nodes=nodes,
+                                        gave_up_on=gave_up_on)
     status.next_spare += 1
 
 
@@ -94,7 +102,7 @@ def _follow(out: Pass, job: JobView, kept: list[PodView], ready: set[str]) -> in
         out.events.append(Event("Warning", R.SPARE_NOT_MOVED, R.MSG_SPARE_NOT_MOVED.format(
             new=new.name if new else f"number {move.spare}", nodes=", ".join(move.nodes),
             seconds=MOVE_TIMEOUT_SECONDS, old=old.name, old_node=old.node)))
-        _end(out, gave_up_on=move.nodes)
+        _end(out, gave_up_on=sorted({*move.gave_up_on, *move.nodes}))
         return 0
     return 1 if new is not None else 0  # not seen yet: the create's answer is ahead of the cache
 

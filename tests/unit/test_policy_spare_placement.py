@@ -9,7 +9,7 @@ from flywheel.policy import reasons as R
 from flywheel.policy.decisions import CreateSpare, DeletePod, Pass
 from flywheel.policy.due import next_due
 from flywheel.policy.job_view import JobView
-from flywheel.policy.spare_placement import MOVE_TIMEOUT_SECONDS, free_nodes, spare_number
+from flywheel.policy.spare_placement import MOVE_NODES, MOVE_TIMEOUT_SECONDS, free_nodes, spare_number
 from flywheel.policy.spares import keep_spares
 from flywheel.spec_status import DrainStatus, Phase, SpareMoveStatus
 from flywheel.timefmt import rfc3339
@@ -85,9 +85,26 @@ def test_a_move_with_no_room_is_given_up_once_and_not_retried_on_the_same_nodes(
     again = fresh(next_spare=5, spare_move=out.status.spare_move)
     keep_spares(again, placed((3, "a", True), now=NOW + MOVE_TIMEOUT_SECONDS + 1))
     assert again.actions == []
-    bigger = fresh(next_spare=5, spare_move=out.status.spare_move)  # another node became usable: tried again
+    bigger = fresh(next_spare=5, spare_move=out.status.spare_move)  # another node became usable: it is tried
     keep_spares(bigger, placed((3, "a", True), usable=NODES | {"d"}, now=NOW + MOVE_TIMEOUT_SECONDS + 1))
-    assert bigger.actions == [CreateSpare(5, 0, ("b", "d"))]
+    assert bigger.actions == [CreateSpare(5, 0, ("d",))] and bigger.status.spare_move.gave_up_on == ["b"]
+    bigger.status.spare_move.started_at = rfc3339(NOW)  # ... and given up on too: both are remembered
+    keep_spares(bigger, placed((3, "a", True), (5, None, False), usable=NODES | {"d"},  # type: ignore[arg-type]
+                               now=NOW + MOVE_TIMEOUT_SECONDS + 1))
+    assert bigger.status.spare_move.gave_up_on == ["b", "d"] and bigger.status.spare_move.spare == -1
+    back = fresh(next_spare=6, spare_move=bigger.status.spare_move)  # b left and came back: it may have room now
+    keep_spares(back, placed((3, "a", True), usable=frozenset({"a", "c"}), now=NOW + 200))
+    assert back.actions == [] and back.status.spare_move.gave_up_on == []
+    keep_spares(back, placed((3, "a", True), now=NOW + 201))
+    assert back.actions == [CreateSpare(6, 0, ("b",))]
+
+
+def test_a_move_asks_for_a_bounded_list_of_nodes() -> None:
+    out = fresh(next_spare=4)
+    many = frozenset({"a", "c", *(f"n{i:03d}" for i in range(100))})
+    keep_spares(out, placed((3, "a", True), usable=many))
+    (create,) = out.actions
+    assert isinstance(create, CreateSpare) and create.nodes == tuple(f"n{i:03d}" for i in range(MOVE_NODES))
 
 
 def test_a_move_ends_when_its_reason_goes() -> None:
