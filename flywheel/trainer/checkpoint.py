@@ -239,6 +239,16 @@ class Checkpointer:
         record.blocking += time.monotonic() - started
         return state
 
+    def catch_up(self, step: int) -> None:
+        """Call before `step` is reported: a step due for a memory copy waits for the previous copy still under
+        way (MemoryTier.catch_up), so a node loss replays at most memoryEverySteps steps. The wait is the loop's
+        checkpoint blocking time."""
+        if self.memory is None:
+            return
+        waited = self.memory.catch_up(step)
+        if waited > 0 and self.metrics is not None:
+            self.metrics.checkpoint_blocking_seconds.observe(waited)
+
     def wait_staged(self) -> None:
         """Return once the in-flight saves no longer read live tensors. Call before optimizer.step()."""
         if self.memory is not None:

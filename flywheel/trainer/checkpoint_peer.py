@@ -7,8 +7,12 @@ peer and only the own copies are kept.
 
 The tier is a pipeline of its own beside the disk saves: its own thread, staging buffers and gloo group (a thread
 never shares a communicator with another), so a disk write in flight never holds up a memory save. Like a disk
-save, the loop waits only for the copy into the staging buffers (wait_staged, before optimizer.step()); a memory
-save requested while the previous one is still under way on some rank is skipped on every rank.
+save, the loop waits for the copy into the staging buffers (wait_staged, before optimizer.step()). A step due for a
+copy while the previous copy is still under way waits for that one before it is reported (catch_up): the tier's
+promise is that a node loss replays at most memoryEverySteps steps, so a copy slower than that many steps slows the
+loop to its pace rather than letting the replicas fall behind (skipping did: with a copy every step, losses replayed
+2 steps). A copy under way STUCK_SECONDS is waited for no longer, and later copies are skipped on every rank until
+it ends (begin).
 
 Restore (restore_into) puts the bytes straight into the live state's tensors: a rank's own copy is read from its
 step file, one pread per tensor; a replica is sent by its holder as the header then one gloo message per tensor
@@ -34,6 +38,7 @@ import time
 import traceback
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for_futures
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -92,7 +97,19 @@ class MemoryTier:
     def due(self, step: int) -> bool:
         return self.every_steps > 0 and step % self.every_steps == 0
 
-    # ---- save (training thread: submit, wait_staged; the tier's thread: the rest) -------------------------------
+    # ---- save (training thread: catch_up, begin, start, wait_staged; the tier's thread: the rest) ----------------
+
+    def catch_up(self, step: int) -> float:
+        """Before `step` is reported, when it is due for a copy: wait for the previous copy still under way (its end
+        is agreed by every rank, so it is then complete everywhere), at most until it has been under way
+        STUCK_SECONDS. So whenever a step is reported, the copy due before it can be restored, and a node loss
+        replays at most memoryEverySteps steps. Returns the seconds waited."""
+        future = self._future
+        if not self.due(step) or future is None or future.done():
+            return 0.0
+        began = time.monotonic()
+        wait_for_futures([future], timeout=max(0.0, self._future_began + STUCK_SECONDS - began))
+        return time.monotonic() - began
 
     def begin(self, step: int, control_group: Any) -> bool:
         """Whether to take the memory save of the state after `step` (then call start with it): false on every

@@ -4,9 +4,9 @@ Set-up order: env -> process group -> mesh -> model (seeded, on CPU) -> parallel
 optimizer/scheduler -> data -> Checkpointer.restore. Each step: injected faults, gradient accumulation over micro
 batches (gradient sync only on the last), an async all-reduce carrying the loss and the SIGTERM flag (so every rank
 stops at the same step), clip, `wait_staged` (an async save may still be copying the weights), optimizer step,
-waiting for that all-reduce, metrics, watchdog beat, `step` event, periodic save. The same seeds and world size
-give bitwise the same losses and weights, and a resume from step k reproduces steps k+1.. bitwise: nothing here
-depends on time or on global RNG state.
+waiting for that all-reduce, the previous memory copy when this step is due for one, metrics, watchdog beat,
+`step` event, periodic save. The same seeds and world size give bitwise the same losses and weights, and a resume
+from step k reproduces steps k+1.. bitwise: nothing here depends on time or on global RNG state.
 """
 
 from __future__ import annotations
@@ -143,6 +143,7 @@ def train(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Train
         # Start-up and the first step are done with its update: from then on a stuck collective fails fast.
         result = _step(run, stop, shorten=timeouts if step == start + 1 else None,
                        drain=requests is not None and requests.pending())
+        run.ckpt.catch_up(step)  # a reported step's preceding memory copy is complete: a loss replays <= every
         _report_step(run, step, result, metrics, watchdog, events)
         if result.drain and requests is not None and step < steps:  # the last step's save is the final one
             return stop_for_request(run.ckpt, run.app, requests, step)

@@ -261,6 +261,65 @@ def test_a_replica_arrives_in_chunks_and_a_worker_without_room_for_it_leaves_the
     run_ranks(_replicate, 2, str(tmp_path), str(tmp_path))
 
 
+def _slow_copies(rank: int, world_size: int, root: str) -> None:
+    """A copy every step, each slower than a step (its exchange delayed): with catch_up before a step is
+    reported, as the train loop does, no copy is skipped and the copy of the step before every reported step is
+    complete on every rank (its replica on disk at the peer), so a loss then replays at most one step."""
+    import time
+
+    exchange = peer.MemoryTier._exchange
+
+    def slow(self: peer.MemoryTier, *args: Any) -> bool:
+        time.sleep(0.2)
+        return exchange(self, *args)
+
+    peer.MemoryTier._exchange = slow  # type: ignore[method-assign]
+    app, data, ckpt = _train(rank, world_size, root, 6, True)
+    assert ckpt.memory is not None
+    hosts = [Path(root) / "shm" / f"worker-{r}" for r in range(world_size)]
+    waited = []
+    for step in range(1, 7):
+        train_step(app, data, ckpt)
+        began = time.monotonic()
+        ckpt.catch_up(step)
+        waited.append(time.monotonic() - began)
+        # "Reported": the previous copy is complete on every rank, this rank's replica of its source included.
+        if step > 1:
+            assert ckpt.memory.newest_step == step - 1, (step, ckpt.memory.newest_step)
+            source = (rank - 1) % world_size
+            assert step - 1 in mem.steps_in(mem.replica_dir(hosts[rank], source))
+        ckpt.save(step, app)
+    assert min(waited[1:]) > 0.05  # the loop waited for each slow copy: none was skipped
+    ckpt.close()
+    assert ckpt.memory.newest_step == 6
+
+
+def test_a_copy_slower_than_a_step_slows_the_loop_rather_than_fall_behind(tmp_path: Path) -> None:
+    run_ranks(_slow_copies, 2, str(tmp_path), str(tmp_path))
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_catch_up_waits_only_on_due_steps_and_never_for_a_stuck_copy(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    tier = peer.MemoryTier(tmp_path / "shm", 2, rank=0, world_size=1, ranks_per_worker=1)
+    release = threading.Event()
+    try:
+        tier._future, tier._future_step = tier._executor.submit(release.wait, 30), 2
+        tier._future_began = time.monotonic()
+        assert tier.catch_up(3) == 0.0  # not due: reported at once
+        threading.Timer(0.2, release.set).start()
+        assert tier.catch_up(4) >= 0.15 and not tier.busy  # due: waited for the copy of step 2
+        release.clear()
+        tier._future = tier._executor.submit(release.wait, 30)
+        tier._future_began = time.monotonic() - peer.STUCK_SECONDS  # stuck: begin() skips, nothing waits
+        assert tier.catch_up(6) < 0.1 and tier.busy
+    finally:
+        release.set()
+        tier.close()
+
+
 @pytest.mark.usefixtures("one_rank")
 def test_a_copy_stuck_under_way_is_said_once_with_where_its_thread_waits(tmp_path: Path,
                                                                          caplog: pytest.LogCaptureFixture) -> None:
