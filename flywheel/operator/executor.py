@@ -63,6 +63,10 @@ from flywheel.timefmt import parse_rfc3339
 # A pass at least this often with nothing due: what a missed wake-up costs at most (every change wakes the runner).
 SAFETY_TICK_SECONDS = 30.0
 RETRY_SECONDS = 1.0  # after a pass that failed (an API error)
+# A pass woken by a watch event waits this long first, so that the events of one change arriving together (a job's
+# workers exiting, becoming ready, or deleted with their node) make one pass and one status write instead of one
+# per pod: in a burst of 500 two-pod jobs, ~0.8 status writes per job showed a half-finished job.
+COALESCE_SECONDS = 0.03
 WRITES_REMEMBERED = 8  # own status writes whose watch events are recognised as such (job_event)
 KOPF_SETTLE_SECONDS = 2.0  # the longest a new job's first pass waits for kopf's own patches (kopf_settled)
 # What a status write changes in the job's metadata: not read by the parsed job (its spec and name are).
@@ -190,6 +194,8 @@ class JobRunner(EtcdViews, JobActions):
                 if self.metrics is not None:
                     self.metrics.reconcile_duration_seconds.labels(result).observe(time.monotonic() - started)
                 await self._sleep(due)
+                if self.wake.is_set() and not stopped:
+                    await asyncio.sleep(COALESCE_SECONDS)
         finally:
             stopping.cancel()
             if self.metrics is not None:
