@@ -80,8 +80,9 @@ class DrainFollower:
 
         def changed(state: etcd_requests.RequestState) -> None:
             def apply() -> None:
-                self.state = state
-                self.poke()
+                if state != self.state:
+                    self.state = state
+                    self.poke()
             loop.call_soon_threadsafe(apply)
 
         self.watch = etcd_requests.watch_requests(session, run_id, changed, shared=True)

@@ -57,6 +57,7 @@ class EtcdViews:
     liveness_due: float | None
     key_owner: dict[int, str]  # replica index -> uid of the pod its liveness key belongs to (key_owners)
     etcd_retry_due: float | None
+    seen_pods: list[Any]  # the pods of the last pass
     poke: Callable[[], None]
 
     async def _start_liveness(self, job: TrainingJob, spares: bool) -> None:
@@ -76,8 +77,12 @@ class EtcdViews:
 
         def changed(workers: dict[str, Any]) -> None:
             def apply() -> None:
+                # The first report of a job with no pod yet (no keys either) changes no decision: no pass for it
+                # (one per new job in a burst).
+                first_and_empty = self.live is None and not workers and not self.seen_pods
                 self.live = workers
-                self.wake.set()
+                if not first_and_empty:
+                    self.wake.set()
             loop.call_soon_threadsafe(apply)
 
         try:
@@ -94,8 +99,9 @@ class EtcdViews:
 
         def changed(spares: dict[str, Any]) -> None:
             def apply() -> None:
-                self.live_spares = dict(spares)
-                self.wake.set()
+                if spares != self.live_spares:
+                    self.live_spares = dict(spares)
+                    self.wake.set()
             loop.call_soon_threadsafe(apply)
 
         try:

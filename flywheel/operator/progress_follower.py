@@ -44,6 +44,8 @@ class JobProgress:
         self.watch = watch_progress(session, run_id, changed, shared=True)
 
     def _apply(self, records: dict[str, ProgressRecord]) -> None:
+        if not records:  # none yet, or the keys went with their lease: the ledger keeps what they said
+            return
         for record in records.values():
             self.ledger.add(record)
             key = (record.attempt, record.step)
