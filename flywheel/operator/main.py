@@ -97,6 +97,11 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def next_full_collection(every: float, took: float) -> float:
+    """Seconds until the next full collection, after one that took `took` seconds."""
+    return max(every, took / GC_FULL_SHARE)
+
+
 async def collect_cycles(every: float = GC_FULL_SECONDS) -> None:
     """A full collection every `every` seconds or more (GC_FULL_SHARE), for the operator's life (started by the
     startup handler)."""
@@ -106,7 +111,7 @@ async def collect_cycles(every: float = GC_FULL_SECONDS) -> None:
         began = time.monotonic()
         freed = gc.collect()
         took = time.monotonic() - began
-        wait = max(every, took / GC_FULL_SHARE)
+        wait = next_full_collection(every, took)
         log.debug("full collection: %.3f s, %d objects freed; the next in %.0f s", took, freed, wait)
 
 

@@ -146,3 +146,33 @@ def test_a_pass_parses_the_job_again_only_when_its_spec_or_metadata_changed(monk
     obj["spec"] = {**obj["spec"], "replicas": {"min": 3, "max": 2}}
     job, invalid = r._parse(obj)
     assert job is None and invalid and "replicas" in invalid
+
+
+def test_the_events_of_one_change_make_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's pods exiting together send their events within moments of each other: one pass (and one status
+    write) for all of them, COALESCE_SECONDS after the first, not one per pod."""
+    monkeypatch.setattr(executor, "COALESCE_SECONDS", 0.2)  # wide, so that a loaded machine's late wake-ups fit
+    times = passes_in(0.8, None, pokes=(0.2, 0.25, 0.3))
+    assert len(times) == 2 and times[1] >= 0.39
+
+
+def test_an_etcd_report_that_changes_nothing_wakes_no_pass() -> None:
+    """The progress watch's first report of a new job (no keys yet), or its keys gone with their lease: what the
+    ledger holds is unchanged, so no pass; a record does wake one."""
+    from flywheel.etcd.progress import ProgressRecord
+    from flywheel.operator.progress_follower import JobProgress
+
+    pokes: list[int] = []
+    progress = JobProgress(lambda: pokes.append(1))
+    progress._apply({})
+    assert pokes == []
+    progress._apply({"0": ProgressRecord(time=100.0, attempt=90.0, step=3)})
+    assert pokes == [1] and progress.ledger.attempts
+
+
+def test_the_periodic_full_collection_takes_at_most_its_share_of_the_time() -> None:
+    from flywheel.operator.main import GC_FULL_SHARE, next_full_collection
+
+    assert next_full_collection(10.0, 0.001) == 10.0  # a small heap: every 10 s
+    assert next_full_collection(10.0, 0.5) == pytest.approx(0.5 / GC_FULL_SHARE)  # a large heap: less often
+    assert 0.5 / GC_FULL_SHARE > 10.0
