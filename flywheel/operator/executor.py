@@ -274,9 +274,11 @@ class JobRunner(EtcdViews, JobActions):
         annotations = obj["metadata"].get("annotations") or {}
         findings = self.findings.snapshot()
         gone = vanished_pods(self.seen_pods, views, self.deleted_pods, status_in.generation, time.time())
+        # Only a spare's placement reads the usable nodes (policy/spare_placement.py): no set built for the rest.
+        usable = await self.reads.usable_nodes() if any(v.is_spare for v in views) else frozenset[str]()
         result = reconcile(job.spec if job else None, invalid, status_in, views + gone, progress, time.time(),
                            int(obj["metadata"].get("generation", 0)), annotations.get(RESTART_ANNOTATION), findings,
-                           await self._drain_input(findings), await self.reads.usable_nodes())
+                           await self._drain_input(findings), usable)
         written = result.status.to_json()
         changed = written != (obj.get("status") or {})
         if not await self._write_status(obj, written):
