@@ -136,6 +136,9 @@ def run(argv: Sequence[str] | None = None, serve_api: Callable[[argparse.Namespa
             print("flywheel operator: --api-port needs the `flywheel operator` command (or run `flywheel api`)")
             return 2
         serve_api(args)
+    from flywheel.kube import lazy_packages
+
+    lazy_packages.install()  # kopf imports kubernetes_asyncio's models when it is installed: only those it uses
     import kopf
 
     from flywheel.operator import handlers
