@@ -85,9 +85,9 @@ GC_THRESHOLDS = (10_000, 10, 10)  # the defaults are (700, 10, 10)
 # for the oldest generation's turn, which the interpreter takes once it has grown by a quarter: 200 jobs created and
 # deleted left ~12 MB until then. A full collection every 10 s bounded that, but scanned every live object (~0.2 s
 # with 500 jobs held: ~1 of the 7 ms of CPU per job in bench/operator_scale's burst) and lowered no RSS peak there
-# (188 MB either way: the freed memory is reused). So it is only a backstop, at most every GC_FULL_SECONDS and at
-# most GC_FULL_SHARE of the time.
-GC_FULL_SECONDS = 300.0
+# (188 MB either way: the freed memory is reused). Under churn it does bound the garbage, so it stays, once a
+# minute at most and at most GC_FULL_SHARE of the time.
+GC_FULL_SECONDS = 60.0
 GC_FULL_SHARE = 0.01
 
 
