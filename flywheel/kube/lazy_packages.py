@@ -4,16 +4,17 @@ The library's package `__init__` files import everything they export: ~830 gener
 of the operator's memory (its RSS goal is 200 MB at 500 jobs), of which the product uses the ApiClient, its
 Configuration and kubeconfig loader, and kopf two model classes (V1ObjectMeta, V1OwnerReference, for its
 isinstance checks). `install()` registers, before anything imports the library, a module for each of those packages
-that reads its real `__init__`'s `from X import Y` / `import X as Y` lines without running them and imports Y from X
-on first access; submodules import from the package's folder as usual. Every exported name stays reachable
-(tests/unit/test_kube_lazy_packages.py).
+that reads its real `__init__` (parsed, not run: its `from X import Y`, `import X as Y`, `__version__`, `__all__`)
+and imports Y from X on first access; submodules import from the package's folder as usual. Every exported name
+stays reachable, and `import *` gets what the real package's `__all__` lists (tests/unit/test_kube_lazy_packages.py;
+a package without `__all__` gives the names used so far).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
-import re
 import sys
 import types
 from pathlib import Path
@@ -22,9 +23,6 @@ from typing import Any
 # The packages whose __init__ imports what the product does not use, parents first.
 PACKAGES = ("kubernetes_asyncio", "kubernetes_asyncio.client", "kubernetes_asyncio.client.models",
             "kubernetes_asyncio.client.api")
-_FROM_IMPORT = re.compile(r"^from\s+([\w.]+)\s+import\s+(\w+)(?:\s+as\s+(\w+))?\s*$", re.MULTILINE)
-_IMPORT_AS = re.compile(r"^import\s+([\w.]+)\s+as\s+(\w+)\s*$", re.MULTILINE)
-_CONSTANT = re.compile(r"^(__\w+__)\s*=\s*\"([^\"]*)\"\s*$", re.MULTILINE)
 
 
 class LazyPackage(types.ModuleType):
@@ -35,13 +33,23 @@ class LazyPackage(types.ModuleType):
         self.__spec__, self.__path__ = spec, list(spec.submodule_search_locations or [])
         self.__file__, self.__package__ = spec.origin, name
         self.__lazy_sources__: dict[str, tuple[str, str | None]] = {}  # name -> (module, attribute; None: module)
-        for module, attribute, alias in _FROM_IMPORT.findall(init_source):
-            if module != "__future__":
-                self.__lazy_sources__[alias or attribute] = (module, attribute)
-        for module, alias in _IMPORT_AS.findall(init_source):
-            self.__lazy_sources__[alias] = (module, None)
-        for constant, value in _CONSTANT.findall(init_source):
-            setattr(self, constant, value)
+        for node in ast.parse(init_source).body:  # the top-level statements, read and not run
+            if isinstance(node, ast.ImportFrom) and node.module and node.module != "__future__":
+                module = importlib.util.resolve_name("." * node.level + node.module, name) if node.level else \
+                    node.module
+                for alias in node.names:
+                    self.__lazy_sources__[alias.asname or alias.name] = (module, alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname:
+                        self.__lazy_sources__[alias.asname] = (alias.name, None)
+            elif isinstance(node, ast.Assign) and isinstance(node.value, (ast.Constant, ast.List, ast.Tuple)):
+                for target in node.targets:  # __version__, __all__ (a star import gets what the real one gets)
+                    if isinstance(target, ast.Name) and target.id.startswith("__"):
+                        try:
+                            setattr(self, target.id, ast.literal_eval(node.value))
+                        except ValueError:  # not a literal (e.g. a list of names): left out
+                            pass
 
     def __getattr__(self, name: str) -> Any:
         source = self.__lazy_sources__.get(name)

@@ -7,11 +7,12 @@ import json
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 from flywheel.kube.lazy_packages import PACKAGES
 
 
-def _run(code: str) -> dict:
+def _run(code: str) -> Any:
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
                           check=True)
     return json.loads(done.stdout.splitlines()[-1])
@@ -66,3 +67,19 @@ def test_every_name_the_real_packages_export_resolves_the_same() -> None:
     for package in PACKAGES:
         assert len(wanted[package]) > 3
         assert lazy[package] == {n: real[package][n] for n in wanted[package]}, package
+
+
+def test_a_star_import_gets_what_the_real_package_exports() -> None:
+    """kubernetes_asyncio.client lists `__all__`: the lazy package has it too, so `import *` imports the same names
+    (a package without `__all__` gives the names used so far)."""
+    code = """
+        import json
+        if {lazy}:
+            from flywheel.kube import lazy_packages
+            assert lazy_packages.install()
+        names = {{}}
+        exec("from kubernetes_asyncio.client import *", names)
+        print(json.dumps(sorted(n for n in names if n != "__builtins__")))
+    """
+    real = _run(code.format(lazy=False))
+    assert len(real) > 100 and _run(code.format(lazy=True)) == real
