@@ -103,8 +103,8 @@ class CheckpointSpec(_Model):
     memory_every_steps: int = Field(
         0, ge=0, description="Also keep a copy in the workers' host shared memory (/dev/shm) every N steps, with a "
                              "replica on the next worker, and restore from it when it is the newest: a restart "
-                             "replays at most N steps without reading `dir` (a copy slower than N steps slows training to its "
-                             "pace rather than fall behind). Separate from everySteps (which writes "
+                             "replays at most N steps without reading `dir` (a copy slower than N steps slows "
+                             "training to its pace rather than fall behind). Separate from everySteps (which writes "
                              "`dir`); 0 turns the memory tier off. Needs /dev/shm room for about twice a worker's "
                              "share of the training state.")
     keep: int = Field(3, ge=1, description="Committed checkpoints kept; older ones are deleted.")
