@@ -47,6 +47,7 @@ from bench.common import RESULTS, DataPosition, write_result
 from flywheel.spec import CheckpointSpec
 from flywheel.trainer.checkpoint import AppState, Checkpointer
 from flywheel.trainer.checkpoint_memory_root import SHM
+from flywheel.trainer.process_exit import exit_rank
 
 GOAL = 0.2
 WORLD = 2
@@ -128,6 +129,7 @@ def _rank_main(rank: int, root: str, mem_base: str, dim: int, layers: int, reps:
             Path(root, "runs.json").write_text(json.dumps({"runs": runs, "state_bytes": state_bytes}))
     finally:
         dist.destroy_process_group()
+    exit_rank(0)  # a failure above still reaches mp.spawn through its error file
 
 
 def _gloo_floor(app: AppState, rank: int) -> float:

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from bench.common import median, write_result
+from flywheel.trainer.process_exit import exit_rank
 
 REPO = Path(__file__).resolve().parents[1]
 SLACK = 0.05  # over 1 / world: the largest tensor drawn in full, the baseline
@@ -90,7 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.rank:
         rank_main(*args.rank)
-        return
+        exit_rank(0)
     preset, world = ("gpt-125m", 2) if args.quick else ("gpt-1.3b", 4)
     with tempfile.TemporaryDirectory() as tmp:
         runs = {mode: measure(preset, world, mode, Path(tmp)) for mode in ("plain", "meta")}

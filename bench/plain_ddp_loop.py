@@ -17,6 +17,7 @@ from flywheel.spec import parse_spec
 from flywheel.trainer.build import build_model
 from flywheel.trainer.data import SampleLoader, build_source
 from flywheel.trainer.optim import build_optimizer, build_scheduler
+from flywheel.trainer.process_exit import exit_rank
 
 
 def main() -> None:
@@ -53,9 +54,7 @@ def main() -> None:
     # after rank 0 exited waited out the store's 30-minute timeout (seen with the fast llama-tiny steps).
     dist.barrier()
     dist.destroy_process_group()
-    # Releasing the DDP model on return deadlocked now and then: ~ProcessGroupGloo joins its worker thread holding
-    # the GIL while that thread waits for the GIL to free a finished work item. The result is written: leave.
-    os._exit(0)
+    exit_rank(0)  # the result is written; interpreter shutdown could deadlock or abort (process_exit's doc)
 
 
 if __name__ == "__main__":

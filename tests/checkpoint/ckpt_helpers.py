@@ -15,6 +15,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
 from flywheel.trainer.checkpoint import AppState
+from flywheel.trainer.process_exit import exit_rank
 
 DIM = 16
 BATCH = 8
@@ -192,6 +193,7 @@ def _rank_main(rank: int, fn: Callable[..., None], world_size: int, init_file: s
         fn(rank, world_size, *args)
     finally:
         dist.destroy_process_group()
+    exit_rank(0)  # a failure above still reaches mp.spawn through its error file
 
 
 def run_ranks(fn: Callable[..., None], world_size: int, tmp: str, *args: Any) -> None:

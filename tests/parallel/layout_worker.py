@@ -31,6 +31,7 @@ from flywheel.trainer.materialize import META
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 from flywheel.trainer.parallel_pp import full_model_state
 from flywheel.trainer.parallelize import DP, build_mesh, clip_grad_norm, parallelize
+from flywheel.trainer.process_exit import exit_rank
 from flywheel.trainer.step import forward_backward
 
 
@@ -100,3 +101,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_rank(0)

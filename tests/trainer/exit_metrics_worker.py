@@ -7,11 +7,11 @@ COLLECTIVE_TIMEOUT, so no scrape can see it; this wrapper keeps the real code pa
 from __future__ import annotations
 
 import os
-import sys
 
 from prometheus_client import generate_latest
 
 from flywheel.trainer import train_loop
+from flywheel.trainer.process_exit import exit_rank
 from flywheel.trainer.trainer_metrics import TrainerMetrics
 
 made: list[TrainerMetrics] = []
@@ -29,6 +29,4 @@ if __name__ == "__main__":
     if made:
         with open(os.environ["FLYWHEEL_TEST_METRICS_OUT"], "wb") as out:
             out.write(generate_latest(made[-1].registry))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # as flywheel/trainer/__main__.py: background threads must not hold the exit
+    exit_rank(code)  # as flywheel/trainer/__main__.py

@@ -25,6 +25,7 @@ from flywheel.trainer.hf_weights import load_pretrained
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 from flywheel.trainer.parallel_pp import full_model_state
 from flywheel.trainer.parallelize import DP, build_mesh, parallelize
+from flywheel.trainer.process_exit import exit_rank
 from flywheel.trainer.step import forward_backward
 
 SEQ = 16
@@ -88,3 +89,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_rank(0)
