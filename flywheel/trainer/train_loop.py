@@ -143,7 +143,7 @@ def train(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Train
         # Start-up and the first step are done with its update: from then on a stuck collective fails fast.
         result = _step(run, stop, shorten=timeouts if step == start + 1 else None,
                        drain=requests is not None and requests.pending())
-        run.ckpt.catch_up(step)  # a reported step's preceding memory copy is complete: a loss replays <= every
+        run.ckpt.catch_up(step)  # the memory copy before a reported step is done: a loss replays <= memoryEverySteps
         _report_step(run, step, result, metrics, watchdog, events)
         if result.drain and requests is not None and step < steps:  # the last step's save is the final one
             return stop_for_request(run.ckpt, run.app, requests, step)
