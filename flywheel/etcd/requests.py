@@ -1,12 +1,18 @@
 """Drain ahead in etcd (issue 21): the operator's checkpoint request and each rank's answer.
 
 Before moving a worker off a draining node the operator PUTs `/flywheel/requests/<run_id>/checkpoint` =
-{"id", "reason"} (no lease: a rank restarted in place still finds it). Every rank follows that key
+{"id", "reason", "moving"} (no lease: a rank restarted in place still finds it; `moving`: the replica indices of the
+workers it will move). Every rank follows that key
 (`watch_requests`); at the next step boundary all ranks agree to act on it, save, and each PUTs
 `/flywheel/requests/<run_id>/done/<rank>` = {"id", "step"}: it holds that request's checkpoint of `step`. The
 operator follows the answers (`watch_requests` too) and, once every rank answered the request's id, moves the
-worker and deletes the prefix (`clear_requests`). A rank that already answered a request id never acts on it
-again. The run's cleanup (`liveness.delete_run`) deletes whatever is left.
+worker; it deletes the prefix (`clear_requests`) once the moved pods are gone, or at once when it gives the drain
+up. A rank that already answered a request id never acts on it again. The run's cleanup (`liveness.delete_run`)
+deletes whatever is left.
+
+An agent whose replica the open request moves and whose ranks answered it never joins a new rendezvous round
+(`held_for_move`, trainer/drain_hold.py): its pod is about to be deleted, and a round with it would train steps
+that the move throws away.
 
 Torch-free, like liveness.py.
 """
@@ -14,7 +20,7 @@ Torch-free, like liveness.py.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +35,7 @@ REQUEST_NAME = "checkpoint"  # the request key's last path segment (the answers'
 class CheckpointRequest:
     id: str
     reason: str = ""
+    moving: tuple[int, ...] = ()  # the replica indices of the workers the drain moves
 
 
 @dataclass(frozen=True)
@@ -39,12 +46,16 @@ class CheckpointDone:
 
 
 def encode_request(request: CheckpointRequest) -> bytes:
-    return json.dumps({"id": request.id, "reason": request.reason}).encode()
+    return json.dumps({"id": request.id, "reason": request.reason, "moving": list(request.moving)}).encode()
 
 
 def decode_request(value: bytes) -> CheckpointRequest | None:
     info = _json(value)
-    return CheckpointRequest(str(info["id"]), str(info.get("reason", ""))) if info.get("id") else None
+    if not info.get("id"):
+        return None
+    moving = info.get("moving")
+    indices = tuple(int(i) for i in moving if isinstance(i, int)) if isinstance(moving, list) else ()
+    return CheckpointRequest(str(info["id"]), str(info.get("reason", "")), indices)
 
 
 def encode_done(done: CheckpointDone) -> bytes:
@@ -75,6 +86,15 @@ class RequestState:
 
     request: CheckpointRequest | None
     done: dict[int, CheckpointDone]
+
+
+def held_for_move(state: RequestState, replica_id: str, ranks: Collection[int]) -> bool:
+    """Whether an agent of replica `replica_id`, whose ranks were `ranks`, is being moved by the open request and
+    stopped for it (one of its ranks answered it: they all stop after the same step)."""
+    request = state.request
+    if request is None or replica_id not in {str(i) for i in request.moving}:
+        return False
+    return any(state.done[r].id == request.id for r in ranks if r in state.done)
 
 
 def parse_entries(entries: dict[str, tuple[bytes, bytes]]) -> RequestState:

@@ -24,7 +24,15 @@ from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from flywheel import exitcodes, replica
-from flywheel.trainer import rank_restarts, rendezvous_expiry, restart_requests, spare_wait, termination_log, warm
+from flywheel.trainer import (
+    drain_hold,
+    rank_restarts,
+    rendezvous_expiry,
+    restart_requests,
+    spare_wait,
+    termination_log,
+    warm,
+)
 from flywheel.trainer.launch_settings import (
     TRAINER_MODULE,
     WARM_PRELOAD,
@@ -155,6 +163,13 @@ def _build_agent_class() -> type:
             # torch restarts the ranks after a failure (state FAILED/UNHEALTHY) or for a membership change
             # (HEALTHY: another worker joined or restarted); only the first is an interruption of this worker --
             # or the operator's request, which a peer's new round may have brought here before the monitor saw it.
+            # A worker that a drain moves waits for its pod's deletion instead (drain_hold.py): its ranks stopped
+            # for the drain's checkpoint (STOPPED), or still run while a peer's new round began.
+            exits = [code for code, _ in self.last_failures.values()]
+            stopped = worker_group.state is WorkerState.FAILED and bool(exits) and \
+                all(code == exitcodes.STOPPED for code in exits)
+            if stopped or worker_group.state is WorkerState.HEALTHY:
+                drain_hold.hold_while_moving([w.global_rank for w in worker_group.workers])
             if self.restart_request is None:
                 self.restart_request = restart_requests.take()
             request = self.restart_request

@@ -9,7 +9,8 @@ import pytest
 from torch.distributed.elastic.agent.server.api import WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-from flywheel.trainer import launch, rank_restarts
+from flywheel import exitcodes
+from flywheel.trainer import drain_hold, launch, rank_restarts
 
 
 def test_only_restarts_after_a_failure_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -25,7 +26,7 @@ def test_only_restarts_after_a_failure_are_reported(monkeypatch: pytest.MonkeyPa
 
     rank_restarts.add_reporter(reporter)
     try:
-        group = SimpleNamespace(state=WorkerState.HEALTHY)
+        group = SimpleNamespace(state=WorkerState.HEALTHY, workers=[])
         agent._restart_workers(group)  # a membership change: not an interruption of this worker
         assert reports == []
         agent.last_failures = {0: (-15, 101.0), 1: (-9, 100.0)}  # rank 1 killed, rank 0 stopped after it
@@ -36,3 +37,24 @@ def test_only_restarts_after_a_failure_are_reported(monkeypatch: pytest.MonkeyPa
     finally:
         rank_restarts.remove_reporter(reporter)
     assert reports == [(1, "rank 1: killed by SIGKILL"), (2, "rank 0: exit code 5 (collective-timeout)")]
+
+
+def test_a_drain_may_hold_the_restart_only_of_ranks_stopped_for_it_or_still_running(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """drain_hold is asked before ranks stopped by a checkpoint request (STOPPED) or still running (a peer's new
+    round) start again; never before the restart of crashed ranks: those have not answered, their restart will."""
+    monkeypatch.setattr(LocalElasticAgent, "_restart_workers", lambda self, group: None)
+    monkeypatch.setattr(rank_restarts, "_reporters", [])
+    asked: list[list[int]] = []
+    monkeypatch.setattr(drain_hold, "hold_while_moving", lambda ranks: asked.append(list(ranks)) or 0.0)
+    agent = object.__new__(launch._build_agent_class())
+    workers = [SimpleNamespace(global_rank=2), SimpleNamespace(global_rank=3)]
+    agent._restart_workers(SimpleNamespace(state=WorkerState.HEALTHY, workers=workers))
+    agent.last_failures = {2: (exitcodes.STOPPED, 10.0), 3: (exitcodes.STOPPED, 10.1)}
+    agent._restart_workers(SimpleNamespace(state=WorkerState.FAILED, workers=workers))
+    assert asked == [[2, 3], [2, 3]]
+    agent.last_failures = {2: (exitcodes.STOPPED, 10.0), 3: (-9, 10.1)}  # one of them killed
+    agent._restart_workers(SimpleNamespace(state=WorkerState.FAILED, workers=workers))
+    agent.last_failures = {2: (1, 20.0)}
+    agent._restart_workers(SimpleNamespace(state=WorkerState.FAILED, workers=workers))
+    assert len(asked) == 2

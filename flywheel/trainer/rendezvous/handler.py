@@ -16,17 +16,19 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+from collections.abc import Collection
 
 from torch.distributed.elastic.rendezvous.api import RendezvousParameters
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
 from flywheel import exitcodes
 from flywheel.etcd import keys
+from flywheel.etcd import requests as etcd_requests
 from flywheel.etcd.liveness import DEFAULT_WORKER_TTL, WorkerRegistration
 from flywheel.etcd.rank_restart import RankRestartFollower
 from flywheel.etcd.session import EtcdSession
 from flywheel.replica import replica_id_from_env
-from flywheel.trainer import rank_restarts, restart_requests, termination_log
+from flywheel.trainer import drain_hold, rank_restarts, restart_requests, termination_log
 from flywheel.trainer.rank_order import RENDEZVOUS_POLL_SECONDS, create_ordered_handler
 from flywheel.trainer.torch_compat import set_rendezvous_poll_interval
 
@@ -82,6 +84,12 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> DynamicRendezvousHan
     ).start()
     rank_restarts.add_reporter(registration.report_rank_restart)  # the operator counts them from the key
 
+    def moved_by_drain(ranks: Collection[int]) -> bool:  # read when the agent would rejoin (drain_hold.py)
+        state = session.run(etcd_requests.read_state(session, params.run_id))
+        return etcd_requests.held_for_move(state, replica_id, ranks)
+
+    drain_hold.add_source(moved_by_drain)
+
     handler = create_ordered_handler(store, backend, params, replica_id, before_join=registration.still_held)
     state_watch = RendezvousStateWatch(session, keys.state_key(params.run_id), handler)
     set_rendezvous_poll_interval(RENDEZVOUS_POLL_SECONDS, wait=state_watch.wait)
@@ -89,6 +97,7 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> DynamicRendezvousHan
     def release() -> None:
         state_watch.stop()
         restart_requests.remove_source(follower.take)
+        drain_hold.remove_source(moved_by_drain)
         follower.stop()
         rank_restarts.remove_reporter(registration.report_rank_restart)
         registration.close()
