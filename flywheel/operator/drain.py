@@ -103,7 +103,7 @@ class DrainFollower:
         if isinstance(action, RequestCheckpoint):
             if action.request_id == self.sent:
                 return
-            request = etcd_requests.CheckpointRequest(action.request_id, action.reason)
+            request = etcd_requests.CheckpointRequest(action.request_id, action.reason, action.moving)
             await loop.run_in_executor(None, lambda: session.run(etcd_requests.put_request(session, run_id, request)))
             self.sent = action.request_id
             self.logger.info(f"drain ahead: checkpoint request {action.request_id} sent ({action.reason})")

@@ -66,6 +66,7 @@ class RequestCheckpoint:
 
     request_id: str
     reason: str
+    moving: tuple[int, ...] = ()  # the replica indices of the workers the drain moves: their agents will not rejoin
 
 
 @dataclass(frozen=True)

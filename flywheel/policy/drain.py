@@ -12,10 +12,13 @@ job takes a checkpoint first and the worker is moved, losing no step.
    {requestId, requestedAt}). The ranks agree on one step in their per-step collective, save to the memory tier
    (own copy + the peer's replica; a disk save without the tier), answer {id, step} and stop -- no step is trained
    after the checkpoint.
+   The request names the workers it moves (their replica indices): their agents, once their ranks stopped for it,
+   wait for their pods' deletion instead of rejoining (trainer/drain_hold.py).
 2. Once every rank (`status.worldSize`) answered the request: the pods on the node are deleted (their indices go to
    a ready spare through the usual promotion, else to a new pod the cordon or taint keeps off the node), the other
    workers join the new generation, and the job resumes from that checkpoint. One restart in `status.restarts`,
-   `lastRestartReason` NodeDraining, no restart budget: a planned move is no failure.
+   `lastRestartReason` NodeDraining, no restart budget: a planned move is no failure. The request stays until the
+   moved pods are gone (it is what keeps their agents out of the new group); a drain given up deletes it at once.
 3. No answer within DRAIN_TIMEOUT_SECONDS (XID_DRAIN_TIMEOUT_SECONDS for a fatal XID: that GPU may never finish
    the step): the worker is moved anyway (from the last checkpoint). A failure or the
    worker leaving the node first ends the drain; the failure is then decided as usual.
@@ -84,7 +87,7 @@ def drain_ahead(out: Pass, job: JobView, seen: DrainInput) -> Pass | None:
     """Start, follow or end a drain; the Pass when this pass moved the worker (a restart decided), else None."""
     if out.status.drain.node:
         return _follow(out, job, seen)
-    if seen.request_id:  # a request left over (the operator stopped before deleting it)
+    if seen.request_id and not _moved_pods_left(job):  # a move's request, or one left by an operator stopped
         out.actions.append(ClearCheckpointRequest())
     if out.status.phase is not Phase.RUNNING or job.failed:
         return None
@@ -98,6 +101,11 @@ def _draining_node(job: JobView, seen: DrainInput) -> str | None:
     nodes = sorted({p.node for p in job.current if p.active and p.node and p.node in seen.nodes
                     and seen.nodes[p.node].cause is not None})
     return nodes[0] if nodes else None
+
+
+def _moved_pods_left(job: JobView) -> bool:
+    """Pods of an older generation are still there: a move's request keeps their agents out of the new group."""
+    return any(p.generation < job.generation for p in job.pods)
 
 
 def _on(job: JobView, node: str) -> list[PodView]:
@@ -147,7 +155,7 @@ def _ask(out: Pass, job: JobView) -> None:
     drain = out.status.drain
     request_id = f"{drain.node}-g{job.generation}-{int(job.now * 1000)}"
     out.status.drain = drain.model_copy(update={"request_id": request_id, "requested_at": rfc3339(job.now)})
-    out.actions.append(RequestCheckpoint(request_id, f"node {drain.node} {drain.cause}"))
+    out.actions.append(_request(job, out.status.drain))
     out.events.append(Event("Normal", R.NODE_DRAINING, R.MSG_DRAIN_REQUESTED.format(
         node=drain.node, cause=drain.cause, request=request_id, pods=_names(_on(job, drain.node)))))
 
@@ -182,7 +190,7 @@ def _follow(out: Pass, job: JobView, seen: DrainInput) -> Pass | None:
     step = answered_step(out.status.world_size, drain.request_id, seen.answers) if drain.request_id else None
     if step is not None:
         return _move(out, job, R.MSG_DRAIN_MOVED.format(node=drain.node, cause=drain.cause, step=step,
-                                                        pods=_names(on_node)))
+                                                        pods=_names(on_node)), answered=True)
     failed = [p for p in job.failed if p.node != drain.node or not p.active]
     if failed or not on_node:
         why = f"worker {failed[0].name} failed first" if failed else "no worker of the job is on it any more"
@@ -196,8 +204,13 @@ def _follow(out: Pass, job: JobView, seen: DrainInput) -> Pass | None:
     if job.now - requested >= bound:
         return _move(out, job, R.MSG_DRAIN_TIMED_OUT.format(node=drain.node, cause=drain.cause, seconds=bound,
                                                             pods=_names(on_node)))
-    out.actions.append(RequestCheckpoint(drain.request_id, f"node {drain.node} {drain.cause}"))
+    out.actions.append(_request(job, drain))
     return None
+
+
+def _request(job: JobView, drain: DrainStatus) -> RequestCheckpoint:
+    moving = tuple(sorted(p.index for p in _on(job, drain.node)))
+    return RequestCheckpoint(drain.request_id, f"node {drain.node} {drain.cause}", moving)
 
 
 def _bound(drain: DrainStatus, timeout_seconds: float) -> float:
@@ -216,20 +229,22 @@ def drain_due(status: TrainingJobStatus, timeout_seconds: float = DRAIN_TIMEOUT_
     return None if requested is None else requested + _bound(drain, timeout_seconds)
 
 
-def _end(out: Pass, message: str, kind: str) -> None:
+def _end(out: Pass, message: str, kind: str, *, keep_request: bool = False) -> None:
     out.status.drain = NO_DRAIN.model_copy()
-    out.actions.append(ClearCheckpointRequest())
+    if not keep_request:  # a kept one is deleted once the moved pods are gone (drain_ahead)
+        out.actions.append(ClearCheckpointRequest())
     out.events.append(Event("Warning" if kind == "Warning" else "Normal", R.NODE_DRAINING, message))
 
 
-def _move(out: Pass, job: JobView, message: str) -> Pass:
+def _move(out: Pass, job: JobView, message: str, *, answered: bool = False) -> Pass:
     """The worker(s) on the node go (to a spare or a new pod, next pass); the others join the new generation. One
-    restart, no budget."""
+    restart, no budget. A request every rank answered stays until the moved pods are gone; one not answered goes
+    now (the new group's ranks would otherwise take it for theirs)."""
     status, node = out.status, out.status.drain.node
     begin_generation(status, job.generation + 1, job.now)
     status.last_restart_reason = R.NODE_DRAINING
     set_phase(status, Phase.RESTARTING, R.NODE_DRAINING, message, job.now)
-    _end(out, message, "Normal")
+    _end(out, message, "Normal", keep_request=answered)
     for p in job.pods:
         if p.deleting_since is not None:
             continue

@@ -72,7 +72,7 @@ def test_each_trigger_requests_a_checkpoint_and_records_the_drain(marks: NodeMar
     out = decide(running(), PODS + [spare(0, "n2")], DrainInput(nodes={"n1": marks}), **{"replicas.spares": 1})
     drain = out.status.drain
     assert (drain.node, drain.cause) == ("n1", cause) and drain.request_id and drain.requested_at
-    assert RequestCheckpoint(drain.request_id, f"node n1 {cause}") in out.actions
+    assert RequestCheckpoint(drain.request_id, f"node n1 {cause}", moving=(1,)) in out.actions  # worker 1 is on n1
     assert not any(isinstance(a, DeletePod) for a in out.actions)  # nothing moves before the checkpoint
     assert out.status.phase is Phase.RUNNING and out.status.restarts == 0
     drained = [e for e in out.events if e.reason == R.NODE_DRAINING]
@@ -130,7 +130,7 @@ def test_the_checkpoint_is_asked_once_the_replacement_is_warm() -> None:
     out = decide(preparing(), PODS + [spare(0, "n2")], DrainInput(nodes=CORDONED), now=NOW + 4)
     drain = out.status.drain
     assert drain.request_id and drain.requested_at == rfc3339(NOW + 4) and drain.started_at == rfc3339(NOW)
-    assert RequestCheckpoint(drain.request_id, "node n1 is cordoned") in out.actions
+    assert RequestCheckpoint(drain.request_id, "node n1 is cordoned", (1,)) in out.actions
     assert not any(isinstance(a, (CreateSpare, DeletePod)) for a in out.actions)  # the drain's spare is kept
 
 
@@ -191,7 +191,7 @@ def test_spares_on_the_draining_node_go_at_once() -> None:
 def test_waiting_for_the_answers_repeats_the_request_and_moves_nothing() -> None:
     seen = DrainInput(nodes=CORDONED, request_id="r1", answers={0: ("r1", 12)})  # rank 1 has not answered yet
     out = decide(draining(), PODS, seen, now=NOW + 5)
-    assert out.actions == [RequestCheckpoint("r1", "node n1 is cordoned")]
+    assert out.actions == [RequestCheckpoint("r1", "node n1 is cordoned", (1,))]
     assert out.status.drain.request_id == "r1" and out.status.restarts == 0
 
 
@@ -203,7 +203,9 @@ def test_every_rank_answered_moves_the_worker_without_budget() -> None:
     assert status.restart_budget.used == 1  # a planned move is no failure
     assert status.phase is Phase.RESTARTING and status.drain.node == ""
     assert DeletePod("j-worker-1", "u1-0", grace_seconds=MOVE_GRACE_SECONDS) in out.actions
-    assert Relabel("j-worker-0", 1) in out.actions and ClearCheckpointRequest() in out.actions
+    assert Relabel("j-worker-0", 1) in out.actions
+    # The answered request stays while the moved pod is there: it keeps that worker's agent out of the new group.
+    assert ClearCheckpointRequest() not in out.actions
     moved = [e for e in out.events if e.reason == R.NODE_DRAINING]
     assert moved and "n1" in moved[0].message and "step 12" in moved[0].message and "cordoned" in moved[0].message
     # The cleared drain is written field by field: a merge patch must overwrite the recorded one.
@@ -232,6 +234,8 @@ def test_no_answer_within_the_bound_moves_the_worker_anyway() -> None:
     assert out.status.last_restart_reason == R.NODE_DRAINING and out.status.drain.node == ""
     assert DeletePod("j-worker-1", "u1-0", grace_seconds=MOVE_GRACE_SECONDS) in out.actions
     assert any("did not come within 60s" in e.message for e in out.events)
+    # Nobody answered it: it goes now, or the new group's ranks would stop for it.
+    assert ClearCheckpointRequest() in out.actions
 
 
 def test_the_pod_vanishing_first_falls_back_to_the_loss_path() -> None:
@@ -256,7 +260,7 @@ def test_a_repeated_pass_over_the_same_status_decides_the_same() -> None:
     again = decide(first.status, pods, DrainInput(nodes=CORDONED, request_id=first.status.drain.request_id),
                    now=NOW + 1, **{"replicas.spares": 1})
     assert again.status.drain == first.status.drain
-    assert again.actions == [RequestCheckpoint(first.status.drain.request_id, "node n1 is cordoned")]
+    assert again.actions == [RequestCheckpoint(first.status.drain.request_id, "node n1 is cordoned", (1,))]
     # Waiting for the drain's spare: its create is seen, nothing more is created or asked.
     prepared = decide(running(), PODS, DrainInput(nodes=CORDONED))
     created = PodView(name="j-spare-0", uid="s0", index=-1, generation=0, phase="Pending", role="spare")
@@ -267,6 +271,18 @@ def test_a_repeated_pass_over_the_same_status_decides_the_same() -> None:
 def test_a_leftover_request_is_cleared_when_no_drain_is_recorded() -> None:
     out = decide(running(), [on(0, "n0"), on(1, "n2")], DrainInput(request_id="old"))
     assert ClearCheckpointRequest() in out.actions
+
+
+def test_a_moves_request_is_cleared_once_the_moved_pods_are_gone() -> None:
+    seen = DrainInput(nodes=CORDONED, request_id="r1", answers={0: ("r1", 12), 1: ("r1", 12)})
+    moved = decide(draining(), PODS + [spare(0, "n2")], seen, **{"replicas.spares": 1})
+    after = DrainInput(nodes=CORDONED, request_id="r1", answers={0: ("r1", 12), 1: ("r1", 12)})
+    terminating = [on(0, "n0", generation=1), on(1, "n1", deleting_since=NOW + 0.5), spare(0, "n2")]
+    kept = decide(moved.status, terminating, after, now=NOW + 1, **{"replicas.spares": 1})
+    assert ClearCheckpointRequest() not in kept.actions
+    gone = [on(0, "n0", generation=1), on(1, "n2", generation=1)]  # the spare took index 1
+    cleared = decide(kept.status, gone, after, now=NOW + 3, **{"replicas.spares": 1})
+    assert ClearCheckpointRequest() in cleared.actions
 
 
 def test_drain_ahead_alone_returns_no_decision_while_it_waits() -> None:
