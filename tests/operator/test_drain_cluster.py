@@ -91,6 +91,10 @@ def _no_replay_and_a_short_stall(op_env: OpEnv, name: str, node: str) -> None:
     # skipped), and the old group trained nothing past it.
     moved = max(r["time"] for r in records if r["event"] == "step" and r["step"] == moved_at)
     assert min(r["step"] for r in records if r["event"] == "step" and r["time"] > moved) == moved_at + 1
+    # One group after the move, from its checkpoint: the moved worker's agent joined no round before its pod went
+    # (trainer/drain_hold.py; such a round trains on the leaving node, steps the move then throws away).
+    starts = [r.get("resumed_from") for r in records if r["event"] == "start"]
+    assert starts == [None, moved_at], f"groups started (resumed from): {starts}"
     stall = _stall(records, moved_at)
     print(f"drain ahead: checkpoint at step {moved_at}, stall {stall:.2f}s (last step before -> first after)")
     assert stall < STALL_BOUND_S, f"drain ahead stalled {stall:.2f}s (bound {STALL_BOUND_S}s)"
