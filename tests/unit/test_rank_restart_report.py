@@ -18,6 +18,7 @@ def test_only_restarts_after_a_failure_are_reported(monkeypatch: pytest.MonkeyPa
     # Only this test's reporter: handlers that earlier tests in this process created keep theirs (an etcd liveness
     # key each, its etcd long gone: every report would wait out its RPC timeout).
     monkeypatch.setattr(rank_restarts, "_reporters", [])
+    monkeypatch.setattr(drain_hold, "_sources", [])  # the same for the drain requests they would read
     agent = object.__new__(launch._build_agent_class())
     reports: list[tuple[int, str]] = []
 
