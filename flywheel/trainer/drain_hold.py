@@ -19,33 +19,21 @@ import logging
 import time
 from collections.abc import Callable, Collection
 
+from flywheel.trainer.agent_hooks import AgentHooks
+
 # Longer than the operator's wait for the answers (policy/drain.py DRAIN_TIMEOUT_SECONDS, 60 s) plus its move.
 HOLD_SECONDS = 120.0
 POLL_SECONDS = 0.1
 
 Source = Callable[[Collection[int]], bool]  # the agent's last ranks -> whether the drain moves it now
-_sources: list[Source] = []
+sources: AgentHooks[Source] = AgentHooks("drain request reader")
 log = logging.getLogger(__name__)
 
 
-def add_source(source: Source) -> None:
-    _sources.append(source)
-
-
-def remove_source(source: Source) -> None:
-    if source in _sources:
-        _sources.remove(source)
-
-
 def moving(ranks: Collection[int]) -> bool:
-    """Whether a drain is moving this agent's worker (its ranks stopped for it)."""
-    for source in list(_sources):
-        try:
-            if source(ranks):
-                return True
-        except Exception as err:  # noqa: BLE001 - etcd unreachable: rejoin as before rather than hold blind
-            log.warning("drain request not read (%s): this worker may rejoin before its move", err)
-    return False
+    """Whether a drain is moving this agent's worker (its ranks stopped for it). A reader that fails (etcd
+    unreachable) says nothing: the worker rejoins as before rather than hold blind."""
+    return any(sources.each(lambda source: source(ranks)))
 
 
 def hold_while_moving(ranks: Collection[int], *, bound: float = HOLD_SECONDS, poll: float = POLL_SECONDS,

@@ -9,36 +9,23 @@ restarts from the event log's `start` records instead (eventlog/fold.py)."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Mapping
 
 from flywheel.trainer import termination_log
+from flywheel.trainer.agent_hooks import AgentHooks
 
 # (restarts so far, the last one's reason, its unix time)
 Reporter = Callable[[int, str, float], None]
-_reporters: list[Reporter] = []
-log = logging.getLogger(__name__)
-
-
-def add_reporter(reporter: Reporter) -> None:
-    _reporters.append(reporter)
-
-
-def remove_reporter(reporter: Reporter) -> None:
-    if reporter in _reporters:
-        _reporters.remove(reporter)
+reporters: AgentHooks[Reporter] = AgentHooks("rank restart reporter")
 
 
 def report(count: int, reason: str) -> None:
     """Tell every reporter the agent restarts its ranks in place now (`count` times so far, this one for
     `reason`)."""
     at = time.time()
-    for reporter in list(_reporters):
-        try:
-            reporter(count, reason, at)
-        except Exception as err:  # noqa: BLE001 - a report never stops the agent's restart
-            log.warning("rank restart reporter failed: %s", err)
+    for _ in reporters.each(lambda reporter: reporter(count, reason, at)):
+        pass
 
 
 def restart_reason(failures: Mapping[int, tuple[int, float]], first_failure_code: int) -> str:

@@ -10,35 +10,20 @@ etcd (`flywheel run`'s c10d rendezvous) nobody adds one: a hang there ends in th
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 from flywheel.etcd.rank_restart import RankRestartRequest
+from flywheel.trainer.agent_hooks import AgentHooks
 
 Source = Callable[[], RankRestartRequest | None]  # a follower's `take`: the request not served yet, or None
-_sources: list[Source] = []
-log = logging.getLogger(__name__)
-
-
-def add_source(source: Source) -> None:
-    _sources.append(source)
-
-
-def remove_source(source: Source) -> None:
-    if source in _sources:
-        _sources.remove(source)
+sources: AgentHooks[Source] = AgentHooks("rank restart request source")
 
 
 def take() -> RankRestartRequest | None:
     """The newest request not served yet, now served (None: none). Every source is asked, so each marks what it
     held as served."""
     taken: RankRestartRequest | None = None
-    for source in list(_sources):
-        try:
-            request = source()
-        except Exception as err:  # noqa: BLE001 - a broken follower never stops the agent
-            log.warning("rank restart request source failed: %s", err)
-            continue
+    for request in sources.each(lambda source: source()):
         if request is not None and (taken is None or request.generation > taken.generation):
             taken = request
     return taken

@@ -16,6 +16,7 @@ from flywheel.etcd.requests import (
     held_for_move,
 )
 from flywheel.trainer import drain_hold
+from flywheel.trainer.agent_hooks import AgentHooks
 
 REQUEST = CheckpointRequest("r1", "node n1 is cordoned", moving=(1, 3))
 
@@ -47,7 +48,7 @@ def test_only_a_moved_replica_whose_ranks_answered_is_held() -> None:
 def only_this_tests_sources(monkeypatch: pytest.MonkeyPatch) -> None:
     """etcd-v3 handlers that earlier tests in this process created keep their sources (each reading a request from
     an etcd long gone would wait out its retries)."""
-    monkeypatch.setattr(drain_hold, "_sources", [])
+    monkeypatch.setattr(drain_hold, "sources", AgentHooks("drain request reader"))
 
 
 class FakeClock:
@@ -68,7 +69,7 @@ def test_a_moved_worker_waits_until_the_drain_no_longer_moves_it() -> None:
         asked.append(list(ranks))
         return clock.now < 2.0
 
-    drain_hold.add_source(moving_for_two_seconds)
+    drain_hold.sources.add(moving_for_two_seconds)
     held = drain_hold.hold_while_moving([2, 3], poll=0.5, clock=clock, sleep=clock.sleep)
     assert held == 2.0 and asked[0] == [2, 3] and len(asked) == 5
 
@@ -76,7 +77,7 @@ def test_a_moved_worker_waits_until_the_drain_no_longer_moves_it() -> None:
 def test_the_hold_ends_at_its_bound_and_never_starts_without_a_drain() -> None:
     clock = FakeClock()
     assert drain_hold.hold_while_moving([0], clock=clock, sleep=clock.sleep) == 0.0  # no source: c10d, `flywheel run`
-    drain_hold.add_source(lambda ranks: True)
+    drain_hold.sources.add(lambda ranks: True)
     assert drain_hold.hold_while_moving([0], bound=10, poll=1, clock=clock, sleep=clock.sleep) == 10.0
 
 
@@ -87,7 +88,7 @@ def test_a_signal_ends_the_hold() -> None:
     def sigterm(seconds: float) -> None:
         raise Stopped  # what the agent's signal handler raises
 
-    drain_hold.add_source(lambda ranks: True)
+    drain_hold.sources.add(lambda ranks: True)
     with pytest.raises(Stopped):
         drain_hold.hold_while_moving([0], sleep=sigterm)
 
@@ -96,5 +97,5 @@ def test_an_unreadable_request_does_not_hold() -> None:
     def etcd_down(ranks: Collection[int]) -> bool:
         raise ConnectionError("etcd unreachable")
 
-    drain_hold.add_source(etcd_down)
+    drain_hold.sources.add(etcd_down)
     assert not drain_hold.moving([0])

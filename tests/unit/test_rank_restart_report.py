@@ -11,21 +11,22 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 
 from flywheel import exitcodes
 from flywheel.trainer import drain_hold, launch, rank_restarts
+from flywheel.trainer.agent_hooks import AgentHooks
 
 
 def test_only_restarts_after_a_failure_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(LocalElasticAgent, "_restart_workers", lambda self, group: None)  # torch's own restart
     # Only this test's reporter: handlers that earlier tests in this process created keep theirs (an etcd liveness
     # key each, its etcd long gone: every report would wait out its RPC timeout).
-    monkeypatch.setattr(rank_restarts, "_reporters", [])
-    monkeypatch.setattr(drain_hold, "_sources", [])  # the same for the drain requests they would read
+    monkeypatch.setattr(rank_restarts, "reporters", AgentHooks("reporter"))
+    monkeypatch.setattr(drain_hold, "sources", AgentHooks("reader"))  # the same for the drain requests they would read
     agent = object.__new__(launch._build_agent_class())
     reports: list[tuple[int, str]] = []
 
     def reporter(count: int, reason: str, at: float) -> None:
         reports.append((count, reason))
 
-    rank_restarts.add_reporter(reporter)
+    rank_restarts.reporters.add(reporter)
     try:
         group = SimpleNamespace(state=WorkerState.HEALTHY, workers=[])
         agent._restart_workers(group)  # a membership change: not an interruption of this worker
@@ -36,7 +37,7 @@ def test_only_restarts_after_a_failure_are_reported(monkeypatch: pytest.MonkeyPa
         agent.last_failures = {0: (5, 200.0)}
         agent._restart_workers(group)
     finally:
-        rank_restarts.remove_reporter(reporter)
+        rank_restarts.reporters.remove(reporter)
     assert reports == [(1, "rank 1: killed by SIGKILL"), (2, "rank 0: exit code 5 (collective-timeout)")]
 
 
@@ -45,7 +46,7 @@ def test_a_drain_may_hold_the_restart_only_of_ranks_stopped_for_it_or_still_runn
     """drain_hold is asked before ranks stopped by a checkpoint request (STOPPED) or still running (a peer's new
     round) start again; never before the restart of crashed ranks: those have not answered, their restart will."""
     monkeypatch.setattr(LocalElasticAgent, "_restart_workers", lambda self, group: None)
-    monkeypatch.setattr(rank_restarts, "_reporters", [])
+    monkeypatch.setattr(rank_restarts, "reporters", AgentHooks("reporter"))
     asked: list[list[int]] = []
     monkeypatch.setattr(drain_hold, "hold_while_moving", lambda ranks: asked.append(list(ranks)) or 0.0)
     agent = object.__new__(launch._build_agent_class())

@@ -74,7 +74,7 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> DynamicRendezvousHan
     # Before the liveness key: the operator asks only agents it saw alive, so every request meant for this agent
     # comes after what the follower reads first (served already: an older generation's).
     follower = RankRestartFollower(session, params.run_id)
-    restart_requests.add_source(follower.take)  # the agent restarts its ranks in place when asked (launch.py)
+    restart_requests.sources.add(follower.take)  # the agent restarts its ranks in place when asked (launch.py)
     registration = WorkerRegistration(
         session,
         params.run_id,
@@ -82,13 +82,13 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> DynamicRendezvousHan
         ttl=_int_param(params, "worker_ttl", DEFAULT_WORKER_TTL),
         on_replaced=lambda holder: end_replaced_agent(replica_id, holder),
     ).start()
-    rank_restarts.add_reporter(registration.report_rank_restart)  # the operator counts them from the key
+    rank_restarts.reporters.add(registration.report_rank_restart)  # the operator counts them from the key
 
     def moved_by_drain(ranks: Collection[int]) -> bool:  # read when the agent would rejoin (drain_hold.py)
         state = session.run(etcd_requests.read_state(session, params.run_id))
         return etcd_requests.held_for_move(state, replica_id, ranks)
 
-    drain_hold.add_source(moved_by_drain)
+    drain_hold.sources.add(moved_by_drain)
 
     handler = create_ordered_handler(store, backend, params, replica_id, before_join=registration.still_held)
     state_watch = RendezvousStateWatch(session, keys.state_key(params.run_id), handler)
@@ -96,10 +96,10 @@ def create_etcd_v3_handler(params: RendezvousParameters) -> DynamicRendezvousHan
 
     def release() -> None:
         state_watch.stop()
-        restart_requests.remove_source(follower.take)
-        drain_hold.remove_source(moved_by_drain)
+        restart_requests.sources.remove(follower.take)
+        drain_hold.sources.remove(moved_by_drain)
         follower.stop()
-        rank_restarts.remove_reporter(registration.report_rank_restart)
+        rank_restarts.reporters.remove(registration.report_rank_restart)
         registration.close()
         store.close()
         session.close()

@@ -1,0 +1,32 @@
+"""The agent's hook sets (trainer/agent_hooks.py): called in the order added, a removed one no more, one that raises
+logged and skipped so the rest still run."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from flywheel.trainer.agent_hooks import AgentHooks
+
+
+def test_hooks_run_in_order_and_a_failing_one_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    hooks: AgentHooks[object] = AgentHooks("test hook")
+
+    def broken() -> int:
+        raise RuntimeError("etcd unreachable")
+
+    def first() -> int:
+        return 1
+
+    def last() -> int:
+        return 3
+
+    for hook in (first, broken, last):
+        hooks.add(hook)
+    with caplog.at_level(logging.WARNING):
+        assert list(hooks.each(lambda hook: hook())) == [1, 3]  # type: ignore[operator]
+    assert "test hook failed: etcd unreachable" in caplog.text
+    hooks.remove(first)
+    hooks.remove(first)  # removing twice (a handler released twice) is no error
+    assert list(hooks.each(lambda hook: hook())) == [3]  # type: ignore[operator]
