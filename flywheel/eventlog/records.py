@@ -91,8 +91,17 @@ class CheckpointFailed:
 class CheckpointBad:
     time: float
     step: int
-    path: str = ""  # where the damaged checkpoint is kept (bad-step-N-<time>)
-    reason: str = ""  # which files do not match their checksums
+    path: str = ""  # where the damaged checkpoint is kept (bad-step-N-<time>); a memory copy's deleted file
+    reason: str = ""  # which files (a memory copy: which tensors) do not match their checksums
+    source: str = "disk"  # or "memory": a memory copy, deleted (another copy, else disk, was used)
+
+    @property
+    def words(self) -> str:
+        if self.source == "memory":
+            return (f"memory copy of step {self.step} is damaged ({self.reason}); deleted ({self.path}); another "
+                    "copy of that state, else the disk checkpoint, was used")
+        return (f"checkpoint at step {self.step} is damaged ({self.reason}); kept as {self.path}; the previous good "
+                "checkpoint was used")
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +216,8 @@ def _parse(name: EventName, t: float, raw: Mapping[str, Any]) -> Record:
         return CheckpointFailed(t, _int(raw, "step"), str(raw.get("error") or ""), str(raw.get("reason") or ""),
                                 str(raw.get("message") or ""))
     if name is EventName.CHECKPOINT_BAD:
-        return CheckpointBad(t, int(raw["step"]), str(raw.get("path") or ""), one_line(raw.get("reason") or ""))
+        return CheckpointBad(t, int(raw["step"]), str(raw.get("path") or ""), one_line(raw.get("reason") or ""),
+                             str(raw.get("source") or "disk"))
     if name is EventName.RESTORE:
         return Restore(t, int(raw["step"]), str(raw.get("path") or ""), str(raw.get("source") or "disk"))
     if name is EventName.RECOVERY:

@@ -102,8 +102,8 @@ def print_summary(console: Console, summary: dict[str, Any], out_dir: Path) -> N
          (f" ({summary['checkpoint_failures']} failed)" if summary["checkpoint_failures"] else "")),
         *[("checkpoint failed", escape(r["message"]) + (f" ({r['count']} saves)" if r["count"] > 1 else ""))
           for r in summary.get("checkpoint_failure_reports", [])],
-        *[("checkpoint damaged", escape(f"step {b['step']}: {b['reason']}; kept as {b['path']}, the previous "
-                                        "good one was used")) for b in summary.get("bad_checkpoints", [])],
+        *[("checkpoint damaged", escape(b.get("words") or f"step {b['step']}: {b['reason']}; kept as {b['path']}"))
+          for b in summary.get("bad_checkpoints", [])],
         ("goodput", f"{summary['goodput']:.1%} of {summary['wall_seconds']:.1f} s"),
         *([("reason", escape(summary["failure_reason"]))] if summary.get("failure_reason") else []),
         ("params sha256", (summary["final_params_sha256"] or "-")[:16]),

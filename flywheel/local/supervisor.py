@@ -223,8 +223,7 @@ class Supervisor:
         for failure in self.record.log.checkpoint_failure_reports[reported:]:  # once per cause, in words
             self.progress.notice(f"[yellow]{escape(failure.words)}[/]")
         for damaged in self.record.log.bad_checkpoints[bad:]:
-            self.progress.notice(f"[yellow]checkpoint at step {damaged.step} is damaged ({escape(damaged.reason)}); "
-                                 f"kept as {escape(damaged.path)}; the previous good checkpoint is used[/]")
+            self.progress.notice(f"[yellow]{escape(damaged.words)}[/]")
 
     def _tick(self) -> None:
         self._handle_interrupts()

@@ -14,12 +14,8 @@ loop to its pace rather than letting the replicas fall behind (skipping did: wit
 2 steps). A copy under way STUCK_SECONDS is waited for no longer, and later copies are skipped on every rank until
 it ends (begin).
 
-Restore (restore_into) puts the bytes straight into the live state's tensors: a rank's own copy is read from its
-step file, one pread per tensor; a replica is sent by its holder as the header then one gloo message per tensor
-(views of the file, mapped pre-faulted), received straight into the tensors. Measured on 0.55 GB per rank, receiving
-into a new /dev/shm file (to keep it as the rank's own copy) took ~1.5 s of page faults against ~0.13 s into the
-live tensors, so the received copy is not written back: the holder keeps the replica until the next memory save is
-complete on every rank, and that save writes this rank's own copy again.
+Restore (restore_into, checkpoint_peer_restore.py) puts the bytes straight into the live state's tensors, each
+checked against its digest.
 
 Every collective here is made on every rank in the same order (saves on the tier's thread and group, the restore
 on the training thread and the control group); a rank whose local part failed still takes part, with nothing to
@@ -30,13 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import mmap
 import os
 import sys
 import threading
 import time
 import traceback
-import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
 from pathlib import Path
@@ -46,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from flywheel.trainer import checkpoint_memory as mem
-from flywheel.trainer import checkpoint_memory_file as step_format
+from flywheel.trainer.checkpoint_peer_restore import Damage, MemoryRestore, started
 from flywheel.trainer.checkpoint_staging import StagingBuffers
 
 log = logging.getLogger("flywheel.checkpoint")
@@ -56,7 +50,7 @@ STUCK_SECONDS = 30.0
 THREAD_PREFIX = "flywheel-memory"
 
 
-class MemoryTier:
+class MemoryTier(MemoryRestore):
     """Construct on every rank (it creates a gloo group, a collective)."""
 
     def __init__(self, root: Path, every_steps: int, *, rank: int, world_size: int, ranks_per_worker: int,
@@ -84,6 +78,7 @@ class MemoryTier:
         self._staged = threading.Event()
         self._staged.set()
         self._chunks: tuple[torch.Tensor, torch.Tensor] | None = None  # receive buffers, reused between saves
+        self.damage: list[Damage] = []  # the damaged copies the last restore_into found
 
     @property
     def replicated(self) -> bool:
@@ -197,7 +192,7 @@ class MemoryTier:
         sizes = torch.zeros(self.world_size, dtype=torch.int64)
         sizes[self.rank] = -1 if data is None else data.numel()
         dist.all_reduce(sizes, group=group)  # each rank filled in its own slot only
-        work = [] if data is None else [_started(dist.isend(data[i:i + CHUNK], dst=self.peer, group=group))
+        work = [] if data is None else [started(dist.isend(data[i:i + CHUNK], dst=self.peer, group=group))
                                         for i in range(0, data.numel(), CHUNK)]
         incoming = int(sizes[self.source])
         ok = incoming >= 0 and self._receive_replica(incoming, step, group)
@@ -224,7 +219,7 @@ class MemoryTier:
         pending: torch.Tensor | None = None
         for k, start in enumerate(range(0, nbytes, CHUNK)):
             buf = self._chunks[k % 2][:min(CHUNK, nbytes - start)]
-            work = _started(dist.irecv(buf, src=self.source, group=group))
+            work = started(dist.irecv(buf, src=self.source, group=group))
             error = _write_chunk(out, pending, error)
             work.wait()
             pending = buf
@@ -245,15 +240,6 @@ class MemoryTier:
             return False
         return True
 
-    def _report_bytes(self) -> None:
-        if self.metrics is not None and hasattr(self.metrics, "checkpoint_memory_bytes"):
-            self.metrics.checkpoint_memory_bytes.set(self.held_bytes())
-
-    def held_bytes(self) -> int:
-        """This rank's own copies and the replicas it holds."""
-        folders = [mem.own_dir(self.root, self.rank), mem.replica_dir(self.root, self.source)]
-        return sum(nbytes for f in folders for nbytes, _ in mem.steps_in(f).values())
-
     def release(self) -> None:
         """Drop this rank's copies (the run finished: its final checkpoint is on disk)."""
         for folder in (mem.own_dir(self.root, self.rank), mem.replica_dir(self.root, self.source)):
@@ -271,124 +257,6 @@ class MemoryTier:
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(total, group=group)
         return int(total.item())
-
-    # ---- restore (training thread) -------------------------------------------------------------------------------
-
-    def inventory(self) -> mem.Inventory:
-        replicas, files = {}, {}
-        for folder in self.root.glob("replica-rank-*") if self.root.is_dir() else []:
-            src = int(folder.name.rsplit("-", 1)[1])
-            replicas[src] = mem.steps_in(folder)
-            for step, (_, world_size) in replicas[src].items():
-                try:
-                    files[(src, step)] = mem.FileId.of(mem.step_file(folder, step, world_size))
-                except OSError:
-                    pass  # deleted since listed: the plan then finds it sent over gloo, or not at all
-        return mem.Inventory(self.rank, mem.steps_in(mem.own_dir(self.root, self.rank)), replicas, files)
-
-    def plan(self, group: Any, newest_disk_step: int | None) -> mem.MemoryPlan | str:
-        """The same plan on every rank, from every rank's inventory."""
-        mine = self.inventory()
-        inventories: list[Any] = [mine]
-        if self.world_size > 1:
-            inventories = [None] * self.world_size
-            dist.all_gather_object(inventories, mine, group=group)
-        return mem.plan_restore(inventories, self.world_size, newest_disk_step)
-
-    def restore_into(self, plan: mem.MemoryPlan, template: dict[str, Any], group: Any) -> dict[str, Any]:
-        """`template` (this rank's live state dict) filled in place with this rank's saved state for plan.step,
-        straight into the live tensors: read from its own copy, or from its replica's file when that very file is
-        visible here (the holder on the same host, sharing /dev/shm), else sent by the rank holding it (every rank
-        takes part: holders send, receivers receive)."""
-        mine = plan.sources[self.rank]
-        here = mine.holder != self.rank and self.same_host_reads and mine.file is not None and mine.file.visible()
-        reads_here = _gather_flags(here, self.world_size, self.rank, group) if plan.kind == "memory-peer" else []
-        sending = [self._send_replica(rank, plan.step, group) for rank, source in sorted(plan.sources.items())
-                   if source.holder == self.rank and rank != self.rank and not reads_here[rank]]
-        try:
-            if mine.holder == self.rank:
-                own = mem.step_file(mem.own_dir(self.root, self.rank), plan.step, self.world_size)
-                state = self._read_file(own, plan.step, template)
-            elif here and mine.file is not None:
-                log.info("rank %d reads its replica from %s (same host as rank %d)", self.rank, mine.file.path,
-                         mine.holder)
-                state = self._read_file(Path(mine.file.path), plan.step, template)
-            else:
-                state = self._receive(plan.step, template, mine.holder, group)
-        finally:
-            for works, _ in sending:
-                for w in works:
-                    w.wait()
-        return state
-
-    def _read_file(self, path: Path, step: int, template: dict[str, Any]) -> dict[str, Any]:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            header, _ = step_format.read_header(fd)
-            self._check(header, step)
-            state, targets = step_format.resolve(template, header.state)
-            step_format.read_into(fd, header, targets)
-        finally:
-            os.close(fd)
-        return state
-
-    def _send_replica(self, src: int, step: int, group: Any) -> tuple[list[dist.Work], mmap.mmap]:
-        """Send the replica of rank `src` to it: the header (length, then bytes), then one message per tensor,
-        each a view of the file mapped (pre-faulted) from /dev/shm."""
-        fd = os.open(mem.step_file(mem.replica_dir(self.root, src), step, self.world_size), os.O_RDONLY)
-        try:
-            header, raw = step_format.read_header(fd)
-            mapped = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                               prot=mmap.PROT_READ)
-        finally:
-            os.close(fd)
-        with warnings.catch_warnings():  # read-only: the bytes are only sent
-            warnings.simplefilter("ignore", UserWarning)
-            data = torch.frombuffer(mapped, dtype=torch.uint8)
-        raw_tensor = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-        works = [_started(dist.isend(torch.tensor([len(raw)], dtype=torch.int64), dst=src, group=group)),
-                 _started(dist.isend(raw_tensor, dst=src, group=group))]
-        for ref in step_format.refs_of(header.state):
-            if ref.nbytes == 0:  # nothing to send; the receiver skips it too
-                continue
-            start = header.data_start + ref.offset
-            works.append(_started(dist.isend(data[start:start + ref.nbytes], dst=src, group=group)))
-        return works, mapped
-
-    def _receive(self, step: int, template: dict[str, Any], holder: int, group: Any) -> dict[str, Any]:
-        """This rank's state from its replica on `holder`, received straight into the live tensors. Every message
-        the holder sends is received even when the header does not fit the state (then raises after)."""
-        length = torch.zeros(1, dtype=torch.int64)
-        dist.recv(length, src=holder, group=group)
-        raw = torch.empty(int(length.item()), dtype=torch.uint8)
-        dist.recv(raw, src=holder, group=group)
-        header = step_format.parse_header(raw.numpy().tobytes())
-        error: Exception | None = None
-        try:
-            self._check(header, step)
-            state, targets = step_format.resolve(template, header.state)
-        except ValueError as err:
-            error, state = err, {}
-            targets = [(ref, torch.empty(ref.shape, dtype=ref.dtype)) for ref in step_format.refs_of(header.state)]
-        scratch = []
-        for ref, dst in targets:
-            if ref.nbytes == 0:
-                continue
-            buf = dst if step_format.direct(dst) else torch.empty(ref.shape, dtype=ref.dtype)
-            scratch.append((_started(dist.irecv(step_format.raw_bytes(buf), src=holder, group=group)), buf, dst))
-        for work, buf, dst in scratch:
-            work.wait()
-            if buf is not dst:
-                dst.copy_(buf)
-        if error is not None:
-            raise error
-        return state
-
-    def _check(self, header: step_format.Header, step: int) -> None:
-        if header.step != step or header.rank != self.rank or header.world_size != self.world_size:
-            raise ValueError(f"memory copy holds step {header.step} of rank {header.rank} at world size "
-                             f"{header.world_size}, expected step {step} of rank {self.rank}")
-
 
 def thread_stack(prefix: str) -> str:
     """The Python stack of the live thread whose name starts with `prefix`."""
@@ -417,18 +285,3 @@ def _write_chunk(out: BinaryIO | None, chunk: torch.Tensor | None, error: OSErro
     except OSError as err:
         return err
     return None
-
-
-def _gather_flags(flag: bool, world_size: int, rank: int, group: Any) -> list[bool]:
-    """Every rank's flag (a collective)."""
-    flags = torch.zeros(world_size, dtype=torch.int32)
-    flags[rank] = int(flag)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(flags, group=group)  # each rank filled in its own slot only
-    return [bool(f) for f in flags.tolist()]
-
-
-def _started(work: dist.Work | None) -> dist.Work:
-    # isend/irecv return None only for a rank outside the group; every rank here is in it.
-    assert work is not None
-    return work

@@ -2,13 +2,15 @@
 
 Memory first (checkpoint_memory.py, checkpoint_peer.py): when every rank's copy of one step is in memory (its own,
 or a peer's replica of it) and that step is at least as new as the newest committed disk checkpoint, the ranks load
-it. Otherwise, or when it fails to load on any rank, the newest committed disk checkpoint (with an object-store dir,
-checkpoint_remote.py, the local directory's and the bucket's, a step missing locally downloaded first): each one's
-files are verified against the checksums of its commit first (checkpoint_integrity.py); a damaged one is marked
-bad, reported and skipped for the previous one. A disk checkpoint that fails to load on any rank is skipped, with a
-warning, for the previous committed one. If committed checkpoints exist but none loads, raises: parts of the state
-may already be overwritten. Every source fills the same state dict that app.load_state_dict takes, so the
-restored state is bitwise the same whichever tier it came from.
+it; a copy whose bytes do not match their digests is deleted, reported, and the other copy of that rank's state is
+taken when there is one. Otherwise, or when it fails to load on any rank, the newest committed disk checkpoint
+(with an object-store dir, checkpoint_remote.py, the local directory's and the bucket's, a step missing locally
+downloaded first): each one's files are verified against the checksums of its commit first
+(checkpoint_integrity.py); a damaged one is marked bad, reported and skipped for the previous one. A disk
+checkpoint that fails to load on any rank is skipped, with a warning, for the previous committed one. If
+committed checkpoints exist but none loads, raises: parts of the state may already be overwritten. Every source
+fills the same state dict that app.load_state_dict takes, so the restored state is bitwise the same whichever tier
+it came from.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from flywheel.trainer import checkpoint_integrity as integrity
 from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer.checkpoint_failure import describe_failure
+from flywheel.trainer.checkpoint_peer_restore import Damage
 from flywheel.trainer.checkpoint_state import AppState, drop_rng_not_saved
 
 if TYPE_CHECKING:
@@ -66,25 +69,55 @@ def _candidates(ck: Checkpointer) -> list[Candidate]:
 
 
 def _from_memory(ck: Checkpointer, app: AppState, newest_disk_step: int | None) -> int | None:
+    """A damaged copy (its digests, checkpoint_memory_file.py) is deleted by its holder and reported, and the plan
+    made again: the same step from that rank's other copy when there is one, else disk. Any other failure: disk."""
     assert ck.memory is not None
-    plan = ck.memory.plan(ck._control_group, newest_disk_step)
-    if isinstance(plan, str):
-        log.info("not restoring from memory (%s); restoring from disk", plan)
-        return None
-    error: BaseException | None = None
-    try:
-        state = app.state_dict(include_rng=True)
-        state["step"] = -1
-        app.load_state_dict(ck.memory.restore_into(plan, state, ck._control_group))
-    except _FAILURES as err:
-        error = err
-    if ck._agree(error is None, ck._control_group, any_rank=False):
-        after_restore(ck, plan.step, str(ck.memory.root), ck.world_size, plan.kind,
-                      detail=f"this rank's copy: {plan.source_of(ck.rank)}")
-        return plan.step
-    cause = describe_failure(error) if error is not None else "it failed to load on another rank"
-    log.warning("could not restore step %d from memory: %s; restoring from disk", plan.step, cause)
+    for _ in range(MEMORY_PLANS):
+        plan = ck.memory.plan(ck._control_group, newest_disk_step)
+        if isinstance(plan, str):
+            log.info("not restoring from memory (%s); restoring from disk", plan)
+            return None
+        error: BaseException | None = None
+        try:
+            state = app.state_dict(include_rng=True)
+            state["step"] = -1
+            app.load_state_dict(ck.memory.restore_into(plan, state, ck._control_group))
+        except _FAILURES as err:
+            error = err
+        reports = _gather(ck, (error is None, ck.memory.damage))
+        if all(ok for ok, _ in reports):
+            after_restore(ck, plan.step, str(ck.memory.root), ck.world_size, plan.kind,
+                          detail=f"this rank's copy: {plan.source_of(ck.rank)}")
+            return plan.step
+        damage = [d for _, part in reports for d in part]
+        if not damage:
+            cause = describe_failure(error) if error is not None else "it failed to load on another rank"
+            log.warning("could not restore step %d from memory: %s; restoring from disk", plan.step, cause)
+            return None
+        _drop_damaged(ck, damage, plan.step)
     return None
+
+
+MEMORY_PLANS = 3  # each damaged copy found is deleted before the next plan: one rank's two copies, then disk
+
+
+def _drop_damaged(ck: Checkpointer, damage: list[Damage], step: int) -> None:
+    assert ck.memory is not None
+    ck.memory.discard(damage, step)
+    for found in damage:
+        log.error("the memory copy of step %d for rank %d (on rank %d's host) is damaged (%s): deleted; taking "
+                  "another copy, else the disk checkpoint", step, found.src, found.holder, found.why)
+        if ck.events is not None and ck.rank == 0:
+            ck.events.emit("checkpoint_bad", step=step, path=found.path, reason=found.why, source="memory")
+
+
+def _gather(ck: Checkpointer, mine: Any) -> list[Any]:
+    """Every rank's `mine` (a collective on the control group)."""
+    if not ck.distributed:
+        return [mine]
+    found: list[Any] = [None] * ck.world_size
+    dist.all_gather_object(found, mine, group=ck._control_group)
+    return found
 
 
 def _from_disk(ck: Checkpointer, app: AppState, candidates: list[Candidate]) -> int | None:

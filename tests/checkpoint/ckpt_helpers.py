@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -14,7 +15,8 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-from flywheel.trainer.checkpoint import AppState
+from flywheel.spec import CheckpointSpec
+from flywheel.trainer.checkpoint import AppState, Checkpointer
 from flywheel.trainer.process_exit import exit_rank
 
 DIM = 16
@@ -200,3 +202,33 @@ def run_ranks(fn: Callable[..., None], world_size: int, tmp: str, *args: Any) ->
     """Run fn(rank, world_size, *args) on world_size gloo ranks; raises if any rank fails."""
     init_file = os.path.join(tmp, f"pg-init-{world_size}-{free_port()}")
     mp.spawn(_rank_main, args=(fn, world_size, init_file, args), nprocs=world_size, join=True)
+
+
+# ---- two workers with the memory tier: each rank its own host's memory ----------------------------------------------
+
+
+def memory_worker(rank: int, world_size: int, root: str) -> tuple[AppState, CountingData, Checkpointer]:
+    """A rank of a job saving to disk every 4 steps and to memory every step, its worker's host memory
+    root/shm/worker-<rank> (one worker per rank)."""
+    app, data = make_app(seed=0, rank=rank, world_size=world_size, model=MLP(), fsdp=True)
+    host = Path(root) / "shm" / f"worker-{rank}"
+    cfg = CheckpointSpec(dir=root, every_steps=4, memory_every_steps=1, keep=2)
+    return app, data, Checkpointer(cfg, root, events=FakeEvents(), memory_dir=host)
+
+
+def save_memory_steps(rank: int, world_size: int, root: str) -> None:
+    """Train 8 steps saving until step 6 (disk: step 4; memory: step 6); rank 0 keeps the state at step 6 and at
+    the end in root/expected.pt, what a resume must give."""
+    app, data, ckpt = memory_worker(rank, world_size, root)
+    assert ckpt.memory is not None
+    for step in range(1, 9):
+        train_step(app, data, ckpt)
+        if step == 6:
+            at_6 = full_state(app)
+        if ckpt.due(step) and step <= 6:
+            ckpt.save(step, app)
+            ckpt.memory.wait()
+    final = full_state(app)
+    ckpt.close()
+    if rank == 0:
+        torch.save({"at_6": at_6, "final": final}, Path(root) / "expected.pt")

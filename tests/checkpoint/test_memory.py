@@ -10,7 +10,17 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from ckpt_helpers import MLP, FakeEvents, FakeMetrics, assert_same_state, full_state, make_app, run_ranks, train_step
+from ckpt_helpers import (
+    FakeEvents,
+    FakeMetrics,
+    assert_same_state,
+    full_state,
+    make_app,
+    memory_worker,
+    run_ranks,
+    save_memory_steps,
+    train_step,
+)
 
 from flywheel.spec import CheckpointSpec
 from flywheel.trainer import checkpoint_memory as mem
@@ -117,29 +127,6 @@ class _Gauge:
 # ---- two workers: the peer's replica --------------------------------------------------------------------------------
 
 
-def _train(rank: int, world_size: int, root: str, steps: int, memory: bool) -> tuple[Any, Any, Checkpointer]:
-    app, data = make_app(seed=0, rank=rank, world_size=world_size, model=MLP(), fsdp=True)
-    host = Path(root) / "shm" / f"worker-{rank}"  # one worker per rank, each its own host's memory
-    cfg = CheckpointSpec(dir=root, every_steps=4, memory_every_steps=1, keep=2)
-    return app, data, Checkpointer(cfg, root, events=FakeEvents(), memory_dir=host if memory else None)
-
-
-def _run_and_save(rank: int, world_size: int, root: str) -> None:
-    app, data, ckpt = _train(rank, world_size, root, 8, True)
-    assert ckpt.memory is not None
-    for step in range(1, 9):
-        train_step(app, data, ckpt)
-        if step == 6:
-            at_6 = full_state(app)
-        if ckpt.due(step) and step <= 6:
-            ckpt.save(step, app)
-            ckpt.memory.wait()
-    final = full_state(app)
-    ckpt.close()
-    if rank == 0:
-        torch.save({"at_6": at_6, "final": final}, Path(root) / "expected.pt")
-
-
 def _noting(method: Any, name: str, calls: list[str]) -> Any:
     def call(*args: Any) -> Any:
         calls.append(name)
@@ -149,7 +136,7 @@ def _noting(method: Any, name: str, calls: list[str]) -> Any:
 
 def _restore(rank: int, world_size: int, root: str, want_step: int, want_source: str, same_host: bool = True
              ) -> None:
-    app, data, ckpt = _train(rank, world_size, root, 8, True)
+    app, data, ckpt = memory_worker(rank, world_size, root)
     expected = torch.load(Path(root) / "expected.pt", weights_only=False)
     assert ckpt.memory is not None
     ckpt.memory.same_host_reads = same_host
@@ -176,7 +163,7 @@ def _restore(rank: int, world_size: int, root: str, want_step: int, want_source:
 def test_a_lost_worker_restores_from_its_peers_replica_then_disk_when_the_peer_is_lost_too(
         tmp_path: Path, same_host: bool) -> None:
     root = str(tmp_path)
-    run_ranks(_run_and_save, 2, root, root)
+    run_ranks(save_memory_steps, 2, root, root)
     shutil.rmtree(tmp_path / "shm" / "worker-1")  # worker 1's host is gone: its own copy and rank 0's replica
     run_ranks(_restore, 2, root, root, 6, "memory-peer", same_host)
     # Losing both hosts leaves only disk (step 4).
@@ -233,7 +220,7 @@ def test_a_step_due_for_disk_and_memory_takes_the_state_dict_once(tmp_path: Path
 
 def _replicate(rank: int, world_size: int, root: str) -> None:
     peer.CHUNK = 4096  # a copy goes in many messages, the last one shorter
-    app, data, ckpt = _train(rank, world_size, root, 2, True)
+    app, data, ckpt = memory_worker(rank, world_size, root)
     assert ckpt.memory is not None
     hosts = [Path(root) / "shm" / f"worker-{r}" for r in range(world_size)]
     for step in (1, 2):
@@ -274,7 +261,7 @@ def _slow_copies(rank: int, world_size: int, root: str) -> None:
         return exchange(self, *args)
 
     peer.MemoryTier._exchange = slow  # type: ignore[method-assign]
-    app, data, ckpt = _train(rank, world_size, root, 6, True)
+    app, data, ckpt = memory_worker(rank, world_size, root)
     assert ckpt.memory is not None
     hosts = [Path(root) / "shm" / f"worker-{r}" for r in range(world_size)]
     waited = []

@@ -1,5 +1,6 @@
 """The memory tier's step file: what is written is read back bit for bit straight into the live tensors (in place),
-whatever the dtype or shape, and a copy that does not fit the state is refused before any byte is read."""
+whatever the dtype or shape; a copy that does not fit the state is refused before any byte is read, and one whose
+bytes were damaged after it was written is detected, naming the damaged tensors."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def _restore(path: Path, template: dict[str, Any]) -> dict[str, Any]:
     try:
         header, _ = step_format.read_header(fd)
         state, targets = step_format.resolve(template, header.state)
-        step_format.read_into(fd, header, targets)
+        step_format.read_into(fd, header, targets, f"the memory copy {path}")
     finally:
         os.close(fd)
     assert (header.step, header.world_size, header.rank) == (12, 2, 1)
@@ -102,4 +103,39 @@ def test_a_foreign_or_truncated_file_is_refused(tmp_path: Path) -> None:
     step_format.write(path, 12, 2, 1, _saved())
     os.truncate(path, path.stat().st_size - 8)
     with pytest.raises(ValueError, match="ends early"):
+        _restore(path, _template())
+
+
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
+@pytest.mark.parametrize("name", ["model.w", "model.b", "model.scalar", "model.mask",
+                                  "optim.state.w.exp_avg", "rng.torch", "rng.cuda[0]"])
+def test_a_flipped_byte_in_a_tensor_is_detected_naming_that_tensor(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "step.bin"
+    step_format.write(path, 12, 2, 1, _saved())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        header, _ = step_format.read_header(fd)
+    finally:
+        os.close(fd)
+    _, targets = step_format.resolve(_template(), header.state)
+    [ref] = [t.ref for t in targets if t.name.lstrip(".") == name]
+    _flip(path, header.data_start + ref.offset + ref.nbytes - 1)  # its last byte
+    with pytest.raises(step_format.DamagedCopy) as err:
+        _restore(path, _template())
+    assert err.value.names == [name]
+    assert f"the memory copy {path} is damaged: xxh3 of {name} does not match its digest" == str(err.value)
+
+
+def test_a_flipped_byte_in_the_header_is_detected_before_it_is_unpickled(tmp_path: Path) -> None:
+    path = tmp_path / "step.bin"
+    step_format.write(path, 12, 2, 1, _saved())
+    _flip(path, len(step_format.MAGIC) + 8 + 40)
+    with pytest.raises(step_format.DamagedCopy, match="header is damaged"):
         _restore(path, _template())

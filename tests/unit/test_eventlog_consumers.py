@@ -130,11 +130,17 @@ def test_checkpoint_failures_are_reported_once_per_cause_by_the_summary_and_the_
     assert progress.checkpoint_failures[0][1] == "checkpoint at step 2 failed: no_space"
 
 
-def test_a_damaged_checkpoint_is_in_the_summary() -> None:
+def test_a_damaged_checkpoint_is_in_the_summary_in_words_for_its_tier() -> None:
     record = RunRecord()
     for ev in [start(0), {"event": "checkpoint_bad", "time": T0 + 1, "step": 4, "path": "/c/bad-step-00000004-1",
-                          "reason": "__0_0.distcp: crc32 1, committed as 2"}]:
+                          "reason": "__0_0.distcp: crc32 1, committed as 2"},
+               {"event": "checkpoint_bad", "time": T0 + 2, "step": 6, "path": "/dev/shm/f/own-rank-00001/s.bin",
+                "reason": "xxh3 of model.w does not match", "source": "memory"}]:
         record.add_event(ev)
     summary = record.summary(job="j", status="Succeeded", exit_code=0, world_size=1, start_time=T0, wall_seconds=1.0)
-    assert summary["bad_checkpoints"] == [{"step": 4, "path": "/c/bad-step-00000004-1",
-                                           "reason": "__0_0.distcp: crc32 1, committed as 2"}]
+    disk, memory = summary["bad_checkpoints"]
+    assert disk == {"step": 4, "path": "/c/bad-step-00000004-1", "reason": "__0_0.distcp: crc32 1, committed as 2",
+                    "source": "disk", "words": "checkpoint at step 4 is damaged (__0_0.distcp: crc32 1, committed as "
+                    "2); kept as /c/bad-step-00000004-1; the previous good checkpoint was used"}
+    assert memory["source"] == "memory" and memory["words"].startswith(
+        "memory copy of step 6 is damaged (xxh3 of model.w does not match); deleted (/dev/shm/f/own-rank-00001/")
