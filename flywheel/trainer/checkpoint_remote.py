@@ -72,16 +72,31 @@ class RemoteStore:
         return sorted(found)
 
     def _read_commit(self, step: int) -> store.Committed | None:
+        record = self._commit_or_damage(step)
+        if isinstance(record, str):
+            log.warning("ignoring checkpoint %s: %s", self.step_url(step), record)
+            return None
+        return record
+
+    def _commit_or_damage(self, step: int) -> store.Committed | str | None:
+        """The step's commit record; None when its marker is missing (torn); why, when it is there but unreadable."""
         try:
-            doc = json.loads(self.fs.cat_file(self._key(step, store.COMMIT_MARKER)))
-            return store.Committed(step=int(doc["step"]), path=self.step_url(step), world_size=int(doc["world_size"]),
-                                   time=float(doc["time"]),
-                                   checksums={str(k): str(v) for k, v in (doc.get("checksums") or {}).items()})
+            return store.parse_commit(self.step_url(step), self.fs.cat_file(self._key(step, store.COMMIT_MARKER)))
         except FileNotFoundError:
             return None
-        except (ValueError, KeyError, TypeError) as err:
-            log.warning("ignoring checkpoint %s: its commit marker is unreadable (%s)", self.step_url(step), err)
-            return None
+        except ValueError as err:
+            return str(err)
+
+    def set_aside_damaged(self) -> list[tuple[int, str, str]]:
+        """Mark bad every step whose marker is there but unreadable (damage after its commit: kept, never deleted as
+        torn): (step, its URL, why)."""
+        damaged = []
+        for step, _ in self._steps():
+            why = self._commit_or_damage(step)
+            if isinstance(why, str) and not self.is_bad(step):
+                self.mark_bad(step, why)
+                damaged.append((step, self.step_url(step), why))
+        return damaged
 
     def is_bad(self, step: int) -> bool:
         return bool(self.fs.exists(self._key(step, integrity.BAD_MARKER)))
@@ -99,6 +114,15 @@ class RemoteStore:
         """Out of every listing, kept for inspection (an object store has no cheap rename)."""
         self.fs.pipe_file(self._key(step, integrity.BAD_MARKER),
                           json.dumps({"reason": reason, "time": time.time()}).encode())
+
+    def set_aside(self, step: int) -> str:
+        """Move the step's objects to bad-step-N-<time> (copies: an object store has no rename); its new URL."""
+        name = f"bad-{store.step_dir('', step).name}-{int(time.time())}"
+        source = self._key(step)
+        for key in self.fs.find(source):  # one object at a time: fsspec's recursive copy also copies the prefix
+            self.fs.copy(key, f"{self.root}/{name}/{str(key)[len(source) + 1:]}")
+        self.fs.rm(source, recursive=True)
+        return f"{self.url}/{name}"
 
     def delete(self, step: int) -> None:
         """The marker first: a deletion interrupted halfway leaves a torn step, never a committed one with holes."""
@@ -119,7 +143,8 @@ class RemoteStore:
         listed = {r.step for r in records}
         deleted = []
         for step, _ in self._steps():
-            torn = step not in listed and step < newest_step and not self.is_bad(step)
+            torn = (step not in listed and step < newest_step and not self.is_bad(step)
+                    and self._commit_or_damage(step) is None)  # no marker at all; a damaged one is set aside
             if (step in listed and step not in kept) or torn:
                 self.delete(step)
                 deleted.append(self.step_url(step))
@@ -190,13 +215,14 @@ class RemoteTier:
         """Every rank uploads the files it wrote; once all did, rank 0 uploads the marker and applies retention
         in the bucket. Failures are reported; the local copy stays committed either way."""
         started = time.monotonic()
-        error: BaseException | None = None
-        try:
-            self.store.upload(folder, step, integrity.own_files(folder, self.rank))
-        except Exception as err:  # noqa: BLE001 - any store error fails this upload, reported below
-            error = err
-            log.error("upload of checkpoint step %d to %s failed on rank %d: %s", step, self.url, self.rank,
-                      describe(err))
+        error = self._set_aside_bad(step) if self.rank == 0 else None
+        if self._all(error is None):  # every rank's files then go into a prefix that holds no damaged step
+            try:
+                self.store.upload(folder, step, integrity.own_files(folder, self.rank))
+            except Exception as err:  # noqa: BLE001 - any store error fails this upload, reported below
+                error = err
+                log.error("upload of checkpoint step %d to %s failed on rank %d: %s", step, self.url, self.rank,
+                          describe(err))
         uploaded = self._all(error is None)
         if self.rank != 0 and store.read_commit(folder) is None:
             # A per-pod directory: this rank's shards only, never rank 0's marker, so never restorable here.
@@ -214,6 +240,18 @@ class RemoteTier:
         if self.rank == 0:
             self._report_failure(step, error)
         return False
+
+    def _set_aside_bad(self, step: int) -> BaseException | None:
+        """Rank 0, before `step` is uploaded: a damaged copy of that step in the bucket (marked bad by a restore) is
+        moved to bad-step-N-<time>, kept for inspection, so the new save is not mixed into it nor hidden by its bad
+        marker (a local damaged checkpoint is renamed when it is marked). The error, if the store failed."""
+        try:
+            if self.store.is_bad(step):
+                log.warning("moved the damaged checkpoint %s to %s before saving that step again",
+                            self.store.step_url(step), self.store.set_aside(step))
+        except Exception as err:  # noqa: BLE001 - the upload is then failed and reported
+            return err
+        return None
 
     def _report_failure(self, step: int, error: BaseException | None) -> None:
         from flywheel.trainer.checkpoint_failure import FailureReason, classify
@@ -235,6 +273,14 @@ class RemoteTier:
                 log.info("deleted checkpoint %s from the bucket (keep: %d)", url, self.keep)
         except Exception as err:  # noqa: BLE001 - clean-up is retried after the next upload
             log.warning("checkpoint clean-up under %s failed: %s", self.url, describe(err))
+
+    def set_aside_damaged(self) -> list[tuple[int, str, str]]:
+        """Rank 0: RemoteStore.set_aside_damaged (the bucket unreachable: nothing, said)."""
+        try:
+            return self.store.set_aside_damaged()
+        except Exception as err:  # noqa: BLE001 - listed again by candidates, which says so too
+            log.warning("could not check the checkpoints under %s: %s", self.url, describe(err))
+            return []
 
     def candidates(self, local: list[store.Committed]) -> list[tuple[store.Committed, bool]]:
         """Rank 0: restore candidates over the local directory and the bucket (the bucket unreadable: local only)."""

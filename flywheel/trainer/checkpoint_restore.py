@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -43,8 +44,7 @@ def restore(ck: Checkpointer, app: AppState) -> int | None:
     """The step restored into app (None: nothing to restore); see the module's docstring."""
     listing: list[Any] = [None]
     if ck.rank == 0:
-        for torn in store.remove_uncommitted(ck.directory):
-            log.info("removed torn checkpoint %s (no commit marker)", torn)
+        _tidy(ck)
         listing[0] = _candidates(ck)
     if ck.distributed:
         dist.broadcast_object_list(listing, src=0, group=ck._control_group)
@@ -54,6 +54,18 @@ def restore(ck: Checkpointer, app: AppState) -> int | None:
         if step is not None:
             return step
     return _from_disk(ck, app, candidates)
+
+
+def _tidy(ck: Checkpointer) -> None:
+    """Rank 0, before listing: checkpoints whose commit marker is damaged are set aside (kept, reported), then torn
+    folders (no marker) removed."""
+    damaged: list[tuple[int, Path | str, str]] = [*store.set_aside_damaged(ck.directory)]
+    if ck.remote is not None:
+        damaged += ck.remote.set_aside_damaged()
+    for step, kept, why in damaged:
+        _report_bad(ck, step, kept, why)
+    for torn in store.remove_uncommitted(ck.directory):
+        log.info("removed torn checkpoint %s (no commit marker)", torn)
 
 
 Candidate = tuple[int, str, int, dict[str, str], bool]  # step, path, world size, checksums, in the bucket
@@ -169,16 +181,19 @@ def verified(ck: Checkpointer, step: int, path: str, sums: dict[str, str], *, fr
     if not damage:
         return True
     reason = "; ".join(damage[:5]) + (f" (and {len(damage) - 5} more)" if len(damage) > 5 else "")
-    log.error("checkpoint at step %d in %s is damaged (%s); falling back to the previous good checkpoint",
-              step, path, reason)
     if ck.rank == 0:
-        moved = integrity.mark_bad(path, reason)
-        log.error("marked %s bad: kept as %s for inspection, never restored", path, moved)
+        _report_bad(ck, step, integrity.mark_bad(path, reason), reason)
         if from_bucket and ck.remote is not None:
             ck.remote.mark_bad(step, reason)
-        if ck.events is not None:
-            ck.events.emit("checkpoint_bad", step=step, path=str(moved), reason=reason)
     return False
+
+
+def _report_bad(ck: Checkpointer, step: int, kept: Path | str, reason: str) -> None:
+    """Rank 0: a damaged checkpoint, already marked bad (kept as `kept`), said in the log and as an event."""
+    log.error("checkpoint at step %d is damaged (%s): kept as %s for inspection, never restored; falling back to "
+              "the previous good checkpoint", step, reason, kept)
+    if ck.events is not None:
+        ck.events.emit("checkpoint_bad", step=step, path=str(kept), reason=reason)
 
 
 def after_restore(ck: Checkpointer, step: int, path: str, saved_world: int, source: str, detail: str = "") -> None:

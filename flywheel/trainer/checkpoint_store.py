@@ -3,7 +3,8 @@
     <root>/step-00000050/          DCP files (one .distcp per rank, .metadata)
     <root>/step-00000050/flywheel-commit.json   written by rank 0 after every rank's write finished
 
-A folder without the commit marker is torn (a crash or failure mid-save) and never restored. Only global rank 0
+A folder without the commit marker is torn (a crash or failure mid-save), never restored and deleted; one whose
+marker is there but unreadable is damaged after its commit (the marker is written atomically): marked bad and kept. Only global rank 0
 calls the functions here that change the directory; every function is plain file-system work (no collectives).
 """
 
@@ -57,18 +58,43 @@ def step_dirs(root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
 
 def read_commit(path: str | os.PathLike[str]) -> Committed | None:
     """The commit record of one step folder, or None when it has no (readable) marker."""
-    marker = Path(path) / COMMIT_MARKER
+    record = _commit_or_damage(path)
+    if isinstance(record, str):
+        log.warning("ignoring checkpoint %s: %s", path, record)
+        return None
+    return record
+
+
+def _commit_or_damage(path: str | os.PathLike[str]) -> Committed | str | None:
+    """The commit record; None when the marker is missing (a torn save); why, when it is there but unreadable."""
     try:
-        doc = json.loads(marker.read_text())
-        return Committed(step=int(doc["step"]), path=str(path), world_size=int(doc["world_size"]),
-                         time=float(doc["time"]), checksums={str(k): str(v) for k, v in
-                                                             (doc.get("checksums") or {}).items()})
+        return parse_commit(str(path), (Path(path) / COMMIT_MARKER).read_bytes())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        # A marker is written atomically, so an unreadable one means outside damage: treat the folder as torn.
-        log.warning("ignoring checkpoint %s: its commit marker is unreadable (%s)", path, err)
-        return None
+    except (OSError, ValueError) as err:
+        return str(err)
+
+
+def parse_commit(path: str, raw: bytes) -> Committed:
+    """A commit marker's record (`path`: where its step is); ValueError, naming the marker, when it is damaged."""
+    try:
+        doc = json.loads(raw)
+        return Committed(step=int(doc["step"]), path=path, world_size=int(doc["world_size"]), time=float(doc["time"]),
+                         checksums={str(k): str(v) for k, v in (doc.get("checksums") or {}).items()})
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"its commit marker is unreadable ({type(err).__name__}: {err})") from err
+
+
+def set_aside_damaged(root: str | os.PathLike[str]) -> list[tuple[int, Path, str]]:
+    """Mark bad every step folder whose commit marker is there but unreadable: (step, where it is kept, why). A
+    marker is written atomically, so such a folder is damage after the commit, kept for inspection (a torn save,
+    with no marker at all, is what remove_uncommitted deletes)."""
+    damaged = []
+    for step, path in step_dirs(root):
+        why = _commit_or_damage(path)
+        if isinstance(why, str):
+            damaged.append((step, integrity.mark_bad(path, why), why))
+    return damaged
 
 
 def committed(root: str | os.PathLike[str]) -> list[Committed]:
@@ -139,20 +165,22 @@ def apply_retention(root: str | os.PathLike[str], keep: int, newest_step: int) -
 
 
 def remove_uncommitted(root: str | os.PathLike[str], below_step: int | None = None) -> list[Path]:
-    """Delete torn folders (no marker); with below_step, only those of older steps (a newer one may be in flight)."""
+    """Delete torn folders (no marker; one whose marker is damaged is set_aside_damaged's, never deleted); with
+    below_step, only those of older steps (a newer one may be in flight)."""
     removed = []
     for step, path in step_dirs(root):
         if below_step is not None and step >= below_step:
             continue
-        if read_commit(path) is None:
+        if not (path / COMMIT_MARKER).exists() and not integrity.is_bad(path):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
 
 
 def remove_partial(path: str | os.PathLike[str]) -> bool:
-    """Delete a failed save's folder unless it was committed after all; whether something was deleted."""
-    if not Path(path).exists() or read_commit(path) is not None:
+    """Delete a failed save's folder unless it was committed after all (its marker there, even damaged);
+    whether something was deleted."""
+    if not Path(path).exists() or (Path(path) / COMMIT_MARKER).exists() or integrity.is_bad(path):
         return False
     shutil.rmtree(path, ignore_errors=True)
     return True

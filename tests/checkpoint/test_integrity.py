@@ -72,3 +72,36 @@ def test_a_flipped_byte_is_detected_and_the_previous_checkpoint_gives_the_fault_
     # A second restart does not meet the damage again (no restart loop): the newest good checkpoint loads.
     again, _ = make_app(seed=9)
     assert Checkpointer(cfg(tmp_path), tmp_path).restore(again) == 6
+
+
+@pytest.mark.parametrize("damage", [b'{"step": 4, "world_si\x00', b"", b'["not", "a", "record"]'],
+                         ids=["torn-bytes", "emptied", "not-a-record"])
+def test_a_damaged_commit_marker_sets_the_checkpoint_aside_never_deletes_it(tmp_path: Path, damage: bytes) -> None:
+    """A marker is written atomically, so one that is there but unreadable is damage after the commit, not a torn
+    save: the folder is kept (marked bad) and reported like a damaged shard, never removed as torn, neither by the
+    restore nor by a later save's clean-up."""
+    app, data = make_app(seed=0)
+    ckpt = Checkpointer(cfg(tmp_path), tmp_path)
+    for step in range(1, 5):
+        train_step(app, data, ckpt)
+        if ckpt.due(step):
+            ckpt.save(step, app, blocking=True)
+    ckpt.close()
+    shards = sorted(p.name for p in store.step_dir(tmp_path, 4).iterdir())
+    (store.step_dir(tmp_path, 4) / store.COMMIT_MARKER).write_bytes(damage)
+
+    events = FakeEvents()
+    resumed, data = make_app(seed=7)
+    ckpt = Checkpointer(cfg(tmp_path), tmp_path, events=events)
+    assert ckpt.restore(resumed) == 2
+    [bad] = events.named("checkpoint_bad")
+    kept = Path(bad["path"])
+    assert bad["step"] == 4 and "commit marker" in bad["reason"] and kept.name.startswith("bad-step-00000004")
+    assert sorted(p.name for p in kept.iterdir()) == sorted([*shards, integrity.BAD_MARKER])  # every byte kept
+    for step in range(3, 7):
+        train_step(resumed, data, ckpt)
+        if ckpt.due(step):
+            ckpt.save(step, resumed, blocking=True)  # its clean-up removes torn folders: not this one
+    ckpt.close()
+    assert kept.is_dir() and [r.step for r in store.committed(tmp_path)] == [2, 4, 6]
+    assert store.remove_partial(kept) is False and kept.is_dir()

@@ -14,6 +14,7 @@ import pytest
 from ckpt_helpers import FakeEvents, assert_same_state, full_state, make_app, train_step
 
 from flywheel.spec import CheckpointSpec
+from flywheel.trainer import checkpoint_integrity as integrity
 from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer.checkpoint import Checkpointer
 from flywheel.trainer.checkpoint_remote import RemoteStore
@@ -146,3 +147,49 @@ def test_a_damaged_object_is_marked_bad_in_the_bucket_and_the_previous_step_used
     assert Checkpointer(cfg(url, tmp_path / "fresh"), url, events=events).restore(resumed) == 2
     assert events.named("checkpoint_bad")[0]["step"] == 4
     assert remote.is_bad(4) and [r.step for r in RemoteStore(url).committed()] == [2]
+
+
+def _damage_marker(remote: RemoteStore, prefix: str) -> list[str]:
+    """The step's objects, its marker then made unreadable (a torn write of it)."""
+    objects = sorted(k.rsplit("/", 1)[-1] for k in remote.fs.ls(prefix, detail=False))
+    remote.fs.pipe_file(f"{prefix}/{store.COMMIT_MARKER}", b'{"step": 4, "wor')
+    return objects
+
+
+def test_a_damaged_marker_in_the_bucket_is_set_aside_and_the_step_saved_again_cleanly(url: str,
+                                                                                        tmp_path: Path) -> None:
+    """A step whose marker object is there but unreadable is damage after its commit, not a torn upload: it is
+    marked bad in the bucket and reported, the previous step restored; saving that step again first moves the
+    damaged one aside (kept, bad-step-N-<time>), so the new save is listed and the old bytes are not lost."""
+    app, data = make_app(seed=0)
+    train(url, tmp_path / "local", range(1, 5), app, data)
+    shutil.rmtree(tmp_path / "local")
+    remote = RemoteStore(url)
+    run = f"{BUCKET}/{tmp_path.name}/run"
+    objects = _damage_marker(remote, f"{run}/step-00000004")
+
+    events = FakeEvents()
+    resumed, data = make_app(seed=7)
+    assert Checkpointer(cfg(url, tmp_path / "fresh"), url, events=events).restore(resumed) == 2
+    [bad] = events.named("checkpoint_bad")
+    assert bad["step"] == 4 and "commit marker is unreadable" in bad["reason"] and bad["path"].endswith(
+        "step-00000004")
+    assert remote.is_bad(4)
+    train(url, tmp_path / "fresh", range(3, 7), resumed, data)  # saves step 4 again, then 6
+    remote.fs.invalidate_cache()
+    [aside] = [k for k in remote.fs.ls(run, detail=False) if k.rsplit("/", 1)[-1].startswith("bad-step-00000004-")]
+    kept = sorted(k.rsplit("/", 1)[-1] for k in remote.fs.ls(aside, detail=False))
+    assert kept == sorted([*objects, integrity.BAD_MARKER])  # every object of the damaged step kept
+    assert [r.step for r in RemoteStore(url).committed()] == [2, 4, 6]
+
+
+def test_retention_never_deletes_a_step_whose_marker_is_damaged(url: str, tmp_path: Path) -> None:
+    app, data = make_app(seed=0)
+    train(url, tmp_path / "local", range(1, 5), app, data, keep=2)
+    remote = RemoteStore(url)
+    prefix = f"{BUCKET}/{tmp_path.name}/run/step-00000002"
+    objects = _damage_marker(remote, prefix)  # while the run goes on: no restore has seen it
+    train(url, tmp_path / "local", range(5, 9), app, data, keep=2)  # retention after each upload
+    remote.fs.invalidate_cache()
+    assert sorted(k.rsplit("/", 1)[-1] for k in remote.fs.ls(prefix, detail=False)) == objects
+    assert [r.step for r in RemoteStore(url).committed()] == [6, 8]
