@@ -93,6 +93,8 @@ class RemoteStore:
         damaged = []
         for step, _ in self._steps():
             why = self._commit_or_damage(step)
+            if isinstance(why, store.Committed) and why.step != step:
+                why = f"its commit marker is for step {why.step}"
             if isinstance(why, str) and not self.is_bad(step):
                 self.mark_bad(step, why)
                 damaged.append((step, self.step_url(step), why))

@@ -4,8 +4,9 @@
     <root>/step-00000050/flywheel-commit.json   written by rank 0 after every rank's write finished
 
 A folder without the commit marker is torn (a crash or failure mid-save), never restored and deleted; one whose
-marker is there but unreadable is damaged after its commit (the marker is written atomically): marked bad and kept. Only global rank 0
-calls the functions here that change the directory; every function is plain file-system work (no collectives).
+marker is there but unreadable is damaged after its commit (the marker is written atomically): marked bad and kept.
+Only global rank 0 calls the functions here that change the directory; every function is plain file-system work
+(no collectives).
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ def set_aside_damaged(root: str | os.PathLike[str]) -> list[tuple[int, Path, str
     damaged = []
     for step, path in step_dirs(root):
         why = _commit_or_damage(path)
+        if isinstance(why, Committed) and why.step != step:
+            why = f"its commit marker is for step {why.step}"
         if isinstance(why, str):
             damaged.append((step, integrity.mark_bad(path, why), why))
     return damaged
