@@ -2,7 +2,8 @@
 /dev/shm) is detected by its digests whichever way it is read (own file, a replica's file on the same host, a replica
 sent over gloo, its header by the rank sending it), deleted, reported as a `checkpoint_bad` event of source memory,
 and the restore takes that rank's other copy of the same step, else the disk checkpoint: the resumed run still
-ends bitwise equal to the fault-free run, and no damaged copy is ever loaded."""
+ends bitwise equal to the fault-free run, and no damaged copy is ever loaded. A replica that vanishes between the
+plan and its sending is answered with nothing, so its rank falls back to disk instead of waiting forever."""
 
 from __future__ import annotations
 
@@ -127,3 +128,37 @@ def test_a_replica_whose_header_is_damaged_is_caught_by_its_sender(tmp_path: Pat
     _flip(replica, len(b"FWMEM002") + 8 + 20)  # inside the pickled header: the holder cannot even send it
     run_ranks(_restore_after_damage, 2, root, root, False, 4, "disk", [str(replica)])
     assert not replica.exists()
+
+
+def _restore_with_replica_gone(rank: int, world_size: int, root: str) -> None:
+    """Rank 0 plans with rank 1's replica, then it vanishes before it is sent (taken away, e.g. /dev/shm
+    cleaned): rank 0 answers with nothing to send and every rank falls back to disk, none left waiting."""
+    app, data, ckpt = memory_worker(rank, world_size, root)
+    assert ckpt.memory is not None
+    ckpt.memory.same_host_reads = False
+    plan = ckpt.memory.plan
+
+    def plan_then_lose_the_replica(*args: object) -> object:
+        made = plan(*args)  # type: ignore[arg-type]
+        if rank == 0:
+            _file(Path(root), 0, "replica", 1).unlink()
+        return made
+
+    ckpt.memory.plan = plan_then_lose_the_replica  # type: ignore[method-assign]
+    expected = torch.load(Path(root) / "expected.pt", weights_only=False)
+    assert ckpt.restore(app) == 4
+    if rank == 0:
+        assert [r["source"] for r in ckpt.events.named("restore")] == ["disk"]
+        assert not ckpt.events.named("checkpoint_bad")  # gone, not damaged
+    for _ in range(4, 8):
+        train_step(app, data, ckpt)
+    ckpt.close()
+    assert_same_state(full_state(app), expected["final"])
+
+
+@pytest.mark.slow
+def test_a_replica_gone_before_it_is_sent_falls_back_to_disk_without_a_hang(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    run_ranks(save_memory_steps, 2, root, root)
+    shutil.rmtree(tmp_path / "shm" / "worker-1")
+    run_ranks(_restore_with_replica_gone, 2, root, root)
