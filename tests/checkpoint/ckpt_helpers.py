@@ -232,3 +232,15 @@ def save_memory_steps(rank: int, world_size: int, root: str) -> None:
     ckpt.close()
     if rank == 0:
         torch.save({"at_6": at_6, "final": final}, Path(root) / "expected.pt")
+
+
+def train_on_to_step_8(app: AppState, data: CountingData, ckpt: Checkpointer, restored_step: int) -> None:
+    """After a restore of `restored_step` from save_memory_steps' run: its state at step 6 when that step was
+    restored, then trained on to step 8, the state equals the run's (rank 0's root/expected.pt)."""
+    expected = torch.load(Path(ckpt.directory) / "expected.pt", weights_only=False)
+    if restored_step == 6:
+        assert_same_state(full_state(app), expected["at_6"])
+    for _ in range(restored_step, 8):
+        train_step(app, data, ckpt)
+    ckpt.close()
+    assert_same_state(full_state(app), expected["final"])

@@ -23,6 +23,16 @@ def cfg(root: Path) -> CheckpointSpec:
     return CheckpointSpec(dir=str(root), every_steps=2, keep=5)
 
 
+def _save_steps_2_and_4(root: Path) -> None:
+    app, data = make_app(seed=0)
+    ckpt = Checkpointer(cfg(root), root)
+    for step in range(1, 5):
+        train_step(app, data, ckpt)
+        if ckpt.due(step):
+            ckpt.save(step, app, blocking=True)
+    ckpt.close()
+
+
 def test_every_file_of_a_commit_has_its_checksum(tmp_path: Path) -> None:
     app, data = make_app(seed=0)
     ckpt = Checkpointer(cfg(tmp_path), tmp_path)
@@ -42,13 +52,7 @@ def test_a_flipped_byte_is_detected_and_the_previous_checkpoint_gives_the_fault_
         train_step(clean, data)
     expected = full_state(clean)
 
-    app, data = make_app(seed=0)
-    ckpt = Checkpointer(cfg(tmp_path), tmp_path)
-    for step in range(1, 5):
-        train_step(app, data, ckpt)
-        if ckpt.due(step):
-            ckpt.save(step, app, blocking=True)
-    ckpt.close()
+    _save_steps_2_and_4(tmp_path)
     shard = next(store.step_dir(tmp_path, 4).glob("__0_*.distcp"))
     raw = bytearray(shard.read_bytes())
     raw[len(raw) // 2] ^= 0x01
@@ -81,13 +85,7 @@ def test_a_damaged_commit_marker_sets_the_checkpoint_aside_never_deletes_it(tmp_
     """A marker is written atomically, so one that is there but unreadable is damage after the commit, not a torn
     save: the folder is kept (marked bad) and reported like a damaged shard, never removed as torn, neither by the
     restore nor by a later save's clean-up."""
-    app, data = make_app(seed=0)
-    ckpt = Checkpointer(cfg(tmp_path), tmp_path)
-    for step in range(1, 5):
-        train_step(app, data, ckpt)
-        if ckpt.due(step):
-            ckpt.save(step, app, blocking=True)
-    ckpt.close()
+    _save_steps_2_and_4(tmp_path)
     shards = sorted(p.name for p in store.step_dir(tmp_path, 4).iterdir())
     (store.step_dir(tmp_path, 4) / store.COMMIT_MARKER).write_bytes(damage)
 

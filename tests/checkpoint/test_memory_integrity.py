@@ -11,7 +11,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from ckpt_helpers import (
     FakeEvents,
     assert_same_state,
@@ -20,6 +19,7 @@ from ckpt_helpers import (
     memory_worker,
     run_ranks,
     save_memory_steps,
+    train_on_to_step_8,
     train_step,
 )
 
@@ -75,19 +75,13 @@ def _restore_after_damage(rank: int, world_size: int, root: str, same_host: bool
     app, data, ckpt = memory_worker(rank, world_size, root)
     assert ckpt.memory is not None
     ckpt.memory.same_host_reads = same_host
-    expected = torch.load(Path(root) / "expected.pt", weights_only=False)
     assert ckpt.restore(app) == want_step
     if rank == 0:
         assert [r["source"] for r in ckpt.events.named("restore")] == [want_source]
         bad = ckpt.events.named("checkpoint_bad")
         assert [b["path"] for b in bad] == want_bad, bad
         assert all(b["source"] == "memory" and b["step"] == 6 for b in bad)
-    if want_step == 6:
-        assert_same_state(full_state(app), expected["at_6"])
-    for _ in range(want_step, 8):
-        train_step(app, data, ckpt)
-    ckpt.close()
-    assert_same_state(full_state(app), expected["final"])
+    train_on_to_step_8(app, data, ckpt, want_step)
 
 
 def _file(root: Path, worker: int, folder: str, src: int) -> Path:
@@ -145,15 +139,11 @@ def _restore_with_replica_gone(rank: int, world_size: int, root: str) -> None:
         return made
 
     ckpt.memory.plan = plan_then_lose_the_replica  # type: ignore[method-assign]
-    expected = torch.load(Path(root) / "expected.pt", weights_only=False)
     assert ckpt.restore(app) == 4
     if rank == 0:
         assert [r["source"] for r in ckpt.events.named("restore")] == ["disk"]
         assert not ckpt.events.named("checkpoint_bad")  # gone, not damaged
-    for _ in range(4, 8):
-        train_step(app, data, ckpt)
-    ckpt.close()
-    assert_same_state(full_state(app), expected["final"])
+    train_on_to_step_8(app, data, ckpt, 4)
 
 
 @pytest.mark.slow
