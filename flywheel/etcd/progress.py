@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 VERSION = 1
+RECENT_NOTICES = 8  # checkpoint notices a record carries (a writer publishes each at once: a reader misses none)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class ProgressRecord:
     restore_source: str = ""
     restore_step: int = 0
     restore_seconds: float = 0.0
+    # Checkpoints going wrong in this process, in words (eventlog's checkpoint notices): the newest RECENT_NOTICES
+    # as (kind, words), of notices_total so far, so a reader counts what it has not seen. Written only when set.
+    notices: tuple[tuple[str, str], ...] = ()
+    notices_total: int = 0
 
     @property
     def stepped(self) -> bool:
@@ -69,6 +74,8 @@ def encode(record: ProgressRecord) -> bytes:
     if record.checkpoint is not None:
         c = record.checkpoint
         value["checkpoint"] = {"step": c.step, "path": c.path, "time": c.time}
+    if record.notices_total:
+        value["checkpointNotices"] = {"total": record.notices_total, "recent": [list(n) for n in record.notices]}
     return json.dumps(value, separators=(",", ":")).encode()
 
 
@@ -81,6 +88,8 @@ def decode(data: bytes) -> ProgressRecord | None:
             return None
         ckpt, restore = value.get("checkpoint"), value.get("restore")
         restore = restore if isinstance(restore, dict) else {}
+        notices = value.get("checkpointNotices")
+        notices = notices if isinstance(notices, dict) else {}
         checkpoint = (CheckpointRecord(int(ckpt["step"]), str(ckpt["path"]), float(ckpt["time"]))
                       if isinstance(ckpt, dict) else None)
         return ProgressRecord(
@@ -91,7 +100,9 @@ def decode(data: bytes) -> ProgressRecord | None:
             done=bool(value.get("done", False)), exit_reason=str(value.get("exitReason") or ""),
             eval_step=int(value.get("evalStep", 0)), eval_loss=_optional_float(value.get("evalLoss")),
             restore_source=str(restore.get("source") or ""), restore_step=int(restore.get("step") or 0),
-            restore_seconds=float(restore.get("seconds") or 0.0))
+            restore_seconds=float(restore.get("seconds") or 0.0),
+            notices=tuple((str(kind), str(words)) for kind, words in notices.get("recent") or ()),
+            notices_total=int(notices.get("total") or 0))
     except (ValueError, TypeError, KeyError):
         return None
 

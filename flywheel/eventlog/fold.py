@@ -108,6 +108,9 @@ class RunFold:
         self.checkpoint_failure_reports: list[CheckpointFailed] = []
         self._failing_reason: str | None = None  # the reason reported since the last commit
         self.bad_checkpoints: list[CheckpointBad] = []  # damaged after their commit, skipped by a restore
+        # What the user is told about checkpoints going wrong, in log order: each cause of failing saves (its
+        # first failure) and each damaged checkpoint (their `words`; the operator's Warning events).
+        self.checkpoint_notices: list[CheckpointFailed | CheckpointBad] = []
         self._failures: list[FailureEntry] = []
         self.incidents: list[Incident] = []
         self.done: Done | None = None
@@ -146,6 +149,7 @@ class RunFold:
             self._on_checkpoint_failed(record)
         elif isinstance(record, CheckpointBad):
             self.bad_checkpoints.append(record)
+            self.checkpoint_notices.append(record)
         elif isinstance(record, Restore):
             self.restores.append(record)
         elif isinstance(record, Eval):
@@ -175,6 +179,7 @@ class RunFold:
         self.checkpoint_failures.append(record)
         if record.reason != self._failing_reason or not record.reason:
             self.checkpoint_failure_reports.append(record)
+            self.checkpoint_notices.append(record)
         self._failing_reason = record.reason
 
     def _on_start(self, s: Start) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from flywheel import exitcodes
 
@@ -81,6 +81,7 @@ class CheckpointFailed:
     error: str = ""  # every failing rank's exception
     reason: str = ""  # no_space / permission / io_error / other ("" from an older trainer)
     message: str = ""  # the cause in words, with the newest good checkpoint
+    notice: ClassVar[str] = "failed"  # the kind of checkpoint notice it makes (RunFold.checkpoint_notices)
 
     @property
     def words(self) -> str:
@@ -94,6 +95,7 @@ class CheckpointBad:
     path: str = ""  # where the damaged checkpoint is kept (bad-step-N-<time>); a memory copy's deleted file
     reason: str = ""  # which files (a memory copy: which tensors) do not match their checksums
     source: str = "disk"  # or "memory": a memory copy, deleted (another copy, else disk, was used)
+    notice: ClassVar[str] = "damaged"
 
     @property
     def words(self) -> str:

@@ -49,12 +49,14 @@ class _Attempt:
     last: ProgressRecord
     max_step: int
     first_step_time: float | None  # the first record after a step of this attempt
+    notices_seen: int = 0  # of its notices_total
 
 
 class ProgressLedger:
     def __init__(self) -> None:
         self.attempts: dict[float, _Attempt] = {}
         self.checkpoints: list[CheckpointRecord] = []  # distinct committed checkpoints, in the order seen
+        self.notices: list[tuple[str, str]] = []  # every attempt's checkpoint notices, (kind, words), as seen
 
     def add(self, record: ProgressRecord) -> None:
         attempt = self.attempts.get(record.attempt)
@@ -68,6 +70,10 @@ class ProgressLedger:
             attempt.first_step_time = record.time
         if record.checkpoint is not None and record.checkpoint not in self.checkpoints:
             self.checkpoints.append(record.checkpoint)
+        new = record.notices_total - attempt.notices_seen
+        if new > 0:
+            self.notices += record.notices[-new:] if new <= len(record.notices) else record.notices
+            attempt.notices_seen = record.notices_total
 
     def progress(self, seed: GoodputSeed) -> ObservedProgress:
         if not self.attempts:
@@ -86,7 +92,8 @@ class ProgressLedger:
             recoveries=_recoveries(ordered, seed),
             checkpoints=tuple(CommittedCheckpoint(first + i + 1, c.step, c.path, c.time)
                               for i, c in enumerate(self.checkpoints[first:])),
-            failure_reason=latest.exit_reason)  # the newest attempt's: "" once a new one started
+            failure_reason=latest.exit_reason,  # the newest attempt's: "" once a new one started
+            checkpoint_notices=tuple((i + 1, kind, words) for i, (kind, words) in enumerate(self.notices)))
 
 
 def _inherited(attempt: _Attempt, seed: GoodputSeed) -> bool:

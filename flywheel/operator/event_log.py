@@ -11,9 +11,10 @@ takes these numbers from etcd alone (docs/operator.md).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-from flywheel.eventlog import EventTail, RunFold
+from flywheel.eventlog import CheckpointBad, CheckpointFailed, EventTail, RunFold
 from flywheel.policy.checkpoint_events import RECENT_CHECKPOINTS, CommittedCheckpoint
 from flywheel.policy.observed import ObservedProgress as Progress
 
@@ -42,7 +43,12 @@ def progress_of(log: RunFold) -> Progress:
                     already_complete_checkpoint=(log.done.already_complete_checkpoint or "") if log.done else "",
                     eval_step=log.last_eval.step if log.last_eval else 0,
                     eval_loss=log.last_eval.loss if log.last_eval else None,
-                    checkpoint_failures=tuple((i + 1, f.words) for i, f in enumerate(log.checkpoint_failure_reports)))
+                    checkpoint_notices=notices_of(log.checkpoint_notices))
+
+
+def notices_of(notices: Sequence[CheckpointFailed | CheckpointBad]) -> tuple[tuple[int, str, str], ...]:
+    """A fold's checkpoint notices as ObservedProgress numbers them: (ordinal, kind, words)."""
+    return tuple((i + 1, n.notice, n.words) for i, n in enumerate(notices))
 
 
 class EventLogTail:

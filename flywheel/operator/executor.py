@@ -46,7 +46,7 @@ from flywheel.operator.recovery_record import RecoveryClock, record_recovery, re
 from flywheel.operator.rendezvous_expiry import AgentMemory
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.policy import reasons as R
-from flywheel.policy.checkpoint_events import CheckpointEventState, event_due, failure_events, next_event, seed
+from flywheel.policy.checkpoint_events import CheckpointEventState, event_due, next_event, notice_events, seed
 from flywheel.policy.conditions import TERMINAL
 from flywheel.policy.decisions import (
     Pass,
@@ -116,7 +116,7 @@ class JobRunner(EtcdViews, JobActions):
         self.recovering_reason = ""  # the last restart's reason, for the time-to-recover histogram
         self.recoveries_seen_until = time.time()  # recoveries before this process started were measured before
         self.checkpoint_events: CheckpointEventState | None = None  # seeded by the first pass
-        self.checkpoint_failures_posted: int | None = None  # the CheckpointFailed reports posted (None: first pass)
+        self.checkpoint_notices_posted: int | None = None  # the checkpoint notices posted (None: first pass)
         self.progress = JobProgress(self.poke)  # the etcd progress record (step, checkpoint, goodput, hangs)
         self.hang_reported: int | None = None  # the generation (restarts) whose hang was reported
         # The last written pass's pods and the uids this runner deleted since: a pod gone unseen by anyone else
@@ -361,10 +361,10 @@ class JobRunner(EtcdViews, JobActions):
         """At most one CheckpointCommitted event per interval for the checkpoints committed since the last one
         (policy/checkpoint_events.py); a finished job's are posted at once. Not retried: a lost event is lost."""
         assert self.checkpoint_events is not None
-        failed, self.checkpoint_failures_posted = failure_events(progress.checkpoint_failures,
-                                                                 self.checkpoint_failures_posted)
-        for message in failed:
-            await self._event(obj, "Warning", R.CHECKPOINT_FAILED, message)
+        notices, self.checkpoint_notices_posted = notice_events(progress.checkpoint_notices,
+                                                                self.checkpoint_notices_posted)
+        for reason, message in notices:
+            await self._event(obj, "Warning", reason, message)
         event, self.checkpoint_events = next_event(progress.checkpoints, self.checkpoint_events, time.time(),
                                                    flush=finished)
         self.checkpoint_due = event_due(progress.checkpoints, self.checkpoint_events)

@@ -93,12 +93,18 @@ def event_due(recent: Sequence[CommittedCheckpoint], state: CheckpointEventState
     return state.last_posted_at + interval
 
 
-def failure_events(reports: Sequence[tuple[int, str]], handled: int | None) -> tuple[list[str], int]:
-    """The CheckpointFailed messages to post: each cause of failing saves once (the trainer reports a cause again
-    only when it changes or after a commit). `reports`: (ordinal, message), oldest first; `handled`: the highest
-    ordinal already posted, or None in a new executor, which counts what the log holds now as posted (after an
-    operator restart it is read again from its start: a warning may be missed, never posted twice)."""
-    newest = reports[-1][0] if reports else 0
+def notice_events(notices: Sequence[tuple[int, str, str]], handled: int | None
+                  ) -> tuple[list[tuple[str, str]], int]:
+    """The Warning events to post, (reason, message): each notice once (the trainer reports a cause of failing
+    saves again only when it changes or after a commit; a damaged checkpoint once, when a restore skips it).
+    `notices`: (ordinal, kind, message), oldest first; `handled`: the highest ordinal already posted, or None in
+    a new executor, which counts what the sources hold now as posted (after an operator restart they are read again
+    from their start: a warning may be missed, never posted twice)."""
+    newest = notices[-1][0] if notices else 0
     if handled is None:
         return [], newest
-    return [message for ordinal, message in reports if ordinal > handled], max(handled, newest)
+    return [(NOTICE_REASONS.get(kind, R.CHECKPOINT_FAILED), message) for ordinal, kind, message in notices
+            if ordinal > handled], max(handled, newest)
+
+
+NOTICE_REASONS = {"failed": R.CHECKPOINT_FAILED, "damaged": R.CHECKPOINT_DAMAGED}  # a notice's kind -> its reason

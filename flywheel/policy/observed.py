@@ -69,8 +69,9 @@ class ObservedProgress:
     already_complete_checkpoint: str = ""
     eval_step: int = 0  # the latest evaluation's step (0: none yet) and its loss
     eval_loss: float | None = None
-    # Each cause of failing saves, in words, numbered in log order: (ordinal, message) (eventlog fold's reports).
-    checkpoint_failures: tuple[tuple[int, str], ...] = ()
+    # Checkpoints going wrong, in words, numbered in log order: (ordinal, kind, message): each cause of failing
+    # saves ("failed") and each damaged checkpoint a restore skipped ("damaged"); eventlog's checkpoint_notices.
+    checkpoint_notices: tuple[tuple[int, str, str], ...] = ()
     last_restore: tuple[str, int] | None = None  # the newest group's restore report: (source, step)
 
 

@@ -74,8 +74,10 @@ MSG_ALREADY_COMPLETE = "already complete at step {step} (checkpoint {path})"  # 
 CHECKPOINT_COMMITTED = "CheckpointCommitted"  # one event per committed checkpoint (policy/checkpoint_events.py)
 MSG_CHECKPOINT_COMMITTED = "checkpoint at step {step} committed to {path}"
 MSG_CHECKPOINTS_COALESCED = "; {count} checkpoints since the last event, at steps {steps}"
-# A Warning event per cause of failing saves, in the trainer's words (policy/checkpoint_events.py failure_events).
+# Warning events in the trainer's words (policy/checkpoint_events.py notice_events): one per cause of failing
+# saves, one per damaged checkpoint a restore skipped.
 CHECKPOINT_FAILED = "CheckpointFailed"
+CHECKPOINT_DAMAGED = "CheckpointDamaged"
 
 CREATE_FAILED = "CreateFailed"
 MSG_CREATE_FAILED = "could not create {kind} {name}: {error}"

@@ -22,9 +22,9 @@ from dataclasses import replace
 from typing import Any
 
 from flywheel.etcd import keys
-from flywheel.etcd.progress import CheckpointRecord, ProgressRecord, encode
+from flywheel.etcd.progress import RECENT_NOTICES, CheckpointRecord, ProgressRecord, encode
 from flywheel.etcd.session import EtcdSession, KeptLease
-from flywheel.eventlog import EventLog
+from flywheel.eventlog import EventLog, RunFold, parse_record
 from flywheel.eventlog.writer import group_of
 from flywheel.trainer import termination_log
 
@@ -34,6 +34,7 @@ MIN_INTERVAL_SECONDS = 1.0
 LEASE_TTL_SECONDS = 5
 FLUSH_SECONDS = 3.0
 URGENT_EVENTS = frozenset({"start", "checkpoint", "done"})
+NOTICE_EVENTS = frozenset({"checkpoint", "checkpoint_failed", "checkpoint_bad"})  # what makes checkpoint notices
 
 
 class ProgressState:
@@ -42,8 +43,11 @@ class ProgressState:
     def __init__(self) -> None:
         self.record: ProgressRecord | None = None  # None until the attempt's `start`
         self.restored: tuple[str, int] = ("", 0)  # the `restore` report before the next `start`: (source, step)
+        self.checkpoints = RunFold(keep_attempts=False)  # fed the checkpoint events: its notices
 
     def observe(self, event: str, fields: Mapping[str, Any], now: float) -> bool:
+        if event in NOTICE_EVENTS and self._noticed(event, fields, now):
+            return True
         if event == "restore":
             self.restored = (str(fields.get("source") or "disk"), int(fields.get("step") or 0))
             return False
@@ -51,11 +55,11 @@ class ProgressState:
             resumed = int(fields.get("resumed_from") or 0)
             previous = self.record or ProgressRecord(time=now, attempt=now)
             (source, step), self.restored = self.restored, ("", 0)
-            self.record = ProgressRecord(time=now, attempt=now, step=resumed, resumed_from=resumed,
-                                         world_size=int(fields.get("world_size") or 0),
-                                         checkpoint=previous.checkpoint, eval_step=previous.eval_step,
-                                         eval_loss=previous.eval_loss, restore_source=source, restore_step=step,
-                                         restore_seconds=float(fields.get("restore_seconds") or 0.0))
+            self.record = self._with_notices(ProgressRecord(
+                time=now, attempt=now, step=resumed, resumed_from=resumed,
+                world_size=int(fields.get("world_size") or 0), checkpoint=previous.checkpoint,
+                eval_step=previous.eval_step, eval_loss=previous.eval_loss, restore_source=source,
+                restore_step=step, restore_seconds=float(fields.get("restore_seconds") or 0.0)))
             return True
         if self.record is None:
             if event != "step":
@@ -81,6 +85,23 @@ class ProgressState:
             return False
         return event in URGENT_EVENTS or first_step
 
+
+    def _noticed(self, event: str, fields: Mapping[str, Any], now: float) -> bool:
+        """Fold a checkpoint event; whether it made a notice that the record (if any yet) now carries."""
+        record = parse_record({**fields, "event": event, "time": now})
+        if record is None:
+            return False
+        before = len(self.checkpoints.checkpoint_notices)
+        self.checkpoints.add(record)
+        if len(self.checkpoints.checkpoint_notices) == before or self.record is None:
+            return False  # a notice before the attempt's `start` (a restore's) goes out with it
+        self.record = replace(self._with_notices(self.record), time=now)
+        return True
+
+    def _with_notices(self, record: ProgressRecord) -> ProgressRecord:
+        notices = self.checkpoints.checkpoint_notices
+        return replace(record, notices=tuple((n.notice, n.words) for n in notices[-RECENT_NOTICES:]),
+                       notices_total=len(notices))
 
     def observe_exit(self, reason: str, now: float) -> bool:
         """The process is about to exit with `reason`: kept in the attempt's record (the first reason only; none

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.api import views
+from flywheel.etcd.progress import ProgressRecord
 from flywheel.operator import manifests as m
 from flywheel.operator.event_log import EventLogTail, events_file
 from flywheel.operator.executor import JobRunner
@@ -21,8 +22,8 @@ from flywheel.policy.checkpoint_events import (
     CheckpointEventState,
     CommittedCheckpoint,
     event_due,
-    failure_events,
     next_event,
+    notice_events,
     seed,
 )
 from flywheel.policy.conditions import iso
@@ -178,11 +179,12 @@ def test_executor_posts_each_checkpoint_once_across_an_operator_restart(tmp_path
         (5, iso(T0 + 1)), (15, iso(T0 + 4)), (25, iso(T0 + 7))]
 
 
-def test_failure_events_post_each_cause_once_and_a_new_executor_only_what_is_new() -> None:
-    assert failure_events([(1, "a")], None) == ([], 1)  # a new executor: what the log held is not posted again
-    assert failure_events([(1, "a"), (2, "b")], 1) == (["b"], 2)
-    assert failure_events([(1, "a"), (2, "b")], 2) == ([], 2)
-    assert failure_events([], 0) == ([], 0)
+def test_notice_events_post_each_notice_once_and_a_new_executor_only_what_is_new() -> None:
+    assert notice_events([(1, "failed", "a")], None) == ([], 1)  # a new executor: what was there is not posted again
+    assert notice_events([(1, "failed", "a"), (2, "damaged", "b")], 1) == ([("CheckpointDamaged", "b")], 2)
+    assert notice_events([(1, "failed", "a"), (2, "failed", "b")], 1) == ([("CheckpointFailed", "b")], 2)
+    assert notice_events([(1, "failed", "a"), (2, "damaged", "b")], 2) == ([], 2)
+    assert notice_events([], 0) == ([], 0)
 
 
 def test_executor_warns_once_per_cause_of_failing_checkpoints(tmp_path: Path) -> None:
@@ -206,8 +208,32 @@ def test_executor_warns_once_per_cause_of_failing_checkpoints(tmp_path: Path) ->
     asyncio.run(runner.reconcile_once())
     append(failed(10, "no_space"), failed(15, "no_space"))
     asyncio.run(runner.reconcile_once())
-    append(failed(20, "no_space"), failed(25, "permission"))
+    append(failed(20, "no_space"), failed(25, "permission"),
+           {"event": "checkpoint_bad", "time": T0 + 26, "step": 5, "path": "/c/bad-step-5", "reason": "crc"})
     asyncio.run(runner.reconcile_once())
-    warnings = [(e["type"], e["message"]) for e in kube.events if e["reason"] == "CheckpointFailed"]
-    assert warnings == [("Warning", "checkpoint at step 10 failed: no_space; training continues"),
-                        ("Warning", "checkpoint at step 25 failed: permission; training continues")]
+    warnings = [(e["type"], e["reason"], e["message"]) for e in kube.events if e["type"] == "Warning"]
+    assert warnings == [
+        ("Warning", "CheckpointFailed", "checkpoint at step 10 failed: no_space; training continues"),
+        ("Warning", "CheckpointFailed", "checkpoint at step 25 failed: permission; training continues"),
+        ("Warning", "CheckpointDamaged", "checkpoint at step 5 is damaged (crc); kept as /c/bad-step-5; the previous "
+         "good checkpoint was used")]
+
+
+def test_without_an_events_dir_the_notices_come_from_etcd(tmp_path: Path) -> None:
+    """A plain helm install (etcd only): failing saves and damaged checkpoints still reach `kubectl describe`."""
+    job = {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
+           "metadata": {"name": "j", "namespace": "ml", "uid": "uid-1", "resourceVersion": "1", "generation": 1},
+           "spec": {"replicas": {"min": 1, "max": 1}, "trainer": {"training": {"globalBatch": 4, "microBatch": 1}}}}
+    kube = RecordingKube(job)
+    settings = m.OperatorSettings(etcd_endpoints="etcd:2379")
+    runner = JobRunner(kube, settings, "ml", "j", "uid-1", logging.getLogger("test"))  # type: ignore[arg-type]
+    ledger = runner.progress.ledger
+    ledger.add(ProgressRecord(time=T0, attempt=T0, step=3, notices=(("damaged", "d"),), notices_total=1))
+    asyncio.run(runner.reconcile_once())  # a new executor: what etcd holds already is not posted again
+    ledger.add(ProgressRecord(time=T0 + 1, attempt=T0, step=4, notices=(("damaged", "d"), ("failed", "f")),
+                              notices_total=2))
+    asyncio.run(runner.reconcile_once())
+    ledger.add(ProgressRecord(time=T0 + 5, attempt=T0 + 5, step=4, notices=(("damaged", "g"),), notices_total=1))
+    asyncio.run(runner.reconcile_once())
+    warnings = [(e["reason"], e["message"]) for e in kube.events if e["type"] == "Warning"]
+    assert warnings == [("CheckpointFailed", "f"), ("CheckpointDamaged", "g")]

@@ -147,3 +147,41 @@ def test_merged_takes_the_etcd_reason_when_the_log_has_none() -> None:
     etcd = ObservedProgress(step=3, checkpoint_path="/c", failure_reason="from etcd")
     assert merged(etcd, ObservedProgress(step=2, goodput={"ratio": 0.5})).failure_reason == "from etcd"
     assert merged(etcd, ObservedProgress(step=2, failure_reason="from log")).failure_reason == "from log"
+
+
+def _failed(step: int, reason: str) -> dict[str, object]:
+    return {"step": step, "reason": reason, "message": f"checkpoint at step {step} failed: {reason}"}
+
+
+def test_checkpoint_notices_go_out_at_once_each_cause_once_and_a_restores_with_the_start() -> None:
+    state = ProgressState()
+    # A restore that skipped a damaged checkpoint says so before the attempt's `start`: it goes out with it.
+    assert state.observe("checkpoint_bad", {"step": 4, "path": "/c/bad-step-4", "reason": "crc"}, 1.0) is False
+    assert state.observe("start", {"world_size": 1, "resumed_from": 2}, 2.0) is True
+    assert state.record is not None and state.record.notices_total == 1
+    kind, words = state.record.notices[0]
+    assert kind == "damaged" and words.startswith("checkpoint at step 4 is damaged (crc); kept as /c/bad-step-4")
+    assert state.observe("checkpoint_failed", _failed(6, "no_space"), 3.0) is True  # a new cause: at once
+    assert state.observe("checkpoint_failed", _failed(8, "no_space"), 4.0) is False  # the same cause: counted only
+    assert state.observe("checkpoint", {"step": 10, "path": "/c/10"}, 5.0) is True
+    assert state.observe("checkpoint_failed", _failed(12, "no_space"), 6.0) is True  # again after a commit
+    r = state.record
+    assert r.notices_total == 3 and [k for k, _ in r.notices] == ["damaged", "failed", "failed"]
+    assert r.notices[1][1] == "checkpoint at step 6 failed: no_space" and decode(encode(r)) == r
+    for step in range(14, 40, 2):  # a record carries the newest RECENT_NOTICES
+        state.observe("checkpoint_failed", _failed(step, f"cause-{step}"), float(step))
+    assert state.record.notices_total == 16 and len(state.record.notices) == 8
+    assert state.record.notices[-1][1].startswith("checkpoint at step 38 failed")
+
+
+def test_the_ledger_numbers_every_attempts_notices_once() -> None:
+    ledger = ProgressLedger()
+    first = ProgressRecord(time=1.0, attempt=1.0, notices=(("failed", "a"),), notices_total=1)
+    ledger.add(first)
+    ledger.add(first)  # the same record again (a re-listing): nothing new
+    ledger.add(ProgressRecord(time=2.0, attempt=1.0, notices=(("failed", "a"), ("damaged", "b")), notices_total=2))
+    ledger.add(ProgressRecord(time=3.0, attempt=3.0, notices=(("failed", "c"),), notices_total=1))  # a new attempt
+    assert ledger.progress(GoodputSeed()).checkpoint_notices == ((1, "failed", "a"), (2, "damaged", "b"),
+                                                                 (3, "failed", "c"))
+    assert decode(encode(ProgressRecord(time=1.0, attempt=1.0))) == ProgressRecord(time=1.0, attempt=1.0)
+    assert b"checkpointNotices" not in encode(ProgressRecord(time=1.0, attempt=1.0))  # written only when set

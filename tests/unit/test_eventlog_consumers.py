@@ -126,8 +126,8 @@ def test_checkpoint_failures_are_reported_once_per_cause_by_the_summary_and_the_
     log = tmp_path / "events.jsonl"
     log.write_text("".join(json.dumps(r) + "\n" for r in raw))
     progress = EventLogTail(log).poll()
-    assert [o for o, _ in progress.checkpoint_failures] == [1, 2, 3, 4]
-    assert progress.checkpoint_failures[0][1] == "checkpoint at step 2 failed: no_space"
+    assert [o for o, _, _ in progress.checkpoint_notices] == [1, 2, 3, 4]
+    assert progress.checkpoint_notices[0][1:] == ("failed", "checkpoint at step 2 failed: no_space")
 
 
 def test_a_damaged_checkpoint_is_in_the_summary_in_words_for_its_tier() -> None:
