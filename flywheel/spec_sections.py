@@ -109,9 +109,12 @@ class CheckpointSpec(_Model):
                              "share of the training state.")
     keep: int = Field(3, ge=1, description="Committed checkpoints kept; older ones are deleted.")
     async_: bool = Field(True, alias="async", description="Write in the background; training blocks only to stage.")
-    claim_name: str = Field("", description="Cluster only: a ReadWriteMany PersistentVolumeClaim mounted at `dir` "
-                                            "in every worker. Empty: a per-pod emptyDir, which is lost with the pod "
-                                            "(a cluster job with replicas.max > 1 needs one, or ephemeral).")
+    claim_name: str = Field("", description="Cluster only: a ReadWriteMany PersistentVolumeClaim whose folder "
+                                            "`dir` (without its leading /) is mounted at `dir` in every worker, so "
+                                            "jobs sharing a claim keep their checkpoints apart and a job naming "
+                                            "another's dir resumes from it. Empty: a per-pod emptyDir, which is lost "
+                                            "with the pod (a cluster job with replicas.max > 1 needs one, or "
+                                            "ephemeral).")
     ephemeral: bool = Field(False, description="Cluster only: accept per-pod checkpoints without a claim (lost with "
                                                "their pod); without it a job with replicas.max > 1 needs claimName.")
 

@@ -3,6 +3,7 @@ the reverse: a worker Pod object -> the `PodView` the reconcile policy reads."""
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,11 +130,22 @@ def worker_volumes(job: TrainingJob, settings: OperatorSettings, cache_home: boo
     if local.startswith("/") and not staged_in_tmp:  # a relative dir lives under the working directory
         source = {"persistentVolumeClaim": {"claimName": ckpt.claim_name}} if ckpt.claim_name else {"emptyDir": {}}
         volumes.append({"name": "checkpoints", **source})
-        mounts.append({"name": "checkpoints", "mountPath": local})
+        mounts.append({"name": "checkpoints", "mountPath": local, **claim_sub_path(local, ckpt.claim_name)})
     if settings.events_claim and settings.events_dir:
         volumes.append({"name": "events", "persistentVolumeClaim": {"claimName": settings.events_claim}})
         mounts.append({"name": "events", "mountPath": settings.events_dir})
     return volumes, mounts
+
+
+def claim_sub_path(directory: str, claim_name: str) -> dict[str, str]:
+    """Where `directory` lives on its claim: the folder of that path (`/ckpt/a` -> `ckpt/a`), so jobs sharing one
+    claim keep their checkpoints apart (mounted at its root, every job would see, resume from and prune the others'
+    step folders), and a job naming another's dir resumes from it. The kubelet creates a missing folder with the
+    permissions of the claim's root. No claim: the emptyDir is the job's own (no subPath)."""
+    if not claim_name:
+        return {}
+    sub = posixpath.normpath(directory).lstrip("/")
+    return {"subPath": sub} if sub else {}
 
 
 def topology_affinity(job: TrainingJob) -> dict[str, Any] | None:

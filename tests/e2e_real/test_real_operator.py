@@ -419,3 +419,23 @@ def test_a_job_deleted_while_the_operator_is_down_has_its_etcd_keys_deleted(real
         real.kubectl("scale", *operator, "--replicas=1", namespace=real.operator_ns)
     eventually(lambda: real.kubectl("get", "tj", name, check=False).returncode != 0, 600, "the job to go")
     eventually(lambda: keys() == 0, 120, "its rendezvous keys to go")
+
+
+@pytest.mark.skipif(not os.environ.get("FLYWHEEL_E2E_CKPT_CLAIM"), reason="two jobs sharing a checkpoint claim: "
+                    "set FLYWHEEL_E2E_CKPT_CLAIM to a ReadWriteMany claim in the namespace")
+def test_jobs_sharing_a_claim_keep_their_checkpoints_apart(real: RealCluster, tmp_path: Path) -> None:
+    """Each job's checkpoints are in the claim's folder named by its dir (subPath): a second job with the same
+    model on the same claim starts from scratch, never from (or pruning) the first's step folders; a third naming
+    the first's dir resumes from it, already complete."""
+    steps = {"trainer.training.steps": 30, "checkpoint.everySteps": 10, "checkpoint.keep": 1}
+    real.apply_job("e2e-claim-a", tmp_path, **steps)
+    assert real.wait_phase("e2e-claim-a", "Succeeded", 900)["step"] == 30
+    real.apply_job("e2e-claim-b", tmp_path, **steps)
+    done = real.wait_phase("e2e-claim-b", "Succeeded", 900)
+    assert not done.get("lastRestore"), done  # nothing of job a's was restored
+    assert done.get("restarts", 0) == 0 and done["step"] == 30
+    first_dir = json.loads(real.kubectl("get", "tj", "e2e-claim-a", "-o", "json").stdout)["spec"]["checkpoint"]["dir"]
+    real.apply_job("e2e-claim-c", tmp_path, **steps, **{"checkpoint.dir": first_dir})
+    again = real.wait_phase("e2e-claim-c", "Succeeded", 900)
+    finished = next(c for c in again["conditions"] if c["type"] == "Succeeded")
+    assert f"already complete at step 30 (checkpoint {first_dir}/step-00000030)" in finished["message"], finished

@@ -64,6 +64,9 @@ def test_worker_pods_are_hardened_and_mount_checkpoints_shm_and_events() -> None
     assert mounts == {"/dev/shm": "dshm", "/tmp": "tmp", "/home/flywheel": "cache-home", "/ckpt/j": "checkpoints",
                       "/ev": "events"}
     assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "ckpt-rwx"}
+    # The job's own folder on the claim: jobs sharing a claim never see each other's step folders.
+    [ckpt_mount] = [v for v in container["volumeMounts"] if v["name"] == "checkpoints"]
+    assert ckpt_mount == {"name": "checkpoints", "mountPath": "/ckpt/j", "subPath": "ckpt/j"}
     assert volumes["events"]["persistentVolumeClaim"] == {"claimName": "flywheel-events"}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
     env = {e["name"]: e["value"] for e in container["env"]}
@@ -72,6 +75,7 @@ def test_worker_pods_are_hardened_and_mount_checkpoints_shm_and_events() -> None
     # Without a claim the checkpoints get an emptyDir (lost with the pod: documented); a relative dir is not mounted.
     plain = m.pod(JOB, m.plan(JOB, "0123456789abcdef", SETTINGS, None)[0], 0, SETTINGS)
     assert {v["name"]: v for v in plain["spec"]["volumes"]}["checkpoints"] == {"name": "checkpoints", "emptyDir": {}}
+    assert all("subPath" not in v for v in plain["spec"]["containers"][0]["volumeMounts"])
     assert "events" not in {v["name"] for v in plain["spec"]["volumes"]}  # no claim: the test cluster's host dir
     kv = pytest.importorskip("kubernetes_validate")
     for doc in (body, plain, m.service(JOB)):
@@ -253,3 +257,10 @@ def test_operator_metrics_count_each_decided_restart_once() -> None:
     metrics.forget_job("other", "c")  # its last job gone: the namespace reads 0, not a stale 1
     assert value("flywheel_operator_jobs", {"namespace": "other", "phase": "Succeeded"}) == 0
     assert value("flywheel_job_phase", {"namespace": "ns", "job": "b", "phase": "Running"}) is None
+
+
+def test_a_claims_sub_path_is_the_dirs_folder_normalised() -> None:
+    assert m.claim_sub_path("/ckpt/a", "rwx") == {"subPath": "ckpt/a"}
+    assert m.claim_sub_path("/ckpt/x/../a/", "rwx") == {"subPath": "ckpt/a"}  # never a '..' the API server refuses
+    assert m.claim_sub_path("/", "rwx") == {}  # the claim's root itself
+    assert m.claim_sub_path("/ckpt/a", "") == {}  # an emptyDir is the job's own
