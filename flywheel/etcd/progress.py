@@ -51,6 +51,9 @@ class ProgressRecord:
     # as (kind, words), of notices_total so far, so a reader counts what it has not seen. Written only when set.
     notices: tuple[tuple[str, str], ...] = ()
     notices_total: int = 0
+    # With done: the checkpoint it restored when it resumed at or past its last step and trained nothing (the
+    # `done` report's already_complete_checkpoint). Written only when set.
+    already_complete: str = ""
 
     @property
     def stepped(self) -> bool:
@@ -74,6 +77,8 @@ def encode(record: ProgressRecord) -> bytes:
     if record.checkpoint is not None:
         c = record.checkpoint
         value["checkpoint"] = {"step": c.step, "path": c.path, "time": c.time}
+    if record.already_complete:
+        value["alreadyComplete"] = record.already_complete
     if record.notices_total:
         value["checkpointNotices"] = {"total": record.notices_total, "recent": [list(n) for n in record.notices]}
     return json.dumps(value, separators=(",", ":")).encode()
@@ -102,7 +107,7 @@ def decode(data: bytes) -> ProgressRecord | None:
             restore_source=str(restore.get("source") or ""), restore_step=int(restore.get("step") or 0),
             restore_seconds=float(restore.get("seconds") or 0.0),
             notices=tuple((str(kind), str(words)) for kind, words in notices.get("recent") or ()),
-            notices_total=int(notices.get("total") or 0))
+            notices_total=int(notices.get("total") or 0), already_complete=str(value.get("alreadyComplete") or ""))
     except (ValueError, TypeError, KeyError):
         return None
 

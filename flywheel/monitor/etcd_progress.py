@@ -93,6 +93,7 @@ class ProgressLedger:
             checkpoints=tuple(CommittedCheckpoint(first + i + 1, c.step, c.path, c.time)
                               for i, c in enumerate(self.checkpoints[first:])),
             failure_reason=latest.exit_reason,  # the newest attempt's: "" once a new one started
+            already_complete_checkpoint=latest.already_complete,
             checkpoint_notices=tuple((i + 1, kind, words) for i, (kind, words) in enumerate(self.notices)))
 
 
@@ -136,4 +137,6 @@ def merged(from_etcd: ObservedProgress | None, from_log: ObservedProgress | None
                    world_size=from_etcd.world_size or from_log.world_size,
                    done=from_etcd.done or from_log.done, checkpoint_step=source.checkpoint_step,
                    checkpoint_time=source.checkpoint_time, checkpoint_path=source.checkpoint_path,
-                   failure_reason=from_log.failure_reason or from_etcd.failure_reason)
+                   failure_reason=from_log.failure_reason or from_etcd.failure_reason,
+                   already_complete_checkpoint=(from_log.already_complete_checkpoint
+                                                or from_etcd.already_complete_checkpoint))

@@ -80,7 +80,8 @@ class ProgressState:
         elif event == "eval":
             self.record = replace(r, time=now, eval_step=int(fields["step"]), eval_loss=_float(fields.get("loss")))
         elif event == "done":
-            self.record = replace(r, time=now, step=int(fields.get("step") or r.step), done=True)
+            self.record = replace(r, time=now, step=int(fields.get("step") or r.step), done=True,
+                                  already_complete=str(fields.get("already_complete_checkpoint") or ""))
         else:
             return False
         return event in URGENT_EVENTS or first_step

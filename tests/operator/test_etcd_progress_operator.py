@@ -1,6 +1,7 @@
 """The operator as the chart starts it by default: etcd endpoints, no --events-dir, no Prometheus. Step,
-checkpoint and goodput reach the status through the workers' etcd progress record, and a job whose ranks are all
-SIGSTOPped is marked Hung and restarted from that record alone -- in place, its agents being alive."""
+checkpoint and goodput reach the status through the workers' etcd progress record, a job resumed at its last step
+says it was already complete, and a job whose ranks are all SIGSTOPped is marked Hung and restarted from that
+record alone -- in place, its agents being alive."""
 
 from __future__ import annotations
 
@@ -59,6 +60,26 @@ def test_status_fills_from_etcd_without_an_events_dir(etcd_only: OpEnv) -> None:
         assert not env.events_file(name).exists()  # nothing came through an event log
     finally:
         env.delete(name)
+
+
+def test_a_job_resuming_at_its_last_step_says_already_complete_without_an_events_dir(etcd_only: OpEnv) -> None:
+    """A second job naming the first's checkpoint dir resumes at its last step and trains nothing: its condition
+    and `kubectl describe` say so with the checkpoint, from the etcd progress record alone."""
+    env = etcd_only
+    env.kubectl("apply", "-f", str(env.job_yaml("etcd-first", **{"trainer.training.steps": 30,
+                                                                 "checkpoint.everySteps": 10})))
+    try:
+        assert env.wait_phase("etcd-first", "Succeeded", 300)["step"] == 30
+        directory = env.job("etcd-first")["spec"]["checkpoint"]["dir"]
+        env.kubectl("apply", "-f", str(env.job_yaml("etcd-again", **{"trainer.training.steps": 30,
+                                                                     "checkpoint.dir": directory})))
+        done = env.wait_phase("etcd-again", "Succeeded", 300)
+        said = f"already complete at step 30 (checkpoint {directory}/step-00000030)"
+        assert said in next(c for c in done["conditions"] if c["type"] == "Succeeded")["message"], done
+        assert said in env.kubectl("describe", "tj", "etcd-again").stdout
+    finally:
+        env.delete("etcd-first")
+        env.delete("etcd-again")
 
 
 def _stop_ranks(env: OpEnv, pod: str) -> list[int]:

@@ -185,3 +185,19 @@ def test_the_ledger_numbers_every_attempts_notices_once() -> None:
                                                                  (3, "failed", "c"))
     assert decode(encode(ProgressRecord(time=1.0, attempt=1.0))) == ProgressRecord(time=1.0, attempt=1.0)
     assert b"checkpointNotices" not in encode(ProgressRecord(time=1.0, attempt=1.0))  # written only when set
+
+
+def test_an_attempt_already_complete_says_so_through_etcd() -> None:
+    """A group that resumed at or past its last step trains nothing; its `done` names the checkpoint, so the
+    operator's Succeeded condition says "already complete at step N (checkpoint PATH)" without an event log."""
+    state = ProgressState()
+    state.observe("start", {"world_size": 1, "resumed_from": 30}, 1.0)
+    assert state.observe("done", {"step": 30, "already_complete_checkpoint": "/c/step-00000030"}, 2.0) is True
+    record = state.record
+    assert record is not None and record.already_complete == "/c/step-00000030" and decode(encode(record)) == record
+    ledger = ProgressLedger()
+    ledger.add(record)
+    seen = ledger.progress(GoodputSeed())
+    assert seen.done and seen.already_complete_checkpoint == "/c/step-00000030"
+    assert merged(seen, ObservedProgress(step=30)).already_complete_checkpoint == "/c/step-00000030"
+    assert b"alreadyComplete" not in encode(ProgressRecord(time=1.0, attempt=1.0, done=True))
