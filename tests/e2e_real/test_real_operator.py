@@ -439,3 +439,27 @@ def test_jobs_sharing_a_claim_keep_their_checkpoints_apart(real: RealCluster, tm
     again = real.wait_phase("e2e-claim-c", "Succeeded", 900)
     finished = next(c for c in again["conditions"] if c["type"] == "Succeeded")
     assert f"already complete at step 30 (checkpoint {first_dir}/step-00000030)" in finished["message"], finished
+
+
+@pytest.mark.skipif(not os.environ.get("FLYWHEEL_E2E_CKPT_CLAIM"), reason="a checkpoint damaged on a shared claim: "
+                    "set FLYWHEEL_E2E_CKPT_CLAIM to a ReadWriteMany claim in the namespace")
+def test_a_damaged_checkpoint_is_a_warning_event(real: RealCluster, tmp_path: Path) -> None:
+    """The emulator's test_a_damaged_checkpoint_is_a_warning_event_without_an_events_dir: a byte of the newest
+    checkpoint flipped (by a one-worker job whose script does it on the claim), then a job resuming from that dir
+    skips it for the previous one and posts CheckpointDamaged."""
+    real.apply_job("e2e-damaged", tmp_path, **{"trainer.training.steps": 20, "checkpoint.everySteps": 10,
+                                               "checkpoint.keep": 2})
+    assert real.wait_phase("e2e-damaged", "Succeeded", 900)["step"] == 20
+    directory = json.loads(real.kubectl("get", "tj", "e2e-damaged", "-o", "json").stdout)["spec"]["checkpoint"]["dir"]
+    flip = (f"import glob; p = sorted(glob.glob('{directory}/step-00000020/__0_*.distcp'))[0]; "
+            "b = bytearray(open(p, 'rb').read()); b[len(b) // 2] ^= 1; open(p, 'wb').write(bytes(b))")
+    real.apply_job("e2e-damage-it", tmp_path, command=["python", "-c", flip],
+                   **{"replicas.min": 1, "replicas.max": 1, "checkpoint.dir": directory})
+    real.wait_phase("e2e-damage-it", "Succeeded", 600)
+    real.apply_job("e2e-resumed", tmp_path, **{"trainer.training.steps": 30, "checkpoint.dir": directory})
+    done = real.wait_phase("e2e-resumed", "Succeeded", 900)
+    assert done["step"] == 30 and done["lastRestore"] == {"source": "disk", "step": 10}, done
+    events = json.loads(real.kubectl("get", "events", "--field-selector", "involvedObject.name=e2e-resumed",
+                                     "-o", "json").stdout)["items"]
+    damaged = [e for e in events if e["reason"] == "CheckpointDamaged"]
+    assert damaged and "checkpoint at step 20 is damaged" in damaged[0]["message"], events

@@ -9,6 +9,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -80,6 +81,34 @@ def test_a_job_resuming_at_its_last_step_says_already_complete_without_an_events
     finally:
         env.delete("etcd-first")
         env.delete("etcd-again")
+
+
+def test_a_damaged_checkpoint_is_a_warning_event_without_an_events_dir(etcd_only: OpEnv) -> None:
+    """A job resuming from a dir whose newest checkpoint was damaged after its commit skips it for the previous one
+    and says so where the user looks: a CheckpointDamaged Warning in `kubectl describe`, through etcd alone."""
+    env = etcd_only
+    env.kubectl("apply", "-f", str(env.job_yaml("etcd-damaged", **{"trainer.training.steps": 20,
+                                                                   "checkpoint.everySteps": 10,
+                                                                   "checkpoint.keep": 2})))
+    try:
+        assert env.wait_phase("etcd-damaged", "Succeeded", 300)["step"] == 20
+        directory = Path(env.job("etcd-damaged")["spec"]["checkpoint"]["dir"])
+        shard = next((directory / "step-00000020").glob("__0_*.distcp"))
+        raw = bytearray(shard.read_bytes())
+        raw[len(raw) // 2] ^= 0x01
+        shard.write_bytes(bytes(raw))
+        env.kubectl("apply", "-f", str(env.job_yaml("etcd-resumed", **{"trainer.training.steps": 30,
+                                                                       "checkpoint.dir": str(directory)})))
+        done = env.wait_phase("etcd-resumed", "Succeeded", 300)
+        assert done["step"] == 30 and done["lastRestore"] == {"source": "disk", "step": 10}, done
+        warnings = eventually(lambda: [e for e in env.events_of("etcd-resumed") if e["reason"] == "CheckpointDamaged"],
+                              30, "the CheckpointDamaged event")
+        assert "checkpoint at step 20 is damaged" in warnings[0]["message"] and warnings[0]["type"] == "Warning"
+        assert shard.name in warnings[0]["message"]
+        assert "CheckpointDamaged" in env.kubectl("describe", "tj", "etcd-resumed").stdout
+    finally:
+        env.delete("etcd-damaged")
+        env.delete("etcd-resumed")
 
 
 def _stop_ranks(env: OpEnv, pod: str) -> list[int]:
