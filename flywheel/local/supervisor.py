@@ -217,13 +217,11 @@ class Supervisor:
         return self.outcome
 
     def _drain_events(self) -> None:
-        reported, bad = len(self.record.log.checkpoint_failure_reports), len(self.record.log.bad_checkpoints)
+        told = len(self.record.log.checkpoint_notices)
         for ev in self.events.read_new():
             self.record.add_event(ev)
-        for failure in self.record.log.checkpoint_failure_reports[reported:]:  # once per cause, in words
-            self.progress.notice(f"[yellow]{escape(failure.words)}[/]")
-        for damaged in self.record.log.bad_checkpoints[bad:]:
-            self.progress.notice(f"[yellow]{escape(damaged.words)}[/]")
+        for notice in self.record.log.checkpoint_notices[told:]:  # a failing save once per cause; a damaged one
+            self.progress.notice(f"[yellow]{escape(notice.words)}[/]")
 
     def _tick(self) -> None:
         self._handle_interrupts()
