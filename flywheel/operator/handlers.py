@@ -111,7 +111,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         raise kopf.PermanentError(str(err)) from err  # stops the operator with the message, no retries
     memo.runners = {}
     memo.collector = asyncio.ensure_future(collect_cycles())  # bounds the garbage of relaxed gc thresholds
-    memo.forgotten = {}  # job uid -> when its run's etcd keys were deleted (forget_run)
+    memo.forgotten = {}  # job uid -> (when its run's etcd keys were deleted, the run id) (forget_run)
     memo.background = set()  # tasks started from handlers, kept until done
     # kopf's indices are the same objects for the operator's life, updated in place: kept once for every reader.
     memo.caches = caches.WatchCaches(kwargs["training_jobs"], kwargs["worker_pods"], kwargs["worker_services"],
@@ -193,6 +193,8 @@ async def pod_changed(type: str | None, body: kopf.Body, namespace: str | None, 
     runner: JobRunner | None = memo.runners.get((namespace, labels[m.JOB_LABEL])) if namespace is not None else None
     if runner is not None:
         runner.pod_event(type, body)
+    elif type == "DELETED":
+        sweep_after_pod(memo, body)
 
 
 @kopf.on.event("", "v1", "services", labels={m.JOB_LABEL: kopf.PRESENT})
@@ -213,27 +215,47 @@ FORGET_MEMORY_SECONDS = 600.0  # how long a forgotten run's uid is remembered (i
 
 async def forget_run(memo: Any, body: Mapping[str, Any], logger: Logger) -> None:
     """Delete this run's rendezvous, liveness, progress and request keys (pods and Service go by garbage
-    collection); once per job uid."""
+    collection); once per job uid. Its agents may still run (their pods go after the job), and one may write a
+    rendezvous key again before it stops: each of the run's pods, once deleted, sweeps the keys again
+    (sweep_after_pod)."""
     uid = str(body["metadata"].get("uid", ""))
     now = asyncio.get_running_loop().time()
-    forgotten: dict[str, float] = memo.forgotten
-    for old in [u for u, at in forgotten.items() if now - at > FORGET_MEMORY_SECONDS]:
+    forgotten: dict[str, tuple[float, str]] = memo.forgotten
+    for old in [u for u, (at, _) in forgotten.items() if now - at > FORGET_MEMORY_SECONDS]:
         del forgotten[old]
     if memo.etcd is None or uid in forgotten:
         return
-    forgotten[uid] = now
     try:
         job = parse_job(dict(body))
     except SpecError:
+        forgotten[uid] = (now, "")
         return  # never ran
     run = m.run_id(job, uid)
+    forgotten[uid] = (now, run)
+    await _delete_run_keys(memo, run, logger)
+
+
+async def _delete_run_keys(memo: Any, run: str, logger: Logger) -> None:
     try:
         session = await memo.etcd.session()
         deleted = await asyncio.get_running_loop().run_in_executor(None, delete_run, session, run)
-    except Exception as err:  # noqa: BLE001 - reported; keys of a gone run are left, never retried against it
+    except Exception as err:  # noqa: BLE001 - reported; a pod of the run going later tries again
         logger.warning(f"could not delete the etcd keys of run {run}: {err}")
         return
-    logger.info(f"deleted {deleted} etcd keys of run {run}")
+    if deleted:
+        logger.info(f"deleted {deleted} etcd keys of run {run}")
+
+
+def sweep_after_pod(memo: Any, pod: Mapping[str, Any]) -> None:
+    """A deleted pod of a forgotten run (its job gone): its agent has stopped, so what it wrote after forget_run
+    is deleted now (the last pod's sweep leaves nothing)."""
+    owners = pod.get("metadata", {}).get("ownerReferences") or []
+    uid = next((str(o.get("uid")) for o in owners if o.get("kind") == "TrainingJob"), "")
+    run = memo.forgotten.get(uid, (0.0, ""))[1] if memo.etcd is not None else ""
+    if run:
+        task = asyncio.ensure_future(_delete_run_keys(memo, run, logging.getLogger("flywheel.operator")))
+        memo.background.add(task)
+        task.add_done_callback(memo.background.discard)
 
 
 def forget_run_soon(memo: Any, body: Mapping[str, Any]) -> None:

@@ -98,3 +98,27 @@ def test_a_failed_cleanup_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch
     with caplog.at_level(logging.WARNING):
         asyncio.run(forget_run(memo(), job_body(), logging.getLogger("t")))
     assert "could not delete the etcd keys of run ml-j-01234567: etcd down" in caplog.text
+
+
+def _pod(owner_uid: str) -> dict[str, Any]:
+    return {"metadata": {"name": "j-worker-0", "namespace": "ml", "labels": {"flywheel.dev/job": "j"},
+                         "ownerReferences": [{"kind": "TrainingJob", "name": "j", "uid": owner_uid}]}}
+
+
+def test_each_deleted_pod_of_a_forgotten_run_sweeps_its_keys_again(deleted_runs: list[str]) -> None:
+    """forget_run runs while the job's agents may still run (their pods go after the job) and one may write a
+    rendezvous key again before it stops: each pod of the run, once deleted, deletes the keys again."""
+    async def scenario() -> None:
+        m = memo()
+        await training_jobs(body=kopf.Body(job_body(deleting=True)), memo=m)
+        await asyncio.gather(*m.background)
+        for pod in (_pod("0123456789ab"), _pod("0123456789ab"), _pod("another-job")):
+            await handlers.pod_changed(type="DELETED", body=kopf.Body(pod), namespace="ml",
+                                       labels={"flywheel.dev/job": "j"}, memo=m)
+            await asyncio.gather(*m.background)
+        await handlers.pod_changed(type="MODIFIED", body=kopf.Body(_pod("0123456789ab")), namespace="ml",
+                                   labels={"flywheel.dev/job": "j"}, memo=m)  # not gone yet: nothing
+        await asyncio.gather(*m.background)
+
+    asyncio.run(scenario())
+    assert deleted_runs == ["ml-j-01234567"] * 3  # forgotten, then once per deleted pod; another job's pod: none
