@@ -115,11 +115,11 @@ MEMORY_PLANS = 3  # each damaged copy found is deleted before the next plan: one
 
 def _drop_damaged(ck: Checkpointer, damage: list[Damage], step: int) -> None:
     assert ck.memory is not None
-    ck.memory.discard(damage, step)
-    for found in damage:
+    ck.memory.discard(damage, step)  # each holder says what it deleted; rank 0 says why, once
+    for found in damage if ck.rank == 0 else []:
         log.error("the memory copy of step %d for rank %d (on rank %d's host) is damaged (%s): deleted; taking "
                   "another copy, else the disk checkpoint", step, found.src, found.holder, found.why)
-        if ck.events is not None and ck.rank == 0:
+        if ck.events is not None:
             ck.events.emit("checkpoint_bad", step=step, path=found.path, reason=found.why, source="memory")
 
 

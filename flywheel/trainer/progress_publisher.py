@@ -86,7 +86,6 @@ class ProgressState:
             return False
         return event in URGENT_EVENTS or first_step
 
-
     def _noticed(self, event: str, fields: Mapping[str, Any], now: float) -> bool:
         """Fold a checkpoint event; whether it made a notice that the record (if any yet) now carries."""
         record = parse_record({**fields, "event": event, "time": now})
