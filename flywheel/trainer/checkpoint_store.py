@@ -59,7 +59,11 @@ def step_dirs(root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
 
 def read_commit(path: str | os.PathLike[str]) -> Committed | None:
     """The commit record of one step folder, or None when it has no (readable) marker."""
-    record = _commit_or_damage(path)
+    try:
+        record = _commit_or_damage(path)
+    except OSError as err:  # cannot be read now (e.g. an I/O error): skipped, neither deleted nor marked bad
+        log.warning("ignoring checkpoint %s: its commit marker cannot be read (%s)", path, err)
+        return None
     if isinstance(record, str):
         log.warning("ignoring checkpoint %s: %s", path, record)
         return None
@@ -67,12 +71,13 @@ def read_commit(path: str | os.PathLike[str]) -> Committed | None:
 
 
 def _commit_or_damage(path: str | os.PathLike[str]) -> Committed | str | None:
-    """The commit record; None when the marker is missing (a torn save); why, when it is there but unreadable."""
+    """The commit record; None when the marker is missing (a torn save); why, when its content is damaged. Raises
+    OSError when it cannot be read at all (not damage: it may read again)."""
     try:
         return parse_commit(str(path), (Path(path) / COMMIT_MARKER).read_bytes())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as err:
+    except ValueError as err:
         return str(err)
 
 
@@ -92,7 +97,10 @@ def set_aside_damaged(root: str | os.PathLike[str]) -> list[tuple[int, Path, str
     with no marker at all, is what remove_uncommitted deletes)."""
     damaged = []
     for step, path in step_dirs(root):
-        why = _commit_or_damage(path)
+        try:
+            why = _commit_or_damage(path)
+        except OSError:
+            continue  # unreadable now, not damaged: read_commit says so when it is listed
         if isinstance(why, Committed) and why.step != step:
             why = f"its commit marker is for step {why.step}"
         if isinstance(why, str):

@@ -104,3 +104,25 @@ def test_a_damaged_commit_marker_sets_the_checkpoint_aside_never_deletes_it(tmp_
     ckpt.close()
     assert kept.is_dir() and [r.step for r in store.committed(tmp_path)] == [2, 4, 6]
     assert store.remove_partial(kept) is False and kept.is_dir()
+
+
+def test_a_marker_that_cannot_be_read_now_is_skipped_not_set_aside(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An I/O error reading a marker (a storage hiccup) says nothing about its bytes: the step is skipped for this
+    restore, and kept as it is for the next."""
+    _save_steps_2_and_4(tmp_path)
+    marker = store.step_dir(tmp_path, 4) / store.COMMIT_MARKER
+    real_read = Path.read_bytes
+
+    def flaky(path: Path) -> bytes:
+        if path == marker:
+            raise OSError(5, "Input/output error")
+        return real_read(path)
+
+    monkeypatch.setattr(Path, "read_bytes", flaky)
+    events = FakeEvents()
+    resumed, _ = make_app(seed=7)
+    assert Checkpointer(cfg(tmp_path), tmp_path, events=events).restore(resumed) == 2
+    assert not events.named("checkpoint_bad") and marker.is_file()
+    monkeypatch.setattr(Path, "read_bytes", real_read)
+    assert [r.step for r in store.committed(tmp_path)] == [2, 4]  # readable again: restorable again
