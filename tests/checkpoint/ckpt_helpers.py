@@ -244,3 +244,12 @@ def train_on_to_step_8(app: AppState, data: CountingData, ckpt: Checkpointer, re
         train_step(app, data, ckpt)
     ckpt.close()
     assert_same_state(full_state(app), expected["final"])
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    """Damage a file after it was written: one bit of the byte at `offset` flipped in place."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x01]))

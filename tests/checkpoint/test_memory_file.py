@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from ckpt_helpers import flip_byte
 
 from flywheel.trainer import checkpoint_memory_file as step_format
 
@@ -106,14 +107,6 @@ def test_a_foreign_or_truncated_file_is_refused(tmp_path: Path) -> None:
         _restore(path, _template())
 
 
-def _flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x10]))
-
-
 @pytest.mark.parametrize("name", ["model.w", "model.b", "model.scalar", "model.mask",
                                   "optim.state.w.exp_avg", "rng.torch", "rng.cuda[0]"])
 def test_a_flipped_byte_in_a_tensor_is_detected_naming_that_tensor(tmp_path: Path, name: str) -> None:
@@ -126,7 +119,7 @@ def test_a_flipped_byte_in_a_tensor_is_detected_naming_that_tensor(tmp_path: Pat
         os.close(fd)
     _, targets = step_format.resolve(_template(), header.state)
     [ref] = [t.ref for t in targets if t.name.lstrip(".") == name]
-    _flip(path, header.data_start + ref.offset + ref.nbytes - 1)  # its last byte
+    flip_byte(path, header.data_start + ref.offset + ref.nbytes - 1)  # its last byte
     with pytest.raises(step_format.DamagedCopy) as err:
         _restore(path, _template())
     assert err.value.names == [name]
@@ -136,6 +129,6 @@ def test_a_flipped_byte_in_a_tensor_is_detected_naming_that_tensor(tmp_path: Pat
 def test_a_flipped_byte_in_the_header_is_detected_before_it_is_unpickled(tmp_path: Path) -> None:
     path = tmp_path / "step.bin"
     step_format.write(path, 12, 2, 1, _saved())
-    _flip(path, len(step_format.MAGIC) + 8 + 40)
+    flip_byte(path, len(step_format.MAGIC) + 8 + 40)
     with pytest.raises(step_format.DamagedCopy, match="header is damaged"):
         _restore(path, _template())

@@ -14,6 +14,7 @@ import pytest
 from ckpt_helpers import (
     FakeEvents,
     assert_same_state,
+    flip_byte,
     full_state,
     make_app,
     memory_worker,
@@ -25,13 +26,8 @@ from ckpt_helpers import (
 
 from flywheel.spec import CheckpointSpec
 from flywheel.trainer import checkpoint_memory as mem
+from flywheel.trainer import checkpoint_memory_file as step_format
 from flywheel.trainer.checkpoint import Checkpointer
-
-
-def _flip(path: Path, offset: int) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0x01
-    path.write_bytes(bytes(data))
 
 
 @pytest.mark.usefixtures("one_rank")
@@ -53,7 +49,7 @@ def test_a_damaged_own_copy_is_deleted_and_reported_and_disk_gives_the_fault_fre
             ckpt.memory.wait()
     ckpt.close()
     copy = mem.step_file(mem.own_dir(shm, 0), 5, 1)
-    _flip(copy, copy.stat().st_size // 2)  # somewhere in the tensors' bytes
+    flip_byte(copy, copy.stat().st_size // 2)  # somewhere in the tensors' bytes
 
     events = FakeEvents()
     resumed, data = make_app(seed=9)
@@ -96,7 +92,7 @@ def test_a_damaged_own_copy_is_replaced_by_the_peers_replica_of_the_same_step(tm
     root = str(tmp_path)
     run_ranks(save_memory_steps, 2, root, root)
     own = _file(tmp_path, 1, "own", 1)
-    _flip(own, own.stat().st_size - 1)  # the last tensor's last byte
+    flip_byte(own, own.stat().st_size - 1)  # the last tensor's last byte
     run_ranks(_restore_after_damage, 2, root, root, same_host, 6, "memory-peer", [str(own)])
     assert not own.exists() and _file(tmp_path, 0, "replica", 1).exists()
 
@@ -108,7 +104,7 @@ def test_a_lost_worker_whose_replica_is_damaged_restores_from_disk(tmp_path: Pat
     run_ranks(save_memory_steps, 2, root, root)
     shutil.rmtree(tmp_path / "shm" / "worker-1")  # worker 1's host is gone: rank 1's state is only on worker 0
     replica = _file(tmp_path, 0, "replica", 1)
-    _flip(replica, replica.stat().st_size - 1)
+    flip_byte(replica, replica.stat().st_size - 1)
     run_ranks(_restore_after_damage, 2, root, root, same_host, 4, "disk", [str(replica)])
     assert not replica.exists()
 
@@ -119,7 +115,7 @@ def test_a_replica_whose_header_is_damaged_is_caught_by_its_sender(tmp_path: Pat
     run_ranks(save_memory_steps, 2, root, root)
     shutil.rmtree(tmp_path / "shm" / "worker-1")
     replica = _file(tmp_path, 0, "replica", 1)
-    _flip(replica, len(b"FWMEM002") + 8 + 20)  # inside the pickled header: the holder cannot even send it
+    flip_byte(replica, len(step_format.MAGIC) + 8 + 20)  # inside the pickled header: the holder cannot even send it
     run_ranks(_restore_after_damage, 2, root, root, False, 4, "disk", [str(replica)])
     assert not replica.exists()
 
