@@ -104,6 +104,7 @@ def _build_agent_class() -> type:
         rank_restarts_done = 0
         last_failures: dict[int, tuple[int, float]] = {}
         restart_request: RankRestartRequest | None = None  # the operator's request this restart serves
+        restarting = False  # within _restart_workers (its _stop_workers stops ranks to start them again)
 
         def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
             started: dict[int, Any] = super()._start_workers(worker_group)
@@ -126,6 +127,14 @@ def _build_agent_class() -> type:
             return started
 
         def _stop_workers(self, worker_group: WorkerGroup) -> None:
+            self._stop_ranks(worker_group)
+            # Stopped to restart: their reasons are about a failure (or a membership change) this restart recovers
+            # from, and the pod's termination message must say why it fails later. Not when torch stops them for
+            # good (no restart left): their reason is the pod's.
+            if self.restarting:
+                termination_log.clear()
+
+        def _stop_ranks(self, worker_group: WorkerGroup) -> None:
             # A healthy group is stopped for a membership change: give it time to agree on an emergency checkpoint.
             # Not when a member is gone (a lost node: its replacement is what joins): the ranks are blocked in a
             # collective with it, cannot run their SIGTERM handler and would hold the restart for any grace given
@@ -181,7 +190,11 @@ def _build_agent_class() -> type:
                 logging.getLogger(__name__).warning("restarting the ranks in place (%d so far): %s",
                                                     self.rank_restarts_done, reason)
                 rank_restarts.report(self.rank_restarts_done, reason)
-            super()._restart_workers(worker_group)
+            self.restarting = True
+            try:
+                super()._restart_workers(worker_group)
+            finally:
+                self.restarting = False
 
     return FlywheelAgent
 

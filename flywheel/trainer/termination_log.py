@@ -3,7 +3,9 @@
 in the pod's `state.terminated.message`, and the operator in the failure condition and the event.
 
 The first reason written wins: the first rank to fail writes its exception; ranks stopped after it, and the agent
-(which only knows an exit code or a signal), write only while the file is still empty."""
+(which only knows an exit code or a signal), write only while the file is still empty. The agent empties it
+(`clear`) once it has stopped its ranks to restart them in place: that failure is recovered from, and the message
+must name the one the pod fails with later, if it does."""
 
 from __future__ import annotations
 
@@ -68,3 +70,14 @@ def write_reason(reason: str, environ: Mapping[str, str] | None = None) -> bool:
         return True
     except OSError:
         return False
+
+
+def clear(environ: Mapping[str, str] | None = None) -> None:
+    """Empty the file (it exists and is writable; else nothing to do), so the next reason written wins."""
+    path = (os.environ if environ is None else environ).get(ENV)
+    if not path:
+        return
+    try:
+        os.truncate(path, 0)
+    except OSError:
+        pass

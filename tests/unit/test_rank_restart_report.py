@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -10,7 +11,7 @@ from torch.distributed.elastic.agent.server.api import WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from flywheel import exitcodes
-from flywheel.trainer import drain_hold, launch, rank_restarts
+from flywheel.trainer import drain_hold, launch, rank_restarts, termination_log
 from flywheel.trainer.agent_hooks import AgentHooks
 
 
@@ -60,3 +61,25 @@ def test_a_drain_may_hold_the_restart_only_of_ranks_stopped_for_it_or_still_runn
     agent.last_failures = {2: (1, 20.0)}
     agent._restart_workers(SimpleNamespace(state=WorkerState.FAILED, workers=workers))
     assert len(asked) == 2
+
+
+def test_a_restart_in_place_empties_the_termination_message_and_a_final_stop_keeps_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A rank crash the agent restarts in place is recovered from: the message the pod fails with later must be
+    that later failure's, not the first reason written in the pod's lifetime."""
+    message = tmp_path / "termination-log"
+    monkeypatch.setenv(termination_log.ENV, str(message))
+    monkeypatch.setattr(rank_restarts, "reporters", AgentHooks("reporter"))
+    monkeypatch.setattr(drain_hold, "sources", AgentHooks("reader"))
+    agent = object.__new__(launch._build_agent_class())
+    monkeypatch.setattr(agent, "_stop_ranks", lambda group: None)
+    # torch's restart: stop the ranks (ours, above), then start new ones, which fail later with another reason
+    monkeypatch.setattr(LocalElasticAgent, "_restart_workers", lambda self, group: self._stop_workers(group))
+    termination_log.write_reason("RuntimeError: CUDA error: unspecified launch failure")
+    agent.last_failures = {3: (1, 100.0)}
+    group = SimpleNamespace(state=WorkerState.FAILED, workers=[])
+    agent._restart_workers(group)
+    assert message.read_text() == ""
+    termination_log.write_reason("torch.OutOfMemoryError: CUDA out of memory")
+    agent._stop_workers(group)  # no restart left: torch stops the ranks for good
+    assert message.read_text() == "torch.OutOfMemoryError: CUDA out of memory"

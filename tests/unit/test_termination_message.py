@@ -28,6 +28,17 @@ def test_the_first_reason_wins_and_a_missing_or_unwritable_path_is_skipped(tmp_p
     assert not t.write_reason("x", {t.ENV: str(tmp_path)})  # a directory: OSError, skipped
 
 
+def test_clear_empties_the_file_so_the_next_reason_wins(tmp_path: Path) -> None:
+    path = tmp_path / "termination-log"
+    env = {t.ENV: str(path)}
+    assert t.write_reason("RuntimeError: CUDA error: unspecified launch failure", env)
+    t.clear(env)
+    assert t.write_reason("torch.OutOfMemoryError: CUDA out of memory", env)
+    assert path.read_text() == "torch.OutOfMemoryError: CUDA out of memory"
+    t.clear({t.ENV: str(tmp_path / "no" / "such")})  # nothing to empty: skipped
+    t.clear({})
+
+
 def test_reasons_name_the_exception_s_last_line_or_the_signal() -> None:
     assert t.exception_reason(ValueError("bad\nconfig: lr must be > 0\n")) == "ValueError: config: lr must be > 0"
     assert t.exit_reason(137) == "killed by SIGKILL" and t.exit_reason(-15) == "killed by SIGTERM"
