@@ -93,6 +93,7 @@ class ProgressLedger:
             checkpoints=tuple(CommittedCheckpoint(first + i + 1, c.step, c.path, c.time)
                               for i, c in enumerate(self.checkpoints[first:])),
             failure_reason=latest.exit_reason,  # the newest attempt's: "" once a new one started
+            attempt=latest.attempt, attempt_stepped=latest.stepped,
             already_complete_checkpoint=latest.already_complete,
             checkpoint_notices=tuple((i + 1, kind, words) for i, (kind, words) in enumerate(self.notices)))
 
@@ -133,10 +134,15 @@ def merged(from_etcd: ObservedProgress | None, from_log: ObservedProgress | None
     newer_checkpoint = from_etcd.checkpoint_step >= from_log.checkpoint_step and from_etcd.checkpoint_path
     source = from_etcd if newer_checkpoint else from_log
     evaluated = from_etcd if from_etcd.eval_step else from_log
+    # The newest attempt and its reason from the source that knows it: etcd's exit reason is that attempt's own,
+    # the log's the first of its open incident (which may have begun in an earlier attempt).
+    said, other = (from_etcd, from_log) if from_etcd.attempt and from_etcd.attempt >= from_log.attempt else \
+        (from_log, from_etcd)
     return replace(from_log, eval_step=evaluated.eval_step, eval_loss=evaluated.eval_loss, step=from_etcd.step,
                    world_size=from_etcd.world_size or from_log.world_size,
                    done=from_etcd.done or from_log.done, checkpoint_step=source.checkpoint_step,
                    checkpoint_time=source.checkpoint_time, checkpoint_path=source.checkpoint_path,
-                   failure_reason=from_log.failure_reason or from_etcd.failure_reason,
+                   failure_reason=said.failure_reason or other.failure_reason,
+                   attempt=said.attempt, attempt_stepped=said.attempt_stepped,
                    already_complete_checkpoint=(from_log.already_complete_checkpoint
                                                 or from_etcd.already_complete_checkpoint))

@@ -18,11 +18,11 @@ from flywheel.policy.decisions import DeletePod, Event, Pass, Relabel, RestartRa
 from flywheel.policy.failures import FailureKind
 from flywheel.policy.finish import finish
 from flywheel.policy.job_view import JobView
-from flywheel.policy.observed import HangReport, PodView
+from flywheel.policy.observed import HangReport, ObservedProgress, PodView
 from flywheel.policy.rank_restarts import begin_generation
 from flywheel.policy.restart import Action, Decision, Recovery, RestartBudget, decide_restart, recovery
 from flywheel.policy.spares import promotable
-from flywheel.policy.startup_failure import StartupFailures, after_failure
+from flywheel.policy.startup_failure import StartupFailures, after_failure, attempt_is_current, before_first_step
 from flywheel.spec_status import ConditionType, Phase, RestartBudgetStatus, StartupFailureStatus, TrainingJobStatus
 
 HUNG_POD_GRACE_SECONDS = 1  # SIGTERM -> SIGKILL for the pods of a job restarted because it hung
@@ -46,10 +46,21 @@ def failure_detail(pod: PodView, kind: FailureKind, now: float) -> str:
                                       detail=detail)
 
 
-def record_startup(status: TrainingJobStatus, kind: FailureKind, reason: str) -> StartupFailures:
+def worker_reason(status: TrainingJobStatus, pod: PodView, progress: ObservedProgress) -> str:
+    """The failed worker's own words: its termination message; when that is empty, the progress record's exit
+    reason, if the attempt that wrote it began in this generation (until the new group's start, the record is the
+    previous group's, whose reason says nothing of this failure)."""
+    if pod.message:
+        return pod.message
+    return progress.failure_reason if attempt_is_current(status, progress) else ""
+
+
+def record_startup(status: TrainingJobStatus, kind: FailureKind, reason: str,
+                   progress: ObservedProgress) -> StartupFailures:
     """Remember the decided failure in `status.startupFailure` (at the job's current step); return the record."""
     was = status.startup_failure
-    now = after_failure(StartupFailures(was.reason, was.attempts, was.step), kind, reason, status.step)
+    now = after_failure(StartupFailures(was.reason, was.attempts, was.step), kind, reason, status.step,
+                        before_first_step(status, progress))
     status.startup_failure = StartupFailureStatus(reason=now.reason, attempts=now.attempts, step=now.step)
     return now
 
@@ -120,15 +131,15 @@ def decide_failure(out: Pass, job: JobView) -> Pass | None:
     if failed:
         kind = job.failure(failed[0])
         assert kind is not None
-        detail = failure_detail(failed[0], kind, job.now)
-        reason = job.progress.failure_reason
-        if reason and reason not in detail:  # the worker's own words beat an exit code
+        detail = failure_detail(failed[0], kind, job.now)  # with the termination message when there is one
+        reason = worker_reason(out.status, failed[0], job.progress)
+        if reason and not failed[0].message:  # the worker's own words beat an exit code
             detail = f"{detail}: {reason}"
     else:
         assert hang is not None
-        kind, detail = FailureKind.HANG, R.MSG_HANG_DECIDED.format(finding=hang.message)
+        kind, detail, reason = FailureKind.HANG, R.MSG_HANG_DECIDED.format(finding=hang.message), ""
     status = out.status
-    startup = record_startup(status, kind, (failed[0].message or job.progress.failure_reason) if failed else "")
+    startup = record_startup(status, kind, reason, job.progress)
     if startup.deterministic:
         return finish(out, job.pods, Phase.FAILED, R.STARTUP_FAILURE, f"{detail}; {startup.message}", job.now)
     live = sum(1 for p in job.current if p.active and job.failure(p) is None)

@@ -73,6 +73,10 @@ class ObservedProgress:
     # saves ("failed") and each damaged checkpoint a restore skipped ("damaged"); eventlog's checkpoint_notices.
     checkpoint_notices: tuple[tuple[int, str, str], ...] = ()
     last_restore: tuple[str, int] | None = None  # the newest group's restore report: (source, step)
+    # The newest attempt (trainer group) that reported its start: when it started (its own clock; 0: none known)
+    # and whether it trained a step. `failure_reason` is that attempt's (policy/startup_failure.py).
+    attempt: float = 0.0
+    attempt_stepped: bool = False
 
 
 @dataclass(frozen=True)

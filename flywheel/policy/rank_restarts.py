@@ -46,7 +46,7 @@ def follows_a_peer(reason: str) -> bool:
     return any(reason.endswith(name) for name in _CONSEQUENCES)
 
 
-def _last_restart(status: TrainingJobStatus) -> float | None:
+def last_restart(status: TrainingJobStatus) -> float | None:
     try:
         return parse_rfc3339(status.last_restart_time)
     except ValueError:
@@ -54,7 +54,7 @@ def _last_restart(status: TrainingJobStatus) -> float | None:
 
 
 def _same_recovery(status: TrainingJobStatus, at: float) -> bool:
-    last = _last_restart(status)
+    last = last_restart(status)
     return last is not None and abs(at - last) <= SAME_RECOVERY_SECONDS
 
 

@@ -2,9 +2,13 @@
 STARTUP_FAILURE_ATTEMPTS attempts in a row (an import error, a missing file, a bad config) would only crash again:
 the job fails with that reason then, not after `maxRestarts`.
 
-"Before the first step": the job's step has not moved since the previous decided failure (or since the start, at
-step 0). The step is the one trained last, so it moves after a restore too. Only crashes with a reason count (a
-signal, an OOM kill, a lost node or a hang are not the job's own doing, or say nothing to compare)."""
+"Before the first step" is the failed attempt's own word: the newest attempt in the progress record, when it began
+in the current generation (after the last counted recovery), trained a step or not; when none did, this
+generation's group never reported its start, so it trained nothing. The job's step cannot tell: a group that
+restores checkpoint 400 and crashes at 500 every time shows step 500 at each failure, yet trained 100 steps each
+time. Only with no attempt in the record at all does the step decide (unmoved since the previous decided failure).
+Only crashes with a reason count (a signal, an OOM kill, a lost node or a hang are not the job's own doing, or say
+nothing to compare)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,9 @@ from dataclasses import dataclass
 
 from flywheel.policy import reasons as R
 from flywheel.policy.failures import FailureKind
+from flywheel.policy.observed import ObservedProgress
+from flywheel.policy.rank_restarts import last_restart
+from flywheel.spec_status import TrainingJobStatus
 
 STARTUP_FAILURE_ATTEMPTS = 2
 # Reasons that may pass by themselves: a rendezvous that timed out waiting for a peer still being scheduled
@@ -37,9 +44,32 @@ class StartupFailures:
         return R.MSG_STARTUP_FAILURE.format(reason=self.reason, attempts=self.attempts)
 
 
-def after_failure(previous: StartupFailures, kind: FailureKind, reason: str, step: int) -> StartupFailures:
-    """The start-up failure record after a failure of `kind` with the worker's `reason`, at the job's `step`."""
-    if kind is not FailureKind.CRASH or not reason or reason.startswith(TRANSIENT_PREFIXES) or step != previous.step:
+def attempt_is_current(status: TrainingJobStatus, progress: ObservedProgress) -> bool:
+    """Whether the progress record's newest attempt began after the last counted recovery (always, before any): its
+    exit reason and its steps are then about the group that failed now, not an earlier one. A record that names no
+    attempt is the first group's only before any recovery."""
+    began = last_restart(status)
+    if not progress.attempt:
+        return began is None and status.generation == 0
+    return began is None or progress.attempt >= began
+
+
+def before_first_step(status: TrainingJobStatus, progress: ObservedProgress) -> bool | None:
+    """Whether the current generation's group failed before it trained a step; None when the record names no
+    attempt (then `after_failure` compares the job's step)."""
+    if not progress.attempt:
+        return None
+    if not attempt_is_current(status, progress):
+        return True  # this generation's group never reported its start
+    return not progress.attempt_stepped
+
+
+def after_failure(previous: StartupFailures, kind: FailureKind, reason: str, step: int,
+                  first_step: bool | None = None) -> StartupFailures:
+    """The start-up failure record after a failure of `kind` with the worker's `reason`, at the job's `step`;
+    `first_step`: whether it failed before its first step (`before_first_step`; None: the step has not moved)."""
+    before = step == previous.step if first_step is None else first_step
+    if kind is not FailureKind.CRASH or not reason or reason.startswith(TRANSIENT_PREFIXES) or not before:
         return StartupFailures(step=step)
     attempts = previous.attempts + 1 if reason == previous.reason else 1
     return StartupFailures(reason, attempts, step)

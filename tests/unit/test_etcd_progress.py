@@ -4,10 +4,13 @@ attempts (pure pieces of flywheel/etcd/progress.py, trainer/progress_publisher.p
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from flywheel.etcd import keys
 from flywheel.etcd.progress import CheckpointRecord, ProgressRecord, decode, encode
+from flywheel.eventlog import Start, Step, fold
 from flywheel.monitor.etcd_progress import GoodputSeed, ProgressLedger, merged
+from flywheel.operator.event_log import progress_of
 from flywheel.policy.observed import ObservedProgress
 from flywheel.trainer.progress_publisher import ProgressState, progress_events
 
@@ -143,6 +146,24 @@ def test_the_ledger_says_why_the_newest_attempt_exited_until_another_starts() ->
     assert ledger.progress(GoodputSeed()).failure_reason == ""
 
 
+def test_the_ledger_names_the_newest_attempt_and_whether_it_stepped() -> None:
+    ledger = ProgressLedger()
+    ledger.add(ProgressRecord(time=5.0, attempt=1.0, step=500, resumed_from=400))
+    assert (ledger.progress(GoodputSeed()).attempt, ledger.progress(GoodputSeed()).attempt_stepped) == (1.0, True)
+    ledger.add(ProgressRecord(time=9.0, attempt=8.0, step=400, resumed_from=400))  # restored, not stepped yet
+    assert (ledger.progress(GoodputSeed()).attempt, ledger.progress(GoodputSeed()).attempt_stepped) == (8.0, False)
+
+
+def test_merged_takes_the_newest_attempt_and_its_reason_from_the_source_that_knows_it() -> None:
+    etcd = ObservedProgress(step=3, checkpoint_path="/c", failure_reason="OSError: new", attempt=8.0)
+    log = ObservedProgress(step=3, goodput={"ratio": 0.5}, failure_reason="ValueError: old", attempt=1.0,
+                           attempt_stepped=True)
+    both = merged(etcd, log)
+    assert (both.attempt, both.attempt_stepped, both.failure_reason) == (8.0, False, "OSError: new")
+    newer_log = merged(ObservedProgress(step=3, checkpoint_path="/c", attempt=1.0), replace(log, attempt=8.0))
+    assert (newer_log.attempt, newer_log.attempt_stepped, newer_log.failure_reason) == (8.0, True, "ValueError: old")
+
+
 def test_merged_takes_the_etcd_reason_when_the_log_has_none() -> None:
     etcd = ObservedProgress(step=3, checkpoint_path="/c", failure_reason="from etcd")
     assert merged(etcd, ObservedProgress(step=2, goodput={"ratio": 0.5})).failure_reason == "from etcd"
@@ -201,3 +222,11 @@ def test_an_attempt_already_complete_says_so_through_etcd() -> None:
     assert seen.done and seen.already_complete_checkpoint == "/c/step-00000030"
     assert merged(seen, ObservedProgress(step=30)).already_complete_checkpoint == "/c/step-00000030"
     assert b"alreadyComplete" not in encode(ProgressRecord(time=1.0, attempt=1.0, done=True))
+
+
+def test_the_event_log_names_the_newest_start_and_whether_it_stepped() -> None:
+    assert (progress_of(fold([])).attempt, progress_of(fold([])).attempt_stepped) == (0.0, False)
+    trained = progress_of(fold([Start(time=10.0, resumed_from=400), Step(time=11.0, step=401)]))
+    assert (trained.attempt, trained.attempt_stepped) == (10.0, True)
+    restored = progress_of(fold([Start(time=10.0), Step(time=11.0, step=1), Start(time=20.0, resumed_from=1)]))
+    assert (restored.attempt, restored.attempt_stepped) == (20.0, False)

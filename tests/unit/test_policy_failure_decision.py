@@ -2,7 +2,8 @@ from flywheel.policy.decisions import DeletePod, Relabel
 from flywheel.policy.failure_decision import HUNG_POD_GRACE_SECONDS, budget_of, decide_failure, requested_restart
 from flywheel.policy.observed import HangReport, HealthFindings, ObservedProgress
 from flywheel.spec_status import ConditionType, Phase, RestartBudgetStatus, TrainingJobStatus
-from tests.unit.policy_helpers import fresh, pod, spec, view
+from flywheel.timefmt import rfc3339
+from tests.unit.policy_helpers import NOW, fresh, pod, spec, view
 
 
 def test_a_failed_worker_restarts_the_job_and_bumps_the_generation() -> None:
@@ -50,3 +51,29 @@ def test_a_worker_s_own_failure_reason_is_in_the_condition_and_the_event() -> No
     failed = next(c for c in out.status.conditions if c.type == ConditionType.FAILED)
     assert "tp 2 does not divide 3 heads" in failed.message
     assert any("tp 2 does not divide 3 heads" in e.message for e in out.events)
+
+
+def test_an_earlier_attempt_s_exit_reason_is_not_given_for_a_new_failure() -> None:
+    # Generation 1 restores (its group has not reported its start) when a pod is OOMKilled: the record's exit
+    # reason is generation 0's crash, older than the restart, and says nothing of this failure.
+    old = ObservedProgress(step=500, failure_reason="ValueError: bad shard 17", attempt=NOW - 600)
+    restarted = dict(restarts=1, worker_generation=1, step=500, last_restart_time=rfc3339(NOW - 60))
+    for failed in (pod(1, "Failed", generation=1, exit_code=137, reason="OOMKilled"),
+                   pod(1, "Failed", generation=1, exit_code=143, reason="Error", disruption="PreemptionByScheduler")):
+        out = decide_failure(fresh(**restarted), view(spec(), [pod(0, generation=1), failed], generation=1,
+                                                       progress=old))
+        assert out is not None
+        assert not any("bad shard" in c.message for c in out.status.conditions)
+        assert not any("bad shard" in e.message for e in out.events)
+    # This generation's own attempt said it: the reason stands in for the empty termination message ...
+    own = ObservedProgress(step=500, failure_reason="ValueError: bad shard 17", attempt=NOW - 30)
+    crashed = pod(1, "Failed", generation=1, exit_code=1)
+    out = decide_failure(fresh(**restarted), view(spec(), [pod(0, generation=1), crashed], generation=1,
+                                                   progress=own))
+    assert out is not None and any("bad shard 17" in e.message for e in out.events)
+    # ... but never beside the pod's own termination message.
+    worded = pod(1, "Failed", generation=1, exit_code=1, message="torch.OutOfMemoryError: CUDA out of memory")
+    out = decide_failure(fresh(**restarted), view(spec(), [pod(0, generation=1), worded], generation=1,
+                                                   progress=own))
+    assert out is not None and not any("bad shard" in e.message for e in out.events)
+    assert any("CUDA out of memory" in e.message for e in out.events)

@@ -7,9 +7,11 @@ from flywheel.policy import reasons as R
 from flywheel.policy.failure_decision import decide_failure
 from flywheel.policy.failures import FailureKind
 from flywheel.policy.job_view import JobView
-from flywheel.policy.startup_failure import StartupFailures, after_failure
+from flywheel.policy.observed import ObservedProgress
+from flywheel.policy.startup_failure import StartupFailures, after_failure, before_first_step
 from flywheel.spec_status import ConditionType, Phase
-from tests.unit.policy_helpers import fresh, pod, spec, view
+from flywheel.timefmt import rfc3339
+from tests.unit.policy_helpers import NOW, fresh, pod, spec, view
 
 IMPORT = "ModuleNotFoundError: No module named 'nope'"
 
@@ -54,3 +56,47 @@ def test_a_crash_after_training_moved_on_is_retried_as_before() -> None:
     again = decide_failure(moved, job)
     assert again is not None and again.status.phase is Phase.RESTARTING
     assert again.status.startup_failure.attempts == 0 and again.status.startup_failure.step == 12
+
+
+CUDA = "RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
+def test_the_same_crash_at_the_same_step_after_training_each_time_is_retried_to_max_restarts() -> None:
+    # Each generation restores checkpoint 400, trains to 500 and crashes there: the job's step is 500 at every
+    # decision, yet each attempt trained 100 steps, so it is no start-up failure.
+    s = spec(**{"faultTolerance.maxRestarts": 10})
+    out = fresh(step=500)
+    for gen in range(4):
+        started = NOW + 100 * gen  # this generation's group reported its start, then stepped
+        progress = ObservedProgress(step=500, checkpoint_step=400, attempt=started, attempt_stepped=True)
+        job = view(s, [pod(0, generation=gen), pod(1, "Failed", generation=gen, exit_code=1, message=CUDA)],
+                   generation=gen, now=started + 50, progress=progress)
+        decided = decide_failure(fresh(**out.status.model_dump()), job)
+        assert decided is not None and decided.status.phase is Phase.RESTARTING, gen
+        assert decided.status.startup_failure.attempts == 0
+        out = decided
+    assert out.status.restarts == 4
+
+
+def test_a_group_that_never_reported_its_start_crashed_before_its_first_step() -> None:
+    # Generation 0 trained (its attempt stepped); generations 1 and 2 crash on import before their `start`: the
+    # newest attempt in the record is generation 0's, older than their restarts.
+    s = spec(**{"faultTolerance.maxRestarts": 10})
+    trained = ObservedProgress(step=500, attempt=NOW - 1000, attempt_stepped=True)
+    out = decide_failure(fresh(step=500), view(s, [pod(0), pod(1, "Failed", exit_code=1, message=IMPORT)],
+                                               progress=trained))
+    assert out is not None and out.status.startup_failure.attempts == 0
+    for gen, expected in ((1, Phase.RESTARTING), (2, Phase.FAILED)):
+        job = view(s, [pod(0, generation=gen), pod(1, "Failed", generation=gen, exit_code=1, message=IMPORT)],
+                   generation=gen, now=NOW + 100 * gen, progress=trained)
+        out = decide_failure(fresh(**out.status.model_dump()), job)
+        assert out is not None and out.status.phase is expected, gen
+
+
+def test_before_first_step_reads_the_newest_attempt_of_this_generation() -> None:
+    restarted = fresh(last_restart_time=rfc3339(NOW)).status
+    assert before_first_step(restarted, ObservedProgress()) is None  # no attempt known: the step decides
+    assert before_first_step(restarted, ObservedProgress(attempt=NOW - 5, attempt_stepped=True)) is True
+    assert before_first_step(restarted, ObservedProgress(attempt=NOW + 5, attempt_stepped=True)) is False
+    assert before_first_step(restarted, ObservedProgress(attempt=NOW + 5)) is True
+    assert before_first_step(fresh().status, ObservedProgress(attempt=NOW - 5, attempt_stepped=True)) is False
