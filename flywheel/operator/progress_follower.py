@@ -30,6 +30,8 @@ class JobProgress:
         self.seed: GoodputSeed | None = None  # from the status read by the first pass
         self.last_step_seen: float | None = None
         self.last_step: tuple[float, int] | None = None  # (attempt, step) of the last record that stepped
+        self.newest_attempt: tuple[float, float] | None = None  # (attempt, when first seen) of the newest one
+        self.ranks_restarted = 0.0  # the latest restart of the current pods' ranks in place, as the last `hang` saw
         self.done = False
         self.running: tuple[int, float] | None = None  # (generation, since) while all its worker pods run
 
@@ -46,11 +48,15 @@ class JobProgress:
     def _apply(self, records: dict[str, ProgressRecord]) -> None:
         if not records:  # none yet, or the keys went with their lease: the ledger keeps what they said
             return
+        now = time.time()  # one time for both: a new group's first record may already have stepped
         for record in records.values():
             self.ledger.add(record)
+            if self.newest_attempt is None or record.attempt > self.newest_attempt[0]:
+                # A new group (ranks restarted in place, a regrow): its restore and first step are start-up.
+                self.newest_attempt = (record.attempt, now)
             key = (record.attempt, record.step)
             if record.stepped and key != self.last_step and (self.last_step is None or key > self.last_step):
-                self.last_step, self.last_step_seen = key, time.time()
+                self.last_step, self.last_step_seen = key, now
             self.done = self.done or record.done
         self.poke()
 
@@ -72,19 +78,22 @@ class JobProgress:
             self.running = None
         elif self.running is None or self.running[0] != generation:
             self.running = (generation, now)
+        self.ranks_restarted = max((v.rank_restart_at for v in current), default=0.0)
         if self.done or self.watch is None:
             return None
-        clock = ProgressClock(self.running[1] if self.running else None, self.last_step_seen)
         ft = spec.fault_tolerance
-        return progress_hang(clock, now, ft.progress_timeout_seconds, ft.first_step_timeout_seconds)
+        return progress_hang(self._clock(), now, ft.progress_timeout_seconds, ft.first_step_timeout_seconds)
+
+    def _clock(self) -> ProgressClock:
+        began = max(self.ranks_restarted, self.newest_attempt[1] if self.newest_attempt else 0.0)
+        return ProgressClock(self.running[1] if self.running else None, self.last_step_seen, began or None)
 
     def hang_due(self, spec: TrainingJobSpec) -> float | None:
         """When `hang` finds the hang with no step seen before, from what the last `hang` call saw of the pods."""
         if self.done or self.watch is None or self.running is None:
             return None
         ft = spec.fault_tolerance
-        return progress_hang_due(ProgressClock(self.running[1], self.last_step_seen), ft.progress_timeout_seconds,
-                                 ft.first_step_timeout_seconds)
+        return progress_hang_due(self._clock(), ft.progress_timeout_seconds, ft.first_step_timeout_seconds)
 
     def stop(self) -> None:
         if self.watch is not None:
