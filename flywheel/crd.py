@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from flywheel.pod_template import KUEUE_KEYS, METADATA_MAPS, OWNED_POD_FIELDS, kueue_key_problem, owned_field_problem
 from flywheel.spec import API_VERSION, MAX_NAME_LENGTH, TrainingJobSpec
-from flywheel.spec_layout import OBJECT_STORE_URL, CheckpointStorage, cluster_storage_problems
+from flywheel.spec_layout import LOCAL_DISK_URL, OBJECT_STORE_URL, CheckpointStorage, cluster_storage_problems
 from flywheel.spec_status import TrainingJobStatus
 
 GROUP, VERSION = API_VERSION.split("/")
@@ -78,7 +78,7 @@ _STORAGE = cluster_storage_problems(CheckpointStorage(replicas_max=2, claim_name
                                                       ephemeral=False))[0]
 _SPEC_RULES.append(
     {"rule": "self.replicas.max <= 1 || size(self.checkpoint.claimName) > 0 || self.checkpoint.ephemeral || "
-             f"self.checkpoint.dir.matches('{OBJECT_STORE_URL}')",
+             f"(self.checkpoint.dir.matches('{OBJECT_STORE_URL}') && !self.checkpoint.dir.matches('{LOCAL_DISK_URL}'))",
      "message": f"{_STORAGE.field}: more than one worker (replicas.max) without a claim would each write their "
                 f"checkpoint shards to their own emptyDir, lost with the pod; {_STORAGE.fix}",
      "fieldPath": "." + _STORAGE.field})

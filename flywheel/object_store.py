@@ -13,27 +13,33 @@ import importlib
 import re
 from urllib.parse import urlsplit
 
-from flywheel.spec_layout import OBJECT_STORE_URL
+from flywheel.spec_layout import OBJECT_STORE_URL, names_object_store
 
 DEFAULT_LOCAL_ROOT = "/tmp/flywheel-checkpoints"  # /tmp is the pod's emptyDir on a cluster (manifests.py)
-# fsspec protocols that name the local disk: not an object store, the path after the scheme is the directory.
-_LOCAL_SCHEMES = frozenset({"file", "local"})
 
 
 def is_url(directory: str) -> bool:
-    """Whether checkpoint.dir names an object store (a scheme other than file://)."""
-    return bool(re.match(OBJECT_STORE_URL, directory)) and scheme(directory) not in _LOCAL_SCHEMES
+    """Whether checkpoint.dir names an object store (a scheme other than file:// or local://, which name a path)."""
+    return names_object_store(directory)
 
 
 def scheme(directory: str) -> str:
     return directory.split("://", 1)[0].lower()
 
 
+def normalise(directory: str) -> str:
+    """The URL with its scheme in lower case (fsspec knows `s3`, not `S3`); a path unchanged."""
+    if not re.match(OBJECT_STORE_URL, directory):
+        return directory
+    return f"{scheme(directory)}://{directory.split('://', 1)[1]}"
+
+
 def local_dir(directory: str, configured: str = "") -> str:
-    """Where saves are staged (and restores read from) for checkpoint.dir: the dir itself when it is a path; for a
-    URL, checkpoint.localDir, else a folder under /tmp named after the bucket and prefix (one URL, one folder)."""
-    if not is_url(directory):
-        return directory  # localDir applies to object stores only
+    """Where saves are staged (and restores read from) for checkpoint.dir: the dir itself when it is a path (the
+    path of a file:// URL); for a URL, checkpoint.localDir, else a folder under /tmp named after the bucket and
+    prefix (one URL, one folder)."""
+    if not is_url(directory):  # localDir applies to object stores only
+        return directory.split("://", 1)[1] if re.match(OBJECT_STORE_URL, directory) else directory
     if configured:
         return configured
     parts = urlsplit(directory)
@@ -42,10 +48,16 @@ def local_dir(directory: str, configured: str = "") -> str:
 
 
 def storage_problem(directory: str) -> str | None:
-    """Why checkpoint.dir cannot be used on this machine (an unknown scheme, a missing library), or None."""
+    """Why checkpoint.dir cannot be used on this machine (an unknown scheme, a missing library, no bucket or no
+    path after the scheme), or None."""
     if not is_url(directory):
+        if re.match(OBJECT_STORE_URL, directory) and not local_dir(directory):
+            return f"spec.checkpoint.dir: {directory!r} names no directory; use file:///path or the path itself"
         return None
     proto = scheme(directory)
+    if not directory.split("://", 1)[1].split("/", 1)[0]:
+        return (f"spec.checkpoint.dir: {directory!r} names no bucket; use {proto}://bucket/prefix (the bucket "
+                "first, then the folder the checkpoints go under)")
     try:
         from fsspec.registry import known_implementations, registry
     except ImportError:

@@ -243,9 +243,16 @@ def job_problems(job: JobLayout, replica_counts: Iterable[int], procs_per_replic
     return static_problems(job) + elastic_problems(job, replica_counts, procs_per_replica)
 
 
-# A checkpoint.dir with a scheme (s3://bucket/prefix, gs://...) is an object store every worker reaches. The same
-# pattern is the CRD's CEL rule (crd.py), so the cluster's verdict and the operator's are one.
+# A checkpoint.dir with a scheme (s3://bucket/prefix, gs://...) is an object store every worker reaches, except
+# fsspec's names for the local disk (file://, local://: a path). The same patterns are the CRD's CEL rule (crd.py),
+# so the cluster's verdict and the operator's are one.
 OBJECT_STORE_URL = r"^[a-zA-Z][a-zA-Z0-9+.-]*://"
+LOCAL_DISK_URL = r"^(?i:file|local)://"
+
+
+def names_object_store(directory: str) -> bool:
+    """Whether checkpoint.dir names an object store (a URL whose scheme is not the local disk's)."""
+    return bool(re.match(OBJECT_STORE_URL, directory)) and not re.match(LOCAL_DISK_URL, directory)
 
 
 @dataclass(frozen=True)
@@ -261,7 +268,7 @@ class CheckpointStorage:
 def cluster_storage_problems(job: CheckpointStorage) -> list[Problem]:
     """On a cluster, more than one worker without a shared claim or an object store writes each worker's shards to
     its own emptyDir: lost with the pod, so no checkpoint could ever be restored. Refused unless ephemeral."""
-    if job.replicas_max <= 1 or job.claim_name or job.ephemeral or re.match(OBJECT_STORE_URL, job.directory):
+    if job.replicas_max <= 1 or job.claim_name or job.ephemeral or names_object_store(job.directory):
         return []
     return [Problem("ckpt-shared", "checkpoint.claimName", f"{job.replicas_max} workers (replicas.max) without a "
                     "claim would each write their checkpoint shards to their own emptyDir, lost with the pod",

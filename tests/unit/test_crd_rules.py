@@ -27,7 +27,7 @@ def random_spec(rng: random.Random) -> tuple[dict[str, object], JobLayout, range
     fsdp, mb = rng.random() < 0.8, rng.choice([1, 2, 3, 4])
     gb = mb * rng.choice([1, 2, 3, 4, 6, 8, 12])
     storage = CheckpointStorage(replicas_max=hi, claim_name=rng.choice(["", "", "ckpt"]),
-                                directory=rng.choice(["/ckpt", "/ckpt", "s3://bucket/run", "gs://b/p"]),
+                                directory=rng.choice(["/ckpt", "/ckpt", "s3://bucket/run", "gs://b/p", "file:///ckpt"]),
                                 ephemeral=rng.random() < 0.2)
     doc: dict[str, object] = {
         "command": [], "replicas": {"min": lo, "max": hi}, "procsPerReplica": procs,
@@ -95,7 +95,10 @@ def test_the_storage_rule_refuses_only_unshared_multi_worker_checkpoints():
                            "training": {"globalBatch": 60, "microBatch": 1}}}
         return cel_rejects(doc), bool(cluster_storage_problems(storage))
 
-    assert verdict(2, "", "/ckpt", False) == (True, True)
+    for refused in [(2, "", "/ckpt", False), (2, "", "file:///ckpt", False), (3, "", "FILE:///ckpt", False),
+                    (2, "", "local:///ckpt", False)]:  # fsspec's names for the local disk are paths
+        assert verdict(*refused) == (True, True), refused
     for fine in [(1, "", "/ckpt", False), (2, "ckpt", "/ckpt", False), (2, "", "/ckpt", True),
-                 (3, "", "s3://bucket/prefix", False)]:
+                 (3, "", "s3://bucket/prefix", False), (3, "", "S3://bucket/prefix", False),
+                 (2, "", "gs://b/p", False)]:
         assert verdict(*fine) == (False, False), fine
