@@ -38,6 +38,9 @@ from flywheel.eventlog.records import (
 )
 
 RESTART_WITHOUT_RECORD = "restart"  # an incident's cause when the log holds no failure record for it
+# How a failed upload's `checkpoint_failed` message begins (trainer/checkpoint_remote.py): the step's local commit
+# (its `checkpoint` record) came first, so an upload failure is tracked apart from the saves.
+UPLOAD_FAILED = "upload of checkpoint step"
 
 
 @dataclass
@@ -107,6 +110,10 @@ class RunFold:
         # is counted in checkpoint_failures, not reported again.
         self.checkpoint_failure_reports: list[CheckpointFailed] = []
         self._failing_reason: str | None = None  # the reason reported since the last commit
+        # Uploads to an object store, after each local commit: the reason reported since an upload last succeeded
+        # (a commit whose upload did not fail before the next commit came).
+        self._upload_failing_reason: str | None = None
+        self._upload_unanswered = False  # the latest commit's upload has not failed (yet)
         self.bad_checkpoints: list[CheckpointBad] = []  # damaged after their commit, skipped by a restore
         # What the user is told about checkpoints going wrong, in log order: each cause of failing saves (its
         # first failure) and each damaged checkpoint (their `words`; the operator's Warning events).
@@ -143,8 +150,7 @@ class RunFold:
         elif isinstance(record, Failure):
             self._on_failure(record)
         elif isinstance(record, Checkpoint):
-            self.checkpoints.append(record)
-            self._failing_reason = None
+            self._on_checkpoint(record)
         elif isinstance(record, CheckpointFailed):
             self._on_checkpoint_failed(record)
         elif isinstance(record, CheckpointBad):
@@ -175,12 +181,25 @@ class RunFold:
         self._high = max(self._high, s.step)
         self._stepped_since_start = True
 
+    def _on_checkpoint(self, record: Checkpoint) -> None:
+        self.checkpoints.append(record)
+        self._failing_reason = None
+        if self._upload_unanswered:  # the previous commit's upload did not fail: the bucket works again
+            self._upload_failing_reason = None
+        self._upload_unanswered = True
+
     def _on_checkpoint_failed(self, record: CheckpointFailed) -> None:
+        """Once per cause: again only when the reason changes, or after a save (an upload) that succeeded."""
         self.checkpoint_failures.append(record)
-        if record.reason != self._failing_reason or not record.reason:
+        upload = record.message.startswith(UPLOAD_FAILED)
+        failing = self._upload_failing_reason if upload else self._failing_reason
+        if record.reason != failing or not record.reason:
             self.checkpoint_failure_reports.append(record)
             self.checkpoint_notices.append(record)
-        self._failing_reason = record.reason
+        if upload:
+            self._upload_failing_reason, self._upload_unanswered = record.reason, False
+        else:
+            self._failing_reason = record.reason
 
     def _on_start(self, s: Start) -> None:
         if self._open is not None:

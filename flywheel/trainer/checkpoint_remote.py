@@ -6,9 +6,11 @@
 The local staging directory (checkpoint.localDir) stays in front: a save commits there first, then the writer thread
 uploads it (the loop never waits for it; the next save is skipped while an upload is still running, as for any
 slow write). A step without its marker in the bucket is torn and never listed, so a half-uploaded step is never
-taken as committed. Restore prefers the local copy of the newest committed step and otherwise downloads it into the
-local directory (files first, the marker last, moved into place in one rename), where the checksums of the commit
-are verified as for any local checkpoint. Retention and bad-marking apply to the bucket as well.
+taken as committed. Restore prefers a local copy of the newest committed step that holds every file its commit
+lists, and otherwise downloads it into the local directory (files first, the marker last, moved into place in one
+rename; a committed copy lacking files, a per-pod directory's, gets the missing ones), where the checksums of the
+commit are verified as for any local checkpoint. Retention and bad-marking apply to the bucket as well. A bucket
+unreadable at restore is retried, then fails the start: taken for empty, training would start from scratch.
 
 Library: fsspec (s3fs for s3://). Measured against moto's server on this machine with 64 MB objects: upload s3fs
 0.52 s, obstore 0.50-0.62 s (the same: the server is the bound); download s3fs 0.45 s, obstore 0.13 s. Uploads are
@@ -24,11 +26,15 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from flywheel import object_store
+from flywheel.eventlog.fold import UPLOAD_FAILED
 from flywheel.trainer import checkpoint_integrity as integrity
 from flywheel.trainer import checkpoint_store as store
+from flywheel.trainer.checkpoint_failure import RankCause, primary, rank_cause
 
 log = logging.getLogger("flywheel.checkpoint")
 
@@ -39,7 +45,7 @@ class RemoteStore:
     def __init__(self, url: str) -> None:
         from fsspec.core import url_to_fs
 
-        self.url = url.rstrip("/")
+        self.url = object_store.normalise(url).rstrip("/")  # S3://b/p: fsspec knows the scheme in lower case
         self.fs, root = url_to_fs(self.url)
         self.root = str(root).rstrip("/")
 
@@ -154,15 +160,20 @@ class RemoteStore:
 
     def download(self, step: int, root: str | os.PathLike[str]) -> Path:
         """The bucket's step into root/step-N: files into a private folder, the marker last, then one rename (so
-        ranks sharing root never see a half-downloaded step). Returns the local folder."""
+        ranks sharing root never see a half-downloaded step). A committed local copy that lacks files (a per-pod
+        directory holds its own rank's shards only) keeps its files: the missing ones are added, each renamed into
+        place whole. Returns the local folder."""
         target = store.step_dir(root, step)
-        if store.read_commit(target) is not None:
+        if complete(target):
             return target  # another rank sharing this directory was first
         incoming = Path(root) / f".incoming-{target.name}-{os.getpid()}"
         shutil.rmtree(incoming, ignore_errors=True)
         incoming.mkdir(parents=True)
         try:
             names = [str(k).rsplit("/", 1)[-1] for k in self.fs.ls(self._key(step), detail=False)]
+            if store.read_commit(target) is not None:
+                self._add_missing(step, target, incoming, names)
+                return target
             for name in sorted(n for n in names if n not in (store.COMMIT_MARKER, integrity.BAD_MARKER)):
                 self.fs.get_file(self._key(step, name), str(incoming / name))
             self.fs.get_file(self._key(step, store.COMMIT_MARKER), str(incoming / store.COMMIT_MARKER))
@@ -177,12 +188,65 @@ class RemoteStore:
             shutil.rmtree(incoming, ignore_errors=True)
         return target
 
+    def _add_missing(self, step: int, target: Path, incoming: Path, names: list[str]) -> None:
+        """The bucket's files that the committed local folder lacks, each downloaded whole then renamed in."""
+        for name in sorted(set(names) - {store.COMMIT_MARKER, integrity.BAD_MARKER} - present(target)):
+            self.fs.get_file(self._key(step, name), str(incoming / name))
+            (incoming / name).rename(target / name)
+
+
+def present(folder: Path) -> set[str]:
+    """The files in a folder (none when it is missing)."""
+    try:
+        return {p.name for p in folder.iterdir() if p.is_file()}
+    except OSError:
+        return set()
+
+
+def complete(folder: Path) -> bool:
+    """Whether a committed folder holds every file its commit lists: with per-pod directories, rank 0's copy has
+    the marker and its own shards only, and is usable only once the other ranks' shards are downloaded."""
+    record = store.read_commit(folder)
+    return record is not None and set(record.checksums) <= present(folder)
+
 
 def describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-def newest_first(local: list[store.Committed], remote: list[store.Committed]) -> list[tuple[store.Committed, bool]]:
+class RemoteUnreadable(RuntimeError):
+    """The bucket could not be read at restore: the start fails (its message names the field and what to check)."""
+
+
+ATTEMPTS = 3  # a store call at restore, tried this often (botocore retries each once more within)
+BACKOFF_S = 1.0  # seconds before the second try, doubled before each next one
+
+T = TypeVar("T")
+Candidate = tuple[store.Committed, bool]
+
+
+def retried(call: Callable[[], T], what: str) -> T:
+    """call(), tried ATTEMPTS times with a doubling pause: a store's brief outage (a restarting endpoint, a
+    throttled request) must not fail a restart."""
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return call()
+        except Exception as err:  # the last one is raised
+            if attempt == ATTEMPTS:
+                raise
+            log.warning("%s failed (%s); trying again (%d of %d)", what, describe(err), attempt + 1, ATTEMPTS)
+            time.sleep(BACKOFF_S * 2 ** (attempt - 1))
+    raise AssertionError("unreachable")
+
+
+def endpoint(remote: RemoteStore) -> str:
+    """Where the store's client connects, for an error message."""
+    kwargs = getattr(remote.fs, "client_kwargs", None) or {}
+    return str(kwargs.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3")
+               or os.environ.get("AWS_ENDPOINT_URL") or f"the default endpoint for {object_store.scheme(remote.url)}://")
+
+
+def newest_first(local: list[store.Committed], remote: list[store.Committed]) -> list[Candidate]:
     """Restore candidates, newest step first, one per step: the local record when rank 0 has the step, else the
     bucket's; the flag says whether the bucket has the step (so a rank without a local copy can fetch it). Pure."""
     in_bucket = {r.step for r in remote}
@@ -213,35 +277,47 @@ class RemoteTier:
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return bool(t.item())
 
+    def _gather(self, error: BaseException | None) -> list[RankCause]:
+        """Every rank's cause (empty: no rank failed), as a disk save gathers them (Checkpointer._gather_causes)."""
+        mine = rank_cause(self.rank, error) if error is not None else None
+        if self.world_size == 1 or self.group is None:
+            return [mine] if mine else []
+        import torch.distributed as dist
+
+        gathered: list[RankCause | None] = [None] * self.world_size
+        dist.all_gather_object(gathered, mine, group=self.group)
+        return [c for c in gathered if c is not None]
+
     def upload(self, folder: Path, step: int) -> bool:
         """Every rank uploads the files it wrote; once all did, rank 0 uploads the marker and applies retention
-        in the bucket. Failures are reported; the local copy stays committed either way."""
+        in the bucket. Failures are reported with the failing rank's own cause; the local copy stays committed."""
         started = time.monotonic()
         error = self._set_aside_bad(step) if self.rank == 0 else None
-        if self._all(error is None):  # every rank's files then go into a prefix that holds no damaged step
+        causes = self._gather(error)
+        if not causes:  # every rank's files then go into a prefix that holds no damaged step
             try:
                 self.store.upload(folder, step, integrity.own_files(folder, self.rank))
             except Exception as err:  # noqa: BLE001 - any store error fails this upload, reported below
                 error = err
                 log.error("upload of checkpoint step %d to %s failed on rank %d: %s", step, self.url, self.rank,
                           describe(err))
-        uploaded = self._all(error is None)
+            causes = self._gather(error)
         if self.rank != 0 and store.read_commit(folder) is None:
             # A per-pod directory: this rank's shards only, never rank 0's marker, so never restorable here.
             shutil.rmtree(folder, ignore_errors=True)
-        if uploaded and self.rank == 0:
-            try:
-                self.store.write_commit(folder, step)
-            except Exception as err:  # noqa: BLE001
-                error = err
-            else:
-                log.info("checkpoint at step %d uploaded to %s (%.2f s)", step, self.store.step_url(step),
-                         time.monotonic() - started)
-                self._retention(step)
-                return True
-        if self.rank == 0:
-            self._report_failure(step, error)
-        return False
+        if causes or self.rank != 0:
+            if self.rank == 0:
+                self._report_failure(step, causes)
+            return False
+        try:
+            self.store.write_commit(folder, step)
+        except Exception as err:  # noqa: BLE001
+            self._report_failure(step, [rank_cause(0, err)])
+            return False
+        log.info("checkpoint at step %d uploaded to %s (%.2f s)", step, self.store.step_url(step),
+                 time.monotonic() - started)
+        self._retention(step)
+        return True
 
     def _set_aside_bad(self, step: int) -> BaseException | None:
         """Rank 0, before `step` is uploaded: a damaged copy of that step in the bucket (marked bad by a restore) is
@@ -255,19 +331,18 @@ class RemoteTier:
             return err
         return None
 
-    def _report_failure(self, step: int, error: BaseException | None) -> None:
-        from flywheel.trainer.checkpoint_failure import FailureReason, classify
-
-        reason = classify(error) if error is not None else FailureReason.OTHER
-        cause = describe(error) if error is not None else "another rank's upload failed"
-        message = (f"upload of checkpoint step {step} to {self.url} failed: {cause}; the local copy in "
+    def _report_failure(self, step: int, causes: list[RankCause]) -> None:
+        """Rank 0: the most telling rank's cause (a peer's follow-on error never wins), every rank's in `error`."""
+        cause = primary(causes)
+        where = f" on rank {cause.rank}" if self.world_size > 1 else ""
+        message = (f"{UPLOAD_FAILED} {step} to {self.url} failed{where}: {cause.text}; the local copy in "
                    f"{self.local_root} stays committed and the next checkpoint is uploaded as usual")
         log.error("%s", message)
         if self.metrics is not None:
-            self.metrics.checkpoint_failures_total.labels(reason=reason.value).inc()
+            self.metrics.checkpoint_failures_total.labels(reason=cause.reason.value).inc()
         if self.events is not None:  # reported like a failed save: once per cause, in words
-            self.events.emit("checkpoint_failed", step=step, reason=reason.value, message=message, error=cause,
-                             newest_step=step)
+            self.events.emit("checkpoint_failed", step=step, reason=cause.reason.value, message=message,
+                             error="; ".join(f"rank {c.rank}: {c.text}" for c in causes), newest_step=step)
 
     def _retention(self, step: int) -> None:
         try:
@@ -276,48 +351,62 @@ class RemoteTier:
         except Exception as err:  # noqa: BLE001 - clean-up is retried after the next upload
             log.warning("checkpoint clean-up under %s failed: %s", self.url, describe(err))
 
-    def set_aside_damaged(self) -> list[tuple[int, str, str]]:
-        """Rank 0: RemoteStore.set_aside_damaged (the bucket unreachable: nothing, said)."""
-        try:
-            return self.store.set_aside_damaged()
-        except Exception as err:  # noqa: BLE001 - listed again by candidates, which says so too
-            log.warning("could not check the checkpoints under %s: %s", self.url, describe(err))
-            return []
+    def survey(self, local: list[store.Committed]) -> tuple[list[tuple[int, str, str]], list[Candidate]]:
+        """Rank 0, before a restore: the bucket's damaged steps set aside (RemoteStore.set_aside_damaged), then the
+        restore candidates over the local directory and the bucket. An unreadable bucket is retried, then raises
+        RemoteUnreadable: taken for empty, it would start training from scratch over the checkpoints it holds."""
+        def look() -> tuple[list[tuple[int, str, str]], list[store.Committed]]:
+            return self.store.set_aside_damaged(), self.store.committed()
 
-    def candidates(self, local: list[store.Committed]) -> list[tuple[store.Committed, bool]]:
-        """Rank 0: restore candidates over the local directory and the bucket (the bucket unreadable: local only)."""
         try:
-            remote = self.store.committed()
-        except Exception as err:  # noqa: BLE001 - an unreachable store must not hide the local checkpoints
-            log.warning("could not list checkpoints under %s: %s; restoring from %s only", self.url, describe(err),
-                        self.local_root)
-            remote = []
-        return newest_first(local, remote)
+            damaged, remote = retried(look, f"listing the checkpoints under {self.url}")
+        except Exception as err:  # any store error: said, with what to check
+            raise RemoteUnreadable(f"spec.checkpoint.dir: could not list the checkpoints under {self.url} "
+                                   f"({describe(err)}; tried {ATTEMPTS} times). {self._check_hint()}") from err
+        return damaged, newest_first(local, remote)
 
-    def ensure_local(self, step: int, in_bucket: bool) -> tuple[str, bool]:
-        """Every rank: the local folder of `step`, downloaded when this rank's directory lacks a committed copy;
-        (path, whether some rank downloaded it). Ranks sharing the directory download it once (a file lock)."""
+    def _check_hint(self) -> str:
+        return ("Training does not start while the bucket may hold newer checkpoints: check the store's endpoint "
+                f"({endpoint(self.store)}) and credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "
+                "the pod's service-account role, or the store's own), then restart the job")
+
+    def ensure_local(self, step: int, in_bucket: bool) -> tuple[str, set[str]]:
+        """Every rank: the local folder of `step`, the bucket's files downloaded into it when this rank's copy
+        lacks any (complete()); (path, the files this rank's folder held before). ("", ...) when some rank has no
+        whole copy and the bucket lacks the step. A download that keeps failing raises on every rank."""
+        target = store.step_dir(self.local_root, step)
+        held = present(target) if store.read_commit(target) is not None else set()
+        self._all(True)  # every rank looked before any downloads into a directory they share
+        error: BaseException | None = None
+        if not complete(target) and in_bucket:
+            try:
+                retried(lambda: self._download(step, target), f"downloading checkpoint step {step}")
+            except Exception as err:  # noqa: BLE001 - every rank raises below, with the failing rank's cause
+                error = err
+        causes = self._gather(error)
+        if causes:
+            cause = primary(causes)
+            raise RemoteUnreadable(
+                f"spec.checkpoint.dir: could not download checkpoint step {step} from {self.url} into "
+                f"{self.local_root} (spec.checkpoint.localDir) on rank {cause.rank}: {cause.text} (tried "
+                f"{ATTEMPTS} times). {self._check_hint()}, or free space under {self.local_root}")
+        if not self._all(complete(target)):
+            log.info("checkpoint step %d is not whole on every rank and not in %s: skipped", step, self.url)
+            return "", held
+        return str(target), held
+
+    def _download(self, step: int, target: Path) -> None:
+        """Ranks sharing the directory download once (a file lock)."""
         import fcntl
 
-        target = store.step_dir(self.local_root, step)
-        fetched, error = False, None
-        if store.read_commit(target) is None and in_bucket:
-            self.local_root.mkdir(parents=True, exist_ok=True)
-            try:
-                with open(self.local_root / ".download.lock", "w") as lock:
-                    fcntl.flock(lock, fcntl.LOCK_EX)
-                    if store.read_commit(target) is None:
-                        started = time.monotonic()
-                        self.store.download(step, self.local_root)
-                        fetched = True
-                        log.info("downloaded checkpoint step %d from %s (%.2f s)", step, self.url,
-                                 time.monotonic() - started)
-            except Exception as err:  # noqa: BLE001 - reported; the ranks agree to skip this step
-                error = err
-                log.warning("could not download checkpoint step %d from %s: %s", step, self.url, describe(err))
-        ok = error is None and store.read_commit(target) is not None
-        agreed = self._all(ok)
-        return (str(target) if agreed else ""), not self._all(not fetched)
+        self.local_root.mkdir(parents=True, exist_ok=True)
+        with open(self.local_root / ".download.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not complete(target):
+                started = time.monotonic()
+                self.store.download(step, self.local_root)
+                log.info("downloaded checkpoint step %d from %s (%.2f s)", step, self.url,
+                         time.monotonic() - started)
 
     def mark_bad(self, step: int, reason: str) -> None:
         try:

@@ -4,19 +4,23 @@ Memory first (checkpoint_memory.py, checkpoint_peer.py): when every rank's copy 
 or a peer's replica of it) and that step is at least as new as the newest committed disk checkpoint, the ranks load
 it; a copy whose bytes do not match their digests is deleted, reported, and the other copy of that rank's state is
 taken when there is one. Otherwise, or when it fails to load on any rank, the newest committed disk checkpoint
-(with an object-store dir, checkpoint_remote.py, the local directory's and the bucket's, a step missing locally
-downloaded first): each one's files are verified against the checksums of its commit first
-(checkpoint_integrity.py); a damaged one is marked bad, reported and skipped for the previous one. A disk
-checkpoint that fails to load on any rank is skipped, with a warning, for the previous committed one. If
-committed checkpoints exist but none loads, raises: parts of the state may already be overwritten. Every source
-fills the same state dict that app.load_state_dict takes, so the restored state is bitwise the same whichever tier
-it came from.
+(with an object-store dir, checkpoint_remote.py, the local directory's and the bucket's; a step a rank's local
+directory lacks, or holds only in part, downloaded first): each one's files are verified against the checksums of
+its commit first (checkpoint_integrity.py); a damaged one is marked bad and reported; a damaged local copy is
+replaced by the bucket's copy of the same step when there is one (the bucket's copy is marked bad only for damage
+in files downloaded from it), else the previous step is tried. An unreadable bucket, or a download that keeps
+failing, fails the start: taken for empty, it would start training from scratch. A disk checkpoint that fails to
+load on any rank is skipped, with a warning, for the previous committed one. If committed checkpoints exist but
+none loads, or a failed memory restore wrote into the state and no disk checkpoint loads over it, raises: parts
+of the state may already be overwritten. Every source fills the same state dict that app.load_state_dict takes,
+so the restored state is bitwise the same whichever tier it came from.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +33,7 @@ from flywheel.trainer import checkpoint_integrity as integrity
 from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer.checkpoint_failure import describe_failure
 from flywheel.trainer.checkpoint_peer_restore import Damage
+from flywheel.trainer.checkpoint_remote import RemoteUnreadable
 from flywheel.trainer.checkpoint_state import AppState, drop_rng_not_saved
 
 if TYPE_CHECKING:
@@ -38,57 +43,69 @@ log = logging.getLogger("flywheel.checkpoint")
 
 _FAILURES = (Exception, CheckpointException)  # DCP's CheckpointException derives from BaseException
 DISK = "disk"
+Candidate = tuple[int, str, int, dict[str, str], bool]  # step, path, world size, checksums, in the bucket
 
 
 def restore(ck: Checkpointer, app: AppState) -> int | None:
     """The step restored into app (None: nothing to restore); see the module's docstring."""
     listing: list[Any] = [None]
     if ck.rank == 0:
-        _tidy(ck)
-        listing[0] = _candidates(ck)
+        try:
+            listing[0] = _candidates(ck)
+        except RemoteUnreadable as err:
+            listing[0] = str(err)  # every rank raises it: the others wait on this broadcast
     if ck.distributed:
         dist.broadcast_object_list(listing, src=0, group=ck._control_group)
+    if isinstance(listing[0], str):
+        raise RemoteUnreadable(listing[0])
     candidates: list[Candidate] = listing[0]
+    touched = False
     if ck.memory is not None:
-        step = _from_memory(ck, app, candidates[0][0] if candidates else None)
+        step, touched = _from_memory(ck, app, candidates[0][0] if candidates else None)
         if step is not None:
             return step
-    return _from_disk(ck, app, candidates)
-
-
-def _tidy(ck: Checkpointer) -> None:
-    """Rank 0, before listing: checkpoints whose commit marker is damaged are set aside (kept, reported), then torn
-    folders (no marker) removed."""
-    damaged: list[tuple[int, Path | str, str]] = [*store.set_aside_damaged(ck.directory)]
-    if ck.remote is not None:
-        damaged += ck.remote.set_aside_damaged()
-    for step, kept, why in damaged:
-        _report_bad(ck, step, kept, why)
-    for torn in store.remove_uncommitted(ck.directory):
-        log.info("removed torn checkpoint %s (no commit marker)", torn)
-
-
-Candidate = tuple[int, str, int, dict[str, str], bool]  # step, path, world size, checksums, in the bucket
+    step = _from_disk(ck, app, candidates)
+    if step is None and touched:
+        raise RuntimeError(
+            f"restoring from the memory copies under {ck.memory.root if ck.memory else ''} failed after it had "
+            f"written into the model and optimizer state, and there is no committed checkpoint under {ck.directory} "
+            "(spec.checkpoint.dir) to load over it; training does not start from scratch with that state. Damaged "
+            "memory copies are deleted, so restarting the job starts cleanly; if this start fails the same way "
+            "again, delete that memory folder to start from scratch")
+    return step
 
 
 def _candidates(ck: Checkpointer) -> list[Candidate]:
-    """Rank 0: the committed checkpoints, newest first: the local directory's and, with an object-store dir, the
-    bucket's (checkpoint_remote.py)."""
+    """Rank 0: checkpoints whose commit marker is damaged are set aside (kept, reported), torn folders (no marker)
+    removed; then the committed checkpoints, newest first: the local directory's and, with an object-store dir,
+    the bucket's (checkpoint_remote.py; an unreadable bucket raises RemoteUnreadable)."""
+    damaged: list[tuple[int, Path | str, str]] = [*store.set_aside_damaged(ck.directory)]
+    for torn in store.remove_uncommitted(ck.directory):
+        log.info("removed torn checkpoint %s (no commit marker)", torn)
     local = store.committed(ck.directory)
     if ck.remote is None:
-        return [(r.step, r.path, r.world_size, r.checksums, False) for r in reversed(local)]
-    return [(r.step, r.path, r.world_size, r.checksums, in_bucket) for r, in_bucket in ck.remote.candidates(local)]
+        found = [(r.step, r.path, r.world_size, r.checksums, False) for r in reversed(local)]
+    else:
+        in_bucket_damaged, both = ck.remote.survey(local)
+        damaged += in_bucket_damaged
+        found = [(r.step, r.path, r.world_size, r.checksums, in_bucket) for r, in_bucket in both]
+    for step, kept, why in damaged:
+        _report_bad(ck, step, kept, why)
+    return found
 
 
-def _from_memory(ck: Checkpointer, app: AppState, newest_disk_step: int | None) -> int | None:
+def _from_memory(ck: Checkpointer, app: AppState, newest_disk_step: int | None) -> tuple[int | None, bool]:
     """A damaged copy (its digests, checkpoint_memory_file.py) is deleted by its holder and reported, and the plan
-    made again: the same step from that rank's other copy when there is one, else disk. Any other failure: disk."""
+    made again: the same step from that rank's other copy when there is one, else disk. Any other failure: disk.
+    (the step restored, whether a failed attempt may have written into app's live tensors)."""
     assert ck.memory is not None
+    touched = False
     for _ in range(MEMORY_PLANS):
         plan = ck.memory.plan(ck._control_group, newest_disk_step)
         if isinstance(plan, str):
             log.info("not restoring from memory (%s); restoring from disk", plan)
-            return None
+            return None, touched
+        touched = True  # restore_into writes each tensor's bytes before its digest is checked
         error: BaseException | None = None
         try:
             state = app.state_dict(include_rng=True)
@@ -100,14 +117,14 @@ def _from_memory(ck: Checkpointer, app: AppState, newest_disk_step: int | None) 
         if all(ok for ok, _ in reports):
             after_restore(ck, plan.step, str(ck.memory.root), ck.world_size, plan.kind,
                           detail=f"this rank's copy: {plan.source_of(ck.rank)}")
-            return plan.step
+            return plan.step, False
         damage = [d for _, part in reports for d in part]
         if not damage:
             cause = describe_failure(error) if error is not None else "it failed to load on another rank"
             log.warning("could not restore step %d from memory: %s; restoring from disk", plan.step, cause)
-            return None
+            return None, touched
         _drop_damaged(ck, damage, plan.step)
-    return None
+    return None, touched
 
 
 MEMORY_PLANS = 3  # each damaged copy found is deleted before the next plan: one rank's two copies, then disk
@@ -134,26 +151,12 @@ def _gather(ck: Checkpointer, mine: Any) -> list[Any]:
 
 def _from_disk(ck: Checkpointer, app: AppState, candidates: list[Candidate]) -> int | None:
     failed: list[str] = []
-    for step, path, saved_world, sums, in_bucket in candidates:
-        fetched = False
-        if ck.remote is not None:  # every rank: a local copy, downloaded from the bucket when missing
-            path, fetched = ck.remote.ensure_local(step, in_bucket)
-            if not path:
-                continue
-        if not verified(ck, step, path, sums, from_bucket=fetched):
+    for candidate in candidates:
+        path = _usable_copy(ck, candidate)
+        if not path:
             continue
-        error: BaseException | None = None
-        try:
-            state = app.state_dict(include_rng=saved_world == ck.world_size)
-            state["step"] = -1
-            reader = FileSystemReader(path)
-            drop_rng_not_saved(state, ck.rank, reader.read_metadata().state_dict_metadata)
-            dcp_load(state, storage_reader=reader, process_group=ck._write_group)
-            if state["step"] != step:
-                raise ValueError(f"holds step {state['step']} but its commit marker says {step}")
-            app.load_state_dict(state)
-        except _FAILURES as err:
-            error = err
+        step, _, saved_world, _, _ = candidate
+        error = _load(ck, app, step, path, saved_world)
         if ck._agree(error is None, ck._write_group, any_rank=False):
             after_restore(ck, step, path, saved_world, DISK)
             return step
@@ -169,23 +172,81 @@ def _from_disk(ck: Checkpointer, app: AppState, candidates: list[Candidate]) -> 
     return None
 
 
-def verified(ck: Checkpointer, step: int, path: str, sums: dict[str, str], *, from_bucket: bool = False) -> bool:
-    """Whether the checkpoint's files match their committed checksums, each rank checking its share; a
-    damaged one is marked bad (kept, renamed) and reported by rank 0. The same answer on every rank."""
+def _usable_copy(ck: Checkpointer, candidate: Candidate) -> str:
+    """Every rank: the local folder of the candidate, whole and matching its checksums, else "". With an
+    object-store dir, a missing or partial local copy is downloaded first, and a damaged local copy is replaced by
+    the bucket's copy of the same step (before any older step is tried)."""
+    step, path, _, sums, in_bucket = candidate
+    if ck.remote is None:
+        return path if _verify(ck, step, path, sums, None) is Verdict.GOOD else ""
+    for _ in range(2):  # the local copy, then (it damaged) the bucket's
+        path, held = ck.remote.ensure_local(step, in_bucket)
+        if not path:
+            return ""
+        verdict = _verify(ck, step, path, sums, held)
+        if verdict is not Verdict.LOCAL_DAMAGED or not in_bucket:
+            break
+        log.warning("fetching checkpoint step %d again from %s", step, ck.remote.url)
+    return path if verdict is Verdict.GOOD else ""
+
+
+def _load(ck: Checkpointer, app: AppState, step: int, path: str, saved_world: int) -> BaseException | None:
+    """This rank's part of the checkpoint at `path` into app; the error, if it failed here."""
+    try:
+        state = app.state_dict(include_rng=saved_world == ck.world_size)
+        state["step"] = -1
+        reader = FileSystemReader(path)
+        drop_rng_not_saved(state, ck.rank, reader.read_metadata().state_dict_metadata)
+        dcp_load(state, storage_reader=reader, process_group=ck._write_group)
+        if state["step"] != step:
+            raise ValueError(f"holds step {state['step']} but its commit marker says {step}")
+        app.load_state_dict(state)
+    except _FAILURES as err:
+        return err
+    return None
+
+
+class Verdict(Enum):
+    GOOD = "good"
+    LOCAL_DAMAGED = "local"  # damage only in files the local directory already held: the bucket may be good
+    BUCKET_DAMAGED = "bucket"  # damage in files just downloaded: the bucket's copy is marked bad too
+
+
+def verified(ck: Checkpointer, step: int, path: str, sums: dict[str, str]) -> bool:
+    """Whether the checkpoint's files match their committed checksums (_verify, a local directory's copy)."""
+    return _verify(ck, step, path, sums, None) is Verdict.GOOD
+
+
+def _verify(ck: Checkpointer, step: int, path: str, sums: dict[str, str], held: set[str] | None) -> Verdict:
+    """Each rank checks its share of the files; a damaged copy is marked bad (kept, renamed) on every rank that
+    has one and reported by rank 0. `held`: the files this rank's folder held before any download (None: all).
+    The bucket's copy is marked bad only for damage in a downloaded file. The same answer on every rank."""
     mine = {n: sums[n] for n in integrity.share(list(sums), ck.rank, ck.world_size)}
-    found: list[Any] = [integrity.damaged(path, mine)]
-    if ck.distributed:
-        found = [None] * ck.world_size
-        dist.all_gather_object(found, integrity.damaged(path, mine), group=ck._control_group)
-    damage = [d for part in found for d in part]
-    if not damage:
-        return True
-    reason = "; ".join(damage[:5]) + (f" (and {len(damage) - 5} more)" if len(damage) > 5 else "")
+    fetched = set() if held is None else set(mine) - held
+    parts = (integrity.damaged(path, {n: c for n, c in mine.items() if n not in fetched}),
+             integrity.damaged(path, {n: c for n, c in mine.items() if n in fetched}))
+    found = _gather(ck, parts)
+    local, downloaded = [d for part, _ in found for d in part], [d for _, part in found for d in part]
+    if not local and not downloaded:
+        return Verdict.GOOD
+    reason = _reason(local + downloaded)
     if ck.rank == 0:
         _report_bad(ck, step, integrity.mark_bad(path, reason), reason)
-        if from_bucket and ck.remote is not None:
-            ck.remote.mark_bad(step, reason)
-    return False
+        if downloaded and ck.remote is not None:
+            ck.remote.mark_bad(step, _reason(downloaded))
+    if ck.distributed:
+        dist.barrier(group=ck._control_group)  # rank 0 renamed its folder: a folder still there is another copy
+    if ck.rank != 0 and Path(path).is_dir() and not integrity.is_bad(path):
+        try:
+            log.warning("checkpoint at step %d is damaged: this rank's copy kept as %s", step,
+                        integrity.mark_bad(path, reason))
+        except OSError as err:  # a directory shared with rank 0, renamed meanwhile
+            log.debug("could not mark %s bad: %s", path, err)
+    return Verdict.BUCKET_DAMAGED if downloaded else Verdict.LOCAL_DAMAGED
+
+
+def _reason(damage: list[str]) -> str:
+    return "; ".join(damage[:5]) + (f" (and {len(damage) - 5} more)" if len(damage) > 5 else "")
 
 
 def _report_bad(ck: Checkpointer, step: int, kept: Path | str, reason: str) -> None:

@@ -1,23 +1,28 @@
 """checkpoint.dir as s3://bucket/prefix against an S3-compatible server (moto): a save commits to the local staging
 directory and is uploaded with its commit marker last; a restore with the local tier wiped downloads the newest
 committed step and resumes bitwise-exact; the local copy is preferred when it is the newest; a torn upload is never
-listed; retention and bad-marking work in the bucket."""
+listed; retention and bad-marking work in the bucket; a local copy that lacks files or is damaged is replaced by the
+bucket's copy of that step (the bucket's copy never marked bad for it); an unreadable bucket fails the start; a
+failing bucket is one notice per cause."""
 
 from __future__ import annotations
 
 import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from ckpt_helpers import FakeEvents, assert_same_state, full_state, make_app, train_step
+from ckpt_helpers import FakeEvents, assert_same_state, flip_byte, full_state, make_app, train_step
 
+from flywheel.eventlog import RunFold, parse_record
 from flywheel.spec import CheckpointSpec
 from flywheel.trainer import checkpoint_integrity as integrity
+from flywheel.trainer import checkpoint_remote
 from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer.checkpoint import Checkpointer
-from flywheel.trainer.checkpoint_remote import RemoteStore
+from flywheel.trainer.checkpoint_remote import RemoteStore, RemoteUnreadable
 from tests.s3_server import s3_server, use_server
 
 pytestmark = pytest.mark.usefixtures("one_rank")
@@ -193,3 +198,138 @@ def test_retention_never_deletes_a_step_whose_marker_is_damaged(url: str, tmp_pa
     remote.fs.invalidate_cache()
     assert sorted(k.rsplit("/", 1)[-1] for k in remote.fs.ls(prefix, detail=False)) == objects
     assert [r.step for r in RemoteStore(url).committed()] == [6, 8]
+
+
+def _no_downloads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    downloads: list[int] = []
+    real = RemoteStore.download
+
+    def counted(self: RemoteStore, step: int, root: Any) -> Path:
+        downloads.append(step)
+        return real(self, step, root)
+
+    monkeypatch.setattr(RemoteStore, "download", counted)
+    return downloads
+
+
+def test_a_local_copy_missing_files_of_its_commit_is_completed_from_the_bucket(url: str, tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """As rank 0's per-pod directory after a restart in place: the marker and its own files only. It is not
+    damaged: the missing files are downloaded, nothing is marked bad."""
+    app, data = make_app(seed=0)
+    train(url, tmp_path / "local", range(1, 5), app, data)
+    expected = full_state(app)
+    (store.step_dir(tmp_path / "local", 4) / ".metadata").unlink()
+    downloads = _no_downloads(monkeypatch)
+    events = FakeEvents()
+    resumed, _ = make_app(seed=7)
+    assert Checkpointer(cfg(url, tmp_path / "local"), url, events=events).restore(resumed) == 4
+    assert downloads == [4] and events.named("checkpoint_bad") == []
+    assert_same_state(full_state(resumed), expected)
+    assert [r.step for r in RemoteStore(url).committed()] == [2, 4]
+
+
+def test_a_damaged_local_copy_is_replaced_by_the_buckets_copy_of_that_step(url: str, tmp_path: Path) -> None:
+    app, data = make_app(seed=0)
+    train(url, tmp_path / "local", range(1, 5), app, data)
+    expected = full_state(app)
+    shard = next(store.step_dir(tmp_path / "local", 4).glob("*.distcp"))
+    flip_byte(shard, shard.stat().st_size // 2)
+    events = FakeEvents()
+    resumed, _ = make_app(seed=7)
+    ckpt = Checkpointer(cfg(url, tmp_path / "local"), url, events=events)
+    assert ckpt.restore(resumed) == 4
+    assert ckpt.restored_path == str(store.step_dir(tmp_path / "local", 4))
+    assert_same_state(full_state(resumed), expected)
+    [bad] = events.named("checkpoint_bad")  # the local copy: kept aside, reported
+    assert bad["step"] == 4 and "bad-step-00000004-" in bad["path"]
+    assert [r.step for r in RemoteStore(url).committed()] == [2, 4]  # the bucket's copy is good: never marked
+
+
+@pytest.fixture
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checkpoint_remote, "BACKOFF_S", 0.0)
+
+
+@pytest.mark.usefixtures("quick_retries")
+def test_an_unreachable_bucket_fails_the_start_naming_the_field_and_endpoint(url: str, tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    app, data = make_app(seed=0)
+    train(url, tmp_path / "local", range(1, 5), app, data)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    import s3fs
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")  # nothing listens there
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    s3fs.S3FileSystem.clear_instance_cache()
+    resumed, _ = make_app(seed=7)
+    with pytest.raises(RemoteUnreadable, match=rf"spec\.checkpoint\.dir: could not list .*127\.0\.0\.1:{port}"):
+        Checkpointer(cfg(url, tmp_path / "fresh"), url).restore(resumed)
+
+
+@pytest.mark.usefixtures("quick_retries")
+def test_a_download_that_keeps_failing_fails_the_start(url: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    app, data = make_app(seed=0)
+    train(url, tmp_path / "local", range(1, 5), app, data)
+    shutil.rmtree(tmp_path / "local")
+    tries: list[int] = []
+
+    def full(self: RemoteStore, step: int, root: Any) -> Path:
+        tries.append(step)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(RemoteStore, "download", full)
+    resumed, _ = make_app(seed=7)
+    with pytest.raises(RemoteUnreadable, match=r"could not download checkpoint step 4 .*No space left"):
+        Checkpointer(cfg(url, tmp_path / "fresh"), url).restore(resumed)
+    assert tries == [4] * checkpoint_remote.ATTEMPTS  # retried, never an older step instead
+    assert [r.step for r in RemoteStore(url).committed()] == [2, 4]
+
+
+@pytest.mark.usefixtures("quick_retries")
+def test_a_brief_outage_is_retried(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    app, data = make_app(seed=0)
+    train(url, tmp_path / "local", range(1, 5), app, data)
+    shutil.rmtree(tmp_path / "local")
+    real, calls = RemoteStore.committed, []
+
+    def flaky(self: RemoteStore) -> list[store.Committed]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("endpoint restarting")
+        return real(self)
+
+    monkeypatch.setattr(RemoteStore, "committed", flaky)
+    resumed, _ = make_app(seed=7)
+    assert Checkpointer(cfg(url, tmp_path / "fresh"), url).restore(resumed) == 4
+
+
+def _notices(events: FakeEvents) -> list[int | None]:
+    fold = RunFold()
+    for i, (name, fields) in enumerate(events.emitted):
+        record = parse_record({"event": name, "time": float(i), **fields})
+        if record is not None:
+            fold.add(record)
+    return [n.step for n in fold.checkpoint_notices]
+
+
+def test_a_failing_bucket_is_one_notice_per_cause(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = RemoteStore.upload
+
+    def denied(self: RemoteStore, folder: Any, step: int, names: list[str]) -> None:
+        raise PermissionError(13, "AccessDenied")
+
+    monkeypatch.setattr(RemoteStore, "upload", denied)
+    app, data = make_app(seed=0)
+    events = FakeEvents()
+    train(url, tmp_path / "local", range(1, 9), app, data, events=events)  # four saves, four failed uploads
+    assert len(events.named("checkpoint_failed")) == 4
+    assert _notices(events) == [2]
+    monkeypatch.setattr(RemoteStore, "upload", real)
+    train(url, tmp_path / "local", range(9, 13), app, data, events=events)  # the bucket works again ...
+    monkeypatch.setattr(RemoteStore, "upload", denied)
+    train(url, tmp_path / "local", range(13, 15), app, data, events=events)  # ... then fails again: said again
+    assert _notices(events) == [2, 14]
