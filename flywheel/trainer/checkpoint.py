@@ -126,7 +126,8 @@ class Checkpointer:
         self._disk_due: dict[int, bool] = {}  # step -> whether due() found the disk tier due (else memory only)
         # The memory tier saves on its own thread, buffers and gloo group: a disk write in flight never holds it up.
         self.memory = MemoryTier(memory_dir, cfg.memory_every_steps, rank=self.rank, world_size=self.world_size,
-                                 ranks_per_worker=ranks_per_worker, pin_memory=self._cuda, metrics=metrics) \
+                                 ranks_per_worker=ranks_per_worker, pin_memory=self._cuda, metrics=metrics,
+                                 events=events, run_dir=self.directory) \
             if memory_dir is not None and cfg.memory_every_steps > 0 else None
         self.restored_path: str | None = None  # the committed checkpoint restore() loaded
         self._last_save_time = time.monotonic()

@@ -8,9 +8,14 @@ a peer worker's (checkpoint_peer.py), so that a restart restores without reading
 
 <root> is /dev/shm/flywheel-<job>-<hash of the checkpoint dir>/replica-<worker> (checkpoint_memory_root.py): it
 outlives a rank's restart in place (the worker's processes come back on the same host), not the loss of the pod or
-node; the peer's replica covers that. A file is written under a temporary name and renamed, so a present file is
-complete. After a save every rank agrees that it is complete everywhere before older steps are deleted: each rank
-holds at most its newest complete step and one replica (two of each only while a save is under way).
+node; the peer's replica covers that. The root records the identity of the checkpoint dir whose copies it holds
+(checkpoint_memory_root.py): an earlier run's copies, under the same job name after its dir was deleted, are wiped
+instead of restored. A file is written under a temporary name and renamed, so a present file is complete (a write
+that fails deletes its temporary file; one left by a killed rank goes when the next save starts). After a save
+every rank agrees that it is complete everywhere before the other steps are deleted: each rank holds its newest
+complete step and one replica. While a save is under way, or after one that was not complete everywhere, it holds
+two of each: that step's and the newest complete one's, so /dev/shm needs room for about four times a worker's
+share of the state (twice with one worker: no replicas).
 
 What is kept is this rank's local view of the state dict (a DTensor's local shard), so it restores only at the
 same world size and layout; at another world size the restore falls back to disk. The plan of a restore is a pure
@@ -19,6 +24,7 @@ function over every rank's inventory (plan_restore).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -52,21 +58,25 @@ def save_file(folder: Path, step: int, world_size: int, rank: int, staged: dict[
     (checkpoint_memory_file.py; temporary name, then renamed: a present step file is complete)."""
     folder.mkdir(parents=True, exist_ok=True)
     target = step_file(folder, step, world_size)
-    tmp = folder / f".{target.name}.tmp"
-    step_format.write(tmp, step, world_size, rank, _local_view(staged))
-    os.replace(tmp, target)
+    tmp = temp_file(target)
+    try:
+        step_format.write(tmp, step, world_size, rank, local_view(staged))
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a partial file (e.g. /dev/shm full) would hold the space every later save needs
+        raise
     return target
 
 
-def _local_view(obj: Any) -> Any:
+def local_view(obj: Any) -> Any:
     if isinstance(obj, DTensor):
         return dtensor_local(obj)
     if isinstance(obj, dict):
-        return {k: _local_view(v) for k, v in obj.items()}
+        return {k: local_view(v) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_local_view(v) for v in obj]
+        return [local_view(v) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(_local_view(v) for v in obj)
+        return tuple(local_view(v) for v in obj)
     return obj
 
 
@@ -75,6 +85,11 @@ def _local_view(obj: Any) -> Any:
 
 def step_file(folder: Path, step: int, world_size: int) -> Path:
     return folder / f"step-{step:08d}-w{world_size}.bin"
+
+
+def temp_file(target: Path) -> Path:
+    """Where a step file is written before it is renamed into place."""
+    return target.parent / f".{target.name}.tmp"
 
 
 def steps_in(folder: Path) -> dict[int, tuple[int, int]]:
@@ -87,25 +102,62 @@ def steps_in(folder: Path) -> dict[int, tuple[int, int]]:
     for entry in entries:
         match = _STEP_FILE.match(entry.name)
         if match:
-            found[int(match.group(1))] = (entry.stat().st_size, int(match.group(2)))
+            try:
+                found[int(match.group(1))] = (entry.stat().st_size, int(match.group(2)))
+            except FileNotFoundError:
+                continue  # deleted since listed (another local rank's discard): not held
     return found
 
 
-def drop_older(folder: Path, step: int) -> None:
-    """Delete the step files older than `step` (the newest complete one stays) and stale temporary files."""
-    for old, (_, world_size) in steps_in(folder).items():
-        if old < step:
-            step_file(folder, old, world_size).unlink(missing_ok=True)
+def keep_only(folder: Path, keep: set[int]) -> None:
+    """Delete the step files other than `keep`'s, whatever their world size, and every temporary file. A step newer
+    than those kept is from before a restore to an older step (a lineage since abandoned), so it goes too."""
+    for step, (_, world_size) in steps_in(folder).items():
+        if step not in keep:
+            step_file(folder, step, world_size).unlink(missing_ok=True)
+    drop_temporary(folder)
+
+
+def drop_temporary(folder: Path) -> None:
+    """Delete the temporary files of writes that did not finish (a failed save, a rank killed mid-write)."""
     for entry in folder.glob(".step-*.tmp") if folder.is_dir() else []:
         entry.unlink(missing_ok=True)
 
 
+def folder_bytes(folder: Path) -> int:
+    """Bytes of a folder's step files and temporary files (a write under way, or one left by a failure)."""
+    total = sum(nbytes for nbytes, _ in steps_in(folder).values())
+    for entry in folder.glob(".step-*.tmp") if folder.is_dir() else []:
+        with contextlib.suppress(FileNotFoundError):
+            total += entry.stat().st_size
+    return total
+
+
 def held_bytes(root: Path) -> int:
     """Bytes of every memory copy this worker's root holds (all its ranks' own copies and replicas)."""
-    total = 0
-    for folder in root.glob("*-rank-*") if root.is_dir() else []:
-        total += sum(nbytes for nbytes, _ in steps_in(folder).values())
-    return total
+    return sum(folder_bytes(folder) for folder in (root.glob("*-rank-*") if root.is_dir() else []))
+
+
+def layout_folders(rank: int, world_size: int, per_worker: int) -> set[str]:
+    """The names of the folders this rank's worker holds at this layout: its ranks' own copies and the replicas
+    of their sources (ranks are numbered worker by worker, per_worker each, as the ring assumes)."""
+    first = rank - rank % per_worker
+    names = set()
+    for r in range(first, min(first + per_worker, world_size)):
+        names.add(own_dir(Path(), r).name)
+        source = (r - per_worker) % world_size
+        if source != r:
+            names.add(replica_dir(Path(), source).name)
+    return names
+
+
+def drop_foreign(root: Path, belong: set[str]) -> list[str]:
+    """Delete the copy folders that do not belong to this layout (another world size or ranks per worker: never
+    planned from, nor deleted by any save); their names."""
+    foreign = [folder for folder in (root.glob("*-rank-*") if root.is_dir() else []) if folder.name not in belong]
+    for folder in foreign:
+        shutil.rmtree(folder, ignore_errors=True)
+    return sorted(folder.name for folder in foreign)
 
 
 def wipe(root: Path) -> None:

@@ -40,6 +40,8 @@ import torch
 import torch.distributed as dist
 
 from flywheel.trainer import checkpoint_memory as mem
+from flywheel.trainer.checkpoint_failure import FailureReason, RankCause, in_words, primary, rank_cause, state_bytes
+from flywheel.trainer.checkpoint_memory_root import adopt, dir_identity, forget_identity
 from flywheel.trainer.checkpoint_peer_restore import Damage, MemoryRestore, started
 from flywheel.trainer.checkpoint_staging import StagingBuffers
 
@@ -54,14 +56,17 @@ class MemoryTier(MemoryRestore):
     """Construct on every rank (it creates a gloo group, a collective)."""
 
     def __init__(self, root: Path, every_steps: int, *, rank: int, world_size: int, ranks_per_worker: int,
-                 pin_memory: bool = False, metrics: Any = None) -> None:
+                 pin_memory: bool = False, metrics: Any = None, events: Any = None,
+                 run_dir: Path | None = None) -> None:
+        """run_dir: the checkpoint dir whose copies the root may hold (its identity, checkpoint_memory_root.py);
+        None: whatever the root holds is taken as this run's."""
         self.root = root
         self.every_steps = every_steps
         self.rank, self.world_size = rank, world_size
-        per_worker = max(1, min(ranks_per_worker, world_size))
+        self.per_worker = per_worker = max(1, min(ranks_per_worker, world_size))
         self.peer = (rank + per_worker) % world_size
         self.source = (rank - per_worker) % world_size
-        self.metrics = metrics
+        self.metrics, self.events = metrics, events
         self.newest_step: int | None = None
         # A replica whose file is visible here is read directly; False forces gloo (the cross-host path, measured
         # by bench/checkpoint_restore.py).
@@ -79,6 +84,10 @@ class MemoryTier(MemoryRestore):
         self._staged.set()
         self._chunks: tuple[torch.Tensor, torch.Tensor] | None = None  # receive buffers, reused between saves
         self.damage: list[Damage] = []  # the damaged copies the last restore_into found
+        # The cause of the failing saves, reported once (None: saves work); this rank's own, said once.
+        self._failing: FailureReason | None = None
+        self._failing_here: FailureReason | None = None
+        self._tidy_root(run_dir)
 
     @property
     def replicated(self) -> bool:
@@ -153,60 +162,100 @@ class MemoryTier(MemoryRestore):
 
     def _stage_and_save(self, step: int, state: dict[str, Any], staged_event: threading.Event) -> None:
         staged: dict[str, Any] | None = None
+        error: BaseException | None = None
         try:
             staged = self._buffers.stage(state, self._stream)
         except (OSError, RuntimeError) as err:
-            log.warning("memory copy of step %d on rank %d could not be staged: %s", step, self.rank, err)
+            error = err
         finally:
             staged_event.set()
-        self.save(step, staged, self.group)
+        self.save(step, staged, self.group, staging_error=error)
 
-    def save(self, step: int, staged: dict[str, Any] | None, group: Any) -> bool:
+    def save(self, step: int, staged: dict[str, Any] | None, group: Any,
+             staging_error: BaseException | None = None) -> bool:
         """Keep this rank's staged state and the source rank's replica; whether every rank has both."""
+        for folder in self._folders():
+            mem.drop_temporary(folder)  # a save killed mid-write left its space taken
         data: torch.Tensor | None = None
-        ok = staged is not None
+        error = staging_error
         try:
             if staged is None:
-                raise RuntimeError("staging failed")
+                raise error or RuntimeError("staging failed")
             path = mem.save_file(mem.own_dir(self.root, self.rank), step, self.world_size, self.rank, staged)
             data = torch.from_file(str(path), size=path.stat().st_size, dtype=torch.uint8)  # mapped, not copied
         except (OSError, RuntimeError, ValueError, TypeError) as err:  # e.g. /dev/shm full: disk still saves
-            log.warning("memory copy of step %d on rank %d failed: %s", step, self.rank, err)
-            data, ok = None, False
-        if self.replicated and not self._exchange(data, step, group):
-            ok = False
-        if _agree(ok, group, any_rank=False):
-            # Complete everywhere: older steps can go. Otherwise the previous complete step stays.
-            mem.drop_older(mem.own_dir(self.root, self.rank), step)
-            if self.replicated:
-                mem.drop_older(mem.replica_dir(self.root, self.source), step)
-            self.newest_step = step
+            data, error = None, err
+        complete = data is not None
+        if self.replicated:
+            received, replica_error = self._exchange(data, step, group)
+            complete, error = complete and received, error or replica_error
+        reports = _gather((complete, rank_cause(self.rank, error) if error is not None else None,
+                           _copy_bytes(data, staged)), group)
+        ok = all(done for done, _, _ in reports)
+        # Complete everywhere: only this step is kept. Otherwise the newest complete one stays besides it, and
+        # nothing else (a host that keeps failing must not make the others' copies pile up).
+        keep = {step} if ok else {step} | ({self.newest_step} if self.newest_step is not None else set())
+        for folder in self._folders():
+            mem.keep_only(folder, keep)
+        if ok:
+            self.newest_step, self._failing, self._failing_here = step, None, None
         else:
-            log.warning("memory copy of step %d is not complete on every rank; the previous one is kept", step)
+            self._failed(step, [c for _, c, _ in reports if c is not None], max(n for _, _, n in reports))
         self._report_bytes()
         return ok
 
-    def _exchange(self, data: torch.Tensor | None, step: int, group: Any) -> bool:
+    def _folders(self) -> list[Path]:
+        """The folders this rank writes: its own copies, and the replicas of its source."""
+        own = mem.own_dir(self.root, self.rank)
+        return [own, mem.replica_dir(self.root, self.source)] if self.replicated else [own]
+
+    def _failed(self, step: int, causes: list[RankCause], copy_bytes: int) -> None:
+        """A save not complete on every rank: the previous complete step stays. Said by each failing rank and
+        reported by rank 0 (a `checkpoint_failed` record with source memory, and the failures metric) once per
+        cause, as a failing disk save is; again when the cause changes or after a save that worked."""
+        mine = next((c for c in causes if c.rank == self.rank), None)
+        cause = primary(causes) if causes else RankCause(self.rank, FailureReason.OTHER, "a rank's copy is missing")
+        if mine is not None and mine.reason != self._failing_here:
+            log.warning("memory copy of step %d on rank %d failed: %s", step, self.rank, mine.text)
+        self._failing_here = mine.reason if mine is not None else None
+        if self.metrics is not None and self.rank == 0:
+            self.metrics.checkpoint_failures_total.labels(reason=cause.reason.value).inc()
+        said, self._failing = self._failing, cause.reason
+        if said == cause.reason or self.rank != 0:
+            return
+        # At the peak a worker holds two steps of its ranks' copies and of their peers' replicas.
+        needs = copy_bytes * self.per_worker * (4 if self.replicated else 2)
+        newest = f"step {self.newest_step}" if self.newest_step is not None else "none yet"
+        message = (f"memory copy of step {step} failed: {in_words(cause, str(self.root.parent), needs)}; training "
+                   f"continues and disk checkpoints are not affected; newest complete memory copy: {newest}")
+        log.error("%s", message)
+        if self.events is not None:
+            self.events.emit("checkpoint_failed", step=step, reason=cause.reason.value, message=message,
+                             error="; ".join(f"rank {c.rank}: {c.text}" for c in causes),
+                             newest_step=self.newest_step, source="memory")
+
+    def _exchange(self, data: torch.Tensor | None, step: int, group: Any) -> tuple[bool, OSError | None]:
         """Send ours to the peer and receive the source's into its replica file: sizes first (all-reduce), then
-        the bytes point to point in CHUNK-sized messages. Whether the replica is complete here."""
+        the bytes point to point in CHUNK-sized messages. Whether the replica is complete here, and why not when
+        this rank could not keep it (None when the source had nothing to send: its own failure says why)."""
         sizes = torch.zeros(self.world_size, dtype=torch.int64)
         sizes[self.rank] = -1 if data is None else data.numel()
         dist.all_reduce(sizes, group=group)  # each rank filled in its own slot only
         work = [] if data is None else [started(dist.isend(data[i:i + CHUNK], dst=self.peer, group=group))
                                         for i in range(0, data.numel(), CHUNK)]
         incoming = int(sizes[self.source])
-        ok = incoming >= 0 and self._receive_replica(incoming, step, group)
+        error = self._receive_replica(incoming, step, group) if incoming >= 0 else None
         for w in work:
             w.wait()
-        return ok
+        return incoming >= 0 and error is None, error
 
-    def _receive_replica(self, nbytes: int, step: int, group: Any) -> bool:
+    def _receive_replica(self, nbytes: int, step: int, group: Any) -> OSError | None:
         """Receive the source rank's copy through two reusable CHUNK buffers, each written to the replica's file
         while the next one arrives (receiving into a mapped file took ~1.5 s for 0.55 GB, a page fault per 4 KB;
         this ~0.2 s). Every chunk is received even when the file cannot be written, so the sender is answered;
-        the replica is then lost."""
+        the replica is then lost, and why is returned."""
         target = mem.step_file(mem.replica_dir(self.root, self.source), step, self.world_size)
-        tmp = target.parent / f".{target.name}.tmp"
+        tmp = mem.temp_file(target)
         out, error = None, None
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -232,19 +281,37 @@ class MemoryTier(MemoryRestore):
         except OSError as err:  # e.g. the file taken away meanwhile: an error here, never an exchange left hanging
             error = error or err
         if error is not None:
-            log.warning("rank %d's replica could not be kept on rank %d (no room, or its file taken away): %s",
-                        self.source, self.rank, error)
             if out is not None:
                 with contextlib.suppress(OSError):
                     tmp.unlink(missing_ok=True)
-            return False
-        return True
+            return error
+        return None
+
+    def _tidy_root(self, run_dir: Path | None) -> None:
+        """Before the first plan or save: copies of another checkpoint dir (an earlier run under the same name whose
+        dir was deleted) and folders of another layout are deleted. Every rank waits for every other's tidying,
+        so that none deletes what another has already saved."""
+        try:
+            if run_dir is not None and adopt(self.root, dir_identity(run_dir)):
+                log.warning("deleted the memory copies in %s: they belong to an earlier run whose checkpoint dir "
+                            "%s was deleted or replaced", self.root, run_dir)
+            foreign = mem.drop_foreign(self.root, mem.layout_folders(self.rank, self.world_size, self.per_worker))
+            if foreign:
+                log.info("deleted the memory copies of another layout in %s: %s", self.root, ", ".join(foreign))
+        except OSError as err:  # e.g. the checkpoint dir unreadable: the copies stay, as before identities
+            log.warning("could not check whose memory copies %s holds: %s", self.root, err)
+        if self.group is not None:
+            dist.barrier(group=self.group)
 
     def release(self) -> None:
-        """Drop this rank's copies (the run finished: its final checkpoint is on disk)."""
-        for folder in (mem.own_dir(self.root, self.rank), mem.replica_dir(self.root, self.source)):
+        """Drop this rank's copies (the run finished: its final checkpoint is on disk), and those of any other
+        layout; the last rank out removes the emptied folders."""
+        for folder in self._folders():
             mem.wipe(folder)
-        for folder in (self.root, self.root.parent):  # the last rank out removes the emptied folders
+        mem.drop_foreign(self.root, mem.layout_folders(self.rank, self.world_size, self.per_worker))
+        if self.root.is_dir() and not any(self.root.glob("*-rank-*")):
+            forget_identity(self.root)
+        for folder in (self.root, self.root.parent):
             try:
                 folder.rmdir()
             except OSError:
@@ -265,6 +332,22 @@ def thread_stack(prefix: str) -> str:
         if thread.name.startswith(prefix) and thread.ident in frames:
             return "".join(traceback.format_stack(frames[thread.ident]))
     return f"(no thread named {prefix}*)"
+
+
+def _gather(mine: Any, group: Any) -> list[Any]:
+    """Every rank's `mine` (a collective on `group`)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [mine]
+    found: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(found, mine, group=group)
+    return found
+
+
+def _copy_bytes(data: torch.Tensor | None, staged: dict[str, Any] | None) -> int:
+    """The size of this rank's copy: its file, else (it could not be written) its tensors' bytes."""
+    if data is not None:
+        return data.numel()
+    return state_bytes(mem.local_view(staged)) if staged is not None else 0
 
 
 def _agree(flag: bool, group: Any, *, any_rank: bool) -> bool:

@@ -51,15 +51,16 @@ class MemoryRestore:
     metrics: Any
     same_host_reads: bool
     damage: list[Damage]
+    newest_step: int | None  # the newest step complete in memory on every rank, as far as this run knows
 
     def _report_bytes(self) -> None:
         if self.metrics is not None and hasattr(self.metrics, "checkpoint_memory_bytes"):
             self.metrics.checkpoint_memory_bytes.set(self.held_bytes())
 
     def held_bytes(self) -> int:
-        """This rank's own copies and the replicas it holds."""
-        folders = [mem.own_dir(self.root, self.rank), mem.replica_dir(self.root, self.source)]
-        return sum(nbytes for f in folders for nbytes, _ in mem.steps_in(f).values())
+        """This rank's own copies and the replicas it holds, with any write under way or left by a failure."""
+        folders = {mem.own_dir(self.root, self.rank), mem.replica_dir(self.root, self.source)}
+        return sum(mem.folder_bytes(f) for f in folders)
 
     def inventory(self) -> mem.Inventory:
         replicas, files = {}, {}
@@ -80,7 +81,10 @@ class MemoryRestore:
         if self.world_size > 1:
             inventories = [None] * self.world_size
             dist.all_gather_object(inventories, mine, group=group)
-        return mem.plan_restore(inventories, self.world_size, newest_disk_step)
+        plan = mem.plan_restore(inventories, self.world_size, newest_disk_step)
+        if isinstance(plan, mem.MemoryPlan):  # complete for every rank: kept should a later save fail
+            self.newest_step = plan.step
+        return plan
 
     def restore_into(self, plan: mem.MemoryPlan, template: dict[str, Any], group: Any) -> dict[str, Any]:
         """`template` (this rank's live state dict) filled in place with this rank's saved state for plan.step,
