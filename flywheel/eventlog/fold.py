@@ -38,9 +38,6 @@ from flywheel.eventlog.records import (
 )
 
 RESTART_WITHOUT_RECORD = "restart"  # an incident's cause when the log holds no failure record for it
-# How a failed upload's `checkpoint_failed` message begins (trainer/checkpoint_remote.py): the step's local commit
-# (its `checkpoint` record) came first, so an upload failure is tracked apart from the saves.
-UPLOAD_FAILED = "upload of checkpoint step"
 
 
 @dataclass
@@ -109,10 +106,10 @@ class RunFold:
         # The first failure of each cause: a save failing again for the reason already reported (no commit since)
         # is counted in checkpoint_failures, not reported again.
         self.checkpoint_failure_reports: list[CheckpointFailed] = []
-        self._failing_reason: str | None = None  # the reason reported since the last commit
-        # Uploads to an object store, after each local commit: the reason reported since an upload last succeeded
-        # (a commit whose upload did not fail before the next commit came).
-        self._upload_failing_reason: str | None = None
+        # Per failing tier (CheckpointFailed.source): the reason reported since that tier last worked. The disk's
+        # works again at a commit; the bucket's at a commit whose upload did not fail before the next commit came
+        # (an upload follows its step's local commit).
+        self._failing: dict[str, str] = {}
         self._upload_unanswered = False  # the latest commit's upload has not failed (yet)
         self.bad_checkpoints: list[CheckpointBad] = []  # damaged after their commit, skipped by a restore
         # What the user is told about checkpoints going wrong, in log order: each cause of failing saves (its
@@ -183,23 +180,23 @@ class RunFold:
 
     def _on_checkpoint(self, record: Checkpoint) -> None:
         self.checkpoints.append(record)
-        self._failing_reason = None
+        self._failing.pop("disk", None)
         if self._upload_unanswered:  # the previous commit's upload did not fail: the bucket works again
-            self._upload_failing_reason = None
+            self._failing.pop("bucket", None)
         self._upload_unanswered = True
 
     def _on_checkpoint_failed(self, record: CheckpointFailed) -> None:
-        """Once per cause: again only when the reason changes, or after a save (an upload) that succeeded."""
+        """Once per cause and tier: again only when the reason changes, or after that tier worked again. The memory
+        tier's saves leave no record when they work: its trainer reports once per cause itself, so each of its
+        records is a notice."""
         self.checkpoint_failures.append(record)
-        upload = record.message.startswith(UPLOAD_FAILED)
-        failing = self._upload_failing_reason if upload else self._failing_reason
-        if record.reason != failing or not record.reason:
+        if record.source == "memory" or not record.reason or record.reason != self._failing.get(record.source):
             self.checkpoint_failure_reports.append(record)
             self.checkpoint_notices.append(record)
-        if upload:
-            self._upload_failing_reason, self._upload_unanswered = record.reason, False
-        else:
-            self._failing_reason = record.reason
+        if record.source != "memory":
+            self._failing[record.source] = record.reason
+        if record.source == "bucket":
+            self._upload_unanswered = False
 
     def _on_start(self, s: Start) -> None:
         if self._open is not None:

@@ -81,6 +81,9 @@ class CheckpointFailed:
     error: str = ""  # every failing rank's exception
     reason: str = ""  # no_space / permission / io_error / other ("" from an older trainer)
     message: str = ""  # the cause in words, with the newest good checkpoint
+    # Which tier failed: "disk" (the save, into the checkpoint dir or the staging dir), "bucket" (the upload of a
+    # committed local save to the object store), "memory" (the memory tier's copy; its own notice rule, fold.py).
+    source: str = "disk"
     notice: ClassVar[str] = "failed"  # the kind of checkpoint notice it makes (RunFold.checkpoint_notices)
 
     @property
@@ -216,7 +219,7 @@ def _parse(name: EventName, t: float, raw: Mapping[str, Any]) -> Record:
                           _float(raw, "total_seconds") or 0.0)
     if name is EventName.CHECKPOINT_FAILED:
         return CheckpointFailed(t, _int(raw, "step"), str(raw.get("error") or ""), str(raw.get("reason") or ""),
-                                str(raw.get("message") or ""))
+                                str(raw.get("message") or ""), str(raw.get("source") or "disk"))
     if name is EventName.CHECKPOINT_BAD:
         return CheckpointBad(t, int(raw["step"]), str(raw.get("path") or ""), one_line(raw.get("reason") or ""),
                              str(raw.get("source") or "disk"))

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from flywheel import object_store
-from flywheel.eventlog.fold import UPLOAD_FAILED
 from flywheel.trainer import checkpoint_integrity as integrity
 from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer.checkpoint_failure import RankCause, primary, rank_cause
@@ -335,14 +334,15 @@ class RemoteTier:
         """Rank 0: the most telling rank's cause (a peer's follow-on error never wins), every rank's in `error`."""
         cause = primary(causes)
         where = f" on rank {cause.rank}" if self.world_size > 1 else ""
-        message = (f"{UPLOAD_FAILED} {step} to {self.url} failed{where}: {cause.text}; the local copy in "
+        message = (f"upload of checkpoint step {step} to {self.url} failed{where}: {cause.text}; the local copy in "
                    f"{self.local_root} stays committed and the next checkpoint is uploaded as usual")
         log.error("%s", message)
         if self.metrics is not None:
             self.metrics.checkpoint_failures_total.labels(reason=cause.reason.value).inc()
         if self.events is not None:  # reported like a failed save: once per cause, in words
             self.events.emit("checkpoint_failed", step=step, reason=cause.reason.value, message=message,
-                             error="; ".join(f"rank {c.rank}: {c.text}" for c in causes), newest_step=step)
+                             error="; ".join(f"rank {c.rank}: {c.text}" for c in causes), newest_step=step,
+                             source="bucket")
 
     def _retention(self, step: int) -> None:
         try:

@@ -11,8 +11,8 @@ import yaml
 
 from flywheel import object_store
 from flywheel.cli import EXIT_BAD_INPUT, main
-from flywheel.eventlog.fold import UPLOAD_FAILED, fold
-from flywheel.eventlog.records import Checkpoint, CheckpointFailed, Record
+from flywheel.eventlog.fold import fold
+from flywheel.eventlog.records import Checkpoint, CheckpointFailed, Record, parse_record
 from flywheel.spec_layout import CheckpointStorage, cluster_storage_problems
 from flywheel.trainer.checkpoint_remote import RemoteStore
 
@@ -62,7 +62,8 @@ def test_plan_refuses_a_url_without_a_bucket(tmp_path: Path, capsys: pytest.Capt
 
 
 def _upload_failed(t: float, step: int, reason: str = "permission") -> CheckpointFailed:
-    return CheckpointFailed(t, step, reason=reason, message=f"{UPLOAD_FAILED} {step} to s3://b/p failed: denied")
+    return CheckpointFailed(t, step, reason=reason, message=f"upload of checkpoint step {step} to s3://b/p failed",
+                            source="bucket")
 
 
 def test_a_failing_bucket_is_one_notice_per_cause_until_an_upload_succeeds() -> None:
@@ -80,3 +81,22 @@ def test_a_failing_save_is_still_said_again_after_a_commit() -> None:
     saves: list[Record] = [CheckpointFailed(1.0, 2, reason="no_space"), Checkpoint(2.0, 4),
                            CheckpointFailed(3.0, 6, reason="no_space")]
     assert [n.step for n in fold(saves).checkpoint_notices] == [2, 6]
+
+
+def test_each_tier_s_failures_are_said_once_per_cause_apart_from_the_others() -> None:
+    """A failing memory tier between failing disk saves neither hides nor repeats the disk's notice; the memory
+    tier's records are each a notice (its trainer says each cause once; its working saves leave no record)."""
+    records: list[Record] = [CheckpointFailed(1.0, 2, reason="no_space"),
+                             CheckpointFailed(2.0, 3, reason="no_space", source="memory"),
+                             CheckpointFailed(3.0, 4, reason="no_space"),
+                             CheckpointFailed(4.0, 5, reason="no_space", source="memory")]
+    assert [(n.step, n.source) for n in fold(records).checkpoint_notices] == [(2, "disk"), (3, "memory"),
+                                                                               (5, "memory")]
+
+
+def test_a_checkpoint_failed_record_names_its_tier() -> None:
+    raw = {"event": "checkpoint_failed", "time": 1.0, "step": 2, "reason": "no_space", "source": "memory"}
+    parsed = parse_record(raw)
+    assert isinstance(parsed, CheckpointFailed) and parsed.source == "memory"
+    older = parse_record({k: v for k, v in raw.items() if k != "source"})
+    assert isinstance(older, CheckpointFailed) and older.source == "disk"
