@@ -15,7 +15,19 @@ from dataclasses import dataclass
 from typing import Any
 
 VERSION = 1
+# What the trainer does besides stepping (`phase`; "" while it trains steps). The operator's hang checks follow
+# its own watchdog (trainer/watchdog.py): an evaluation batch is progress; the final blocking save pauses the step
+# check, for at most `final_save_allowance`.
+PHASE_EVALUATING = "evaluating"
+PHASE_SAVING = "saving"
 RECENT_NOTICES = 8  # checkpoint notices a record carries (a writer publishes each at once: a reader misses none)
+
+
+def final_save_allowance(progress_timeout: float, first_step_timeout: float) -> float:
+    """How long the final blocking save may take before it is a hang: the first-step allowance, which the user sized
+    for start-up and a restore of the same checkpoint (a save writes what a restore reads), and never less than the
+    progress timeout."""
+    return max(progress_timeout, first_step_timeout)
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,10 @@ class ProgressRecord:
     # With done: the checkpoint it restored when it resumed at or past its last step and trained nothing (the
     # `done` report's already_complete_checkpoint). Written only when set.
     already_complete: str = ""
+    # PHASE_EVALUATING or PHASE_SAVING ("": training steps), and the writer's clock at the phase's latest sign of
+    # life (an evaluation batch; the save's start). Written only when set.
+    phase: str = ""
+    heartbeat: float = 0.0
 
     @property
     def stepped(self) -> bool:
@@ -79,6 +95,8 @@ def encode(record: ProgressRecord) -> bytes:
         value["checkpoint"] = {"step": c.step, "path": c.path, "time": c.time}
     if record.already_complete:
         value["alreadyComplete"] = record.already_complete
+    if record.phase:
+        value["phase"], value["heartbeat"] = record.phase, record.heartbeat
     if record.notices_total:
         value["checkpointNotices"] = {"total": record.notices_total, "recent": [list(n) for n in record.notices]}
     return json.dumps(value, separators=(",", ":")).encode()
@@ -107,7 +125,8 @@ def decode(data: bytes) -> ProgressRecord | None:
             restore_source=str(restore.get("source") or ""), restore_step=int(restore.get("step") or 0),
             restore_seconds=float(restore.get("seconds") or 0.0),
             notices=tuple((str(kind), str(words)) for kind, words in notices.get("recent") or ()),
-            notices_total=int(notices.get("total") or 0), already_complete=str(value.get("alreadyComplete") or ""))
+            notices_total=int(notices.get("total") or 0), already_complete=str(value.get("alreadyComplete") or ""),
+            phase=str(value.get("phase") or ""), heartbeat=float(value.get("heartbeat") or 0.0))
     except (ValueError, TypeError, KeyError):
         return None
 

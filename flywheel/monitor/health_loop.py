@@ -119,14 +119,18 @@ class HealthMonitor:
 
     async def evaluate_once(self) -> HealthDecisions:
         jobs = list(await self.inventory.jobs())
-        progress, step_times, xids = await asyncio.gather(
-            self._query("progress", queries.progress_query(self.settings.progress_lookback_seconds)),
+        lookback = self.settings.progress_lookback_seconds
+        progress, final_saves, step_times, xids = await asyncio.gather(
+            self._query("progress", queries.progress_query(lookback)),
+            self._query("final_saves", queries.final_save_query(lookback)),
             self._query("step_times", queries.step_time_query(self.settings.step_time_window_seconds)),
             self._query("xids", queries.XID_QUERY))
         xid_samples = None if xids is None else queries.parse_xids(xids)
         obs = Observations(
             now=self.clock(), jobs=jobs,
-            progress=None if progress is None else queries.parse_progress(progress),
+            # Without the final saves' answer a save could look like a hang: no hang check this time.
+            progress=None if progress is None or final_saves is None else queries.parse_progress(progress,
+                                                                                                 final_saves),
             step_times=None if step_times is None else queries.parse_step_times(step_times),
             xids=xid_samples, xid_handled=await self._handled_xids(xid_samples, jobs))
         decisions, self.state = evaluate(obs, self.state, self.settings.health)

@@ -76,7 +76,8 @@ class OperatorMetrics:
         self.job_stragglers = Gauge("flywheel_job_straggler_ranks",
                                     "Ranks persistently slower than their peers (Degraded when > 0).", JOB_LABELS,
                                     registry=r)
-        for query in ("progress", "step_times", "xids"):  # export zeros so rate() and alerts see the first error
+        # export zeros so rate() and alerts see the first error
+        for query in ("progress", "final_saves", "step_times", "xids"):
             for reason in QUERY_ERROR_REASONS:
                 self.monitor_query_errors_total.labels(query, reason)
 

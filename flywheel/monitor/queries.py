@@ -19,11 +19,20 @@ log = logging.getLogger(__name__)
 RANK_LABELS = "namespace, job, replica, rank"
 
 
+def _last(metric: str, lookback_seconds: int) -> str:
+    return f"max by ({RANK_LABELS}) (last_over_time({metric}[{lookback_seconds}s]))"
+
+
 def progress_query(lookback_seconds: int) -> str:
     # last_over_time keeps a rank whose target stopped answering (a SIGSTOPped or wedged process): its series went
-    # stale at the failed scrape, but its last step time is exactly what the hang check needs.
-    return (f"max by ({RANK_LABELS}) "
-            f"(last_over_time(flywheel_train_last_step_timestamp_seconds[{lookback_seconds}s]))")
+    # stale at the failed scrape, but its last progress time is exactly what the hang check needs. The progress
+    # gauge (a step or an evaluation batch) where the trainer exports it, else the step time (flywheel.progress).
+    return (f"{_last('flywheel_train_last_progress_timestamp_seconds', lookback_seconds)} or "
+            f"{_last('flywheel_train_last_step_timestamp_seconds', lookback_seconds)}")
+
+
+def final_save_query(lookback_seconds: int) -> str:
+    return _last("flywheel_train_final_save_started_timestamp_seconds", lookback_seconds)
 
 
 def step_time_query(window_seconds: int) -> str:
@@ -34,12 +43,20 @@ def step_time_query(window_seconds: int) -> str:
 XID_QUERY = "DCGM_FI_DEV_XID_ERRORS"
 
 
-def parse_progress(samples: list[Sample]) -> list[RankProgress]:
+def _rank(labels: dict[str, str]) -> tuple[str, str, str, str] | None:
+    if {"namespace", "job", "replica", "rank"} <= labels.keys():
+        return labels["namespace"], labels["job"], labels["replica"], labels["rank"]
+    return None
+
+
+def parse_progress(samples: list[Sample], final_saves: list[Sample] | None = None) -> list[RankProgress]:
+    """Each rank's last progress, with when its final save began (`final_saves`: final_save_query's answer)."""
+    saving = {key: s.value for s in finite(final_saves or []) if (key := _rank(s.labels)) is not None}
     out = []
     for s in finite(samples):
-        lb = s.labels
-        if {"namespace", "job", "replica", "rank"} <= lb.keys():
-            out.append(RankProgress(lb["namespace"], lb["job"], lb["replica"], lb["rank"], s.value))
+        key = _rank(s.labels)
+        if key is not None:
+            out.append(RankProgress(*key, s.value, final_save_started=saving.get(key, 0.0)))
     return out
 
 

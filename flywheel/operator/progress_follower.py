@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from flywheel.etcd.progress import ProgressRecord
+from flywheel.etcd.progress import PHASE_EVALUATING, PHASE_SAVING, ProgressRecord
 from flywheel.etcd.progress_watch import ProgressWatch, watch_progress
 from flywheel.etcd.session import EtcdSession
 from flywheel.monitor.etcd_progress import GoodputSeed, ProgressLedger, merged
@@ -30,6 +30,10 @@ class JobProgress:
         self.seed: GoodputSeed | None = None  # from the status read by the first pass
         self.last_step_seen: float | None = None
         self.last_step: tuple[float, int] | None = None  # (attempt, step) of the last record that stepped
+        # Evaluation batches are progress (monitor/progress_hang.py): the last heartbeat seen, and when.
+        self.last_activity: tuple[float, float] | None = None  # (attempt, heartbeat)
+        self.last_activity_seen: float | None = None
+        self.saving: tuple[float, float] | None = None  # (attempt, when first seen) while its final save runs
         self.newest_attempt: tuple[float, float] | None = None  # (attempt, when first seen) of the newest one
         self.ranks_restarted = 0.0  # the latest restart of the current pods' ranks in place, as the last `hang` saw
         self.done = False
@@ -57,8 +61,22 @@ class JobProgress:
             key = (record.attempt, record.step)
             if record.stepped and key != self.last_step and (self.last_step is None or key > self.last_step):
                 self.last_step, self.last_step_seen = key, now
+            self._apply_phase(record, now)
             self.done = self.done or record.done
         self.poke()
+
+    def _apply_phase(self, record: ProgressRecord, now: float) -> None:
+        """An evaluation batch counts as a step; the final save pauses the step check (bounded) until the record
+        says otherwise (done, or a new attempt)."""
+        key = (record.attempt, record.heartbeat)
+        if record.phase == PHASE_EVALUATING and record.stepped and (self.last_activity is None
+                                                                    or key > self.last_activity):
+            self.last_activity, self.last_activity_seen = key, now
+        if record.phase == PHASE_SAVING:
+            if self.saving is None or self.saving[0] != record.attempt:
+                self.saving = (record.attempt, now)
+        elif self.saving is not None and record.attempt >= self.saving[0]:
+            self.saving = None
 
     def observe(self, from_log: ObservedProgress | None, status_goodput: GoodputStatus) -> ObservedProgress:
         """The pass's progress: etcd's, merged with the event log's when there is one."""
@@ -86,7 +104,8 @@ class JobProgress:
 
     def _clock(self) -> ProgressClock:
         began = max(self.ranks_restarted, self.newest_attempt[1] if self.newest_attempt else 0.0)
-        return ProgressClock(self.running[1] if self.running else None, self.last_step_seen, began or None)
+        return ProgressClock(self.running[1] if self.running else None, self.last_step_seen, began or None,
+                             self.last_activity_seen, self.saving[1] if self.saving else None)
 
     def hang_due(self, spec: TrainingJobSpec) -> float | None:
         """When `hang` finds the hang with no step seen before, from what the last `hang` call saw of the pods."""

@@ -11,6 +11,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from flywheel.etcd.progress import final_save_allowance
 from flywheel.policy.xid import GpuKey, NodeFault, RankRestart, WatchedPod, XidEvent, XidSample, decide_xids, xid_events
 from flywheel.policy.xid_memory import already_handled
 
@@ -36,13 +37,16 @@ class WatchedJob:
 
 @dataclass(frozen=True)
 class RankProgress:
-    """The last value of `flywheel_train_last_step_timestamp_seconds` for one rank."""
+    """One rank's last progress: `flywheel_train_last_progress_timestamp_seconds` (a step or an evaluation batch, as
+    the trainer's watchdog counts it), or `..._last_step_...` where a trainer exports no such gauge; and when its
+    final blocking save began (`..._final_save_started_...`, 0: not begun)."""
 
     namespace: str
     job: str
     replica: str
     rank: str
     last_step_timestamp: float
+    final_save_started: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -179,14 +183,22 @@ def _stalled_ranks(job: WatchedJob, progress: Sequence[RankProgress], now: float
                 stalled.append(StalledRank(pod.replica, "", None, now - started))
             continue
         for p in ranks:
-            # Not stepped since this pod started: it is still within the start-up and restore allowance.
-            if started is not None and p.last_step_timestamp < started:
-                deadline = started + job.first_step_timeout_seconds
-            else:
-                deadline = p.last_step_timestamp + job.progress_timeout_seconds
+            deadline = _deadline(job, p, started)
             if now > deadline + allowance:
                 stalled.append(StalledRank(p.replica, p.rank, p.last_step_timestamp, now - p.last_step_timestamp))
     return stalled
+
+
+def _deadline(job: WatchedJob, p: RankProgress, started: float | None) -> float:
+    """When the rank is hung without further progress (before the staleness allowance)."""
+    if started is not None and p.last_step_timestamp < started:
+        # Not stepped since this pod started: it is still within the start-up and restore allowance.
+        return started + job.first_step_timeout_seconds
+    if p.final_save_started >= p.last_step_timestamp > 0:
+        # The final save pauses the check, bounded as on the etcd path (monitor/progress_hang.py).
+        return p.final_save_started + final_save_allowance(job.progress_timeout_seconds,
+                                                           job.first_step_timeout_seconds)
+    return p.last_step_timestamp + job.progress_timeout_seconds
 
 
 def find_hangs(jobs: Sequence[WatchedJob], progress: Sequence[RankProgress], now: float,

@@ -4,10 +4,11 @@ so the operator fills the job's status and sees a hang without a shared event-lo
 Rank 0 alone writes: the ranks step in lockstep (every step ends in a collective), so a rank that stops stops rank
 0's steps too, and one writer keeps one record per run. The record follows the events rank 0 already emits
 (`PublishingEventLog` hands each to the publisher after writing it to the log, if any), so the loop needs no new
-calls. Writes happen on a background thread: at most one a second for steps, at once for `start`, a committed
-checkpoint and `done`; the key lives under the thread's own lease, so it vanishes within the TTL when the process
-dies or is stopped. A failed write is logged and dropped: it never stops training. At exit the last record is
-flushed (bounded by FLUSH_SECONDS).
+calls, except `activity` (an evaluation batch, the final save's start: not events, and many a second). Writes happen
+on a background thread: at most one a second for steps and evaluation batches, at once for `start`, a committed
+checkpoint, the final save's start and `done`; the key lives under the thread's own lease, so it vanishes within
+the TTL when the process dies or is stopped. A failed write is logged and dropped: it never stops training. At exit
+the last record is flushed (bounded by FLUSH_SECONDS).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from flywheel.etcd import keys
-from flywheel.etcd.progress import RECENT_NOTICES, CheckpointRecord, ProgressRecord, encode
+from flywheel.etcd.progress import PHASE_SAVING, RECENT_NOTICES, CheckpointRecord, ProgressRecord, encode
 from flywheel.etcd.session import EtcdSession, KeptLease
 from flywheel.eventlog import EventLog, RunFold, parse_record
 from flywheel.eventlog.writer import group_of
@@ -69,6 +70,8 @@ class ProgressState:
             self.record = ProgressRecord(time=now, attempt=now, step=resumed, resumed_from=resumed)
         r = self.record
         first_step = event == "step" and r.step == r.resumed_from  # a recovery's end: published at once
+        if event in ("step", "eval", "done"):  # the evaluation or the save is over: training steps (or done)
+            r = replace(r, phase="", heartbeat=0.0)
         if event == "step":
             self.record = replace(r, time=now, step=int(fields["step"]), loss=_float(fields.get("loss")),
                                   tokens_per_second=_float(fields.get("tokens_per_second")),
@@ -102,6 +105,15 @@ class ProgressState:
         notices = self.checkpoints.checkpoint_notices
         return replace(record, notices=tuple((n.notice, n.words) for n in notices[-RECENT_NOTICES:]),
                        notices_total=len(notices))
+
+    def observe_activity(self, phase: str, now: float) -> bool:
+        """A sign of life in `phase` (etcd/progress.py's PHASE_*): kept in the record (none before the attempt's
+        `start`). True when it must go out at once: the final save's start (the reader pauses its step check)."""
+        if self.record is None:
+            return False
+        urgent = phase == PHASE_SAVING and self.record.phase != phase
+        self.record = replace(self.record, time=now, phase=phase, heartbeat=now)
+        return urgent
 
     def observe_exit(self, reason: str, now: float) -> bool:
         """The process is about to exit with `reason`: kept in the attempt's record (the first reason only; none
@@ -141,6 +153,14 @@ class ProgressPublisher:
     def observe(self, event: str, fields: Mapping[str, Any]) -> None:
         with self._lock:
             urgent = self.state.observe(event, fields, time.time())
+            self._dirty = self._dirty or self.state.record is not self._published
+            self._urgent = self._urgent or urgent
+            self._wake.notify()
+
+    def activity(self, phase: str) -> None:
+        """A sign of life that is no event (an evaluation batch, the final save's start): rate-limited like steps."""
+        with self._lock:
+            urgent = self.state.observe_activity(phase, time.time())
             self._dirty = self._dirty or self.state.record is not self._published
             self._urgent = self._urgent or urgent
             self._wake.notify()
@@ -201,6 +221,15 @@ class ProgressPublisher:
         if record is not None and self._session is not None:
             value = encode(record)
             await self._session.call_async(lambda c: c.put(self.key, value, lease=lease_id))
+
+
+def publish_activity(events: EventLog, phase: str) -> None:
+    """Hands a sign of life in `phase` to `events`' progress publisher, if it has one (rank 0 of an etcd run)."""
+    if isinstance(events, PublishingEventLog):
+        try:
+            events.publisher.activity(phase)
+        except Exception as exc:  # noqa: BLE001 - progress is best effort
+            log.debug("progress publisher: %s", exc)
 
 
 class PublishingEventLog(EventLog):

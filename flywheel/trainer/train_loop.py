@@ -25,6 +25,7 @@ from torch import nn
 
 from flywheel import exitcodes
 from flywheel.data_prep_tokenizer import resolve_tokenizer
+from flywheel.etcd.progress import PHASE_EVALUATING, PHASE_SAVING
 from flywheel.eventlog import EventLog, EventName, one_line
 from flywheel.spec import SpecError, Training
 from flywheel.trainer import termination_log
@@ -63,7 +64,7 @@ from flywheel.trainer.parallelize import (
     parallelize,
     settle_ddp_buckets,
 )
-from flywheel.trainer.progress_publisher import progress_events
+from flywheel.trainer.progress_publisher import progress_events, publish_activity
 from flywheel.trainer.step import autocast_for, forward_backward, params_sha256, pick_device
 from flywheel.trainer.store_ready import wait_for_store
 from flywheel.trainer.trainer_metrics import TrainerMetrics
@@ -157,7 +158,7 @@ def train(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Train
             return exitcodes.STOPPED
         if run.ckpt.due(step):
             run.ckpt.save(step, run.app)
-    _finish(run, start, events, watchdog)
+    _finish(run, start, events, metrics, watchdog)
     return exitcodes.SUCCESS
 
 
@@ -284,8 +285,14 @@ def _report_step(run: _Run, step: int, result: _StepResult, metrics: TrainerMetr
 
 def _evaluate(run: _Run, ctx: EvalContext, step: int, metrics: TrainerMetrics, watchdog: ProgressWatchdog,
               events: EventLog) -> None:
-    # An evaluation is progress: a long one must not look like a hang, so each batch beats the watchdog.
-    result = evaluate(ctx, run.eval_plan.batches, on_batch=watchdog.beat)
+    # An evaluation is progress: a long one must not look like a hang, so each batch beats the watchdog, and tells
+    # the operator's two hang checks (the progress record's heartbeat, the progress gauge) the same.
+    def on_batch() -> None:
+        watchdog.beat()
+        metrics.record_eval_batch(timestamp=time.time())
+        publish_activity(events, PHASE_EVALUATING)
+
+    result = evaluate(ctx, run.eval_plan.batches, on_batch=on_batch)
     metrics.record_eval(loss=result.loss, perplexity=result.perplexity, step=step)
     if run.env.rank == 0:
         events.emit(EventName.EVAL, step=step, loss=result.loss, perplexity=result.perplexity,
@@ -294,12 +301,15 @@ def _evaluate(run: _Run, ctx: EvalContext, step: int, metrics: TrainerMetrics, w
                  result.seconds)
 
 
-def _finish(run: _Run, start: int, events: EventLog, watchdog: ProgressWatchdog) -> None:
-    """The final save and the parameters' digest. No step: a slow disk must not look like a hang. A peer failing
-    here still raises from its collective."""
+def _finish(run: _Run, start: int, events: EventLog, metrics: TrainerMetrics, watchdog: ProgressWatchdog) -> None:
+    """The final save and the parameters' digest. No step: a slow disk must not look like a hang (the operator is
+    told the save began: its hang check pauses too, bounded). A peer failing here still raises from its
+    collective."""
     env, training = run.env, run.env.spec.trainer.training
     watchdog.stop()
     if training.steps > start:  # a run restored at its last step has nothing new to save
+        publish_activity(events, PHASE_SAVING)
+        metrics.record_final_save(timestamp=time.time())
         # Blocking: waits for an in-flight save; a no-op when the last step's own save was already taken.
         run.ckpt.save(training.steps, run.app, blocking=True)
     run.ckpt.close()

@@ -38,6 +38,14 @@ class TrainerMetrics:
         self.train_steps_total = counter("flywheel_train_steps_total", "Optimizer steps finished by this process.")
         self.train_last_step_timestamp_seconds = gauge("flywheel_train_last_step_timestamp_seconds",
                                                        "Unix time the last optimizer step finished.")
+        # Progress as the watchdog counts it (a step or an evaluation batch): what the health monitor's hang check
+        # reads, so a long evaluation is no hang there either.
+        self.train_last_progress_timestamp_seconds = gauge(
+            "flywheel_train_last_progress_timestamp_seconds",
+            "Unix time of the last progress: an optimizer step or an evaluation batch finished.")
+        self.train_final_save_started_timestamp_seconds = gauge(
+            "flywheel_train_final_save_started_timestamp_seconds",
+            "Unix time the final blocking checkpoint save began (0: not begun); the hang check pauses, bounded.")
         self.train_loss = gauge("flywheel_train_loss", "Loss of the last step, mean over the global batch.")
         self.train_tokens_per_second = gauge("flywheel_train_tokens_per_second",
                                              "Tokens of the global batch per second of the last step.")
@@ -72,9 +80,16 @@ class TrainerMetrics:
     def record_step(self, *, loss: float, step_seconds: float, tokens_per_second: float, timestamp: float) -> None:
         self.train_steps_total.inc()
         self.train_last_step_timestamp_seconds.set(timestamp)
+        self.train_last_progress_timestamp_seconds.set(timestamp)
         self.train_loss.set(loss)
         self.train_tokens_per_second.set(tokens_per_second)
         self.train_step_seconds.observe(step_seconds)
+
+    def record_eval_batch(self, *, timestamp: float) -> None:
+        self.train_last_progress_timestamp_seconds.set(timestamp)
+
+    def record_final_save(self, *, timestamp: float) -> None:
+        self.train_final_save_started_timestamp_seconds.set(timestamp)
 
     def record_eval(self, *, loss: float, perplexity: float, step: int) -> None:
         self.eval_loss.set(loss)

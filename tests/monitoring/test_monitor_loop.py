@@ -38,8 +38,10 @@ def view() -> WatchedJob:
 class ScriptedQuerier:
     """Answers by query kind; an exception instance is raised instead."""
 
-    def __init__(self, progress, step_times, xids):
-        self.answers = {"last_step": progress, "step_seconds": step_times, "XID": xids}
+    def __init__(self, progress, step_times, xids, final_saves=()):
+        saves = final_saves if isinstance(final_saves, Exception) else list(final_saves)
+        self.answers = {"final_save": saves, "last_step": progress, "step_seconds": step_times,
+                        "XID": xids}
 
     async def query(self, promql: str) -> list[Sample]:
         for marker, answer in self.answers.items():
@@ -109,6 +111,20 @@ def test_one_failed_query_skips_only_its_check() -> None:
     assert [a for _, a, _ in actions.calls] == ["cordon_node", "replace_pods"]
     assert value(metrics, "flywheel_monitor_query_errors_total", query="progress", reason="timeout") == 2
     assert value(metrics, "flywheel_monitor_query_errors_total", query="xids", reason="timeout") == 0
+
+
+def test_without_the_final_saves_answer_there_is_no_hang_check() -> None:
+    # A rank in its final save looks idle by its progress alone: no verdict without knowing whether it saves.
+    querier = ScriptedQuerier([rank_sample(0, NOW - 100), rank_sample(1, NOW - 100)], [], [],
+                              final_saves=PrometheusError("timeout", "slow"))
+    actions, metrics = RecordingActions(), OperatorMetrics()
+    asyncio.run(monitor(querier, actions, metrics).evaluate_once())
+    assert actions.calls == []
+    assert value(metrics, "flywheel_monitor_query_errors_total", query="final_saves", reason="timeout") == 1
+    # Both in their final save: paused for firstStepTimeoutSeconds (60 s here).
+    querier.answers["final_save"] = [rank_sample(0, NOW - 30), rank_sample(1, NOW - 30)]
+    asyncio.run(monitor(querier, actions, metrics).evaluate_once())
+    assert actions.calls == []
 
 
 def test_run_survives_a_broken_inventory_and_stops_promptly() -> None:

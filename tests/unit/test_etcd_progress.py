@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from types import SimpleNamespace
+from typing import cast
 
 from flywheel.etcd import keys
-from flywheel.etcd.progress import CheckpointRecord, ProgressRecord, decode, encode
-from flywheel.eventlog import Start, Step, fold
+from flywheel.etcd.progress import PHASE_EVALUATING, PHASE_SAVING, CheckpointRecord, ProgressRecord, decode, encode
+from flywheel.eventlog import EventLog, Start, Step, fold
 from flywheel.monitor.etcd_progress import GoodputSeed, ProgressLedger, merged
 from flywheel.operator.event_log import progress_of
 from flywheel.policy.observed import ObservedProgress
-from flywheel.trainer.progress_publisher import ProgressState, progress_events
+from flywheel.trainer.progress_publisher import (
+    ProgressPublisher,
+    ProgressState,
+    PublishingEventLog,
+    progress_events,
+    publish_activity,
+)
 
 
 def test_codec_round_trip_and_bad_values() -> None:
@@ -230,3 +238,33 @@ def test_the_event_log_names_the_newest_start_and_whether_it_stepped() -> None:
     assert (trained.attempt, trained.attempt_stepped) == (10.0, True)
     restored = progress_of(fold([Start(time=10.0), Step(time=11.0, step=1), Start(time=20.0, resumed_from=1)]))
     assert (restored.attempt, restored.attempt_stepped) == (20.0, False)
+
+
+def test_the_record_carries_evaluation_and_final_save_activity() -> None:
+    record = ProgressRecord(time=5.0, attempt=1.0, step=3, resumed_from=0, phase=PHASE_EVALUATING, heartbeat=5.0)
+    assert decode(encode(record)) == record
+    assert b"phase" not in encode(replace(record, phase="", heartbeat=0.0))  # written only when set
+    state = ProgressState()
+    assert state.observe_activity(PHASE_EVALUATING, 1.0) is False  # before `start`: no record to carry it
+    state.observe("start", {"world_size": 2}, 2.0)
+    state.observe("step", {"step": 1, "step_seconds": 0.5}, 3.0)
+    # Evaluation batches are rate-limited like steps; each one moves the heartbeat.
+    assert state.observe_activity(PHASE_EVALUATING, 4.0) is False
+    assert state.observe_activity(PHASE_EVALUATING, 4.5) is False
+    assert state.record is not None and (state.record.phase, state.record.heartbeat) == (PHASE_EVALUATING, 4.5)
+    state.observe("eval", {"step": 1, "loss": 2.0}, 5.0)  # the evaluation is over
+    assert state.record is not None and (state.record.phase, state.record.heartbeat) == ("", 0.0)
+    # The final save's start goes out at once (the operator pauses its check); its checkpoint keeps the phase.
+    assert state.observe_activity(PHASE_SAVING, 6.0) is True
+    state.observe("checkpoint", {"step": 1, "path": "/c/1"}, 7.0)
+    assert state.record is not None and state.record.phase == PHASE_SAVING
+    state.observe("done", {"step": 1}, 8.0)
+    assert state.record is not None and state.record.phase == "" and state.record.done
+
+
+def test_activity_reaches_only_a_publishing_event_log() -> None:
+    seen: list[str] = []
+    publisher = cast(ProgressPublisher, SimpleNamespace(activity=seen.append, observe=lambda *a: None))
+    publish_activity(PublishingEventLog(None, publisher), PHASE_SAVING)
+    publish_activity(EventLog(None), PHASE_SAVING)  # no etcd progress: nothing to tell
+    assert seen == [PHASE_SAVING]

@@ -6,10 +6,15 @@ from typing import cast
 
 import pytest
 
-from flywheel.etcd.progress import ProgressRecord
+from flywheel.etcd.progress import PHASE_EVALUATING, PHASE_SAVING, ProgressRecord
 from flywheel.etcd.progress_watch import ProgressWatch
 from flywheel.monitor.progress_hang import ProgressClock, progress_hang, progress_hang_due
+from flywheel.monitor.prometheus import Sample
+from flywheel.monitor.queries import parse_progress, progress_query
 from flywheel.operator import progress_follower as follower
+from flywheel.policy.health_checks import WatchedJob, find_hangs
+from flywheel.policy.xid import WatchedPod
+from flywheel.trainer.trainer_metrics import TrainerMetrics
 from tests.unit.policy_helpers import pod, spec
 
 
@@ -78,3 +83,106 @@ def test_the_follower_restarts_the_allowance_from_a_new_attempt_or_a_rank_restar
     assert job.hang(s, restarted, 0, t0 + 250) is None and job.hang_due(s) == t0 + 710
     hang = job.hang(s, restarted, 0, t0 + 710)
     assert hang is not None and "firstStepTimeoutSeconds" in hang.message
+
+
+def _stepped_follower(monkeypatch: pytest.MonkeyPatch, now: list[float]) -> follower.JobProgress:
+    """A follower whose job trained steps 1..100 until now[0] + 100 (one a second), its pods all Running."""
+    monkeypatch.setattr(follower.time, "time", lambda: now[0])
+    job = follower.JobProgress(lambda: None)
+    job.watch = cast(ProgressWatch, object())  # as if started
+    t0 = now[0]
+    for i in range(1, 101):
+        now[0] = t0 + i
+        job._apply({"0": ProgressRecord(time=now[0], attempt=t0, step=i)})
+    return job
+
+
+def test_evaluation_batches_are_progress_for_the_operator_as_for_the_watchdog(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = spec(**{"faultTolerance.progressTimeoutSeconds": 60, "faultTolerance.firstStepTimeoutSeconds": 600})
+    t0, now = 1_000_000.0, [1_000_000.0]
+    views = [pod(0), pod(1)]
+    job = _stepped_follower(monkeypatch, now)
+    assert job.hang(s, views, 0, t0) is None  # the pods run since t0
+    # A 200 s evaluation after step 100: rank 0's record carries a heartbeat, published at most once a second.
+    for k in range(1, 201):
+        now[0] = t0 + 100 + k
+        job._apply({"0": ProgressRecord(time=now[0], attempt=t0, step=100, phase=PHASE_EVALUATING,
+                                        heartbeat=now[0])})
+    assert job.hang(s, views, 0, t0 + 300) is None and job.hang_due(s) == t0 + 360
+    # The same record again (no new batch) is no progress: the evaluation stalled at t0+300.
+    now[0] = t0 + 330
+    job._apply({"0": ProgressRecord(time=now[0], attempt=t0, step=100, phase=PHASE_EVALUATING, heartbeat=t0 + 300)})
+    hang = job.hang(s, views, 0, t0 + 360)
+    assert hang is not None and "evaluation batch" in hang.message and hang.stepped
+
+
+def test_the_final_save_pauses_the_operators_check_for_the_first_step_allowance(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    s = spec(**{"faultTolerance.progressTimeoutSeconds": 60, "faultTolerance.firstStepTimeoutSeconds": 600})
+    t0, now = 1_000_000.0, [1_000_000.0]
+    views = [pod(0), pod(1)]
+    job = _stepped_follower(monkeypatch, now)
+    assert job.hang(s, views, 0, t0) is None
+    now[0] = t0 + 101  # the last step's record, then the final save begins (published at once)
+    job._apply({"0": ProgressRecord(time=now[0], attempt=t0, step=100, phase=PHASE_SAVING, heartbeat=now[0])})
+    assert job.hang(s, views, 0, t0 + 400) is None  # a slow disk is no hang ...
+    assert job.hang_due(s) == t0 + 701
+    hang = job.hang(s, views, 0, t0 + 701)  # ... but a save that never ends is one
+    assert hang is not None and "final checkpoint save" in hang.message and "firstStepTimeoutSeconds" in hang.message
+    # A new attempt (the ranks restarted) is training again: the pause is over.
+    now[0] = t0 + 702
+    job._apply({"0": ProgressRecord(time=now[0], attempt=now[0], step=100, resumed_from=100)})
+    assert job.saving is None
+
+
+def test_the_final_save_allowance_is_never_shorter_than_the_progress_timeout() -> None:
+    clock = ProgressClock(running_since=100.0, last_step_seen=150.0, saving_since=151.0)
+    assert progress_hang_due(clock, 60, 600) == 751.0
+    assert progress_hang_due(clock, 900, 600) == 1051.0
+    hang = progress_hang(clock, 1051.0, 900, 600)
+    assert hang is not None and "progressTimeoutSeconds is 900" in hang.message
+    # A save of an earlier group (before the ranks restarted in place) pauses nothing.
+    assert progress_hang_due(ProgressClock(100.0, 150.0, 160.0, saving_since=151.0), 60, 600) == 760.0
+
+
+def _watched(started: float = 0.0) -> WatchedJob:
+    pods = tuple(WatchedPod(f"train-worker-{i}", "ml", "train", str(i), f"node-{i}", "Running", started)
+                 for i in range(2))
+    return WatchedJob("ml", "train", "Running", 60, 600, pods)
+
+
+def test_the_prometheus_check_counts_evaluation_batches_and_pauses_for_the_final_save() -> None:
+    def sample(metric_value: float, replica: int) -> Sample:
+        return Sample({"namespace": "ml", "job": "train", "replica": str(replica), "rank": str(replica)},
+                      metric_value, 0.0)
+
+    # Steps until 100, then evaluation batches until 290 (the progress gauge) : no hang at 360.
+    progress = parse_progress([sample(290.0, 0), sample(290.0, 1)])
+    assert find_hangs([_watched()], progress, now=360, allowance=15) == []
+    assert len(find_hangs([_watched()], progress, now=366, allowance=15)) == 1
+    # The final save began at 101, just after the last step: paused until 101 + firstStepTimeoutSeconds.
+    saving = parse_progress([sample(100.0, 0), sample(100.0, 1)], [sample(101.0, 0), sample(101.0, 1)])
+    assert find_hangs([_watched()], saving, now=700, allowance=15) == []
+    found = find_hangs([_watched()], saving, now=717, allowance=15)
+    assert len(found) == 1
+    # A save of an earlier incarnation (older than the last progress) pauses nothing.
+    old = parse_progress([sample(300.0, 0), sample(300.0, 1)], [sample(101.0, 0), sample(101.0, 1)])
+    assert len(find_hangs([_watched()], old, now=376, allowance=15)) == 1
+    assert "flywheel_train_last_progress_timestamp_seconds" in progress_query(3600)
+    assert "flywheel_train_last_step_timestamp_seconds" in progress_query(3600)  # a user script's steps
+
+
+def test_the_trainer_gauges_say_what_the_prometheus_check_reads() -> None:
+    m = TrainerMetrics(0, {"job": "train", "namespace": "ml", "replica": "0", "rank": "0"})
+    labels = {"job": "train", "namespace": "ml", "replica": "0", "rank": "0"}
+
+    def value(name: str) -> float | None:
+        return m.registry.get_sample_value(name, labels)
+
+    m.record_step(loss=1.0, step_seconds=0.5, tokens_per_second=10.0, timestamp=100.0)
+    m.record_eval_batch(timestamp=150.0)
+    assert value("flywheel_train_last_step_timestamp_seconds") == 100.0
+    assert value("flywheel_train_last_progress_timestamp_seconds") == 150.0
+    assert value("flywheel_train_final_save_started_timestamp_seconds") == 0.0
+    m.record_final_save(timestamp=160.0)
+    assert value("flywheel_train_final_save_started_timestamp_seconds") == 160.0
