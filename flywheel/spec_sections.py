@@ -105,8 +105,9 @@ class CheckpointSpec(_Model):
                              "replica on the next worker, and restore from it when it is the newest: a restart "
                              "replays at most N steps without reading `dir` (a copy slower than N steps slows "
                              "training to its pace rather than fall behind). Separate from everySteps (which writes "
-                             "`dir`); 0 turns the memory tier off. Needs /dev/shm room for about twice a worker's "
-                             "share of the training state.")
+                             "`dir`); 0 turns the memory tier off. Needs /dev/shm room for about four times a "
+                             "worker's share of the training state (during a save: the previous and the new copy, "
+                             "of its own state and of its peer's replica; twice with one worker).")
     keep: int = Field(3, ge=1, description="Committed checkpoints kept; older ones are deleted.")
     async_: bool = Field(True, alias="async", description="Write in the background; training blocks only to stage.")
     claim_name: str = Field("", description="Cluster only: a ReadWriteMany PersistentVolumeClaim whose folder "

@@ -160,6 +160,9 @@ class TrainingJobStatus(_Model):
                                           "counted in `restarts`, per worker pod uid (current pods only).")
     last_restart_time: str | None = Field(None, description="When the last counted recovery began: reports of one "
                                           "recovery (a crashed rank and its peers) count once.")
+    rank_restart_reporters: list[str] = Field(default_factory=list, description="Worker pod uids that reported a "
+                                              "rank restart in the recovery begun at lastRestartTime: a pod's first "
+                                              "report is that recovery's echo, its later ones new restarts.")
     in_place_restart_generation: int = Field(0, description="The worker generation begun by restarting every "
                                              "worker's ranks in place after a hang (no pod recreated); 0: none. A "
                                              "hang of that generation before it trained a step recreates the pods.")

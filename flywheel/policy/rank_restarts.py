@@ -9,13 +9,17 @@ in the same pod) adds nothing.
 
 One interruption often restarts the ranks of several workers: a rank is killed, its agent restarts it, and its peers'
 collectives fail with it, so their agents restart theirs too (exit 5, a moment later); a deleted pod's survivors do
-the same. A report within SAME_RECOVERY_SECONDS of the last counted recovery (`status.lastRestartTime`: a rank
-restart or a decided restart) is that recovery: recorded, not counted. So are the agents' reports of a hang's
-restart in place (policy/failure_decision.py): every agent reports the restart it was asked for, moments after the
-decided restart counted it. A decided restart right after a counted rank restart replaces its reason instead of
-counting again (`begin_generation`). Because the peers' reports can reach the operator before the crashed rank's, a
-report whose reason follows a peer's failure (a collective timeout) waits up to CAUSE_WAIT_SECONDS for the cause's
-report, so the counted recovery is named by its cause.
+the same. A pod's first report within SAME_RECOVERY_SECONDS of the last counted recovery (`status.lastRestartTime`:
+a rank restart or a decided restart) is that recovery's echo: recorded, not counted (`status.rankRestartReporters`
+names the pods that caused or echoed it). A pod's later reports are its agent's next restarts: they count however
+soon they come. The agents' reports of a hang's restart in place (policy/failure_decision.py) are echoes too: every
+agent reports the restart it was asked for, moments after the decided restart counted it. After a decided restart
+that keeps survivors (a Shrink, a replaced pod), a survivor notices the loss only when its collective times out
+(trainer/collective_env.py: 0.8 x progressTimeoutSeconds, past SAME_RECOVERY_SECONDS): its first report that follows
+a peer's failure is that recovery's echo up to `consequence_window` after it. A decided restart right after a
+counted rank restart replaces its reason instead of counting again (`begin_generation`). Because the peers' reports
+can reach the operator before the crashed rank's, a report whose reason follows a peer's failure (a collective
+timeout) waits up to CAUSE_WAIT_SECONDS for the cause's report, so the counted recovery is named by its cause.
 
 Only pods of the current generation that are not being deleted count: an older generation's pods are the leftovers
 of a restart already counted, and a counted rank restart must not rename a pending whole-job restart
@@ -29,8 +33,10 @@ from flywheel import exitcodes
 from flywheel.policy import reasons as R
 from flywheel.policy.decisions import Event
 from flywheel.policy.observed import PodView
+from flywheel.spec import FaultTolerance
 from flywheel.spec_status import TrainingJobStatus
 from flywheel.timefmt import parse_rfc3339, rfc3339
+from flywheel.trainer.collective_env import collective_timeouts
 
 # The peers of a crashed rank fail within their collective's detection of the loss (a closed connection: well
 # under a second, measured 0.1 s); a deleted pod's survivors once its ranks have stopped (its shutdown grace, 20 s).
@@ -53,9 +59,28 @@ def last_restart(status: TrainingJobStatus) -> float | None:
         return None
 
 
+def consequence_window(ft: FaultTolerance) -> float:
+    """How long after a decided restart a survivor's first consequence report is still its echo: the survivors'
+    collective timeout (once trained: a Shrink of a job still starting is not covered), then its agent's restart and
+    report, which SAME_RECOVERY_SECONDS allows for a peer's."""
+    return collective_timeouts(ft).steady.total_seconds() + SAME_RECOVERY_SECONDS
+
+
 def _same_recovery(status: TrainingJobStatus, at: float) -> bool:
     last = last_restart(status)
     return last is not None and abs(at - last) <= SAME_RECOVERY_SECONDS
+
+
+def _echoes(status: TrainingJobStatus, pod: PodView, window: float) -> bool:
+    """Whether `pod`'s new report is the current recovery's echo: its first since that recovery began, within
+    SAME_RECOVERY_SECONDS of it, or (a survivor's consequence of a decided restart) up to `window` after it."""
+    last = last_restart(status)
+    if last is None or pod.uid in status.rank_restart_reporters:
+        return False
+    after = pod.rank_restart_at - last
+    if status.last_restart_reason != R.RESTART_RANK and follows_a_peer(pod.rank_restart_reason):
+        return -SAME_RECOVERY_SECONDS <= after <= max(window, SAME_RECOVERY_SECONDS)
+    return abs(after) <= SAME_RECOVERY_SECONDS
 
 
 def begin_generation(status: TrainingJobStatus, generation: int, now: float, merge: bool = True) -> None:
@@ -64,40 +89,47 @@ def begin_generation(status: TrainingJobStatus, generation: int, now: float, mer
     decided reason names that one recovery instead."""
     if not (merge and status.last_restart_reason == R.RESTART_RANK and _same_recovery(status, now)):
         status.restarts += 1
+        if status.rank_restart_reporters:
+            status.rank_restart_reporters = []  # a new recovery: no pod has reported it yet
     status.worker_generation = generation
     status.last_restart_time = rfc3339(now)
 
 
-def _waits_for_cause(status: TrainingJobStatus, pod: PodView, now: float | None) -> bool:
-    """A consequence's report, not yet part of a counted recovery, still within the wait for its cause's."""
+def _waits_for_cause(status: TrainingJobStatus, pod: PodView, now: float | None, window: float) -> bool:
+    """A consequence's report, not the echo of a counted recovery, still within the wait for its cause's."""
     return (now is not None and follows_a_peer(pod.rank_restart_reason)
-            and not _same_recovery(status, pod.rank_restart_at) and now - pod.rank_restart_at < CAUSE_WAIT_SECONDS)
+            and not _echoes(status, pod, window) and now - pod.rank_restart_at < CAUSE_WAIT_SECONDS)
 
 
-def cause_wait_due(status: TrainingJobStatus, pods: Sequence[PodView]) -> list[float]:
+def cause_wait_due(status: TrainingJobStatus, pods: Sequence[PodView], window: float = 0.0) -> list[float]:
     """When each consequence's report left waiting for its cause's (`count_rank_restarts` with `now`) stops
     waiting and is counted by itself. `status`: as the pass left it (its `rankRestarts` record what was taken)."""
     taken = status.rank_restarts
     return [p.rank_restart_at + CAUSE_WAIT_SECONDS for p in pods
             if p.rank_restarts > taken.get(p.uid, 0) and follows_a_peer(p.rank_restart_reason)
-            and not _same_recovery(status, p.rank_restart_at)]
+            and not _echoes(status, p, window)]
 
 
 def count_rank_restarts(status: TrainingJobStatus, pods: Sequence[PodView], generation: int,
-                        now: float | None = None) -> list[Event]:
+                        now: float | None = None, window: float = 0.0) -> list[Event]:
     """Add the rank restarts reported since the last pass to `status.restarts` (lastRestartReason RankRestarted),
     one per recovery; record the counts per pod in `status.rankRestarts` (pruned to `pods`); return an event for
     each pod whose restart was counted. Causes are taken before consequences; with `now`, a consequence's report
-    is left for a later pass while its cause's may still come."""
+    is left for a later pass while its cause's may still come. `window`: `consequence_window` of the spec."""
     counted = status.rank_restarts
     recorded = {p.uid: counted[p.uid] for p in pods if p.uid in counted}
+    uids = {p.uid for p in pods}
+    reporters = [u for u in status.rank_restart_reporters if u in uids]
     events: list[Event] = []
     for pod in sorted(pods, key=lambda p: (follows_a_peer(p.rank_restart_reason), p.rank_restart_at)):
         before = recorded.get(pod.uid, 0)
-        if pod.rank_restarts <= before or _waits_for_cause(status, pod, now):
+        if pod.rank_restarts <= before or _waits_for_cause(status, pod, now, window):
             continue
         recorded[pod.uid] = pod.rank_restarts
-        added = pod.rank_restarts - before - (1 if _same_recovery(status, pod.rank_restart_at) else 0)
+        echo = _echoes(status, pod, window)
+        added = pod.rank_restarts - before - (1 if echo else 0)
+        if echo:
+            reporters.append(pod.uid)
         if added <= 0 or pod.generation != generation or pod.deleting_since is not None:
             continue
         status.worker_generation = generation  # pinned: `restarts` no longer equals it
@@ -105,8 +137,11 @@ def count_rank_restarts(status: TrainingJobStatus, pods: Sequence[PodView], gene
         status.last_restart_reason = R.RESTART_RANK
         if pod.rank_restart_at:
             status.last_restart_time = rfc3339(pod.rank_restart_at)
+            reporters = [pod.uid]  # a new recovery, begun by this pod's report
         events.append(Event("Warning", R.RESTART_RANK, R.MSG_RANK_RESTARTED.format(
             pod=pod.name, count=pod.rank_restarts, reason=pod.rank_restart_reason or "reason not reported")))
     if recorded != counted:
         status.rank_restarts = recorded
+    if reporters != status.rank_restart_reporters:
+        status.rank_restart_reporters = reporters
     return events

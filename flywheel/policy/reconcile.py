@@ -36,7 +36,7 @@ from flywheel.policy.finish import invalid_job, success
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import HealthFindings, ObservedProgress, PodView
 from flywheel.policy.pending_timeout import pending_timeout
-from flywheel.policy.rank_restarts import count_rank_restarts
+from flywheel.policy.rank_restarts import consequence_window, count_rank_restarts
 from flywheel.policy.running_state import settle
 from flywheel.policy.scale_create import clean_up, create_missing
 from flywheel.policy.spares import keep_spares, split_roles
@@ -81,7 +81,8 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: Trai
 def _decide(out: Pass, job: JobView, drain: DrainInput) -> Pass:
     """Everything but the spares (policy/spares.py), whose count follows whatever this decides."""
     _observe(out.status, job)
-    out.events += count_rank_restarts(out.status, job.pods, job.generation, job.now)
+    out.events += count_rank_restarts(out.status, job.pods, job.generation, job.now,
+                                      consequence_window(job.spec.fault_tolerance))
     return _first_policy(out, job, drain)
 
 

@@ -8,8 +8,15 @@ from typing import Any
 from flywheel.policy import reasons as R
 from flywheel.policy.decisions import CreatePod, DeletePod, Relabel
 from flywheel.policy.failure_decision import decide_failure
+from flywheel.policy.failures import FailureKind
 from flywheel.policy.observed import ObservedProgress
-from flywheel.policy.rank_restarts import CAUSE_WAIT_SECONDS, SAME_RECOVERY_SECONDS, count_rank_restarts
+from flywheel.policy.rank_restarts import (
+    CAUSE_WAIT_SECONDS,
+    SAME_RECOVERY_SECONDS,
+    begin_generation,
+    consequence_window,
+    count_rank_restarts,
+)
 from flywheel.policy.reconcile import reconcile
 from flywheel.spec_status import Phase, TrainingJobStatus
 from tests.unit.policy_helpers import NOW, fresh, pod, spec, view
@@ -161,3 +168,65 @@ def test_a_decided_restart_right_after_a_counted_rank_restart_renames_it_instead
                                                             now=NOW + 2))
     assert out is not None and out.status.restarts == 1 and out.status.generation == 1
     assert out.status.last_restart_reason == "Crash"
+
+
+def test_the_same_pods_rapid_rank_restarts_each_count() -> None:
+    """One agent restarts its crashed rank five times (a flaky GPU), each report seen by its own pass: every one is a
+    new recovery, however soon after the last; only a peer's first report is an echo."""
+    status = _running()
+    for k, dt in enumerate((0, 10, 20, 45, 50), start=1):
+        flaky = pod(0, rank_restarts=k, rank_restart_reason=REASON, rank_restart_at=NOW + dt)
+        assert len(count_rank_restarts(status, [flaky, pod(1)], 0, NOW + dt + 1)) == 1
+    assert status.restarts == 5 and status.rank_restart_reporters == ["u0-0"]
+    # Its peer's collective failed with the last one: that peer's first report is the same recovery.
+    peer = pod(1, rank_restarts=1, rank_restart_reason=CONSEQUENCE, rank_restart_at=NOW + 50.1)
+    assert not count_rank_restarts(status, [flaky, peer], 0, NOW + 52) and status.restarts == 5
+    assert status.rank_restart_reporters == ["u0-0", "u1-0"]
+    # The peer's next restart is its own.
+    again = pod(1, rank_restarts=2, rank_restart_reason=REASON, rank_restart_at=NOW + 55)
+    assert len(count_rank_restarts(status, [flaky, again], 0, NOW + 56)) == 1 and status.restarts == 6
+
+
+def test_the_reporters_are_kept_in_the_status_and_a_decided_restart_clears_them() -> None:
+    status = _running()
+    count_rank_restarts(status, [pod(0, rank_restarts=1, rank_restart_at=NOW), pod(1)], 0)
+    assert status.to_json()["rankRestartReporters"] == ["u0-0"]
+    restored = TrainingJobStatus.model_validate(status.to_json())  # a restarted operator reads it back
+    count_rank_restarts(restored, [pod(0, rank_restarts=2, rank_restart_at=NOW + 5), pod(1)], 0)
+    assert restored.restarts == 2
+    out = decide_failure(fresh(**restored.model_dump()), view(spec(), [pod(0), pod(1, "Failed", exit_code=1)],
+                                                              now=NOW + 100))
+    assert out is not None and out.status.rank_restart_reporters == []
+
+
+def test_a_survivors_collective_timeout_after_a_shrink_is_that_recovery() -> None:
+    """An elastic job loses a node: the Shrink is decided and counted; the survivors' collectives time out
+    0.8 x progressTimeoutSeconds later (48 s, past SAME_RECOVERY_SECONDS) and their agents restart their ranks."""
+    s = spec(**{"replicas.min": 2, "replicas.max": 4, "replicas.target": 3, "trainer.training.globalBatch": 24})
+    assert consequence_window(s.fault_tolerance) == 48.0 + SAME_RECOVERY_SECONDS
+    decided = reconcile(s, None, _running(), [pod(0), pod(1), pod(2, node_lost=True)], ObservedProgress(step=100),
+                        NOW + 3)
+    assert decided.status.restarts == 1 and decided.status.last_restart_reason == FailureKind.NODE_LOST
+    survivors = [pod(i, generation=1, rank_restarts=1, rank_restart_at=NOW + 51 + i * 0.1,
+                     rank_restart_reason=f"rank {i}: exit code 5 (collective-timeout)") for i in (0, 1)]
+    status = decided.status
+    for now in (NOW + 52, NOW + 57):
+        out = reconcile(s, None, status, [*survivors, pod(2, "Pending", generation=1)], ObservedProgress(step=100),
+                        now)
+        status = out.status
+        assert status.restarts == 1 and status.last_restart_reason == FailureKind.NODE_LOST
+        assert not [e for e in out.events if e.reason == R.RESTART_RANK]
+    # A survivor's second restart, or a crash of its own (not a consequence), is a new recovery.
+    crash = pod(0, generation=1, rank_restarts=2, rank_restart_at=NOW + 60, rank_restart_reason=REASON)
+    out = reconcile(s, None, status, [crash, survivors[1], pod(2, "Pending", generation=1)],
+                    ObservedProgress(step=100), NOW + 61)
+    assert out.status.restarts == 2 and out.status.last_restart_reason == R.RESTART_RANK
+
+
+def test_a_consequence_long_after_a_decided_restart_is_a_new_recovery() -> None:
+    status = _running()
+    begin_generation(status, 1, NOW)
+    status.last_restart_reason = FailureKind.NODE_LOST
+    late = pod(0, generation=1, rank_restarts=1, rank_restart_at=NOW + 79, rank_restart_reason=CONSEQUENCE)
+    count_rank_restarts(status, [late], 1, NOW + 90, window=78.0)
+    assert status.restarts == 2 and status.last_restart_reason == R.RESTART_RANK
