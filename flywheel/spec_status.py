@@ -171,6 +171,12 @@ class TrainingJobStatus(_Model):
                             "names are never reused.")
     drain: DrainStatus = Field(default_factory=DrainStatus, description="Drain ahead: the node a worker is being "
                                "moved off after a memory checkpoint (policy/drain.py); empty when none.")
+    # policy/pending_timeout.py: pendingTimeoutSeconds and the Unschedulable condition's grace count from it.
+    unschedulable_since: str = Field("", description="When the operator first saw a current worker "
+                                            "unschedulable (PodScheduled reason Unschedulable; a pod gated for "
+                                            "admission is not), RFC 3339. Kept while its pods are recreated, "
+                                            "empty once every worker is scheduled, one is gated, or the job is "
+                                            "suspended or finished.")
     spare_move: SpareMoveStatus = Field(default_factory=SpareMoveStatus, description="A spare beside a worker "
                                         "being moved to a free node (policy/spare_placement.py).")
     observed_generation: int = Field(0, description="The metadata.generation of the spec this status is about.")

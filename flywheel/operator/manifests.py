@@ -278,6 +278,7 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
     sched = conds.get("PodScheduled", {})
     unsched = parse_rfc3339(sched.get("lastTransitionTime")) if sched.get("reason") == "Unschedulable" else None
     sched_message = (sched.get("message") or None) if unsched is not None else None
+    gated = sched.get("reason") == "SchedulingGated" or bool((obj.get("spec") or {}).get("schedulingGates"))
     target = conds.get("DisruptionTarget", {})  # preempted or evicted (Kubernetes 1.26+)
     disruption = str(target.get("reason") or "DisruptionTarget") if target.get("status") == "True" else None
     node = (obj.get("spec") or {}).get("nodeName")
@@ -290,7 +291,7 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
                    node_lost=bool(node) and node in lost_nodes, reason=reason, exit_code=code,
                    unschedulable_since=unsched, liveness_lost=liveness_lost, finished_at=finished,
                    message=message, waiting_since=waiting_since, disruption=disruption, deleted_for=deleted_for,
-                   scheduler_message=sched_message, role=role, node=node or None)
+                   scheduler_message=sched_message, gated=gated, role=role, node=node or None)
 
 
 def exit_message(text: str | None, limit: int = 500) -> str | None:

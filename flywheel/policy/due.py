@@ -29,7 +29,7 @@ def next_due(status: TrainingJobStatus, job: JobView) -> float | None:
     if status.phase in TERMINAL:
         times.append(ttl_due(spec, status))
     elif not spec.suspend:
-        times += [deadline_due(spec, status), *unschedulable_due(job), *job.start_failures_due(),
+        times += [deadline_due(spec, status), *unschedulable_due(status, job), *job.start_failures_due(),
                   *cause_wait_due(status, job.pods, consequence_window(spec.fault_tolerance)), drain_due(status),
                   move_due(status)]
     return min((t for t in times if t is not None and t > job.now), default=None)

@@ -19,6 +19,7 @@ from flywheel.policy.failures import FailureKind
 from flywheel.policy.finish import finish
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import HangReport, ObservedProgress, PodView
+from flywheel.policy.pending_timeout import waiting_for_unschedulable
 from flywheel.policy.rank_restarts import begin_generation
 from flywheel.policy.restart import Action, Decision, Recovery, RestartBudget, decide_restart, recovery
 from flywheel.policy.spares import promotable
@@ -144,7 +145,9 @@ def decide_failure(out: Pass, job: JobView) -> Pass | None:
         return finish(out, job.pods, Phase.FAILED, R.STARTUP_FAILURE, f"{detail}; {startup.message}", job.now)
     live = sum(1 for p in job.current if p.active and job.failure(p) is None)
     ready_spares = sum(1 for s in job.spares if promotable(s))
-    decision = decide_restart(job.spec, kind, budget_of(status), status.last_checkpoint.step, live, ready_spares)
+    free = waiting_for_unschedulable(job, reason)  # its rendezvous gave up on a peer with no node: not charged
+    decision = decide_restart(job.spec, kind, budget_of(status), status.last_checkpoint.step, live, ready_spares,
+                              charge=not free)
     status.restart_budget = RestartBudgetStatus(used=decision.budget.used,
                                                 window_start_step=decision.budget.window_start_step)
     if recovery(decision.action) is Recovery.END_JOB:

@@ -26,6 +26,7 @@ class PodView:
     exit_code: int | None = None
     unschedulable_since: float | None = None
     scheduler_message: str | None = None  # the PodScheduled=False condition's message (why it does not fit)
+    gated: bool = False  # held by scheduling gates (PodScheduled reason SchedulingGated): queued, e.g. in Kueue
     liveness_lost: bool = False  # its etcd liveness key vanished while the pod still ran
     agent_alive: bool = False  # its own etcd liveness key is held now, not marked exited: its agent runs
     finished_at: float | None = None  # when its container terminated (the failure's time, for metrics)

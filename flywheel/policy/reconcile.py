@@ -35,7 +35,7 @@ from flywheel.policy.failure_decision import decide_failure, requested_restart
 from flywheel.policy.finish import invalid_job, success
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import HealthFindings, ObservedProgress, PodView
-from flywheel.policy.pending_timeout import pending_timeout
+from flywheel.policy.pending_timeout import pending_timeout, track_unschedulable
 from flywheel.policy.rank_restarts import consequence_window, count_rank_restarts
 from flywheel.policy.running_state import settle
 from flywheel.policy.scale_create import clean_up, create_missing
@@ -81,6 +81,7 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: Trai
 def _decide(out: Pass, job: JobView, drain: DrainInput) -> Pass:
     """Everything but the spares (policy/spares.py), whose count follows whatever this decides."""
     _observe(out.status, job)
+    track_unschedulable(out.status, job)
     out.events += count_rank_restarts(out.status, job.pods, job.generation, job.now,
                                       consequence_window(job.spec.fault_tolerance))
     return _first_policy(out, job, drain)
@@ -95,8 +96,10 @@ def _first_policy(out: Pass, job: JobView, drain: DrainInput) -> Pass:
     if spec.suspend:
         return suspend(out, job)
     entry_phase = resume(out, job)
+    # An overdue pending timeout before a failure: a peer's rendezvous gives up on the unschedulable worker, and
+    # restarting for it (policy/pending_timeout.py) would only put the verdict off.
     decided = (deadline(out, job) or success(out, job) or requested_restart(out, job)
-               or drain_ahead(out, job, drain) or decide_failure(out, job) or pending_timeout(out, job))
+               or drain_ahead(out, job, drain) or pending_timeout(out, job) or decide_failure(out, job))
     if decided is not None:
         return decided
     create_missing(out, job)

@@ -72,21 +72,22 @@ class Decision:
 
 
 def decide_restart(spec: TrainingJobSpec, failure: FailureKind, budget: RestartBudget, committed_step: int,
-                   live_replicas: int, ready_spares: int = 0) -> Decision:
+                   live_replicas: int, ready_spares: int = 0, charge: bool = True) -> Decision:
     """Decide what to do after a worker failed.
 
     `live_replicas` counts healthy workers besides the failed one, `ready_spares` the warm spares waiting to be
     promoted. External failures (preemption, eviction, a lost node) never spend the budget; permanent ones fail at
     once; the rest spend one restart each. A lost or evicted worker with a warm spare ready is replaced by it alone:
     the survivors restart their ranks in place when it joins (recreating them too would make every one of them a
-    cold pod, and the spare pointless).
+    cold pod, and the spare pointless). `charge` False: the failure is not the job's either (a rendezvous that gave
+    up on a peer the scheduler cannot place, policy/pending_timeout.py) and spends nothing.
     """
     budget = budget.refreshed(spec, committed_step)
     reason = failure.value
     if failure in PERMANENT:
         return Decision(Action.FAIL, reason, R.MSG_PERMANENT.get(reason, R.MSG_PERMANENT_DEFAULT).format(reason=reason),
                         budget)
-    if failure not in EXTERNAL:
+    if failure not in EXTERNAL and charge:
         limit = spec.fault_tolerance.max_restarts
         if budget.used >= limit:
             return Decision(Action.FAIL, "RestartBudgetExhausted",

@@ -8,7 +8,7 @@ from flywheel.policy import reasons as R
 from flywheel.policy.conditions import condition, set_condition, set_phase
 from flywheel.policy.decisions import Event, Pass
 from flywheel.policy.job_view import JobView
-from flywheel.policy.pending_timeout import unschedulable, unschedulable_message
+from flywheel.policy.pending_timeout import unschedulable, unschedulable_message, unschedulable_since
 from flywheel.spec_status import ConditionType, Phase
 
 STRAGGLER_REASONS = (R.STRAGGLER, R.STRAGGLER_RECOVERED)
@@ -20,7 +20,7 @@ def settle(out: Pass, job: JobView, entry_phase: Phase) -> Pass:
     status, now = out.status, job.now
     ready, desired = status.replicas.ready, job.desired
     pending = unschedulable(job)
-    since = pending[0].unschedulable_since if pending else None
+    since = unschedulable_since(status, job)
     unsched = since is not None and now - since >= job.spec.fault_tolerance.node_failure_grace_seconds
     set_condition(status, ConditionType.UNSCHEDULABLE, unsched, R.UNSCHEDULABLE,
                   unschedulable_message(pending[0]) if unsched else R.MSG_UNSCHEDULABLE, now)

@@ -152,8 +152,9 @@ def test_invalid_spec_fails_with_condition_and_event_once() -> None:
 
 
 def test_unschedulable_condition_after_the_grace() -> None:
-    stuck = [pod(0), pod(1, "Pending", unschedulable_since=NOW)]
-    early = reconcile(spec(), None, {}, stuck, Progress(), NOW + 4)
+    stuck = [pod(0), pod(1, "Pending", unschedulable_since=NOW - 99)]  # the grace counts from first seen (NOW)
+    seen = reconcile(spec(), None, {}, stuck, Progress(), NOW)
+    early = reconcile(spec(), None, seen.status, stuck, Progress(), NOW + 4)
     assert condition(early.status, "Unschedulable") is None and early.status["phase"] == "Pending"
     late = reconcile(spec(), None, early.status, stuck, Progress(), NOW + 5)
     assert condition(late.status, "Unschedulable")["status"] == "True"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from flywheel.policy import reasons as R
-from flywheel.policy.conditions import set_condition
+from flywheel.policy.conditions import iso, set_condition
 from flywheel.policy.decisions import DeleteJob, DeletePod, Pass
 from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.rank_restarts import CAUSE_WAIT_SECONDS
@@ -70,10 +70,10 @@ def test_a_pod_stuck_terminating_on_a_lost_node_is_due_for_a_force_delete() -> N
 def test_an_unschedulable_pod_is_due_for_the_condition_then_for_the_pending_timeout() -> None:
     s = spec(**{"faultTolerance.pendingTimeoutSeconds": 30})
     waiting = pod(1, "Pending", unschedulable_since=NOW - 2, scheduler_message="no fit")
-    shown = check_due(s, [pod(0), waiting], NOW + 3)  # nodeFailureGraceSeconds 5
+    shown = check_due(s, [pod(0), waiting], NOW + 5)  # nodeFailureGraceSeconds 5 after the operator first saw it
     assert any(c.type == ConditionType.UNSCHEDULABLE and c.status == "True" for c in shown.status.conditions)
-    longer = pod(1, "Pending", unschedulable_since=NOW - 10, scheduler_message="no fit")
-    timed_out = check_due(s, [pod(0), longer], NOW + 20)
+    seen_before = TrainingJobStatus(unschedulable_since=iso(NOW - 10))  # status.unschedulableSince
+    timed_out = check_due(s, [pod(0), waiting], NOW + 20, seen_before)
     assert timed_out.status.phase is Phase.FAILED and timed_out.status.conditions[-1].reason == R.UNSCHEDULABLE
 
 
