@@ -29,7 +29,7 @@ from flywheel.local.spare_pool import SparePool
 from flywheel.plan import WorkerPlan
 from flywheel.policy import Action, Recovery, RestartBudget, classify_exit, decide_restart, recovery
 from flywheel.policy import reasons as R
-from flywheel.policy.startup_failure import StartupFailures, after_failure
+from flywheel.policy.startup_failure import StartupFailures, after_failure, group_before_first_step
 from flywheel.spec import TrainingJobSpec
 from flywheel.trainer import termination_log
 from flywheel.trainer.checkpoint_memory_root import forget, worker_memory_root
@@ -272,7 +272,8 @@ class Supervisor:
         if self.succeeded or self.record.done is not None:
             self.progress.notice(f"[yellow]worker {index} failed ({kind.value}) after training finished[/]")
             return
-        self.startup = after_failure(self.startup, kind, reason, self.record.log.current_step)
+        self.startup = after_failure(self.startup, kind, reason, self.record.log.current_step,
+                                     self._before_first_step())
         said = f": {escape(reason)}" if reason else ""  # worker output may hold [brackets]
         if self.startup.deterministic:
             self.progress.notice(f"[red]worker {index} exited {code} ({kind.value}){said}[/] -> Fail: "
@@ -286,6 +287,18 @@ class Supervisor:
         self.progress.notice(f"[red]worker {index} exited {code} ({kind.value}){said}[/] -> "
                              f"{decision.action.value}: {escape(decision.message)}")
         self._carry_out(index, decision.action, decision.reason, decision.message)
+
+    def _before_first_step(self) -> bool | None:
+        """Whether the workers' group since the last recreation failed before its first step (the operator's rule):
+        from the newest `start` in the log and whether a step followed it."""
+        log, recreations = self.record.log, self.record.recreations
+        start, last = (log.starts[-1] if log.starts else None), log.last
+        restarted = recreations[-1].time if recreations else None
+        if start is not None:
+            return group_before_first_step(start.time, last is not None and last.time >= start.time, restarted)
+        if last is not None and (restarted is None or last.time >= restarted):  # a user script: steps only
+            return group_before_first_step(last.time, True, restarted)
+        return group_before_first_step(0.0, False, restarted)
 
     def _carry_out(self, index: int, action: Action, reason: str, message: str) -> None:
         """The decision table (policy.recovery) the operator carries out too."""

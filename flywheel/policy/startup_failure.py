@@ -55,13 +55,20 @@ def attempt_is_current(status: TrainingJobStatus, progress: ObservedProgress) ->
 
 
 def before_first_step(status: TrainingJobStatus, progress: ObservedProgress) -> bool | None:
-    """Whether the current generation's group failed before it trained a step; None when the record names no
-    attempt (then `after_failure` compares the job's step)."""
-    if not progress.attempt:
+    """Whether the current generation's group failed before it trained a step (`group_before_first_step`)."""
+    return group_before_first_step(progress.attempt, progress.attempt_stepped, last_restart(status))
+
+
+def group_before_first_step(attempt: float, stepped: bool, restarted: float | None) -> bool | None:
+    """Whether the group running since the last restart (`restarted`: when it was decided, None: none yet) failed
+    before it trained a step, from the newest attempt that reported its start (`attempt`: when; 0: none) and whether
+    that attempt `stepped`; None when no attempt is known (then `after_failure` compares the job's step). The
+    operator and `flywheel run` both decide by it."""
+    if not attempt:
         return None
-    if not attempt_is_current(status, progress):
-        return True  # this generation's group never reported its start
-    return not progress.attempt_stepped
+    if restarted is not None and attempt < restarted:
+        return True  # the group since the restart never reported its start
+    return not stepped
 
 
 def after_failure(previous: StartupFailures, kind: FailureKind, reason: str, step: int,

@@ -26,3 +26,26 @@ def test_a_script_failing_on_an_import_stops_after_two_attempts(tmp_path: Path) 
     assert "ModuleNotFoundError: No module named 'flywheel_no_such_module'" in text, text
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "Failed" and len(summary["failures"]) == 2, summary
+
+
+def test_a_script_that_trains_then_crashes_the_same_way_each_time_spends_its_restarts(tmp_path: Path) -> None:
+    """Each attempt trains (steps 1-3) and then crashes with the same error at the same step: not a start-up
+    failure (that needs no step before the crash), so the run goes on to its restart budget."""
+    (tmp_path / "x.py").write_text("from flywheel import progress\n"
+                                   "for step in range(1, 4):\n"
+                                   "    progress.step(step, loss=1.0)\n"
+                                   "raise ValueError('bad batch at step 3')\n")
+    job = write_job(tmp_path / "job.yaml", "crashlater", "  replicas: {min: 1, max: 1}\n"
+                    "  command: [python, x.py]\n"
+                    "  faultTolerance: {maxRestarts: 3}\n"
+                    f"  checkpoint: {{dir: {tmp_path / 'ckpt'}}}\n")
+    out = tmp_path / "out"
+    proc = subprocess.run([PYTHON, "-m", "flywheel.cli", "run", str(job), "--out", str(out), "--no-progress"],
+                          cwd=tmp_path, env={**child_env(), "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=240)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text
+    assert "StartupFailure" not in text and "2 attempts in a row" not in text, text
+    assert "after 3 restarts (maxRestarts=3)" in text, text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "Failed" and len(summary["failures"]) == 4, summary

@@ -100,3 +100,14 @@ def test_before_first_step_reads_the_newest_attempt_of_this_generation() -> None
     assert before_first_step(restarted, ObservedProgress(attempt=NOW + 5, attempt_stepped=True)) is False
     assert before_first_step(restarted, ObservedProgress(attempt=NOW + 5)) is True
     assert before_first_step(fresh().status, ObservedProgress(attempt=NOW - 5, attempt_stepped=True)) is False
+
+
+def test_group_before_first_step_reads_the_newest_attempt_against_the_last_restart() -> None:
+    from flywheel.policy.startup_failure import group_before_first_step
+
+    assert group_before_first_step(0.0, False, None) is None  # nothing known: the step decides
+    assert group_before_first_step(100.0, True, None) is False  # the first group trained
+    assert group_before_first_step(100.0, False, None) is True
+    assert group_before_first_step(100.0, True, 150.0) is True  # an attempt from before the restart: none since
+    assert group_before_first_step(200.0, True, 150.0) is False
+    assert group_before_first_step(200.0, False, 150.0) is True
