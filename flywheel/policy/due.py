@@ -18,6 +18,7 @@ from flywheel.policy.pending_timeout import unschedulable_due
 from flywheel.policy.rank_restarts import cause_wait_due, consequence_window
 from flywheel.policy.scale_create import force_delete_due
 from flywheel.policy.spare_placement import move_due
+from flywheel.policy.startup_failure import stalled
 from flywheel.spec_status import TrainingJobStatus
 
 
@@ -30,6 +31,7 @@ def next_due(status: TrainingJobStatus, job: JobView) -> float | None:
         times.append(ttl_due(spec, status))
     elif not spec.suspend:
         times += [deadline_due(spec, status), *unschedulable_due(status, job), *job.start_failures_due(),
-                  *cause_wait_due(status, job.pods, consequence_window(spec.fault_tolerance)), drain_due(status),
+                  *cause_wait_due(status, job.pods, consequence_window(spec.fault_tolerance),
+                                 stalled(status, job.progress)), drain_due(status),
                   move_due(status)]
     return min((t for t in times if t is not None and t > job.now), default=None)

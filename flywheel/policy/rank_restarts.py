@@ -71,12 +71,16 @@ def _same_recovery(status: TrainingJobStatus, at: float) -> bool:
     return last is not None and abs(at - last) <= SAME_RECOVERY_SECONDS
 
 
-def _echoes(status: TrainingJobStatus, pod: PodView, window: float) -> bool:
+def _echoes(status: TrainingJobStatus, pod: PodView, window: float, stalled: bool = False) -> bool:
     """Whether `pod`'s new report is the current recovery's echo: its first since that recovery began, within
-    SAME_RECOVERY_SECONDS of it, or (a survivor's consequence of a decided restart) up to `window` after it."""
+    SAME_RECOVERY_SECONDS of it, or (a survivor's consequence of a decided restart) up to `window` after it; or, while
+    the job has not trained a step since that recovery (`stalled`), any later report of a pod that reported it: a
+    crash loop before training resumes (an import error the agent restarts in place) is one interruption."""
     last = last_restart(status)
-    if last is None or pod.uid in status.rank_restart_reporters:
+    if last is None:
         return False
+    if pod.uid in status.rank_restart_reporters:
+        return stalled
     after = pod.rank_restart_at - last
     if status.last_restart_reason != R.RESTART_RANK and follows_a_peer(pod.rank_restart_reason):
         return -SAME_RECOVERY_SECONDS <= after <= max(window, SAME_RECOVERY_SECONDS)
@@ -95,27 +99,30 @@ def begin_generation(status: TrainingJobStatus, generation: int, now: float, mer
     status.last_restart_time = rfc3339(now)
 
 
-def _waits_for_cause(status: TrainingJobStatus, pod: PodView, now: float | None, window: float) -> bool:
+def _waits_for_cause(status: TrainingJobStatus, pod: PodView, now: float | None, window: float,
+                     stalled: bool) -> bool:
     """A consequence's report, not the echo of a counted recovery, still within the wait for its cause's."""
     return (now is not None and follows_a_peer(pod.rank_restart_reason)
-            and not _echoes(status, pod, window) and now - pod.rank_restart_at < CAUSE_WAIT_SECONDS)
+            and not _echoes(status, pod, window, stalled) and now - pod.rank_restart_at < CAUSE_WAIT_SECONDS)
 
 
-def cause_wait_due(status: TrainingJobStatus, pods: Sequence[PodView], window: float = 0.0) -> list[float]:
+def cause_wait_due(status: TrainingJobStatus, pods: Sequence[PodView], window: float = 0.0,
+                   stalled: bool = False) -> list[float]:
     """When each consequence's report left waiting for its cause's (`count_rank_restarts` with `now`) stops
     waiting and is counted by itself. `status`: as the pass left it (its `rankRestarts` record what was taken)."""
     taken = status.rank_restarts
     return [p.rank_restart_at + CAUSE_WAIT_SECONDS for p in pods
             if p.rank_restarts > taken.get(p.uid, 0) and follows_a_peer(p.rank_restart_reason)
-            and not _echoes(status, p, window)]
+            and not _echoes(status, p, window, stalled)]
 
 
 def count_rank_restarts(status: TrainingJobStatus, pods: Sequence[PodView], generation: int,
-                        now: float | None = None, window: float = 0.0) -> list[Event]:
+                        now: float | None = None, window: float = 0.0, stalled: bool = False) -> list[Event]:
     """Add the rank restarts reported since the last pass to `status.restarts` (lastRestartReason RankRestarted),
     one per recovery; record the counts per pod in `status.rankRestarts` (pruned to `pods`); return an event for
     each pod whose restart was counted. Causes are taken before consequences; with `now`, a consequence's report
-    is left for a later pass while its cause's may still come. `window`: `consequence_window` of the spec."""
+    is left for a later pass while its cause's may still come. `window`: `consequence_window` of the spec;
+    `stalled`: no step trained since the last counted recovery (policy/startup_failure.py's rule)."""
     counted = status.rank_restarts
     recorded = {p.uid: counted[p.uid] for p in pods if p.uid in counted}
     uids = {p.uid for p in pods}
@@ -123,11 +130,12 @@ def count_rank_restarts(status: TrainingJobStatus, pods: Sequence[PodView], gene
     events: list[Event] = []
     for pod in sorted(pods, key=lambda p: (follows_a_peer(p.rank_restart_reason), p.rank_restart_at)):
         before = recorded.get(pod.uid, 0)
-        if pod.rank_restarts <= before or _waits_for_cause(status, pod, now, window):
+        if pod.rank_restarts <= before or _waits_for_cause(status, pod, now, window, stalled):
             continue
         recorded[pod.uid] = pod.rank_restarts
-        echo = _echoes(status, pod, window)
-        added = pod.rank_restarts - before - (1 if echo else 0)
+        echo = _echoes(status, pod, window, stalled)
+        looping = echo and pod.uid in status.rank_restart_reporters  # every restart of a crash loop: none new
+        added = 0 if looping else pod.rank_restarts - before - (1 if echo else 0)
         if echo:
             reporters.append(pod.uid)
         if added <= 0 or pod.generation != generation or pod.deleting_since is not None:

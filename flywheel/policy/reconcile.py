@@ -40,6 +40,7 @@ from flywheel.policy.rank_restarts import consequence_window, count_rank_restart
 from flywheel.policy.running_state import settle
 from flywheel.policy.scale_create import clean_up, create_missing
 from flywheel.policy.spares import keep_spares, split_roles
+from flywheel.policy.startup_failure import stalled
 from flywheel.policy.suspend_resume import resume, suspend
 from flywheel.spec import TrainingJobSpec
 from flywheel.spec_status import (
@@ -83,7 +84,8 @@ def _decide(out: Pass, job: JobView, drain: DrainInput) -> Pass:
     _observe(out.status, job)
     track_unschedulable(out.status, job)
     out.events += count_rank_restarts(out.status, job.pods, job.generation, job.now,
-                                      consequence_window(job.spec.fault_tolerance))
+                                      consequence_window(job.spec.fault_tolerance),
+                                      stalled(out.status, job.progress))
     return _first_policy(out, job, drain)
 
 

@@ -59,6 +59,12 @@ def before_first_step(status: TrainingJobStatus, progress: ObservedProgress) -> 
     return group_before_first_step(progress.attempt, progress.attempt_stepped, last_restart(status))
 
 
+def stalled(status: TrainingJobStatus, progress: ObservedProgress) -> bool:
+    """Whether no step was trained since the last counted recovery (with no attempt known: ever)."""
+    before = before_first_step(status, progress)
+    return before if before is not None else status.step == 0
+
+
 def group_before_first_step(attempt: float, stepped: bool, restarted: float | None) -> bool | None:
     """Whether the group running since the last restart (`restarted`: when it was decided, None: none yet) failed
     before it trained a step, from the newest attempt that reported its start (`attempt`: when; 0: none) and whether

@@ -230,3 +230,19 @@ def test_a_consequence_long_after_a_decided_restart_is_a_new_recovery() -> None:
     late = pod(0, generation=1, rank_restarts=1, rank_restart_at=NOW + 79, rank_restart_reason=CONSEQUENCE)
     count_rank_restarts(status, [late], 1, NOW + 90, window=78.0)
     assert status.restarts == 2 and status.last_restart_reason == R.RESTART_RANK
+
+
+def test_a_crash_loop_before_training_resumes_is_one_recovery() -> None:
+    """An agent restarting ranks that fail again before any step (an import error, a missing file) reports each
+    restart; while no step is trained since the recovery began, they are that one interruption, even when several
+    come between two passes. Once the group trains again, the pod's next restart is a new recovery."""
+    status = _running()
+    assert len(count_rank_restarts(status, [pod(0, rank_restarts=1, rank_restart_reason=REASON,
+                                                rank_restart_at=NOW), pod(1)], 0, NOW + 1, stalled=True)) == 1
+    for k, dt in ((2, 40), (3, 80), (6, 200)):  # past SAME_RECOVERY_SECONDS; 6: three restarts seen at once
+        looping = pod(0, rank_restarts=k, rank_restart_reason=REASON, rank_restart_at=NOW + dt)
+        assert not count_rank_restarts(status, [looping, pod(1)], 0, NOW + dt + 1, stalled=True)
+    assert status.restarts == 1 and status.rank_restarts == {"u0-0": 6}
+    trained = pod(0, rank_restarts=7, rank_restart_reason=REASON, rank_restart_at=NOW + 300)
+    assert len(count_rank_restarts(status, [trained, pod(1)], 0, NOW + 301, stalled=False)) == 1
+    assert status.restarts == 2
