@@ -32,7 +32,7 @@ from flywheel.policy.health_checks import (
     WatchedJob,
     evaluate,
 )
-from flywheel.policy.xid import XidClass, XidSample
+from flywheel.policy.xid import NodeFault, XidClass, XidSample
 from flywheel.policy.xid_memory import nodes_to_check
 
 log = logging.getLogger(__name__)
@@ -175,6 +175,17 @@ class HealthMonitor:
             log.exception("health monitor: %s failed", action)
             return False
 
+    async def _node_fault(self, fault: NodeFault) -> bool:
+        """Cordon the node (when allowed) and replace each job's pods there; True when every action succeeded (each
+        is tried even after one failed: the others' jobs need not wait for the retry)."""
+        ok = True
+        if fault.cordon:
+            ok = await self._act("cordon_node", functools.partial(self.actions.cordon_node, fault.node, fault))
+        for key in sorted({(p.namespace, p.job) for p in fault.pods}):
+            pods = [p for p in fault.pods if (p.namespace, p.job) == key]
+            ok = await self._act("replace_pods", functools.partial(self.actions.replace_pods, pods, fault)) and ok
+        return ok
+
     async def _hand_over(self, d: HealthDecisions) -> None:
         for hang in d.hangs:
             log.warning("job %s/%s is hung: %s", hang.namespace, hang.job, hang.message)
@@ -183,12 +194,12 @@ class HealthMonitor:
                 self.state = self.state.forget_hang((hang.namespace, hang.job))
         for fault in d.node_faults:
             log.error("%s", fault.message)
-            if fault.cordon:
-                await self._act("cordon_node", functools.partial(self.actions.cordon_node, fault.node, fault))
-            for key in sorted({(p.namespace, p.job) for p in fault.pods}):
-                pods = [p for p in fault.pods if (p.namespace, p.job) == key]
-                await self._act("replace_pods", functools.partial(self.actions.replace_pods, pods, fault))
-            if self.xid_memory is not None:
+            if not await self._node_fault(fault):
+                # Neither remembered here nor on the node: the next evaluation raises it again (a retry per interval).
+                log.warning("node %s: the actions for fatal XID %s failed; trying again at the next evaluation",
+                            fault.node, "/".join(map(str, fault.codes)))
+                self.state = self.state.forget_fault(fault)
+            elif self.xid_memory is not None:
                 await self._act("remember_xid", functools.partial(self.xid_memory.remember, fault))
         for restart in d.rank_restarts:
             log.warning("job %s/%s: %s", restart.namespace, restart.job, restart.message)

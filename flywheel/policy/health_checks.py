@@ -12,7 +12,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from flywheel.etcd.progress import final_save_allowance
-from flywheel.policy.xid import GpuKey, NodeFault, RankRestart, WatchedPod, XidEvent, XidSample, decide_xids, xid_events
+from flywheel.policy.xid import (
+    GpuKey,
+    NodeFault,
+    RankRestart,
+    WatchedPod,
+    XidEvent,
+    XidSample,
+    decide_xids,
+    same_node,
+    xid_events,
+)
 from flywheel.policy.xid_memory import already_handled
 
 JobKey = tuple[str, str]  # (namespace, name)
@@ -155,6 +165,16 @@ class HealthState:
         """The hang could not be handed over: report it again next time."""
         return HealthState(self.reported_hangs - {job}, self.xid_codes, self.xid_restarted_at,
                            self.straggler_streaks, self.degraded)
+
+    def forget_fault(self, fault: NodeFault) -> HealthState:
+        """The fault's actions failed: forget its GPUs' codes, so the next evaluation (one interval later) sees them
+        as new and acts again. Keyed by the exporter's host name, which may be the FQDN of `fault.node`."""
+        if self.xid_codes is None:
+            return self
+        gpus = {gpu for gpu, _ in fault.gpus}
+        codes = {key: code for key, code in self.xid_codes.items()
+                 if not (key[1] in gpus and same_node(key[0], fault.node))}
+        return HealthState(self.reported_hangs, codes, self.xid_restarted_at, self.straggler_streaks, self.degraded)
 
 
 @dataclass(frozen=True)

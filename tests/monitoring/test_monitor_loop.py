@@ -230,3 +230,37 @@ def test_client_against_something_that_is_not_prometheus() -> None:
         assert asyncio.run(scenario()) == "http"
     finally:
         exporter.stop()
+
+
+class NodeMemory:
+    """The node annotations, in memory."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, int]] = {}
+
+    async def handled(self, nodes):
+        return {n: dict(self.nodes[n]) for n in nodes if n in self.nodes}
+
+    async def remember(self, fault) -> None:
+        self.nodes.setdefault(fault.node, {}).update(dict(fault.gpus))
+
+
+@pytest.mark.parametrize("failing", ["replace_pods", "cordon_node"])
+def test_a_failed_fatal_xid_action_is_not_remembered_and_is_tried_again(failing: str) -> None:
+    querier = ScriptedQuerier([], [], [xid_sample("node-0", 79)])
+    actions, metrics, memory = RecordingActions(fail={failing}), OperatorMetrics(), NodeMemory()
+
+    def fresh() -> HealthMonitor:  # an operator (re)started
+        return HealthMonitor(MonitorSettings(interval_seconds=0.05), StaticInventory([view()]), actions, metrics,
+                             querier=querier, clock=lambda: NOW, xid_memory=memory)
+    m = fresh()
+    asyncio.run(m.evaluate_once())
+    asyncio.run(m.evaluate_once())
+    assert len(actions.named("replace_pods")) == 2 and memory.nodes == {}  # every evaluation, never remembered
+    asyncio.run(fresh().evaluate_once())  # nor skipped after a restart
+    assert len(actions.named("replace_pods")) == 3
+    actions.fail.clear()
+    asyncio.run(m.evaluate_once())
+    asyncio.run(m.evaluate_once())
+    asyncio.run(fresh().evaluate_once())
+    assert len(actions.named("replace_pods")) == 4 and memory.nodes == {"node-0": {"GPU-node-0": 79}}

@@ -58,3 +58,18 @@ def test_evaluate_does_not_act_again_on_a_handled_fatal_xid() -> None:
     changed = Observations(now=101.0, jobs=[job], progress=None, step_times=None,
                            xids=[XidSample("node-a", "GPU-0", 48)], xid_handled={"node-a": {"GPU-0": 79}})
     assert [f.codes for f in evaluate(changed, state, HealthSettings())[0].node_faults] == [(48,)]
+
+
+def test_a_fault_whose_actions_failed_is_raised_again_at_the_next_evaluation() -> None:
+    job = WatchedJob("ml", "train", "Running", 60.0, 600.0, (POD,))
+    # The exporter names the FQDN; the fault, the pod's node name.
+    samples = [XidSample("node-a.example.com", "GPU-0", 79), XidSample("node-a.example.com", "GPU-1", 0),
+               XidSample("node-b", "GPU-0", 13)]
+    obs = Observations(now=100.0, jobs=[job], progress=None, step_times=None, xids=samples)
+    acted, state = evaluate(obs, HealthState(), HealthSettings())
+    [fault] = acted.node_faults
+    assert evaluate(obs, state, HealthSettings())[0].node_faults == ()  # acted on: not again
+    retry = state.forget_fault(fault)
+    assert retry.xid_codes == {("node-a.example.com", "GPU-1"): 0, ("node-b", "GPU-0"): 13}  # only its GPUs
+    assert evaluate(obs, retry, HealthSettings())[0].node_faults == (fault,)
+    assert HealthState().forget_fault(fault) == HealthState()  # no XID answer yet: nothing to forget
