@@ -6,14 +6,23 @@ token / tokenFile, client certificates, oidc, insecure-skip-tls-verify, proxy-ur
 private directory that `close()` removes. An exec token is fetched again shortly before its expirationTimestamp. In a
 pod, the service-account token file is re-read whenever it changes (bound tokens rotate about hourly). Both are
 renewed after a 401 (`renew()`).
+
+Renewals are single-flight: concurrent requests that find the token due (or get a 401 with the same token) share
+one run of the plugin. A plugin that answers with a token still inside EXPIRY_MARGIN (its own cache) is not run
+again before that token really expires or gets a 401. After a failed renewal the plugin is not run again for
+RENEW_BACKOFF seconds (doubling up to RENEW_BACKOFF_MAX); meanwhile callers get a `CredentialsError` naming the
+failure once the token has expired, and the old token until then.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -27,11 +36,21 @@ from kubernetes_asyncio.config.kube_config import KubeConfigLoader
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 SERVED_AUTH_PROVIDERS = ("oidc",)  # gcp and azure were removed from kubectl (1.26); their exec plugins replace them
 EXPIRY_MARGIN = timedelta(seconds=30)  # fetch an exec token again this long before it expires
+RENEW_BACKOFF = 2.0  # seconds without a renewal after one failed, doubling per failure in a row ...
+RENEW_BACKOFF_MAX = 60.0  # ... up to this
 DATA_FIELDS = {"cluster": ("certificate-authority",), "user": ("client-certificate", "client-key")}
+
+
+log = logging.getLogger(__name__)
 
 
 class KubeConfigError(RuntimeError):
     """A kubeconfig or service account the operator cannot connect with; the message names the field and the fix."""
+
+
+class CredentialsError(KubeConfigError):
+    """Renewing the credentials failed (the exec plugin, the token file); the message says why and when it is tried
+    again."""
 
 
 @dataclass(frozen=True)
@@ -59,23 +78,73 @@ class Credentials:
     """The current `Connection`, renewed when `due()` says so and after a 401; a fixed one is never renewed."""
 
     def __init__(self, conn: Connection, renewer: Renewer | None = None,
-                 due: Callable[[Connection], bool] | None = None, temp_dir: Path | None = None) -> None:
-        self.conn, self._renewer, self._due, self.temp_dir = conn, renewer, due, temp_dir
-        self.renewals = 0
+                 due: Callable[[Connection], bool] | None = None, temp_dir: Path | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.conn, self._renewer, self._due, self.temp_dir, self._clock = conn, renewer, due, temp_dir, clock
+        self.renewals = 0  # renewals that succeeded
+        self.runs = 0  # renewer runs, failed ones included
+        self._lock = asyncio.Lock()
+        self._held: Connection | None = None  # a renewal's answer that is itself due: kept until it expires
+        self._failures = 0  # failed renewals in a row
+        self._retry_at = 0.0  # (clock) no renewal before this after a failure
+        self._failure = ""  # the last failure's message, while failing
+
+    def _wants_renewal(self, conn: Connection) -> bool:
+        if self._due is None or not self._due(conn):
+            return False
+        # The renewer just gave this one back: running it again would only give it back again.
+        return conn is not self._held or _expired(conn)
 
     async def current(self) -> Connection:
-        if self._due is not None and self._due(self.conn):
-            await self.renew()
+        conn = self.conn
+        if not self._wants_renewal(conn):
+            return conn
+        async with self._lock:
+            if self.conn is conn:  # else renewed while this caller waited: use that
+                try:
+                    await self._run()
+                except CredentialsError:
+                    if _expired(conn):
+                        raise
+                    # still valid a while: used meanwhile (the failure is logged)
         return self.conn
 
-    async def renew(self) -> bool:
-        """Load the credentials again; True when they changed (a request that got 401 is then worth retrying)."""
+    async def renew(self, used: Connection | None = None) -> bool:
+        """Load the credentials again (after a 401 with `used`, the connection that request was sent with); True
+        when they differ from `used` (the request is then worth retrying). A renewal done since `used` was read
+        answers for it without running the renewer again."""
         if self._renewer is None:
             return False
-        fresh = await self._renewer()
-        changed, self.conn = fresh != self.conn, fresh
+        used = self.conn if used is None else used
+        async with self._lock:
+            if self.conn is not used:
+                return self.conn != used
+            await self._run()
+            return self.conn != used
+
+    async def _run(self) -> None:
+        """One renewer run (the lock held); during a failure's back-off, the failure instead."""
+        assert self._renewer is not None
+        if self._failure and self._clock() < self._retry_at:
+            raise CredentialsError(f"renewing the Kubernetes credentials failed {self._failures} time(s) in a row "
+                                   f"(next try in {self._retry_at - self._clock():.1f}s): {self._failure}")
+        self.runs += 1
+        try:
+            fresh = await self._renewer()
+            if _expired(fresh):
+                raise KubeConfigError(f"the credentials returned expired at {fresh.expiration}")
+        except Exception as err:
+            self._failures += 1
+            delay = min(RENEW_BACKOFF_MAX, RENEW_BACKOFF * 2 ** (self._failures - 1))
+            self._retry_at, self._failure = self._clock() + delay, str(err) or type(err).__name__
+            error = CredentialsError(f"renewing the Kubernetes credentials failed {self._failures} time(s) in a row "
+                                     f"(next try in {delay:g}s): {self._failure}")
+            log.warning("%s", error)
+            raise error from err
+        self._failures, self._failure = 0, ""
+        self.conn = replace(fresh)  # a new object even when equal: "renewed since" is identity
+        self._held = self.conn if self._due is not None and self._due(self.conn) else None
         self.renewals += 1
-        return changed
 
     def close(self) -> None:
         if self.temp_dir is not None:
@@ -204,3 +273,7 @@ def _connection_of(configuration: Configuration, expiry: datetime | None) -> Con
 
 def _expiring(conn: Connection) -> bool:
     return conn.expiration is not None and datetime.now(UTC) >= conn.expiration - EXPIRY_MARGIN
+
+
+def _expired(conn: Connection) -> bool:
+    return conn.expiration is not None and datetime.now(UTC) >= conn.expiration

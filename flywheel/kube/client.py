@@ -16,10 +16,11 @@ from urllib.parse import urlencode
 import aiohttp
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from flywheel.kube.auth import Connection, Credentials, KubeConfigError, load_credentials
+from flywheel.kube.auth import Connection, Credentials, CredentialsError, KubeConfigError, load_credentials
 from flywheel.timefmt import rfc3339
 
-__all__ = ["Connection", "Credentials", "Kube", "KubeApiError", "KubeConfigError", "load_credentials"]
+__all__ = ["Connection", "Credentials", "CredentialsError", "Kube", "KubeApiError", "KubeConfigError",
+           "load_credentials"]
 
 LIST_PAGE = 500  # items per LIST page (limit/continue), as kubectl's default chunk size
 REQUEST_TIMEOUT = 30.0
@@ -86,7 +87,8 @@ class Kube:
     def conn(self) -> Connection:
         return self.credentials.conn
 
-    async def _current(self) -> _Transport:
+    async def _current(self) -> tuple[_Transport, Connection]:
+        """The transport for the current credentials, and those credentials (a 401 renews them since those)."""
         conn = await self.credentials.current()
         if self._transport is not None and self._transport.built_for != conn.transport():
             await self._transport.close()  # new TLS settings (e.g. an exec plugin's new client certificate)
@@ -94,7 +96,7 @@ class Kube:
         if self._transport is None:
             self._transport = _Transport(conn)
         self._transport.use_token(conn.token)
-        return self._transport
+        return self._transport, conn
 
     async def close(self) -> None:
         if self._transport is not None:
@@ -103,22 +105,23 @@ class Kube:
         self.credentials.close()
 
     async def _send(self, method: str, path: str, body: Any, params: dict[str, str] | None,
-                    content_type: str) -> tuple[int, Any]:
-        transport = await self._current()
+                    content_type: str) -> tuple[int, Any, Connection]:
+        transport, conn = await self._current()
         response = await transport.send(method, path, body, params, content_type)
         try:
             raw = await response.read()
         finally:
             response.release()
-        return response.status, (json.loads(raw) if raw else None)
+        return response.status, (json.loads(raw) if raw else None), conn
 
     async def request(self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None,
                       content_type: str = "application/json") -> Any:
         """The decoded JSON answer (None for an empty body); KubeApiError for any status >= 400. After a 401 the
         credentials are renewed (token file re-read, exec plugin run again) and, if they changed, the call retried."""
-        status, data = await self._send(method, path, body, params, content_type)
-        if status == 401 and await self.credentials.renew():
-            status, data = await self._send(method, path, body, params, content_type)
+        status, data, used = await self._send(method, path, body, params, content_type)
+        # Concurrent 401s with one token share one renewal (auth.Credentials.renew).
+        if status == 401 and await self.credentials.renew(used):
+            status, data, _ = await self._send(method, path, body, params, content_type)
         if status >= 400:
             raise KubeApiError(status, data)
         return data
@@ -167,14 +170,14 @@ class Kube:
         params = {"watch": "true", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
                   "timeoutSeconds": str(timeout_seconds),
                   **({"labelSelector": label_selector} if label_selector else {})}
-        transport = await self._current()
+        transport, used = await self._current()
         response = await transport.send("GET", path, None, params, "application/json", timeout=aiohttp.ClientTimeout(
             connect=REQUEST_TIMEOUT, sock_read=timeout_seconds + REQUEST_TIMEOUT))
         try:
             if response.status >= 400:
                 raw = await response.read()
                 if response.status == 401:
-                    await self.credentials.renew()
+                    await self.credentials.renew(used)
                 raise KubeApiError(response.status, json.loads(raw) if raw else None)
             async for line in response.content:  # one JSON event per line
                 if line.strip():

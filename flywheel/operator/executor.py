@@ -105,6 +105,7 @@ class JobRunner(EtcdViews, JobActions):
         self.dead_by_lease: set[str] = set()
         self.key_owner: dict[int, str] = {}  # replica index -> uid of the pod its liveness key belongs to
         self.service_checked_at: float | None = None  # monotonic time the headless Service was last seen
+        self.service_failure = ""  # why the headless Service could not be created (reported once per cause)
         self.pod_group_tried = False
         self.findings = FindingsInbox(self.poke)  # the health monitor's reports (monitor/findings.py)
         self.watch: WorkerWatch | None = None
@@ -287,12 +288,24 @@ class JobRunner(EtcdViews, JobActions):
         # Everything below only after the status that decided it is written: a lost race (409) does nothing.
         self.findings.consumed(findings)
         self.seen_pods, self.deleted_pods = views, self.deleted_pods & {v.uid for v in views}
+        try:
+            await self._carry_out(obj, job, result, status_in, views, gone, progress, written if changed else None)
+        finally:  # the status already tells of them: a failed action must not lose its pass's events
+            for ev in result.events:
+                await self._event(obj, ev.type, ev.reason, ev.message)
+        await self._checkpoint_event(obj, result.status.phase in TERMINAL, progress)
+
+    async def _carry_out(self, obj: dict[str, Any], job: TrainingJob | None, result: Pass,
+                         status_in: TrainingJobStatus, views: list[PodView], gone: list[PodView],
+                         progress: ObservedProgress, written: dict[str, Any] | None) -> None:
+        """What a written pass does: the liveness watch, the Service, metrics, its actions, the recovery record.
+        `written`: the status written (None: unchanged)."""
         if job is not None and result.status.phase not in (Phase.SUCCEEDED, Phase.FAILED, Phase.SUSPENDED):
             await self._start_liveness(job, bool(job.spec.replicas.spares or result.status.drain.replacements
                                                  or any(v.is_spare for v in views)))
             await self._ensure_service(obj, job)
         if self.metrics is not None:
-            self._record_metrics(written if changed else None, status_in, views, progress)
+            self._record_metrics(written, status_in, views, progress)
         lost = self.agents.of(lost_agents(views + gone, status_in.generation, result.status.generation,
                                           result.actions))
         self.agents.keep({v.name for v in views + gone})
@@ -304,9 +317,6 @@ class JobRunner(EtcdViews, JobActions):
             self.expiring.add(task)
             task.add_done_callback(self.expiring.discard)
         await self._record_recovery(obj, result)
-        for ev in result.events:
-            await self._event(obj, ev.type, ev.reason, ev.message)
-        await self._checkpoint_event(obj, result.status.phase in TERMINAL, progress)
 
     def _parse(self, obj: dict[str, Any]) -> tuple[TrainingJob | None, str | None]:
         """The job as parsed (None and the problems when invalid), parsed again only when what it is parsed from

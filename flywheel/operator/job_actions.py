@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Any, assert_never, cast
 
+import aiohttp
 import kopf
 
 from flywheel.etcd import rank_restart
@@ -43,6 +44,8 @@ from flywheel.policy.lost_agents import AgentId
 from flywheel.spec import TrainingJob
 
 SERVICE_RECHECK_SECONDS = 10.0  # how soon a deleted headless Service is created again
+# What an API call can fail with besides a refusal: the connection, a timeout.
+API_ERRORS = (KubeApiError, aiohttp.ClientError, TimeoutError)
 CREATE_RETRY_SECONDS = 2.0  # how soon a pod whose create failed is tried again (quota, a webhook, the API)
 
 
@@ -59,6 +62,7 @@ class JobActions:
     path: str
     events_path: str | None
     service_checked_at: float | None
+    service_failure: str  # the Service create's last failure, reported once ("" when none)
     pod_group_tried: bool
     deleted_pods: set[str]
     promoted_at: dict[str, float]
@@ -68,19 +72,38 @@ class JobActions:
     async def _event(self, obj: dict[str, Any], etype: str, reason: str, message: str) -> None:
         try:
             await self.kube.post_event(obj, etype, reason, message)
-        except KubeApiError as err:
-            self.logger.warning(f"could not post event {reason}: {err}")
+        except API_ERRORS as err:
+            self.logger.warning(f"could not post event {reason}: {err!r}")
+
+    def _retry_create_at(self, due: float) -> None:
+        self.create_retry_due = due if self.create_retry_due is None else min(self.create_retry_due, due)
+
+    async def _create_service(self, obj: dict[str, Any], job: TrainingJob) -> None:
+        """The headless Service, if missing. A refusal (a quota, an admission policy) or an API failure does not
+        hold up the pass's pods: a CreateFailed event, once per cause, and another try in CREATE_RETRY_SECONDS."""
+        body = m.service(job)
+        try:
+            if not await self.reads.service_exists(self.namespace, body["metadata"]["name"]):
+                _adopt(body, obj)
+                await self.kube.create(Kube.core(self.namespace, "services"), body)
+        except API_ERRORS as err:
+            cause = str(err) or type(err).__name__
+            self.logger.warning(f"could not create Service {body['metadata']['name']}: {cause}")
+            if cause != self.service_failure:
+                self.service_failure = cause
+                await self._event(obj, "Warning", R.CREATE_FAILED, R.MSG_CREATE_FAILED.format(
+                    kind="Service", name=body["metadata"]["name"], error=cause))
+            self._retry_create_at(time.time() + CREATE_RETRY_SECONDS)
+            return
+        self.service_failure = ""
+        self.service_checked_at = time.monotonic()
 
     async def _ensure_service(self, obj: dict[str, Any], job: TrainingJob) -> None:
         """The headless Service (created again when someone deleted it: looked at every SERVICE_RECHECK_SECONDS),
         and the PodGroup once (a failure to create it is reported, and the job runs without a gang)."""
         now = time.monotonic()
         if self.service_checked_at is None or now - self.service_checked_at >= SERVICE_RECHECK_SECONDS:
-            body = m.service(job)
-            if not await self.reads.service_exists(self.namespace, body["metadata"]["name"]):
-                _adopt(body, obj)
-                await self.kube.create(Kube.core(self.namespace, "services"), body)
-            self.service_checked_at = now
+            await self._create_service(obj, job)
         if self.pod_group_tried:
             return
         group = m.pod_group(job, self.settings)
@@ -150,8 +173,17 @@ class JobActions:
         # Planned only when a pod is to be created: the plan serializes the spec for every worker's env.
         workers = {w.index: w for w in m.plan(job, self.uid, self.settings, self.events_path)} \
             if creates and job is not None else {}
+        failed: list[Exception] = []
         for action in result.actions:
-            await self._act_one(obj, job, workers, action)
+            # One failure does not drop the others (each is re-decided from fresh observations if still needed);
+            # the pass fails after them, so it is retried soon.
+            try:
+                await self._act_one(obj, job, workers, action)
+            except Exception as err:  # noqa: BLE001 (re-raised below)
+                self.logger.warning(f"{type(action).__name__} failed: {err!r}")
+                failed.append(err)
+        if failed:
+            raise failed[0]
 
     async def _act_one(self, obj: dict[str, Any], job: TrainingJob | None, workers: dict[int, WorkerPlan],
                        action: JobAction) -> None:
@@ -226,7 +258,7 @@ class JobActions:
             await self._event(obj, "Warning", R.CREATE_FAILED,
                               R.MSG_CREATE_FAILED.format(kind="pod", name=body["metadata"]["name"], error=err))
             # Its pass counted it in status.replicas.current: the next pass, soon, sees it missing and tries again.
-            self.create_retry_due = time.time() + CREATE_RETRY_SECONDS
+            self._retry_create_at(time.time() + CREATE_RETRY_SECONDS)
 
 def _adopt(body: dict[str, Any], owner: dict[str, Any]) -> None:
     """Make `owner` (the TrainingJob as read) the controller of `body`: garbage-collected with it."""

@@ -172,3 +172,96 @@ def test_in_cluster_reads_the_service_account_dir(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
     creds = asyncio.run(load_credentials(None))
     assert (creds.conn.server, creds.conn.token) == ("https://10.96.0.1:443", "sa")
+
+
+class Plugin:
+    """A renewer counting its runs: answers with `token` valid for `valid` seconds, or raises `error`."""
+
+    def __init__(self, token: str, valid: float, error: Exception | None = None) -> None:
+        self.token, self.valid, self.error, self.runs = token, valid, error, 0
+
+    async def __call__(self) -> kube_auth.Connection:
+        self.runs += 1
+        await asyncio.sleep(0.01)  # the subprocess: concurrent callers overlap it
+        if self.error is not None:
+            raise self.error
+        return kube_auth.Connection("https://k", self.token,
+                                    expiration=datetime.now(UTC) + timedelta(seconds=self.valid))
+
+
+def expiring_in(seconds: float, token: str = "old") -> kube_auth.Connection:
+    return kube_auth.Connection("https://k", token, expiration=datetime.now(UTC) + timedelta(seconds=seconds))
+
+
+def test_concurrent_requests_at_expiry_share_one_renewal() -> None:
+    plugin = Plugin("new", 900)
+    creds = kube_auth.Credentials(expiring_in(-1), plugin, kube_auth._expiring)
+
+    async def scenario() -> set[str | None]:
+        return {c.token for c in await asyncio.gather(*(creds.current() for _ in range(50)))}
+    assert asyncio.run(scenario()) == {"new"} and plugin.runs == 1
+
+
+def test_concurrent_401s_with_one_token_share_one_renewal() -> None:
+    plugin = Plugin("new", 900)
+    used = expiring_in(900)
+    creds = kube_auth.Credentials(used, plugin, kube_auth._expiring)
+
+    async def scenario() -> list[bool]:
+        return list(await asyncio.gather(*(creds.renew(used) for _ in range(20))))
+    assert asyncio.run(scenario()) == [True] * 20 and plugin.runs == 1
+    asyncio.run(creds.renew(creds.conn))
+    assert plugin.runs == 2  # a 401 with the new token: the plugin runs again
+
+
+def test_a_token_the_plugin_gives_back_inside_the_margin_is_used_until_it_expires() -> None:
+    plugin = Plugin("cached", 20)  # the plugin's own cache: valid 20 s more, inside EXPIRY_MARGIN
+    creds = kube_auth.Credentials(expiring_in(20, "cached"), plugin, kube_auth._expiring)
+
+    async def scenario() -> None:
+        for _ in range(10):
+            assert (await creds.current()).token == "cached"
+    asyncio.run(scenario())
+    assert plugin.runs == 1
+    creds.conn = kube_auth.replace(creds.conn, expiration=datetime.now(UTC) - timedelta(seconds=1))
+    creds._held = creds.conn  # the held token, now really expired: renewed again
+    plugin.valid = 900
+    assert asyncio.run(creds.current()).token == "cached" and plugin.runs == 2
+
+
+def test_a_failing_plugin_backs_off_and_callers_get_a_clear_error() -> None:
+    now = [0.0]
+    plugin = Plugin("new", 900, error=RuntimeError("exec: gke-gcloud-auth-plugin: not logged in"))
+    creds = kube_auth.Credentials(expiring_in(-1), plugin, kube_auth._expiring, clock=lambda: now[0])
+
+    async def attempt() -> str:
+        with pytest.raises(kube_auth.CredentialsError) as caught:
+            await creds.current()
+        return str(caught.value)
+
+    async def scenario() -> None:
+        messages = await asyncio.gather(*(attempt() for _ in range(20)))
+        assert plugin.runs == 1 and all("not logged in" in m for m in messages)
+        with pytest.raises(kube_auth.CredentialsError, match="not logged in"):
+            await creds.renew()  # a 401 during the back-off: the failure, not another run
+        now[0] += kube_auth.RENEW_BACKOFF
+        await attempt()
+        assert plugin.runs == 2
+        now[0] += kube_auth.RENEW_BACKOFF  # the second back-off is twice as long
+        await attempt()
+        assert plugin.runs == 2
+        now[0] += kube_auth.RENEW_BACKOFF
+        plugin.error = None
+        assert (await creds.current()).token == "new" and plugin.runs == 3
+    asyncio.run(scenario())
+
+
+def test_a_failed_renewal_keeps_a_token_that_is_still_valid() -> None:
+    plugin = Plugin("new", 900, error=RuntimeError("plugin crashed"))
+    creds = kube_auth.Credentials(expiring_in(20), plugin, kube_auth._expiring)
+
+    async def scenario() -> None:
+        for _ in range(5):
+            assert (await creds.current()).token == "old"
+    asyncio.run(scenario())
+    assert plugin.runs == 1

@@ -1,0 +1,117 @@
+"""A failure after the status write (operator/job_actions.py), without I/O: a refused headless Service is reported
+once per cause and tried again soon without holding up the pods; a failed action does not drop the others."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aiohttp
+import pytest
+
+from flywheel.kube.client import Kube, KubeApiError
+from flywheel.operator import job_actions
+from flywheel.operator import manifests as m
+from flywheel.operator.job_actions import JobActions
+from flywheel.policy.decisions import DeleteJob, DeletePod, Pass
+from flywheel.spec import TrainingJob, parse_job
+from flywheel.spec_status import TrainingJobStatus
+
+OBJ = {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
+       "metadata": {"name": "j", "namespace": "ml", "uid": "u-1"}}
+
+
+def job() -> TrainingJob:
+    return parse_job({**OBJ, "spec": {"replicas": {"min": 2, "max": 2}}})
+
+
+class FakeKube:
+    """Records creates, deletes and events; `refuse` maps a path suffix to the error its create/delete raises."""
+
+    def __init__(self, refuse: dict[str, Exception]) -> None:
+        self.refuse, self.created, self.deleted, self.events = refuse, [], [], []
+
+    def _check(self, path: str) -> None:
+        for suffix, err in self.refuse.items():
+            if suffix in path:
+                raise err
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self._check(path)
+        self.created.append(path)
+        return body
+
+    async def delete(self, path: str, uid: str | None = None, grace_seconds: int | None = None) -> None:
+        self._check(path)
+        self.deleted.append(path)
+
+    async def post_event(self, obj: dict[str, Any], etype: str, reason: str, message: str) -> None:
+        self.events.append((etype, reason, message))
+
+
+class NoService:
+    async def service_exists(self, namespace: str, name: str) -> bool:
+        return False
+
+
+class Actions(JobActions):
+    def __init__(self, kube: FakeKube) -> None:
+        self.kube = kube  # type: ignore[assignment]
+        self.settings = m.OperatorSettings(etcd_endpoints="")
+        self.logger = logging.getLogger("test")
+        self.reads = NoService()  # type: ignore[assignment]
+        self.namespace, self.name, self.uid = "ml", "j", "u-1"
+        self.path = Kube.custom("flywheel.dev", "v1alpha1", "ml", "trainingjobs", "j")
+        self.service_checked_at, self.service_failure, self.pod_group_tried = None, "", True
+        self.deleted_pods, self.create_retry_due = set(), None
+        self.own = type("Own", (), {"deleted_pod": lambda *_: None})()  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("error", [KubeApiError(403, {"message": "exceeded quota: services"}),
+                                   aiohttp.ClientConnectionError("connection reset")])
+def test_a_refused_service_is_reported_once_per_cause_and_tried_again_soon(error: Exception) -> None:
+    kube = FakeKube({"/services": error})
+    actions = Actions(kube)
+
+    async def passes(n: int) -> None:
+        for _ in range(n):
+            actions.create_retry_due = None  # as every pass starts
+            await actions._ensure_service(OBJ, job())  # does not raise: the pass goes on to its pods
+            assert actions.create_retry_due is not None  # woken again to retry, not only at the safety tick
+    asyncio.run(passes(3))
+    assert [(t, r) for t, r, _ in kube.events] == [("Warning", "CreateFailed")]  # once, with the API's message
+    assert str(error).split(":")[-1].strip() in kube.events[0][2] and "Service j-workers" in kube.events[0][2]
+    kube.refuse["/services"] = KubeApiError(403, {"message": "denied by policy require-labels"})
+    asyncio.run(passes(1))
+    assert len(kube.events) == 2 and "require-labels" in kube.events[1][2]  # a new cause: reported
+    del kube.refuse["/services"]
+    actions.create_retry_due = None
+    asyncio.run(actions._ensure_service(OBJ, job()))
+    assert kube.created == [Kube.core("ml", "services")] and actions.create_retry_due is None
+    assert actions.service_failure == "" and actions.service_checked_at is not None
+
+
+def test_a_failed_action_does_not_drop_the_others_and_the_pass_still_fails() -> None:
+    kube = FakeKube({"pods/a": KubeApiError(503, {"message": "etcd leader changed"})})
+    actions = Actions(kube)
+    result = Pass(TrainingJobStatus(), [DeletePod("a", "uid-a"), DeletePod("b", "uid-b"), DeleteJob()])
+    with pytest.raises(KubeApiError, match="leader changed"):  # retried by the runner's loop
+        asyncio.run(actions._act(OBJ, job(), result))
+    assert kube.deleted == [Kube.core("ml", "pods", "b"), actions.path]
+
+
+def test_an_event_lost_to_a_connection_failure_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    class Down(FakeKube):
+        async def post_event(self, *args: Any) -> None:
+            raise TimeoutError()
+    asyncio.run(Actions(Down({}))._event(OBJ, "Warning", "X", "y"))
+    assert "could not post event X" in caplog.text
+
+
+def test_retry_keeps_the_earliest_due() -> None:
+    actions = Actions(FakeKube({}))
+    actions._retry_create_at(10.0)
+    actions._retry_create_at(20.0)
+    assert actions.create_retry_due == 10.0
+    assert job_actions.CREATE_RETRY_SECONDS > 0
