@@ -153,6 +153,10 @@ class KubeHealthActions:
     operator (None when it has none: a hang is then requested as a restart through the annotation the REST API
     uses, `flywheel.dev/restart-requested-at`)."""
 
+    # How long a drain ahead handed to the job's runner may wait for the pass that starts it (status.drain written):
+    # only then is the fault remembered as handled (health_loop.py); past it, the fault is raised again later.
+    handover_timeout = 30.0
+
     def __init__(self, kube: Kube, inventory: KubeJobInventory, inbox: InboxOf | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.kube, self.inventory, self.inbox, self.clock = kube, inventory, inbox, clock
@@ -213,11 +217,22 @@ class KubeHealthActions:
         inbox = self._inbox((namespace, job))
         if inbox is not None and self.inventory.phases.get((namespace, job)) == "Running":
             inbox.report_node_fault(fault.node, fault.message)  # drain ahead: checkpoint first (policy/drain.py)
+            await self._handed_over(inbox, fault)
         else:
             await self._delete_pods(namespace, [p.name for p in pods])
         state = R.NODE_STATE_CORDONED if fault.cordon else R.NODE_STATE_KEPT
         await self._job_event(namespace, job, "Warning", R.GPU_FATAL_XID,
                               R.MSG_GPU_FATAL_XID.format(fault=fault.message, node_state=state))
+
+    async def _handed_over(self, inbox: FindingsInbox, fault: NodeFault) -> None:
+        """Wait until the runner's pass has taken the fault in (its status write holds the drain): the inbox is in
+        memory, and an operator dying before that write must find the fault not yet handled. Raises TimeoutError."""
+        deadline = time.monotonic() + self.handover_timeout
+        while (fault.node, fault.message) in inbox.snapshot().node_faults:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the drain of node {fault.node} was not taken in by its job's runner within "
+                                   f"{self.handover_timeout:.0f} s")
+            await asyncio.sleep(0.05)
 
     async def restart_ranks(self, restart: RankRestart) -> None:
         await self._delete_pods(restart.namespace, restart.pods)

@@ -46,13 +46,37 @@ FAULT = NodeFault("gpu-3", (79,), (POD,), cordon=True)
 def test_a_running_jobs_fatal_xid_goes_to_its_inbox_not_to_a_delete(phase: str, drained: bool) -> None:
     kube, inbox = FakeKube(), FindingsInbox()
     actions = KubeHealthActions(kube, Inventory(phase), lambda ns, name: inbox)  # type: ignore[arg-type]
-    asyncio.run(actions.replace_pods([POD], FAULT))
-    faults = inbox.snapshot().node_faults
+    seen: list[tuple[tuple[str, str], ...]] = []
+
+    async def runner_pass() -> None:  # what the job's pass does: read the inbox, write its status, consume
+        while not inbox.snapshot().node_faults:
+            await asyncio.sleep(0.01)
+        findings = inbox.snapshot()
+        seen.append(findings.node_faults)
+        inbox.consumed(findings)
+
+    async def both() -> None:
+        runner = asyncio.create_task(runner_pass())
+        await actions.replace_pods([POD], FAULT)
+        if not drained:
+            runner.cancel()
+
+    asyncio.run(both())
     if drained:
-        assert kube.deleted == [] and faults == (("gpu-3", FAULT.message),)
+        assert kube.deleted == [] and seen == [(("gpu-3", FAULT.message),)]
     else:
-        assert kube.deleted == ["j-worker-1"] and faults == ()
+        assert kube.deleted == ["j-worker-1"] and seen == []
     assert [e[1] for e in kube.events] == ["GPUFatalXid"]
+
+
+def test_a_drain_no_pass_takes_in_is_not_handed_over() -> None:
+    """The runner never wrote the drain (it died, or is stuck): replace_pods raises, so the monitor does not
+    remember the fault as handled and raises it again (health_loop.py)."""
+    kube, inbox = FakeKube(), FindingsInbox()
+    actions = KubeHealthActions(kube, Inventory("Running"), lambda ns, name: inbox)  # type: ignore[arg-type]
+    actions.handover_timeout = 0.2
+    with pytest.raises(TimeoutError, match="not taken in"):
+        asyncio.run(actions.replace_pods([POD], FAULT))
 
 
 def test_a_node_fault_is_consumed_by_the_pass_that_read_it() -> None:
