@@ -20,7 +20,7 @@ from flywheel.kube.client import Kube, KubeConfigError, load_credentials
 from flywheel.labels import FINALIZER
 from flywheel.monitor import FindingsInbox, MonitorSettings
 from flywheel.monitor.operator_metrics import OperatorMetrics
-from flywheel.operator import caches
+from flywheel.operator import caches, watch_relist
 from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.health_executor import BackgroundMonitor
@@ -104,6 +104,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     settings.background.instant_exit_timeout = 1.0
     settings.watching.reconnect_backoff = 0.5
     settings.watching.connect_timeout = 10
+    # A relist after 410 Gone drops what was deleted during the gap from kopf's indices (kopf does not): installed
+    # here, before kopf starts its watchers (after the startup handlers). TrainingJobs are remembered whole.
+    watch_relist.install(whole_groups=(GROUP,))
     settings.networking.request_timeout = 30
     try:  # kopf's login (below) shares these credentials
         memo.kube = Kube(await load_credentials(config.kubeconfig))
