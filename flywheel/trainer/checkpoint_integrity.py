@@ -14,6 +14,7 @@ here: crc32 2.3 GB/s, adler32 1.0, sha256 0.57, blake2b 0.41), so a check costs 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -23,6 +24,8 @@ from pathlib import Path
 ALGORITHM = "crc32"
 BAD_MARKER = "flywheel-bad.json"
 _CHUNK = 8 << 20
+
+log = logging.getLogger("flywheel.checkpoint")
 
 
 def checksum(path: str | os.PathLike[str]) -> str:
@@ -65,15 +68,31 @@ def damaged(folder: str | os.PathLike[str], expected: dict[str, str]) -> list[st
 
 def mark_bad(folder: str | os.PathLike[str], reason: str) -> Path:
     """Keep a damaged checkpoint for inspection, out of every listing: a marker with the reason, and the folder
-    renamed to `bad-step-N-<time>` (a later save of the same step then starts clean). Returns where it is now."""
+    renamed to `bad-step-N-<time>` (a later save of the same step then starts clean). Returns where it is now.
+    Never raises: on a full or read-only disk either step may fail; then the folder stays as it is (logged), the
+    caller skips it all the same, and the next start finds the damage again."""
     path = Path(folder)
-    (path / BAD_MARKER).write_text(json.dumps({"reason": reason, "time": time.time()}))
+    try:
+        (path / BAD_MARKER).write_text(json.dumps({"reason": reason, "time": time.time()}))
+    except OSError as err:  # the rename alone still takes it out of the listings
+        log.warning("could not write %s in damaged checkpoint %s: %s", BAD_MARKER, path, err)
     moved = path.with_name(f"bad-{path.name}-{int(time.time())}")
     try:
         path.rename(moved)
-    except OSError:
+    except OSError as err:
+        if not is_bad(path):
+            log.warning("could not mark damaged checkpoint %s bad (%s): skipped now, checked again at the next "
+                        "start", path, err)
         return path  # the marker alone keeps it out of the listings
     return moved
+
+
+def set_aside_if_bad(folder: str | os.PathLike[str]) -> None:
+    """Before a save writes `folder`: a leftover bad-marked one (its rename failed) moves to `bad-step-N-<time>`,
+    so the new commit is not hidden by the old marker. Raises OSError when it cannot be moved."""
+    path = Path(folder)
+    if is_bad(path):
+        path.rename(path.with_name(f"bad-{path.name}-{int(time.time())}"))
 
 
 def is_bad(folder: str | os.PathLike[str]) -> bool:

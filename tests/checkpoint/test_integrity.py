@@ -4,8 +4,10 @@ run's final parameters equal those of a run that never saw the damage."""
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ckpt_helpers import FakeEvents, assert_same_state, full_state, make_app, train_step
@@ -126,3 +128,66 @@ def test_a_marker_that_cannot_be_read_now_is_skipped_not_set_aside(tmp_path: Pat
     assert not events.named("checkpoint_bad") and marker.is_file()
     monkeypatch.setattr(Path, "read_bytes", real_read)
     assert [r.step for r in store.committed(tmp_path)] == [2, 4]  # readable again: restorable again
+
+
+def _flip_a_byte(root: Path, step: int) -> None:
+    shard = next(store.step_dir(root, step).glob("__0_*.distcp"))
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    shard.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("rename_fails", [False, True], ids=["disk-full", "read-only"])
+def test_damage_found_on_a_full_or_read_only_disk_is_skipped_not_raised(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rename_fails: bool) -> None:
+    """The bad marker cannot be written (no space; read-only: nor can the folder be renamed). Restore still skips
+    the damaged step for the previous good one, on every start: no crash, so no restart loop."""
+    _save_steps_2_and_4(tmp_path)
+    _flip_a_byte(tmp_path, 4)
+    write_text, rename = Path.write_text, Path.rename
+
+    def no_marker(self: Path, *args: Any, **kwargs: Any) -> int:
+        if self.name == integrity.BAD_MARKER:
+            raise OSError(errno.EROFS if rename_fails else errno.ENOSPC, "cannot write")
+        return write_text(self, *args, **kwargs)
+
+    def no_rename(self: Path, target: Any) -> Path:
+        if rename_fails:
+            raise OSError(errno.EROFS, "Read-only file system")
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "write_text", no_marker)
+    monkeypatch.setattr(Path, "rename", no_rename)
+    for start in (1, 2):
+        events = FakeEvents()
+        resumed, _ = make_app(seed=7)
+        assert Checkpointer(cfg(tmp_path), tmp_path, events=events).restore(resumed) == 2
+        # renamed aside, it is out of the listings; else it is found (and reported) again
+        assert [e["step"] for e in events.named("checkpoint_bad")] == ([4] if start == 1 or rename_fails else [])
+    names = sorted(p.name for p in tmp_path.iterdir())
+    if rename_fails:
+        assert names == ["step-00000002", "step-00000004"]  # kept as it was, found again next start
+    else:
+        assert names[0].startswith("bad-step-00000004-") and names[1:] == ["step-00000002"]
+
+
+def test_a_save_moves_a_leftover_bad_marked_folder_of_its_step_aside(tmp_path: Path) -> None:
+    """mark_bad killed between its marker and its rename leaves step-N with a bad marker; a later commit of step N
+    must not be hidden by it, and the damaged folder is still kept."""
+    _save_steps_2_and_4(tmp_path)
+    (store.step_dir(tmp_path, 4) / integrity.BAD_MARKER).write_text(json.dumps({"reason": "test", "time": 0}))
+    resumed, data = make_app(seed=7)
+    ckpt = Checkpointer(cfg(tmp_path), tmp_path)
+    assert ckpt.restore(resumed) == 2
+    for step in (3, 4):
+        train_step(resumed, data, ckpt)
+        if ckpt.due(step):
+            ckpt.save(step, resumed, blocking=True)
+    expected = full_state(resumed)
+    ckpt.close()
+    assert [r.step for r in store.committed(tmp_path)] == [2, 4]
+    [kept] = tmp_path.glob("bad-step-00000004-*")
+    assert (kept / integrity.BAD_MARKER).is_file()
+    again, _ = make_app(seed=9)
+    assert Checkpointer(cfg(tmp_path), tmp_path).restore(again) == 4
+    assert_same_state(full_state(again), expected)
