@@ -109,7 +109,9 @@ class CheckpointSpec(_Model):
                              "worker's share of the training state (during a save: the previous and the new copy, "
                              "of its own state and of its peer's replica; twice with one worker).")
     keep: int = Field(3, ge=1, description="Committed checkpoints kept; older ones are deleted.")
-    async_: bool = Field(True, alias="async", description="Write in the background; training blocks only to stage.")
+    async_: bool = Field(True, alias="async", description="Write in the background; training blocks only to stage. "
+                                                        "`false`: each disk save blocks until committed (memory-tier "
+                                                        "copies stay in the background).")
     claim_name: str = Field("", description="Cluster only: a ReadWriteMany PersistentVolumeClaim whose folder "
                                             "`dir` (without its leading /) is mounted at `dir` in every worker, so "
                                             "jobs sharing a claim keep their checkpoints apart and a job naming "

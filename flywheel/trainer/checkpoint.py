@@ -22,7 +22,8 @@ cause. Global rank 0, the committing rank, decides for all: the failed save's pa
 removes it where it sees it, so a per-pod directory loses its part too), and the most telling cause of all ranks'
 (checkpoint_failure.py: no space before a peer's follow-on error) is reported once per failed save, in words with
 the newest good checkpoint, as a `checkpoint_failed` record and flywheel_checkpoint_failures_total{reason}. When the
-disk is full, older committed checkpoints are deleted to make room, never the newest. Training continues.
+disk is full, committed checkpoints older than the newest good one (restored from disk or committed last by this
+run) are deleted to make room. Training continues; a failed step does not count as saved (a final save retries it).
 
 Memory tier (checkpoint.memoryEverySteps, checkpoint_peer.py): saves of its own into host shared memory with a
 replica on the next worker, on its own thread; restore (checkpoint_restore.py) prefers it when it holds the newest
@@ -52,18 +53,7 @@ from flywheel.spec import CheckpointSpec
 from flywheel.trainer import checkpoint_integrity as integrity
 from flywheel.trainer import checkpoint_restore
 from flywheel.trainer import checkpoint_store as store
-from flywheel.trainer.checkpoint_failure import (
-    FailureReason,
-    RankCause,
-    SaveFailed,
-    causes_of,
-    describe_failure,
-    failure_message,
-    in_words,
-    primary,
-    rank_cause,
-    state_bytes,
-)
+from flywheel.trainer.checkpoint_failure import RankCause, SaveFailed, describe_failure, rank_cause, report_failure
 from flywheel.trainer.checkpoint_peer import MemoryTier
 from flywheel.trainer.checkpoint_remote import RemoteTier
 from flywheel.trainer.checkpoint_staging import StagingBuffers, snapshot_unsafe_tensors
@@ -122,7 +112,10 @@ class Checkpointer:
         self._buffers = StagingBuffers(pin_memory=self._cuda)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-checkpoint")
         self._inflight: _Save | None = None
-        self._last_requested_step = -1
+        self._last_requested_step = -1  # the newest step saved, or being saved (a failed save does not count)
+        # The newest disk checkpoint known to load: the one restored from disk, or the last committed by this run.
+        # Make-room never deletes it, and a final step restored from memory only is still written to disk.
+        self.committed_step: int | None = None
         self._disk_due: dict[int, bool] = {}  # step -> whether due() found the disk tier due (else memory only)
         # The memory tier saves on its own thread, buffers and gloo group: a disk write in flight never holds it up.
         self.memory = MemoryTier(memory_dir, cfg.memory_every_steps, rank=self.rank, world_size=self.world_size,
@@ -188,15 +181,21 @@ class Checkpointer:
     def save(self, step: int, app: AppState, *, blocking: bool = False) -> None:
         """Checkpoint the state after `step`. Call on every rank, right after optimizer.step()."""
         started = time.monotonic()
-        blocking = blocking or not self.cfg.async_
+        # blocking (a final or emergency save) always writes to disk and skips memory; `async: false` only makes
+        # the due disk saves wait, so a memory-only step stays a memory copy.
         disk = blocking or self._disk_due.pop(step, True)
         memory = self.memory is not None and self.memory.due(step) and not blocking and \
             self.memory.begin(step, self._control_group)
-        shared = self._save_disk(step, app, blocking, started) if disk else None
+        shared = self._save_disk(step, app, blocking or not self.cfg.async_, started) if disk else None
         if memory and self.memory is not None:
             # Started last, sharing the disk save's state dict (both only read it): a thread started earlier
             # would take the GIL from the loop's thread mid-save (measured: +4 ms of stall).
             self.memory.start(step, shared if shared is not None else _snapshot(app, step))
+
+    def on_disk(self, step: int) -> bool:
+        """Whether `step` is committed on disk: restored from there, or saved by this run (a save still in flight
+        does not count yet)."""
+        return self.committed_step == step
 
     def save_to_memory(self, step: int, app: AppState) -> None:
         """A memory-tier save of the state after `step` now, due or not (a checkpoint request). Every rank."""
@@ -295,6 +294,8 @@ class Checkpointer:
             try:
                 staged = self._buffers.stage(state, self._stream) if stage else state
                 if self.rank == 0:
+                    # A leftover bad-marked folder of this step would hide this save's commit from every listing.
+                    integrity.set_aside_if_bad(record.path)
                     store.retract_commit(record.path)  # a stale marker must not vouch for files being rewritten
             except _FAILURES as err:
                 staging_error = err
@@ -324,6 +325,7 @@ class Checkpointer:
             self.remote.upload(record.path, record.step)
 
     def _on_commit(self, record: _Save) -> None:
+        self.committed_step = record.step
         total = time.monotonic() - record.started
         blocking = total if record.blocking_call else record.blocking
         log.info("checkpoint at step %d committed to %s (loop blocked %.3f s, total %.2f s)", record.step,
@@ -372,37 +374,15 @@ class Checkpointer:
     def _on_failure(self, record: _Save, err: BaseException, state: dict[str, Any]) -> None:
         log.error("checkpoint at step %d to %s failed on rank %d: %s", record.step, record.path, self.rank,
                   describe_failure(err))
+        if self._last_requested_step == record.step:  # not taken: a later save of this step (the final) retries
+            self._last_requested_step = self.committed_step if self.committed_step is not None else -1
         try:
             store.remove_partial(record.path)  # every rank: a per-pod directory holds that rank's part only
         except OSError as cleanup_error:
             log.warning("could not remove the failed checkpoint %s: %s", record.path, cleanup_error)
-        if self.rank != 0:
-            return  # the committing rank reports, with every rank's cause
-        cause = primary(causes_of(err, self.rank))
-        if cause.reason is FailureReason.NO_SPACE:
-            self._make_room()
-        newest = store.committed(self.directory)
-        needs = store.folder_bytes(newest[-1].path) if newest else state_bytes(state)
-        message = failure_message(record.step, in_words(cause, str(self.directory), needs),
-                                  newest[-1].step if newest else None)
-        log.error("%s", message)
-        if self.metrics is not None:
-            self.metrics.checkpoint_failures_total.labels(reason=cause.reason.value).inc()
-        if self.events is not None:
-            self.events.emit("checkpoint_failed", step=record.step, reason=cause.reason.value, message=message,
-                             error=f"{record.path}: {describe_failure(err)}",
-                             newest_step=newest[-1].step if newest else None)
-
-    def _make_room(self) -> None:
-        """Disk full: older committed checkpoints go so that the next save fits; the newest good one stays."""
-        newest = store.committed(self.directory)
-        if len(newest) < 2:
-            return
-        try:
-            for path in store.apply_retention(self.directory, 1, newest[-1].step):
-                log.warning("deleted checkpoint %s to make room (no space left on %s)", path, self.directory)
-        except OSError as err:
-            log.warning("could not make room under %s: %s", self.directory, err)
+        if self.rank == 0:  # the committing rank reports, with every rank's cause
+            report_failure(self.directory, record, err, state, self.committed_step, events=self.events,
+                           metrics=self.metrics)
 
     # ---- bookkeeping -------------------------------------------------------------------------------------------
 

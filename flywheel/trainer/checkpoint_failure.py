@@ -1,4 +1,4 @@
-"""Why a checkpoint save failed, in words (pure).
+"""Why a checkpoint save failed, in words, and its report (rank 0: make room, log, event, metric).
 
 A failed save may raise on several ranks with different exceptions: the rank whose disk filled up raises ENOSPC,
 while another sees only a follow-on error (a file its peer never finished, "staging failed on another rank"). The
@@ -9,10 +9,16 @@ space, permission, I/O error) before anything else, the lowest rank first among 
 from __future__ import annotations
 
 import errno
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
+
+from flywheel.trainer import checkpoint_store as store
+
+log = logging.getLogger("flywheel.checkpoint")
 
 
 class FailureReason(StrEnum):
@@ -127,3 +133,43 @@ def state_bytes(state: dict[str, Any]) -> int:
         elif isinstance(obj, (list, tuple)):
             stack.extend(obj)
     return total
+
+
+class FailedSave(Protocol):
+    step: int
+    path: Path
+
+
+def report_failure(directory: Path, record: FailedSave, err: BaseException, state: dict[str, Any],
+                   known_step: int | None, *, events: Any, metrics: Any) -> None:
+    """Global rank 0, after a failed save: with no space left, make room first; then the most telling cause, once,
+    in words with the newest good checkpoint (store.newest_good: `known_step`, the step this run restored from disk
+    or committed last, when it is there), in the log, a `checkpoint_failed` record and
+    flywheel_checkpoint_failures_total{reason}."""
+    cause = primary(causes_of(err, 0))
+    if cause.reason is FailureReason.NO_SPACE:
+        _make_room(directory, known_step)
+    good = store.newest_good(directory, known_step)
+    needs = store.folder_bytes(good.path) if good else state_bytes(state)
+    newest_step = good.step if good else None
+    message = failure_message(record.step, in_words(cause, str(directory), needs), newest_step)
+    log.error("%s", message)
+    if metrics is not None:
+        metrics.checkpoint_failures_total.labels(reason=cause.reason.value).inc()
+    if events is not None:
+        events.emit("checkpoint_failed", step=record.step, reason=cause.reason.value, message=message,
+                    error=f"{record.path}: {describe_failure(err)}", newest_step=newest_step)
+
+
+def _make_room(directory: Path, known_step: int | None) -> None:
+    """Disk full: committed checkpoints older than the newest good one go so that the next save fits. That one
+    stays, and so does a newer one that failed to load at restore (kept for inspection: not proven damaged)."""
+    good = store.newest_good(directory, known_step)
+    if good is None:
+        return
+    try:
+        for path in store.delete_older(directory, good.step):
+            log.warning("deleted checkpoint %s to make room (no space left on %s; newest good: step %d)", path,
+                        directory, good.step)
+    except OSError as err:
+        log.warning("could not make room under %s: %s", directory, err)

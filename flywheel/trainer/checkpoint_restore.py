@@ -259,8 +259,9 @@ def _report_bad(ck: Checkpointer, step: int, kept: Path | str, reason: str) -> N
 
 def after_restore(ck: Checkpointer, step: int, path: str, saved_world: int, source: str, detail: str = "") -> None:
     ck.restored_path = path
-    if source == DISK:  # a restored memory step may still be saved to disk
+    if source == DISK:  # a restored memory step is not on disk: the final save still writes it (train_loop)
         ck._last_requested_step = step
+        ck.committed_step = step
     ck._last_save_time = time.monotonic()
     rng = "restored" if saved_world == ck.world_size else "not restored (world size changed)"
     log.info("restored step %d from %s (%s%s; saved at world size %d, now %d; RNG %s)", step, path, source,

@@ -120,6 +120,14 @@ def committed(root: str | os.PathLike[str]) -> list[Committed]:
     return found
 
 
+def newest_good(root: str | os.PathLike[str], known_step: int | None) -> Committed | None:
+    """The checkpoint a failed save names and make-room keeps: `known_step` (restored from disk or committed last
+    by this run; a newer leftover failed to load) when it is committed, else the newest committed one."""
+    records = committed(root)
+    known = [r for r in records if r.step == known_step]
+    return known[0] if known else (records[-1] if records else None)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -170,6 +178,16 @@ def apply_retention(root: str | os.PathLike[str], keep: int, newest_step: int) -
     deleted = []
     for record in records:
         if record.step not in kept:
+            delete_checkpoint(record.path)
+            deleted.append(Path(record.path))
+    return deleted
+
+
+def delete_older(root: str | os.PathLike[str], step: int) -> list[Path]:
+    """Delete the committed checkpoints of steps before `step` (making room): never `step`, never a newer one."""
+    deleted = []
+    for record in committed(root):
+        if record.step < step:
             delete_checkpoint(record.path)
             deleted.append(Path(record.path))
     return deleted

@@ -11,6 +11,7 @@ name), renames them to transformers' names and writes config.json, safetensors (
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import warnings
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from flywheel.trainer.hf_weights import hf_name
 
 if TYPE_CHECKING:
     from flywheel.spec import Data
+
+log = logging.getLogger("flywheel.trainer")
 
 MODEL_RECORD = "model.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -49,6 +52,17 @@ def write_model_record(checkpoint_dir: str | Path, shape: ModelShape, pretrained
               "data_source": _absolute(data.source if data and not data.is_synthetic else None),
               "tokenizer": _absolute(tokenizer)}
     (root / MODEL_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def record_model(checkpoint_dir: str | Path, shape: ModelShape, pretrained: str | None,
+                 data: Data | None = None) -> None:
+    """write_model_record for the training worker (rank 0, at start). An unwritable directory is not its to report:
+    training goes on and the checkpointer says what it cannot write (event, status) without spending a restart."""
+    try:
+        write_model_record(checkpoint_dir, shape, pretrained, data)
+    except OSError as err:
+        log.warning("could not write %s under %s (%s); `flywheel export` and `generate` need it; checkpoint saves "
+                    "report their own failures", MODEL_RECORD, checkpoint_dir, err)
 
 
 def _absolute(path: str | None) -> str | None:

@@ -28,6 +28,7 @@ from flywheel.data_prep_tokenizer import resolve_tokenizer
 from flywheel.etcd.progress import PHASE_EVALUATING, PHASE_SAVING
 from flywheel.eventlog import EventLog, EventName, one_line
 from flywheel.spec import SpecError, Training
+from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer import termination_log
 from flywheel.trainer.build import build_model, model_shape
 from flywheel.trainer.checkpoint import AppState, Checkpointer
@@ -50,7 +51,7 @@ from flywheel.trainer.data import (
 from flywheel.trainer.evaluate import EvalContext, EvalPlan, evaluate
 from flywheel.trainer.fault_injection import FaultInjector
 from flywheel.trainer.hf_config import HFConfigError
-from flywheel.trainer.hf_export import write_model_record
+from flywheel.trainer.hf_export import record_model
 from flywheel.trainer.hf_weights import load_pretrained
 from flywheel.trainer.materialize import META
 from flywheel.trainer.optim import build_optimizer, build_scheduler
@@ -178,7 +179,7 @@ def _set_up(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Tra
     torch.manual_seed(training.seed)
     cfg = model_shape(spec.trainer.model)
     if env.rank == 0:  # what `flywheel export` needs to name and configure the weights
-        write_model_record(env.local_checkpoint_dir, cfg, spec.trainer.model.pretrained, spec.trainer.data)
+        record_model(env.local_checkpoint_dir, cfg, spec.trainer.model.pretrained, spec.trainer.data)
     loader = SampleLoader(sources.train)
     plain = build_model(cfg, seed=training.seed, device=META)  # parallelize allocates this rank's part only
     if env.rank == 0:
@@ -307,17 +308,27 @@ def _finish(run: _Run, start: int, events: EventLog, metrics: TrainerMetrics, wa
     collective."""
     env, training = run.env, run.env.spec.trainer.training
     watchdog.stop()
-    if training.steps > start:  # a run restored at its last step has nothing new to save
+    # The state held now: that of the last step, or of a later one a run resumed past its last step restored.
+    final = max(training.steps, start)
+    # Saved unless already committed on disk: a final step restored from memory only is written here, and a last
+    # step whose own save failed is tried again. A no-op when that save is still in flight (it is waited for).
+    if not run.ckpt.on_disk(final):
         publish_activity(events, PHASE_SAVING)
         metrics.record_final_save(timestamp=time.time())
-        # Blocking: waits for an in-flight save; a no-op when the last step's own save was already taken.
-        run.ckpt.save(training.steps, run.app, blocking=True)
+        run.ckpt.save(final, run.app, blocking=True)
     run.ckpt.close()
     if run.ckpt.memory is not None:
-        run.ckpt.memory.release()  # the final checkpoint is on disk: the host memory is given back
+        if run.ckpt.on_disk(final):
+            run.ckpt.memory.release()  # the final checkpoint is on disk: the host memory is given back
+        else:
+            log.warning("the final checkpoint (step %d) is not on disk; its memory copy under %s is kept", final,
+                        run.ckpt.memory.root)
     digest = params_sha256(run.model)
     if env.rank == 0:
-        complete = run.ckpt.restored_path if start >= training.steps else None
+        complete = None
+        if start >= final:
+            complete = str(store.step_dir(run.ckpt.directory, final)) if run.ckpt.on_disk(final) \
+                else run.ckpt.restored_path
         events.emit("done", step=training.steps, params_sha256=digest, already_complete_checkpoint=complete,
                     checkpoint_memory_bytes=run.ckpt.memory_bytes)
         log.info("done: step %d, params sha256 %s%s", training.steps, digest,

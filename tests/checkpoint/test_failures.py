@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -120,3 +121,84 @@ def test_a_full_disk_makes_room_by_deleting_older_checkpoints_never_the_newest(
     ckpt.save(4, app, blocking=True)
     assert [r.step for r in store.committed(tmp_path)] == [3]
     assert [step for step, _ in store.step_dirs(tmp_path)] == [3]
+
+
+def _no_space(*args: Any, **kwargs: Any) -> Any:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_failed_save_of_the_last_step_is_not_taken_the_final_save_writes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last step's own (async) save fails; the final blocking save of that step must still write it, not skip
+    it as "already taken", and the state it writes resumes bitwise."""
+    cfg = CheckpointSpec(dir=str(tmp_path), every_steps=2, keep=5)
+    events = FakeEvents()
+    app, data = make_app(seed=0)
+    ckpt = Checkpointer(cfg, tmp_path, events=events)
+    for step in (1, 2, 3, 4):
+        train_step(app, data, ckpt)
+        if step == 4:
+            ckpt._wait_inflight()  # step 2's save committed; only step 4's fails
+            monkeypatch.setattr(dcp.FileSystemWriter, "write_data", _no_space)
+        if ckpt.due(step):
+            ckpt.save(step, app)
+    ckpt._wait_inflight()
+    monkeypatch.undo()  # room again (make-room, or a transient shortage)
+    assert not ckpt.on_disk(4)
+    expected = full_state(app)
+    ckpt.save(4, app, blocking=True)  # train_loop's _finish
+    ckpt.close()
+    assert [e["step"] for e in events.named("checkpoint_failed")] == [4]
+    assert [r.step for r in store.committed(tmp_path)] == [2, 4] and ckpt.on_disk(4)
+    resumed, _ = make_app(seed=3)
+    assert Checkpointer(cfg, tmp_path).restore(resumed) == 4
+    assert_same_state(full_state(resumed), expected)
+
+
+def test_a_committed_step_is_still_not_saved_twice(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cfg = CheckpointSpec(dir=str(tmp_path), every_steps=1, keep=5)
+    app, data = make_app(seed=0)
+    ckpt = Checkpointer(cfg, tmp_path)
+    train_step(app, data, ckpt)
+    ckpt.save(1, app)
+    with caplog.at_level(logging.INFO, logger="flywheel.checkpoint"):
+        ckpt.save(1, app, blocking=True)  # waits for the one in flight, then skips
+    ckpt.close()
+    assert any("already taken" in r.message for r in caplog.records)
+    assert ckpt.on_disk(1) and [r.step for r in store.committed(tmp_path)] == [1]
+
+
+def test_making_room_keeps_the_checkpoint_this_run_restored_not_a_newer_one_that_failed_to_load(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = CheckpointSpec(dir=str(tmp_path), every_steps=1, keep=3)
+    app, data = make_app(seed=0)
+    ckpt = Checkpointer(cfg, tmp_path)
+    for step in (1, 2):
+        train_step(app, data, ckpt)
+        ckpt.save(step, app, blocking=True)
+        if step == 1:
+            expected = full_state(app)
+    ckpt.close()
+    # Step 2 cannot load but passes verification: an older checkpoint without checksums, its data file truncated.
+    folder = store.step_dir(tmp_path, 2)
+    marker = json.loads((folder / store.COMMIT_MARKER).read_text())
+    marker["checksums"] = {}
+    (folder / store.COMMIT_MARKER).write_text(json.dumps(marker))
+    shard = folder / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:100])
+
+    events = FakeEvents()
+    app, data = make_app(seed=1)
+    ckpt = Checkpointer(cfg, tmp_path, events=events)
+    assert ckpt.restore(app) == 1
+    train_step(app, data, ckpt)
+    monkeypatch.setattr(dcp.FileSystemWriter, "write_data", _no_space)
+    ckpt.save(3, app, blocking=True)
+    ckpt.close()
+    monkeypatch.undo()
+    [failed] = events.named("checkpoint_failed")
+    assert failed["newest_step"] == 1 and failed["message"].endswith("newest good checkpoint: step 1")
+    assert [step for step, _ in store.step_dirs(tmp_path)] == [1, 2]  # the unloadable one is kept, not deleted
+    resumed, _ = make_app(seed=2)
+    assert Checkpointer(cfg, tmp_path).restore(resumed) == 1
+    assert_same_state(full_state(resumed), expected)

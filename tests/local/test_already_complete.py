@@ -31,3 +31,17 @@ def test_a_run_resumed_at_its_last_step_says_already_complete(tmp_path) -> None:
     assert again["message"].startswith("already complete at step 6 (checkpoint ") and str(tmp_path / "ckpt") in \
         again["message"], again["message"]
     assert "already complete at step 6" in output
+
+
+def test_a_run_resumed_past_its_last_step_writes_no_checkpoint_of_a_step_it_does_not_hold(tmp_path) -> None:
+    """Trained to 6, then run again with steps: 4 on the same dir: the state is step 6's, so no step-4 folder
+    (that would hold step 6's weights under step 4's name); it says already complete with the step-6 checkpoint."""
+    ckpt = tmp_path / "ckpt"
+    rc, _, output = _run(write_job(tmp_path / "job.yaml", "again", JOB.format(ckpt=ckpt)), tmp_path / "out1")
+    assert rc == 0, output
+    shorter = JOB.format(ckpt=ckpt).replace("steps: 6", "steps: 4")
+    rc, again, output = _run(write_job(tmp_path / "job4.yaml", "again", shorter), tmp_path / "out2")
+    assert rc == 0, output
+    assert sorted(p.name for p in ckpt.glob("step-*")) == ["step-00000003", "step-00000006"], output
+    assert again["message"].startswith("already complete at step 4 (checkpoint ") and "step-00000006" in \
+        again["message"], again["message"]
