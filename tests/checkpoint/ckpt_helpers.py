@@ -216,6 +216,16 @@ def memory_worker(rank: int, world_size: int, root: str) -> tuple[AppState, Coun
     return app, data, Checkpointer(cfg, root, events=FakeEvents(), memory_dir=host)
 
 
+def train_saving(app: AppState, data: Any, ckpt: Checkpointer, steps: int) -> None:
+    """Train `steps` steps, saving each due one and waiting for its memory copy."""
+    assert ckpt.memory is not None
+    for step in range(1, steps + 1):
+        train_step(app, data, ckpt)
+        if ckpt.due(step):
+            ckpt.save(step, app)
+            ckpt.memory.wait()
+
+
 def save_memory_steps(rank: int, world_size: int, root: str) -> None:
     """Train 8 steps saving until step 6 (disk: step 4; memory: step 6); rank 0 keeps the state at step 6 and at
     the end in root/expected.pt, what a resume must give."""

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 import torch.distributed.checkpoint as dcp
-from ckpt_helpers import FakeEvents, assert_same_state, full_state, make_app, train_step
+from ckpt_helpers import FakeEvents, assert_same_state, full_state, make_app, train_saving, train_step
 
 from flywheel.spec import CheckpointSpec
 from flywheel.trainer import checkpoint_memory as mem
@@ -119,14 +119,8 @@ def test_sync_saves_keep_memory_only_steps_in_memory(tmp_path: Path) -> None:
                                          "async": False})
     app, data = make_app(seed=0)
     ckpt = Checkpointer(cfg, disk, memory_dir=shm)
-    assert ckpt.memory is not None
-    for step in range(1, 6):
-        train_step(app, data, ckpt)
-        if ckpt.due(step):
-            ckpt.save(step, app)
-            ckpt.memory.wait()
-        if step == 3:
-            assert ckpt.on_disk(3)  # a sync save is committed when save() returns
+    train_saving(app, data, ckpt, 5)
+    assert ckpt.on_disk(3)  # the sync save of step 3 committed; steps 4 and 5 stayed memory copies
     at_5 = full_state(app)
     ckpt.close()
     assert [r.step for r in store.committed(disk)] == [3]

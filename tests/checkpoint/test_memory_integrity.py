@@ -21,6 +21,7 @@ from ckpt_helpers import (
     run_ranks,
     save_memory_steps,
     train_on_to_step_8,
+    train_saving,
     train_step,
 )
 
@@ -41,12 +42,7 @@ def test_a_damaged_own_copy_is_deleted_and_reported_and_disk_gives_the_fault_fre
     cfg = CheckpointSpec(dir=str(tmp_path), every_steps=3, memory_every_steps=1, keep=2)
     app, data = make_app(seed=0)
     ckpt = Checkpointer(cfg, tmp_path, memory_dir=shm)
-    assert ckpt.memory is not None
-    for step in range(1, 6):
-        train_step(app, data, ckpt)
-        if ckpt.due(step):
-            ckpt.save(step, app)
-            ckpt.memory.wait()
+    train_saving(app, data, ckpt, 5)
     ckpt.close()
     copy = mem.step_file(mem.own_dir(shm, 0), 5, 1)
     flip_byte(copy, copy.stat().st_size // 2)  # somewhere in the tensors' bytes

@@ -1,13 +1,25 @@
-"""`flywheel run` of a script that fails on an import: the same crash before the first step twice fails the run
-after 2 attempts (not maxRestarts), printing the reason."""
+"""`flywheel run`'s start-up failure rule: a script that fails on an import (the same crash before the first step
+twice) fails the run after 2 attempts (not maxRestarts), printing the reason; one that trains before it crashes
+spends its restart budget."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from conftest import PYTHON, REPO, child_env, write_job
+
+
+def _run_failing(job: Path, out: Path, timeout: int) -> tuple[str, dict[str, Any]]:
+    """`flywheel run` of a job that must fail: its output and summary."""
+    proc = subprocess.run([PYTHON, "-m", "flywheel.cli", "run", str(job), "--out", str(out), "--no-progress"],
+                          cwd=job.parent, env={**child_env(), "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=timeout)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text
+    return text, json.loads((out / "summary.json").read_text())
 
 
 def test_a_script_failing_on_an_import_stops_after_two_attempts(tmp_path: Path) -> None:
@@ -16,15 +28,9 @@ def test_a_script_failing_on_an_import_stops_after_two_attempts(tmp_path: Path) 
                     "  command: [python, x.py]\n"
                     "  faultTolerance: {maxRestarts: 10}\n"
                     f"  checkpoint: {{dir: {tmp_path / 'ckpt'}}}\n")
-    out = tmp_path / "out"
-    proc = subprocess.run([PYTHON, "-m", "flywheel.cli", "run", str(job), "--out", str(out), "--no-progress"],
-                          cwd=tmp_path, env={**child_env(), "PYTHONPATH": str(REPO)}, capture_output=True,
-                          text=True, timeout=150)
-    text = proc.stdout + proc.stderr
-    assert proc.returncode != 0, text
+    text, summary = _run_failing(job, tmp_path / "out", timeout=150)
     assert "StartupFailure" in text or "2 attempts in a row" in text, text
     assert "ModuleNotFoundError: No module named 'flywheel_no_such_module'" in text, text
-    summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "Failed" and len(summary["failures"]) == 2, summary
 
 
@@ -39,13 +45,7 @@ def test_a_script_that_trains_then_crashes_the_same_way_each_time_spends_its_res
                     "  command: [python, x.py]\n"
                     "  faultTolerance: {maxRestarts: 3}\n"
                     f"  checkpoint: {{dir: {tmp_path / 'ckpt'}}}\n")
-    out = tmp_path / "out"
-    proc = subprocess.run([PYTHON, "-m", "flywheel.cli", "run", str(job), "--out", str(out), "--no-progress"],
-                          cwd=tmp_path, env={**child_env(), "PYTHONPATH": str(REPO)}, capture_output=True,
-                          text=True, timeout=240)
-    text = proc.stdout + proc.stderr
-    assert proc.returncode != 0, text
+    text, summary = _run_failing(job, tmp_path / "out", timeout=240)
     assert "StartupFailure" not in text and "2 attempts in a row" not in text, text
     assert "after 3 restarts (maxRestarts=3)" in text, text
-    summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "Failed" and len(summary["failures"]) == 4, summary
