@@ -29,7 +29,7 @@ done before the kill that were replayed).
 
     python -m bench.goodput           # clean runs, 1 kill/min (ours, ours-memory and both peers, 4 min each),
                                       # 1 kill/5 min (ours, 10 min): ~30 min
-    python -m bench.goodput --quick   # clean runs + 6 s with one kill after 3 s, ours, ours-memory and
+    python -m bench.goodput --quick   # clean runs + 8 s with one kill after 3 s, ours, ours-memory and
                                       # torchrun-tuned (~2 min)
 """
 
@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -210,6 +211,14 @@ def pace(steps: list[Step]) -> float | None:
     return median(deltas) if deltas else None
 
 
+def run_length(secs: float, clean_runs: Iterable[dict[str, Any]]) -> int:
+    """Steps of a faulted run: `secs` of training at the fastest clean side's pace. The pace (median step), not
+    the clean window's mean: a short clean run's mean carries its warm-up, and a run sized by it was so short
+    that a faster side reached its last checkpoint interval (no faults there) before the first fault was due."""
+    fastest = min(run["pace_s"] for run in clean_runs if run["pace_s"])
+    return max(int(secs / fastest), 2 * CKPT_EVERY)
+
+
 def clean_step_s(run: dict[str, Any]) -> float:
     return run["window_s"] / (run["useful_steps"] - 1)
 
@@ -265,7 +274,7 @@ def _fmt(v: Any, spec: str = ".2f") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="6 s runs with one kill (ours, torchrun-tuned)")
+    parser.add_argument("--quick", action="store_true", help="8 s runs with one kill (ours, torchrun-tuned)")
     parser.add_argument("--clean-steps", type=int, help="steps of each fault-free run (default 1000, quick 40)")
     parser.add_argument("--periods", type=float, nargs="+", help="kill periods in seconds (default 60 300)")
     parser.add_argument("--seconds", type=float, nargs="+",
@@ -280,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                              "runs carry their own clean reference); e.g. rerun only --periods 300 --seconds 600")
     args = parser.parse_args(argv)
     if args.quick:
-        periods, seconds, clean_steps, peers = [6.0], [6.0], 40, ["torchrun-tuned"]
+        periods, seconds, clean_steps, peers = [6.0], [8.0], 40, ["torchrun-tuned"]
         args.max_faults = args.max_faults or 1
     else:
         periods, seconds, clean_steps, peers = [60.0, 300.0], [240.0, 600.0], 1000, ["torchrun", "torchrun-tuned"]
@@ -305,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         clean_s["torchrun"] = clean_s.get("torchrun-tuned")
         runs["clean"] = {side: {**run, "clean_step_s": clean_s[side]} for side, run in clean.items()}
         for i, (period, secs) in enumerate(zip(periods, seconds)):
-            steps = max(int(secs / clean_s["ours"]), 2 * CKPT_EVERY)
+            steps = run_length(secs, clean.values())
             for side in ("ours", *(("ours-memory", *peers) if i == 0 else ())):
                 run = run_side(side, Path(tmp) / f"{side}-{period:g}s", steps, period, args.seed,
                                timeout_s=secs * 4 + 180, max_faults=args.max_faults)

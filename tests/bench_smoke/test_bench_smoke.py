@@ -134,7 +134,7 @@ def test_dead_worker_smoke(tmp_path):
 
 
 def test_goodput_smoke(tmp_path):
-    """Ours (with and without memory checkpoints) and the tuned torchrun each train ~6 s with one rank SIGKILLed
+    """Ours (with and without memory checkpoints) and the tuned torchrun each train ~8 s with one rank SIGKILLed
     and recover from it."""
     sides = {"ours", "ours-memory", "torchrun-tuned"}
     out = tmp_path / "goodput.json"
@@ -142,7 +142,7 @@ def test_goodput_smoke(tmp_path):
     record = check_record(out)
     assert set(record["runs"]["period_6s"]) == sides
     for side, run in record["runs"]["period_6s"].items():
-        assert run["finished"] and run["summary"]["faults"] == 1, side
+        assert run["finished"] and run["summary"]["faults"] == 1, (side, run["useful_steps"], run["pace_s"])
         assert run["summary"]["recovered"] == run["summary"]["faults"], side
 
 
