@@ -123,6 +123,7 @@ class Checkpointer:
                                  events=events, run_dir=self.directory) \
             if memory_dir is not None and cfg.memory_every_steps > 0 else None
         self.restored_path: str | None = None  # the committed checkpoint restore() loaded
+        self.failure: str | None = None  # why the last disk save failed (rank 0: every rank's cause, in words)
         self._last_save_time = time.monotonic()
         self._generation = 0  # counts started saves; all ranks agree on it
         self._pending_due: tuple[dist.Work, torch.Tensor, int] | None = None
@@ -196,6 +197,33 @@ class Checkpointer:
         """Whether `step` is committed on disk: restored from there, or saved by this run (a save still in flight
         does not count yet)."""
         return self.committed_step == step
+
+    def holds(self, step: int) -> bool:
+        """Whether `step` is saved where the job keeps its checkpoints: committed on disk and, for an object-store
+        dir, in the bucket (rank 0 lists it). The same answer on every rank."""
+        if not self.on_disk(step):
+            return False
+        if self.remote is None:
+            return True
+        return self._agree(self.rank != 0 or self.remote.holds(step), self._control_group, any_rank=False)
+
+    def save_final(self, step: int, app: AppState) -> None:
+        """A blocking save of the run's final state, also when `step` was saved before: a step committed on disk
+        whose upload failed is written again (the other ranks' shards of a per-pod dir went with the upload)."""
+        self._last_requested_step = min(self._last_requested_step, step - 1)
+        self.save(step, app, blocking=True)
+
+    def unsaved_reason(self, step: int) -> str | None:
+        """None when holds(step); else why not, in rank 0's words, on every rank. After close()."""
+        why = None
+        if not self.holds(step):
+            remote = self.remote.failure if self.remote is not None and self.on_disk(step) else None
+            why = remote or self.failure or "its save did not commit"
+        if not self.distributed:
+            return why
+        box = [why]
+        dist.broadcast_object_list(box, src=0, group=self._control_group)
+        return box[0]
 
     def save_to_memory(self, step: int, app: AppState) -> None:
         """A memory-tier save of the state after `step` now, due or not (a checkpoint request). Every rank."""
@@ -380,9 +408,10 @@ class Checkpointer:
             store.remove_partial(record.path)  # every rank: a per-pod directory holds that rank's part only
         except OSError as cleanup_error:
             log.warning("could not remove the failed checkpoint %s: %s", record.path, cleanup_error)
+        self.failure = describe_failure(err)
         if self.rank == 0:  # the committing rank reports, with every rank's cause
-            report_failure(self.directory, record, err, state, self.committed_step, events=self.events,
-                           metrics=self.metrics)
+            self.failure = report_failure(self.directory, record, err, state, self.committed_step,
+                                          events=self.events, metrics=self.metrics)
 
     # ---- bookkeeping -------------------------------------------------------------------------------------------
 

@@ -51,6 +51,11 @@ class SaveFailed(RuntimeError):
         super().__init__("; ".join(f"rank {c.rank}: {c.text}" for c in causes))
 
 
+class FinalSaveFailed(RuntimeError):
+    """The run's final state could not be saved where the job keeps its checkpoints. The run does not end as a
+    success without it: the worker fails (retried; a restart restores the newest copy and saves it again)."""
+
+
 def classify(err: BaseException) -> FailureReason:
     """The reason of one exception, following its causes (DCP and torch wrap OS errors)."""
     seen: set[int] = set()
@@ -141,24 +146,26 @@ class FailedSave(Protocol):
 
 
 def report_failure(directory: Path, record: FailedSave, err: BaseException, state: dict[str, Any],
-                   known_step: int | None, *, events: Any, metrics: Any) -> None:
+                   known_step: int | None, *, events: Any, metrics: Any) -> str:
     """Global rank 0, after a failed save: with no space left, make room first; then the most telling cause, once,
     in words with the newest good checkpoint (store.newest_good: `known_step`, the step this run restored from disk
     or committed last, when it is there), in the log, a `checkpoint_failed` record and
-    flywheel_checkpoint_failures_total{reason}."""
+    flywheel_checkpoint_failures_total{reason}. The cause in words."""
     cause = primary(causes_of(err, 0))
     if cause.reason is FailureReason.NO_SPACE:
         _make_room(directory, known_step)
     good = store.newest_good(directory, known_step)
     needs = store.folder_bytes(good.path) if good else state_bytes(state)
     newest_step = good.step if good else None
-    message = failure_message(record.step, in_words(cause, str(directory), needs), newest_step)
+    words = in_words(cause, str(directory), needs)
+    message = failure_message(record.step, words, newest_step)
     log.error("%s", message)
     if metrics is not None:
         metrics.checkpoint_failures_total.labels(reason=cause.reason.value).inc()
     if events is not None:
         events.emit("checkpoint_failed", step=record.step, reason=cause.reason.value, message=message,
                     error=f"{record.path}: {describe_failure(err)}", newest_step=newest_step)
+    return words
 
 
 def _make_room(directory: Path, known_step: int | None) -> None:

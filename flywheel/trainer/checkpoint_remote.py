@@ -264,6 +264,7 @@ class RemoteTier:
         self.local_root = local_root
         self.rank, self.world_size, self.group, self.keep = rank, world_size, group, keep
         self.events, self.metrics = events, metrics
+        self.failure: str | None = None  # rank 0: the last failed upload, in words
 
     def _all(self, flag: bool) -> bool:
         """True when true on every rank."""
@@ -337,12 +338,21 @@ class RemoteTier:
         message = (f"upload of checkpoint step {step} to {self.url} failed{where}: {cause.text}; the local copy in "
                    f"{self.local_root} stays committed and the next checkpoint is uploaded as usual")
         log.error("%s", message)
+        self.failure = f"upload to {self.url} failed{where}: {cause.text}"
         if self.metrics is not None:
             self.metrics.checkpoint_failures_total.labels(reason=cause.reason.value).inc()
         if self.events is not None:  # reported like a failed save: once per cause, in words
             self.events.emit("checkpoint_failed", step=step, reason=cause.reason.value, message=message,
                              error="; ".join(f"rank {c.rank}: {c.text}" for c in causes), newest_step=step,
                              source="bucket")
+
+    def holds(self, step: int) -> bool:
+        """Rank 0: whether the bucket holds `step` committed (a listing: for the final save only)."""
+        try:
+            return any(record.step == step for record in self.store.committed())
+        except Exception as err:  # noqa: BLE001 - an unreadable bucket does not hold it
+            self.failure = f"{self.url} cannot be listed: {describe(err)}"
+            return False
 
     def _retention(self, step: int) -> None:
         try:

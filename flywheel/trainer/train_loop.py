@@ -32,6 +32,7 @@ from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer import termination_log
 from flywheel.trainer.build import build_model, model_shape
 from flywheel.trainer.checkpoint import AppState, Checkpointer
+from flywheel.trainer.checkpoint_failure import FinalSaveFailed
 from flywheel.trainer.checkpoint_memory import memory_root
 from flywheel.trainer.checkpoint_request import CheckpointRequests, stop_for_request
 from flywheel.trainer.collective_env import (
@@ -305,30 +306,31 @@ def _evaluate(run: _Run, ctx: EvalContext, step: int, metrics: TrainerMetrics, w
 def _finish(run: _Run, start: int, events: EventLog, metrics: TrainerMetrics, watchdog: ProgressWatchdog) -> None:
     """The final save and the parameters' digest. No step: a slow disk must not look like a hang (the operator is
     told the save began: its hang check pauses too, bounded). A peer failing here still raises from its
-    collective."""
+    collective. A final state that could not be saved fails the run (FinalSaveFailed: retried, never a success
+    without its checkpoint)."""
     env, training = run.env, run.env.spec.trainer.training
     watchdog.stop()
     # The state held now: that of the last step, or of a later one a run resumed past its last step restored.
     final = max(training.steps, start)
-    # Saved unless already committed on disk: a final step restored from memory only is written here, and a last
-    # step whose own save failed is tried again. A no-op when that save is still in flight (it is waited for).
-    if not run.ckpt.on_disk(final):
-        publish_activity(events, PHASE_SAVING)
-        metrics.record_final_save(timestamp=time.time())
-        run.ckpt.save(final, run.app, blocking=True)
-    run.ckpt.close()
+    publish_activity(events, PHASE_SAVING)  # also while the last step's own save is waited for
+    metrics.record_final_save(timestamp=time.time())
+    run.ckpt.close()  # the last step's own save, if still in flight, commits (or fails) first
+    # Saved unless already held: a final step restored from memory only is written here, and a last step whose
+    # own save or upload failed is tried again.
+    if not run.ckpt.holds(final):
+        run.ckpt.save_final(final, run.app)
+    unsaved = run.ckpt.unsaved_reason(final)
+    if unsaved is not None:
+        kept = f"; its memory copy under {run.ckpt.memory.root} is kept" if run.ckpt.memory is not None else ""
+        raise FinalSaveFailed(f"the final checkpoint (step {final}) was not saved: {unsaved}{kept}; the run is "
+                              "retried to save it")
     if run.ckpt.memory is not None:
-        if run.ckpt.on_disk(final):
-            run.ckpt.memory.release()  # the final checkpoint is on disk: the host memory is given back
-        else:
-            log.warning("the final checkpoint (step %d) is not on disk; its memory copy under %s is kept", final,
-                        run.ckpt.memory.root)
+        run.ckpt.memory.release()  # the final checkpoint is saved: the host memory is given back
     digest = params_sha256(run.model)
     if env.rank == 0:
         complete = None
         if start >= final:
-            complete = str(store.step_dir(run.ckpt.directory, final)) if run.ckpt.on_disk(final) \
-                else run.ckpt.restored_path
+            complete = str(store.step_dir(run.ckpt.directory, final))
         events.emit("done", step=training.steps, params_sha256=digest, already_complete_checkpoint=complete,
                     checkpoint_memory_bytes=run.ckpt.memory_bytes)
         log.info("done: step %d, params sha256 %s%s", training.steps, digest,

@@ -17,6 +17,7 @@ from flywheel.trainer import checkpoint_memory as mem
 from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer import train_loop
 from flywheel.trainer.checkpoint import AppState, Checkpointer
+from flywheel.trainer.checkpoint_failure import FinalSaveFailed
 
 pytestmark = pytest.mark.usefixtures("one_rank")
 STEPS = 4
@@ -76,8 +77,10 @@ def test_a_final_step_restored_from_memory_is_written_to_disk_before_its_memory_
     assert_same_state(full_state(again), expected)
 
 
-def test_a_final_step_that_cannot_reach_disk_keeps_its_memory_copy(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_final_step_that_cannot_reach_disk_fails_the_run_and_keeps_its_memory_copy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No success without the final checkpoint: the worker fails saying why (a retry restores the memory copy and
+    saves it again)."""
     disk, shm = tmp_path / "ckpt", tmp_path / "shm"
     app, data = make_app(seed=0)
     ckpt = Checkpointer(_cfg(disk), disk, memory_dir=shm)
@@ -87,11 +90,24 @@ def test_a_final_step_that_cannot_reach_disk_keeps_its_memory_copy(tmp_path: Pat
     resumed, _ = make_app(seed=1)
     ckpt = Checkpointer(_cfg(disk), disk, events=FakeEvents(), memory_dir=shm)
     assert ckpt.restore(resumed) == STEPS
+    real_write = dcp.FileSystemWriter.write_data
     monkeypatch.setattr(dcp.FileSystemWriter, "write_data", lambda *a, **k: (_ for _ in ()).throw(
         OSError(errno.ENOSPC, "No space left on device")))
-    _finish(ckpt, resumed, STEPS, FakeEvents())
+    events = FakeEvents()
+    with pytest.raises(FinalSaveFailed, match=rf"final checkpoint \(step {STEPS}\) was not saved: no space left on "
+                       rf"{disk}.*memory copy under .* is kept"):
+        _finish(ckpt, resumed, STEPS, events)
+    assert events.named("done") == []
     assert [r.step for r in store.committed(disk)] == [2]
     assert list(mem.steps_in(mem.own_dir(shm, 0))) == [STEPS]  # the only copy of the last step stays
+
+    # Room made: the retry restores the memory copy and saves it.
+    monkeypatch.setattr(dcp.FileSystemWriter, "write_data", real_write)
+    again, _ = make_app(seed=2)
+    ckpt = Checkpointer(_cfg(disk), disk, events=events, memory_dir=shm)
+    assert ckpt.restore(again) == STEPS
+    _finish(ckpt, again, STEPS, events)
+    assert [r.step for r in store.committed(disk)] == [2, STEPS] and len(events.named("done")) == 1
 
 
 def test_a_final_step_already_on_disk_is_not_saved_again(tmp_path: Path) -> None:

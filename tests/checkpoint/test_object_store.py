@@ -130,6 +130,38 @@ def test_a_torn_upload_is_never_listed_and_is_reported(url: str, tmp_path: Path,
     assert Checkpointer(cfg(url, tmp_path / "fresh"), url).restore(resumed) == 2
 
 
+def test_a_final_step_whose_upload_failed_is_saved_again(url: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The final save (train_loop._finish) counts a step as saved only once the bucket holds it: committed locally
+    is not enough (a per-pod dir keeps rank 0's shards only)."""
+    app, data = make_app(seed=0)
+    ckpt = Checkpointer(cfg(url, tmp_path / "local"), url, events=FakeEvents())
+    real_upload = RemoteStore.upload
+
+    def refused(self: RemoteStore, folder: Any, step: int, names: list[str]) -> None:
+        raise PermissionError(13, "AccessDenied")
+
+    for step in range(1, 5):
+        train_step(app, data, ckpt)
+        if step == 4:
+            monkeypatch.setattr(RemoteStore, "upload", refused)
+        if ckpt.due(step):
+            ckpt.save(step, app, blocking=True)
+    ckpt.close()
+    assert ckpt.on_disk(4) and not ckpt.holds(4)
+    assert ckpt.unsaved_reason(4) == f"upload to {url} failed: PermissionError: [Errno 13] AccessDenied"
+
+    monkeypatch.setattr(RemoteStore, "upload", real_upload)
+    expected = full_state(app)
+    ckpt.save_final(4, app)
+    assert ckpt.holds(4) and ckpt.unsaved_reason(4) is None
+    assert [r.step for r in RemoteStore(url).committed()] == [2, 4]
+    shutil.rmtree(tmp_path / "local")
+    resumed, _ = make_app(seed=7)
+    assert Checkpointer(cfg(url, tmp_path / "fresh"), url).restore(resumed) == 4
+    assert_same_state(full_state(resumed), expected)
+
+
 def test_retention_applies_to_the_bucket(url: str, tmp_path: Path) -> None:
     app, data = make_app(seed=0)
     train(url, tmp_path / "local", range(1, 9), app, data, keep=2)
