@@ -120,17 +120,19 @@ class HealthMonitor:
     async def evaluate_once(self) -> HealthDecisions:
         jobs = list(await self.inventory.jobs())
         lookback = self.settings.progress_lookback_seconds
-        progress, final_saves, step_times, xids = await asyncio.gather(
+        progress, final_saves, starts, step_times, xids = await asyncio.gather(
             self._query("progress", queries.progress_query(lookback)),
             self._query("final_saves", queries.final_save_query(lookback)),
+            self._query("process_starts", queries.process_start_query(lookback)),
             self._query("step_times", queries.step_time_query(self.settings.step_time_window_seconds)),
             self._query("xids", queries.XID_QUERY))
         xid_samples = None if xids is None else queries.parse_xids(xids)
         obs = Observations(
             now=self.clock(), jobs=jobs,
-            # Without the final saves' answer a save could look like a hang: no hang check this time.
-            progress=None if progress is None or final_saves is None else queries.parse_progress(progress,
-                                                                                                 final_saves),
+            # Without the final saves' or the process starts' answer a save or a restart in place could look like a
+            # hang: no hang check this time.
+            progress=None if progress is None or final_saves is None or starts is None else
+            queries.parse_progress(progress, final_saves, starts),
             step_times=None if step_times is None else queries.parse_step_times(step_times),
             xids=xid_samples, xid_handled=await self._handled_xids(xid_samples, jobs))
         decisions, self.state = evaluate(obs, self.state, self.settings.health)

@@ -77,7 +77,7 @@ class OperatorMetrics:
                                     "Ranks persistently slower than their peers (Degraded when > 0).", JOB_LABELS,
                                     registry=r)
         # export zeros so rate() and alerts see the first error
-        for query in ("progress", "final_saves", "step_times", "xids"):
+        for query in ("progress", "final_saves", "process_starts", "step_times", "xids"):
             for reason in QUERY_ERROR_REASONS:
                 self.monitor_query_errors_total.labels(query, reason)
 

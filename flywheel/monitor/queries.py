@@ -35,6 +35,10 @@ def final_save_query(lookback_seconds: int) -> str:
     return _last("flywheel_train_final_save_started_timestamp_seconds", lookback_seconds)
 
 
+def process_start_query(lookback_seconds: int) -> str:
+    return _last("flywheel_train_started_timestamp_seconds", lookback_seconds)
+
+
 def step_time_query(window_seconds: int) -> str:
     return (f"sum by ({RANK_LABELS}) (rate(flywheel_train_step_seconds_sum[{window_seconds}s]))"
             f" / sum by ({RANK_LABELS}) (rate(flywheel_train_step_seconds_count[{window_seconds}s]))")
@@ -49,15 +53,22 @@ def _rank(labels: dict[str, str]) -> tuple[str, str, str, str] | None:
     return None
 
 
-def parse_progress(samples: list[Sample], final_saves: list[Sample] | None = None) -> list[RankProgress]:
-    """Each rank's last progress, with when its final save began (`final_saves`: final_save_query's answer)."""
-    saving = {key: s.value for s in finite(final_saves or []) if (key := _rank(s.labels)) is not None}
+def parse_progress(samples: list[Sample], final_saves: list[Sample] | None = None,
+                   starts: list[Sample] | None = None) -> list[RankProgress]:
+    """Each rank's last progress, with when its final save began (`final_saves`: final_save_query's answer) and
+    when its newest process started (`starts`: process_start_query's)."""
+    saving, started = _by_rank(final_saves), _by_rank(starts)
     out = []
     for s in finite(samples):
         key = _rank(s.labels)
         if key is not None:
-            out.append(RankProgress(*key, s.value, final_save_started=saving.get(key, 0.0)))
+            out.append(RankProgress(*key, s.value, final_save_started=saving.get(key, 0.0),
+                                    process_started=started.get(key, 0.0)))
     return out
+
+
+def _by_rank(samples: list[Sample] | None) -> dict[tuple[str, str, str, str], float]:
+    return {key: s.value for s in finite(samples or []) if (key := _rank(s.labels)) is not None}
 
 
 def parse_step_times(samples: list[Sample]) -> list[RankStepTime]:

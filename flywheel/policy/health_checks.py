@@ -48,8 +48,9 @@ class WatchedJob:
 @dataclass(frozen=True)
 class RankProgress:
     """One rank's last progress: `flywheel_train_last_progress_timestamp_seconds` (a step or an evaluation batch, as
-    the trainer's watchdog counts it), or `..._last_step_...` where a trainer exports no such gauge; and when its
-    final blocking save began (`..._final_save_started_...`, 0: not begun)."""
+    the trainer's watchdog counts it), or `..._last_step_...` where a trainer exports no such gauge; when its
+    final blocking save began (`..._final_save_started_...`, 0: not begun); and when its newest process started
+    (`flywheel_train_started_timestamp_seconds`, 0: unknown): a rank restarted in place keeps its pod."""
 
     namespace: str
     job: str
@@ -57,6 +58,7 @@ class RankProgress:
     rank: str
     last_step_timestamp: float
     final_save_started: float = 0.0
+    process_started: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -211,9 +213,11 @@ def _stalled_ranks(job: WatchedJob, progress: Sequence[RankProgress], now: float
 
 def _deadline(job: WatchedJob, p: RankProgress, started: float | None) -> float:
     """When the rank is hung without further progress (before the staleness allowance)."""
-    if started is not None and p.last_step_timestamp < started:
-        # Not stepped since this pod started: it is still within the start-up and restore allowance.
-        return started + job.first_step_timeout_seconds
+    began = max(started or 0.0, p.process_started)
+    if began > 0 and p.last_step_timestamp < began:
+        # Not stepped since its pod, or its process restarted in place, started: still within the start-up and
+        # restore allowance.
+        return began + job.first_step_timeout_seconds
     if p.final_save_started >= p.last_step_timestamp > 0:
         # The final save pauses the check, bounded as on the etcd path (monitor/progress_hang.py).
         return p.final_save_started + final_save_allowance(job.progress_timeout_seconds,

@@ -6,6 +6,8 @@ already bound to this process's labels, e.g. `metrics.checkpoint_blocking_second
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from flywheel.trainer.checkpoint_failure import FailureReason
@@ -46,6 +48,12 @@ class TrainerMetrics:
         self.train_final_save_started_timestamp_seconds = gauge(
             "flywheel_train_final_save_started_timestamp_seconds",
             "Unix time the final blocking checkpoint save began (0: not begun); the hang check pauses, bounded.")
+        # A rank restarted in place keeps its pod and its labels: this tells the hang check that a new process is
+        # in its start-up and restore (firstStepTimeoutSeconds), not a rank idle since its last step.
+        self.train_started_timestamp_seconds = gauge(
+            "flywheel_train_started_timestamp_seconds",
+            "Unix time this trainer process started (a rank restarted in place starts a new one).")
+        self.train_started_timestamp_seconds.set(time.time())
         self.train_loss = gauge("flywheel_train_loss", "Loss of the last step, mean over the global batch.")
         self.train_tokens_per_second = gauge("flywheel_train_tokens_per_second",
                                              "Tokens of the global batch per second of the last step.")

@@ -38,10 +38,10 @@ def view() -> WatchedJob:
 class ScriptedQuerier:
     """Answers by query kind; an exception instance is raised instead."""
 
-    def __init__(self, progress, step_times, xids, final_saves=()):
+    def __init__(self, progress, step_times, xids, final_saves=(), starts=()):
         saves = final_saves if isinstance(final_saves, Exception) else list(final_saves)
-        self.answers = {"final_save": saves, "last_step": progress, "step_seconds": step_times,
-                        "XID": xids}
+        self.answers = {"final_save": saves, "train_started": starts, "last_step": progress,
+                        "step_seconds": step_times, "XID": xids}
 
     async def query(self, promql: str) -> list[Sample]:
         for marker, answer in self.answers.items():

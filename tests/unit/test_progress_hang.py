@@ -10,7 +10,7 @@ from flywheel.etcd.progress import PHASE_EVALUATING, PHASE_SAVING, ProgressRecor
 from flywheel.etcd.progress_watch import ProgressWatch
 from flywheel.monitor.progress_hang import ProgressClock, progress_hang, progress_hang_due
 from flywheel.monitor.prometheus import Sample
-from flywheel.monitor.queries import parse_progress, progress_query
+from flywheel.monitor.queries import parse_progress, process_start_query, progress_query
 from flywheel.operator import progress_follower as follower
 from flywheel.policy.health_checks import WatchedJob, find_hangs
 from flywheel.policy.xid import WatchedPod
@@ -170,6 +170,23 @@ def test_the_prometheus_check_counts_evaluation_batches_and_pauses_for_the_final
     assert len(find_hangs([_watched()], old, now=376, allowance=15)) == 1
     assert "flywheel_train_last_progress_timestamp_seconds" in progress_query(3600)
     assert "flywheel_train_last_step_timestamp_seconds" in progress_query(3600)  # a user script's steps
+
+
+def test_the_prometheus_check_gives_a_rank_restarted_in_place_the_first_step_allowance() -> None:
+    """The agent restarts a rank in place: same pod, same series, a new process. Its last progress is the old
+    process's; from its start it gets firstStepTimeoutSeconds (600 here) to restore and step, not
+    progressTimeoutSeconds (60) from the last step."""
+    def sample(value: float, replica: int) -> Sample:
+        return Sample({"namespace": "ml", "job": "train", "replica": str(replica), "rank": str(replica)}, value, 0.0)
+
+    restarted = parse_progress([sample(1000.0, 0), sample(1000.0, 1)], [], [sample(1020.0, 0), sample(1010.0, 1)])
+    assert find_hangs([_watched()], restarted, now=1500, allowance=15) == []
+    [found] = find_hangs([_watched()], restarted, now=1626, allowance=15)
+    assert [r.replica for r in found.ranks] == ["1"]
+    # Its first step ends the allowance: the usual progressTimeoutSeconds from then on.
+    stepped = parse_progress([sample(1400.0, 0), sample(1400.0, 1)], [], [sample(1020.0, 0), sample(1010.0, 1)])
+    assert len(find_hangs([_watched()], stepped, now=1476, allowance=15)) == 1
+    assert "flywheel_train_started_timestamp_seconds" in process_start_query(3600)
 
 
 def test_the_trainer_gauges_say_what_the_prometheus_check_reads() -> None:
