@@ -27,13 +27,23 @@ NAMES = {SUCCESS: "success", CRASH: "crash", USER_ERROR: "user-error", HANG: "ha
 FOLLOWS_A_PEER = (COLLECTIVE_TIMEOUT,)
 
 
+def signal_number(code: int) -> int:
+    """The signal a process died by, from its exit code (Popen's negative code or a shell's 128+N); 0: none."""
+    return -code if code < 0 else code - 128 if code > 128 else 0
+
+
+def is_crash(code: int) -> bool:
+    """An uncaught exception or an unknown non-zero exit: no named code, no signal death."""
+    return code != SUCCESS and (code == CRASH or code not in NAMES) and not signal_number(code)
+
+
 def describe(code: int) -> str:
     """A short name for an exit code, including signal deaths (negative or 128+N)."""
     import signal
 
     if code in NAMES:
         return NAMES[code]
-    signum = -code if code < 0 else code - 128 if code > 128 else None
+    signum = signal_number(code)
     if signum:
         try:
             return f"signal-{signal.Signals(signum).name}"

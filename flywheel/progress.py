@@ -23,6 +23,7 @@ import time
 from collections.abc import Mapping
 
 from flywheel.eventlog import EventName
+from flywheel.trainer import first_step
 from flywheel.trainer.progress_publisher import progress_events
 from flywheel.trainer.trainer_metrics import TrainerMetrics
 
@@ -57,6 +58,7 @@ class ProgressReporter:
         m.train_steps_total.inc()
         m.train_last_step_timestamp_seconds.set(time.time())
         m.train_step_seconds.observe(seconds)
+        first_step.mark()
         if loss is not None:
             m.train_loss.set(loss)
         tokens_per_second = tokens / seconds if tokens and seconds > 0 else None

@@ -42,12 +42,9 @@ def classify_exit(exit_code: int) -> FailureKind | None:
     }
     if exit_code in known:
         return known[exit_code]
-    signum = -exit_code if exit_code < 0 else exit_code - 128 if exit_code > 128 else 0
-    if signum == signal.SIGTERM:
-        return FailureKind.STOPPED
-    if signum:
-        return FailureKind.KILLED
-    return FailureKind.CRASH
+    if exitcodes.is_crash(exit_code):
+        return FailureKind.CRASH
+    return FailureKind.STOPPED if exitcodes.signal_number(exit_code) == signal.SIGTERM else FailureKind.KILLED
 
 
 _IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})

@@ -1,6 +1,6 @@
 """Deterministic start-up failures (pure): a worker that crashes with the same reason before the first step on
 STARTUP_FAILURE_ATTEMPTS attempts in a row (an import error, a missing file, a bad config) would only crash again:
-the job fails with that reason then, not after `maxRestarts`.
+the job fails with that reason then, not after `maxRestarts` (the count: flywheel/startup_crashes.py).
 
 "Before the first step" is the failed attempt's own word: the newest attempt in the progress record, when it began
 in the current generation (after the last counted recovery), trained a step or not; when none did, this
@@ -14,30 +14,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flywheel import startup_crashes
 from flywheel.policy import reasons as R
 from flywheel.policy.failures import FailureKind
 from flywheel.policy.observed import ObservedProgress
 from flywheel.policy.rank_restarts import last_restart
 from flywheel.spec_status import TrainingJobStatus
+from flywheel.startup_crashes import TRANSIENT_PREFIXES
 
-STARTUP_FAILURE_ATTEMPTS = 2
-# Reasons that may pass by themselves: a rendezvous that timed out waiting for a peer still being scheduled
-# (flywheel/trainer/launch.py writes this prefix).
-TRANSIENT_PREFIXES = ("rendezvous failed",)
+__all__ = ["TRANSIENT_PREFIXES", "StartupFailures", "after_failure", "attempt_is_current", "before_first_step",
+           "group_before_first_step", "stalled"]
 
 
 @dataclass(frozen=True)
-class StartupFailures:
-    """The last decided failure: its reason when it was a start-up failure, how many in a row had that reason, and
-    the job's step when it was decided."""
-
-    reason: str = ""
-    attempts: int = 0
-    step: int = 0
-
-    @property
-    def deterministic(self) -> bool:
-        return self.attempts >= STARTUP_FAILURE_ATTEMPTS
+class StartupFailures(startup_crashes.StartupCrashes):
+    """The last decided failure (startup_crashes.StartupCrashes), with its message."""
 
     @property
     def message(self) -> str:
@@ -82,7 +73,5 @@ def after_failure(previous: StartupFailures, kind: FailureKind, reason: str, ste
     """The start-up failure record after a failure of `kind` with the worker's `reason`, at the job's `step`;
     `first_step`: whether it failed before its first step (`before_first_step`; None: the step has not moved)."""
     before = step == previous.step if first_step is None else first_step
-    if kind is not FailureKind.CRASH or not reason or reason.startswith(TRANSIENT_PREFIXES) or not before:
-        return StartupFailures(step=step)
-    attempts = previous.attempts + 1 if reason == previous.reason else 1
-    return StartupFailures(reason, attempts, step)
+    return startup_crashes.count(previous, crash=kind is FailureKind.CRASH, reason=reason, step=step,
+                                 before_first_step=before)

@@ -23,9 +23,10 @@ import tempfile
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from flywheel import exitcodes, replica
+from flywheel import exitcodes, replica, startup_crashes
 from flywheel.trainer import (
     drain_hold,
+    first_step,
     rank_restarts,
     rendezvous_expiry,
     restart_requests,
@@ -105,8 +106,10 @@ def _build_agent_class() -> type:
         last_failures: dict[int, tuple[int, float]] = {}
         restart_request: RankRestartRequest | None = None  # the operator's request this restart serves
         restarting = False  # within _restart_workers (its _stop_workers stops ranks to start them again)
+        startup = startup_crashes.StartupCrashes()  # the same crash before the first step twice: not again in place
 
         def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+            first_step.reset(os.environ.get(first_step.ENV, ""))
             started: dict[int, Any] = super()._start_workers(worker_group)
             # These ranks started after every request seen so far: they serve it (a restart for a crash, or for a
             # peer's new round, that began while the request arrived, must not be followed by a second one).
@@ -162,11 +165,26 @@ def _build_agent_class() -> type:
             result: RunResult = super()._monitor_workers(worker_group)
             if result.is_failed():
                 self.last_failures = {r: (f.exitcode, float(f.timestamp)) for r, f in result.failures.items()}
+                self._count_startup_crash()
             if result.is_failed() and any(f.exitcode == exitcodes.USER_ERROR for f in result.failures.values()):
                 logging.getLogger(__name__).error("a rank exited USER_ERROR (%d): not restarting",
                                                   exitcodes.USER_ERROR)
                 torch_compat.forbid_agent_restarts(self)
             return result
+
+        def _count_startup_crash(self) -> None:
+            """Ranks that crash before their first step with the same reason as the last time would only crash
+            again: they are not restarted in place; the pod fails with that reason, and the job's restart policy
+            (the same rule, over pods) decides."""
+            self.startup = startup_crashes.count(
+                self.startup, crash=exitcodes.is_crash(first_failure_exit_code(self.last_failures)),
+                reason=termination_log.read(), step=0,
+                before_first_step=not first_step.stepped(os.environ.get(first_step.ENV, "")))
+            if self.startup.deterministic:
+                logging.getLogger(__name__).error(
+                    "the ranks crashed before their first step with the same error %d times in a row (%s): not "
+                    "restarting them in place", self.startup.attempts, self.startup.reason)
+                torch_compat.forbid_agent_restarts(self)
 
         def _restart_workers(self, worker_group: WorkerGroup) -> None:
             # torch restarts the ranks after a failure (state FAILED/UNHEALTHY) or for a membership change
@@ -228,14 +246,16 @@ def run_agent(settings: LaunchSettings) -> int:
     # Both are read by torch/the ranks from the environment; the workers inherit os.environ.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    if not (settings.warm_start and settings.runs_embedded_trainer):
-        _report_user_exceptions(os.environ)
-        return _promoted_then(settings, {}, settings.command)
-    # Started first, so its import of the trainer overlaps the agent's own start-up and first rendezvous (and, for a
-    # warm spare, happens before its promotion).
-    with warm.zygote(preload=WARM_PRELOAD) as zygote_env:
-        os.environ.update(zygote_env)
-        return _promoted_then(settings, zygote_env, warm.client_command(TRAINER_MODULE))
+    with tempfile.TemporaryDirectory(prefix="flywheel-agent-") as own:
+        os.environ[first_step.ENV] = os.path.join(own, "stepped")  # the ranks' first step (first_step.py)
+        if not (settings.warm_start and settings.runs_embedded_trainer):
+            _report_user_exceptions(os.environ)
+            return _promoted_then(settings, {}, settings.command)
+        # Started first, so its import of the trainer overlaps the agent's own start-up and first rendezvous (and,
+        # for a warm spare, happens before its promotion).
+        with warm.zygote(preload=WARM_PRELOAD) as zygote_env:
+            os.environ.update(zygote_env)
+            return _promoted_then(settings, zygote_env, warm.client_command(TRAINER_MODULE))
 
 
 def _promoted_then(settings: LaunchSettings, zygote_env: Mapping[str, str], command: Sequence[str]) -> int:

@@ -42,7 +42,7 @@ def exception_reason(err: BaseException) -> str:
 
 def exit_reason(code: int) -> str:
     """An exit code as a reason: the signal's name for a signal death (negative, or a shell's 128+N)."""
-    signum = -code if code < 0 else code - 128 if code > 128 else 0
+    signum = exitcodes.signal_number(code)
     if signum:
         try:
             return f"killed by {signal.Signals(signum).name}"
@@ -70,6 +70,18 @@ def write_reason(reason: str, environ: Mapping[str, str] | None = None) -> bool:
         return True
     except OSError:
         return False
+
+
+def read(environ: Mapping[str, str] | None = None) -> str:
+    """The reason the file holds now ("" when none, or no file)."""
+    path = (os.environ if environ is None else environ).get(ENV)
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_BYTES).decode(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def clear(environ: Mapping[str, str] | None = None) -> None:

@@ -29,7 +29,7 @@ from flywheel.etcd.progress import PHASE_EVALUATING, PHASE_SAVING
 from flywheel.eventlog import EventLog, EventName, one_line
 from flywheel.spec import SpecError, Training
 from flywheel.trainer import checkpoint_store as store
-from flywheel.trainer import termination_log
+from flywheel.trainer import first_step, termination_log
 from flywheel.trainer.build import build_model, model_shape
 from flywheel.trainer.checkpoint import AppState, Checkpointer
 from flywheel.trainer.checkpoint_failure import FinalSaveFailed
@@ -277,6 +277,7 @@ def _report_step(run: _Run, step: int, result: _StepResult, metrics: TrainerMetr
     metrics.record_step(loss=result.loss, step_seconds=result.seconds, tokens_per_second=tokens_per_second,
                         timestamp=time.time())
     watchdog.beat()
+    first_step.mark()
     if env.rank == 0:
         events.emit("step", step=step, loss=result.loss, step_seconds=result.seconds,
                     tokens_per_second=tokens_per_second, world_size=env.world_size, **result.aux)

@@ -101,6 +101,24 @@ def test_a_restart_that_succeeds_exits_zero(rdzv_store, tmp_path):
     assert attempts == ["0 0", "0 1", "1 0", "1 1"]
 
 
+def test_the_same_crash_before_the_first_step_is_not_restarted_in_place_again(rdzv_store, tmp_path):
+    """An import error or a bad config crashes every attempt before its first step: after two in a row with the same
+    reason the pod fails with it (the job's restart policy decides), not after PET_MAX_RESTARTS attempts."""
+    said = tmp_path / "termination-log"
+    rc, attempts = _launch(rdzv_store, "startup-crash", tmp_path, 0, restarts=5, EXIT_RANK_RAISE="no module named x",
+                           FLYWHEEL_TERMINATION_LOG=str(said))
+    assert rc == exitcodes.CRASH
+    assert attempts == ["0 0", "0 1", "1 0", "1 1"]
+    assert said.read_text() == "RuntimeError: no module named x"
+
+
+def test_a_crash_after_the_first_step_is_restarted_in_place(rdzv_store, tmp_path):
+    rc, attempts = _launch(rdzv_store, "crash-after-step", tmp_path, 0, restarts=2, EXIT_RANK_RAISE="diverged",
+                           EXIT_RANK_STEP="1", FLYWHEEL_TERMINATION_LOG=str(tmp_path / "termination-log"))
+    assert rc == exitcodes.CRASH
+    assert attempts == ["0 0", "0 1", "0 2", "1 0", "1 1", "1 2"]
+
+
 def test_a_signal_death_exits_128_plus_n(rdzv_store, tmp_path):
     said = tmp_path / "termination-log"
     rc, attempts = _launch(rdzv_store, "sigkill", tmp_path, -9, restarts=0, FLYWHEEL_TERMINATION_LOG=str(said))
