@@ -117,6 +117,11 @@ class Checkpointer:
         # Make-room never deletes it, and a final step restored from memory only is still written to disk.
         self.committed_step: int | None = None
         self._disk_due: dict[int, bool] = {}  # step -> whether due() found the disk tier due (else memory only)
+        self.remote = RemoteTier(str(directory), self.directory, rank=self.rank, world_size=self.world_size,
+                                 group=self._write_group, keep=cfg.keep, events=events, metrics=metrics) \
+            if object_store.is_url(str(directory)) else None
+        if self.remote is not None:
+            self.remote.claim_staging()  # before the memory tier reads the staging dir's identity
         # The memory tier saves on its own thread, buffers and gloo group: a disk write in flight never holds it up.
         self.memory = MemoryTier(memory_dir, cfg.memory_every_steps, rank=self.rank, world_size=self.world_size,
                                  ranks_per_worker=ranks_per_worker, pin_memory=self._cuda, metrics=metrics,
@@ -129,9 +134,6 @@ class Checkpointer:
         self._pending_due: tuple[dist.Work, torch.Tensor, int] | None = None
         self._closed = False
         self.memory_bytes: int | None = None  # after close(): the memory tier's bytes over all ranks
-        self.remote = RemoteTier(str(directory), self.directory, rank=self.rank, world_size=self.world_size,
-                                 group=self._write_group, keep=cfg.keep, events=events, metrics=metrics) \
-            if object_store.is_url(str(directory)) else None
 
     @property
     def control_group(self) -> Any:

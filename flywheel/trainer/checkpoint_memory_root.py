@@ -72,6 +72,19 @@ def dir_identity(checkpoint_dir: Path) -> str:
     raise OSError(f"{path} stays empty")
 
 
+def read_identity(checkpoint_dir: Path) -> str | None:
+    """The dir's identity, or None when it has none (yet)."""
+    return _read_id(checkpoint_dir / DIR_ID) or None
+
+
+def record_identity(checkpoint_dir: Path, identity: str) -> None:
+    """Make `identity` the dir's (an object store's staging dir takes its bucket prefix's). Atomic."""
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    tmp = checkpoint_dir / f".{DIR_ID}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    tmp.write_text(identity + "\n")
+    os.replace(tmp, checkpoint_dir / DIR_ID)
+
+
 def _read_id(path: Path) -> str | None:
     """The identity in `path` ('' while it is being written), or None when there is no such file."""
     try:

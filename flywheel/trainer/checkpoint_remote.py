@@ -26,6 +26,7 @@ import logging
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +35,7 @@ from flywheel import object_store
 from flywheel.trainer import checkpoint_integrity as integrity
 from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer.checkpoint_failure import RankCause, primary, rank_cause
+from flywheel.trainer.checkpoint_memory_root import DIR_ID, read_identity, record_identity
 
 log = logging.getLogger("flywheel.checkpoint")
 
@@ -47,6 +49,20 @@ class RemoteStore:
         self.url = object_store.normalise(url).rstrip("/")  # S3://b/p: fsspec knows the scheme in lower case
         self.fs, root = url_to_fs(self.url)
         self.root = str(root).rstrip("/")
+
+    def identity(self) -> tuple[str, bool]:
+        """The prefix's identity (`flywheel-run-id` at its root), created when it has none: (it, whether the prefix
+        is new: no identity and no step; one with steps but no identity was written before identities)."""
+        key = f"{self.root}/{DIR_ID}"
+        try:
+            found = self.fs.cat_file(key).decode().strip()
+        except FileNotFoundError:
+            found = ""
+        if found:
+            return found, False
+        made = uuid.uuid4().hex
+        self.fs.pipe_file(key, (made + "\n").encode())
+        return made, not self._steps()
 
     def _key(self, step: int, name: str = "") -> str:
         folder = f"{self.root}/{store.step_dir('', step).name}"
@@ -202,6 +218,13 @@ def present(folder: Path) -> set[str]:
         return set()
 
 
+def present_dirs(folder: Path) -> list[Path]:
+    try:
+        return [p for p in folder.iterdir() if p.is_dir()]
+    except OSError:
+        return []
+
+
 def complete(folder: Path) -> bool:
     """Whether a committed folder holds every file its commit lists: with per-pod directories, rank 0's copy has
     the marker and its own shards only, and is usable only once the other ranks' shards are downloaded."""
@@ -265,6 +288,41 @@ class RemoteTier:
         self.rank, self.world_size, self.group, self.keep = rank, world_size, group, keep
         self.events, self.metrics = events, metrics
         self.failure: str | None = None  # rank 0: the last failed upload, in words
+
+    def claim_staging(self) -> None:
+        """Every rank, before any restore or save: the local staging dir holds copies of this bucket prefix only.
+        A prefix deleted to start over is new (a new identity, or none): steps staged for the earlier one would be
+        resumed as this run's, and the memory tier (which goes by the staging dir's identity) would restore its
+        copies. They are deleted; a staging dir of this prefix keeps its steps (an upload that failed)."""
+        answer: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                answer[0] = retried(self.store.identity, f"reading the identity of {self.url}")
+            except Exception as err:  # noqa: BLE001 - every rank raises below
+                answer[0] = (f"spec.checkpoint.dir: could not read {self.url}/{DIR_ID} ({describe(err)}; tried "
+                             f"{ATTEMPTS} times). {self._check_hint()}")
+        if self.world_size > 1 and self.group is not None:
+            import torch.distributed as dist
+
+            dist.broadcast_object_list(answer, src=0, group=self.group)
+        if isinstance(answer[0], str):
+            raise RemoteUnreadable(answer[0])
+        identity, new = answer[0]
+        staged = read_identity(self.local_root)
+        if staged != identity if staged else new:
+            self._drop_staged(identity)  # ranks sharing the dir (one host) may each do so: rmtree tolerates it
+        self._all(True)  # every rank read and tidied before any records (ranks of one host share the dir)
+        if staged != identity:
+            record_identity(self.local_root, identity)
+        self._all(True)
+
+    def _drop_staged(self, identity: str) -> None:
+        old = [p for p in present_dirs(self.local_root) if store.STEP_DIR.match(p.name)]
+        for path in old:
+            shutil.rmtree(path, ignore_errors=True)
+        if old:
+            log.warning("deleted %d staged checkpoint(s) under %s: they belong to an earlier use of %s (deleted or "
+                        "replaced since; its identity is now %s)", len(old), self.local_root, self.url, identity)
 
     def _all(self, flag: bool) -> bool:
         """True when true on every rank."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ckpt_helpers import FakeEvents, assert_same_state, flip_byte, full_state, make_app, train_step
+from ckpt_helpers import FakeEvents, assert_same_state, flip_byte, full_state, make_app, train_saving, train_step
 
 from flywheel.eventlog import RunFold, parse_record
 from flywheel.spec import CheckpointSpec
@@ -22,6 +22,7 @@ from flywheel.trainer import checkpoint_integrity as integrity
 from flywheel.trainer import checkpoint_remote
 from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer.checkpoint import Checkpointer
+from flywheel.trainer.checkpoint_memory_root import read_identity
 from flywheel.trainer.checkpoint_remote import RemoteStore, RemoteUnreadable
 from tests.s3_server import s3_server, use_server
 
@@ -162,6 +163,30 @@ def test_a_final_step_whose_upload_failed_is_saved_again(url: str, tmp_path: Pat
     assert_same_state(full_state(resumed), expected)
 
 
+def test_a_deleted_prefix_used_again_starts_fresh_over_its_staged_steps(url: str, tmp_path: Path) -> None:
+    """Deleting the bucket prefix starts the job over: the steps (and memory copies) staged for the earlier prefix
+    in the same local dir are not resumed. Without the prefix deleted they stay (an upload that failed)."""
+    local, shm = tmp_path / "local", tmp_path / "shm"
+    spec = CheckpointSpec.model_validate({"dir": url, "localDir": str(local), "everySteps": 2, "memoryEverySteps": 2,
+                                          "async": False})
+    app, data = make_app(seed=0)
+    ckpt = Checkpointer(spec, url, memory_dir=shm)
+    train_saving(app, data, ckpt, 4)
+    ckpt.close()
+    assert [r.step for r in store.committed(local)] == [2, 4]
+    ckpt = Checkpointer(spec, url, memory_dir=shm)
+    assert ckpt.restore(make_app(seed=1)[0]) == 4  # the same prefix: resumed
+    ckpt.close()
+
+    RemoteStore(url).fs.rm(url, recursive=True)  # the user starts over
+    fresh, _ = make_app(seed=2)
+    ckpt = Checkpointer(spec, url, memory_dir=shm)
+    assert ckpt.restore(fresh) is None
+    ckpt.close()
+    assert store.committed(local) == []
+    assert read_identity(local) == RemoteStore(url).identity()[0]
+
+
 def test_retention_applies_to_the_bucket(url: str, tmp_path: Path) -> None:
     app, data = make_app(seed=0)
     train(url, tmp_path / "local", range(1, 9), app, data, keep=2)
@@ -297,7 +322,7 @@ def test_an_unreachable_bucket_fails_the_start_naming_the_field_and_endpoint(url
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     s3fs.S3FileSystem.clear_instance_cache()
     resumed, _ = make_app(seed=7)
-    with pytest.raises(RemoteUnreadable, match=rf"spec\.checkpoint\.dir: could not list .*127\.0\.0\.1:{port}"):
+    with pytest.raises(RemoteUnreadable, match=rf"spec\.checkpoint\.dir: could not read .*127\.0\.0\.1:{port}"):
         Checkpointer(cfg(url, tmp_path / "fresh"), url).restore(resumed)
 
 
