@@ -247,6 +247,16 @@ class RunFold:
         return max(current, self.done.step) if self.done else current
 
     @property
+    def attempt(self) -> float:
+        """When the newest trainer group reported its start (0: none did)."""
+        return self.starts[-1].time if self.starts else 0.0
+
+    @property
+    def attempt_stepped(self) -> bool:
+        """Whether a step followed the newest start: that group got past its start-up."""
+        return bool(self.starts) and self.last is not None and self.last.time >= self.starts[-1].time
+
+    @property
     def steps_completed(self) -> int:
         return self.done.step if self.done else self.last_step
 

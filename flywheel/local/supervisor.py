@@ -292,10 +292,10 @@ class Supervisor:
         """Whether the workers' group since the last recreation failed before its first step (the operator's rule):
         from the newest `start` in the log and whether a step followed it."""
         log, recreations = self.record.log, self.record.recreations
-        start, last = (log.starts[-1] if log.starts else None), log.last
+        last = log.last
         restarted = recreations[-1].time if recreations else None
-        if start is not None:
-            return group_before_first_step(start.time, last is not None and last.time >= start.time, restarted)
+        if log.attempt:
+            return group_before_first_step(log.attempt, log.attempt_stepped, restarted)
         if last is not None and (restarted is None or last.time >= restarted):  # a user script: steps only
             return group_before_first_step(last.time, True, restarted)
         return group_before_first_step(0.0, False, restarted)

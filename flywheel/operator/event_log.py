@@ -33,7 +33,6 @@ def progress_of(log: RunFold) -> Progress:
     checkpoints = tuple(CommittedCheckpoint(first + i + 1, c.step, c.path, c.time)
                         for i, c in enumerate(log.checkpoints[first:]))
     last = log.checkpoints[-1] if log.checkpoints else None
-    start = log.starts[-1] if log.starts else None
     return Progress(step=log.current_step, world_size=log.last.world_size if log.last else 0,
                     checkpoint_step=last.step if last else 0, checkpoint_time=last.time if last else None,
                     checkpoint_path=last.path if last else "", done=log.done is not None,
@@ -45,8 +44,7 @@ def progress_of(log: RunFold) -> Progress:
                     eval_step=log.last_eval.step if log.last_eval else 0,
                     eval_loss=log.last_eval.loss if log.last_eval else None,
                     checkpoint_notices=notices_of(log.checkpoint_notices),
-                    attempt=start.time if start else 0.0,
-                    attempt_stepped=start is not None and log.last is not None and log.last.time >= start.time)
+                    attempt=log.attempt, attempt_stepped=log.attempt_stepped)
 
 
 def notices_of(notices: Sequence[CheckpointFailed | CheckpointBad]) -> tuple[tuple[int, str, str], ...]:
