@@ -135,7 +135,7 @@ def folder_bytes(folder: Path) -> int:
 
 def held_bytes(root: Path) -> int:
     """Bytes of every memory copy this worker's root holds (all its ranks' own copies and replicas)."""
-    return sum(folder_bytes(folder) for folder in (root.glob("*-rank-*") if root.is_dir() else []))
+    return sum(folder_bytes(folder) for folder in copy_folders(root))
 
 
 def layout_folders(rank: int, world_size: int, per_worker: int) -> set[str]:
@@ -154,10 +154,19 @@ def layout_folders(rank: int, world_size: int, per_worker: int) -> set[str]:
 def drop_foreign(root: Path, belong: set[str]) -> list[str]:
     """Delete the copy folders that do not belong to this layout (another world size or ranks per worker: never
     planned from, nor deleted by any save); their names."""
-    foreign = [folder for folder in (root.glob("*-rank-*") if root.is_dir() else []) if folder.name not in belong]
+    foreign = [folder for folder in copy_folders(root) if folder.name not in belong]
     for folder in foreign:
         shutil.rmtree(folder, ignore_errors=True)
     return sorted(folder.name for folder in foreign)
+
+
+def copy_folders(root: Path) -> list[Path]:
+    """The copy folders under a memory root; none when it is gone (local ranks sharing it remove it when they
+    release it, any of them first)."""
+    try:
+        return list(root.glob("*-rank-*"))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def wipe(root: Path) -> None:

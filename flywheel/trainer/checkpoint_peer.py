@@ -309,7 +309,7 @@ class MemoryTier(MemoryRestore):
         for folder in self._folders():
             mem.wipe(folder)
         mem.drop_foreign(self.root, mem.layout_folders(self.rank, self.world_size, self.per_worker))
-        if self.root.is_dir() and not any(self.root.glob("*-rank-*")):
+        if not mem.copy_folders(self.root):
             forget_identity(self.root)
         for folder in (self.root, self.root.parent):
             try:

@@ -78,6 +78,23 @@ def test_folders_of_another_layout_are_deleted_at_start_and_at_release(tmp_path:
         tier.close()
 
 
+@pytest.mark.usefixtures("one_rank")
+def test_a_root_another_local_rank_removed_first_is_released_quietly(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Local ranks share the root and release it at once: one may find it gone between looking and listing (it
+    crashed the rank at the end of a finished run, and its agent restarted ranks that could never regroup)."""
+    root, run_dir = tmp_path / "shm", tmp_path / "ckpt"
+    tier = peer.MemoryTier(root, 1, rank=0, world_size=1, ranks_per_worker=1, run_dir=run_dir)
+    try:
+        shutil.rmtree(root)  # the other local rank released it first
+        monkeypatch.setattr(Path, "is_dir", lambda self: True)  # ... just after this rank looked
+        tier.release()
+        assert mem.copy_folders(root) == [] and mem.held_bytes(root) == 0
+    finally:
+        monkeypatch.undo()
+        tier.close()
+
+
 def test_layout_folders_are_a_workers_own_copies_and_its_sources_replicas() -> None:
     assert mem.layout_folders(5, 8, 2) == {"own-rank-00004", "own-rank-00005", "replica-rank-00002",
                                            "replica-rank-00003"}
