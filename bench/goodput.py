@@ -29,7 +29,7 @@ done before the kill that were replayed).
 
     python -m bench.goodput           # clean runs, 1 kill/min (ours, ours-memory and both peers, 4 min each),
                                       # 1 kill/5 min (ours, 10 min): ~30 min
-    python -m bench.goodput --quick   # clean runs + 8 s with one kill after 3 s, ours, ours-memory and
+    python -m bench.goodput --quick   # clean runs + 8 s with one kill after 3 s, ours (--memory: and ours-memory) and
                                       # torchrun-tuned (~2 min)
 """
 
@@ -282,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", nargs="*", choices=[s for s in SIDES if s not in OURS],
                         help="peers run at the first period (default: both; quick: torchrun-tuned)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--memory", action="store_true", help="quick: ours-memory too (always in a full run)")
     parser.add_argument("--max-faults", type=int, help="at most this many faults per run (smoke tests)")
     parser.add_argument("--out", type=Path, default=RESULTS / "goodput.json")
     parser.add_argument("--merge", action="store_true",
@@ -293,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         args.max_faults = args.max_faults or 1
     else:
         periods, seconds, clean_steps, peers = [60.0, 300.0], [240.0, 600.0], 1000, ["torchrun", "torchrun-tuned"]
+    ours_sides = ("ours",) if args.quick and not args.memory else ("ours", "ours-memory")
     periods = args.periods or periods
     seconds = args.seconds or seconds
     clean_steps = args.clean_steps or clean_steps
@@ -305,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="goodput-") as tmp:
         clean = {}
         # Without faults both torchrun variants run the same: one clean run serves as their reference.
-        for side in ("ours", "ours-memory", *(("torchrun-tuned",) if peers else ())):
+        for side in (*ours_sides, *(("torchrun-tuned",) if peers else ())):
             clean[side] = run_side(side, Path(tmp) / f"{side}-clean", clean_steps, None, args.seed,
                                    timeout_s=clean_steps * 0.5 + 120)
             console.print(f"{side} clean: {clean[side]['useful_steps']} steps, {clean_step_s(clean[side]) * 1e3:.1f} "
@@ -315,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         runs["clean"] = {side: {**run, "clean_step_s": clean_s[side]} for side, run in clean.items()}
         for i, (period, secs) in enumerate(zip(periods, seconds)):
             steps = run_length(secs, clean.values())
-            for side in ("ours", *(("ours-memory", *peers) if i == 0 else ())):
+            for side in ("ours", *((*ours_sides[1:], *peers) if i == 0 else ())):
                 run = run_side(side, Path(tmp) / f"{side}-{period:g}s", steps, period, args.seed,
                                timeout_s=secs * 4 + 180, max_faults=args.max_faults)
                 run["clean_pace_s"] = clean[side if side in clean else "torchrun-tuned"]["pace_s"]

@@ -67,9 +67,10 @@ def reference(tmp_path_factory):
     return runs
 
 
-@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
-@pytest.mark.parametrize("fault,kind", [("kill:rank=1:step=13", "kill"), ("hang:rank=2:step=9", "hang")],
-                         ids=["kill", "hang"])
+# Each fault kind once and each layout once: recovery does not depend on the layout (the layouts' own checkpoint
+# round trips are tests/parallel's), and a full kill/hang x ddp/fsdp grid cost CI ~40 s more.
+@pytest.mark.parametrize("fault,kind,fsdp", [("kill:rank=1:step=13", "kill", False),
+                                             ("hang:rank=2:step=9", "hang", True)], ids=["kill-ddp", "hang-fsdp"])
 def test_fault_recovery_is_bitwise_exact(reference, tmp_path, fsdp, fault, kind):
     summary, result = flywheel_run(tmp_path, job_doc("faulty", tmp_path / "ckpt", fsdp=fsdp), fault)
     assert result.returncode == 0 and summary["status"] == "Succeeded", _logs(tmp_path)

@@ -35,19 +35,6 @@ def test_a_pod_deleted_mid_run_counts_as_a_restart_named_pod_deleted(op_env: OpE
     op_env.delete(name)
 
 
-def test_a_pod_force_deleted_with_grace_0_counts_as_pod_deleted(op_env: OpEnv) -> None:
-    """Gone before the operator could see it Terminating: still counted, still named PodDeleted."""
-    name = "deleted-forcibly"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **LONG)))
-    eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
-    op_env.kubectl("delete", "pod", f"{name}-worker-1", "--grace-period=0", "--force")
-    counted = eventually(lambda: (s := op_env.status(name)).get("restarts", 0) >= 1 and s, 60, "the restart")
-    assert counted["lastRestartReason"] == "PodDeleted" and counted["restartBudget"]["used"] == 0
-    status = op_env.wait_phase(name, "Succeeded", 180)
-    assert status["step"] == 400 and status["restarts"] == 1
-    op_env.delete(name)
-
-
 def test_a_script_failing_on_an_import_fails_the_job_in_two_attempts(op_env: OpEnv) -> None:
     name = "bad-import"
     script = op_env.tmp / "bad_import.py"
