@@ -22,8 +22,9 @@ from flywheel.trainer import checkpoint_integrity as integrity
 from flywheel.trainer import checkpoint_remote
 from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer.checkpoint import Checkpointer
+from flywheel.trainer.checkpoint_bucket import RemoteStore
 from flywheel.trainer.checkpoint_memory_root import read_identity
-from flywheel.trainer.checkpoint_remote import RemoteStore, RemoteUnreadable
+from flywheel.trainer.checkpoint_remote import RemoteUnreadable
 from tests.s3_server import s3_server, use_server
 
 pytestmark = pytest.mark.usefixtures("one_rank")

@@ -17,7 +17,7 @@ from ckpt_helpers import FakeEvents, assert_same_state, full_state, make_app, ru
 from flywheel.spec import CheckpointSpec
 from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer.checkpoint import Checkpointer
-from flywheel.trainer.checkpoint_remote import RemoteStore
+from flywheel.trainer.checkpoint_bucket import RemoteStore
 from tests.s3_server import s3_server, use_server
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,8 @@ import yaml
 from flywheel import object_store
 from flywheel.cli import EXIT_BAD_INPUT, main
 from flywheel.spec import SpecError, check_local_paths, parse_job
-from flywheel.trainer.checkpoint_remote import RemoteStore, newest_first
+from flywheel.trainer.checkpoint_bucket import RemoteStore
+from flywheel.trainer.checkpoint_remote import newest_first
 from flywheel.trainer.checkpoint_store import Committed
 
 REPO = Path(__file__).resolve().parents[2]

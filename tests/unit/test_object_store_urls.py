@@ -14,7 +14,7 @@ from flywheel.cli import EXIT_BAD_INPUT, main
 from flywheel.eventlog.fold import fold
 from flywheel.eventlog.records import Checkpoint, CheckpointFailed, Record, parse_record
 from flywheel.spec_layout import CheckpointStorage, cluster_storage_problems
-from flywheel.trainer.checkpoint_remote import RemoteStore
+from flywheel.trainer.checkpoint_bucket import RemoteStore
 
 REPO = Path(__file__).resolve().parents[2]
 
