@@ -20,8 +20,8 @@ from flywheel.policy.decisions import Pass
 from flywheel.policy.finish import finish
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import PodView
-from flywheel.policy.startup_failure import TRANSIENT_PREFIXES
 from flywheel.spec_status import Phase, TrainingJobStatus
+from flywheel.startup_crashes import TRANSIENT_PREFIXES
 
 
 def unschedulable(job: JobView) -> list[PodView]:

@@ -20,10 +20,6 @@ from flywheel.policy.failures import FailureKind
 from flywheel.policy.observed import ObservedProgress
 from flywheel.policy.rank_restarts import last_restart
 from flywheel.spec_status import TrainingJobStatus
-from flywheel.startup_crashes import TRANSIENT_PREFIXES
-
-__all__ = ["TRANSIENT_PREFIXES", "StartupFailures", "after_failure", "attempt_is_current", "before_first_step",
-           "group_before_first_step", "stalled"]
 
 
 @dataclass(frozen=True)

@@ -198,13 +198,6 @@ def present(folder: Path) -> set[str]:
         return set()
 
 
-def present_dirs(folder: Path) -> list[Path]:
-    try:
-        return [p for p in folder.iterdir() if p.is_dir()]
-    except OSError:
-        return []
-
-
 def complete(folder: Path) -> bool:
     """Whether a committed folder holds every file its commit lists: with per-pod directories, rank 0's copy has
     the marker and its own shards only, and is usable only once the other ranks' shards are downloaded."""

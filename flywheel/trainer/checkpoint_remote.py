@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from flywheel import object_store
 from flywheel.trainer import checkpoint_integrity as integrity
 from flywheel.trainer import checkpoint_store as store
-from flywheel.trainer.checkpoint_bucket import RemoteStore, complete, present, present_dirs
+from flywheel.trainer.checkpoint_bucket import RemoteStore, complete, present
 from flywheel.trainer.checkpoint_failure import RankCause, primary, rank_cause
 from flywheel.trainer.checkpoint_memory_root import DIR_ID, read_identity, record_identity
 
@@ -124,7 +124,7 @@ class RemoteTier:
         self._all(True)
 
     def _drop_staged(self, identity: str) -> None:
-        old = [p for p in present_dirs(self.local_root) if store.STEP_DIR.match(p.name)]
+        old = [path for _, path in store.step_dirs(self.local_root)]
         for path in old:
             shutil.rmtree(path, ignore_errors=True)
         if old:
