@@ -139,6 +139,11 @@ class FaultTolerance(_Model):
         120, ge=1, description="Cluster only: the worker pods' terminationGracePeriodSeconds, the time between SIGTERM "
                                "and SIGKILL in which the trainer writes its emergency checkpoint; size it for the "
                                "model's save.")
+    finish_grace_seconds: float = Field(
+        60, ge=0, description="Once the trainer reports training done (its final checkpoint committed), workers "
+                              "still running this long after are stopped and the job Succeeds: a rank stuck or "
+                              "restarted in its teardown no longer holds the job. Jobs without the done report (user "
+                              "scripts) wait for every worker to exit.")
     pending_timeout_seconds: float | None = Field(
         None, ge=1, description="A worker pod unschedulable this long fails the job, unless it is elastic and runs at "
                                 "least replicas.min workers (it goes on with fewer until the pod is scheduled). "

@@ -29,6 +29,7 @@ from flywheel.local.spare_pool import SparePool
 from flywheel.plan import WorkerPlan
 from flywheel.policy import Action, Recovery, RestartBudget, classify_exit, decide_restart, recovery
 from flywheel.policy import reasons as R
+from flywheel.policy.finish import lingering_stop_at
 from flywheel.policy.startup_failure import StartupFailures, after_failure, group_before_first_step
 from flywheel.spec import TrainingJobSpec
 from flywheel.trainer import termination_log
@@ -231,6 +232,7 @@ class Supervisor:
             code = w.popen.poll()
             if code is not None:
                 self._on_exit(index, w, code)
+        self._stop_lingering()
         if self.stop.reason is None:
             self.spares.reap(self._spare_template_env())
         procs.reap_orphans([*(w.pid for w in self.workers.values()), *self.spares.pids()])
@@ -239,6 +241,19 @@ class Supervisor:
                 procs.kill_tree(w.pid)
         self._maybe_finish()
         self.progress.update(self.record)
+
+    def _stop_lingering(self) -> None:
+        """The operator's rule (policy.finish): workers still running finishGraceSeconds after the done report are
+        stopped, and the job Succeeded."""
+        grace = self.spec.fault_tolerance.finish_grace_seconds
+        stop_at = lingering_stop_at(self.record.done.time if self.record.done else None, grace)
+        lingering = sorted(i for i, w in self.workers.items() if not w.stopping)
+        if stop_at is None or time.time() < stop_at or not lingering or self.stop.reason is not None:
+            return
+        message = "training finished" + R.MSG_LINGERING_STOPPED.format(workers=", ".join(map(str, lingering)),
+                                                                      grace=f"{grace:g}")
+        self.progress.notice(f"[yellow]{message}[/]")
+        self._stop_all(Outcome.SUCCEEDED, SHUTDOWN_GRACE_S, message)
 
     def _inject_faults(self) -> None:
         for fault in list(self.pending_faults):

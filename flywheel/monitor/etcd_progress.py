@@ -50,6 +50,7 @@ class _Attempt:
     max_step: int
     first_step_time: float | None  # the first record after a step of this attempt
     notices_seen: int = 0  # of its notices_total
+    done_time: float | None = None  # the first record saying done
 
 
 class ProgressLedger:
@@ -68,6 +69,8 @@ class ProgressLedger:
         attempt.max_step = max(attempt.max_step, record.step)
         if attempt.first_step_time is None and record.stepped:
             attempt.first_step_time = record.time
+        if attempt.done_time is None and record.done:
+            attempt.done_time = record.time
         if record.checkpoint is not None and record.checkpoint not in self.checkpoints:
             self.checkpoints.append(record.checkpoint)
         new = record.notices_total - attempt.notices_seen
@@ -86,6 +89,7 @@ class ProgressLedger:
         return ObservedProgress(
             eval_step=evaluated.eval_step if evaluated else 0, eval_loss=evaluated.eval_loss if evaluated else None,
             step=latest.step, world_size=latest.world_size, done=latest.done,
+            done_time=ordered[-1].done_time if latest.done else None,
             checkpoint_step=checkpoint.step if checkpoint else 0,
             checkpoint_time=checkpoint.time if checkpoint else None,
             checkpoint_path=checkpoint.path if checkpoint else "", goodput=_goodput(ordered, seed),
@@ -140,7 +144,9 @@ def merged(from_etcd: ObservedProgress | None, from_log: ObservedProgress | None
         (from_log, from_etcd)
     return replace(from_log, eval_step=evaluated.eval_step, eval_loss=evaluated.eval_loss, step=from_etcd.step,
                    world_size=from_etcd.world_size or from_log.world_size,
-                   done=from_etcd.done or from_log.done, checkpoint_step=source.checkpoint_step,
+                   done=from_etcd.done or from_log.done,
+                   done_time=min((t for t in (from_etcd.done_time, from_log.done_time) if t is not None),
+                                 default=None), checkpoint_step=source.checkpoint_step,
                    checkpoint_time=source.checkpoint_time, checkpoint_path=source.checkpoint_path,
                    failure_reason=said.failure_reason or other.failure_reason,
                    attempt=said.attempt, attempt_stepped=said.attempt_stepped,

@@ -36,6 +36,7 @@ def progress_of(log: RunFold) -> Progress:
     return Progress(step=log.current_step, world_size=log.last.world_size if log.last else 0,
                     checkpoint_step=last.step if last else 0, checkpoint_time=last.time if last else None,
                     checkpoint_path=last.path if last else "", done=log.done is not None,
+                    done_time=log.done.time if log.done else None,
                     goodput=goodput if log.starts or log.last is not None else {},
                     recoveries=tuple((i.recovered_at, i.recovery_seconds) for i in log.recoveries
                                      if i.recovered_at is not None and i.recovery_seconds is not None),

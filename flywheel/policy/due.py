@@ -13,6 +13,7 @@ from __future__ import annotations
 from flywheel.policy.conditions import TERMINAL
 from flywheel.policy.deadline_ttl import deadline_due, ttl_due
 from flywheel.policy.drain import drain_due
+from flywheel.policy.finish import lingering_stop_at
 from flywheel.policy.job_view import JobView
 from flywheel.policy.pending_timeout import unschedulable_due
 from flywheel.policy.rank_restarts import cause_wait_due, consequence_window
@@ -33,5 +34,6 @@ def next_due(status: TrainingJobStatus, job: JobView) -> float | None:
         times += [deadline_due(spec, status), *unschedulable_due(status, job), *job.start_failures_due(),
                   *cause_wait_due(status, job.pods, consequence_window(spec.fault_tolerance),
                                  stalled(status, job.progress)), drain_due(status),
-                  move_due(status)]
+                  move_due(status),
+                  lingering_stop_at(job.progress.done_time, spec.fault_tolerance.finish_grace_seconds)]
     return min((t for t in times if t is not None and t > job.now), default=None)

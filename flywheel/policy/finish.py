@@ -26,16 +26,29 @@ def invalid_job(out: Pass, pods: list[PodView], problems: str | None, now: float
     return finish(out, pods, Phase.FAILED, R.INVALID, problems or R.INVALID, now)
 
 
+def lingering_stop_at(done_time: float | None, grace: float) -> float | None:
+    """When workers still running after the trainer reported done are stopped (its final checkpoint is committed,
+    so only teardown is left: a rank stuck, or restarted in place by its agent, in it must not hold the job); None:
+    no done report (a user script: every worker is waited for)."""
+    return None if done_time is None else done_time + grace
+
+
 def success(out: Pass, job: JobView) -> Pass | None:
     """Succeeded once a worker of the current generation succeeded (or the event log says done) and none of the
-    others still runs; while they exit the job stays Running and nothing is replaced. None: not finishing."""
+    others still runs, or the done report is finishGraceSeconds old; while they exit the job stays Running and
+    nothing is replaced. None: not finishing."""
     current = job.current
     if not any(p.phase == "Succeeded" for p in current) and not job.progress.done:
         return None
-    if not any(p.phase in ("Running", "Pending") and p.index < job.desired for p in current):
+    lingering = sorted(p.index for p in current if p.phase in ("Running", "Pending") and p.index < job.desired)
+    stop_at = lingering_stop_at(job.progress.done_time, job.spec.fault_tolerance.finish_grace_seconds)
+    if not lingering or (stop_at is not None and job.now >= stop_at):
         done = R.MSG_SUCCEEDED.format(step=out.status.step)  # no event log: no step
         if job.progress.already_complete_checkpoint:
             done = R.MSG_ALREADY_COMPLETE.format(step=out.status.step, path=job.progress.already_complete_checkpoint)
+        if lingering:
+            done += R.MSG_LINGERING_STOPPED.format(workers=", ".join(map(str, lingering)),
+                                                   grace=f"{job.spec.fault_tolerance.finish_grace_seconds:g}")
         return finish(out, job.pods, Phase.SUCCEEDED, R.SUCCEEDED, done, job.now)
     ready = out.status.replicas.ready
     set_phase(out.status, Phase.RUNNING, R.RUNNING, R.MSG_RUNNING.format(ready=ready), job.now, refresh=False)

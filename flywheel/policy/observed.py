@@ -60,6 +60,7 @@ class ObservedProgress:
     checkpoint_time: float | None = None
     checkpoint_path: str = ""
     done: bool = False
+    done_time: float | None = None  # when the trainer reported done (its clock), if it did
     goodput: dict[str, Any] = field(default_factory=dict)
     # (time of the first step after a restart, seconds since the last step before it), oldest first.
     recoveries: tuple[tuple[float, float], ...] = ()

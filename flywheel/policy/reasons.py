@@ -69,6 +69,8 @@ MSG_DEADLINE = "the job ran longer than runPolicy.activeDeadlineSeconds ({second
 
 SUCCEEDED = "TrainingSucceeded"
 MSG_SUCCEEDED = "training finished at step {step}"
+# Appended to the success message: workers still running finishGraceSeconds after the done report were stopped.
+MSG_LINGERING_STOPPED = "; worker(s) {workers} still running {grace} s after training finished were stopped"
 MSG_ALREADY_COMPLETE = "already complete at step {step} (checkpoint {path})"  # resumed at or past the last step
 
 CHECKPOINT_COMMITTED = "CheckpointCommitted"  # one event per committed checkpoint (policy/checkpoint_events.py)

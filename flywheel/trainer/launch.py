@@ -172,6 +172,9 @@ def _build_agent_class() -> type:
                 torch_compat.forbid_agent_restarts(self)
             return result
 
+        def _exit_barrier(self) -> None:
+            torch_compat.wait_exit_barrier(self)  # torch's, but a SIGTERM is handled while it waits
+
         def _count_startup_crash(self) -> None:
             """Ranks that crash before their first step with the same reason as the last time would only crash
             again: they are not restarted in place; the pod fails with that reason, and the job's restart policy

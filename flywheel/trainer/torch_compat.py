@@ -18,6 +18,9 @@ the new torch's source, then move TESTED_TORCH.
 - DynamicRendezvousHandler's `_op_executor`, `_this_node`, `_state_holder`, `_settings`, and
   `_DistributedRendezvousOpExecutor`'s `_add_to_participants`/`_mark_rendezvous_complete`/`_state`: a round closes
   as soon as the last group's agents have all rejoined (trainer/rendezvous_regroup.py).
+- The agent's exit barrier (`_exit_barrier`, `_store`, `_worker_group`, `_exit_barrier_timeout`,
+  `_in_exit_barrier`; torch's `_barrier_nonblocking` and `_TERMINAL_STATE_SYNC_ID`): waited in short slices, so a
+  SIGTERM is handled in it (`wait_exit_barrier`).
 - DeviceMesh._unflatten: the dp dimension viewed as (edp, ep) for expert parallelism.
 - DTensor's `_local_tensor`/`_spec` and its constructor: checkpoint staging swaps a CPU shard into a DTensor
   without moving it back to the mesh's device (DTensor.from_local would), as DCP's own staging does.
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -44,9 +48,10 @@ TESTED_TORCH = "2.13"  # the torch minor version these seams were read against (
 # The LocalElasticAgent methods launch.FlywheelAgent overrides, with the parameters it expects.
 AGENT_HOOKS = {"_start_workers": ("self", "worker_group"), "_stop_workers": ("self", "worker_group"),
                "_monitor_workers": ("self", "worker_group"), "_restart_workers": ("self", "worker_group"),
-               "_shutdown": ("self", "death_sig", "timeout")}
+               "_shutdown": ("self", "death_sig", "timeout"), "_exit_barrier": ("self",)}
 # The agent attributes read or set here (set by LocalElasticAgent/SimpleElasticAgent.__init__).
-AGENT_ATTRIBUTES = ("_pcontext", "_shutdown_timeout", "_remaining_restarts", "_rdzv_handler")
+AGENT_ATTRIBUTES = ("_pcontext", "_shutdown_timeout", "_remaining_restarts", "_rdzv_handler", "_store",
+                    "_worker_group", "_exit_barrier_timeout", "_in_exit_barrier")
 PRIVATE_IMPORTS = {
     "all_to_all_single_autograd": ("torch.distributed._functional_collectives", "all_to_all_single_autograd"),
     "checkpoint_wrapper": ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "checkpoint_wrapper"),
@@ -157,6 +162,40 @@ def leave_rendezvous(handler: Any, seconds: float) -> None:
 
     handler._stop_heartbeats()
     handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + seconds)
+
+
+EXIT_BARRIER_POLL_SECONDS = 0.25
+
+
+def wait_exit_barrier(agent: Any) -> None:
+    """torch's `_exit_barrier` (an agent whose ranks finished waits up to `exit_barrier_timeout` for the others),
+    polled instead of its one blocking store wait: a signal's Python handler cannot run inside that wait, so in
+    torch's the agent ignored SIGTERM (its pod's deletion, `flywheel run` stopping a worker) until the barrier ended.
+    The barrier's keys are torch's (`_barrier_nonblocking` under its terminal-state prefix), so agents of either
+    kind meet in it. A failing store ends the wait, logged, as in torch."""
+    import time
+
+    from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.utils.store import _barrier_nonblocking
+
+    log = logging.getLogger(__name__)
+    start = time.monotonic()
+    agent._in_exit_barrier = True
+    try:
+        last = _barrier_nonblocking(store=agent._store, world_size=agent._worker_group.group_world_size,
+                                    key_prefix=_TERMINAL_STATE_SYNC_ID)
+        while not agent._store.check([last]):
+            if time.monotonic() - start >= agent._exit_barrier_timeout:
+                log.warning("the other agents did not finish within %s s", agent._exit_barrier_timeout)
+                return
+            time.sleep(EXIT_BARRIER_POLL_SECONDS)
+    except SignalException:
+        raise
+    except Exception as err:  # noqa: BLE001 - as torch's: the agent's result stands
+        log.warning("error waiting on the exit barrier after %.1f s: %s", time.monotonic() - start, err)
+    finally:
+        agent._in_exit_barrier = False
 
 
 def unflatten_mesh(mesh: DeviceMesh, dim: int, sizes: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:

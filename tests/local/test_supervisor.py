@@ -78,3 +78,20 @@ def test_a_worker_lost_whole_is_recreated(tmp_path, scope, action):
     assert summary["restarts"] >= 1
     assert max(s for s in summary["resumed_from"] if s is not None) >= 5  # resumed from a checkpoint, not step 0
     _no_leftovers(out)
+
+
+def test_workers_lingering_after_done_are_stopped_after_the_finish_grace(tmp_path):
+    """A worker still running finishGraceSeconds after the trainer's done report (a rank stuck or restarted in
+    its teardown) is stopped and the job Succeeds; without it `flywheel run` waited for the stuck worker."""
+    job = write_job(tmp_path / "job.yaml", "linger", "  replicas: {min: 2, max: 2}\n"
+                    f"  command: [{SCRIPTS / 'linger_after_done.py'}]\n"
+                    f"  checkpoint: {{dir: {tmp_path / 'ckpt'}}}\n"
+                    "  faultTolerance: {finishGraceSeconds: 2}\n")
+    start = time.monotonic()
+    rc, summary, output = _run(job, tmp_path / "out", timeout=90)
+    assert rc == 0, output
+    assert time.monotonic() - start < 60, "the lingering worker was waited for"
+    assert summary["status"] == "Succeeded" and summary["failures"] == []
+    # worker 0 waits in the exit barrier for worker 1: still running too
+    assert "worker(s) 0, 1 still running 2 s after training finished were stopped" in output
+    _no_leftovers(tmp_path / "out")

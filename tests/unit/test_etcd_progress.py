@@ -93,7 +93,7 @@ def test_ledger_adds_attempts_up() -> None:
         ledger.add(r)
     ledger.add(_rec(110, 111, 10, resumed=10))  # an older value re-listed: ignored
     p = ledger.progress(GoodputSeed())
-    assert (p.step, p.done, p.world_size) == (20, True, 2)
+    assert (p.step, p.done, p.world_size, p.done_time) == (20, True, 2, 120)
     assert (p.checkpoint_step, p.checkpoint_path, p.checkpoint_time) == (20, "/c/20", 119.5)
     assert [c.step for c in p.checkpoints] == [10, 20] and [c.ordinal for c in p.checkpoints] == [1, 2]
     # productive 5 + 9 over the wall from the first attempt's start (100) to the last record (120)
@@ -268,3 +268,14 @@ def test_activity_reaches_only_a_publishing_event_log() -> None:
     publish_activity(PublishingEventLog(None, publisher), PHASE_SAVING)
     publish_activity(EventLog(None), PHASE_SAVING)  # no etcd progress: nothing to tell
     assert seen == [PHASE_SAVING]
+
+
+def test_done_time_is_the_first_record_saying_done() -> None:
+    """The finish grace counts from the done report: later writes of the same attempt (a rank's exit reason in its
+    teardown) do not move it; the view of a run not done has none."""
+    ledger = ProgressLedger()
+    ledger.add(_rec(100, 101, 5))
+    assert ledger.progress(GoodputSeed()).done_time is None
+    ledger.add(_rec(100, 120, 20, done=True))
+    ledger.add(_rec(100, 150, 20, done=True))
+    assert ledger.progress(GoodputSeed()).done_time == 120

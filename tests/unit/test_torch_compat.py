@@ -295,3 +295,48 @@ def test_the_rendezvous_state_cache_is_the_holders_cache_duration() -> None:
     handler = rdzv.DynamicRendezvousHandler.from_backend("cache", store, C10dRendezvousBackend(store, "cache"), 1, 1)
     torch_compat.set_rendezvous_state_cache(handler, 0.25)
     assert handler._state_holder._cache_duration == 0.25
+
+
+class _BarrierAgent:
+    """The attributes `wait_exit_barrier` reads, over a real store."""
+
+    def __init__(self, store, world_size: int, timeout: float) -> None:
+        self._store, self._exit_barrier_timeout, self._in_exit_barrier = store, timeout, False
+        self._worker_group = type("Group", (), {"group_world_size": world_size})()
+
+
+def test_the_exit_barrier_meets_torch_agents_times_out_and_lets_a_signal_through() -> None:
+    """Agents meet in torch's own barrier keys; an agent alone returns at the timeout; and a SIGTERM while it
+    waits raises at once (torch's one blocking store wait held it until the timeout: 300 s by default)."""
+    import signal
+    import threading
+    import time
+
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.utils.store import barrier
+
+    store = dist.HashStore()
+    peer = threading.Thread(target=barrier, args=(store, 2, "torchelastic/agent/terminal_state"))
+    peer.start()
+    torch_compat.wait_exit_barrier(_BarrierAgent(store, 2, 5.0))  # met torch's own barrier
+    peer.join(5)
+    assert not peer.is_alive()
+
+    alone = _BarrierAgent(dist.HashStore(), 2, 0.6)
+    start = time.monotonic()
+    torch_compat.wait_exit_barrier(alone)
+    assert 0.6 <= time.monotonic() - start < 3 and not alone._in_exit_barrier
+
+    def raise_signal(signum, _frame):
+        raise SignalException("stop", sigval=signal.Signals(signum))
+
+    previous = signal.signal(signal.SIGALRM, raise_signal)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        start = time.monotonic()
+        with pytest.raises(SignalException):
+            torch_compat.wait_exit_barrier(_BarrierAgent(dist.HashStore(), 2, 60.0))
+        assert time.monotonic() - start < 2
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
