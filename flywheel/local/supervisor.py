@@ -293,7 +293,7 @@ class Supervisor:
         if self.startup.deterministic:
             self.progress.notice(f"[red]worker {index} exited {code} ({kind.value}){said}[/] -> Fail: "
                                  f"{escape(self.startup.message)}")
-            self._carry_out(index, Action.FAIL, R.STARTUP_FAILURE, self.startup.message)
+            self._carry_out(index, Action.FAIL, self.startup.label, self.startup.message)
             return
         live = sum(1 for x in self.workers.values() if not x.stopping)
         decision = decide_restart(self.spec, kind, self.budget, self.record.committed_step, live,

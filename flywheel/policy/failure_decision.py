@@ -142,7 +142,7 @@ def decide_failure(out: Pass, job: JobView) -> Pass | None:
     status = out.status
     startup = record_startup(status, kind, reason, job.progress)
     if startup.deterministic:
-        return finish(out, job.pods, Phase.FAILED, R.STARTUP_FAILURE, f"{detail}; {startup.message}", job.now)
+        return finish(out, job.pods, Phase.FAILED, startup.label, f"{detail}; {startup.message}", job.now)
     live = sum(1 for p in job.current if p.active and job.failure(p) is None)
     ready_spares = sum(1 for s in job.spares if promotable(s))
     free = waiting_for_unschedulable(job, reason)  # its rendezvous gave up on a peer with no node: not charged

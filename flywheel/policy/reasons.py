@@ -35,6 +35,12 @@ MSG_PERMANENT = {
 STARTUP_FAILURE = "StartupFailure"
 MSG_STARTUP_FAILURE = ("{reason}: the same failure before the first step on {attempts} attempts in a row; a restart "
                        "cannot fix this: fix the script, its files or the spec and apply the job again")
+# The same rule's failure when it is the final save that fails each time (the trainer's FinalSaveFailed, whose name
+# its reason starts with): no step to train, only the last state to save, where there is no room or no access.
+FINAL_SAVE_FAILED = "FinalSaveFailed"
+MSG_FINAL_SAVE_FAILED = ("{reason}: the same failure on {attempts} attempts in a row; make room where the checkpoints "
+                         "are kept (or fix access to it) and apply the job again: it resumes from its newest saved "
+                         "checkpoint")
 
 # status.lastRestartReason for the interruptions that are not the job's own failure kind (policy/failure_decision.py
 # restart_reason); the others are the FailureKind's value (Crash, OOMKilled, NodeLost, Evicted, Killed, ...).

@@ -27,8 +27,20 @@ class StartupFailures(startup_crashes.StartupCrashes):
     """The last decided failure (startup_crashes.StartupCrashes), with its message."""
 
     @property
+    def final_save(self) -> bool:
+        """A retry that only restores and saves the final state, failing each time (the trainer's FinalSaveFailed):
+        the same rule, under its own reason and advice."""
+        return self.reason.startswith(R.FINAL_SAVE_FAILED + ":")
+
+    @property
+    def label(self) -> str:
+        """The job's failure reason."""
+        return R.FINAL_SAVE_FAILED if self.final_save else R.STARTUP_FAILURE
+
+    @property
     def message(self) -> str:
-        return R.MSG_STARTUP_FAILURE.format(reason=self.reason, attempts=self.attempts)
+        words = R.MSG_FINAL_SAVE_FAILED if self.final_save else R.MSG_STARTUP_FAILURE
+        return words.format(reason=self.reason, attempts=self.attempts)
 
 
 def attempt_is_current(status: TrainingJobStatus, progress: ObservedProgress) -> bool:

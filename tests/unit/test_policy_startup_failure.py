@@ -111,3 +111,26 @@ def test_group_before_first_step_reads_the_newest_attempt_against_the_last_resta
     assert group_before_first_step(100.0, True, 150.0) is True  # an attempt from before the restart: none since
     assert group_before_first_step(200.0, True, 150.0) is False
     assert group_before_first_step(200.0, False, 150.0) is True
+
+
+def test_a_final_save_failing_on_every_retry_fails_as_final_save_failed() -> None:
+    """A run whose final state cannot be saved is retried (restore, save, no step): the same failure twice in a
+    row fails it under its own reason and advice, not as a start-up failure."""
+    from flywheel.trainer.checkpoint_failure import FinalSaveFailed
+    from flywheel.trainer.termination_log import exception_reason
+
+    reason = exception_reason(FinalSaveFailed("the final checkpoint (step 30) was not saved: no space left on /c"))
+    assert FinalSaveFailed.__name__ == R.FINAL_SAVE_FAILED and reason.startswith(R.FINAL_SAVE_FAILED + ":")
+    spec_ = spec(**{"faultTolerance.maxRestarts": 10})
+    record = fresh(step=30).status.startup_failure  # the run trained to step 30, then its final save failed
+    for attempt in range(3):  # the first failure ended training; each retry only restores and saves
+        job = view(spec_, [pod(0, generation=attempt), pod(1, "Failed", generation=attempt, exit_code=1,
+                                                             message=reason)],
+                   generation=attempt, progress=ObservedProgress(step=30))
+        out = decide_failure(fresh(step=30, restarts=attempt, startup_failure=record), job)
+        assert out is not None
+        record = out.status.startup_failure
+    assert out.status.phase is Phase.FAILED and record.attempts == 2
+    failed = next(c for c in out.status.conditions if c.type == ConditionType.FAILED)
+    assert failed.reason == R.FINAL_SAVE_FAILED and "make room where the checkpoints are kept" in failed.message
+    assert R.STARTUP_FAILURE not in failed.message and "no space left on /c" in failed.message
