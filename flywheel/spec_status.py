@@ -31,12 +31,13 @@ class ConditionType(StrEnum):  # status.conditions[].type: history (Created, Inv
     DEGRADED = "Degraded"
     HUNG = "Hung"
     UNSCHEDULABLE = "Unschedulable"
+    REPLICA_FAILURE = "ReplicaFailure"  # a worker pod or the Service could not be created (policy/create_failures)
 
 
 class Condition(_Model):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
     type: str = Field(description="Created, Invalid, Running, Restarting, Suspended, Succeeded, Failed, Degraded, "
-                                  "Hung or Unschedulable.")
+                                  "Hung, Unschedulable or ReplicaFailure.")
     status: Literal["True", "False", "Unknown"] = Field(description="Whether the condition holds.")
     reason: str = Field("", description="Why, in one CamelCase word.")
     message: str = Field("", description="Why, for people.")

@@ -36,6 +36,7 @@ from flywheel.monitor.findings import FindingsInbox
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.caches import ApiReads, ClusterReads
+from flywheel.operator.create_failures import CreateFailures
 from flywheel.operator.drain import DrainFollower, node_marks
 from flywheel.operator.etcd_views import EtcdViews, key_owners
 from flywheel.operator.event_log import EventLogTail, events_file
@@ -106,6 +107,7 @@ class JobRunner(EtcdViews, JobActions):
         self.key_owner: dict[int, str] = {}  # replica index -> uid of the pod its liveness key belongs to
         self.service_checked_at: float | None = None  # monotonic time the headless Service was last seen
         self.service_failure = ""  # why the headless Service could not be created (reported once per cause)
+        self.create_failures = CreateFailures()
         self.pod_group_tried = False
         self.findings = FindingsInbox(self.poke)  # the health monitor's reports (monitor/findings.py)
         self.watch: WorkerWatch | None = None
@@ -279,7 +281,8 @@ class JobRunner(EtcdViews, JobActions):
         usable = await self.reads.usable_nodes() if any(v.is_spare for v in views) else frozenset[str]()
         result = reconcile(job.spec if job else None, invalid, status_in, views + gone, progress, time.time(),
                            int(obj["metadata"].get("generation", 0)), annotations.get(RESTART_ANNOTATION), findings,
-                           await self._drain_input(findings), usable)
+                           await self._drain_input(findings), usable,
+                           self.create_failures.current({v.name for v in views}, time.time()))
         written = result.status.to_json()
         changed = written != (obj.get("status") or {})
         if not await self._write_status(obj, written):

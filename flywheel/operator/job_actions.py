@@ -20,6 +20,7 @@ from flywheel.kube.client import Kube, KubeApiError
 from flywheel.operator import manifests as m
 from flywheel.operator import spare_pods
 from flywheel.operator.caches import ClusterReads
+from flywheel.operator.create_failures import CreateFailures
 from flywheel.operator.drain import DrainFollower
 from flywheel.operator.own_writes import OwnWrites
 from flywheel.operator.rendezvous_expiry import expire_pods
@@ -63,6 +64,7 @@ class JobActions:
     events_path: str | None
     service_checked_at: float | None
     service_failure: str  # the Service create's last failure, reported once ("" when none)
+    create_failures: CreateFailures  # every refused create, until it goes through (the ReplicaFailure condition)
     pod_group_tried: bool
     deleted_pods: set[str]
     promoted_at: dict[str, float]
@@ -87,15 +89,17 @@ class JobActions:
                 _adopt(body, obj)
                 await self.kube.create(Kube.core(self.namespace, "services"), body)
         except API_ERRORS as err:
-            cause = str(err) or type(err).__name__
-            self.logger.warning(f"could not create Service {body['metadata']['name']}: {cause}")
+            cause, name = str(err) or type(err).__name__, body["metadata"]["name"]
+            self.logger.warning(f"could not create Service {name}: {cause}")
+            message = R.MSG_CREATE_FAILED.format(kind="Service", name=name, error=cause)
+            self.create_failures.failed(name, message, time.time())
             if cause != self.service_failure:
                 self.service_failure = cause
-                await self._event(obj, "Warning", R.CREATE_FAILED, R.MSG_CREATE_FAILED.format(
-                    kind="Service", name=body["metadata"]["name"], error=cause))
+                await self._event(obj, "Warning", R.CREATE_FAILED, message)
             self._retry_create_at(time.time() + CREATE_RETRY_SECONDS)
             return
         self.service_failure = ""
+        self.create_failures.created(body["metadata"]["name"])
         self.service_checked_at = time.monotonic()
 
     async def _ensure_service(self, obj: dict[str, Any], job: TrainingJob) -> None:
@@ -250,13 +254,16 @@ class JobActions:
 
     async def _create_pod(self, obj: dict[str, Any], body: dict[str, Any]) -> None:
         _adopt(body, obj)
+        name = body["metadata"]["name"]
         try:
             created = await self.kube.create(Kube.core(self.namespace, "pods"), body)
             if created is not None:  # None: 409 AlreadyExists, the pod is there (the cache shows it soon)
                 self.own.wrote_pod(created, time.time())
+            self.create_failures.created(name)
         except KubeApiError as err:
-            await self._event(obj, "Warning", R.CREATE_FAILED,
-                              R.MSG_CREATE_FAILED.format(kind="pod", name=body["metadata"]["name"], error=err))
+            message = R.MSG_CREATE_FAILED.format(kind="pod", name=name, error=err)
+            self.create_failures.failed(name, message, time.time())
+            await self._event(obj, "Warning", R.CREATE_FAILED, message)
             # Its pass counted it in status.replicas.current: the next pass, soon, sees it missing and tries again.
             self._retry_create_at(time.time() + CREATE_RETRY_SECONDS)
 

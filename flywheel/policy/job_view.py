@@ -42,6 +42,7 @@ class JobView:
     findings: HealthFindings = field(default_factory=HealthFindings)
     spares: list[PodView] = field(default_factory=list)  # the warm spare pods (never in `pods`)
     usable_nodes: frozenset[str] = frozenset()  # Ready, not cordoned, tainted or draining (empty: not known)
+    create_failures: tuple[str, ...] = ()  # why creates the operator tried are refused (policy/create_failures.py)
 
     @property
     def desired(self) -> int:

@@ -89,6 +89,9 @@ CHECKPOINT_DAMAGED = "CheckpointDamaged"
 
 CREATE_FAILED = "CreateFailed"
 MSG_CREATE_FAILED = "could not create {kind} {name}: {error}"
+# The ReplicaFailure condition turned False (policy/create_failures.py): the refused creates went through.
+CREATED_AFTER_FAILURE = "Created"
+MSG_CREATED_AFTER_FAILURE = "every pod and Service the job needs was created"
 
 # Health monitor findings (flywheel/monitor/findings.py), decided by the reconcile pass: a hang report restarts the job
 # (FailureKind.HANG; Hung is recorded True, then False once restarted); a straggler verdict sets Degraded.

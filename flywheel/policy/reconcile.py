@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from flywheel.policy import reasons as R
 from flywheel.policy.conditions import TERMINAL, condition, iso, set_condition
+from flywheel.policy.create_failures import track_create_failures
 from flywheel.policy.deadline_ttl import after_finish, deadline
 from flywheel.policy.decisions import Event, Pass
 from flywheel.policy.drain import DrainInput, drain_ahead
@@ -62,18 +63,19 @@ __all__ = ["LIVENESS_GRACE_SECONDS", "PodView", "reconcile"]
 def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: TrainingJobStatus, pods: list[PodView],
               progress: ObservedProgress, now: float, generation: int = 0, restart_requested_at: str | None = None,
               findings: HealthFindings = NO_FINDINGS, drain: DrainInput = NO_DRAIN_INPUT,
-              usable_nodes: frozenset[str] = frozenset()) -> Pass:
+              usable_nodes: frozenset[str] = frozenset(), create_failures: tuple[str, ...] = ()) -> Pass:
     """Decide one pass. `spec` is None when the TrainingJob is invalid (`invalid` says why).
     `restart_requested_at`: the job's flywheel.dev/restart-requested-at annotation (REST API `restart`).
     `findings`: the health monitor's (flywheel/monitor/findings.py). `drain`: marked nodes and the checkpoint
     request's answers (policy/drain.py). `usable_nodes`: the Ready nodes neither cordoned nor tainted (where a spare
-    may move, policy/spare_placement.py; empty where there are no nodes)."""
+    may move, policy/spare_placement.py; empty where there are no nodes). `create_failures`: why the pods or the
+    Service the operator tried to create were refused (policy/create_failures.py)."""
     out = _begin(status_in, generation, now)
     if spec is None:
         return invalid_job(out, pods, invalid, now)  # spares included: every pod of the job goes
     workers, spares = split_roles(pods)
     job = JobView(spec, workers, progress, now, out.status.generation, restart_requested_at, findings, spares,
-                  usable_nodes - set(drain.nodes))
+                  usable_nodes - set(drain.nodes), create_failures)
     decided = keep_spares(_decide(out, job, drain), job)
     decided.next_due = next_due(decided.status, job)
     return decided
@@ -83,6 +85,7 @@ def _decide(out: Pass, job: JobView, drain: DrainInput) -> Pass:
     """Everything but the spares (policy/spares.py), whose count follows whatever this decides."""
     _observe(out.status, job)
     track_unschedulable(out.status, job)
+    track_create_failures(out.status, job)
     out.events += count_rank_restarts(out.status, job.pods, job.generation, job.now,
                                       consequence_window(job.spec.fault_tolerance),
                                       stalled(out.status, job.progress))

@@ -463,3 +463,31 @@ def test_a_damaged_checkpoint_is_a_warning_event(real: RealCluster, tmp_path: Pa
                                      "-o", "json").stdout)["items"]
     damaged = [e for e in events if e["reason"] == "CheckpointDamaged"]
     assert damaged and "checkpoint at step 20 is damaged" in damaged[0]["message"], events
+
+
+def test_a_refused_pod_create_is_a_replica_failure_condition_until_it_goes_through(real: RealCluster,
+                                                                                    tmp_path: Path) -> None:
+    """Twin of tests/operator/test_executor_service.py's refused create: a ResourceQuota (scoped to a priority class
+    only this job uses) admits one of its two pods; the refusal shows as ReplicaFailure=True (CreateFailed, the API's
+    words), and once the quota is raised the pod is created and the condition turns False."""
+    manifests = tmp_path / "quota.yaml"
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "e2e-quota"},
+             "spec": {"hard": {"pods": "1"}, "scopeSelector": {"matchExpressions": [
+                 {"scopeName": "PriorityClass", "operator": "In", "values": ["flywheel-e2e-quota"]}]}}}
+    priority = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                "metadata": {"name": "flywheel-e2e-quota"}, "value": 0}
+    manifests.write_text(yaml.safe_dump_all([priority, quota]))
+    real.kubectl("apply", "-f", str(manifests))
+    try:
+        real.apply_job("e2e-quota", tmp_path, **{**LONG, "scheduling.priorityClassName": "flywheel-e2e-quota"})
+        refused = eventually(lambda: next((c for c in real.status("e2e-quota").get("conditions", [])
+                                           if c["type"] == "ReplicaFailure" and c["status"] == "True"), None),
+                             300, "ReplicaFailure=True")
+        assert refused["reason"] == "CreateFailed" and "exceeded quota" in refused["message"], refused
+        real.kubectl("patch", "resourcequota", "e2e-quota", "--type=merge", "-p", '{"spec":{"hard":{"pods":"2"}}}')
+        eventually(lambda: any(c["type"] == "ReplicaFailure" and c["status"] == "False"
+                               for c in real.status("e2e-quota").get("conditions", [])), 300, "ReplicaFailure=False")
+        assert real.wait_phase("e2e-quota", "Succeeded", 900)["step"] == 400
+    finally:
+        real.kubectl("delete", "tj", "e2e-quota", "--wait=false", check=False)
+        real.kubectl("delete", "-f", str(manifests), "--wait=false", check=False)

@@ -64,4 +64,17 @@ def test_a_refused_pod_create_is_reported_and_tried_again_soon(
         events = await kube.request("GET", Kube.core(NS, "events"))
         failed = [e for e in events["items"] if e["reason"] == "CreateFailed"]
         assert failed and "exceeded quota: pods" in failed[0]["message"]
+        await runner.reconcile_once()  # the retry's pass: the refusal is in the status too, while it lasts
+        status, reason, message = _replica_failure(await kube.get(world.path))
+        assert (status, reason) == ("True", "CreateFailed") and "exceeded quota: pods" in message
+        monkeypatch.setattr(kube, "create", real_create)  # the quota raised
+        for _ in range(3):
+            await runner.reconcile_once()
+        assert _replica_failure(await kube.get(world.path))[:2] == ("False", "Created")
     run(cluster, scenario)
+
+
+def _replica_failure(obj: dict[str, Any] | None) -> tuple[str, str, str]:
+    assert obj is not None
+    [held] = [c for c in obj["status"]["conditions"] if c["type"] == "ReplicaFailure"]
+    return held["status"], held["reason"], held["message"]

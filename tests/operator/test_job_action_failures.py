@@ -13,6 +13,7 @@ import pytest
 from flywheel.kube.client import Kube, KubeApiError
 from flywheel.operator import job_actions
 from flywheel.operator import manifests as m
+from flywheel.operator.create_failures import CreateFailures
 from flywheel.operator.job_actions import JobActions
 from flywheel.policy.decisions import DeleteJob, DeletePod, Pass
 from flywheel.spec import TrainingJob, parse_job
@@ -64,6 +65,7 @@ class Actions(JobActions):
         self.namespace, self.name, self.uid = "ml", "j", "u-1"
         self.path = Kube.custom("flywheel.dev", "v1alpha1", "ml", "trainingjobs", "j")
         self.service_checked_at, self.service_failure, self.pod_group_tried = None, "", True
+        self.create_failures = CreateFailures()
         self.deleted_pods, self.create_retry_due = set(), None
         self.own = type("Own", (), {"deleted_pod": lambda *_: None})()  # type: ignore[assignment]
 
