@@ -6,7 +6,9 @@ already bound to this process's labels, e.g. `metrics.checkpoint_blocking_second
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -15,6 +17,20 @@ from flywheel.trainer.checkpoint_failure import FailureReason
 LABELS = ("job", "namespace", "replica", "rank")
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 CHECKPOINT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+def process_started() -> float:
+    """When this process started, from /proc as prometheus_client's process collector reads it: a user script builds
+    its metrics at its first `flywheel.progress.step`, and its start-up is what the hang check's allowance is for.
+    Now where /proc cannot tell."""
+    try:
+        # /proc/self/stat: "pid (comm) state ...": starttime is field 22, the 20th after the command's ")".
+        ticks = int(Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
 
 
 class TrainerMetrics:
@@ -53,7 +69,7 @@ class TrainerMetrics:
         self.train_started_timestamp_seconds = gauge(
             "flywheel_train_started_timestamp_seconds",
             "Unix time this trainer process started (a rank restarted in place starts a new one).")
-        self.train_started_timestamp_seconds.set(time.time())
+        self.train_started_timestamp_seconds.set(process_started())
         self.train_loss = gauge("flywheel_train_loss", "Loss of the last step, mean over the global batch.")
         self.train_tokens_per_second = gauge("flywheel_train_tokens_per_second",
                                              "Tokens of the global batch per second of the last step.")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from typing import cast
 
 import pytest
+from prometheus_client import PROCESS_COLLECTOR
 
 from flywheel.etcd.progress import PHASE_EVALUATING, PHASE_SAVING, ProgressRecord
 from flywheel.etcd.progress_watch import ProgressWatch
@@ -203,3 +205,8 @@ def test_the_trainer_gauges_say_what_the_prometheus_check_reads() -> None:
     assert value("flywheel_train_final_save_started_timestamp_seconds") == 0.0
     m.record_final_save(timestamp=160.0)
     assert value("flywheel_train_final_save_started_timestamp_seconds") == 160.0
+    # The process's start, not the metrics' (a user script builds them at its first step).
+    started = value("flywheel_train_started_timestamp_seconds")
+    [process_start] = [s.value for family in PROCESS_COLLECTOR.collect() for s in family.samples
+                       if s.name == "process_start_time_seconds"]  # prometheus_client's own reading
+    assert started is not None and abs(started - process_start) < 1 and started < time.time() - 0.5
