@@ -28,8 +28,7 @@ from flywheel.local.run_record import EventTail, RunRecord
 from flywheel.local.spare_pool import SparePool
 from flywheel.plan import WorkerPlan
 from flywheel.policy import Action, Recovery, RestartBudget, classify_exit, decide_restart, recovery
-from flywheel.policy import reasons as R
-from flywheel.policy.finish import lingering_stop_at
+from flywheel.policy.finish import finished_message, lingering_stop_at
 from flywheel.policy.startup_failure import StartupFailures, after_failure, group_before_first_step
 from flywheel.spec import TrainingJobSpec
 from flywheel.trainer import termination_log
@@ -245,15 +244,20 @@ class Supervisor:
     def _stop_lingering(self) -> None:
         """The operator's rule (policy.finish): workers still running finishGraceSeconds after the done report are
         stopped, and the job Succeeded."""
-        grace = self.spec.fault_tolerance.finish_grace_seconds
-        stop_at = lingering_stop_at(self.record.done.time if self.record.done else None, grace)
+        stop_at = lingering_stop_at(self.record.done.time if self.record.done else None,
+                                    self.spec.fault_tolerance.finish_grace_seconds)
         lingering = sorted(i for i, w in self.workers.items() if not w.stopping)
         if stop_at is None or time.time() < stop_at or not lingering or self.stop.reason is not None:
             return
-        message = "training finished" + R.MSG_LINGERING_STOPPED.format(workers=", ".join(map(str, lingering)),
-                                                                      grace=f"{grace:g}")
+        message = self._finished_message(lingering)
         self.progress.notice(f"[yellow]{message}[/]")
         self._stop_all(Outcome.SUCCEEDED, SHUTDOWN_GRACE_S, message)
+
+    def _finished_message(self, stopped: list[int]) -> str:
+        """The operator's words for a success (policy.finish); a user script reports no done step."""
+        done = self.record.done
+        return finished_message(done.step if done else None, (done.already_complete_checkpoint or "") if done else "",
+                                stopped, self.spec.fault_tolerance.finish_grace_seconds)
 
     def _inject_faults(self) -> None:
         for fault in list(self.pending_faults):
@@ -347,10 +351,8 @@ class Supervisor:
             for i in indices:
                 self._start(self.plans[i])
         elif self.record.done is not None or set(self.plans) <= self.succeeded:
-            self.outcome, self.message = Outcome.SUCCEEDED, "training finished"
-            done = self.record.done
-            if done is not None and done.already_complete_checkpoint:
-                self.message = R.MSG_ALREADY_COMPLETE.format(step=done.step, path=done.already_complete_checkpoint)
+            self.outcome, self.message = Outcome.SUCCEEDED, self._finished_message([])
+            if self.record.done is not None and self.record.done.already_complete_checkpoint:
                 self.progress.notice(f"[green]{self.message}[/]")
         else:
             self.outcome, self.message = Outcome.FAILED, "workers exited without finishing training"

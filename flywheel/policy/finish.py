@@ -33,6 +33,17 @@ def lingering_stop_at(done_time: float | None, grace: float) -> float | None:
     return None if done_time is None else done_time + grace
 
 
+def finished_message(step: int | None, already_complete: str, stopped: list[int], grace: float) -> str:
+    """A success in words, for the operator's condition and `flywheel run` alike: the step (None: no report of
+    one), a resumed run's complete checkpoint, and the workers stopped after the finish grace."""
+    words = "training finished" if step is None else R.MSG_SUCCEEDED.format(step=step)
+    if already_complete:
+        words = R.MSG_ALREADY_COMPLETE.format(step=step, path=already_complete)
+    if stopped:
+        words += R.MSG_LINGERING_STOPPED.format(workers=", ".join(map(str, stopped)), grace=f"{grace:g}")
+    return words
+
+
 def success(out: Pass, job: JobView) -> Pass | None:
     """Succeeded once a worker of the current generation succeeded (or the event log says done) and none of the
     others still runs, or the done report is finishGraceSeconds old; while they exit the job stays Running and
@@ -43,12 +54,9 @@ def success(out: Pass, job: JobView) -> Pass | None:
     lingering = sorted(p.index for p in current if p.phase in ("Running", "Pending") and p.index < job.desired)
     stop_at = lingering_stop_at(job.progress.done_time, job.spec.fault_tolerance.finish_grace_seconds)
     if not lingering or (stop_at is not None and job.now >= stop_at):
-        done = R.MSG_SUCCEEDED.format(step=out.status.step)  # no event log: no step
-        if job.progress.already_complete_checkpoint:
-            done = R.MSG_ALREADY_COMPLETE.format(step=out.status.step, path=job.progress.already_complete_checkpoint)
-        if lingering:
-            done += R.MSG_LINGERING_STOPPED.format(workers=", ".join(map(str, lingering)),
-                                                   grace=f"{job.spec.fault_tolerance.finish_grace_seconds:g}")
+        done = finished_message(out.status.step, job.progress.already_complete_checkpoint,
+                                lingering if stop_at is not None and job.now >= stop_at else [],
+                                job.spec.fault_tolerance.finish_grace_seconds)
         return finish(out, job.pods, Phase.SUCCEEDED, R.SUCCEEDED, done, job.now)
     ready = out.status.replicas.ready
     set_phase(out.status, Phase.RUNNING, R.RUNNING, R.MSG_RUNNING.format(ready=ready), job.now, refresh=False)

@@ -25,7 +25,7 @@ def _run(job, out) -> tuple[int, dict, str]:
 def test_a_run_resumed_at_its_last_step_says_already_complete(tmp_path) -> None:
     job = write_job(tmp_path / "job.yaml", "again", JOB.format(ckpt=tmp_path / "ckpt"))
     rc, first, output = _run(job, tmp_path / "out1")
-    assert rc == 0 and first["message"] == "training finished", output
+    assert rc == 0 and first["message"] == "training finished at step 6", output
     rc, again, output = _run(job, tmp_path / "out2")
     assert rc == 0, output
     assert again["message"].startswith("already complete at step 6 (checkpoint ") and str(tmp_path / "ckpt") in \
