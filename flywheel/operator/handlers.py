@@ -126,13 +126,20 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     memo.health = None
     if config.monitor is not None:
         memo.health = BackgroundMonitor(memo.kube, config.monitor, config.namespaces, memo.metrics,
-                                        lambda namespace, name: findings_inbox(memo, namespace, name), memo.caches)
+                                        lambda namespace, name: findings_inbox(memo, namespace, name), memo.caches,
+                                        lambda namespace, name: ranks_restarted(memo, namespace, name))
 
 
 def findings_inbox(memo: kopf.Memo, namespace: str, name: str) -> FindingsInbox | None:
     """Where the health monitor reports this job's findings: its runner's inbox (reporting wakes the runner)."""
     runner: JobRunner | None = memo.runners.get((namespace, name))
     return runner.findings if runner is not None else None
+
+
+def ranks_restarted(memo: kopf.Memo, namespace: str, name: str) -> dict[str, float]:
+    """When each pod's agent last restarted its ranks in place, as the job's runner last saw it (etcd liveness)."""
+    runner: JobRunner | None = memo.runners.get((namespace, name))
+    return {p.name: p.rank_restart_at for p in runner.seen_pods if p.rank_restart_at} if runner is not None else {}
 
 
 class QuietWakeups(logging.Filter):

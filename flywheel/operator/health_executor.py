@@ -13,8 +13,8 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 
 JobKey = tuple[str, str]
 InboxOf = Callable[[str, str], FindingsInbox | None]  # (namespace, job) -> that job's runner's inbox, if it runs here
+# (namespace, job) -> pod name -> when its agent last restarted its ranks in place, as that job's runner in this
+# operator last saw its etcd liveness keys (empty: no runner here, or no restart).
+RanksRestartedOf = Callable[[str, str], Mapping[str, float]]
 # Where the trainer listens for dump requests, under <checkpointDir> (named here, not imported: the operator stays
 # torch-free; tests/trainer/test_stackdump.py checks that the names agree):
 DEBUG_SUBDIR = ".debug"
@@ -107,9 +110,11 @@ class KubeJobInventory:
     operator's watch-fed caches, so an evaluation lists nothing (none: read from the API, for tests driving the
     monitor by hand). Remembers each job's `status.restarts` and checkpoint dir as seen, for the actions."""
 
-    def __init__(self, kube: Kube, namespaces: Sequence[str] = (), reads: ClusterReads | None = None) -> None:
+    def __init__(self, kube: Kube, namespaces: Sequence[str] = (), reads: ClusterReads | None = None,
+                 ranks_restarted: RanksRestartedOf | None = None) -> None:
         self.kube, self.namespaces = kube, tuple(namespaces)
         self.reads: ClusterReads = reads if reads is not None else ApiReads(kube)
+        self.ranks_restarted = ranks_restarted
         self.restarts: dict[JobKey, int] = {}
         self.checkpoint_dirs: dict[JobKey, str] = {}
         self.phases: dict[JobKey, str] = {}
@@ -141,6 +146,8 @@ class KubeJobInventory:
             dirs[key] = spec.checkpoint.dir
             phases[key] = str(status.get("phase", "Pending"))
             pods = sorted(by_owner.get(meta["uid"], []), key=lambda p: (len(p.replica), p.replica))
+            restarted = self.ranks_restarted(*key) if self.ranks_restarted is not None else {}
+            pods = [replace(p, ranks_restarted_at=restarted.get(p.name, 0.0)) for p in pods]
             ft = spec.fault_tolerance
             out.append(WatchedJob(key[0], key[1], str(status.get("phase", "Pending")), ft.progress_timeout_seconds,
                                   ft.first_step_timeout_seconds, tuple(pods)))
@@ -251,10 +258,12 @@ class BackgroundMonitor:
     """The health monitor as a task of the operator's event loop; `close()` stops it (kopf's cleanup)."""
 
     def __init__(self, kube: Kube, settings: MonitorSettings, namespaces: Sequence[str],
-                 metrics: OperatorMetrics | None, inbox: InboxOf | None, reads: ClusterReads | None = None) -> None:
+                 metrics: OperatorMetrics | None, inbox: InboxOf | None, reads: ClusterReads | None = None,
+                 ranks_restarted: RanksRestartedOf | None = None) -> None:
         """`metrics`: the operator's (one registry for every operator series); None = a private one. `inbox`: see
-        `KubeHealthActions`. `reads`: the operator's watch-fed caches (none: the API)."""
-        inventory = KubeJobInventory(kube, namespaces, reads)
+        `KubeHealthActions`. `reads`: the operator's watch-fed caches (none: the API). `ranks_restarted`: the job
+        runners' view of their agents' rank restarts in place (the hang check's start-up allowance)."""
+        inventory = KubeJobInventory(kube, namespaces, reads, ranks_restarted)
         metrics = metrics if metrics is not None else OperatorMetrics()
         self.monitor = HealthMonitor(settings, inventory, KubeHealthActions(kube, inventory, inbox), metrics,
                                      xid_memory=KubeXidMemory(kube))

@@ -196,7 +196,9 @@ def _stalled_ranks(job: WatchedJob, progress: Sequence[RankProgress], now: float
         by_replica.setdefault(p.replica, []).append(p)
     stalled = []
     for pod in job.pods:
-        started = pod.started_at
+        # Its ranks' newest processes began with the pod, or with their agent's restart of them in place: a rank
+        # that exports nothing until its first step (a user script) has no start gauge of its own to say so.
+        started = max(pod.started_at, pod.ranks_restarted_at) if pod.started_at is not None else None
         ranks = by_replica.get(pod.replica, [])
         if not ranks:
             # Only a replica that stays silent while its peers export progress is stalled: a job with no series at

@@ -38,7 +38,9 @@ def classify_xid(code: int) -> XidClass:
 
 @dataclass(frozen=True)
 class WatchedPod:
-    """A job's pod as the executor sees it. `started_at` is when it began Running (unix seconds), if it has."""
+    """A job's pod as the executor sees it. `started_at` is when it began Running (unix seconds), if it has;
+    `ranks_restarted_at` when its agent last restarted its ranks in place (its etcd liveness key; 0: never or not
+    known): a new process of each rank, in its start-up and restore, in the same pod."""
 
     name: str
     namespace: str
@@ -47,6 +49,7 @@ class WatchedPod:
     node: str
     phase: str
     started_at: float | None = None
+    ranks_restarted_at: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -122,3 +122,16 @@ def test_each_deleted_pod_of_a_forgotten_run_sweeps_its_keys_again(deleted_runs:
 
     asyncio.run(scenario())
     assert deleted_runs == ["ml-j-01234567"] * 3  # forgotten, then once per deleted pod; another job's pod: none
+
+
+def test_the_health_monitor_reads_rank_restarts_from_the_jobs_runner() -> None:
+    """Pod by pod, when its agent last restarted its ranks in place, from the pods of the runner's last pass; a job
+    without a runner here has none."""
+    from flywheel.policy.observed import PodView
+
+    runner = Runner()
+    runner.seen_pods = [PodView("j-worker-0", "u0", 0, 0, "Running"),  # type: ignore[attr-defined]
+                        PodView("j-worker-1", "u1", 1, 0, "Running", rank_restart_at=123.0)]
+    memo = kopf.Memo(runners={("ml", "j"): runner})
+    assert handlers.ranks_restarted(memo, "ml", "j") == {"j-worker-1": 123.0}
+    assert handlers.ranks_restarted(memo, "ml", "other") == {}

@@ -162,6 +162,24 @@ def run(cluster: RunningCluster, scenario: Any) -> None:
     asyncio.run(main())
 
 
+def test_the_inventory_carries_the_runners_view_of_rank_restarts_in_place(
+        cluster: RunningCluster, tmp_path: Path) -> None:
+    """The hang check's start-up allowance for ranks restarted in place comes from the job runner's etcd liveness
+    view (handlers.ranks_restarted), pod by pod."""
+    async def scenario(kube: Kube) -> None:
+        await World.create(kube, "rsr", ("rsr-a", "rsr-b"), tmp_path)
+        asked: list[tuple[str, str]] = []
+
+        def ranks_restarted(namespace: str, name: str) -> dict[str, float]:
+            asked.append((namespace, name))
+            return {"rsr-worker-1": 123.0}
+
+        [job] = [j for j in await KubeJobInventory(kube, ranks_restarted=ranks_restarted).jobs() if j.name == "rsr"]
+        assert {p.name: p.ranks_restarted_at for p in job.pods} == {"rsr-worker-0": 0.0, "rsr-worker-1": 123.0}
+        assert (NS, "rsr") in asked
+    run(cluster, scenario)
+
+
 def test_hang_is_reported_to_the_runner_whose_pass_marks_and_restarts_the_job(
         cluster: RunningCluster, prom: FakePrometheus, tmp_path: Path) -> None:
     async def scenario(kube: Kube) -> None:

@@ -191,6 +191,22 @@ def test_the_prometheus_check_gives_a_rank_restarted_in_place_the_first_step_all
     assert "flywheel_train_started_timestamp_seconds" in process_start_query(3600)
 
 
+def test_a_user_script_rank_restarted_in_place_gets_the_allowance_from_its_agents_report() -> None:
+    """A user script's rank exports nothing until its first step, so no start gauge tells of its new process: the
+    agent's report of the restart (the pod's etcd liveness key, `ranks_restarted_at`) gives it the allowance."""
+    def sample(value: float, replica: int) -> Sample:
+        return Sample({"namespace": "ml", "job": "train", "replica": str(replica), "rank": str(replica)}, value, 0.0)
+
+    old_steps = parse_progress([sample(1000.0, 0), sample(1000.0, 1)])  # the previous processes' last steps
+    pods = tuple(WatchedPod(f"train-worker-{i}", "ml", "train", str(i), f"node-{i}", "Running", 0.0,
+                            ranks_restarted_at=1020.0 - 10 * i) for i in range(2))
+    job = WatchedJob("ml", "train", "Running", 60, 600, pods)
+    assert len(find_hangs([_watched()], old_steps, now=1500, allowance=15)) == 1  # without the report: hung
+    assert find_hangs([job], old_steps, now=1500, allowance=15) == []
+    [found] = find_hangs([job], old_steps, now=1626, allowance=15)
+    assert [r.replica for r in found.ranks] == ["1"]
+
+
 def test_the_trainer_gauges_say_what_the_prometheus_check_reads() -> None:
     m = TrainerMetrics(0, {"job": "train", "namespace": "ml", "replica": "0", "rank": "0"})
     labels = {"job": "train", "namespace": "ml", "replica": "0", "rank": "0"}
