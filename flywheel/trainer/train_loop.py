@@ -318,9 +318,10 @@ def _finish(run: _Run, start: int, events: EventLog, metrics: TrainerMetrics, wa
     run.ckpt.close()  # the last step's own save, if still in flight, commits (or fails) first
     # Saved unless already held: a final step restored from memory only is written here, and a last step whose
     # own save or upload failed is tried again.
-    if not run.ckpt.holds(final):
+    held = run.ckpt.holds(final)  # with an object store: one listing of the bucket (rank 0)
+    if not held:
         run.ckpt.save_final(final, run.app)
-    unsaved = run.ckpt.unsaved_reason(final)
+    unsaved = None if held else run.ckpt.unsaved_reason(final)
     if unsaved is not None:
         kept = f"; its memory copy under {run.ckpt.memory.root} is kept" if run.ckpt.memory is not None else ""
         raise FinalSaveFailed(f"the final checkpoint (step {final}) was not saved: {unsaved}{kept}; the run is "
