@@ -53,10 +53,10 @@ def success(out: Pass, job: JobView) -> Pass | None:
         return None
     lingering = sorted(p.index for p in current if p.phase in ("Running", "Pending") and p.index < job.desired)
     stop_at = lingering_stop_at(job.progress.done_time, job.spec.fault_tolerance.finish_grace_seconds)
-    if not lingering or (stop_at is not None and job.now >= stop_at):
+    overdue = stop_at is not None and job.now >= stop_at
+    if not lingering or overdue:
         done = finished_message(out.status.step, job.progress.already_complete_checkpoint,
-                                lingering if stop_at is not None and job.now >= stop_at else [],
-                                job.spec.fault_tolerance.finish_grace_seconds)
+                                lingering if overdue else [], job.spec.fault_tolerance.finish_grace_seconds)
         return finish(out, job.pods, Phase.SUCCEEDED, R.SUCCEEDED, done, job.now)
     ready = out.status.replicas.ready
     set_phase(out.status, Phase.RUNNING, R.RUNNING, R.MSG_RUNNING.format(ready=ready), job.now, refresh=False)
