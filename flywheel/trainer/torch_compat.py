@@ -19,8 +19,8 @@ the new torch's source, then move TESTED_TORCH.
   `_DistributedRendezvousOpExecutor`'s `_add_to_participants`/`_mark_rendezvous_complete`/`_state`: a round closes
   as soon as the last group's agents have all rejoined (trainer/rendezvous_regroup.py).
 - The agent's exit barrier (`_exit_barrier`, `_store`, `_worker_group`, `_exit_barrier_timeout`,
-  `_in_exit_barrier`; torch's `_barrier_nonblocking` and `_TERMINAL_STATE_SYNC_ID`): waited in short slices, so a
-  SIGTERM is handled in it (`wait_exit_barrier`).
+  `_in_exit_barrier`; torch's `_barrier_nonblocking` and `_TERMINAL_STATE_SYNC_ID`): polled, so a SIGTERM is
+  handled while it waits (`wait_exit_barrier`).
 - DeviceMesh._unflatten: the dp dimension viewed as (edp, ep) for expert parallelism.
 - DTensor's `_local_tensor`/`_spec` and its constructor: checkpoint staging swaps a CPU shard into a DTensor
   without moving it back to the mesh's device (DTensor.from_local would), as DCP's own staging does.

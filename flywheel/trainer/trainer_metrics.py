@@ -6,11 +6,9 @@ already bound to this process's labels, e.g. `metrics.checkpoint_blocking_second
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import PROCESS_COLLECTOR, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from flywheel.trainer.checkpoint_failure import FailureReason
 
@@ -20,17 +18,11 @@ CHECKPOINT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 30
 
 
 def process_started() -> float:
-    """When this process started, from /proc as prometheus_client's process collector reads it: a user script builds
-    its metrics at its first `flywheel.progress.step`, and its start-up is what the hang check's allowance is for.
-    Now where /proc cannot tell."""
-    try:
-        # /proc/self/stat: "pid (comm) state ...": starttime is field 22, the 20th after the command's ")".
-        ticks = int(Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19])
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return time.time()
+    """When this process started (prometheus_client's process collector reads /proc): a user script builds its
+    metrics at its first `flywheel.progress.step`, and its start-up is what the hang check's allowance is for. Now
+    where the collector cannot tell (no /proc)."""
+    return next((sample.value for family in PROCESS_COLLECTOR.collect() for sample in family.samples
+                 if sample.name == "process_start_time_seconds"), time.time())
 
 
 class TrainerMetrics:
