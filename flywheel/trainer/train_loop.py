@@ -442,3 +442,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
             events.emit(EventName.COLLECTIVE_TIMEOUT, rank=env.rank, error=str(err)[:500])
             return exitcodes.COLLECTIVE_TIMEOUT
         return exitcodes.CRASH
+    finally:
+        # On every way out: a watchdog still running once main() has returned (after a user error in preflight,
+        # say) ends the process that called it when the first-step allowance runs out (a test run, in process).
+        watchdog.stop()

@@ -3,6 +3,8 @@ vocab and tokenizer checks of the worker's preflight, and an exact position at a
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -102,5 +104,7 @@ def test_the_worker_refuses_an_unreadable_source_as_a_user_error(tmp_path, where
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "FLYWHEEL_EVENTS_FILE": str(events),
            "FLYWHEEL_SPEC": spec_to_env_json(spec)}
     assert main(env) == exitcodes.USER_ERROR  # never retried
+    # Its progress watchdog stopped with it: left running, it would end this process at the first-step allowance.
+    assert not [t for t in threading.enumerate() if t.name == "flywheel-watchdog"]
     [record] = read_records(events)
     assert isinstance(record, Failure) and record.kind == "user-error" and "data.source" in record.reason
