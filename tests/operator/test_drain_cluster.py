@@ -24,6 +24,18 @@ TAINT = "nvidia.com/gpu-xid-error"  # NVSentinel's fatal-XID quarantine taint: o
 # is ~3.5x the path as measured under load, yet below the smallest of those waits.
 # (The cold-pod fallback is asserted apart: no new pod of the drained index.)
 STALL_BOUND_S = 5.0
+# Without a spare the drain first warms a new pod (pod start, imports, zygote: ~5 s on idle cores, over 13 s with the
+# other test process busy), and the job must still be training once it is warm: LONG's 400 steps (~17 s) ended first
+# under that load, so that test trains 1000 (~45 s) against a reference run of its own.
+LONGER = {**LONG, "trainer.training.steps": 1000}
+_LONGER_REFERENCE: dict[str, str] = {}
+
+
+def _longer_reference_hash(env: OpEnv) -> str:
+    if "hash" not in _LONGER_REFERENCE:
+        env.wait_phase("ref-run-longer", "Succeeded", 300)
+        _LONGER_REFERENCE["hash"] = env.done_hash("ref-run-longer")
+    return _LONGER_REFERENCE["hash"]
 
 
 def _stall(records: list[dict[str, Any]], step: int) -> float:
@@ -50,14 +62,15 @@ def test_a_tainted_node_is_drained_ahead_to_the_spare_without_replay(op_env: OpE
     assert status["restartBudget"].get("used", 0) == 0  # a planned move is no failure
     # The promoted spare finished as that replica: no cold pod of the drained index was created behind it.
     assert worker not in {p["metadata"]["name"] for p in op_env.pods(name)}
-    _no_replay_and_a_short_stall(op_env, name, node)
+    _no_replay_and_a_short_stall(op_env, name, node, _reference_hash(op_env))
 
 
 def test_without_a_spare_a_drain_starts_a_warm_pod_first(op_env: OpEnv) -> None:
     """spares: 0. The drain starts a spare for the moving worker (the taint keeps it off the node) while the job
     trains on, asks for the checkpoint once it is warm, and moves the worker to it: no cold pod in the stall."""
     name = "drain-no-spare"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **LONG, **{"checkpoint.memoryEverySteps": 10})))
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml("ref-run-longer", **LONGER)))
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **LONGER, **{"checkpoint.memoryEverySteps": 10})))
     eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
     worker = f"{name}-worker-1"
     node = node_of(op_env, name, worker)
@@ -69,20 +82,21 @@ def test_without_a_spare_a_drain_starts_a_warm_pod_first(op_env: OpEnv) -> None:
         status = op_env.wait_phase(name, "Succeeded", 180)
     finally:
         op_env.kubectl("taint", "node", node, f"{TAINT}-", check=False)
-    assert status["step"] == 400 and status["lastRestartReason"] == "NodeDraining", status
+    assert status["step"] == LONGER["trainer.training.steps"], status
+    assert status["lastRestartReason"] == "NodeDraining", status
     assert status["restarts"] == 1 and status["restartBudget"].get("used", 0) == 0, status
     assert worker not in {p["metadata"]["name"] for p in op_env.pods(name)}
     draining = [e["message"] for e in op_env.events_of(name) if e["reason"] == "NodeDraining"]
     wait = f"waiting for {len(moving)} warm pod(s)"
     assert any(wait in m and f"{len(moving)} new spare" in m for m in draining), draining
-    _no_replay_and_a_short_stall(op_env, name, node)
+    _no_replay_and_a_short_stall(op_env, name, node, _longer_reference_hash(op_env))
 
 
-def _no_replay_and_a_short_stall(op_env: OpEnv, name: str, node: str) -> None:
+def _no_replay_and_a_short_stall(op_env: OpEnv, name: str, node: str, reference_hash: str) -> None:
     draining = [e["message"] for e in op_env.events_of(name) if e["reason"] == "NodeDraining"]
     assert any(node in m and TAINT in m for m in draining), draining
     assert op_env.status(name)["goodput"].get("lostSteps", 0) == 0
-    assert op_env.done_hash(name) == _reference_hash(op_env)
+    assert op_env.done_hash(name) == reference_hash
     records = op_env.records(name)
     trained = [r["step"] for r in records if r["event"] == "step"]
     assert len(trained) == len(set(trained)), "a step was trained twice: the drain replayed steps"
