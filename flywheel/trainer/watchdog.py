@@ -20,6 +20,7 @@ from flywheel.trainer import stackdump
 log = logging.getLogger(__name__)
 
 PARENT_POLL_SECONDS = 1.0
+THREAD_NAME = "flywheel-watchdog"  # what a check for a watchdog left running looks for
 
 
 class ProgressWatchdog:
@@ -37,7 +38,7 @@ class ProgressWatchdog:
         self._last_beat = time.monotonic()
         self._beaten = False
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="flywheel-watchdog", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
 
     def start(self) -> ProgressWatchdog:
         self._last_beat = time.monotonic()

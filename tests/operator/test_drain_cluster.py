@@ -28,14 +28,6 @@ STALL_BOUND_S = 5.0
 # other test process busy), and the job must still be training once it is warm: LONG's 400 steps (~17 s) ended first
 # under that load, so that test trains 1000 (~45 s) against a reference run of its own.
 LONGER = {**LONG, "trainer.training.steps": 1000}
-_LONGER_REFERENCE: dict[str, str] = {}
-
-
-def _longer_reference_hash(env: OpEnv) -> str:
-    if "hash" not in _LONGER_REFERENCE:
-        env.wait_phase("ref-run-longer", "Succeeded", 300)
-        _LONGER_REFERENCE["hash"] = env.done_hash("ref-run-longer")
-    return _LONGER_REFERENCE["hash"]
 
 
 def _stall(records: list[dict[str, Any]], step: int) -> float:
@@ -89,7 +81,8 @@ def test_without_a_spare_a_drain_starts_a_warm_pod_first(op_env: OpEnv) -> None:
     draining = [e["message"] for e in op_env.events_of(name) if e["reason"] == "NodeDraining"]
     wait = f"waiting for {len(moving)} warm pod(s)"
     assert any(wait in m and f"{len(moving)} new spare" in m for m in draining), draining
-    _no_replay_and_a_short_stall(op_env, name, node, _longer_reference_hash(op_env))
+    op_env.wait_phase("ref-run-longer", "Succeeded", 300)
+    _no_replay_and_a_short_stall(op_env, name, node, op_env.done_hash("ref-run-longer"))
 
 
 def _no_replay_and_a_short_stall(op_env: OpEnv, name: str, node: str, reference_hash: str) -> None:

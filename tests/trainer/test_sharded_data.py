@@ -13,6 +13,7 @@ from flywheel import exitcodes
 from flywheel.data_prep_index import ShardIndex, write_index
 from flywheel.eventlog import Failure, read_records
 from flywheel.spec import parse_spec, spec_to_env_json
+from flywheel.trainer import watchdog
 from flywheel.trainer.data import DataError, SampleLoader, ShardedTokens, TokenFileSource, build_source
 from flywheel.trainer.train_loop import main
 from tests.data_prep.corpus import train_tokenizer
@@ -105,6 +106,6 @@ def test_the_worker_refuses_an_unreadable_source_as_a_user_error(tmp_path, where
            "FLYWHEEL_SPEC": spec_to_env_json(spec)}
     assert main(env) == exitcodes.USER_ERROR  # never retried
     # Its progress watchdog stopped with it: left running, it would end this process at the first-step allowance.
-    assert not [t for t in threading.enumerate() if t.name == "flywheel-watchdog"]
+    assert not [t for t in threading.enumerate() if t.name == watchdog.THREAD_NAME]
     [record] = read_records(events)
     assert isinstance(record, Failure) and record.kind == "user-error" and "data.source" in record.reason
