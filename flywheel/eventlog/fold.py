@@ -50,6 +50,7 @@ class Incident:
     starts: int = 0  # `start` records since it began
     recovered_at: float | None = None
     resumed_from: int | None = None
+    restore: Restore | None = None  # the checkpoint load that recovered it (its source: memory-own/-peer, disk)
 
     @property
     def recovery_seconds(self) -> float | None:
@@ -155,6 +156,8 @@ class RunFold:
             self.checkpoint_notices.append(record)
         elif isinstance(record, Restore):
             self.restores.append(record)
+            if self._open is not None and self._open.restore is None:
+                self._open.restore = record
         elif isinstance(record, Eval):
             self.evals[record.step] = self.last_eval = record
         elif isinstance(record, Recovery):

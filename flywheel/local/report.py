@@ -114,15 +114,20 @@ def print_summary(console: Console, summary: dict[str, Any], out_dir: Path) -> N
     console.print(table)
     if summary["failures"]:
         failures = Table(title="failures and recoveries")
-        for column in ("t", "rank", "worker", "kind", "detail", "recovered after"):
+        for column in ("t", "rank", "worker", "kind", "detail", "recovered after", "restored from"):
             failures.add_column(column)
         for f in summary["failures"]:
             failures.add_row(f"{f['time']:.1f} s", "-" if f["rank"] is None else str(f["rank"]),
                              "-" if f["replica"] is None else str(f["replica"]), escape(f["kind"]),
                              escape(f["detail"]),
                              _seconds(f["recovered_seconds"]) if f["recovered_seconds"] is not None else
-                             "not recovered")
+                             "not recovered", _restored_from(f))
         console.print(failures)
+
+
+def _restored_from(failure: dict[str, Any]) -> str:
+    restored = failure.get("restored_from")  # none: not recovered, a fresh start, or a user script's run
+    return f"step {restored['step']} ({restored['source']})" if restored else "-"
 
 
 def write_report(out_dir: Path, record: RunRecord, summary: dict[str, Any], start_time: float) -> None:

@@ -123,7 +123,13 @@ def _failure_row(f: FailureEntry, start_time: float) -> dict[str, Any]:
     r = f.record
     return {"time": r.time - start_time, "rank": r.rank, "replica": r.replica, "kind": r.kind,
             "exit_code": r.exit_code, "detail": f.detail, "reason": f.reason or None,
-            "recovered_seconds": f.recovered_seconds}
+            "recovered_seconds": f.recovered_seconds, "restored_from": _restored_from(f)}
+
+
+def _restored_from(f: FailureEntry) -> dict[str, Any] | None:
+    """The checkpoint its recovery loaded: where from (memory-own, memory-peer, disk) and its step."""
+    restore = f.incident.restore
+    return None if restore is None else {"source": restore.source, "step": restore.step}
 
 
 def _checkpoint_failure_row(f: CheckpointFailed, log: RunFold) -> dict[str, Any]:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
+from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from flywheel.local.report import print_summary
 from flywheel.local.run_record import EventTail, fold
 
 T0 = 1000.0
@@ -124,3 +128,15 @@ def test_the_restore_source_and_memory_bytes_reach_the_summary():
                                    wall_seconds=20.0)
     assert summary["restores"] == [{"step": 4, "source": "memory-peer", "path": "/c/step-4"}]
     assert summary["checkpoint_memory_bytes"] == 4096
+    # the failure names the checkpoint its recovery loaded, in summary.json and in the terminal's table
+    assert [f["restored_from"] for f in summary["failures"]] == [{"source": "memory-peer", "step": 4}]
+    console = Console(file=io.StringIO(), width=200)
+    print_summary(console, summary, Path("/out"))
+    assert "step 4 (memory-peer)" in console.file.getvalue()
+
+
+def test_a_failure_not_recovered_names_no_restore():
+    events = [e for e in _run_with_replay() if e["event"] in ("start", "step", "fault")][:8]
+    summary = fold(events).summary(job="j", status="Failed", exit_code=1, world_size=4, start_time=T0,
+                                   wall_seconds=20.0)
+    assert [(f["recovered_seconds"], f["restored_from"]) for f in summary["failures"]] == [(None, None)]
