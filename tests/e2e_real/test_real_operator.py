@@ -220,6 +220,23 @@ def test_force_deleted_pod_is_counted_as_pod_deleted(real: RealCluster, tmp_path
     assert real.wait_phase("e2e-podforce", "Succeeded", 900)["step"] == 400
 
 
+def test_an_evicted_worker_restarts_without_spending_budget(real: RealCluster, tmp_path: Path) -> None:
+    """Twin of test_operator_cluster's `kubectl drain` test, through the Eviction API on the one worker pod (what
+    kubectl drain does for each pod of the node) so that nothing else on a shared node is evicted."""
+    name = "e2e-evicted"
+    real.apply_job(name, tmp_path, **LONG, **{"faultTolerance.maxRestarts": 0})
+    eventually(lambda: real.status(name).get("step", 0) >= 40, 900, "step 40")
+    pod = f"{name}-worker-1"
+    eviction = tmp_path / "eviction.json"
+    eviction.write_text(json.dumps({"apiVersion": "policy/v1", "kind": "Eviction",
+                                    "metadata": {"name": pod, "namespace": real.namespace}}))
+    real.kubectl("create", "--raw", f"/api/v1/namespaces/{real.namespace}/pods/{pod}/eviction", "-f", str(eviction))
+    status = real.wait_phase(name, "Succeeded", 900)
+    assert status["restarts"] == 1 and status["lastRestartReason"] == "Evicted", status
+    assert status["restartBudget"].get("used", 0) == 0 and status["step"] == 400
+    assert "DisruptionTarget: EvictionByEvictionAPI" in real.kubectl("describe", "tj", name).stdout
+
+
 def test_import_error_fails_in_two_attempts_with_the_error(real: RealCluster, tmp_path: Path) -> None:
     real.apply_job("e2e-import", tmp_path, command=["python", "-c", "import flywheel_no_such_module"])
     status = real.wait_phase("e2e-import", "Failed", 600)

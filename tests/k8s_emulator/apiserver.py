@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from tests.k8s_emulator import openapi, patches, protobuf, tables
+from tests.k8s_emulator import eviction, openapi, patches, protobuf, tables
 from tests.k8s_emulator.controllers import ControlPlane
 from tests.k8s_emulator.errors import StatusError
 from tests.k8s_emulator.requestlog import RequestRecorder, bearer
@@ -176,6 +176,11 @@ class ApiServer:
             return await self.scale(request, rt, namespace, name, dry_run)
         elif subresource == "log":
             return self.pod_log(rt, namespace, name, query)
+        elif subresource == "eviction":  # create only
+            if method != "POST":
+                raise StatusError(405, "MethodNotAllowed", "the server does not allow this method on the "
+                                  "requested resource")
+            return _json(eviction.evict(self.store, rt, namespace, name, await self._body(request), dry_run), 201)
         elif method == "GET":
             obj = self.store.get(rt, namespace, name)
             return self._respond_object(request, rt, version, obj)

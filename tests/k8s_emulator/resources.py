@@ -59,8 +59,15 @@ class ResourceType:
                             "group": "autoscaling", "version": "v1", "kind": "Scale", "verbs": SUBRESOURCE_VERBS})
         for sub in self.extra_subresources:
             entries.append({"name": f"{self.plural}/{sub}", "singularName": "", "namespaced": self.namespaced,
-                            "kind": self.kind, "verbs": ["get"]})
+                            "kind": self.kind, "verbs": ["get"], **SUBRESOURCE_KINDS.get(sub, {})})
         return entries
+
+
+# Subresources whose kind is not their resource's: what discovery says of them (kubectl drain looks for
+# pods/eviction with its group and version, else it deletes pods instead of evicting them).
+SUBRESOURCE_KINDS: dict[str, dict[str, Any]] = {
+    "eviction": {"group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]},
+}
 
 
 def _builtin(group: str, plural: str, kind: str, namespaced: bool, short: list[str] | None = None,
@@ -72,7 +79,7 @@ def _builtin(group: str, plural: str, kind: str, namespaced: bool, short: list[s
 
 BUILTIN_TYPES: list[ResourceType] = [
     _builtin("", "namespaces", "Namespace", False, ["ns"], status=True),
-    _builtin("", "pods", "Pod", True, ["po"], status=True, extra=["log"]),
+    _builtin("", "pods", "Pod", True, ["po"], status=True, extra=["log", "eviction"]),
     _builtin("", "services", "Service", True, ["svc"], status=True),
     _builtin("", "events", "Event", True, ["ev"]),
     _builtin("", "configmaps", "ConfigMap", True, ["cm"]),

@@ -296,3 +296,26 @@ def test_preempted_worker_is_an_external_failure(op_env: OpEnv) -> None:
     assert status["restarts"] == 1 and status["lastRestartReason"] == "Evicted"
     assert status["restartBudget"]["used"] == 0 and status["step"] == 400
     assert "DisruptionTarget: PreemptionByScheduler" in op_env.kubectl("describe", "tj", name).stdout
+
+
+@pytest.mark.slow
+def test_kubectl_drain_evicts_a_worker_without_spending_budget(op_env: OpEnv) -> None:
+    """`kubectl drain` (a node's maintenance, as an administrator does it): the cordon, then the Eviction API, which
+    marks the pod DisruptionTarget (EvictionByEvictionAPI) before deleting it. The job restarts once with reason
+    Evicted, spends no budget (maxRestarts 0), replays no step (the evicted worker's SIGTERM has every rank save the
+    step they reached) and ends with the fault-free run's parameters."""
+    name = "drained"
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{**LONG, "faultTolerance.maxRestarts": 0})))
+    eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
+    node = next(p["spec"]["nodeName"] for p in op_env.pods(name) if p["metadata"]["name"] == f"{name}-worker-1")
+    try:
+        drained = op_env.kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=60s")
+        assert f"pod/{name}-worker-1 evicted" in drained.stdout, drained.stdout  # evicted, not deleted
+        status = op_env.wait_phase(name, "Succeeded", 180)
+    finally:
+        op_env.kubectl("uncordon", node, check=False)
+    assert status["restarts"] == 1 and status["lastRestartReason"] == "Evicted", status
+    assert status["restartBudget"]["used"] == 0 and status["step"] == 400
+    assert status["goodput"]["lostSteps"] == 0, status["goodput"]
+    assert "DisruptionTarget: EvictionByEvictionAPI" in op_env.kubectl("describe", "tj", name).stdout
+    assert op_env.done_hash(name) == _reference_hash(op_env)
