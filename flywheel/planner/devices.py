@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 GIB = 1 << 30
+MIB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -47,15 +48,18 @@ class Device:
 # ~117 GFLOP/s on one thread, larger micro batches gain nothing past ~1k tokens and FSDP2 over gloo costs ~15% more
 # than DDP besides its traffic (bench/planner_accuracy.py); gloo over loopback moves ~1-2 GB/s. GPUs: FSDP2's
 # copy-in/out is a few percent. Inter-node GPU links:
-# 8x400 Gb/s InfiniBand per 8-GPU H100/H200 node (50 GB/s per GPU), 8x200 Gb/s for A100.
+# 8x400 Gb/s InfiniBand per 8-GPU H100/H200 node (50 GB/s per GPU), 8x200 Gb/s for A100. GPU memory is what
+# torch.cuda.get_device_properties().total_memory reports (the driver keeps the rest of the data sheet's 80 / 141 GB):
+# H100 80GB HBM3 81,089 MiB and H200 143,156 MiB in public logs (nvidia-smi showed 143,771 MiB on the H200 lent to
+# this project, which includes the driver's share), A100 80GB ~79.2 GiB; the CUDA context is inside it (runtime).
 DEVICES: dict[str, Device] = {
     "cpu": Device("cpu", {"fp32": 150e9, "bf16": 75e9}, 8 * GIB, 0.78, 0.35 * GIB, 0.0, 8, 0.15,
                   Link(1.5e9, 100e-6), Link(1.0e9, 200e-6)),
-    "a100": Device("a100", {"fp32": 19.5e12, "bf16": 312e12}, 80 * GIB, 0.55, 2 * GIB, 0.6, 512, 0.03,
+    "a100": Device("a100", {"fp32": 19.5e12, "bf16": 312e12}, 79.2 * GIB, 0.55, 2 * GIB, 0.6, 512, 0.03,
                    Link(240e9, 10e-6), Link(25e9, 20e-6)),
-    "h100": Device("h100", {"fp32": 67e12, "bf16": 989e12}, 80 * GIB, 0.5, 2 * GIB, 0.6, 512, 0.03,
+    "h100": Device("h100", {"fp32": 67e12, "bf16": 989e12}, 81089 * MIB, 0.5, 2 * GIB, 0.6, 512, 0.03,
                    Link(360e9, 8e-6), Link(50e9, 15e-6)),
-    "h200": Device("h200", {"fp32": 67e12, "bf16": 989e12}, 141 * GIB, 0.5, 2 * GIB, 0.6, 512, 0.03,
+    "h200": Device("h200", {"fp32": 67e12, "bf16": 989e12}, 143156 * MIB, 0.5, 2 * GIB, 0.6, 512, 0.03,
                    Link(360e9, 8e-6), Link(50e9, 15e-6)),
 }
 
