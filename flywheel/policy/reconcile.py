@@ -25,6 +25,8 @@ of what it reads, and otherwise only then.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from flywheel.policy import reasons as R
 from flywheel.policy.conditions import TERMINAL, condition, iso, set_condition
 from flywheel.policy.create_failures import track_create_failures
@@ -101,6 +103,8 @@ def _first_policy(out: Pass, job: JobView, drain: DrainInput) -> Pass:
     if spec.suspend:
         return suspend(out, job)
     entry_phase = resume(out, job)
+    if out.status.generation != job.generation:  # resumed: the pass decides for the new generation
+        job = replace(job, generation=out.status.generation)
     # An overdue pending timeout before a failure: a peer's rendezvous gives up on the unschedulable worker, and
     # restarting for it (policy/pending_timeout.py) would only put the verdict off.
     decided = (deadline(out, job) or success(out, job) or requested_restart(out, job)

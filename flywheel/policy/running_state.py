@@ -28,8 +28,10 @@ def settle(out: Pass, job: JobView, entry_phase: Phase) -> Pass:
         set_phase(status, Phase.RUNNING, R.RUNNING, R.MSG_RUNNING.format(ready=ready), now)
         degraded(out, job)
     else:
-        # Not (or no longer) enough workers: Restarting keeps naming the failure that started it.
-        set_phase(status, Phase.RESTARTING if job.generation > 0 else Phase.PENDING, R.WAITING,
+        # Not (or no longer) enough workers: Restarting keeps naming the failure that started it; a job waiting
+        # for its first workers, or for those of its resume, is Pending.
+        waiting = Phase.RESTARTING if job.generation > 0 and entry_phase is not Phase.PENDING else Phase.PENDING
+        set_phase(status, waiting, R.WAITING,
                   R.MSG_WAITING.format(ready=ready, desired=desired, min=job.spec.replicas.min), now, refresh=False)
     if status.phase is Phase.RUNNING and entry_phase is not Phase.RUNNING:
         out.events.append(Event("Normal", R.RUNNING, R.MSG_RUNNING.format(ready=ready)))

@@ -24,9 +24,12 @@ def suspend(out: Pass, job: JobView) -> Pass:
 
 
 def resume(out: Pass, job: JobView) -> Phase:
-    """The phase the pass starts from: a suspended job resumes as Pending (the workers are created afresh)."""
+    """The phase the pass starts from: a suspended job resumes as Pending, its workers a new generation created
+    afresh once the suspended ones are gone. (In the suspended generation, a pod still terminating after a quick
+    resume was read as a current worker deleted by someone else: a PodDeleted restart.) No restart is counted."""
     if out.status.phase is not Phase.SUSPENDED:
         return out.status.phase
+    out.status.worker_generation = job.generation + 1
     set_condition(out.status, ConditionType.SUSPENDED, False, R.RESUMED, R.MSG_RESUMED, job.now)
     out.events.append(Event("Normal", R.RESUMED, R.MSG_RESUMED))
     return Phase.PENDING

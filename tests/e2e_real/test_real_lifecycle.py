@@ -1,0 +1,188 @@
+"""Real-cluster twins of the lifecycle and start-failure scenarios of tests/operator (see conftest.py for the
+settings; skipped without KUBECONFIG): an invalid or unpullable image, activeDeadlineSeconds,
+ttlSecondsAfterFinished, a user's own script, a restart request, `flywheel render` against the pods the chart's
+operator made, gang scheduling and the REST API's actions.
+
+Two need what only some clusters have, and skip without it: `FLYWHEEL_E2E_GANG=scheduler-plugins` says the chart was
+installed with `operator.gangScheduler: scheduler-plugins` and that scheduler runs; `FLYWHEEL_E2E_API_URL` (e.g.
+`http://127.0.0.1:8700` through `kubectl port-forward svc/<release>-flywheel-api 8700`) and
+`FLYWHEEL_E2E_API_TOKEN` (a bearer token the API accepts for a user allowed to patch TrainingJobs in the test
+namespace) reach the chart's REST API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e_real.conftest import RealCluster, eventually
+from tests.operator.test_pod_template_cluster import _subset
+
+LONG = {"trainer.training.steps": 400, "checkpoint.everySteps": 20}
+# What `flywheel render` takes of the operator's flags (the chart's Deployment passes them as --flag=value).
+RENDER_FLAGS = ("--etcd-endpoints", "--events-dir", "--events-claim", "--metrics-port-base", "--worker-env",
+                "--gang-scheduler", "--security-profile", "--rdma-resource")
+# A torchrun-style script with no Flywheel import, inline (the image carries the package, not examples/).
+USER_SCRIPT = ("import os, torch, torch.distributed as dist\n"
+               "dist.init_process_group('gloo')\n"
+               "t = torch.full((4,), float(dist.get_rank() + 1)); dist.all_reduce(t)\n"
+               "w = dist.get_world_size(); assert t[0].item() == w * (w + 1) / 2, t\n"
+               "print(f'user script: world={w} rank={dist.get_rank()} restart='\n"
+               "      f\"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}\", flush=True)\n"
+               "dist.destroy_process_group()\n")
+
+
+def _failed(status: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == "Failed" and c["status"] == "True")
+
+
+def test_an_invalid_image_name_fails_the_job_at_once(real: RealCluster, tmp_path: Path) -> None:
+    """Twin of test_operator_cluster's: the kubelet's InvalidImageName fails the job at once, naming spec.image."""
+    name = "e2e-bad-image"
+    real.apply_job(name, tmp_path, image="Flywheel:Latest")
+    status = real.wait_phase(name, "Failed", 300)
+    failed = _failed(status)
+    assert failed["reason"] == "ImagePullError" and "InvalidImageName" in failed["message"], failed
+    assert "spec.image" in failed["message"] and status.get("restarts", 0) == 0
+    eventually(lambda: real.pods(name) == [], 300, "the workers that cannot start to be deleted")
+
+
+def test_an_unpullable_image_fails_after_the_pull_grace(real: RealCluster, tmp_path: Path) -> None:
+    """Twin of test_operator_cluster's: ErrImagePull / ImagePullBackOff from a registry that does not resolve is given
+    startFailureGraceSeconds, then fails the job with the same condition."""
+    name, grace = "e2e-no-pull", 30
+    real.apply_job(name, tmp_path, image="registry.invalid/flywheel:latest",
+                   **{"faultTolerance.startFailureGraceSeconds": grace})
+    status = real.wait_phase(name, "Failed", grace + 600)
+    failed = _failed(status)
+    assert failed["reason"] == "ImagePullError" and "registry.invalid" in failed["message"], failed
+    assert "ImagePullError" in real.kubectl("describe", "tj", name).stdout
+
+
+def test_the_deadline_fails_the_job_and_stops_the_workers(real: RealCluster, tmp_path: Path) -> None:
+    name = "e2e-deadline"
+    real.apply_job(name, tmp_path, **{**LONG, "trainer.training.steps": 1_000_000,
+                                      "runPolicy.activeDeadlineSeconds": 60})
+    status = real.wait_phase(name, "Failed", 600)
+    assert _failed(status)["reason"] == "DeadlineExceeded"
+    eventually(lambda: all(p["status"].get("phase") in ("Succeeded", "Failed") for p in real.pods(name)), 300,
+               "the workers to stop")
+
+
+def test_ttl_deletes_the_finished_job_and_its_pods(real: RealCluster, tmp_path: Path) -> None:
+    name = "e2e-ttl"
+    real.apply_job(name, tmp_path, **{"runPolicy.ttlSecondsAfterFinished": 5})
+    real.wait_phase(name, "Succeeded", 900)
+    eventually(lambda: real.kubectl("get", "tj", name, check=False).returncode != 0, 300, "the TTL deletion")
+    eventually(lambda: real.pods(name) == [], 300, "garbage collection of the pods")
+
+
+def test_a_user_script_runs_under_the_same_agent(real: RealCluster, tmp_path: Path) -> None:
+    name = "e2e-user-script"
+    real.apply_job(name, tmp_path, command=["python", "-c", USER_SCRIPT], **{"faultTolerance.restartScope": "worker"})
+    real.wait_phase(name, "Succeeded", 900)
+    logs = "".join(real.kubectl("logs", f"{name}-worker-{i}").stdout for i in range(2))
+    assert "user script: world=2 rank=0" in logs and "user script: world=2 rank=1" in logs, logs
+
+
+def test_a_restart_request_restarts_every_worker_once(real: RealCluster, tmp_path: Path) -> None:
+    """The annotation the REST API's restart sets: one restart from the last checkpoint, no budget spent."""
+    name, at = "e2e-restart-request", "2026-11-22T09:00:00Z"
+    real.apply_job(name, tmp_path, **LONG)
+    eventually(lambda: real.status(name).get("step", 0) >= 40, 900, "step 40")
+    real.kubectl("annotate", "tj", name, f"flywheel.dev/restart-requested-at={at}")
+    status = real.wait_phase(name, "Succeeded", 1800)
+    assert status["restarts"] == 1 and status["lastRestartReason"] == "RestartRequested", status
+    assert status["restartRequestHandled"] == at and status["restartBudget"].get("used", 0) == 0
+
+
+def _operator_args(real: RealCluster) -> list[str]:
+    """The chart's operator flags that `flywheel render` takes, from its Deployment."""
+    out = real.kubectl("get", "deployments", "-l", real.operator_selector, "-o", "json",
+                       namespace=real.operator_ns).stdout
+    deployments = json.loads(out)["items"]
+    assert deployments, f"no operator Deployment matches {real.operator_selector} in {real.operator_ns}"
+    args = deployments[0]["spec"]["template"]["spec"]["containers"][0].get("args") or []
+    return [a for a in args if a.split("=", 1)[0] in RENDER_FLAGS and "=" in a]
+
+
+def test_render_prints_the_pods_the_operator_created(real: RealCluster, tmp_path: Path) -> None:
+    """Twin of test_pod_template_cluster's: `flywheel render` with the job's uid and the chart's operator flags
+    prints what the operator created (each rendered field as the live object has it, server defaults aside)."""
+    name = "e2e-render"
+    real.apply_job(name, tmp_path, **{"trainer.training.steps": 10})
+    real.wait_phase(name, "Succeeded", 900)
+    uid = json.loads(real.kubectl("get", "tj", name, "-o", "json").stdout)["metadata"]["uid"]
+    rendered_run = subprocess.run([sys.executable, "-m", "flywheel.cli", "render", str(tmp_path / f"{name}.yaml"),
+                                   "-o", "json", "--uid", uid, *_operator_args(real)],
+                                  capture_output=True, text=True, timeout=120)
+    assert rendered_run.returncode == 0, rendered_run.stderr
+    rendered = json.loads(rendered_run.stdout)["items"]
+    assert sorted(o["metadata"]["name"] for o in rendered if o["kind"] == "Pod") == \
+        sorted(p["metadata"]["name"] for p in real.pods(name))
+    for obj in rendered:  # the Service, the pods, and a PodGroup where the chart sets a gang scheduler
+        live = _live(real, obj)
+        assert _subset(obj["spec"], live["spec"]) == [], obj["metadata"]["name"]
+        assert obj["metadata"].get("labels") == live["metadata"].get("labels"), obj["metadata"]["name"]
+
+
+def _live(real: RealCluster, obj: dict[str, Any]) -> dict[str, Any]:
+    group = obj["apiVersion"].rpartition("/")[0]
+    resource = f"{obj['kind'].lower()}.{group}" if group else obj["kind"].lower()
+    return dict(json.loads(real.kubectl("get", resource, obj["metadata"]["name"], "-o", "json").stdout))
+
+
+@pytest.mark.skipif(os.environ.get("FLYWHEEL_E2E_GANG") != "scheduler-plugins",
+                    reason="set FLYWHEEL_E2E_GANG=scheduler-plugins on a cluster running that scheduler, with the "
+                           "chart's operator.gangScheduler set to it")
+def test_gang_jobs_get_a_podgroup(real: RealCluster, tmp_path: Path) -> None:
+    name = "e2e-gang"
+    real.apply_job(name, tmp_path)
+    group = eventually(lambda: json.loads(real.kubectl("get", "podgroups.scheduling.x-k8s.io", name, "-o", "json",
+                                                       check=False).stdout or "null"), 300, "a PodGroup")
+    assert group["spec"]["minMember"] == 2 and group["metadata"]["ownerReferences"][0]["name"] == name
+    for pod in eventually(lambda: len(p := real.pods(name)) == 2 and p, 300, "the pods"):
+        assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == name
+    real.wait_phase(name, "Succeeded", 900)
+
+
+API_URL, API_TOKEN = os.environ.get("FLYWHEEL_E2E_API_URL", ""), os.environ.get("FLYWHEEL_E2E_API_TOKEN", "")
+
+
+@pytest.mark.skipif(not (API_URL and API_TOKEN), reason="set FLYWHEEL_E2E_API_URL and FLYWHEEL_E2E_API_TOKEN to "
+                    "reach the chart's REST API (this file's docstring)")
+def test_the_rest_api_acts_through_the_trainingjob(real: RealCluster, tmp_path: Path) -> None:
+    """Twin of test_operator_lifecycle's REST API test: suspend, resume, restart and scale through the API, each
+    seen in `kubectl get tj`."""
+    import httpx
+
+    name = "e2e-api"
+    real.apply_job(name, tmp_path, **{**LONG, "trainer.training.steps": 20000, "replicas": {"min": 1, "max": 2}})
+    base, auth = f"{API_URL}/v1/jobs/{real.namespace}/{name}", {"Authorization": f"Bearer {API_TOKEN}"}
+
+    def act(method: str, action: str, **body: Any) -> dict[str, Any]:
+        resp = httpx.request(method, f"{base}/{action}", headers=auth, timeout=30, **({"json": body} if body else {}))
+        assert resp.status_code == 200, resp.text
+        return dict(resp.json())
+
+    try:
+        eventually(lambda: real.status(name).get("step", 0) >= 20, 900, "step 20")
+        assert httpx.get(base, timeout=30).status_code == 401
+        act("POST", "suspend")
+        real.wait_phase(name, "Suspended", 300)
+        act("POST", "resume")
+        real.wait_phase(name, "Running", 600)
+        act("POST", "restart")
+        eventually(lambda: real.status(name).get("restarts") == 1, 300, "the requested restart")
+        assert real.status(name)["lastRestartReason"] == "RestartRequested"
+        assert act("PATCH", "scale", replicas=1)["job"]["spec"]["replicasTarget"] == 1
+        eventually(lambda: [p["metadata"]["name"] for p in real.pods(name)] == [f"{name}-worker-0"], 300,
+                   "worker 1 to go")
+    finally:
+        real.kubectl("delete", "tj", name, "--wait=false", check=False)
