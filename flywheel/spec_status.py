@@ -180,6 +180,9 @@ class TrainingJobStatus(_Model):
                                             "suspended or finished.")
     spare_move: SpareMoveStatus = Field(default_factory=SpareMoveStatus, description="A spare beside a worker "
                                         "being moved to a free node (policy/spare_placement.py).")
+    deleted_by_operator: list[str] = Field(default_factory=list, description="Uids of the pods the operator "
+                                           "deleted itself (scaled down, suspended, replaced) while they may still "
+                                           "be terminating: such a pod is never read as deleted by someone else.")
     observed_generation: int = Field(0, description="The metadata.generation of the spec this status is about.")
 
     def to_json(self) -> dict[str, Any]:

@@ -43,6 +43,7 @@ class JobView:
     spares: list[PodView] = field(default_factory=list)  # the warm spare pods (never in `pods`)
     usable_nodes: frozenset[str] = frozenset()  # Ready, not cordoned, tainted or draining (empty: not known)
     create_failures: tuple[str, ...] = ()  # why creates the operator tried are refused (policy/create_failures.py)
+    deleted_by_operator: frozenset[str] = frozenset()  # pod uids it deleted itself (status.deletedByOperator)
 
     @property
     def desired(self) -> int:
@@ -64,11 +65,12 @@ class JobView:
 
     @property
     def interrupted(self) -> list[PodView]:
-        """Pods of the current generation within the desired count being deleted: by someone else (preempted or
-        evicted with DisruptionTarget, `kubectl delete`, the health monitor), since the operator deletes only pods
-        of an older generation or above the desired count. Still a failure to decide."""
+        """Pods of the current generation within the desired count being deleted by someone else (preempted or
+        evicted with DisruptionTarget, `kubectl delete`, the health monitor): not one the operator deleted itself
+        (a pod it scaled down is within the count again when the job is scaled back up before it is gone). Still a
+        failure to decide."""
         return [p for p in self.mine if p.generation == self.generation and p.deleting_since is not None
-                and p.index < self.desired]
+                and p.index < self.desired and p.uid not in self.deleted_by_operator]
 
     def start_failures_due(self) -> list[float]:
         """When each current pod waiting on a retryable start failure (an image pull error, a missing Secret or

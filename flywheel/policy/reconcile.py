@@ -31,7 +31,7 @@ from flywheel.policy import reasons as R
 from flywheel.policy.conditions import TERMINAL, condition, iso, set_condition
 from flywheel.policy.create_failures import track_create_failures
 from flywheel.policy.deadline_ttl import after_finish, deadline
-from flywheel.policy.decisions import Event, Pass
+from flywheel.policy.decisions import DeletePod, Event, Pass
 from flywheel.policy.drain import DrainInput, drain_ahead
 from flywheel.policy.due import next_due
 from flywheel.policy.failure_decision import decide_failure, requested_restart
@@ -77,10 +77,20 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: Trai
         return invalid_job(out, pods, invalid, now)  # spares included: every pod of the job goes
     workers, spares = split_roles(pods)
     job = JobView(spec, workers, progress, now, out.status.generation, restart_requested_at, findings, spares,
-                  usable_nodes - set(drain.nodes), create_failures)
+                  usable_nodes - set(drain.nodes), create_failures, frozenset(status_in.deleted_by_operator))
     decided = keep_spares(_decide(out, job, drain), job)
+    remember_own_deletions(decided, pods)
     decided.next_due = next_due(decided.status, job)
     return decided
+
+
+def remember_own_deletions(out: Pass, pods: list[PodView]) -> None:
+    """status.deletedByOperator: the pods this pass deletes, and those deleted before that are still there."""
+    present = {p.uid for p in pods}
+    kept = [uid for uid in out.status.deleted_by_operator if uid in present]
+    deleted = kept + [a.uid for a in out.actions if isinstance(a, DeletePod) and a.uid and a.uid not in kept]
+    if deleted != out.status.deleted_by_operator:
+        out.status.deleted_by_operator = deleted
 
 
 def _decide(out: Pass, job: JobView, drain: DrainInput) -> Pass:

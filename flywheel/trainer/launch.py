@@ -193,6 +193,9 @@ def _build_agent_class() -> type:
             # torch restarts the ranks after a failure (state FAILED/UNHEALTHY) or for a membership change
             # (HEALTHY: another worker joined or restarted); only the first is an interruption of this worker --
             # or the operator's request, which a peer's new round may have brought here before the monitor saw it.
+            # Ranks that all exited STOPPED did not fail: they agreed with their peers on an emergency checkpoint
+            # because a peer was told to stop (scaled down, suspended, deleted, evicted, drained), a membership
+            # change whose cause, where it is an interruption, the operator counts itself.
             # A worker that a drain moves waits for its pod's deletion instead (drain_hold.py): its ranks stopped
             # for the drain's checkpoint (STOPPED), or still run while a peer's new round began.
             exits = [code for code, _ in self.last_failures.values()]
@@ -203,7 +206,8 @@ def _build_agent_class() -> type:
             if self.restart_request is None:
                 self.restart_request = restart_requests.take()
             request = self.restart_request
-            if worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) or request is not None:
+            failed = worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and not stopped
+            if failed or request is not None:
                 self.rank_restarts_done += 1
                 failures = self.last_failures
                 reason = (restart_requests.restart_reason(request) if request is not None

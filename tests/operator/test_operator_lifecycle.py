@@ -49,6 +49,30 @@ def test_kubectl_scale_shrinks_and_regrows_an_elastic_job(op_env: OpEnv) -> None
     assert {(r["from_world_size"], r["world_size"]) for r in restores} >= {(2, 1), (1, 2)}
 
 
+@pytest.mark.slow
+def test_quick_changes_of_mind_are_no_restarts(op_env: OpEnv) -> None:
+    """Scaled down then up again while the scaled-down pod is still terminating, then suspended and resumed while
+    the suspended pods are: neither is a pod deleted by someone else. No restart is counted and the job Succeeds."""
+    name = "changes"
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{**LONG, "replicas": {"min": 1, "max": 2}})))
+    eventually(lambda: op_env.last_step(name) >= 40, 120, f"{name} to pass step 40", interval=0.05)
+
+    def terminating() -> bool:
+        return any(p["metadata"].get("deletionTimestamp") for p in op_env.pods(name))
+    op_env.kubectl("scale", "tj", name, "--replicas", "1")
+    eventually(terminating, 30, "worker 1 terminating", interval=0.05)
+    op_env.kubectl("scale", "tj", name, "--replicas", "2")
+    eventually(lambda: len([p for p in op_env.pods(name) if not p["metadata"].get("deletionTimestamp")]) == 2
+               and op_env.status(name).get("phase") == "Running", 120, "two workers running again")
+    op_env.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"suspend": true}}')
+    eventually(terminating, 30, "the suspended workers terminating", interval=0.05)
+    op_env.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    status = op_env.wait_phase(name, "Succeeded", 240)
+    events = [f"{e['reason']}: {e['message']}" for e in op_env.events_of(name)]
+    assert status["restarts"] == 0 and status["step"] == 400, "\n".join(events)
+    assert not any(e["reason"] == "Restarting" for e in op_env.events_of(name))
+
+
 def _steps(env: OpEnv, name: str, after: float = 0.0) -> list[dict[str, Any]]:
     return [r for r in env.records(name) if r["event"] == "step" and r["time"] > after]
 

@@ -1,5 +1,6 @@
 """`flywheel launch`'s agent reports a restart of its ranks only when it follows a failure, not a membership change
-(another worker joined or restarted), with the first failed rank's exit as the reason."""
+(another worker joined or restarted, or every rank stopped after an agreed checkpoint), with the first failed rank's
+exit as the reason."""
 
 from __future__ import annotations
 
@@ -37,9 +38,16 @@ def test_only_restarts_after_a_failure_are_reported(monkeypatch: pytest.MonkeyPa
         agent._restart_workers(group)
         agent.last_failures = {0: (5, 200.0)}
         agent._restart_workers(group)
+        # Every rank stopped after an agreed emergency checkpoint (a peer scaled down, suspended, deleted): the
+        # group changes, nothing here failed. One rank stopped and one killed is a failure again.
+        agent.last_failures = {0: (exitcodes.STOPPED, 300.0), 1: (exitcodes.STOPPED, 300.1)}
+        agent._restart_workers(group)
+        agent.last_failures = {0: (exitcodes.STOPPED, 400.1), 1: (-9, 400.0)}
+        agent._restart_workers(group)
     finally:
         rank_restarts.reporters.remove(reporter)
-    assert reports == [(1, "rank 1: killed by SIGKILL"), (2, "rank 0: exit code 5 (collective-timeout)")]
+    assert reports == [(1, "rank 1: killed by SIGKILL"), (2, "rank 0: exit code 5 (collective-timeout)"),
+                       (3, "rank 1: killed by SIGKILL")]
 
 
 def test_a_drain_may_hold_the_restart_only_of_ranks_stopped_for_it_or_still_running(
