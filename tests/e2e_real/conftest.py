@@ -13,10 +13,11 @@ The cluster must already run the operator (the Helm chart) with etcd, and have t
 | `FLYWHEEL_E2E_KUBECTL` | `kubectl` on PATH, else .tools/bin/kubectl | the kubectl binary |
 | `FLYWHEEL_E2E_ETCD` | `<operator ns>:app.kubernetes.io/component=etcd` | the chart's etcd pods: ns:selector |
 | `FLYWHEEL_E2E_GANG` | `""` | `scheduler-plugins`: the chart's gangScheduler, with that scheduler running |
-| `FLYWHEEL_E2E_API_URL`, `FLYWHEEL_E2E_API_TOKEN` | `""` | the chart's REST API (a port-forward) and a token it accepts |
+| `FLYWHEEL_E2E_API_URL`, `FLYWHEEL_E2E_API_TOKEN` | `""` | the chart's REST API (port-forwarded), a token for it |
 
 Scenarios of tests/operator that need the test cluster's own hooks (a frozen node, forced 409 conflicts, dropped
-watch streams, a DisruptionTarget condition patched in: the Eviction API stands in for it) have no real-cluster twin; the rest do, a rank kill standing in for the killed worker process. The
+watch streams; a DisruptionTarget condition patched in, for which the Eviction API stands in) have no real-cluster
+twin; the rest do, a rank kill standing in for the killed worker process. The
 warm spares' lost node is the exception: given the platform's commands to freeze and thaw a node
 (test_real_spares_lost_node.py), it runs too.
 """

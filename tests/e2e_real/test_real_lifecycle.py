@@ -102,6 +102,28 @@ def test_a_restart_request_restarts_every_worker_once(real: RealCluster, tmp_pat
     assert status["restartRequestHandled"] == at and status["restartBudget"].get("used", 0) == 0
 
 
+def test_quick_changes_of_mind_are_no_restarts(real: RealCluster, tmp_path: Path) -> None:
+    """Twin of test_operator_lifecycle's: scaled down and straight back up, then suspended and straight resumed,
+    each while the pods it deleted may still be terminating: no restart is counted and the job Succeeds."""
+    name = "e2e-changes"
+    real.apply_job(name, tmp_path, **{**LONG, "replicas": {"min": 1, "max": 2}})
+    eventually(lambda: real.status(name).get("step", 0) >= 40, 900, "step 40")
+
+    def leaving(count: int) -> bool:  # a pod terminating, or already down to `count` pods
+        pods = real.pods(name)
+        return any(p["metadata"].get("deletionTimestamp") for p in pods) or len(pods) == count
+    real.kubectl("scale", "tj", name, "--replicas", "1")
+    eventually(lambda: leaving(1), 300, "worker 1 leaving")
+    real.kubectl("scale", "tj", name, "--replicas", "2")
+    eventually(lambda: len([p for p in real.pods(name) if not p["metadata"].get("deletionTimestamp")]) == 2
+               and real.status(name).get("phase") == "Running", 900, "two workers running again")
+    real.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"suspend": true}}')
+    eventually(lambda: leaving(0), 300, "the suspended workers leaving")
+    real.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    status = real.wait_phase(name, "Succeeded", 1800)
+    assert status["restarts"] == 0 and status["step"] == 400, status
+
+
 def _operator_args(real: RealCluster) -> list[str]:
     """The chart's operator flags that `flywheel render` takes, from its Deployment."""
     out = real.kubectl("get", "deployments", "-l", real.operator_selector, "-o", "json",
