@@ -215,6 +215,9 @@ def _build_agent_class() -> type:
                 logging.getLogger(__name__).warning("restarting the ranks in place (%d so far): %s",
                                                     self.rank_restarts_done, reason)
                 rank_restarts.report(self.rank_restarts_done, reason)
+            elif stopped:
+                logging.getLogger(__name__).warning("restarting the ranks in place: they stopped after a checkpoint "
+                                                    "agreed with a peer told to stop (not a failure: not reported)")
             self.restarting = True
             try:
                 super()._restart_workers(worker_group)
