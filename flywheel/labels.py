@@ -23,6 +23,10 @@ DELETED_FOR_ANNOTATION = f"{GROUP}/deleted-for"
 # On a node: the fatal GPU XIDs the health monitor acted on ("<gpu>=<code>,..."), so that an operator restarted while
 # the exporter still shows them does not cordon or replace again (policy/xid_memory.py). Remove it after a repair.
 XID_HANDLED_ANNOTATION = f"{GROUP}/xid-handled"
+# On a worker or spare pod: the spec it was created with, as the job's metadata.generation and a hash of the part
+# baked into the pod (policy/spec_change.py), so that an edit the running workers do not see is reported.
+SPEC_GENERATION_ANNOTATION = f"{GROUP}/spec-generation"
+SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
 # The operator's finalizer on a TrainingJob (kopf's persistence setting).
 FINALIZER = f"{GROUP}/cleanup"
 # Kueue's queue label: the job's own passes through to its pods.

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from flywheel import object_store
-from flywheel.labels import DELETED_FOR_ANNOTATION, ROLE_SPARE, ROLE_WORKER
+from flywheel.labels import (
+    DELETED_FOR_ANNOTATION,
+    ROLE_SPARE,
+    ROLE_WORKER,
+    SPEC_GENERATION_ANNOTATION,
+    SPEC_HASH_ANNOTATION,
+)
 from flywheel.labels import GENERATION_LABEL as GENERATION_LABEL  # re-exported: m.JOB_LABEL etc. in the operator
 from flywheel.labels import INDEX_LABEL as INDEX_LABEL
 from flywheel.labels import JOB_LABEL as JOB_LABEL
@@ -22,6 +28,7 @@ from flywheel.pod_merge import WORKER_UID as WORKER_UID
 from flywheel.pod_merge import container_security, merge_pod, merge_worker, pod_security, root_is_read_only
 from flywheel.pod_template import CACHE_HOME, worker_container
 from flywheel.policy.reconcile import PodView
+from flywheel.policy.spec_change import baked_spec_hash
 from flywheel.spec import TrainingJob
 from flywheel.spec_pod import template_resources
 from flywheel.timefmt import parse_rfc3339
@@ -211,6 +218,7 @@ def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: Operato
         "securityContext": pod_ctx, "volumes": volumes,
     }
     meta_labels, annotations, scheduling = pod_scheduling(job, worker, generation, settings)
+    annotations.update(spec_annotations(job))
     metadata = {"name": worker.name, "namespace": job.metadata.namespace, "labels": meta_labels,
                 "annotations": annotations}
     base = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {**pod_spec, **scheduling}}
@@ -248,6 +256,22 @@ def pod_scheduling(job: TrainingJob, worker: WorkerPlan, generation: int, settin
     return meta_labels, annotations, pod_spec
 
 
+def spec_annotations(job: TrainingJob) -> dict[str, str]:
+    """The spec a pod is created with: the job's metadata.generation (when known) and the baked part's hash."""
+    out = {SPEC_HASH_ANNOTATION: baked_spec_hash(job.spec)}
+    spec_generation = (job.metadata.model_extra or {}).get("generation")
+    if spec_generation is not None:
+        out[SPEC_GENERATION_ANNOTATION] = str(spec_generation)
+    return out
+
+
+def _spec_generation(annotations: dict[str, str]) -> int | None:
+    try:
+        return int(annotations[SPEC_GENERATION_ANNOTATION])
+    except (KeyError, ValueError):
+        return None
+
+
 def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = False) -> PodView | None:
     meta, status = obj["metadata"], obj.get("status") or {}
     role = (meta.get("labels") or {}).get(ROLE_LABEL) or ROLE_WORKER  # a pod from before spares is a worker
@@ -282,7 +306,8 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
     target = conds.get("DisruptionTarget", {})  # preempted or evicted (Kubernetes 1.26+)
     disruption = str(target.get("reason") or "DisruptionTarget") if target.get("status") == "True" else None
     node = (obj.get("spec") or {}).get("nodeName")
-    deleted_for = (meta.get("annotations") or {}).get(DELETED_FOR_ANNOTATION)
+    annotations = meta.get("annotations") or {}
+    deleted_for = annotations.get(DELETED_FOR_ANNOTATION)
     deleting = parse_rfc3339(meta.get("deletionTimestamp"))  # graceful deletes stamp the end of the grace period
     if deleting is not None:
         deleting -= float(meta.get("deletionGracePeriodSeconds") or 0)
@@ -291,7 +316,8 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
                    node_lost=bool(node) and node in lost_nodes, reason=reason, exit_code=code,
                    unschedulable_since=unsched, liveness_lost=liveness_lost, finished_at=finished,
                    message=message, waiting_since=waiting_since, disruption=disruption, deleted_for=deleted_for,
-                   scheduler_message=sched_message, gated=gated, role=role, node=node or None)
+                   scheduler_message=sched_message, gated=gated, role=role, node=node or None,
+                   spec_generation=_spec_generation(annotations), spec_hash=annotations.get(SPEC_HASH_ANNOTATION, ""))
 
 
 def exit_message(text: str | None, limit: int = 500) -> str | None:

@@ -44,6 +44,7 @@ class JobView:
     usable_nodes: frozenset[str] = frozenset()  # Ready, not cordoned, tainted or draining (empty: not known)
     create_failures: tuple[str, ...] = ()  # why creates the operator tried are refused (policy/create_failures.py)
     deleted_by_operator: frozenset[str] = frozenset()  # pod uids it deleted itself (status.deletedByOperator)
+    spec_generation: int = 0  # the job's metadata.generation (the spec this pass reads)
 
     @property
     def desired(self) -> int:

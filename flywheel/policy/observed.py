@@ -40,6 +40,8 @@ class PodView:
     role: str = "worker"  # label flywheel.dev/role: "worker" or "spare"
     spare_ready: bool = False  # its agent holds a ready spare key in etcd: it waits, warm, to be promoted
     node: str | None = None  # the node it is bound to
+    spec_generation: int | None = None  # the job's metadata.generation it was created at (annotation; None: unknown)
+    spec_hash: str = ""  # the hash of the spec part baked into it (policy/spec_change.py; "": unknown)
 
     @property
     def is_spare(self) -> bool:

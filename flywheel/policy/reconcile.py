@@ -43,6 +43,7 @@ from flywheel.policy.rank_restarts import consequence_window, count_rank_restart
 from flywheel.policy.running_state import settle
 from flywheel.policy.scale_create import clean_up, create_missing
 from flywheel.policy.spares import keep_spares, split_roles
+from flywheel.policy.spec_change import track_spec_change
 from flywheel.policy.startup_failure import stalled
 from flywheel.policy.suspend_resume import resume, suspend
 from flywheel.spec import TrainingJobSpec
@@ -77,7 +78,8 @@ def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: Trai
         return invalid_job(out, pods, invalid, now)  # spares included: every pod of the job goes
     workers, spares = split_roles(pods)
     job = JobView(spec, workers, progress, now, out.status.generation, restart_requested_at, findings, spares,
-                  usable_nodes - set(drain.nodes), create_failures, frozenset(status_in.deleted_by_operator))
+                  usable_nodes - set(drain.nodes), create_failures, frozenset(status_in.deleted_by_operator),
+                  spec_generation=generation)
     decided = keep_spares(_decide(out, job, drain), job)
     remember_own_deletions(decided, pods)
     decided.next_due = next_due(decided.status, job)
@@ -97,6 +99,7 @@ def _decide(out: Pass, job: JobView, drain: DrainInput) -> Pass:
     """Everything but the spares (policy/spares.py), whose count follows whatever this decides."""
     _observe(out.status, job)
     track_unschedulable(out.status, job)
+    track_spec_change(out, job)
     track_create_failures(out.status, job)
     out.events += count_rank_restarts(out.status, job.pods, job.generation, job.now,
                                       consequence_window(job.spec.fault_tolerance),

@@ -124,6 +124,25 @@ def test_quick_changes_of_mind_are_no_restarts(real: RealCluster, tmp_path: Path
     assert status["restarts"] == 0 and status["step"] == 400, status
 
 
+def test_an_edit_the_workers_do_not_see_is_said_and_applied_by_suspend_and_resume(real: RealCluster,
+                                                                                  tmp_path: Path) -> None:
+    """Twin of test_operator_lifecycle's: steps raised mid-run is a SpecChanged condition naming the workers and the
+    fix; suspended and resumed, the job ends at the new last step."""
+    name = "e2e-edited"
+    real.apply_job(name, tmp_path, **LONG)
+    eventually(lambda: real.status(name).get("step", 0) >= 40, 900, "step 40")
+    real.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"trainer": {"training": {"steps": 600}}}}')
+    changed = eventually(lambda: next((c for c in real.status(name).get("conditions", [])
+                                       if c["type"] == "SpecChanged" and c["status"] == "True"), None), 300,
+                         "the SpecChanged condition")
+    assert "suspend and resume" in changed["message"]
+    real.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"suspend": true}}')
+    real.wait_phase(name, "Suspended", 300)
+    real.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    status = real.wait_phase(name, "Succeeded", 1800)
+    assert status["step"] == 600 and status["restarts"] == 0, status
+
+
 def _operator_args(real: RealCluster) -> list[str]:
     """The chart's operator flags that `flywheel render` takes, from its Deployment."""
     out = real.kubectl("get", "deployments", "-l", real.operator_selector, "-o", "json",

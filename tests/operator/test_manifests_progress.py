@@ -10,6 +10,7 @@ import pytest
 
 from flywheel.operator import manifests as m
 from flywheel.operator.event_log import EventLogTail
+from flywheel.policy.spec_change import baked_spec_hash
 from flywheel.spec import SpecError, parse_job
 from tests.operator.liveness_verdict import verdict
 
@@ -34,8 +35,10 @@ def test_pods_follow_the_worker_contract() -> None:
     # Every pod has its own network namespace on a cluster: one port for all (the test cluster spreads them).
     assert env["FLYWHEEL_METRICS_PORT"] == "9400" and env["FLYWHEEL_CHECKPOINT_DIR"] == "/ckpt/j"
     assert body["spec"]["containers"][0]["ports"] == [{"name": "metrics", "containerPort": 9400}]
-    # No test-only annotation (the kubelet picks its directory); the queue's Kueue pod group (scheduling_meta.py).
-    assert body["metadata"]["annotations"] == {"kueue.x-k8s.io/pod-group-total-count": "2"}
+    # No test-only annotation (the kubelet picks its directory); the queue's Kueue pod group (scheduling_meta.py),
+    # and the spec it is created with (policy/spec_change.py).
+    assert body["metadata"]["annotations"] == {"kueue.x-k8s.io/pod-group-total-count": "2",
+                                               "flywheel.dev/spec-hash": baked_spec_hash(JOB.spec)}
     assert env["FLYWHEEL_EVENTS_FILE"] == "/ev/x.jsonl" and env["OMP_NUM_THREADS"] == "1"
     assert json.loads(env["FLYWHEEL_SPEC"])["replicas"]["target"] == 2
     assert body["spec"]["containers"][0]["command"] == ["python", "-m", "flywheel.cli", "launch"]

@@ -73,6 +73,28 @@ def test_quick_changes_of_mind_are_no_restarts(op_env: OpEnv) -> None:
     assert not any(e["reason"] == "Restarting" for e in op_env.events_of(name))
 
 
+@pytest.mark.slow
+def test_an_edit_the_workers_do_not_see_is_said_and_applied_by_suspend_and_resume(op_env: OpEnv) -> None:
+    """steps raised mid-run: the running workers keep their 400, SpecChanged says so (condition and Warning event,
+    naming them and the fix); suspended and resumed, every worker runs the new spec and the job ends at step 600."""
+    name = "edited"
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **LONG)))
+    eventually(lambda: op_env.last_step(name) >= 40, 120, f"{name} to pass step 40", interval=0.05)
+    op_env.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"trainer": {"training": {"steps": 600}}}}')
+    changed = eventually(lambda: next((c for c in op_env.status(name).get("conditions", [])
+                                       if c["type"] == "SpecChanged" and c["status"] == "True"), None), 30,
+                         "the SpecChanged condition")
+    assert f"{name}-worker-0" in changed["message"] and "suspend and resume" in changed["message"]
+    assert "SpecChanged" in op_env.kubectl("describe", "tj", name).stdout
+    op_env.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"suspend": true}}')
+    op_env.wait_phase(name, "Suspended", 60)
+    op_env.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    status = op_env.wait_phase(name, "Succeeded", 240)
+    assert status["step"] == 600 and status["restarts"] == 0, status
+    assert not any(c["type"] == "SpecChanged" and c["status"] == "True" for c in status["conditions"])
+    assert sum(e["reason"] == "SpecChanged" for e in op_env.events_of(name)) == 1
+
+
 def _steps(env: OpEnv, name: str, after: float = 0.0) -> list[dict[str, Any]]:
     return [r for r in env.records(name) if r["event"] == "step" and r["time"] > after]
 
