@@ -49,3 +49,24 @@ def test_up_serves_kubectl_and_etcd_then_down_stops_everything(tmp_path: Path) -
     assert not Path(f"/proc/{state['pid']}").exists()
     processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(tmp_path / "w" / "etcd-data") not in processes  # etcd went down with the cluster
+
+
+@pytest.mark.skipif(not Path("/usr/bin/etcd").exists(), reason="needs /usr/bin/etcd (scripts/install-tools.sh)")
+def test_etcd_taken_port_is_retried_on_new_ports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port found free and taken before etcd binds it (many clusters starting at once): etcd exits, and is
+    started again on new ports."""
+    import socket
+
+    from tests.k8s_emulator import runtime
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))  # bound, not listening: etcd cannot bind it, and nothing answers there
+        ports = iter([taken.getsockname()[1]] * 2)
+        real = runtime.free_port
+        monkeypatch.setattr(runtime, "free_port", lambda: next(ports, None) or real())
+        etcd = runtime.EtcdProcess.start(tmp_path / "data", tmp_path / "etcd.log")
+        try:
+            assert f":{taken.getsockname()[1]}" not in etcd.client_url
+            assert "address already in use" in (tmp_path / "etcd.log").read_text()  # the first try's failure
+        finally:
+            etcd.stop()

@@ -50,6 +50,10 @@ def write_kubeconfig(path: Path, api_url: str, namespace: str = "default") -> No
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
+class EtcdExited(RuntimeError):
+    """etcd exited while starting (e.g. a port taken between choosing it and binding it)."""
+
+
 @dataclass
 class EtcdProcess:
     process: subprocess.Popen[bytes]
@@ -57,7 +61,21 @@ class EtcdProcess:
     data_dir: Path
 
     @classmethod
-    def start(cls, data_dir: Path, log_path: Path, timeout: float = 20.0) -> EtcdProcess:
+    def start(cls, data_dir: Path, log_path: Path, timeout: float = 20.0, attempts: int = 3) -> EtcdProcess:
+        """A fresh etcd on two free ports. A port found free can be taken by another process before etcd binds it
+        (many clusters start at once under pytest-xdist): an etcd that exits at once is started again on new
+        ports, and the last failure names the log's tail."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return cls._start_once(data_dir, log_path, timeout)
+            except EtcdExited as err:
+                if attempt == attempts:
+                    tail = log_path.read_text(errors="replace")[-800:] if log_path.exists() else ""
+                    raise RuntimeError(f"{err} ({attempts} attempts); the log ends:\n{tail}") from None
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _start_once(cls, data_dir: Path, log_path: Path, timeout: float) -> EtcdProcess:
         client_port, peer_port = free_port(), free_port()
         client_url, peer_url = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -71,7 +89,7 @@ class EtcdProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                raise RuntimeError(f"etcd exited with {process.returncode}; see {log_path}")
+                raise EtcdExited(f"etcd exited with {process.returncode}; see {log_path}")
             with contextlib.suppress(OSError):
                 socket.create_connection(("127.0.0.1", client_port), timeout=0.2).close()
                 return cls(process, client_url, data_dir)

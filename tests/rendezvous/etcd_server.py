@@ -31,6 +31,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class EtcdExited(RuntimeError):
+    """etcd exited while starting."""
+
+
 class EtcdServer:
     """One single-member etcd. `stop()`/`start()` keep the data dir and ports, so a restart is a real restart."""
 
@@ -40,6 +44,7 @@ class EtcdServer:
         self.peer_port = free_port()
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         self._process: subprocess.Popen[bytes] | None = None
+        self._served = False  # once it served, a restart keeps its ports (a real restart)
 
     @property
     def endpoint(self) -> str:
@@ -49,7 +54,20 @@ class EtcdServer:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    def start(self, timeout: float = 15.0) -> None:
+    def start(self, timeout: float = 15.0, attempts: int = 3) -> None:
+        """Start it; on its first start, an etcd that exits at once (a port taken between choosing it and binding
+        it, with many tests starting etcd at once) is started again on new ports."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once(timeout)
+                self._served = True
+                return
+            except EtcdExited:
+                if self._served or attempt == attempts:
+                    raise
+                self.client_port, self.peer_port = free_port(), free_port()
+
+    def _start_once(self, timeout: float) -> None:
         client_url, peer_url = f"http://127.0.0.1:{self.client_port}", f"http://127.0.0.1:{self.peer_port}"
         command = [
             ETCD_BINARY,
@@ -70,7 +88,7 @@ class EtcdServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise RuntimeError(f"etcd exited with {self._process.returncode}: {self.log_tail()}")
+                raise EtcdExited(f"etcd exited with {self._process.returncode}: {self.log_tail()}")
             if self.healthy():
                 return
             time.sleep(0.05)
