@@ -60,11 +60,21 @@ def minijob(name: str, replicas: int = 1, max_replicas: int = 4, **spec: Any) ->
             "spec": {"replicas": replicas, "maxReplicas": max_replicas, **spec}}
 
 
-@pytest.fixture(scope="module")
-def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster]:
-    """One cluster for a module of API-only tests (each test uses its own object names)."""
-    running = start_cluster(tmp_path_factory.mktemp("cluster"), nodes=1, heartbeat_seconds=1.0)
+def _module_cluster(factory: pytest.TempPathFactory, nodes: int, heartbeat: float) -> Iterator[RunningCluster]:
+    running = start_cluster(factory.mktemp("cluster"), nodes=nodes, heartbeat_seconds=heartbeat)
     try:
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster]:
+    """One cluster for a module of API-only tests (each test uses its own object names)."""
+    yield from _module_cluster(tmp_path_factory, 1, 1.0)
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster]:
+    """A module's cluster of two nodes, for tests that move pods between nodes (a drain)."""
+    yield from _module_cluster(tmp_path_factory, 2, 0.5)

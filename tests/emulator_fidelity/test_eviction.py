@@ -15,24 +15,15 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.emulator_fidelity.conftest import KUBECTL
 from tests.emulator_fidelity.test_kubelet import gone, phase_is, pod
-from tests.k8s_emulator.fixtures import RunningCluster, start_cluster
+from tests.k8s_emulator.fixtures import RunningCluster
 from tests.waiting import eventually as wait_for
 
 SLEEP = "import time; time.sleep(600)"
 
 
 @pytest.fixture(scope="module")
-def evicting_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster]:
-    running = start_cluster(tmp_path_factory.mktemp("cluster"), nodes=2, heartbeat_seconds=0.5)
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
-@pytest.fixture(scope="module")
-def core(evicting_cluster: RunningCluster) -> Iterator[client.CoreV1Api]:
-    api_client = config.new_client_from_config(config_file=str(evicting_cluster.kubeconfig))
+def core(two_node_cluster: RunningCluster) -> Iterator[client.CoreV1Api]:
+    api_client = config.new_client_from_config(config_file=str(two_node_cluster.kubeconfig))
     yield client.CoreV1Api(api_client)
     api_client.close()
 
@@ -98,7 +89,7 @@ def test_eviction_errors_and_preconditions_are_the_api_servers(core: client.Core
     wait_for(gone(core, "kept"), 30, "the evicted pod to go")
 
 
-def test_kubectl_drain_cordons_and_evicts(evicting_cluster: RunningCluster, core: client.CoreV1Api) -> None:
+def test_kubectl_drain_cordons_and_evicts(two_node_cluster: RunningCluster, core: client.CoreV1Api) -> None:
     if not KUBECTL.exists():
         pytest.skip("run scripts/install-tools.sh for .tools/bin/kubectl")
     core.create_namespaced_pod("default", pod("on-node-1", SLEEP, grace=2, node="node-1"))
@@ -107,7 +98,7 @@ def test_kubectl_drain_cordons_and_evicts(evicting_cluster: RunningCluster, core
     # An owned pod: kubectl drain leaves unreplicated pods alone without --force.
     owned = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid, "controller": True}
     core.patch_namespaced_pod("on-node-1", "default", {"metadata": {"ownerReferences": [owned]}})
-    drain = subprocess.run([str(KUBECTL), "--kubeconfig", str(evicting_cluster.kubeconfig), "drain", "node-1",
+    drain = subprocess.run([str(KUBECTL), "--kubeconfig", str(two_node_cluster.kubeconfig), "drain", "node-1",
                             "--timeout=60s"], capture_output=True, text=True, timeout=90)
     try:
         assert drain.returncode == 0, drain.stderr
