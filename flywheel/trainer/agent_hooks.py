@@ -6,6 +6,7 @@ Without the handler (`flywheel run`'s c10d rendezvous) each set is empty. Torch-
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -30,9 +31,20 @@ class AgentHooks(Generic[T]):
 
     def each(self, call: Callable[[T], R]) -> Iterator[R]:
         """`call(hook)` for every hook, in the order added; one that raises is logged and skipped (a hook never
-        stops the agent)."""
+        stops the agent) -- but a signal's exception propagates: the agent is being stopped (its pod deleted), and
+        a SIGTERM landing in a drain-request read once read as "the drain no longer moves this worker"."""
         for hook in list(self._hooks):
             try:
                 yield call(hook)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:
+                if isinstance(err, _signal_exceptions()):
+                    raise
                 log.warning("%s failed: %s", self.what, err)
+
+
+def _signal_exceptions() -> tuple[type[BaseException], ...]:
+    """torch's SignalException (its agent's SIGTERM/SIGINT handler raises it), where torch's elastic agent is loaded;
+    looked up, not imported, so this module stays torch-free."""
+    api = sys.modules.get("torch.distributed.elastic.multiprocessing.api")
+    found = getattr(api, "SignalException", None)
+    return (found,) if isinstance(found, type) and issubclass(found, BaseException) else ()

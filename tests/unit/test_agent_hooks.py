@@ -1,5 +1,5 @@
 """The agent's hook sets (trainer/agent_hooks.py): called in the order added, a removed one no more, one that raises
-logged and skipped so the rest still run."""
+logged and skipped so the rest still run, but a signal's exception propagates."""
 
 from __future__ import annotations
 
@@ -30,3 +30,20 @@ def test_hooks_run_in_order_and_a_failing_one_is_skipped(caplog: pytest.LogCaptu
     hooks.remove(first)
     hooks.remove(first)  # removing twice (a handler released twice) is no error
     assert list(hooks.each(lambda hook: hook())) == [3]  # type: ignore[operator]
+
+
+def test_a_signal_in_a_hook_stops_the_agent_instead_of_being_skipped() -> None:
+    """torch's agent turns SIGTERM into SignalException wherever it lands: in a hook (a drain-request read), it must
+    reach the agent, which then stops (the moved worker's pod is being deleted)."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    hooks: AgentHooks[object] = AgentHooks("drain request reader")
+
+    def interrupted() -> int:
+        raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+
+    hooks.add(interrupted)
+    with pytest.raises(SignalException):
+        list(hooks.each(lambda hook: hook()))  # type: ignore[operator]
