@@ -61,8 +61,8 @@ MSG_FORCE_DELETED = "pod {pod} was stuck terminating on a lost node; force-delet
 SPEC_CHANGED = "SpecChanged"  # policy/spec_change.py: workers run a spec older than the job's
 MSG_SPEC_CHANGED = ("the spec changed after {pods} started: they keep the spec they were created with (trainer, "
                     "checkpoint, image, template, procsPerReplica, replicas.min/max ...) until they are created "
-                    "again, and a worker created before that gets the new one beside them; suspend and resume the "
-                    "job to apply it to every worker from the last checkpoint")
+                    "again, while a worker created meanwhile (a replacement, a scale up) gets the new one; suspend "
+                    "and resume the job to apply it to every worker from the last checkpoint")
 SPEC_APPLIED = "SpecApplied"
 MSG_SPEC_APPLIED = "every worker runs the job's current spec"
 UNSCHEDULABLE = "Unschedulable"
