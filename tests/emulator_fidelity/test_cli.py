@@ -57,16 +57,17 @@ def test_etcd_taken_port_is_retried_on_new_ports(tmp_path: Path, monkeypatch: py
     started again on new ports."""
     import socket
 
-    from tests.k8s_emulator import runtime
+    from tests import etcd_process
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))  # bound, not listening: etcd cannot bind it, and nothing answers there
         ports = iter([taken.getsockname()[1]] * 2)
-        real = runtime.free_port
-        monkeypatch.setattr(runtime, "free_port", lambda: next(ports, None) or real())
-        etcd = runtime.EtcdProcess.start(tmp_path / "data", tmp_path / "etcd.log")
+        real = etcd_process.free_port
+        monkeypatch.setattr(etcd_process, "free_port", lambda: next(ports, None) or real())
+        etcd = etcd_process.EtcdServer(tmp_path / "data")
+        etcd.start()
         try:
             assert f":{taken.getsockname()[1]}" not in etcd.client_url
-            assert "address already in use" in (tmp_path / "etcd.log").read_text()  # the first try's failure
+            assert "address already in use" in etcd.log_tail(20000)  # the first try's failure
         finally:
             etcd.stop()

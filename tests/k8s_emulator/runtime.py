@@ -4,20 +4,16 @@ the process kubelet, and optionally a real etcd. Also writes the kubeconfig that
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
-import socket
-import subprocess
 import tempfile
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from aiohttp import web
 
+from tests.etcd_process import ETCD_BINARY, EtcdServer, free_port
 from tests.k8s_emulator.apiserver import ApiServer
 from tests.k8s_emulator.controllers import ControlPlane
 from tests.k8s_emulator.deployments import DeploymentController
@@ -27,14 +23,9 @@ from tests.k8s_emulator.pod_hooks import DEFAULT_POD_HOOKS, PodHook
 from tests.k8s_emulator.resources import Registry
 from tests.k8s_emulator.store import Store
 
-ETCD_BINARY = "/usr/bin/etcd"
+__all__ = ["ETCD_BINARY", "EmulatedCluster", "free_port", "write_kubeconfig"]
+
 TOKEN = "flywheel-test-token"  # the kubeconfig's; checked only when a test turns on ApiServer.accepted_tokens
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_kubeconfig(path: Path, api_url: str, namespace: str = "default") -> None:
@@ -48,63 +39,6 @@ def write_kubeconfig(path: Path, api_url: str, namespace: str = "default") -> No
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-
-
-class EtcdExited(RuntimeError):
-    """etcd exited while starting (e.g. a port taken between choosing it and binding it)."""
-
-
-@dataclass
-class EtcdProcess:
-    process: subprocess.Popen[bytes]
-    client_url: str
-    data_dir: Path
-
-    @classmethod
-    def start(cls, data_dir: Path, log_path: Path, timeout: float = 20.0, attempts: int = 3) -> EtcdProcess:
-        """A fresh etcd on two free ports. A port found free can be taken by another process before etcd binds it
-        (many clusters start at once under pytest-xdist): an etcd that exits at once is started again on new
-        ports, and the last failure names the log's tail."""
-        for attempt in range(1, attempts + 1):
-            try:
-                return cls._start_once(data_dir, log_path, timeout)
-            except EtcdExited as err:
-                if attempt == attempts:
-                    tail = log_path.read_text(errors="replace")[-800:] if log_path.exists() else ""
-                    raise RuntimeError(f"{err} ({attempts} attempts); the log ends:\n{tail}") from None
-        raise AssertionError("unreachable")
-
-    @classmethod
-    def _start_once(cls, data_dir: Path, log_path: Path, timeout: float) -> EtcdProcess:
-        client_port, peer_port = free_port(), free_port()
-        client_url, peer_url = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
-        data_dir.mkdir(parents=True, exist_ok=True)
-        command = [ETCD_BINARY, "--name", "flywheel-test", "--data-dir", str(data_dir),
-                   "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
-                   "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-                   "--initial-cluster", f"flywheel-test={peer_url}"]
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                       env={"ETCD_UNSUPPORTED_ARCH": "", "PATH": "/usr/bin:/bin"})
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise EtcdExited(f"etcd exited with {process.returncode}; see {log_path}")
-            with contextlib.suppress(OSError):
-                socket.create_connection(("127.0.0.1", client_port), timeout=0.2).close()
-                return cls(process, client_url, data_dir)
-            time.sleep(0.1)
-        process.kill()
-        raise RuntimeError(f"etcd did not listen on {client_url} within {timeout}s; see {log_path}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
 
 class EmulatedCluster:
@@ -138,7 +72,7 @@ class EmulatedCluster:
                                           workdir=pod_workdir, node_setup=node_setup)
             self._register_kubelet_admin(self.kubelet)
         self.want_etcd = etcd
-        self.etcd: EtcdProcess | None = None
+        self.etcd: EtcdServer | None = None
         self._runner: web.AppRunner | None = None
 
     @property
@@ -166,8 +100,8 @@ class EmulatedCluster:
     async def start(self) -> None:
         if self.want_etcd:
             loop = asyncio.get_running_loop()
-            self.etcd = await loop.run_in_executor(None, EtcdProcess.start, self.work_dir / "etcd-data",
-                                                   self.work_dir / "etcd.log")
+            self.etcd = EtcdServer(self.work_dir / "etcd-data")
+            await loop.run_in_executor(None, self.etcd.start)
         self.control_plane.start()
         self.deployment_controller.start()
         self._runner = web.AppRunner(self.server.app, access_log=None, shutdown_timeout=1.0,

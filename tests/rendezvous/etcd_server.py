@@ -1,128 +1,18 @@
-"""A real etcd (the Debian `etcd` 3.4 binary) on free loopback ports with a temp data dir, for tests.
+"""The pytest fixture for a real etcd (tests/etcd_process.py's `EtcdServer`). Reuse from another test folder's
+conftest.py or module:
 
-Reuse from another test folder's conftest.py:
-
-    from tests.rendezvous.etcd_server import etcd_server  # noqa: F401  (the pytest fixture)
-
-or drive `EtcdServer` directly (e.g. a test cluster that needs etcd outside pytest).
+    from tests.rendezvous.etcd_server import EtcdServer, etcd_server  # noqa: F401  (the pytest fixture)
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-ETCD_BINARY = os.environ.get("FLYWHEEL_ETCD_BINARY") or shutil.which("etcd") or "/usr/bin/etcd"
+from tests.etcd_process import EtcdServer
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class EtcdExited(RuntimeError):
-    """etcd exited while starting."""
-
-
-class EtcdServer:
-    """One single-member etcd. `stop()`/`start()` keep the data dir and ports, so a restart is a real restart."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.client_port = free_port()
-        self.peer_port = free_port()
-        self.log_path = data_dir.parent / f"{data_dir.name}.log"
-        self._process: subprocess.Popen[bytes] | None = None
-        self._served = False  # once it served, a restart keeps its ports (a real restart)
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
-    def start(self, timeout: float = 15.0, attempts: int = 3) -> None:
-        """Start it; on its first start, an etcd that exits at once (a port taken between choosing it and binding
-        it, with many tests starting etcd at once) is started again on new ports."""
-        for attempt in range(1, attempts + 1):
-            try:
-                self._start_once(timeout)
-                self._served = True
-                return
-            except EtcdExited:
-                if self._served or attempt == attempts:
-                    raise
-                self.client_port, self.peer_port = free_port(), free_port()
-
-    def _start_once(self, timeout: float) -> None:
-        client_url, peer_url = f"http://127.0.0.1:{self.client_port}", f"http://127.0.0.1:{self.peer_port}"
-        command = [
-            ETCD_BINARY,
-            "--name=flywheel-test",
-            f"--data-dir={self.data_dir}",
-            f"--listen-client-urls={client_url}",
-            f"--advertise-client-urls={client_url}",
-            f"--listen-peer-urls={peer_url}",
-            f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=flywheel-test={peer_url}",
-            "--heartbeat-interval=50",
-            "--election-timeout=250",
-            "--logger=zap",
-            "--log-level=warn",
-        ]
-        with open(self.log_path, "ab") as log:
-            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise EtcdExited(f"etcd exited with {self._process.returncode}: {self.log_tail()}")
-            if self.healthy():
-                return
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"etcd not healthy after {timeout} s: {self.log_tail()}")
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as reply:
-                return json.loads(reply.read()).get("health") == "true"
-        except (OSError, ValueError):
-            return False
-
-    def stop(self, kill: bool = False) -> None:
-        process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-    def restart(self, down_seconds: float = 0.0) -> None:
-        self.stop()
-        time.sleep(down_seconds)
-        self.start()
-
-    def log_tail(self, chars: int = 2000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+__all__ = ["EtcdServer", "etcd_server"]
 
 
 @pytest.fixture
