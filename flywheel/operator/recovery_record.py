@@ -15,10 +15,11 @@ from typing import Any
 from flywheel.eventlog import EventLog
 from flywheel.monitor.etcd_progress import ProgressLedger
 from flywheel.policy import reasons as R
+from flywheel.policy.conditions import condition
 from flywheel.policy.decisions import CreatePod, JobAction, PromoteSpare, Relabel, RestartRanks
 from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.recovery_cost import GroupStart, OperatorTimes, RecoveryCost, add_badput, recovery_cost
-from flywheel.spec_status import Phase, TrainingJobStatus
+from flywheel.spec_status import ConditionType, Phase, TrainingJobStatus
 
 
 def fault_time(pods: Sequence[PodView], generation_before: int, relabelled: set[str], last_step_seen: float | None,
@@ -51,8 +52,12 @@ class RecoveryClock:
 
     def decided(self, status_in: TrainingJobStatus, status_out: TrainingJobStatus, pods: Sequence[PodView],
                 actions: Sequence[JobAction], last_step_seen: float | None, now: float) -> None:
-        """After a written pass: a new generation starts a recovery to time (a resumed job's is no recovery)."""
+        """After a written pass: a new generation starts a recovery to time. One begun by a resume, or by a regroup
+        for an edited spec (policy/spec_change.py), is none: nothing failed (a recovery pending goes on)."""
         if status_out.generation <= status_in.generation or status_in.phase is Phase.SUSPENDED:
+            return
+        restarting = condition(status_out, ConditionType.RESTARTING)
+        if restarting is not None and restarting.reason == R.SPEC_REGROUP:
             return
         relabelled = {a.name for a in actions if isinstance(a, Relabel)}
         fault = fault_time(pods, status_in.generation, relabelled, last_step_seen, now)

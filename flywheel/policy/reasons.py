@@ -61,8 +61,12 @@ MSG_FORCE_DELETED = "pod {pod} was stuck terminating on a lost node; force-delet
 SPEC_CHANGED = "SpecChanged"  # policy/spec_change.py: workers run a spec older than the job's
 MSG_SPEC_CHANGED = ("the spec changed after {pods} started: they keep the spec they were created with (trainer, "
                     "checkpoint, image, template, procsPerReplica, replicas.min/max ...) until they are created "
-                    "again, while a worker created meanwhile (a replacement, a scale up) gets the new one; suspend "
-                    "and resume the job to apply it to every worker from the last checkpoint")
+                    "again; the next time a worker would join them (a replacement, a scale up, a spare) every "
+                    "worker is created again with the new spec from the last checkpoint instead; suspend and resume "
+                    "the job to apply it now")
+SPEC_REGROUP = "RecreatingWithNewSpec"  # policy/spec_change.py: a worker would have joined workers on an older spec
+MSG_SPEC_REGROUP = ("recreating every worker with the job's current spec from the last checkpoint: replica(s) "
+                    "{joining} would have joined {pods}, which run an older one")
 SPEC_APPLIED = "SpecApplied"
 MSG_SPEC_APPLIED = "every worker runs the job's current spec"
 UNSCHEDULABLE = "Unschedulable"

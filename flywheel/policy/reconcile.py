@@ -43,7 +43,7 @@ from flywheel.policy.rank_restarts import consequence_window, count_rank_restart
 from flywheel.policy.running_state import settle
 from flywheel.policy.scale_create import clean_up, create_missing
 from flywheel.policy.spares import keep_spares, split_roles
-from flywheel.policy.spec_change import track_spec_change
+from flywheel.policy.spec_change import regroup_if_mixed, track_spec_change
 from flywheel.policy.startup_failure import stalled
 from flywheel.policy.suspend_resume import resume, suspend
 from flywheel.spec import TrainingJobSpec
@@ -104,7 +104,9 @@ def _decide(out: Pass, job: JobView, drain: DrainInput) -> Pass:
     out.events += count_rank_restarts(out.status, job.pods, job.generation, job.now,
                                       consequence_window(job.spec.fault_tolerance),
                                       stalled(out.status, job.progress))
-    return _first_policy(out, job, drain)
+    decided = _first_policy(out, job, drain)
+    regroup_if_mixed(decided, job)  # whichever policy adds a worker: never beside workers on an older spec
+    return decided
 
 
 def _first_policy(out: Pass, job: JobView, drain: DrainInput) -> Pass:

@@ -9,15 +9,18 @@ from flywheel.policy.conditions import condition
 from flywheel.policy.decisions import CreatePod, DeletePod, Event, Pass, ResetRendezvous
 from flywheel.policy.job_view import JobView
 from flywheel.policy.spares import promoted_events, promotions
+from flywheel.policy.spec_change import on_older_spec
 from flywheel.spec_status import ConditionType
 
 
 def clean_up(out: Pass, job: JobView) -> Pass:
     """Delete pods above the desired count and the leftovers of a decided failure (pods of an older generation:
-    never decided again); force-delete a pod stuck terminating on a lost node after nodeFailureGraceSeconds."""
+    never decided again) or of a regroup for an edited spec (policy/spec_change.py); force-delete a pod stuck
+    terminating on a lost node after nodeFailureGraceSeconds."""
     scope_job = job.spec.fault_tolerance.restart_scope == "job"
     # Hangs and requested restarts restart every worker.
     restart_all = out.status.last_restart_reason in (R.RESTART_HUNG, R.RESTART_REQUESTED)
+    older_spec = {p.uid for p in on_older_spec(job, (p for p in job.pods if p.generation < job.generation))}
     node_grace = job.spec.fault_tolerance.node_failure_grace_seconds
     for p in job.pods:
         if p.deleting_since is not None:
@@ -25,7 +28,8 @@ def clean_up(out: Pass, job: JobView) -> Pass:
                 out.actions.append(DeletePod(p.name, p.uid, force=True))
                 out.events.append(Event("Warning", R.FORCE_DELETED, R.MSG_FORCE_DELETED.format(pod=p.name)))
         elif p.index >= job.desired or (p.generation < job.generation
-                                         and (scope_job or job.failure(p) is not None or restart_all)):
+                                         and (scope_job or job.failure(p) is not None or restart_all
+                                              or p.uid in older_spec)):
             out.actions.append(DeletePod(p.name, p.uid))
     return out
 

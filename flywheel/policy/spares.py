@@ -13,6 +13,7 @@ spare never counts for success, failure, ranks or the ready workers.
   before the reset.
 - Spares survive generations: they never joined a rendezvous, so a job restart has nothing to undo in them; a spare
   of an older generation is only relabelled to the current one.
+- A spare created with an older spec than the job's (an edit since, policy/spec_change.py) goes like a failed one.
 - A spare that failed goes and a new one is created behind every promoted or failed spare (`<job>-spare-<n>`, n
   counted in status.nextSpare and never reused). Spares above the count go, not-ready ones first; every spare goes
   when the job finishes or is suspended. New spares are created while the job is not Restarting: a spare's start
@@ -33,6 +34,7 @@ from flywheel.policy.decisions import CreatePod, CreateSpare, DeletePod, Event, 
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import PodView
 from flywheel.policy.spare_placement import beside_worker, move_spare, spare_number
+from flywheel.policy.spec_change import on_older_spec
 from flywheel.spec_status import Phase
 
 ENDED_PHASES = (Phase.SUCCEEDED, Phase.FAILED, Phase.SUSPENDED)
@@ -80,6 +82,7 @@ def keep_spares(out: Pass, job: JobView) -> Pass:
     promoted = {a.name for a in out.actions if isinstance(a, PromoteSpare)}
     node_grace = job.spec.fault_tolerance.node_failure_grace_seconds
     deleted = {a.uid for a in out.actions if isinstance(a, DeletePod)}  # this pass's (a drain's) deletions
+    older_spec = {s.uid for s in on_older_spec(job, job.spares)}  # created before an edit: replaced
     kept: list[PodView] = []
     for s in job.spares:
         if s.uid in deleted:
@@ -89,7 +92,7 @@ def keep_spares(out: Pass, job: JobView) -> Pass:
                 out.actions.append(DeletePod(s.name, s.uid, force=True))
         elif s.name in promoted:
             continue
-        elif spare_failed(s) or status.phase in ENDED_PHASES:
+        elif spare_failed(s) or status.phase in ENDED_PHASES or s.uid in older_spec:
             out.actions.append(DeletePod(s.name, s.uid))
         else:
             kept.append(s)

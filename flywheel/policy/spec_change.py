@@ -7,19 +7,30 @@ compared (an edit of a live field only, such as a scale, changes the generation 
 differs runs an older spec, and the `SpecChanged` condition (with a Warning event when it turns True) names them and
 says how to apply the edit: suspend and resume, which creates every worker again. It turns False once every
 current worker runs the job's spec.
+
+A worker never joins a group that runs another spec (its trainer would disagree with theirs on the steps, the
+model or the data: a collective that hangs or a silent mix). Where a pass would add a worker to the current group
+(a replacement, a scale up, a promoted spare) while a worker it keeps runs an older spec, `regroup_if_mixed`
+deletes the kept workers instead and starts a new generation: the whole group is created again with the job's
+spec, from the last checkpoint, once they are gone -- the edit is applied at the next moment the group re-forms
+anyway. A new generation begun so is no restart (nothing failed). Pods of an older generation on an older spec are
+always deleted (`clean_up`), so a pass repeated after an operator crash finishes the same regroup; spares on an
+older spec are replaced (policy/spares.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 
 from flywheel.policy import reasons as R
-from flywheel.policy.conditions import holds, set_condition
-from flywheel.policy.decisions import Event, Pass
+from flywheel.policy.conditions import holds, set_condition, set_phase
+from flywheel.policy.decisions import CreatePod, DeletePod, Event, Pass, PromoteSpare, Relabel
 from flywheel.policy.job_view import JobView
+from flywheel.policy.observed import PodView
 from flywheel.spec import TrainingJobSpec
-from flywheel.spec_status import ConditionType
+from flywheel.spec_status import ConditionType, Phase
 
 LIVE_FIELDS = ("suspend", "runPolicy")  # read by the operator on every pass; replicas' target and spares below
 LIVE_REPLICA_FIELDS = ("target", "spares")
@@ -36,14 +47,46 @@ def baked_spec_hash(spec: TrainingJobSpec) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def stale_workers(job: JobView) -> list[str]:
-    """The current workers created with another baked spec than the job's, by name."""
-    older = [p for p in job.current if p.spec_hash and p.spec_generation is not None
-             and p.spec_generation != job.spec_generation]
+def on_older_spec(job: JobView, pods: Iterable[PodView]) -> list[PodView]:
+    """Those of `pods` created with another baked spec than the job's (a pod without the annotations: never). The
+    hash is compared only for pods created at another spec generation (a scale alone changes the generation)."""
+    older = [p for p in pods if p.spec_hash and p.spec_generation != job.spec_generation]
     if not older:
         return []
     now = baked_spec_hash(job.spec)
-    return sorted(p.name for p in older if p.spec_hash != now)
+    return [p for p in older if p.spec_hash != now]
+
+
+def stale_workers(job: JobView) -> list[str]:
+    """The current workers created with another baked spec than the job's, by name."""
+    return sorted(p.name for p in on_older_spec(job, job.current))
+
+
+def regroup_if_mixed(out: Pass, job: JobView) -> None:
+    """Where this pass adds workers (CreatePod, PromoteSpare) to the group it keeps and a kept worker runs an older
+    spec: delete every kept worker instead, and begin a new generation (not a restart) whose workers are created
+    with the job's spec once the kept ones are gone (policy/scale_create.py: a whole new group)."""
+    generation = out.status.generation
+    joining = sorted({a.index for a in out.actions if isinstance(a, CreatePod | PromoteSpare)
+                      and a.generation == generation})
+    if not joining:
+        return
+    going = {a.uid for a in out.actions if isinstance(a, DeletePod)}
+    relabelled = {a.name for a in out.actions if isinstance(a, Relabel) and a.generation == generation}
+    kept = [p for p in job.pods if p.active and p.deleting_since is None and p.uid not in going
+            and (p.generation == generation or p.name in relabelled)]
+    older = on_older_spec(job, kept)
+    if not older:
+        return
+    message = R.MSG_SPEC_REGROUP.format(joining=", ".join(map(str, joining)),
+                                        pods=", ".join(sorted(p.name for p in older)))
+    out.actions = [a for a in out.actions if not isinstance(a, CreatePod | PromoteSpare | Relabel)
+                   or (isinstance(a, Relabel) and a.name not in relabelled)]
+    out.actions += [DeletePod(p.name, p.uid) for p in kept]
+    out.status.worker_generation = generation + 1
+    out.status.replicas.current = sum(1 for p in job.pods if p.active)
+    set_phase(out.status, Phase.RESTARTING, R.SPEC_REGROUP, message, job.now)
+    out.events.append(Event("Normal", R.SPEC_REGROUP, message))
 
 
 def track_spec_change(out: Pass, job: JobView) -> None:

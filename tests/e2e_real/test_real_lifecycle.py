@@ -143,6 +143,24 @@ def test_an_edit_the_workers_do_not_see_is_said_and_applied_by_suspend_and_resum
     assert status["step"] == 600 and status["restarts"] == 0, status
 
 
+def test_an_edit_the_workers_do_not_see_is_applied_when_a_worker_is_replaced(real: RealCluster,
+                                                                             tmp_path: Path) -> None:
+    """Twin of test_operator_lifecycle's: after steps is raised mid-run, a deleted worker's replacement is not
+    created beside a worker on the old spec: every worker is created again with the new one (RecreatingWithNewSpec),
+    one restart (PodDeleted) is counted and the job ends at the new last step."""
+    name = "e2e-edited-replaced"
+    real.apply_job(name, tmp_path, **LONG)
+    eventually(lambda: real.status(name).get("step", 0) >= 40, 900, "step 40")
+    real.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"trainer": {"training": {"steps": 600}}}}')
+    eventually(lambda: any(c["type"] == "SpecChanged" and c["status"] == "True"
+                           for c in real.status(name).get("conditions", [])), 300, "the SpecChanged condition")
+    real.kubectl("delete", "pod", f"{name}-worker-1", "--wait=false")
+    status = real.wait_phase(name, "Succeeded", 1800)
+    assert status["step"] == 600 and status["restarts"] == 1 and status["lastRestartReason"] == "PodDeleted", status
+    described = real.kubectl("describe", "tj", name).stdout
+    assert "RecreatingWithNewSpec" in described, described
+
+
 def _operator_args(real: RealCluster) -> list[str]:
     """The chart's operator flags that `flywheel render` takes, from its Deployment."""
     out = real.kubectl("get", "deployments", "-l", real.operator_selector, "-o", "json",

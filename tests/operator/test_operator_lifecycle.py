@@ -74,9 +74,11 @@ def test_quick_changes_of_mind_are_no_restarts(op_env: OpEnv) -> None:
 
 
 @pytest.mark.slow
-def test_an_edit_the_workers_do_not_see_is_said_and_applied_by_suspend_and_resume(op_env: OpEnv) -> None:
+def test_an_edit_the_workers_do_not_see_is_said_and_applied_when_a_worker_is_replaced(op_env: OpEnv) -> None:
     """steps raised mid-run: the running workers keep their 400, SpecChanged says so (condition and Warning event,
-    naming them and the fix); suspended and resumed, every worker runs the new spec and the job ends at step 600."""
+    naming them and the fix). Worker 1 is then deleted: its replacement is not created beside worker 0 on the old
+    spec -- every worker is created again with the new one (RecreatingWithNewSpec), one restart counted (the
+    PodDeleted), and the job ends at step 600. (A suspend and resume applies it the same way: every pod anew.)"""
     name = "edited"
     op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **LONG)))
     eventually(lambda: op_env.last_step(name) >= 40, 120, f"{name} to pass step 40", interval=0.05)
@@ -86,13 +88,15 @@ def test_an_edit_the_workers_do_not_see_is_said_and_applied_by_suspend_and_resum
                          "the SpecChanged condition")
     assert f"{name}-worker-0" in changed["message"] and "suspend and resume" in changed["message"]
     assert "SpecChanged" in op_env.kubectl("describe", "tj", name).stdout
-    op_env.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"suspend": true}}')
-    op_env.wait_phase(name, "Suspended", 60)
-    op_env.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    op_env.kubectl("delete", "pod", f"{name}-worker-1", "--wait=false")
     status = op_env.wait_phase(name, "Succeeded", 240)
-    assert status["step"] == 600 and status["restarts"] == 0, status
+    events = [f"{e['reason']}: {e['message']}" for e in op_env.events_of(name)]
+    assert status["step"] == 600 and status["restarts"] == 1, (status, events)
+    assert status["lastRestartReason"] == "PodDeleted", status
     assert not any(c["type"] == "SpecChanged" and c["status"] == "True" for c in status["conditions"])
-    assert sum(e["reason"] == "SpecChanged" for e in op_env.events_of(name)) == 1
+    assert sum(e.startswith("SpecChanged:") for e in events) == 1, events
+    assert any(e.startswith("RecreatingWithNewSpec:") and "replica(s) 1 would have joined" in e
+               for e in events), events
 
 
 def _steps(env: OpEnv, name: str, after: float = 0.0) -> list[dict[str, Any]]:

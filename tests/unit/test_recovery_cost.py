@@ -88,6 +88,21 @@ def test_a_new_pod_is_ready_when_every_worker_of_the_generation_is() -> None:
     assert clock.pending.ready_at == 108.0
 
 
+def test_a_regroup_for_an_edited_spec_times_no_recovery_and_keeps_the_pending_one() -> None:
+    """policy/spec_change.py's new generation (a replacement would have joined workers on an older spec) is no
+    failure: the failure that needed the replacement stays the one timed, to the new group's readiness."""
+    clock = RecoveryClock()
+    before = TrainingJobStatus.model_validate({"workerGeneration": 1})
+    after = TrainingJobStatus.model_validate({"workerGeneration": 2, "lastRestartReason": "PodDeleted"})
+    clock.decided(before, after, [worker("w-1", 1, 1, deleting_since=100.0)], [Relabel("w-0", 2)], 99.0, 100.4)
+    pending = clock.pending
+    regrouped = TrainingJobStatus.model_validate({
+        "workerGeneration": 3, "lastRestartReason": "PodDeleted", "phase": "Restarting",
+        "conditions": [{"type": "Restarting", "status": "True", "reason": "RecreatingWithNewSpec"}]})
+    clock.decided(after, regrouped, [worker("w-0", 0, 2)], [DeletePod("w-0", "w-0")], 100.0, 101.0)
+    assert clock.pending == pending and pending is not None and pending.cause == "PodDeleted"
+
+
 def test_the_restore_report_travels_in_the_progress_record_and_an_old_record_reads_as_none() -> None:
     state = ProgressState()
     state.observe("restore", {"step": 40, "source": "memory-own"}, 1.0)
