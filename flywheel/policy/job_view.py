@@ -10,12 +10,21 @@ from flywheel.policy.observed import HealthFindings, ObservedProgress, PodView
 from flywheel.spec import TrainingJobSpec
 
 
+def node_lost(pod: PodView) -> bool:
+    """Its node is not Ready and nothing says its worker still runs. A worker whose agent holds its etcd liveness key
+    (refreshed every second) is alive whatever the node's Ready condition says: the kubelet lost the API server, or
+    the control plane's view lags (a node controller starved for its grace period marks every node at once), while
+    the worker trains on. It is lost once that key lapses (`liveness_lost`), or is deleted or evicted (the taint
+    manager's NoExecute eviction of an unreachable node's pods)."""
+    return pod.liveness_lost or (pod.node_lost and not pod.agent_alive)
+
+
 def failure_of(pod: PodView, now: float, start_grace: float) -> FailureKind | None:
     """The failure `pod` shows at `now`, or None. `start_grace`: how long a container may wait on a retryable start
     failure (an image pull error, a missing Secret or ConfigMap) first: the job's startFailureGraceSeconds."""
     if pod.phase == "Succeeded":
         return None
-    if pod.liveness_lost or pod.node_lost:
+    if node_lost(pod):
         return FailureKind.NODE_LOST
     if pod.disruption is not None:
         return classify_pod(pod.phase, pod.reason, pod.exit_code, disruption=True)

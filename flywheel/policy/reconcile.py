@@ -145,8 +145,9 @@ def _begin(status_in: TrainingJobStatus, generation: int, now: float) -> Pass:
 def _observe(status: TrainingJobStatus, job: JobView) -> None:
     """What the pods and the event log say, as the status shows it."""
     active = [p for p in job.pods if p.active]
+    # A worker whose agent holds its liveness key trains, whatever a NotReady node made of its Ready condition.
     status.replicas = ReplicaStatus(desired=job.desired, current=len(active),
-                                    ready=sum(1 for p in active if p.ready and p.phase == "Running"))
+                                    ready=sum(1 for p in active if (p.ready or p.agent_alive) and p.phase == "Running"))
     status.world_size = status.world_size  # always written (0 until the event log says)
     progress = job.progress
     if progress.step:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from flywheel.policy.conditions import iso
@@ -107,6 +108,20 @@ def test_liveness_loss_then_force_delete_after_the_grace() -> None:
     assert deletes(early, force=True) == [] and creates(early) == []
     late = reconcile(spec(), None, decided.status, stuck, Progress(), NOW + 5)
     assert deletes(late, force=True) == ["j-worker-1"] and [e.reason for e in late.events] == ["ForceDeleted"]
+
+
+def test_a_not_ready_node_whose_worker_holds_its_liveness_key_loses_nothing() -> None:
+    """Every node NotReady at once (a starved node controller, a kubelet that lost the API server) while the agents
+    hold their etcd keys: nothing failed. Once a key lapses -- or for a pod whose agent has not registered, or has
+    exited -- the node's word decides."""
+    # The node controller marked their pods not Ready too; the job keeps training, and says so.
+    alive = [replace(pod(i, node_lost=True, agent_alive=True), ready=False) for i in range(2)]
+    out = reconcile(spec(), None, {"phase": "Running"}, alive, Progress(), NOW)
+    assert out.status["restarts"] == 0 and out.status.get("lastRestartReason") in (None, "")
+    assert deletes(out) == [] and out.status["phase"] == "Running" and out.status["replicas"]["ready"] == 2
+    for gone in (pod(1, node_lost=True), pod(1, node_lost=True, agent_alive=True, liveness_lost=True)):
+        lost = reconcile(spec(), None, {}, [alive[0], gone], Progress(), NOW)
+        assert lost.status["lastRestartReason"] == "NodeLost" and "j-worker-1" in deletes(lost)
 
 
 def test_success_suspend_deadline_ttl_and_scale_down() -> None:
