@@ -20,7 +20,7 @@ from flywheel.policy.finish import finish
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import HangReport, ObservedProgress, PodView
 from flywheel.policy.pending_timeout import waiting_for_unschedulable
-from flywheel.policy.rank_restarts import begin_generation
+from flywheel.policy.rank_restarts import begin_generation, consequence_window
 from flywheel.policy.restart import Action, Decision, Recovery, RestartBudget, decide_restart, recovery
 from flywheel.policy.spares import promotable
 from flywheel.policy.startup_failure import StartupFailures, after_failure, attempt_is_current, before_first_step
@@ -165,7 +165,9 @@ def _begin_restart(out: Pass, job: JobView, decision: Decision, detail: str, fai
     """The status and the event of a decided restart, however it is carried out (`how`): a new generation, the
     restart counted and named, the Hung condition answered, Restarting; the non-forced deletes decided so far go."""
     status, now = out.status, job.now
-    begin_generation(status, job.generation + 1, now)
+    ended = [t for p in failed for t in (p.finished_at, p.deleting_since) if t is not None]
+    begin_generation(status, job.generation + 1, now, fault_at=min(ended, default=None), pods=job.pods,
+                     window=consequence_window(job.spec.fault_tolerance))
     status.last_restart_reason = restart_reason(decision.reason, failed[0] if failed else None)
     if hang is not None:
         set_condition(status, ConditionType.HUNG, False, R.HANG_RESTARTED,

@@ -17,7 +17,9 @@ agent reports the restart it was asked for, moments after the decided restart co
 that keeps survivors (a Shrink, a replaced pod), a survivor notices the loss only when its collective times out
 (trainer/collective_env.py: 0.8 x progressTimeoutSeconds, past SAME_RECOVERY_SECONDS): its first report that follows
 a peer's failure is that recovery's echo up to `consequence_window` after it. A decided restart right after a
-counted rank restart replaces its reason instead of counting again (`begin_generation`). Because the peers' reports
+counted rank restart, or for a pod that ended shortly before it (a consequence's report may precede the failed pod's
+end by up to `consequence_window` when a loaded kubelet reports it late), replaces its reason instead of counting
+again (`begin_generation`). Because the peers' reports
 can reach the operator before the crashed rank's, a report whose reason follows a peer's failure (a collective
 timeout) waits up to CAUSE_WAIT_SECONDS for the cause's report, so the counted recovery is named by its cause.
 
@@ -87,11 +89,28 @@ def _echoes(status: TrainingJobStatus, pod: PodView, window: float, stalled: boo
     return abs(after) <= SAME_RECOVERY_SECONDS
 
 
-def begin_generation(status: TrainingJobStatus, generation: int, now: float, merge: bool = True) -> None:
+def _caused_by(status: TrainingJobStatus, pods: Sequence[PodView], fault_at: float, window: float) -> bool:
+    """Whether the counted rank restart (`status.lastRestartTime`) came of the fault at `fault_at` (a failed pod's
+    end): within SAME_RECOVERY_SECONDS of it, or -- a consequence's report (a collective that timed out on the
+    dead peer) -- up to `window` after it. The pod's end can reach the operator long after the survivors' report
+    (its kubelet's status update is late on a loaded node): the fault's time decides, not the decision's."""
+    last = last_restart(status)
+    if last is None:
+        return False
+    consequence = any(p.uid in status.rank_restart_reporters and follows_a_peer(p.rank_restart_reason) for p in pods)
+    latest = max(window, SAME_RECOVERY_SECONDS) if consequence else SAME_RECOVERY_SECONDS
+    return -SAME_RECOVERY_SECONDS <= last - fault_at <= latest
+
+
+def begin_generation(status: TrainingJobStatus, generation: int, now: float, merge: bool = True,
+                     fault_at: float | None = None, pods: Sequence[PodView] = (), window: float = 0.0) -> None:
     """A decided restart: a new worker generation and one more restart -- unless (`merge`) a rank restart was
-    counted for this same recovery moments ago (the survivors' ranks failed with the pod being replaced): then the
-    decided reason names that one recovery instead."""
-    if not (merge and status.last_restart_reason == R.RESTART_RANK and _same_recovery(status, now)):
+    counted for this same recovery (the survivors' ranks failed with the pod being replaced): moments before the
+    decision, or (`fault_at`: when the failed pod ended; `pods`: the job's, `window`: `consequence_window`) caused
+    by that failure (`_caused_by`); then the decided reason names that one recovery instead."""
+    ranks_first = merge and status.last_restart_reason == R.RESTART_RANK
+    if not (ranks_first and (_same_recovery(status, now)
+                             or (fault_at is not None and _caused_by(status, pods, fault_at, window)))):
         status.restarts += 1
         if status.rank_restart_reporters:
             status.rank_restart_reporters = []  # a new recovery: no pod has reported it yet

@@ -81,7 +81,8 @@ def test_killed_worker_recovers_to_the_fault_free_parameters(op_env: OpEnv) -> N
     op_env.cluster.api.drop_watches()
     killed_at = op_env.last_step("kill-run")
     status = op_env.wait_phase("kill-run", "Succeeded", 180)
-    assert status["restarts"] == 1 and status["lastRestartReason"] == "Killed"
+    events = [f"{e['reason']}: {e['message']}" for e in op_env.events_of("kill-run")]
+    assert status["restarts"] == 1 and status["lastRestartReason"] == "Killed", (status, events)
     metrics = op_env.operator.metrics()
     assert 'flywheel_job_restarts_total{job="kill-run",namespace="default",reason="Killed"} 1.0' in metrics
     assert 'flywheel_operator_reconcile_duration_seconds_count{result="ok"}' in metrics

@@ -170,6 +170,24 @@ def test_a_decided_restart_right_after_a_counted_rank_restart_renames_it_instead
     assert out.status.last_restart_reason == "Crash"
 
 
+def test_a_killed_pod_reported_long_after_its_peers_consequence_is_that_one_recovery() -> None:
+    """Worker 1 is killed at NOW; worker 0's collective times out on it 20 s later and its report, waiting in vain
+    for a cause's, is counted. The kill reaches the operator 40 s after that (a loaded node's kubelet): its pod
+    ended before the consequence, within the collective's window, so it renames that recovery rather than counting
+    a second. A pod that ended long before the consequence is a recovery of its own."""
+    s = spec(**{"faultTolerance.progressTimeoutSeconds": 30})
+    status = _running()
+    survivor = pod(0, rank_restarts=1, rank_restart_reason=CONSEQUENCE, rank_restart_at=NOW + 20)
+    count_rank_restarts(status, [survivor, pod(1)], 0, NOW + 26)
+    assert status.restarts == 1 and status.last_restart_reason == R.RESTART_RANK
+    killed = pod(1, "Failed", exit_code=137, finished_at=NOW)
+    out = decide_failure(fresh(**status.model_dump()), view(s, [survivor, killed], now=NOW + 60))
+    assert out is not None and out.status.restarts == 1 and out.status.last_restart_reason == "Killed"
+    earlier = pod(1, "Failed", exit_code=137, finished_at=NOW - 100)
+    out = decide_failure(fresh(**status.model_dump()), view(s, [survivor, earlier], now=NOW + 60))
+    assert out is not None and out.status.restarts == 2
+
+
 def test_the_same_pods_rapid_rank_restarts_each_count() -> None:
     """One agent restarts its crashed rank five times (a flaky GPU), each report seen by its own pass: every one is a
     new recovery, however soon after the last; only a peer's first report is an echo."""
