@@ -24,6 +24,9 @@ def failure_of(pod: PodView, now: float, start_grace: float) -> FailureKind | No
     failure (an image pull error, a missing Secret or ConfigMap) first: the job's startFailureGraceSeconds."""
     if pod.phase == "Succeeded":
         return None
+    ended = pod.phase == "Failed" and pod.disruption is None and pod.deleting_since is None
+    if ended and pod.exit_code is not None:  # its container's own end names it, though its liveness key lapsed first
+        return classify_pod(pod.phase, pod.reason, pod.exit_code) or FailureKind.CRASH
     if node_lost(pod):
         return FailureKind.NODE_LOST
     if pod.disruption is not None:

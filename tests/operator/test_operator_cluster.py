@@ -82,14 +82,17 @@ def test_killed_worker_recovers_to_the_fault_free_parameters(op_env: OpEnv) -> N
     killed_at = op_env.last_step("kill-run")
     status = op_env.wait_phase("kill-run", "Succeeded", 180)
     events = [f"{e['reason']}: {e['message']}" for e in op_env.events_of("kill-run")]
-    assert status["restarts"] == 1 and status["lastRestartReason"] == "Killed", (status, events)
+    # Killed: the pod's exit 137 decided it. On a host loaded enough that the kubelet reports the exit later than
+    # the dead agent's etcd key lapses (its 3 s TTL + 1 s), the key decides first: NodeLost. Either way, once.
+    reason = status["lastRestartReason"]
+    assert status["restarts"] == 1 and reason in ("Killed", "NodeLost"), (status, events)
     metrics = op_env.operator.metrics()
-    assert 'flywheel_job_restarts_total{job="kill-run",namespace="default",reason="Killed"} 1.0' in metrics
+    assert f'flywheel_job_restarts_total{{job="kill-run",namespace="default",reason="{reason}"}} 1.0' in metrics
     assert 'flywheel_operator_reconcile_duration_seconds_count{result="ok"}' in metrics
     assert 'flywheel_operator_jobs{namespace="default",phase="Succeeded"}' in metrics
     # The kill was detected (container end -> decision) and recovered from (last step -> first step after).
-    assert 'flywheel_operator_time_to_detect_seconds_count{reason="Killed"} 1.0' in metrics
-    assert 'flywheel_operator_time_to_recover_seconds_count{reason="Killed"} 1.0' in metrics
+    assert f'flywheel_operator_time_to_detect_seconds_count{{reason="{reason}"}} 1.0' in metrics
+    assert f'flywheel_operator_time_to_recover_seconds_count{{reason="{reason}"}} 1.0' in metrics
     assert status["step"] == 400 and status["goodput"]["lostSteps"] >= 1
     assert status["goodput"]["meanTimeToRecoverSeconds"] > 0
     assert op_env.done_hash("kill-run") == _reference_hash(op_env)

@@ -110,6 +110,17 @@ def test_liveness_loss_then_force_delete_after_the_grace() -> None:
     assert deletes(late, force=True) == ["j-worker-1"] and [e.reason for e in late.events] == ["ForceDeleted"]
 
 
+def test_a_pod_whose_container_ended_is_named_by_its_exit_though_its_liveness_key_lapsed_first() -> None:
+    """A SIGKILLed agent's key lapses (1 s past its 3 s TTL) before a loaded kubelet reports the exit: once it has,
+    the exit names the failure (Killed), not the key (NodeLost)."""
+    killed = pod(1, "Failed", exit_code=137, liveness_lost=True)
+    out = reconcile(spec(), None, {}, [pod(0), killed], Progress(), NOW)
+    assert out.status["lastRestartReason"] == "Killed"
+    still_running = pod(1, liveness_lost=True)  # the kubelet has said nothing yet: the key decides
+    assert reconcile(spec(), None, {}, [pod(0), still_running], Progress(), NOW).status["lastRestartReason"] == \
+        "NodeLost"
+
+
 def test_a_not_ready_node_whose_worker_holds_its_liveness_key_loses_nothing() -> None:
     """Every node NotReady at once (a starved node controller, a kubelet that lost the API server) while the agents
     hold their etcd keys: nothing failed. Once a key lapses -- or for a pod whose agent has not registered, or has
