@@ -415,6 +415,10 @@ class ProcessKubelet:
                 return
             started = _now()
             early_exit = await self._start_process(running, pod)
+            if running.terminating and running.process is not None:  # deleted while it was being started
+                running.signal(signal.SIGKILL)
+                await running.process.wait()
+                return
             if running.process is None and early_exit is None:
                 await asyncio.sleep(1.0)  # config error: retry, like the kubelet's sync loop
                 continue

@@ -7,8 +7,6 @@ import json
 import os
 import random
 import signal
-import socket
-import subprocess
 import time
 from typing import Any
 
@@ -121,24 +119,10 @@ def test_force_deleted_pod_is_replaced_and_the_agents_recover(op_env: OpEnv) -> 
 
 
 def _restart_etcd(env: OpEnv, down_seconds: float) -> None:
-    """Stop the cluster's etcd and start it again on the same ports and data dir (the cluster has no hook)."""
+    """Stop the cluster's etcd and start it again on the same ports and data dir (tests/etcd_process.py)."""
     etcd = env.cluster._cluster.etcd
     assert etcd is not None
-    argv = list(etcd.process.args)  # type: ignore[arg-type]
-    etcd.stop()
-    time.sleep(down_seconds)
-    with open(env.tmp / "etcd-restarted.log", "ab") as log:
-        etcd.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                        env={"ETCD_UNSUPPORTED_ARCH": "", "PATH": "/usr/bin:/bin"})
-    port = int(etcd.client_url.rsplit(":", 1)[1])
-
-    def listening() -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return True
-        except OSError:
-            return False
-    eventually(listening, 20, "etcd to listen again", interval=0.05)
+    etcd.restart(down_seconds)
 
 
 @pytest.mark.slow

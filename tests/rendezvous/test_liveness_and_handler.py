@@ -162,7 +162,10 @@ def test_the_agent_reports_each_rank_restart_in_place_in_its_liveness_key(etcd_s
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PET_NNODES": "1", "PET_NPROC_PER_NODE": "2",
            "PET_RDZV_BACKEND": "etcd-v3", "PET_RDZV_ENDPOINT": etcd_server.endpoint, "PET_RDZV_ID": "rank-restart",
            "PET_MAX_RESTARTS": "2", "FLYWHEEL_REPLICA_INDEX": "0", "EXIT_RANK_LOG": str(tmp_path / "attempts.log"),
-           "EXIT_RANK_WHICH": "1", "EXIT_RANK_CODE": "-9", "EXIT_RANK_ONCE": "1"}
+           "EXIT_RANK_WHICH": "1", "EXIT_RANK_CODE": "-9", "EXIT_RANK_ONCE": "1",
+           # The exited agent's key lives out its lease: 30 s, so a loaded host's read after the exit still finds it
+           # (the default 3 s was missed once).
+           "PET_RDZV_CONF": "worker_ttl=30"}
     script = REPO / "tests" / "local" / "scripts" / "exit_rank.py"
     proc = subprocess.run([sys.executable, "-m", "flywheel.cli", "launch", "--", str(script)], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=50)
