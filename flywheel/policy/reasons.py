@@ -25,6 +25,8 @@ MSG_WORKER_DISRUPTED = "worker {pod} failed: {kind} (DisruptionTarget: {reason}{
 # Decisions to fail at once (policy.restart), by FailureKind value.
 MSG_PERMANENT_DEFAULT = "{reason}: a restart cannot fix this; see the worker log"
 MSG_PERMANENT = {
+    "UserError": "{reason}: a restart cannot fix this; fix what the worker's reason names (the spec, the script or "
+                 "its files) and apply the job again",
     "ImagePullError": "{reason}: the worker image cannot be pulled; fix spec.image (or the registry, or the "
                       "pull secret) and apply the job again; kubectl describe pod shows the kubelet's attempts",
     "ContainerConfigError": "{reason}: a Secret or ConfigMap the worker needs is missing; create it and apply the "

@@ -30,11 +30,13 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from flywheel.trainer import checkpoint_integrity as integrity
+from flywheel.trainer import checkpoint_model_check as model_check
 from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer.checkpoint_failure import describe_failure
 from flywheel.trainer.checkpoint_peer_restore import Damage
 from flywheel.trainer.checkpoint_remote import RemoteUnreadable
 from flywheel.trainer.checkpoint_state import AppState, drop_rng_not_saved
+from flywheel.trainer.worker_env import UserError
 
 if TYPE_CHECKING:
     from flywheel.trainer.checkpoint import Checkpointer
@@ -151,11 +153,14 @@ def _gather(ck: Checkpointer, mine: Any) -> list[Any]:
 
 def _from_disk(ck: Checkpointer, app: AppState, candidates: list[Candidate]) -> int | None:
     failed: list[str] = []
+    expected: model_check.ModelTensors | None = None
     for candidate in candidates:
         path = _usable_copy(ck, candidate)
         if not path:
             continue
         step, _, saved_world, _, _ = candidate
+        expected = expected if expected is not None else _model_tensors(ck, app)
+        _refuse_another_model(ck, step, path, expected)
         error = _load(ck, app, step, path, saved_world)
         if ck._agree(error is None, ck._write_group, any_rank=False):
             after_restore(ck, step, path, saved_world, DISK)
@@ -170,6 +175,25 @@ def _from_disk(ck: Checkpointer, app: AppState, candidates: list[Candidate]) -> 
                            "does not start from scratch; repair or remove these checkpoints")
     log.info("no committed checkpoint under %s; starting from scratch", ck.directory)
     return None
+
+
+def _model_tensors(ck: Checkpointer, app: AppState) -> model_check.ModelTensors:
+    """The model's checkpoint keys and global shapes, every rank's together (a pipeline rank holds its stages')."""
+    mine = model_check.model_tensors(app.state_dict(include_rng=False)["model"])
+    return {key: shape for part in _gather(ck, mine) for key, shape in part.items()}
+
+
+def _refuse_another_model(ck: Checkpointer, step: int, path: str, expected: model_check.ModelTensors) -> None:
+    """Raises UserError on every rank when the checkpoint at `path` holds another model (checkpoint_model_check.py).
+    Unreadable metadata is left to the load, which reports it and tries the previous checkpoint."""
+    try:
+        saved = model_check.saved_model_tensors(FileSystemReader(path).read_metadata().state_dict_metadata)
+        what = model_check.mismatch(saved, expected)
+    except _FAILURES:
+        what = None
+    what = next((found for found in _gather(ck, what) if found), None)
+    if what:
+        raise UserError(model_check.advice(step, path, str(ck.directory), what))
 
 
 def _usable_copy(ck: Checkpointer, candidate: Candidate) -> str:

@@ -179,8 +179,6 @@ def _set_up(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Tra
 
     torch.manual_seed(training.seed)
     cfg = model_shape(spec.trainer.model)
-    if env.rank == 0:  # what `flywheel export` needs to name and configure the weights
-        record_model(env.local_checkpoint_dir, cfg, spec.trainer.model.pretrained, spec.trainer.data)
     loader = SampleLoader(sources.train)
     plain = build_model(cfg, seed=training.seed, device=META)  # parallelize allocates this rank's part only
     if env.rank == 0:
@@ -219,6 +217,9 @@ def _restore(run: _Run, events: EventLog) -> int:
     began = time.monotonic()
     start = run.ckpt.restore(run.app) or 0
     restore_seconds = round(time.monotonic() - began, 3)
+    if env.rank == 0:  # what `flywheel export` needs; after the restore: a refused model keeps its checkpoints'
+        model = env.spec.trainer.model
+        record_model(env.local_checkpoint_dir, model_shape(model), model.pretrained, env.spec.trainer.data)
     if run.loader.consumed_samples != start * training.global_batch:
         log.warning("restored data position is %d samples, not step %d x globalBatch %d (globalBatch changed?); "
                     "continuing from the restored position", run.loader.consumed_samples, start,
