@@ -1,6 +1,7 @@
 """`flywheel run JOB.yaml`: validate, plan, host the rendezvous store, supervise, report.
 
-Exit codes: 0 the job succeeded, 1 it failed, 2 the spec (or a --fault flag) is bad, 130 interrupted.
+Exit codes: 0 the job succeeded, 1 it failed (or another run holds its output or checkpoint directory,
+run_lock.py), 2 the spec (or a --fault flag) is bad, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from flywheel import object_store
 from flywheel.local.fault_flags import FaultFlagError, check_targets, parse_faults, worker_faults
 from flywheel.local.progress_bar import make_progress
 from flywheel.local.report import print_summary, write_report
+from flywheel.local.run_lock import DirectoryInUse, run_lock
 from flywheel.local.run_record import RunRecord
 from flywheel.local.supervisor import Outcome, Supervisor
 from flywheel.plan import Placement, faults_env, plan_workers
@@ -86,12 +88,25 @@ def run_job(options: RunOptions, console: Console | None = None) -> int:
     except (SpecError, FaultFlagError) as err:
         console.print(f"[red]{options.job_file}: {err}[/]", highlight=False)
         return EXIT_BAD_SPEC
-    spec = job.spec
     out = Path(options.out or Path("runs") / job.name).resolve()
-    _fresh_out_dir(out)
-    ckpt_dir = options.checkpoint_dir or spec.checkpoint.dir
+    ckpt_dir = options.checkpoint_dir or job.spec.checkpoint.dir
     if not object_store.is_url(ckpt_dir):
         ckpt_dir = str(Path(ckpt_dir).resolve())
+    staged = object_store.local_dir(ckpt_dir, job.spec.checkpoint.local_dir)
+    try:
+        with run_lock({"output directory (--out)": out,
+                       "checkpoint.localDir" if object_store.is_url(ckpt_dir) else "checkpoint.dir": Path(staged)},
+                      options.job_file):
+            return _run_locked(options, job, faults, out, ckpt_dir, console)
+    except DirectoryInUse as err:
+        console.print(f"[red]{job.name}: {err}[/]", highlight=False)
+        return EXIT_FAILED
+
+
+def _run_locked(options: RunOptions, job: TrainingJob, faults: list[dict[str, object]], out: Path, ckpt_dir: str,
+                console: Console) -> int:
+    spec = job.spec
+    _fresh_out_dir(out)
     events_file = out / "events.jsonl"
     store = _host_store()
     host, port = "127.0.0.1", int(store.port)
