@@ -161,6 +161,24 @@ def test_an_edit_the_workers_do_not_see_is_applied_when_a_worker_is_replaced(rea
     assert "RecreatingWithNewSpec" in described, described
 
 
+def test_a_job_deleted_and_applied_again_at_once_waits_for_the_old_pods(real: RealCluster, tmp_path: Path) -> None:
+    """Twin of test_operator_lifecycle's: the same YAML applied again as soon as the deleted job is gone, while its
+    pods may still be terminating (they hold the new pods' names): the new job runs to Succeeded with no restart,
+    its pods all its own; with a shared claim (FLYWHEEL_E2E_CKPT_CLAIM) it resumes from the old job's checkpoints."""
+    name = "e2e-again"
+    real.apply_job(name, tmp_path, **LONG)
+    eventually(lambda: real.status(name).get("lastCheckpoint", {}).get("step", 0) >= 20, 900, "a checkpoint")
+    real.kubectl("delete", "tj", name, "--wait=false")
+    eventually(lambda: real.kubectl("get", "tj", name, check=False).returncode != 0, 300, "the old job to go")
+    real.kubectl("apply", "-f", str(tmp_path / f"{name}.yaml"))
+    new = json.loads(real.kubectl("get", "tj", name, "-o", "json").stdout)["metadata"]["uid"]
+    status = real.wait_phase(name, "Succeeded", 1800)
+    assert status["restarts"] == 0, status
+    assert {o["uid"] for p in real.pods(name) for o in p["metadata"]["ownerReferences"]} == {new}
+    if os.environ.get("FLYWHEEL_E2E_CKPT_CLAIM"):
+        assert "(resumed from " in real.kubectl("logs", f"{name}-worker-0").stdout
+
+
 def _operator_args(real: RealCluster) -> list[str]:
     """The chart's operator flags that `flywheel render` takes, from its Deployment."""
     out = real.kubectl("get", "deployments", "-l", real.operator_selector, "-o", "json",

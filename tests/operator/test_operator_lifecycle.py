@@ -174,6 +174,30 @@ def test_suspend_then_resume_continues_from_the_checkpoint(op_env: OpEnv) -> Non
     assert "Suspended" in describe and "Resumed" in describe and "RestartRequested" in describe
 
 
+def test_a_job_deleted_and_applied_again_at_once_waits_for_the_old_pods_then_resumes(op_env: OpEnv) -> None:
+    """`kubectl delete` then `kubectl apply` of the same YAML: the new job's pods have the old ones' names, so each
+    is created once its namesake is gone (the old job's pods are never taken for the new one's: another owner),
+    and the new job resumes from the checkpoints its spec names, with no restart counted."""
+    name = "again"
+    path = op_env.job_yaml(name, **LONG)
+    op_env.kubectl("apply", "-f", str(path))
+    eventually(lambda: op_env.status(name).get("lastCheckpoint", {}).get("step", 0) >= 20, 120, "a checkpoint")
+    old = op_env.job(name)["metadata"]["uid"]
+    op_env.kubectl("delete", "tj", name, "--wait=false")
+    # (an apply while the finalizer still holds the old job would only patch it, on a real cluster too)
+    eventually(lambda: op_env.kubectl("get", "tj", name, check=False).returncode != 0, 30, "the old job to go")
+    op_env.kubectl("apply", "-f", str(path))
+    new = op_env.job(name)["metadata"]["uid"]
+    assert new != old
+    restore = eventually(lambda: [r for r in op_env.records(name) if r["event"] == "restore"], 120,
+                         "the new job's workers to restore")
+    assert restore[-1]["step"] >= 20
+    status = op_env.wait_phase(name, "Succeeded", 180)
+    assert status["step"] == 400 and status["restarts"] == 0, status
+    owners = {o["uid"] for p in op_env.pods(name) for o in p["metadata"]["ownerReferences"]}
+    assert owners == {new}
+
+
 def test_deadline_fails_the_job_and_stops_the_workers(op_env: OpEnv) -> None:
     name = "deadline"
     op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{**LONG, "trainer.training.steps": 5000,
