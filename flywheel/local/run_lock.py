@@ -29,9 +29,12 @@ class DirectoryInUse(Exception):
 def run_lock(directories: dict[str, Path], job_file: str) -> Iterator[None]:
     """Holds each directory's lock (created if missing) until the block ends; raises DirectoryInUse, holding
     none, when another run holds one. `directories`: what each directory is to the user (e.g. "--out") -> path."""
+    taken: set[Path] = set()
     with contextlib.ExitStack() as held:
         for what, directory in directories.items():
-            held.enter_context(_locked(what, directory.resolve(), job_file))
+            if directory.resolve() not in taken:  # --out may be the checkpoint directory itself
+                taken.add(directory.resolve())
+                held.enter_context(_locked(what, directory.resolve(), job_file))
         yield
 
 

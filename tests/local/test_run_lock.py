@@ -79,3 +79,11 @@ def test_a_refused_lock_holds_none_of_the_others(tmp_path: Path) -> None:
                 pass
         with run_lock({"--out": first}, "third.yaml"):  # `first` was released when `second` was refused
             pass
+
+
+def test_one_directory_named_twice_is_locked_once(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    with run_lock({"output directory (--out)": tmp_path, "checkpoint.dir": tmp_path / "sub" / ".."}, "mine.yaml"):
+        with pytest.raises(DirectoryInUse):
+            with run_lock({"checkpoint.dir": tmp_path}, "other.yaml"):
+                pass
