@@ -33,12 +33,13 @@ class ConditionType(StrEnum):  # status.conditions[].type: history (Created, Inv
     UNSCHEDULABLE = "Unschedulable"
     REPLICA_FAILURE = "ReplicaFailure"  # a worker pod or the Service could not be created (policy/create_failures)
     SPEC_CHANGED = "SpecChanged"  # workers run an older spec than the job's (policy/spec_change.py)
+    CHECKPOINT_DIR_IN_USE = "CheckpointDirInUse"  # an older unfinished job has its checkpoint location
 
 
 class Condition(_Model):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
     type: str = Field(description="Created, Invalid, Running, Restarting, Suspended, Succeeded, Failed, Degraded, "
-                                  "Hung, Unschedulable, ReplicaFailure or SpecChanged.")
+                                  "Hung, Unschedulable, ReplicaFailure, SpecChanged or CheckpointDirInUse.")
     status: Literal["True", "False", "Unknown"] = Field(description="Whether the condition holds.")
     reason: str = Field("", description="Why, in one CamelCase word.")
     message: str = Field("", description="Why, for people.")

@@ -21,11 +21,18 @@ from flywheel.kube.client import Kube
 from flywheel.operator import manifests as m
 from flywheel.operator.drain import NodeEntry
 from flywheel.operator.drain import node_entry as drain_node_entry
+from flywheel.policy.checkpoint_sharing import checkpoint_location
+from flywheel.policy.observed import DirUser
+from flywheel.spec_sections import CheckpointSpec
+from flywheel.spec_status import Phase
 
 Obj = dict[str, Any]
 LOST = "lost"  # a key of the nodes index: the names of the nodes that are not Ready
 MARKS = "marks"  # and the cordoned or NoSchedule/NoExecute-tainted nodes (operator/drain.py node_entry)
 USABLE = "usable"  # and the Ready ones with neither (where a spare may be moved: policy/spare_placement.py)
+# A key of the jobs index, with a location: the jobs whose checkpoints land there ("@" is in no namespace's name).
+CHECKPOINT = "@checkpoint"
+DEFAULT_CHECKPOINT_DIR = str(CheckpointSpec.model_fields["dir"].default)
 
 
 class ClusterReads(Protocol):
@@ -37,12 +44,31 @@ class ClusterReads(Protocol):
     async def usable_nodes(self) -> frozenset[str]: ...
     async def jobs(self, namespaces: Sequence[str]) -> list[Obj]: ...
     async def all_pods(self, namespaces: Sequence[str]) -> list[Obj]: ...
+    async def checkpoint_users(self, location: str) -> list[DirUser]: ...
 
 
 # -- what the kopf index handlers store (handlers.py); pure, tested without kopf ----------------------------------
-def job_entry(body: Mapping[str, Any]) -> dict[tuple[str, str], Obj]:
+def job_entry(body: Mapping[str, Any]) -> dict[tuple[str, str], Any]:
+    """The job under (namespace, name); and, when its checkpoints land on a claim or in an object store, what
+    policy/checkpoint_sharing.py reads of it under (CHECKPOINT, its location)."""
     meta = body["metadata"]
-    return {(meta["namespace"], meta["name"]): dict(body)}
+    entry: dict[tuple[str, str], Any] = {(meta["namespace"], meta["name"]): dict(body)}
+    found = dir_user(body)
+    if found is not None:
+        entry[(CHECKPOINT, found[0])] = found[1]
+    return entry
+
+
+def dir_user(body: Mapping[str, Any]) -> tuple[str, DirUser] | None:
+    """(where a job's checkpoints land, the job as a user of that place), from its raw body; None: in its pods."""
+    meta, spec = body["metadata"], body.get("spec") or {}
+    ckpt = spec.get("checkpoint") or {}
+    location = checkpoint_location(meta["namespace"], str(ckpt.get("dir") or DEFAULT_CHECKPOINT_DIR),
+                                   str(ckpt.get("claimName") or ""))
+    if location is None:
+        return None
+    finished = (body.get("status") or {}).get("phase") in (Phase.SUCCEEDED, Phase.FAILED)
+    return location, DirUser(meta["namespace"], meta["name"], str(meta.get("creationTimestamp") or ""), finished)
 
 
 # What pod_view, the runner and the health monitor read of a pod's metadata; its spec is only where it runs. The
@@ -121,7 +147,11 @@ class WatchCaches:
         return frozenset(_values(self._nodes, USABLE))
 
     async def jobs(self, namespaces: Sequence[str]) -> list[Obj]:
-        return [o for store in list(self._jobs.values()) for o in store if _in(namespaces, o)]
+        return [o for key, store in list(self._jobs.items()) if key[0] != CHECKPOINT for o in store
+                if _in(namespaces, o)]
+
+    async def checkpoint_users(self, location: str) -> list[DirUser]:
+        return _values(self._jobs, (CHECKPOINT, location))
 
     async def all_pods(self, namespaces: Sequence[str]) -> list[Obj]:
         return [o for store in list(self._pods.values()) for o in store if _in(namespaces, o)]
@@ -164,3 +194,7 @@ class ApiReads:
 
     async def all_pods(self, namespaces: Sequence[str]) -> list[Obj]:
         return await self._list("/api/v1/pods", "/api/v1/namespaces/{ns}/pods", namespaces, m.JOB_LABEL)
+
+    async def checkpoint_users(self, location: str) -> list[DirUser]:
+        found = (dir_user(job) for job in await self.jobs(()))
+        return [user for at, user in filter(None, found) if at == location]

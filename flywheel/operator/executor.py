@@ -48,13 +48,14 @@ from flywheel.operator.rendezvous_expiry import AgentMemory
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.policy import reasons as R
 from flywheel.policy.checkpoint_events import CheckpointEventState, event_due, next_event, notice_events, seed
+from flywheel.policy.checkpoint_sharing import checkpoint_location
 from flywheel.policy.conditions import TERMINAL
 from flywheel.policy.decisions import (
     Pass,
 )
 from flywheel.policy.drain import DrainInput
 from flywheel.policy.lost_agents import lost_agents
-from flywheel.policy.observed import HealthFindings, ObservedProgress, PodView
+from flywheel.policy.observed import CheckpointSharing, HealthFindings, ObservedProgress, PodView
 from flywheel.policy.reconcile import reconcile
 from flywheel.policy.vanished import vanished_pods
 from flywheel.spec import SpecError, TrainingJob, parse_cluster_job
@@ -252,6 +253,15 @@ class JobRunner(EtcdViews, JobActions):
         progress = self.progress.observe(self.tail.poll() if self.tail is not None else None, status_in.goodput)
         return views, progress
 
+    async def _sharing(self, obj: dict[str, Any], job: TrainingJob | None) -> CheckpointSharing:
+        """This job and the other jobs whose checkpoints land where its do (policy/checkpoint_sharing.py)."""
+        me = CheckpointSharing(self.namespace, self.name, str(obj["metadata"].get("creationTimestamp") or ""))
+        location = job and checkpoint_location(self.namespace, job.spec.checkpoint.dir, job.spec.checkpoint.claim_name)
+        if not location:
+            return me
+        users = await self.reads.checkpoint_users(location)
+        return replace(me, others=tuple(u for u in users if (u.namespace, u.name) != (self.namespace, self.name)))
+
     async def reconcile_once(self) -> None:
         # Each set again by the part of the pass that decides it (a pass that ends early leaves them unset).
         self.pass_due = self.liveness_due = self.hang_due = self.checkpoint_due = self.etcd_retry_due = None
@@ -282,7 +292,8 @@ class JobRunner(EtcdViews, JobActions):
         result = reconcile(job.spec if job else None, invalid, status_in, views + gone, progress, time.time(),
                            int(obj["metadata"].get("generation", 0)), annotations.get(RESTART_ANNOTATION), findings,
                            await self._drain_input(findings), usable,
-                           self.create_failures.current({v.name for v in views}, time.time()))
+                           self.create_failures.current({v.name for v in views}, time.time()),
+                           await self._sharing(obj, job))
         written = result.status.to_json()
         changed = written != (obj.get("status") or {})
         if not await self._write_status(obj, written):

@@ -6,7 +6,8 @@ Conditions of two sorts live in `status.conditions`:
 
 - history: `Created` and `Invalid` say what happened once; the phase never changes them;
 - state: `Running`, `Restarting`, `Suspended`, `Succeeded`, `Failed` (one per phase but Pending, True exactly while
-  the job is in that phase), and `Degraded`, `Hung`, `Unschedulable`, `ReplicaFailure`, `SpecChanged`, which may
+  the job is in that phase), and `Degraded`, `Hung`, `Unschedulable`, `ReplicaFailure`, `SpecChanged`,
+  `CheckpointDirInUse` (waiting for another job's checkpoint location: Pending or Restarting only), which may
   only be True in some phases (`MAY_HOLD`): a job that is not running cannot be degraded or hung, and a suspended or
   finished job has no pod waiting for a node, creates none and runs none on an older spec.
 """
@@ -22,14 +23,15 @@ C = ConditionType
 PHASE_CONDITIONS = (C.RUNNING, C.RESTARTING, C.SUSPENDED, C.SUCCEEDED, C.FAILED)
 # Besides its own, the state conditions that may be True in each phase; set_phase turns the others False.
 MAY_HOLD: dict[Phase, frozenset[ConditionType]] = {
-    Phase.PENDING: frozenset({C.UNSCHEDULABLE, C.REPLICA_FAILURE, C.SPEC_CHANGED}),
-    Phase.RESTARTING: frozenset({C.UNSCHEDULABLE, C.REPLICA_FAILURE, C.SPEC_CHANGED}),
+    Phase.PENDING: frozenset({C.UNSCHEDULABLE, C.REPLICA_FAILURE, C.SPEC_CHANGED, C.CHECKPOINT_DIR_IN_USE}),
+    Phase.RESTARTING: frozenset({C.UNSCHEDULABLE, C.REPLICA_FAILURE, C.SPEC_CHANGED, C.CHECKPOINT_DIR_IN_USE}),
     Phase.RUNNING: frozenset({C.DEGRADED, C.HUNG, C.UNSCHEDULABLE, C.REPLICA_FAILURE, C.SPEC_CHANGED}),
     Phase.SUSPENDED: frozenset(),
     Phase.SUCCEEDED: frozenset(),
     Phase.FAILED: frozenset(),
 }
-STATE_CONDITIONS = PHASE_CONDITIONS + (C.DEGRADED, C.HUNG, C.UNSCHEDULABLE, C.REPLICA_FAILURE, C.SPEC_CHANGED)
+STATE_CONDITIONS = PHASE_CONDITIONS + (C.DEGRADED, C.HUNG, C.UNSCHEDULABLE, C.REPLICA_FAILURE, C.SPEC_CHANGED,
+                                       C.CHECKPOINT_DIR_IN_USE)
 TERMINAL = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 
 

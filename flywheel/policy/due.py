@@ -10,6 +10,7 @@ to catch up with an action already taken, which a watch event reports).
 
 from __future__ import annotations
 
+from flywheel.policy.checkpoint_sharing import recheck_due
 from flywheel.policy.conditions import TERMINAL
 from flywheel.policy.deadline_ttl import deadline_due, ttl_due
 from flywheel.policy.drain import drain_due
@@ -34,6 +35,6 @@ def next_due(status: TrainingJobStatus, job: JobView) -> float | None:
         times += [deadline_due(spec, status), *unschedulable_due(status, job), *job.start_failures_due(),
                   *cause_wait_due(status, job.pods, consequence_window(spec.fault_tolerance),
                                  stalled(status, job.progress)), drain_due(status),
-                  move_due(status),
+                  move_due(status), recheck_due(status, job),
                   lingering_stop_at(job.progress.done_time, spec.fault_tolerance.finish_grace_seconds)]
     return min((t for t in times if t is not None and t > job.now), default=None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from flywheel.policy.failures import START_FAILURES_AFTER_GRACE, FailureKind, classify_pod, classify_waiting
-from flywheel.policy.observed import HealthFindings, ObservedProgress, PodView
+from flywheel.policy.observed import CheckpointSharing, HealthFindings, ObservedProgress, PodView
 from flywheel.spec import TrainingJobSpec
 
 
@@ -57,6 +57,7 @@ class JobView:
     create_failures: tuple[str, ...] = ()  # why creates the operator tried are refused (policy/create_failures.py)
     deleted_by_operator: frozenset[str] = frozenset()  # pod uids it deleted itself (status.deletedByOperator)
     spec_generation: int = 0  # the job's metadata.generation (the spec this pass reads)
+    sharing: CheckpointSharing = field(default_factory=CheckpointSharing)  # policy/checkpoint_sharing.py
 
     @property
     def desired(self) -> int:

@@ -112,3 +112,23 @@ class HealthFindings:
     straggler: StragglerReport | None = None
     # Fatal GPU XIDs on nodes of a Running job's workers: (node, message), for drain ahead (policy/drain.py).
     node_faults: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class DirUser:
+    """Another job whose checkpoints land where this job's do (policy/checkpoint_sharing.py), from the job cache."""
+
+    namespace: str
+    name: str
+    created: str  # metadata.creationTimestamp (RFC 3339, UTC: ordered as text)
+    finished: bool  # Succeeded or Failed
+
+
+@dataclass(frozen=True)
+class CheckpointSharing:
+    """This job's identity (for the order between jobs) and the other jobs sharing its checkpoint location."""
+
+    namespace: str = ""
+    name: str = ""
+    created: str = ""
+    others: tuple[DirUser, ...] = ()

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from flywheel.policy import reasons as R
+from flywheel.policy.checkpoint_sharing import wait_for_checkpoint_dir
 from flywheel.policy.conditions import TERMINAL, condition, iso, set_condition
 from flywheel.policy.create_failures import track_create_failures
 from flywheel.policy.deadline_ttl import after_finish, deadline
@@ -37,7 +38,7 @@ from flywheel.policy.due import next_due
 from flywheel.policy.failure_decision import decide_failure, requested_restart
 from flywheel.policy.finish import invalid_job, success
 from flywheel.policy.job_view import JobView
-from flywheel.policy.observed import HealthFindings, ObservedProgress, PodView
+from flywheel.policy.observed import CheckpointSharing, HealthFindings, ObservedProgress, PodView
 from flywheel.policy.pending_timeout import pending_timeout, track_unschedulable
 from flywheel.policy.rank_restarts import consequence_window, count_rank_restarts
 from flywheel.policy.running_state import settle
@@ -59,6 +60,7 @@ from flywheel.spec_status import (
 LIVENESS_GRACE_SECONDS = 1.0  # a key gone this long while the pod still runs means the agent is gone
 NO_FINDINGS = HealthFindings()
 NO_DRAIN_INPUT = DrainInput()
+NO_SHARING = CheckpointSharing()
 
 __all__ = ["LIVENESS_GRACE_SECONDS", "PodView", "reconcile"]
 
@@ -66,20 +68,22 @@ __all__ = ["LIVENESS_GRACE_SECONDS", "PodView", "reconcile"]
 def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: TrainingJobStatus, pods: list[PodView],
               progress: ObservedProgress, now: float, generation: int = 0, restart_requested_at: str | None = None,
               findings: HealthFindings = NO_FINDINGS, drain: DrainInput = NO_DRAIN_INPUT,
-              usable_nodes: frozenset[str] = frozenset(), create_failures: tuple[str, ...] = ()) -> Pass:
+              usable_nodes: frozenset[str] = frozenset(), create_failures: tuple[str, ...] = (),
+              sharing: CheckpointSharing = NO_SHARING) -> Pass:
     """Decide one pass. `spec` is None when the TrainingJob is invalid (`invalid` says why).
     `restart_requested_at`: the job's flywheel.dev/restart-requested-at annotation (REST API `restart`).
     `findings`: the health monitor's (flywheel/monitor/findings.py). `drain`: marked nodes and the checkpoint
     request's answers (policy/drain.py). `usable_nodes`: the Ready nodes neither cordoned nor tainted (where a spare
     may move, policy/spare_placement.py; empty where there are no nodes). `create_failures`: why the pods or the
-    Service the operator tried to create were refused (policy/create_failures.py)."""
+    Service the operator tried to create were refused (policy/create_failures.py). `sharing`: this job's identity
+    and the other jobs whose checkpoints land where its do (policy/checkpoint_sharing.py)."""
     out = _begin(status_in, generation, now)
     if spec is None:
         return invalid_job(out, pods, invalid, now)  # spares included: every pod of the job goes
     workers, spares = split_roles(pods)
     job = JobView(spec, workers, progress, now, out.status.generation, restart_requested_at, findings, spares,
                   usable_nodes - set(drain.nodes), create_failures, frozenset(status_in.deleted_by_operator),
-                  spec_generation=generation)
+                  spec_generation=generation, sharing=sharing)
     decided = keep_spares(_decide(out, job, drain), job)
     remember_own_deletions(decided, pods)
     decided.next_due = next_due(decided.status, job)
@@ -126,6 +130,9 @@ def _first_policy(out: Pass, job: JobView, drain: DrainInput) -> Pass:
                or drain_ahead(out, job, drain) or pending_timeout(out, job) or decide_failure(out, job))
     if decided is not None:
         return decided
+    held = wait_for_checkpoint_dir(out, job)  # before any worker is created
+    if held is not None:
+        return held
     create_missing(out, job)
     return settle(out, job, entry_phase)
 

@@ -458,6 +458,23 @@ def test_jobs_sharing_a_claim_keep_their_checkpoints_apart(real: RealCluster, tm
     assert f"already complete at step 30 (checkpoint {first_dir}/step-00000030)" in finished["message"], finished
 
 
+@pytest.mark.skipif(not os.environ.get("FLYWHEEL_E2E_CKPT_CLAIM"), reason="two jobs naming one checkpoint dir on a "
+                    "claim: set FLYWHEEL_E2E_CKPT_CLAIM to a ReadWriteMany claim in the namespace")
+def test_a_job_naming_a_running_jobs_checkpoint_dir_waits_for_it(real: RealCluster, tmp_path: Path) -> None:
+    """Twin of test_operator_lifecycle's: the newer job creates no worker while the older one runs
+    (CheckpointDirInUse), then resumes from its last checkpoint once it finished."""
+    real.apply_job("e2e-dir-owner", tmp_path, **{"trainer.training.steps": 400, "checkpoint.everySteps": 20})
+    real.wait_phase("e2e-dir-owner", "Running", 900)
+    directory = json.loads(real.kubectl("get", "tj", "e2e-dir-owner", "-o", "json").stdout)["spec"]["checkpoint"]["dir"]
+    real.apply_job("e2e-dir-copied", tmp_path, **{"trainer.training.steps": 420, "checkpoint.dir": directory})
+    eventually(lambda: any(c["type"] == "CheckpointDirInUse" and c["status"] == "True"
+                           for c in real.status("e2e-dir-copied").get("conditions", [])), 120, "the copied job to wait")
+    assert real.pods("e2e-dir-copied") == []
+    assert real.wait_phase("e2e-dir-owner", "Succeeded", 1800)["step"] == 400
+    status = real.wait_phase("e2e-dir-copied", "Succeeded", 900)
+    assert status["step"] == 420 and status["lastRestore"]["step"] == 400, status
+
+
 @pytest.mark.skipif(not os.environ.get("FLYWHEEL_E2E_CKPT_CLAIM"), reason="a checkpoint damaged on a shared claim: "
                     "set FLYWHEEL_E2E_CKPT_CLAIM to a ReadWriteMany claim in the namespace")
 def test_a_damaged_checkpoint_is_a_warning_event(real: RealCluster, tmp_path: Path) -> None:

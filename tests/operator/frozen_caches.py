@@ -29,3 +29,6 @@ class FrozenCaches:
 
     async def usable_nodes(self) -> frozenset[str]:
         return frozenset()
+
+    async def checkpoint_users(self, location: str) -> list[Any]:
+        return []

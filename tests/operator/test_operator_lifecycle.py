@@ -198,6 +198,30 @@ def test_a_job_deleted_and_applied_again_at_once_waits_for_the_old_pods_then_res
     assert owners == {new}
 
 
+def test_a_job_naming_a_running_jobs_checkpoint_dir_waits_for_it_then_resumes_from_it(op_env: OpEnv) -> None:
+    """A copied YAML that kept checkpoint.dir (same claim): the newer job creates no worker while the older one
+    runs (CheckpointDirInUse, a Warning event), then runs once it finished, resuming from its last checkpoint."""
+    first, second = "owner", "copied"
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(first, **LONG)))  # long enough to be running still
+    op_env.wait_phase(first, "Running", 60)
+    directory = op_env.job(first)["spec"]["checkpoint"]["dir"]
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(second, **{**LONG, "trainer.training.steps": 420,
+                                                                 "checkpoint.dir": directory + "/"})))
+    held = eventually(lambda: next((c for c in op_env.status(second).get("conditions", [])
+                                    if c["type"] == "CheckpointDirInUse" and c["status"] == "True"), None), 30,
+                      "the copied job to wait")
+    assert f"in use by TrainingJob default/{first}" in held["message"], held
+    assert op_env.status(second)["phase"] == "Pending" and op_env.pods(second) == []
+    assert op_env.status(first)["phase"] in ("Running", "Succeeded")
+    assert "CheckpointDirInUse" in op_env.kubectl("describe", "tj", second).stdout
+    assert op_env.wait_phase(first, "Succeeded", 180)["step"] == 400
+    status = op_env.wait_phase(second, "Succeeded", 120)
+    assert status["step"] == 420 and status["restarts"] == 0, status
+    assert status["lastRestore"]["step"] == 400, status  # resumed where the first job ended
+    freed = next(c for c in status["conditions"] if c["type"] == "CheckpointDirInUse")
+    assert freed["status"] == "False" and freed["reason"] == "CheckpointDirFree", freed
+
+
 def test_deadline_fails_the_job_and_stops_the_workers(op_env: OpEnv) -> None:
     name = "deadline"
     op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{**LONG, "trainer.training.steps": 5000,
