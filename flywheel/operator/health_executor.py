@@ -150,7 +150,8 @@ class KubeJobInventory:
             pods = [replace(p, ranks_restarted_at=restarted.get(p.name, 0.0)) for p in pods]
             ft = spec.fault_tolerance
             out.append(WatchedJob(key[0], key[1], str(status.get("phase", "Pending")), ft.progress_timeout_seconds,
-                                  ft.first_step_timeout_seconds, tuple(pods)))
+                                  ft.first_step_timeout_seconds, tuple(pods),
+                                  parse_rfc3339(status.get("lastRestartTime")) or 0.0))
         self.restarts, self.checkpoint_dirs, self.phases = restarts, dirs, phases
         return out
 

@@ -39,6 +39,9 @@ class WatchedJob:
     progress_timeout_seconds: float
     first_step_timeout_seconds: float
     pods: tuple[WatchedPod, ...] = ()
+    # status.lastRestartTime: a restart decided then (a hang's, in place: same pods) starts every rank's first-step
+    # allowance anew, before any agent's report of restarting its ranks reaches the monitor.
+    restarted_at: float = 0.0
 
     @property
     def key(self) -> JobKey:
@@ -196,9 +199,10 @@ def _stalled_ranks(job: WatchedJob, progress: Sequence[RankProgress], now: float
         by_replica.setdefault(p.replica, []).append(p)
     stalled = []
     for pod in job.pods:
-        # Its ranks' newest processes began with the pod, or with their agent's restart of them in place: a rank
-        # that exports nothing until its first step (a user script) has no start gauge of its own to say so.
-        started = max(pod.started_at, pod.ranks_restarted_at) if pod.started_at is not None else None
+        # Its ranks' newest processes began with the pod, or with their agent's restart of them in place, or at the
+        # latest with the restart the operator decided (whose report may lag): a rank that exports nothing until
+        # its first step (a user script) has no start gauge of its own to say so.
+        started = max(pod.started_at, pod.ranks_restarted_at, job.restarted_at) if pod.started_at is not None else None
         ranks = by_replica.get(pod.replica, [])
         if not ranks:
             # Only a replica that stays silent while its peers export progress is stalled: a job with no series at

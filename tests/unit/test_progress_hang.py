@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import cast
 
 import pytest
@@ -205,6 +206,22 @@ def test_a_user_script_rank_restarted_in_place_gets_the_allowance_from_its_agent
     assert find_hangs([job], old_steps, now=1500, allowance=15) == []
     [found] = find_hangs([job], old_steps, now=1626, allowance=15)
     assert [r.replica for r in found.ranks] == ["1"]
+
+
+def test_a_restart_the_operator_decided_gives_the_allowance_before_any_agent_reports_it() -> None:
+    """A hang answered in place keeps the pods: until the agents' reports of restarting their ranks (and the new
+    processes' gauges) reach the monitor, Prometheus still shows the hung processes' last steps. The restart's own
+    time (status.lastRestartTime) starts the first-step allowance: seen Running again before those reports, the job
+    was found hung a second time (a second restart, once, under load in tests/monitoring/test_hang_end_to_end)."""
+    def sample(value: float, replica: int) -> Sample:
+        return Sample({"namespace": "ml", "job": "train", "replica": str(replica), "rank": str(replica)}, value, 0.0)
+
+    old_steps = parse_progress([sample(1000.0, 0), sample(1000.0, 1)])
+    assert len(find_hangs([_watched()], old_steps, now=1100, allowance=15)) == 1  # without the restart's time
+    job = replace(_watched(), restarted_at=1080.0)
+    assert find_hangs([job], old_steps, now=1100, allowance=15) == []
+    assert find_hangs([job], old_steps, now=1080 + 600 + 14, allowance=15) == []
+    assert len(find_hangs([job], old_steps, now=1080 + 600 + 16, allowance=15)) == 1  # no step by then: hung
 
 
 def test_the_trainer_gauges_say_what_the_prometheus_check_reads() -> None:
