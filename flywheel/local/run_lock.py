@@ -32,9 +32,10 @@ def run_lock(directories: dict[str, Path], job_file: str) -> Iterator[None]:
     taken: set[Path] = set()
     with contextlib.ExitStack() as held:
         for what, directory in directories.items():
-            if directory.resolve() not in taken:  # --out may be the checkpoint directory itself
-                taken.add(directory.resolve())
-                held.enter_context(_locked(what, directory.resolve(), job_file))
+            path = directory.resolve()
+            if path not in taken:  # --out may be the checkpoint directory itself
+                taken.add(path)
+                held.enter_context(_locked(what, path, job_file))
         yield
 
 
