@@ -460,16 +460,19 @@ def test_jobs_sharing_a_claim_keep_their_checkpoints_apart(real: RealCluster, tm
 
 @pytest.mark.skipif(not os.environ.get("FLYWHEEL_E2E_CKPT_CLAIM"), reason="two jobs naming one checkpoint dir on a "
                     "claim: set FLYWHEEL_E2E_CKPT_CLAIM to a ReadWriteMany claim in the namespace")
-def test_a_job_naming_a_running_jobs_checkpoint_dir_waits_for_it(real: RealCluster, tmp_path: Path) -> None:
-    """Twin of test_operator_lifecycle's: the newer job creates no worker while the older one runs
-    (CheckpointDirInUse), then resumes from its last checkpoint once it finished."""
+def test_a_job_naming_an_unfinished_jobs_checkpoint_dir_waits_for_it(real: RealCluster, tmp_path: Path) -> None:
+    """Twin of test_operator_lifecycle's: the newer job creates no worker while the older one is unfinished (here
+    suspended: CheckpointDirInUse), then resumes from its last checkpoint once that one finished."""
     real.apply_job("e2e-dir-owner", tmp_path, **{"trainer.training.steps": 400, "checkpoint.everySteps": 20})
-    real.wait_phase("e2e-dir-owner", "Running", 900)
+    eventually(lambda: real.status("e2e-dir-owner").get("step", 0) >= 20, 900, "the owner to pass step 20")
+    real.kubectl("patch", "tj", "e2e-dir-owner", "--type=merge", "-p", '{"spec": {"suspend": true}}')
+    real.wait_phase("e2e-dir-owner", "Suspended", 300)
     directory = json.loads(real.kubectl("get", "tj", "e2e-dir-owner", "-o", "json").stdout)["spec"]["checkpoint"]["dir"]
     real.apply_job("e2e-dir-copied", tmp_path, **{"trainer.training.steps": 420, "checkpoint.dir": directory})
     eventually(lambda: any(c["type"] == "CheckpointDirInUse" and c["status"] == "True"
                            for c in real.status("e2e-dir-copied").get("conditions", [])), 120, "the copied job to wait")
     assert real.pods("e2e-dir-copied") == []
+    real.kubectl("patch", "tj", "e2e-dir-owner", "--type=merge", "-p", '{"spec": {"suspend": false}}')
     assert real.wait_phase("e2e-dir-owner", "Succeeded", 1800)["step"] == 400
     status = real.wait_phase("e2e-dir-copied", "Succeeded", 900)
     assert status["step"] == 420 and status["lastRestore"]["step"] == 400, status

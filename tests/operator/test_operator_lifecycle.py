@@ -198,22 +198,25 @@ def test_a_job_deleted_and_applied_again_at_once_waits_for_the_old_pods_then_res
     assert owners == {new}
 
 
-def test_a_job_naming_a_running_jobs_checkpoint_dir_waits_for_it_then_resumes_from_it(op_env: OpEnv) -> None:
-    """A copied YAML that kept checkpoint.dir (same claim): the newer job creates no worker while the older one
-    runs (CheckpointDirInUse, a Warning event), then runs once it finished, resuming from its last checkpoint."""
+def test_a_job_naming_an_unfinished_jobs_checkpoint_dir_waits_for_it_then_resumes_from_it(op_env: OpEnv) -> None:
+    """A copied YAML that kept checkpoint.dir (same claim): the newer job creates no worker while the older one is
+    unfinished (here suspended, so it cannot finish before the copy is looked at), with CheckpointDirInUse and a
+    Warning event; once the older one finished it runs, resuming from its last checkpoint."""
     first, second = "owner", "copied"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(first, **LONG)))  # long enough to be running still
-    op_env.wait_phase(first, "Running", 60)
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(first, **LONG)))
+    eventually(lambda: op_env.last_step(first) >= 20, 120, f"{first} to pass step 20", interval=0.05)
+    op_env.kubectl("patch", "tj", first, "--type=merge", "-p", '{"spec": {"suspend": true}}')
+    op_env.wait_phase(first, "Suspended", 60)
     directory = op_env.job(first)["spec"]["checkpoint"]["dir"]
     op_env.kubectl("apply", "-f", str(op_env.job_yaml(second, **{**LONG, "trainer.training.steps": 420,
                                                                  "checkpoint.dir": directory + "/"})))
     held = eventually(lambda: next((c for c in op_env.status(second).get("conditions", [])
-                                    if c["type"] == "CheckpointDirInUse" and c["status"] == "True"), None), 30,
+                                    if c["type"] == "CheckpointDirInUse" and c["status"] == "True"), None), 60,
                       "the copied job to wait")
     assert f"in use by TrainingJob default/{first}" in held["message"], held
     assert op_env.status(second)["phase"] == "Pending" and op_env.pods(second) == []
-    assert op_env.status(first)["phase"] in ("Running", "Succeeded")
     assert "CheckpointDirInUse" in op_env.kubectl("describe", "tj", second).stdout
+    op_env.kubectl("patch", "tj", first, "--type=merge", "-p", '{"spec": {"suspend": false}}')
     assert op_env.wait_phase(first, "Succeeded", 180)["step"] == 400
     status = op_env.wait_phase(second, "Succeeded", 120)
     assert status["step"] == 420 and status["restarts"] == 0, status
