@@ -27,6 +27,9 @@ XID_HANDLED_ANNOTATION = f"{GROUP}/xid-handled"
 # baked into the pod (policy/spec_change.py), so that an edit the running workers do not see is reported.
 SPEC_GENERATION_ANNOTATION = f"{GROUP}/spec-generation"
 SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
+# On a worker or spare pod: where its checkpoints land (policy/checkpoint_sharing.checkpoint_location), so that the
+# pods of a deleted job, still writing their emergency checkpoint while they stop, keep that place from another job.
+CHECKPOINT_LOCATION_ANNOTATION = f"{GROUP}/checkpoint-location"
 # The operator's finalizer on a TrainingJob (kopf's persistence setting).
 FINALIZER = f"{GROUP}/cleanup"
 # Kueue's queue label: the job's own passes through to its pods.

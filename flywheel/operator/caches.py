@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.kube.client import Kube
+from flywheel.labels import CHECKPOINT_LOCATION_ANNOTATION
 from flywheel.operator import manifests as m
 from flywheel.operator.drain import NodeEntry
 from flywheel.operator.drain import node_entry as drain_node_entry
@@ -30,7 +31,8 @@ Obj = dict[str, Any]
 LOST = "lost"  # a key of the nodes index: the names of the nodes that are not Ready
 MARKS = "marks"  # and the cordoned or NoSchedule/NoExecute-tainted nodes (operator/drain.py node_entry)
 USABLE = "usable"  # and the Ready ones with neither (where a spare may be moved: policy/spare_placement.py)
-# A key of the jobs index, with a location: the jobs whose checkpoints land there ("@" is in no namespace's name).
+# A key of the jobs and the pods index, with a location: the jobs whose checkpoints land there, and the pods that
+# may still write there ("@" is in no namespace's name).
 CHECKPOINT = "@checkpoint"
 DEFAULT_CHECKPOINT_DIR = str(CheckpointSpec.model_fields["dir"].default)
 
@@ -68,7 +70,23 @@ def dir_user(body: Mapping[str, Any]) -> tuple[str, DirUser] | None:
     if location is None:
         return None
     finished = (body.get("status") or {}).get("phase") in (Phase.SUCCEEDED, Phase.FAILED)
-    return location, DirUser(meta["namespace"], meta["name"], str(meta.get("creationTimestamp") or ""), finished)
+    return location, DirUser(meta["namespace"], meta["name"], str(meta.get("creationTimestamp") or ""), finished,
+                             str(meta.get("uid") or ""))
+
+
+def location_users(jobs: Iterable[DirUser], pods: Iterable[Obj]) -> list[DirUser]:
+    """The users of one checkpoint location: its jobs, and one user per deleted job for its pods (`pod_entry`'s
+    under that location) that are still stopping there -- a pod whose owner is none of those jobs."""
+    users = list(jobs)
+    known = {u.uid for u in users}
+    stopping: dict[tuple[str, str, str], list[str]] = {}
+    for pod in pods:
+        meta = pod["metadata"]
+        owner = m.owner_job_uid(pod)
+        if owner not in known:
+            stopping.setdefault((meta["namespace"], meta["labels"][m.JOB_LABEL], owner), []).append(meta["name"])
+    return users + [DirUser(namespace, name, "", False, uid, tuple(sorted(names)))
+                    for (namespace, name, uid), names in sorted(stopping.items())]
 
 
 # What pod_view, the runner and the health monitor read of a pod's metadata; its spec is only where it runs. The
@@ -87,9 +105,14 @@ def slim_pod(body: Mapping[str, Any]) -> Obj:
 
 
 def pod_entry(body: Mapping[str, Any]) -> dict[tuple[str, str], Obj]:
-    """A worker pod under (namespace, its job label): what the operator reads of it (`slim_pod`)."""
-    meta = body["metadata"]
-    return {(meta["namespace"], meta["labels"][m.JOB_LABEL]): slim_pod(body)}
+    """A worker pod under (namespace, its job label): what the operator reads of it (`slim_pod`); and, while its
+    container may still write there (not Succeeded or Failed), under (CHECKPOINT, where its checkpoints land)."""
+    meta, pod = body["metadata"], slim_pod(body)
+    entry = {(meta["namespace"], meta["labels"][m.JOB_LABEL]): pod}
+    location = (meta.get("annotations") or {}).get(CHECKPOINT_LOCATION_ANNOTATION)
+    if location and pod["status"].get("phase") not in (Phase.SUCCEEDED, Phase.FAILED):
+        entry[(CHECKPOINT, location)] = pod
+    return entry
 
 
 def service_entry(body: Mapping[str, Any]) -> dict[tuple[str, str], bool]:
@@ -151,10 +174,11 @@ class WatchCaches:
                 if _in(namespaces, o)]
 
     async def checkpoint_users(self, location: str) -> list[DirUser]:
-        return _values(self._jobs, (CHECKPOINT, location))
+        return location_users(_values(self._jobs, (CHECKPOINT, location)), _values(self._pods, (CHECKPOINT, location)))
 
     async def all_pods(self, namespaces: Sequence[str]) -> list[Obj]:
-        return [o for store in list(self._pods.values()) for o in store if _in(namespaces, o)]
+        return [o for key, store in list(self._pods.items()) if key[0] != CHECKPOINT for o in store
+                if _in(namespaces, o)]
 
 
 class ApiReads:
@@ -197,4 +221,5 @@ class ApiReads:
 
     async def checkpoint_users(self, location: str) -> list[DirUser]:
         found = (dir_user(job) for job in await self.jobs(()))
-        return [user for at, user in filter(None, found) if at == location]
+        pods = (e.get((CHECKPOINT, location)) for e in map(pod_entry, await self.all_pods(())))
+        return location_users((user for at, user in filter(None, found) if at == location), filter(None, pods))

@@ -259,8 +259,7 @@ async def _delete_run_keys(memo: Any, run: str, logger: Logger) -> None:
 def sweep_after_pod(memo: Any, pod: Mapping[str, Any]) -> None:
     """A deleted pod of a forgotten run (its job gone): its agent has stopped, so what it wrote after forget_run
     is deleted now (the last pod's sweep leaves nothing)."""
-    owners = pod.get("metadata", {}).get("ownerReferences") or []
-    uid = next((str(o.get("uid")) for o in owners if o.get("kind") == "TrainingJob"), "")
+    uid = m.owner_job_uid(dict(pod))
     run = memo.forgotten.get(uid, (0.0, ""))[1] if memo.etcd is not None else ""
     if run:
         task = asyncio.ensure_future(_delete_run_keys(memo, run, logging.getLogger("flywheel.operator")))

@@ -9,6 +9,7 @@ from typing import Any
 
 from flywheel import object_store
 from flywheel.labels import (
+    CHECKPOINT_LOCATION_ANNOTATION,
     DELETED_FOR_ANNOTATION,
     ROLE_SPARE,
     ROLE_WORKER,
@@ -27,9 +28,10 @@ from flywheel.plan import run_id as run_id  # re-exported: m.run_id in the opera
 from flywheel.pod_merge import WORKER_UID as WORKER_UID
 from flywheel.pod_merge import container_security, merge_pod, merge_worker, pod_security, root_is_read_only
 from flywheel.pod_template import CACHE_HOME, worker_container
+from flywheel.policy.checkpoint_sharing import checkpoint_location
 from flywheel.policy.reconcile import PodView
 from flywheel.policy.spec_change import baked_spec_hash
-from flywheel.spec import TrainingJob
+from flywheel.spec import KIND, TrainingJob
 from flywheel.spec_pod import template_resources
 from flywheel.timefmt import parse_rfc3339
 
@@ -257,11 +259,16 @@ def pod_scheduling(job: TrainingJob, worker: WorkerPlan, generation: int, settin
 
 
 def spec_annotations(job: TrainingJob) -> dict[str, str]:
-    """The spec a pod is created with: the job's metadata.generation (when known) and the baked part's hash."""
+    """The spec a pod is created with: the job's metadata.generation (when known) and the baked part's hash; and
+    where its checkpoints land, when another job could share that place (policy/checkpoint_sharing.py)."""
     out = {SPEC_HASH_ANNOTATION: baked_spec_hash(job.spec)}
     spec_generation = (job.metadata.model_extra or {}).get("generation")
     if spec_generation is not None:
         out[SPEC_GENERATION_ANNOTATION] = str(spec_generation)
+    checkpoint = job.spec.checkpoint
+    location = checkpoint_location(job.metadata.namespace, checkpoint.dir, checkpoint.claim_name)
+    if location is not None:
+        out[CHECKPOINT_LOCATION_ANNOTATION] = location
     return out
 
 
@@ -318,6 +325,12 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
                    message=message, waiting_since=waiting_since, disruption=disruption, deleted_for=deleted_for,
                    scheduler_message=sched_message, gated=gated, role=role, node=node or None,
                    spec_generation=_spec_generation(annotations), spec_hash=annotations.get(SPEC_HASH_ANNOTATION, ""))
+
+
+def owner_job_uid(pod: dict[str, Any]) -> str:
+    """The uid of the TrainingJob that owns a pod ("" for none: orphaned)."""
+    owners = pod.get("metadata", {}).get("ownerReferences") or []
+    return next((str(o.get("uid") or "") for o in owners if o.get("kind") == KIND), "")
 
 
 def exit_message(text: str | None, limit: int = 500) -> str | None:

@@ -122,6 +122,10 @@ class DirUser:
     name: str
     created: str  # metadata.creationTimestamp (RFC 3339, UTC: ordered as text)
     finished: bool  # Succeeded or Failed
+    uid: str = ""
+    # A job already deleted whose pods are still stopping (their emergency checkpoint being written): these pods,
+    # by name. Such a user holds the location whatever the order; empty for a job in the cache.
+    stopping_pods: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -171,10 +171,14 @@ MSG_RECOVERED = ("trained again {total:.1f} s after the fault ({cause}): detect 
 MSG_RESTORED_FROM = "restored step {step} from {source}"
 MSG_RESTORED_NOTHING = "no checkpoint restored"
 
-# policy/checkpoint_sharing.py: an older unfinished job's checkpoints land where this job's would.
+# policy/checkpoint_sharing.py: an older unfinished job's checkpoints land where this job's would (or a deleted
+# job's pods still write there).
 CHECKPOINT_DIR_IN_USE = "CheckpointDirInUse"
 MSG_CHECKPOINT_DIR_IN_USE = ("checkpoint location {location} is in use by TrainingJob {holder} (created earlier, not "
                              "finished): this job creates no worker until that job finishes or is deleted, then "
                              "resumes from what it left there; give this job its own checkpoint.dir to run now")
+MSG_CHECKPOINT_DIR_STOPPING = ("checkpoint location {location} is still written by pods of deleted TrainingJob "
+                               "{holder} that are stopping ({pods}): this job creates no worker until they are gone, "
+                               "then resumes from what they left there")
 CHECKPOINT_DIR_FREE = "CheckpointDirFree"
 MSG_CHECKPOINT_DIR_FREE = "the checkpoint location is this job's alone now"

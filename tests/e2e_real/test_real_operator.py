@@ -478,6 +478,27 @@ def test_a_job_naming_an_unfinished_jobs_checkpoint_dir_waits_for_it(real: RealC
     assert status["step"] == 420 and status["lastRestore"]["step"] == 400, status
 
 
+@pytest.mark.skipif(not os.environ.get("FLYWHEEL_E2E_CKPT_CLAIM"), reason="a job on a deleted job's checkpoint dir: "
+                    "set FLYWHEEL_E2E_CKPT_CLAIM to a ReadWriteMany claim in the namespace")
+def test_a_job_on_a_deleted_jobs_checkpoint_dir_waits_for_its_stopping_pods(real: RealCluster, tmp_path: Path) -> None:
+    """Twin of test_operator_lifecycle's: the deleted job's pods train through a 6 s preStop hook, then save; the
+    new job creates no worker while any of them remains and resumes from at least the step they had reached."""
+    hook = {"spec": {"containers": [{"name": "worker", "lifecycle": {"preStop": {"sleep": {"seconds": 6}}}}]}}
+    real.apply_job("e2e-leaving", tmp_path, **{"trainer.training.steps": 5000, "checkpoint.everySteps": 20,
+                                               "template": hook})
+    eventually(lambda: real.status("e2e-leaving").get("step", 0) >= 30, 900, "the first job to pass step 30")
+    directory = json.loads(real.kubectl("get", "tj", "e2e-leaving", "-o", "json").stdout)["spec"]["checkpoint"]["dir"]
+    reached = real.status("e2e-leaving")["step"]
+    real.kubectl("delete", "tj", "e2e-leaving", "--wait=false")
+    real.apply_job("e2e-successor", tmp_path, **{"trainer.training.steps": 5000, "checkpoint.dir": directory})
+    while real.pods("e2e-leaving"):
+        assert real.pods("e2e-successor") == [], "the new job's workers started beside the stopping ones"
+        time.sleep(0.5)
+    restored = eventually(lambda: real.status("e2e-successor").get("lastRestore"), 900, "the successor to restore")
+    assert restored["step"] >= reached, (restored, reached)  # the stopping pods' emergency checkpoint
+    real.kubectl("delete", "tj", "e2e-successor", "--wait=false")
+
+
 @pytest.mark.skipif(not os.environ.get("FLYWHEEL_E2E_CKPT_CLAIM"), reason="a checkpoint damaged on a shared claim: "
                     "set FLYWHEEL_E2E_CKPT_CLAIM to a ReadWriteMany claim in the namespace")
 def test_a_damaged_checkpoint_is_a_warning_event(real: RealCluster, tmp_path: Path) -> None:

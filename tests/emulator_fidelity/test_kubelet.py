@@ -131,6 +131,31 @@ def test_delete_sends_sigterm_then_sigkill_after_grace(cluster: RunningCluster, 
     wait_for(lambda: not alive(pid), what="process dead")
 
 
+def test_a_pre_stop_sleep_runs_before_sigterm_within_the_grace_period(cluster: RunningCluster,
+                                                                     core: client.CoreV1Api, tmp_path: Path) -> None:
+    """`lifecycle.preStop.sleep`: the container keeps running for its seconds after the deletion, then gets SIGTERM;
+    a hook longer than the grace period is cut to it (SIGTERM then has a one-off 2 s)."""
+    def stopping_pod(name: str, sleep: int, grace: int) -> dict[str, Any]:
+        code = (f"import pathlib, signal, sys, time\n"
+                f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(tmp_path / name)!r}).write_text("
+                f"str(time.time())), sys.exit(0)))\n"
+                f"pathlib.Path({str(tmp_path / (name + '.ready'))!r}).touch()\n"
+                "while True: time.sleep(0.05)")
+        body = pod(name, code, grace=grace)
+        body["spec"]["containers"][0]["lifecycle"] = {"preStop": {"sleep": {"seconds": sleep}}}
+        return body
+
+    for name, sleep, grace, at_least, at_most in (("hooked", 2, 30, 1.9, 10.0), ("cut", 60, 3, 2.9, 20.0)):
+        core.create_namespaced_pod("default", stopping_pod(name, sleep, grace))
+        wait_for((tmp_path / f"{name}.ready").exists, 60, what=f"{name}'s handler installed")
+        deleted = time.time()
+        core.delete_namespaced_pod(name, "default")
+        wait_for((tmp_path / name).exists, 60, what=f"{name}'s SIGTERM")
+        termed = float((tmp_path / name).read_text()) - deleted
+        assert at_least <= termed <= at_most, (name, termed)
+        wait_for(gone(core, name), 30, what=f"{name} removed")
+
+
 def test_lost_node_leaves_pods_terminating_until_force_deleted(cluster: RunningCluster,
                                                                core: client.CoreV1Api) -> None:
     core.create_namespaced_pod("default", pod("stranded", "import time; time.sleep(60)", grace=1, node="node-1"))

@@ -26,6 +26,7 @@ from tests.k8s_emulator.scheduler import PodScheduler
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHM_BASE = Path("/dev/shm")  # the machine's: each node's host memory is a folder of it
 KUBELET_VERSION = "v1.33.0-flywheel"
+PRE_STOP_EXTENSION_S = 2.0  # what the kubelet grants SIGTERM after a preStop hook that used the whole grace period
 
 
 def _now() -> str:
@@ -253,10 +254,16 @@ class ProcessKubelet:
         running.gone.set()
 
     async def _terminate(self, running: PodProcess, grace: int) -> None:
+        """The container's preStop hook first, then SIGTERM, then SIGKILL: both within the grace period, which
+        counts from the deletion; a hook that took all of it leaves the signal a one-off 2 s (the kubelet's)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(grace, 0)
+        await self._pre_stop(running, deadline)
         running.signal(signal.SIGTERM)
         if running.process is not None and running.process.returncode is None:
             try:
-                await asyncio.wait_for(running.process.wait(), max(grace, 0))
+                await asyncio.wait_for(running.process.wait(), max(deadline - loop.time(), 0)
+                                       or (PRE_STOP_EXTENSION_S if grace > 0 else 0))
             except TimeoutError:
                 running.signal(signal.SIGKILL)
                 await running.process.wait()
@@ -265,6 +272,18 @@ class ProcessKubelet:
         pod = self._latest.get(running.uid)
         if pod is not None:
             await self._final_delete(pod)
+
+    async def _pre_stop(self, running: PodProcess, deadline: float) -> None:
+        """The container's `lifecycle.preStop` `sleep` action (exec and httpGet are not run: docs/test-cluster.md):
+        not called for a container that has exited, cut short by the grace period or by the container's exit."""
+        pod = self._latest.get(running.uid) or {}
+        container = ((pod.get("spec") or {}).get("containers") or [{}])[0]
+        seconds = (((container.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}).get("seconds")
+        if not seconds or running.process is None or running.process.returncode is not None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(running.process.wait(), min(float(seconds),
+                                                               deadline - asyncio.get_running_loop().time()))
 
     async def _final_delete(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]

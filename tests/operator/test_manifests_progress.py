@@ -71,6 +71,8 @@ def test_worker_pods_are_hardened_and_mount_checkpoints_shm_and_events() -> None
     [ckpt_mount] = [v for v in container["volumeMounts"] if v["name"] == "checkpoints"]
     assert ckpt_mount == {"name": "checkpoints", "mountPath": "/ckpt/j", "subPath": "ckpt/j"}
     assert volumes["events"]["persistentVolumeClaim"] == {"claimName": "flywheel-events"}
+    # Where its checkpoints land, so that it keeps that place from another job while it stops after a deletion.
+    assert body["metadata"]["annotations"]["flywheel.dev/checkpoint-location"] == "ml/ckpt-rwx:/ckpt/j"
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["HOME"] == "/home/flywheel" and env["TRITON_CACHE_DIR"].startswith("/home/flywheel/")  # read-only root
@@ -80,6 +82,7 @@ def test_worker_pods_are_hardened_and_mount_checkpoints_shm_and_events() -> None
     assert {v["name"]: v for v in plain["spec"]["volumes"]}["checkpoints"] == {"name": "checkpoints", "emptyDir": {}}
     assert all("subPath" not in v for v in plain["spec"]["containers"][0]["volumeMounts"])
     assert "events" not in {v["name"] for v in plain["spec"]["volumes"]}  # no claim: the test cluster's host dir
+    assert "flywheel.dev/checkpoint-location" not in plain["metadata"]["annotations"]  # its own, shared with no one
     kv = pytest.importorskip("kubernetes_validate")
     for doc in (body, plain, m.service(JOB)):
         kv.validate(doc, "1.33.0", strict=True)

@@ -225,6 +225,33 @@ def test_a_job_naming_an_unfinished_jobs_checkpoint_dir_waits_for_it_then_resume
     assert freed["status"] == "False" and freed["reason"] == "CheckpointDirFree", freed
 
 
+def test_a_job_on_a_deleted_jobs_checkpoint_dir_waits_for_its_stopping_pods(op_env: OpEnv) -> None:
+    """A job deleted, another applied at once on its checkpoint dir: the deleted job's pods train on through their
+    preStop hook, then write their emergency checkpoint. The new job creates no worker while any of them remains
+    (CheckpointDirInUse), then resumes from that last checkpoint."""
+    first, second = "leaving", "successor"
+    hook = {"spec": {"containers": [{"name": "worker", "lifecycle": {"preStop": {"sleep": {"seconds": 6}}}}]}}
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(first, **{**LONG, "trainer.training.steps": 5000,
+                                                                 "template": hook})))
+    eventually(lambda: op_env.last_step(first) >= 30, 120, f"{first} to pass step 30", interval=0.05)
+    events, directory = op_env.events_file(first), op_env.job(first)["spec"]["checkpoint"]["dir"]
+    op_env.kubectl("delete", "tj", first, "--wait=false")
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(second, **{**LONG, "trainer.training.steps": 5000,
+                                                                  "checkpoint.dir": directory})))
+    eventually(lambda: op_env.pods(first) and all(p["metadata"].get("deletionTimestamp")
+                                                  for p in op_env.pods(first)), 30, f"{first}'s pods to stop")
+    while op_env.pods(first):
+        assert op_env.pods(second) == [], "the new job's workers started beside the stopping ones"
+        time.sleep(0.2)
+    held = next(c for c in op_env.status(second)["conditions"] if c["type"] == "CheckpointDirInUse")
+    assert f"TrainingJob default/{first}" in held["message"], held
+    restore = eventually(lambda: [r for r in op_env.records(second) if r["event"] == "restore"], 120,
+                         f"{second}'s workers to restore")
+    saved = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+    assert restore[0]["step"] == max(r["step"] for r in saved if r["event"] == "checkpoint")  # the emergency save
+    op_env.delete(second)
+
+
 def test_deadline_fails_the_job_and_stops_the_workers(op_env: OpEnv) -> None:
     name = "deadline"
     op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{**LONG, "trainer.training.steps": 5000,

@@ -9,7 +9,7 @@ import pytest
 
 from flywheel.operator import caches
 from flywheel.policy import reasons as R
-from flywheel.policy.checkpoint_sharing import RECHECK_SECONDS, checkpoint_location
+from flywheel.policy.checkpoint_sharing import RECHECK_SECONDS, STOPPING_RECHECK_SECONDS, checkpoint_location
 from flywheel.policy.conditions import condition
 from flywheel.policy.decisions import CreatePod
 from flywheel.policy.due import next_due
@@ -109,3 +109,52 @@ def test_the_job_cache_files_each_job_under_its_location_too() -> None:
     assert sorted(j["metadata"]["name"] for j in asyncio.run(reads.jobs(()))) == ["a", "b", "c", "d"]
     no_dir = {"metadata": {"namespace": "ml", "name": "e"}, "spec": {"checkpoint": {"claimName": "shared"}}}
     assert caches.dir_user(no_dir) == ("ml/shared:/ckpt", DirUser("ml", "e", "", False))  # the spec's default dir
+
+
+def test_a_deleted_jobs_stopping_pods_hold_the_location_whatever_the_order() -> None:
+    """Deleted, its pods still write their emergency checkpoint within their grace period: a job of any age waits
+    for them to be gone, then creates its workers (and resumes from that checkpoint)."""
+    stopping = DirUser("ml", "a", "", False, "uid-a", ("a-worker-0", "a-worker-1"))
+    out = _pass((stopping,), created=EARLIER)
+    held = _in_use(out.status)
+    assert out.status.phase is Phase.PENDING and not [a for a in out.actions if isinstance(a, CreatePod)]
+    assert held is not None and held.status == "True", held
+    assert ("still written by pods of deleted TrainingJob ml/a that are stopping (a-worker-0, a-worker-1)"
+            in held.message), held.message
+    assert out.next_due == NOW + STOPPING_RECHECK_SECONDS  # they are gone within their grace period: looked at soon
+    gone = _pass((), created=EARLIER, status=out.status)
+    assert len([a for a in gone.actions if isinstance(a, CreatePod)]) == 2
+    assert _in_use(gone.status).status == "False"
+
+
+def _pod_body(name: str, job: str, owner: str, location: str | None, phase: str = "Running") -> dict:
+    annotations = {} if location is None else {"flywheel.dev/checkpoint-location": location}
+    return {"metadata": {"namespace": "ml", "name": name, "uid": f"pod-{name}", "annotations": annotations,
+                         "labels": {"flywheel.dev/job": job},
+                         "ownerReferences": [{"kind": "TrainingJob", "name": job, "uid": owner}]},
+            "spec": {}, "status": {"phase": phase}}
+
+
+def test_the_pod_cache_files_the_pods_that_may_still_write_a_location() -> None:
+    """A pod is filed under its location until its container ends; its own job being in the job cache, it is that
+    job's; otherwise (the job deleted) its job is a user that holds the place while such pods remain."""
+    at = "ml/shared:/ckpt/x"
+    jobs: dict = {}
+    for key, value in caches.job_entry({**_body("a", "/ckpt/x"), "metadata": {
+            "namespace": "ml", "name": "a", "creationTimestamp": EARLIER, "uid": "uid-a"}}).items():
+        jobs.setdefault(key, []).append(value)
+    pods: dict = {}
+    for body in (_pod_body("a-worker-0", "a", "uid-a", at),  # a live job's: that job already counts
+                 _pod_body("old-worker-1", "old", "uid-old", at), _pod_body("old-worker-0", "old", "uid-old", at),
+                 _pod_body("old-worker-2", "old", "uid-old", at, phase="Failed"),  # ended: writes no more
+                 _pod_body("other-worker-0", "other", "uid-other", "ml/shared:/ckpt/y"),
+                 _pod_body("legacy-worker-0", "legacy", "uid-legacy", None)):  # from before the annotation
+        for key, value in caches.pod_entry(body).items():
+            pods.setdefault(key, []).append(value)
+    reads = caches.WatchCaches(jobs, pods, {}, {})
+    assert asyncio.run(reads.checkpoint_users(at)) == [
+        DirUser("ml", "a", EARLIER, False, "uid-a"),
+        DirUser("ml", "old", "", False, "uid-old", ("old-worker-0", "old-worker-1"))]
+    assert len(asyncio.run(reads.all_pods(()))) == 6  # each pod once
+    assert [p["metadata"]["name"] for p in asyncio.run(reads.pods("ml", "old"))] == [
+        "old-worker-1", "old-worker-0", "old-worker-2"]
