@@ -17,7 +17,7 @@ import kopf
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.etcd.liveness import delete_run
 from flywheel.kube.client import Kube, KubeConfigError, load_credentials
-from flywheel.labels import FINALIZER
+from flywheel.labels import CHECKPOINT_LOCATION_ANNOTATION, FINALIZER
 from flywheel.monitor import FindingsInbox, MonitorSettings
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import caches, watch_relist
@@ -27,6 +27,7 @@ from flywheel.operator.health_executor import BackgroundMonitor
 from flywheel.operator.main import collect_cycles
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.spec import SpecError, parse_job
+from flywheel.spec_status import Phase
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]  # what kopf passes its handlers
 
@@ -56,6 +57,9 @@ async def training_jobs(body: kopf.Body, memo: Any, **_: Any) -> dict[tuple[str,
         runner.job_event(meta.get("resourceVersion"))
     elif meta.get("deletionTimestamp") and FINALIZER in (meta.get("finalizers") or []):
         forget_run_soon(memo, body)  # deleted while no daemon ran it (e.g. while the operator was down)
+    found = caches.dir_user(body)
+    if found is not None and found[1].finished:
+        await wake_sharers(memo, found[0], (meta["namespace"], meta["name"]))
     return entry
 
 
@@ -205,6 +209,21 @@ async def pod_changed(type: str | None, body: kopf.Body, namespace: str | None, 
         runner.pod_event(type, body)
     elif type == "DELETED":
         sweep_after_pod(memo, body)
+    location = (body["metadata"].get("annotations") or {}).get(CHECKPOINT_LOCATION_ANNOTATION)
+    ended = type == "DELETED" or (body.get("status") or {}).get("phase") in (Phase.SUCCEEDED, Phase.FAILED)
+    if location and ended:
+        await wake_sharers(memo, location, (namespace, labels[m.JOB_LABEL]))
+
+
+async def wake_sharers(memo: Any, location: str, but: tuple[str | None, str]) -> None:
+    """A job or pod stopped writing at a checkpoint location: the other jobs there (one may wait for it:
+    policy/checkpoint_sharing.py) look again now rather than at their next recheck."""
+    if "caches" not in memo:
+        return
+    for user in await memo.caches.checkpoint_users(location):
+        runner: JobRunner | None = memo.runners.get((user.namespace, user.name))
+        if runner is not None and (user.namespace, user.name) != but:
+            runner.poke()
 
 
 @kopf.on.event("", "v1", "services", labels={m.JOB_LABEL: kopf.PRESENT})

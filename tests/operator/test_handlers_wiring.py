@@ -124,6 +124,69 @@ def test_each_deleted_pod_of_a_forgotten_run_sweeps_its_keys_again(deleted_runs:
     assert deleted_runs == ["ml-j-01234567"] * 3  # forgotten, then once per deleted pod; another job's pod: none
 
 
+class Poked:
+    def __init__(self) -> None:
+        self.pokes = 0
+
+    def poke(self) -> None:
+        self.pokes += 1
+
+    def job_event(self, version: str | None) -> None:
+        pass
+
+    def pod_event(self, event_type: str | None, pod: Any) -> None:
+        pass
+
+
+def test_a_job_or_pod_that_stops_writing_a_checkpoint_location_wakes_the_jobs_there() -> None:
+    """A job waiting for a checkpoint location (policy/checkpoint_sharing.py) looks again as soon as the job that
+    has it finishes, or a pod still writing there ends or is deleted -- not at its next recheck; jobs elsewhere and
+    events that free nothing wake no one."""
+    from flywheel.operator import caches
+
+    at = "ml/shared:/ckpt/x"
+
+    def job(name: str, directory: str, phase: str = "") -> dict[str, Any]:
+        return {"metadata": {"namespace": "ml", "name": name, "uid": f"uid-{name}", "resourceVersion": "1",
+                             "creationTimestamp": "2026-11-29T10:00:00Z"},
+                "spec": {"checkpoint": {"dir": directory, "claimName": "shared"}}, "status": {"phase": phase}}
+
+    def pod(phase: str) -> dict[str, Any]:
+        return {"metadata": {"namespace": "ml", "name": "old-worker-0", "uid": "p",
+                             "labels": {"flywheel.dev/job": "old"},
+                             "annotations": {"flywheel.dev/checkpoint-location": at},
+                             "ownerReferences": [{"kind": "TrainingJob", "uid": "uid-old"}]},
+                "status": {"phase": phase}}
+
+    index: dict[Any, list[Any]] = {}
+    for body in (job("owner", "/ckpt/x"), job("waiting", "/ckpt/x"), job("elsewhere", "/ckpt/y")):
+        for key, value in caches.job_entry(body).items():
+            index.setdefault(key, []).append(value)
+    runners = {("ml", name): Poked() for name in ("owner", "waiting", "elsewhere")}
+    m = kopf.Memo(runners=runners, forgotten={}, background=set(), etcd=None,
+                  caches=caches.WatchCaches(index, {}, {}, {}))
+
+    def pokes() -> dict[str, int]:
+        return {key[1]: r.pokes for key, r in runners.items()}
+
+    async def scenario() -> None:
+        await training_jobs(body=kopf.Body(job("owner", "/ckpt/x", "Running")), memo=m)
+        assert pokes() == {"owner": 0, "waiting": 0, "elsewhere": 0}  # still has it
+        await training_jobs(body=kopf.Body(job("owner", "/ckpt/x", "Succeeded")), memo=m)
+        assert pokes() == {"owner": 0, "waiting": 1, "elsewhere": 0}
+        labels = {"flywheel.dev/job": "old"}
+        await handlers.pod_changed(type="MODIFIED", body=kopf.Body(pod("Running")), namespace="ml", labels=labels,
+                                   memo=m)
+        assert pokes()["waiting"] == 1
+        await handlers.pod_changed(type="MODIFIED", body=kopf.Body(pod("Failed")), namespace="ml", labels=labels,
+                                   memo=m)
+        await handlers.pod_changed(type="DELETED", body=kopf.Body(pod("Running")), namespace="ml", labels=labels,
+                                   memo=m)
+        assert pokes() == {"owner": 2, "waiting": 3, "elsewhere": 0}
+
+    asyncio.run(scenario())
+
+
 def test_the_health_monitor_reads_rank_restarts_from_the_jobs_runner() -> None:
     """Pod by pod, when its agent last restarted its ranks in place, from the pods of the runner's last pass; a job
     without a runner here has none."""
