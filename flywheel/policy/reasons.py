@@ -178,7 +178,8 @@ MSG_CHECKPOINT_DIR_IN_USE = ("checkpoint location {location} is in use by Traini
                              "finished): this job creates no worker until that job finishes or is deleted, then "
                              "resumes from what it left there; give this job its own checkpoint.dir to run now")
 MSG_CHECKPOINT_DIR_STOPPING = ("checkpoint location {location} is still written by pods of deleted TrainingJob "
-                               "{holder} that are stopping ({pods}): this job creates no worker until they are gone, "
-                               "then resumes from what they left there")
+                               "{holder} ({pods}): this job creates no worker until they are gone (a deleted job's "
+                               "pods stop within their grace period; delete any left orphaned), then resumes from "
+                               "what they left there")
 CHECKPOINT_DIR_FREE = "CheckpointDirFree"
 MSG_CHECKPOINT_DIR_FREE = "the checkpoint location is this job's alone now"

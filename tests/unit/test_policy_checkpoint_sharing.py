@@ -119,8 +119,8 @@ def test_a_deleted_jobs_stopping_pods_hold_the_location_whatever_the_order() -> 
     held = _in_use(out.status)
     assert out.status.phase is Phase.PENDING and not [a for a in out.actions if isinstance(a, CreatePod)]
     assert held is not None and held.status == "True", held
-    assert ("still written by pods of deleted TrainingJob ml/a that are stopping (a-worker-0, a-worker-1)"
-            in held.message), held.message
+    assert ("still written by pods of deleted TrainingJob ml/a (a-worker-0, a-worker-1)" in held.message
+            and "until they are gone" in held.message), held.message
     assert out.next_due == NOW + STOPPING_RECHECK_SECONDS  # they are gone within their grace period: looked at soon
     gone = _pass((), created=EARLIER, status=out.status)
     assert len([a for a in gone.actions if isinstance(a, CreatePod)]) == 2
