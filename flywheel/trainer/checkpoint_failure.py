@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -152,10 +153,13 @@ def report_failure(directory: Path, record: FailedSave, err: BaseException, stat
     or committed last, when it is there), in the log, a `checkpoint_failed` record and
     flywheel_checkpoint_failures_total{reason}. The cause in words."""
     cause = primary(causes_of(err, 0))
-    if cause.reason is FailureReason.NO_SPACE:
-        _make_room(directory, known_step)
     good = store.newest_good(directory, known_step)
     needs = store.folder_bytes(good.path) if good else state_bytes(state)
+    if cause.reason is FailureReason.OTHER and short_of_space(directory, needs):
+        # A full disk without ENOSPC in sight: torch's zip writer reports a short write as "unexpected pos".
+        cause = RankCause(cause.rank, FailureReason.NO_SPACE, cause.text)
+    if cause.reason is FailureReason.NO_SPACE:
+        _make_room(directory, known_step)  # deletes only older checkpoints than `good`
     newest_step = good.step if good else None
     words = in_words(cause, str(directory), needs)
     message = failure_message(record.step, words, newest_step)
@@ -166,6 +170,15 @@ def report_failure(directory: Path, record: FailedSave, err: BaseException, stat
         events.emit("checkpoint_failed", step=record.step, reason=cause.reason.value, message=message,
                     error=f"{record.path}: {describe_failure(err)}", newest_step=newest_step)
     return words
+
+
+def short_of_space(directory: Path, needs_bytes: int) -> bool:
+    """Whether the filesystem of `directory` has less room than a save needs (the failed one's partial folder is
+    gone by now); False when that cannot be read."""
+    try:
+        return shutil.disk_usage(directory).free < needs_bytes
+    except OSError:
+        return False
 
 
 def _make_room(directory: Path, known_step: int | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from ckpt_helpers import FakeEvents, FakeMetrics, assert_same_state, full_state,
 from torch.distributed.checkpoint.api import CheckpointException
 
 from flywheel.spec import CheckpointSpec
+from flywheel.trainer import checkpoint_failure
 from flywheel.trainer import checkpoint_store as store
 from flywheel.trainer.checkpoint import Checkpointer
 from flywheel.trainer.checkpoint_failure import (
@@ -121,6 +123,30 @@ def test_a_full_disk_makes_room_by_deleting_older_checkpoints_never_the_newest(
     ckpt.save(4, app, blocking=True)
     assert [r.step for r in store.committed(tmp_path)] == [3]
     assert [step for step, _ in store.step_dirs(tmp_path)] == [3]
+
+
+def test_an_opaque_error_on_a_full_disk_is_no_space(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's zip writer meets a short write on a full disk with a RuntimeError of no errno ("unexpected pos"): with
+    less room left than a save needs it is reported, and made room for, as no space; with room left it stays other."""
+    cfg = CheckpointSpec(dir=str(tmp_path), every_steps=1, keep=5)
+    events = FakeEvents()
+    app, data = make_app(seed=0)
+    ckpt = Checkpointer(cfg, tmp_path, events=events)
+    for step in (1, 2):
+        train_step(app, data, ckpt)
+        ckpt.save(step, app, blocking=True)
+    monkeypatch.setattr(dcp.FileSystemWriter, "write_data", lambda *a, **k: (_ for _ in ()).throw(
+        RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")))
+    ckpt.save(3, app, blocking=True)
+    full = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(checkpoint_failure.shutil, "disk_usage", lambda path: full._replace(free=1000))
+    ckpt.save(4, app, blocking=True)
+    other, no_space = events.named("checkpoint_failed")
+    assert other["reason"] == "other" and "unexpected pos" in other["message"], other
+    assert no_space["reason"] == "no_space" and no_space["message"].startswith(
+        f"checkpoint at step 4 failed: no space left on {tmp_path}"), no_space
+    assert "unexpected pos 704 vs 598" in no_space["error"]
+    assert [r.step for r in store.committed(tmp_path)] == [2]  # room made: the older checkpoint went
 
 
 def _no_space(*args: Any, **kwargs: Any) -> Any:
