@@ -57,9 +57,9 @@ async def training_jobs(body: kopf.Body, memo: Any, **_: Any) -> dict[tuple[str,
         runner.job_event(meta.get("resourceVersion"))
     elif meta.get("deletionTimestamp") and FINALIZER in (meta.get("finalizers") or []):
         forget_run_soon(memo, body)  # deleted while no daemon ran it (e.g. while the operator was down)
-    found = caches.dir_user(body)
-    if found is not None and found[1].finished:
-        await wake_sharers(memo, found[0], (meta["namespace"], meta["name"]))
+    for key, user in entry.items():  # where its checkpoints land (read once, by job_entry)
+        if key[0] == caches.CHECKPOINT and user.finished:
+            await wake_sharers(memo, key[1], (meta["namespace"], meta["name"]))
     return entry
 
 
@@ -278,7 +278,7 @@ async def _delete_run_keys(memo: Any, run: str, logger: Logger) -> None:
 def sweep_after_pod(memo: Any, pod: Mapping[str, Any]) -> None:
     """A deleted pod of a forgotten run (its job gone): its agent has stopped, so what it wrote after forget_run
     is deleted now (the last pod's sweep leaves nothing)."""
-    uid = m.owner_job_uid(dict(pod))
+    uid = m.owner_job_uid(pod)
     run = memo.forgotten.get(uid, (0.0, ""))[1] if memo.etcd is not None else ""
     if run:
         task = asyncio.ensure_future(_delete_run_keys(memo, run, logging.getLogger("flywheel.operator")))

@@ -4,6 +4,7 @@ the reverse: a worker Pod object -> the `PodView` the reconcile policy reads."""
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -327,7 +328,7 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
                    spec_generation=_spec_generation(annotations), spec_hash=annotations.get(SPEC_HASH_ANNOTATION, ""))
 
 
-def owner_job_uid(pod: dict[str, Any]) -> str:
+def owner_job_uid(pod: Mapping[str, Any]) -> str:
     """The uid of the TrainingJob that owns a pod ("" for none: orphaned)."""
     owners = pod.get("metadata", {}).get("ownerReferences") or []
     return next((str(o.get("uid") or "") for o in owners if o.get("kind") == KIND), "")
