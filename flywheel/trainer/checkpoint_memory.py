@@ -138,6 +138,17 @@ def held_bytes(root: Path) -> int:
     return sum(folder_bytes(folder) for folder in copy_folders(root))
 
 
+def copies_outlive(replicas: list[str], per_worker: int, moving: set[str]) -> bool:
+    """Whether every rank's memory copy outlives moving the workers `moving` (replica ids) to new pods.
+
+    `replicas[r]`: rank r's worker. A moved worker's pod and its shared memory go, so a rank's copies are kept only
+    while its own worker or the one holding its replica (the ring: rank r + per_worker) stays."""
+    world_size = len(replicas)
+    per_worker = max(1, min(per_worker, world_size))
+    return all(replicas[r] not in moving or replicas[(r + per_worker) % world_size] not in moving
+               for r in range(world_size))
+
+
 def layout_folders(rank: int, world_size: int, per_worker: int) -> set[str]:
     """The names of the folders this rank's worker holds at this layout: its ranks' own copies and the replicas
     of their sources (ranks are numbered worker by worker, per_worker each, as the ring assumes)."""

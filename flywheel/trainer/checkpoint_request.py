@@ -6,8 +6,9 @@ pays nothing). The loop folds `pending()` into its per-step all-reduce (train_lo
 any rank stops every rank after the same step. There `stop_for_request` saves that step to the memory tier (own
 copy + the peer's replica, taken now even when memoryEverySteps would not; a job without the tier, or a memory save
 that is not complete on every rank, saves to disk instead, blocking), answers {id, step} and returns STOPPED: no
-step is trained after the checkpoint, so the resumed job replays none. The operator moves the worker once every
-rank answered (policy/drain.py).
+step is trained after the checkpoint, so the resumed job replays none. A move that takes some rank's own copy and
+its replica both (every worker on the drained node, or a job of one worker) would leave the memory checkpoint
+nowhere: that request is saved to disk. The operator moves the worker once every rank answered (policy/drain.py).
 
 A request this rank already answered (its done key holds the id: a rank restarted in place after the stop) is not
 pending. Only for runs whose rendezvous is etcd-v3 (the operator's); elsewhere there is no request to follow.
@@ -18,12 +19,15 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+
+import torch.distributed as dist
 
 from flywheel import exitcodes
 from flywheel.etcd import requests as etcd_requests
 from flywheel.etcd.session import EtcdSession
 from flywheel.trainer.checkpoint import AppState, Checkpointer
+from flywheel.trainer.checkpoint_memory import copies_outlive
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +71,21 @@ class CheckpointRequests:
         request = self._request
         return request is not None and request.id != self._answered
 
+    def current(self) -> etcd_requests.CheckpointRequest | None:
+        """The open request (read from etcd when this rank has not seen it yet: a peer saw it first)."""
+        request = self._request
+        if request is None or request.id == self._answered:
+            request = self.session.run(etcd_requests.read_state(self.session, self.run_id)).request
+        return request
+
+    def moving(self) -> set[str]:
+        """The replica ids of the workers the open request moves."""
+        request = self.current()
+        return {str(i) for i in request.moving} if request is not None else set()
+
     def answer(self, step: int) -> str:
         """Tell the operator this rank holds the request's checkpoint of `step`; the request's id."""
-        request = self._request
-        if request is None or request.id == self._answered:  # a peer saw it first: read it now
-            request = self.session.run(etcd_requests.read_state(self.session, self.run_id)).request
+        request = self.current()
         if request is None:
             log.warning("checkpoint request gone before rank %d answered (the drain ended)", self.rank)
             return ""
@@ -86,10 +100,15 @@ class CheckpointRequests:
         self.session.close()
 
 
-def save_now(ckpt: Checkpointer, step: int, app: AppState) -> str:
-    """The state after `step` in the memory tier (own + the peer's replica) when it has one and the save is
-    complete on every rank, else on disk (blocking); then close the checkpointer. Call on every rank. Which tier."""
+def save_now(ckpt: Checkpointer, step: int, app: AppState, *, replica: str = "",
+             moving: Collection[str] = ()) -> str:
+    """The state after `step` in the memory tier (own + the peer's replica) when it has one, its copies outlive
+    moving the workers `moving` (this rank's worker: `replica`) and the save is complete on every rank, else on
+    disk (blocking); then close the checkpointer. Call on every rank. Which tier."""
     memory = ckpt.memory
+    if memory is not None and moving and not _copies_outlive_move(ckpt, memory.per_worker, replica, set(moving)):
+        log.info("checkpoint request: the move takes some rank's memory copy and its replica; saving to disk")
+        memory = None
     if memory is not None:
         memory.wait()  # a copy in flight first: one at a time
         if memory.newest_step != step:
@@ -103,9 +122,20 @@ def save_now(ckpt: Checkpointer, step: int, app: AppState) -> str:
     return "disk"
 
 
-def stop_for_request(ckpt: Checkpointer, app: AppState, requests: CheckpointRequests, step: int) -> int:
-    """The requested checkpoint of `step` on every rank, this rank's answer, and the exit code (STOPPED)."""
-    tier = save_now(ckpt, step, app)
+def _copies_outlive_move(ckpt: Checkpointer, per_worker: int, replica: str, moving: set[str]) -> bool:
+    """copies_outlive over every rank's worker (gathered: the same answer on every rank)."""
+    replicas = [replica]
+    if dist.is_available() and dist.is_initialized():
+        replicas = [""] * dist.get_world_size()
+        dist.all_gather_object(replicas, replica, group=ckpt.control_group)
+    return copies_outlive(replicas, per_worker, moving)
+
+
+def stop_for_request(ckpt: Checkpointer, app: AppState, requests: CheckpointRequests, step: int,
+                     replica: str = "") -> int:
+    """The requested checkpoint of `step` on every rank (this rank's worker: `replica`), this rank's answer, and
+    the exit code (STOPPED)."""
+    tier = save_now(ckpt, step, app, replica=replica, moving=requests.moving())
     request_id = requests.answer(step)
     log.info("checkpoint request %s: step %d saved to %s; stopping (exit %d)", request_id, step, tier,
              exitcodes.STOPPED)

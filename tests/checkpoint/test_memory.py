@@ -51,6 +51,22 @@ def test_a_lost_worker_is_covered_by_its_peers_replica() -> None:
     assert plan.sources[1].holder == 0 and plan.source_of(0) == "memory-own"
 
 
+@pytest.mark.parametrize(("replicas", "per_worker", "moving", "kept"), [
+    (["0", "1"], 1, set(), True),
+    (["0", "1"], 1, {"1"}, True),  # worker 1's copy is on worker 0 (the ring), which stays
+    (["0", "1"], 1, {"0", "1"}, False),  # every worker on the drained node
+    (["0"], 1, {"0"}, False),  # one worker: no peer holds its copy
+    (["0", "0", "1", "1"], 2, {"0"}, True),
+    (["0", "0", "1", "1"], 2, {"0", "1"}, False),
+    (["0", "1", "2"], 1, {"0", "2"}, False),  # worker 2's replica is on worker 0: both go
+    (["0", "1", "2"], 1, {"2", "1"}, False),
+    (["0", "1", "2", "3"], 1, {"0", "2"}, True),  # every moved worker's replica is on one that stays
+])
+def test_a_move_keeps_the_memory_checkpoint_only_while_a_copy_of_every_rank_stays(
+        replicas: list[str], per_worker: int, moving: set[str], kept: bool) -> None:
+    assert mem.copies_outlive(replicas, per_worker, moving) is kept
+
+
 def test_the_plan_falls_back_to_disk_with_the_reason() -> None:
     # the peer is lost too: rank 1's step 6 is nowhere
     assert "no step" in str(mem.plan_restore([_inv(0, {6: 0}), _inv(1, {})], 2, 4))

@@ -31,8 +31,12 @@ def _wait_for_step(workdir: Path, step: int, timeout: float = 150) -> None:
     raise AssertionError(f"no step {step} within {timeout}s\n{logs(workdir)}")
 
 
+@pytest.mark.parametrize("moving", [(), (0,)], ids=["memory", "disk-when-the-move-takes-every-copy"])
 def test_a_checkpoint_request_saves_every_rank_at_one_step_then_stops(etcd_server: EtcdServer,  # noqa: F811
-                                                                      tmp_path: Path) -> None:
+                                                                      tmp_path: Path, moving: tuple[int, ...]) -> None:
+    """Both ranks here are replica 0 (no FLYWHEEL_REPLICA_INDEX): a request moving it takes every rank's own copy
+    and the replica its peer holds, so that checkpoint must go to disk; a request moving no worker of theirs stays
+    in memory."""
     spec = job_spec(2, steps=2000)
     spec["checkpoint"]["memoryEverySteps"] = 1000  # the tier is on; no step of this test is due for it
     env = {"PET_RDZV_BACKEND": "etcd-v3", "PET_RDZV_ENDPOINT": etcd_server.endpoint, "PET_RDZV_ID": RUN}
@@ -41,7 +45,8 @@ def test_a_checkpoint_request_saves_every_rank_at_one_step_then_stops(etcd_serve
     session = EtcdSession(etcd_server.endpoint, retry_seconds=5.0)
     try:
         _wait_for_step(tmp_path, 3)
-        session.run(etcd_requests.put_request(session, RUN, etcd_requests.CheckpointRequest("r1", "node n1 test")))
+        session.run(etcd_requests.put_request(session, RUN, etcd_requests.CheckpointRequest("r1", "node n1 test",
+                                                                                               moving)))
         codes = [p.wait(timeout=120) for p in procs]
         assert codes == [exitcodes.STOPPED] * 2, logs(tmp_path)
         done = session.run(etcd_requests.read_state(session, RUN)).done
@@ -50,9 +55,13 @@ def test_a_checkpoint_request_saves_every_rank_at_one_step_then_stops(etcd_serve
         assert done[1].step == step >= 3  # one step, agreed in the per-step collective
         trained = [e["step"] for e in events(tmp_path) if e["event"] == "step"]
         assert max(trained) == step  # no step after the checkpoint: nothing to replay
-        for rank in (0, 1):
-            assert step in mem.steps_in(mem.own_dir(root, rank)), logs(tmp_path)
-        assert not list((tmp_path / "ckpt").glob("step-*")), "a memory-tier drain writes no disk checkpoint"
+        if not moving:
+            for rank in (0, 1):
+                assert step in mem.steps_in(mem.own_dir(root, rank)), logs(tmp_path)
+            assert not list((tmp_path / "ckpt").glob("step-*")), "a memory-tier drain writes no disk checkpoint"
+        else:
+            saved = [e["step"] for e in events(tmp_path) if e["event"] == "checkpoint"]
+            assert saved[-1] == step and (tmp_path / "ckpt" / f"step-{step:08d}").is_dir(), logs(tmp_path)
     finally:
         for p in procs:
             if p.poll() is None:
