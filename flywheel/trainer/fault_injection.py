@@ -4,13 +4,18 @@
 its fault once at the start of step S: it creates `$FLYWHEEL_FAULT_DIR/<id>.fired` with O_EXCL (so a replay of step
 S after the restart does not fire again), writes a `fault` event, then SIGKILLs (`kill`) or SIGSTOPs (`hang`)
 itself. `lose-worker` faults name a replica and are carried out by the local supervisor, not here.
+
+`FLYWHEEL_STEP_DELAY_SECONDS` makes every rank idle that long before each step: a job that trains slowly (as a
+bigger model would) while leaving the CPU free, for tests and demos that need a job to stay running.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
+import time
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -19,6 +24,7 @@ from flywheel.trainer.event_writer import EventLog
 FaultKind = Literal["kill", "hang", "lose-worker"]
 KINDS: tuple[str, ...] = ("kill", "hang", "lose-worker")
 RANK_KINDS = ("kill", "hang")
+STEP_DELAY_ENV = "FLYWHEEL_STEP_DELAY_SECONDS"
 
 
 @dataclass(frozen=True)
@@ -95,19 +101,38 @@ def faults_from_env(value: str | None) -> list[Fault]:
     return [Fault.from_json(doc) for doc in docs]
 
 
-class FaultInjector:
-    """Fires this rank's faults. `fault_dir` must be shared by all workers and outlive restarts."""
+def step_delay_from_env(value: str | None) -> float:
+    """FLYWHEEL_STEP_DELAY_SECONDS as seconds (0 when unset)."""
+    if not value:
+        return 0.0
+    try:
+        delay = float(value)
+    except ValueError:
+        delay = -1.0
+    if not math.isfinite(delay) or not 0 <= delay <= 60:
+        raise ValueError(f"{STEP_DELAY_ENV}={value!r} is not a number of seconds from 0 to 60; "
+                         "set e.g. 0.05 or unset it")
+    return delay
 
-    def __init__(self, faults: list[Fault], *, rank: int, fault_dir: str | None, events: EventLog):
+
+class FaultInjector:
+    """Fires this rank's faults and idles `step_delay_s` before each step. `fault_dir` must be shared by all workers
+    and outlive restarts."""
+
+    def __init__(self, faults: list[Fault], *, rank: int, fault_dir: str | None, events: EventLog,
+                 step_delay_s: float = 0.0):
         self.faults = [f for f in faults if f.kind in RANK_KINDS and f.rank == rank]
         self.rank = rank
         self.fault_dir = fault_dir
         self.events = events
+        self.step_delay_s = step_delay_s
         if self.faults and not fault_dir:
             raise ValueError("FLYWHEEL_FAULTS names faults but there is no FLYWHEEL_FAULT_DIR for their markers")
 
     def maybe_fire(self, step: int) -> None:
         """Call at the start of each step, before its forward."""
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
         for fault in self.faults:
             if fault.step == step and self._claim(fault):
                 self.events.emit("fault", kind=fault.kind, rank=self.rank, step=step)

@@ -139,7 +139,8 @@ def train(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Train
     run = _set_up(env, sources, events, metrics)
     start = _restore(run, events)
     steps = env.spec.trainer.training.steps
-    injector = FaultInjector(env.faults, rank=env.rank, fault_dir=env.fault_dir, events=events)
+    injector = FaultInjector(env.faults, rank=env.rank, fault_dir=env.fault_dir, events=events,
+                             step_delay_s=env.step_delay_s)
     requests = CheckpointRequests.from_environ(env.rank)  # drain ahead: the operator's checkpoint request
     for step in range(start + 1, steps + 1):
         injector.maybe_fire(step)
@@ -149,7 +150,7 @@ def train(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Train
         run.ckpt.catch_up(step)  # the memory copy before a reported step is done: a loss replays <= memoryEverySteps
         _report_step(run, step, result, metrics, watchdog, events)
         if result.drain and requests is not None and step < steps:  # the last step's save is the final one
-            return stop_for_request(run.ckpt, run.app, requests, step)
+            return stop_for_request(run.ckpt, run.app, requests, step, replica=run.env.replica)
         if run.eval_ctx is not None and not result.stop and run.eval_plan.due(step):
             # Before the save: a checkpoint of a step that was due for evaluation implies its eval record.
             _evaluate(run, run.eval_ctx, step, metrics, watchdog, events)

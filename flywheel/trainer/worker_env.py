@@ -12,7 +12,7 @@ from types import FrameType
 
 from flywheel import object_store
 from flywheel.spec import TrainingJobSpec, parse_spec
-from flywheel.trainer.fault_injection import Fault, faults_from_env
+from flywheel.trainer.fault_injection import STEP_DELAY_ENV, Fault, faults_from_env, step_delay_from_env
 
 
 class UserError(Exception):
@@ -38,6 +38,7 @@ class WorkerEnv:
     events_file: str | None
     faults: list[Fault] = field(default_factory=list)
     fault_dir: str | None = None
+    step_delay_s: float = 0.0  # idle before each step (fault_injection.py)
 
     @property
     def local_checkpoint_dir(self) -> str:
@@ -68,13 +69,14 @@ class WorkerEnv:
         checkpoint_dir = env.get("FLYWHEEL_CHECKPOINT_DIR") or spec.checkpoint.dir
         try:
             faults = faults_from_env(env.get("FLYWHEEL_FAULTS"))
+            step_delay_s = step_delay_from_env(env.get(STEP_DELAY_ENV))
         except ValueError as err:
             raise UserError(str(err)) from None
         return cls(rank=integer("RANK"), local_rank=integer("LOCAL_RANK", 0), world_size=integer("WORLD_SIZE"),
                    restart_count=integer("TORCHELASTIC_RESTART_COUNT", 0), namespace=namespace or "default",
                    job=name, replica=env.get("FLYWHEEL_REPLICA_INDEX", "0"), spec=spec,
                    checkpoint_dir=checkpoint_dir, metrics_port=integer("FLYWHEEL_METRICS_PORT", 0),
-                   events_file=env.get("FLYWHEEL_EVENTS_FILE") or None, faults=faults,
+                   events_file=env.get("FLYWHEEL_EVENTS_FILE") or None, faults=faults, step_delay_s=step_delay_s,
                    # Markers must outlive restarts and be shared by all workers, like the checkpoints.
                    fault_dir=env.get("FLYWHEEL_FAULT_DIR") or os.path.join(
                        object_store.local_dir(checkpoint_dir, spec.checkpoint.local_dir), ".faults"))

@@ -30,7 +30,7 @@ from kubernetes import client, config
 from flywheel.crd import GROUP, PLURAL, VERSION
 from tests.k8s_emulator.fixtures import start_cluster
 from tests.monitoring.prometheus_server import PROMETHEUS_BINARY, ChildProcess, PrometheusServer, ScrapeJob, free_port
-from tests.operator.conftest import CRD, KUBECTL, OpEnv, OperatorProcess, eventually
+from tests.operator.conftest import CRD, IDLE_STEP_S, KUBECTL, OpEnv, OperatorProcess, eventually
 from tests.rank_processes import alive, trainer_ranks
 
 pytestmark = pytest.mark.slow
@@ -139,8 +139,8 @@ def post(url: str) -> None:
 def test_fatal_xid_cordons_and_replaces_and_ignored_xids_do_nothing(hang_env) -> None:
     env, prom, dcgm = hang_env
     name = XID_JOB
-    env.kubectl("apply", "-f", str(env.job_yaml(name, **{
-        "replicas": {"min": 1, "max": 1}, "trainer.training.steps": 20000, "checkpoint.everySteps": 100})))
+    env.kubectl("apply", "-f", str(env.job_yaml(name, step_delay_s=IDLE_STEP_S, **{
+        "replicas": {"min": 1, "max": 1}, "trainer.training.steps": 20000, "checkpoint.everySteps": 20})))
 
     def pod_uid() -> str | None:
         pods = [p for p in env.pods(name) if not p["metadata"].get("deletionTimestamp")]

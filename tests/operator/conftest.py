@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from flywheel.trainer.fault_injection import STEP_DELAY_ENV
 from tests.k8s_emulator.fixtures import RunningCluster, start_cluster
 from tests.waiting import eventually as _eventually
 
@@ -33,6 +34,9 @@ CRD = REPO / "crds" / "trainingjobs.flywheel.dev.yaml"
 
 
 eventually = partial(_eventually, interval=0.2)  # the operator acts on 0.2 s-scale loops
+# The step delay of a job that only has to keep running while a test acts (deleted or suspended by it): a gpt-tiny
+# step computes in ~0.02-0.05 s, so its ranks leave most of the 2 cores to the other test process.
+IDLE_STEP_S = 0.1
 
 
 def _free_port() -> int:
@@ -96,6 +100,22 @@ class OperatorProcess:
                 self.kill()
 
 
+def with_step_delay(doc: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """Makes the job `doc`'s ranks idle `seconds` before each step: returns a ConfigMap setting
+    FLYWHEEL_STEP_DELAY_SECONDS (flywheel/trainer/fault_injection.py) and points the worker container of the job's
+    pod template at it with envFrom (a template's `env` may not name FLYWHEEL_ variables; envFrom passes through, and
+    the operator's own env wins over it, as in Kubernetes)."""
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap",
+                  "metadata": {"name": f"{doc['metadata']['name']}-step-delay"},
+                  "data": {STEP_DELAY_ENV: str(seconds)}}
+    containers = doc["spec"].setdefault("template", {}).setdefault("spec", {}).setdefault("containers", [])
+    worker = next((c for c in containers if c.get("name") == "worker"), None)
+    if worker is None:
+        containers.append(worker := {"name": "worker"})
+    worker.setdefault("envFrom", []).append({"configMapRef": {"name": config_map["metadata"]["name"]}})
+    return config_map
+
+
 @dataclass
 class OpEnv:
     cluster: RunningCluster
@@ -110,8 +130,10 @@ class OpEnv:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
         return result
 
-    def job_yaml(self, name: str, **spec_changes: Any) -> Path:
-        """examples/operator-tiny.yaml with a new name, its own checkpoint dir and `spec_changes` merged in."""
+    def job_yaml(self, name: str, *, step_delay_s: float = 0.0, **spec_changes: Any) -> Path:
+        """examples/operator-tiny.yaml with a new name, its own checkpoint dir and `spec_changes` merged in;
+        `step_delay_s`: its ranks idle that long before each step (a job that must stay running for a while
+        without taking the CPU the other test process needs)."""
         doc = yaml.safe_load(EXAMPLE.read_text())
         doc["metadata"]["name"] = name
         doc["spec"]["checkpoint"]["dir"] = str(self.tmp / "ckpt" / name)
@@ -121,8 +143,9 @@ class OpEnv:
             for key in parents:
                 node = node.setdefault(key, {})
             node[leaf] = value
+        before = [with_step_delay(doc, step_delay_s)] if step_delay_s else []
         path = self.tmp / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(doc))
+        path.write_text(yaml.safe_dump_all([*before, doc]))
         return path
 
     def job(self, name: str) -> dict[str, Any]:

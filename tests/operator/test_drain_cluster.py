@@ -26,8 +26,10 @@ TAINT = "nvidia.com/gpu-xid-error"  # NVSentinel's fatal-XID quarantine taint: o
 STALL_BOUND_S = 5.0
 # Without a spare the drain first warms a new pod (pod start, imports, zygote: ~5 s on idle cores, over 13 s with the
 # other test process busy), and the job must still be training once it is warm: LONG's 400 steps (~17 s) ended first
-# under that load, so that test trains 1000 (~45 s) against a reference run of its own.
-LONGER = {**LONG, "trainer.training.steps": 1000}
+# under that load. That test trains 500 steps against a reference run of its own, its ranks idling 0.05 s before each
+# step: the 450 steps after the taint take over 22 s whatever the load, with half the CPU 1000 full-speed steps took.
+LONGER = {**LONG, "trainer.training.steps": 500}
+DRAINED_STEP_DELAY_S = 0.05
 
 
 def _stall(records: list[dict[str, Any]], step: int) -> float:
@@ -62,7 +64,8 @@ def test_without_a_spare_a_drain_starts_a_warm_pod_first(op_env: OpEnv) -> None:
     trains on, asks for the checkpoint once it is warm, and moves the worker to it: no cold pod in the stall."""
     name = "drain-no-spare"
     op_env.kubectl("apply", "-f", str(op_env.job_yaml("ref-run-longer", **LONGER)))
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **LONGER, **{"checkpoint.memoryEverySteps": 10})))
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, step_delay_s=DRAINED_STEP_DELAY_S, **LONGER,
+                                                      **{"checkpoint.memoryEverySteps": 10})))
     eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
     worker = f"{name}-worker-1"
     node = node_of(op_env, name, worker)
@@ -83,6 +86,9 @@ def test_without_a_spare_a_drain_starts_a_warm_pod_first(op_env: OpEnv) -> None:
     assert any(wait in m and f"{len(moving)} new spare" in m for m in draining), draining
     op_env.wait_phase("ref-run-longer", "Succeeded", 300)
     _no_replay_and_a_short_stall(op_env, name, node, op_env.done_hash("ref-run-longer"))
+    times = [r["time"] for r in op_env.records(name) if r["event"] == "step"]
+    paces = sorted(b - a for a, b in zip(times, times[1:]))
+    assert paces[len(paces) // 2] >= DRAINED_STEP_DELAY_S, "the step delay did not reach the ranks"
 
 
 def _no_replay_and_a_short_stall(op_env: OpEnv, name: str, node: str, reference_hash: str) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from flywheel.etcd import keys
 from flywheel.etcd.session import EtcdSession
-from tests.operator.conftest import OpEnv, eventually
+from tests.operator.conftest import IDLE_STEP_S, OpEnv, eventually
 
 LONG = {"trainer.training.steps": 400, "checkpoint.everySteps": 20}
 PODGROUP_CRD = Path(__file__).resolve().parents[1] / "fixtures" / "crds" / "scheduler-plugins-podgroup.yaml"
@@ -231,13 +231,13 @@ def test_a_job_on_a_deleted_jobs_checkpoint_dir_waits_for_its_stopping_pods(op_e
     (CheckpointDirInUse), then resumes from that last checkpoint."""
     first, second = "leaving", "successor"
     hook = {"spec": {"containers": [{"name": "worker", "lifecycle": {"preStop": {"sleep": {"seconds": 6}}}}]}}
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(first, **{**LONG, "trainer.training.steps": 5000,
-                                                                 "template": hook})))
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(first, step_delay_s=IDLE_STEP_S, **{
+        **LONG, "trainer.training.steps": 5000, "template": hook})))
     eventually(lambda: op_env.last_step(first) >= 30, 120, f"{first} to pass step 30", interval=0.05)
     events, directory = op_env.events_file(first), op_env.job(first)["spec"]["checkpoint"]["dir"]
     op_env.kubectl("delete", "tj", first, "--wait=false")
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(second, **{**LONG, "trainer.training.steps": 5000,
-                                                                  "checkpoint.dir": directory})))
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(second, step_delay_s=IDLE_STEP_S, **{
+        **LONG, "trainer.training.steps": 5000, "checkpoint.dir": directory})))
     eventually(lambda: op_env.pods(first) and all(p["metadata"].get("deletionTimestamp")
                                                   for p in op_env.pods(first)), 30, f"{first}'s pods to stop")
     said = set()
@@ -256,8 +256,8 @@ def test_a_job_on_a_deleted_jobs_checkpoint_dir_waits_for_its_stopping_pods(op_e
 
 def test_deadline_fails_the_job_and_stops_the_workers(op_env: OpEnv) -> None:
     name = "deadline"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{**LONG, "trainer.training.steps": 5000,
-                                                                 "runPolicy.activeDeadlineSeconds": 4})))
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, step_delay_s=IDLE_STEP_S, **{
+        **LONG, "trainer.training.steps": 5000, "runPolicy.activeDeadlineSeconds": 4})))
     status = op_env.wait_phase(name, "Failed", 60)
     failed = [c for c in status["conditions"] if c["type"] == "Failed"][0]
     assert failed["reason"] == "DeadlineExceeded"
@@ -334,8 +334,8 @@ def test_operator_serves_the_rest_api_with_a_flag(op_env: OpEnv) -> None:
     op_env.operator.restart("--api-port", str(port), "--api-host", "127.0.0.1", "--api-token-file", str(tokens))
     try:
         # Elastic, and long enough to outlive every action below (it is deleted at the end).
-        op_env.kubectl("apply", "-f", str(op_env.job_yaml("served", **{**LONG, "trainer.training.steps": 20000,
-                                                                       "replicas": {"min": 1, "max": 2}})))
+        op_env.kubectl("apply", "-f", str(op_env.job_yaml("served", step_delay_s=IDLE_STEP_S, **{
+            **LONG, "trainer.training.steps": 20000, "replicas": {"min": 1, "max": 2}})))
         base, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer op-admin-token"}
 
         def get(path: str) -> Any:

@@ -18,7 +18,7 @@ import pytest
 
 from flywheel.labels import INDEX_LABEL, ROLE_LABEL
 from flywheel.policy import reasons as R
-from tests.operator.conftest import OpEnv, eventually
+from tests.operator.conftest import IDLE_STEP_S, OpEnv, eventually
 from tests.operator.spare_jobs import train_with_a_ready_spare
 from tests.operator.test_operator_cluster import LONG, _columns, _reference_hash
 
@@ -147,8 +147,8 @@ def test_a_spare_beside_a_worker_moves_to_a_node_that_frees_up(op_env: OpEnv) ->
     name = "spare-moves"
     op_env.kubectl("cordon", "node-2")
     try:
-        op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{**LONG, "trainer.training.steps": 5000,
-                                                                    "replicas.spares": 1})))
+        op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, step_delay_s=IDLE_STEP_S, **{
+            **LONG, "trainer.training.steps": 5000, "replicas.spares": 1})))
         eventually(lambda: op_env.status(name).get("spares") == 1, 120, "the spare to be ready")
         assert {p["spec"].get("nodeName") for p in op_env.pods(name)} == {"node-1"}
         eventually(lambda: op_env.last_step(name) >= 20, 120, f"{name} to train")

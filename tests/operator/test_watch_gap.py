@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.operator.conftest import OpEnv, eventually
+from tests.operator.conftest import IDLE_STEP_S, OpEnv, eventually
 
 
 def _lose_pod_in_a_watch_gap(env: OpEnv, name: str) -> None:
@@ -29,7 +29,7 @@ def _lose_pod_in_a_watch_gap(env: OpEnv, name: str) -> None:
 def test_a_pod_deleted_in_a_watch_gap_leaves_the_caches_and_is_replaced(op_env: OpEnv) -> None:
     env = op_env
     name = "watch-gap"
-    env.kubectl("apply", "-f", str(env.job_yaml(name, **{
+    env.kubectl("apply", "-f", str(env.job_yaml(name, step_delay_s=IDLE_STEP_S, **{
         "replicas.min": 1, "replicas.max": 1, "trainer.training.steps": 100000,
         "faultTolerance.progressTimeoutSeconds": 0, "faultTolerance.firstStepTimeoutSeconds": 900})))
     try:

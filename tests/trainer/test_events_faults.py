@@ -71,6 +71,19 @@ def test_bad_fault_env_is_rejected():
         faults_from_env('[{"id": "f0", "kind": "kill", "rank": 0}]')
 
 
+def test_a_step_delay_idles_every_step_before_its_faults(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(faults_mod.time, "sleep", lambda seconds: calls.append(("sleep", seconds)))
+    monkeypatch.setattr(faults_mod.os, "kill", lambda pid, sig: calls.append(("kill", sig)))
+    planned = [Fault(id="f0", kind="kill", step=2, rank=0)]
+    injector = FaultInjector(planned, rank=0, fault_dir=str(tmp_path), events=EventLog(None), step_delay_s=0.05)
+    for step in (1, 2, 3):
+        injector.maybe_fire(step)
+    assert calls == [("sleep", 0.05), ("sleep", 0.05), ("kill", signal.SIGKILL), ("sleep", 0.05)]
+    FaultInjector([], rank=0, fault_dir=None, events=EventLog(None)).maybe_fire(1)  # no delay: no sleep
+    assert len(calls) == 4
+
+
 def test_fault_fires_once_on_its_rank_and_step(tmp_path, monkeypatch):
     sent = []
     monkeypatch.setattr(faults_mod.os, "kill", lambda pid, sig: sent.append(sig))

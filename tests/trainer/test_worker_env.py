@@ -19,12 +19,14 @@ BASE = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "FLYWHEEL_SPEC": json
 def test_worker_env_is_read_from_the_contract_variables():
     env = WorkerEnv.from_environ(dict(BASE, FLYWHEEL_JOB="team-a/gpt", FLYWHEEL_REPLICA_INDEX="3",
                                       TORCHELASTIC_RESTART_COUNT="2", FLYWHEEL_METRICS_PORT="9400",
-                                      FLYWHEEL_FAULTS='[{"id": "f0", "kind": "kill", "rank": 1, "step": 4}]'))
+                                      FLYWHEEL_FAULTS='[{"id": "f0", "kind": "kill", "rank": 1, "step": 4}]',
+                                      FLYWHEEL_STEP_DELAY_SECONDS="0.05"))
     assert (env.rank, env.local_rank, env.world_size, env.restart_count) == (1, 1, 2, 2)
     assert (env.namespace, env.job, env.replica, env.metrics_port) == ("team-a", "gpt", "3", 9400)
     assert env.spec.trainer.training.steps == 8 and env.checkpoint_dir == "/ckpt/job"
-    assert env.faults == [Fault(id="f0", kind="kill", step=4, rank=1)]
+    assert env.faults == [Fault(id="f0", kind="kill", step=4, rank=1)] and env.step_delay_s == 0.05
     assert env.fault_dir == "/ckpt/job/.faults" and env.events_file is None  # defaults
+    assert WorkerEnv.from_environ(BASE).step_delay_s == 0.0
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -34,6 +36,9 @@ def test_worker_env_is_read_from_the_contract_variables():
     ({"FLYWHEEL_SPEC": "{"}, "FLYWHEEL_SPEC"),
     ({"FLYWHEEL_SPEC": json.dumps({"trainer": {"training": {"steps": 0}}})}, "steps"),
     ({"FLYWHEEL_FAULTS": '[{"kind": "kill"}]'}, "lacks"),
+    ({"FLYWHEEL_STEP_DELAY_SECONDS": "slow"}, "FLYWHEEL_STEP_DELAY_SECONDS='slow' is not a number of seconds"),
+    ({"FLYWHEEL_STEP_DELAY_SECONDS": "-1"}, "from 0 to 60"),
+    ({"FLYWHEEL_STEP_DELAY_SECONDS": "nan"}, "from 0 to 60"),
 ])
 def test_bad_worker_env_is_a_user_error(change, message):
     environ = {k: v for k, v in dict(BASE, **change).items() if v is not None}
