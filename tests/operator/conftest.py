@@ -37,6 +37,7 @@ eventually = partial(_eventually, interval=0.2)  # the operator acts on 0.2 s-sc
 # The step delay of a job that only has to keep running while a test acts (deleted or suspended by it): a gpt-tiny
 # step computes in ~0.02-0.05 s, so its ranks leave most of the 2 cores to the other test process.
 IDLE_STEP_S = 0.1
+HOLD_TAINT = "example.com/hold"  # keeps new pods off a node; not one of the operator's drain taint keys
 
 
 def _free_port() -> int:

@@ -12,7 +12,7 @@ import pytest
 
 from flywheel.etcd import keys
 from flywheel.etcd.session import EtcdSession
-from tests.operator.conftest import IDLE_STEP_S, OpEnv, eventually
+from tests.operator.conftest import HOLD_TAINT, IDLE_STEP_S, OpEnv, eventually
 
 LONG = {"trainer.training.steps": 400, "checkpoint.everySteps": 20}
 PODGROUP_CRD = Path(__file__).resolve().parents[1] / "fixtures" / "crds" / "scheduler-plugins-podgroup.yaml"
@@ -103,7 +103,6 @@ def _steps(env: OpEnv, name: str, after: float = 0.0) -> list[dict[str, Any]]:
     return [r for r in env.records(name) if r["event"] == "step" and r["time"] > after]
 
 
-HOLD_TAINT = "example.com/hold"  # keeps new pods off a node; not one of the operator's drain taint keys
 
 
 @pytest.mark.slow
