@@ -26,6 +26,9 @@ TAINT = "nvidia.com/gpu-xid-error"  # NVSentinel's fatal-XID quarantine taint: o
 # is ~3.5x the path as measured under load, yet below the smallest of those waits.
 # (The cold-pod fallback is asserted apart: no new pod of the drained index.)
 STALL_BOUND_S = 5.0
+# Both workers moved: two spares promoted, a blocking disk save and a disk restore (2.4-2.9 s here, idle); a wait
+# above adds 6 s or more to that.
+STALL_BOUND_BOTH_S = 6.5
 # Without a spare the drain first warms a new pod (pod start, imports, zygote: ~5 s on idle cores, over 13 s with the
 # other test process busy), and the job must still be training once it is warm: LONG's 400 steps (~17 s) ended first
 # under that load. That test trains 500 steps against a reference run of its own, its ranks idling 0.05 s before each
@@ -76,8 +79,9 @@ def test_without_a_spare_a_drain_of_the_node_of_both_workers_starts_warm_pods_an
     try:
         op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, step_delay_s=DRAINED_STEP_DELAY_S, **LONGER,
                                                           **{"checkpoint.memoryEverySteps": 10})))
-        eventually(lambda: [node_of(op_env, name, f"{name}-worker-{i}") for i in (0, 1)] == [node, node], 60,
-                   f"both workers on {node}")
+        workers = {f"{name}-worker-0": node, f"{name}-worker-1": node}
+        eventually(lambda: {p["metadata"]["name"]: p["spec"].get("nodeName") for p in op_env.pods(name)} == workers,
+                   60, f"both workers on {node}")
     finally:
         for other in others:
             op_env.kubectl("taint", "node", other, f"{HOLD_TAINT}-")
@@ -97,7 +101,8 @@ def test_without_a_spare_a_drain_of_the_node_of_both_workers_starts_warm_pods_an
     draining = [e["message"] for e in op_env.events_of(name) if e["reason"] == "NodeDraining"]
     assert any("waiting for 2 warm pod(s)" in m and "2 new spare" in m for m in draining), draining
     op_env.wait_phase("ref-run-longer", "Succeeded", 300)
-    moved_at = _no_replay_and_a_short_stall(op_env, name, node, op_env.done_hash("ref-run-longer"))
+    moved_at = _no_replay_and_a_short_stall(op_env, name, node, op_env.done_hash("ref-run-longer"),
+                                            bound=STALL_BOUND_BOTH_S)
     restores = [(r["step"], r["source"]) for r in op_env.records(name) if r["event"] == "restore"]
     assert restores == [(moved_at, "disk")], restores
     times = [r["time"] for r in op_env.records(name) if r["event"] == "step"]
@@ -105,7 +110,8 @@ def test_without_a_spare_a_drain_of_the_node_of_both_workers_starts_warm_pods_an
     assert paces[len(paces) // 2] >= DRAINED_STEP_DELAY_S, "the step delay did not reach the ranks"
 
 
-def _no_replay_and_a_short_stall(op_env: OpEnv, name: str, node: str, reference_hash: str) -> int:
+def _no_replay_and_a_short_stall(op_env: OpEnv, name: str, node: str, reference_hash: str,
+                                 bound: float = STALL_BOUND_S) -> int:
     """Asserts the move replayed no step and stalled the job briefly; the step it moved at."""
     draining = [e["message"] for e in op_env.events_of(name) if e["reason"] == "NodeDraining"]
     assert any(node in m and TAINT in m for m in draining), draining
@@ -125,7 +131,7 @@ def _no_replay_and_a_short_stall(op_env: OpEnv, name: str, node: str, reference_
     assert starts == [None, moved_at], f"groups started (resumed from): {starts}"
     stall = _stall(records, moved_at)
     print(f"drain ahead: checkpoint at step {moved_at}, stall {stall:.2f}s (last step before -> first after)")
-    assert stall < STALL_BOUND_S, f"drain ahead stalled {stall:.2f}s (bound {STALL_BOUND_S}s)"
+    assert stall < bound, f"drain ahead stalled {stall:.2f}s (bound {bound}s)"
     return moved_at
 
 
