@@ -20,6 +20,7 @@ import atexit
 import logging
 import os
 from collections.abc import Collection, Mapping
+from typing import Any
 
 import torch.distributed as dist
 
@@ -106,7 +107,7 @@ def save_now(ckpt: Checkpointer, step: int, app: AppState, *, replica: str = "",
     moving the workers `moving` (this rank's worker: `replica`) and the save is complete on every rank, else on
     disk (blocking); then close the checkpointer. Call on every rank. Which tier."""
     memory = ckpt.memory
-    if memory is not None and moving and not _copies_outlive_move(ckpt, memory.per_worker, replica, set(moving)):
+    if memory is not None and not _copies_outlive_move(ckpt, memory.per_worker, replica, set(moving)):
         log.info("checkpoint request: the move takes some rank's memory copy and its replica; saving to disk")
         memory = None
     if memory is not None:
@@ -123,12 +124,13 @@ def save_now(ckpt: Checkpointer, step: int, app: AppState, *, replica: str = "",
 
 
 def _copies_outlive_move(ckpt: Checkpointer, per_worker: int, replica: str, moving: set[str]) -> bool:
-    """copies_outlive over every rank's worker (gathered: the same answer on every rank)."""
-    replicas = [replica]
+    """copies_outlive over every rank's worker and every moved worker any rank read (gathered on every rank, so all
+    decide alike even if the request changed between their reads of it)."""
+    gathered: list[Any] = [(replica, sorted(moving))]
     if dist.is_available() and dist.is_initialized():
-        replicas = [""] * dist.get_world_size()
-        dist.all_gather_object(replicas, replica, group=ckpt.control_group)
-    return copies_outlive(replicas, per_worker, moving)
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (replica, sorted(moving)), group=ckpt.control_group)
+    return copies_outlive([r for r, _ in gathered], per_worker, {m for _, moved in gathered for m in moved})
 
 
 def stop_for_request(ckpt: Checkpointer, app: AppState, requests: CheckpointRequests, step: int,

@@ -349,37 +349,25 @@ def test_a_tainted_node_is_drained_ahead_without_replay(real: RealCluster, tmp_p
     assert status["restartBudget"].get("used", 0) == 0
 
 
-def test_without_a_spare_a_drain_of_the_node_of_both_workers_moves_them_through_disk(real: RealCluster,
-                                                                                      tmp_path: Path) -> None:
-    """The twin of test_drain_cluster's: spares 0, both workers placed on one node (every other usable node held by a
-    NoSchedule taint outside the drain keys meanwhile); that node tainted, the drain starts a spare for each off it,
-    waits for them to be warm while the job trains, then moves both: the requested checkpoint goes to disk (the
-    memory copies leave with the pods) and no step is replayed. Skips with fewer than 2 usable nodes."""
-    name, taint, hold = "e2e-drain-no-spare", "nvidia.com/gpu-xid-error", "flywheel.dev/e2e-hold"
-    nodes = json.loads(real.kubectl("get", "nodes", "-o", "json").stdout)["items"]
-    usable = [n["metadata"]["name"] for n in nodes if not n["spec"].get("unschedulable") and not any(
-        t.get("effect") in ("NoSchedule", "NoExecute") for t in n["spec"].get("taints") or [])]
-    if len(usable) < 2:
-        pytest.skip(f"needs 2 schedulable untainted nodes, found {usable}")
-    node, held = usable[0], usable[1:]
-    for other in held:
-        real.kubectl("taint", "node", other, f"{hold}=true:NoSchedule")
-    try:
-        real.apply_job(name, tmp_path, **{**LONG, "checkpoint.memoryEverySteps": 10})
-        eventually(lambda: {(p["spec"].get("nodeName") or "") for p in real.pods(name)} == {node}
-                   and len(real.pods(name)) == 2, 600, f"both workers on {node}")
-    finally:
-        for other in held:
-            real.kubectl("taint", "node", other, f"{hold}-", check=False)
+def test_without_a_spare_a_drain_starts_a_warm_pod_first(real: RealCluster, tmp_path: Path) -> None:
+    """The twin of test_drain_cluster's: spares 0; the drain starts a spare off the tainted node, waits for it to be
+    warm while the job trains, then moves the worker to it with no replayed step."""
+    name, taint = "e2e-drain-no-spare", "nvidia.com/gpu-xid-error"
+    real.apply_job(name, tmp_path, **LONG, **{"checkpoint.memoryEverySteps": 10})
     eventually(lambda: real.status(name).get("step", 0) >= 40, 900, "step 40")
+    worker = _pod(real, name, f"{name}-worker-1") or {}
+    node = worker["spec"]["nodeName"]
     real.kubectl("taint", "node", node, f"{taint}=true:NoSchedule")
     try:
+        eventually(lambda: any((_pod(real, name, f"{name}-spare-{n}") or {}).get("metadata", {}).get("labels", {})
+                               .get("flywheel.dev/replica-index") == "1" for n in range(2)), 900,
+                   "a spare of the drain to take index 1")
         status = real.wait_phase(name, "Succeeded", 900)
     finally:
         real.kubectl("taint", "node", node, f"{taint}-", check=False)
     assert status["lastRestartReason"] == "NodeDraining" and status["goodput"].get("lostSteps", 0) == 0, status
-    assert status["restartBudget"].get("used", 0) == 0 and status["lastRestore"]["source"] == "disk", status
-    assert _pod(real, name, f"{name}-worker-0") is None and _pod(real, name, f"{name}-worker-1") is None
+    assert status["restartBudget"].get("used", 0) == 0
+    assert _pod(real, name, f"{name}-worker-1") is None  # no cold pod of that index
 
 
 def test_a_spare_beside_a_worker_moves_to_a_node_that_frees_up(real: RealCluster, tmp_path: Path) -> None:

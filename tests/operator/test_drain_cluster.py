@@ -1,18 +1,16 @@
 """Drain ahead on the test cluster, driven by the real kubectl (issue 21): a worker's node gets a maintenance taint
 mid-run; the operator asks every rank for a memory checkpoint, moves the worker to the warm spare once all answered
 (lastRestartReason NodeDraining), and the job Succeeds with the fault-free run's parameters and no replayed step.
-Without a spare the operator starts a warm pod for the drain first and moves the worker to it the same way (there,
-both workers on the node: the memory copies go with them, so the requested checkpoint is saved to disk)."""
+Without a spare the operator starts a warm pod for the drain first and moves the worker to it the same way."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
 from flywheel.labels import INDEX_LABEL
-from tests.operator.conftest import HOLD_TAINT, OpEnv, eventually
+from tests.operator.conftest import OpEnv, eventually
 from tests.operator.spare_jobs import node_of, train_with_a_ready_spare
 from tests.operator.test_operator_cluster import LONG, _reference_hash
 
@@ -26,8 +24,8 @@ TAINT = "nvidia.com/gpu-xid-error"  # NVSentinel's fatal-XID quarantine taint: o
 # is ~3.5x the path as measured under load, yet below the smallest of those waits.
 # (The cold-pod fallback is asserted apart: no new pod of the drained index.)
 STALL_BOUND_S = 5.0
-# Both workers moved: two spares promoted, a blocking disk save and a disk restore (2.4-2.9 s here, idle); a wait
-# above adds 6 s or more to that.
+# Both workers on the drained node (the scheduler's choice): two spares promoted, a blocking disk save and a disk
+# restore, the memory copies leaving with the pods (2.4-2.9 s here, idle); a wait above adds 6 s or more to that.
 STALL_BOUND_BOTH_S = 6.5
 # Without a spare the drain first warms a new pod (pod start, imports, zygote: ~5 s on idle cores, over 13 s with the
 # other test process busy), and the job must still be training once it is warm: LONG's 400 steps (~17 s) ended first
@@ -64,55 +62,41 @@ def test_a_tainted_node_is_drained_ahead_to_the_spare_without_replay(op_env: OpE
     _no_replay_and_a_short_stall(op_env, name, node, _reference_hash(op_env))
 
 
-def test_without_a_spare_a_drain_of_the_node_of_both_workers_starts_warm_pods_and_moves_them_through_disk(
-        op_env: OpEnv) -> None:
-    """spares: 0, both workers on one node (every other node held by a NoSchedule taint, no drain key, while they
-    are placed). The drain starts a spare for each (the drain taint keeps them off the node) while the job trains on,
-    asks for the checkpoint once they are warm, and moves both: no cold pod in the stall. Every memory copy lives on
-    that node and goes with the pods, so the ranks save the requested step to disk, and the new group resumes from
-    it, replaying nothing (before, they saved it to memory and the new group restored an older disk checkpoint)."""
+def test_without_a_spare_a_drain_starts_a_warm_pod_first(op_env: OpEnv) -> None:
+    """spares: 0. The drain starts a spare for the moving worker (the taint keeps it off the node) while the job
+    trains on, asks for the checkpoint once it is warm, and moves the worker to it: no cold pod in the stall."""
     name = "drain-no-spare"
-    nodes = json.loads(op_env.kubectl("get", "nodes", "-o", "json").stdout)["items"]
-    node, *others = sorted(n["metadata"]["name"] for n in nodes)
-    for other in others:
-        op_env.kubectl("taint", "node", other, f"{HOLD_TAINT}=true:NoSchedule")
-    try:
-        op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, step_delay_s=DRAINED_STEP_DELAY_S, **LONGER,
-                                                          **{"checkpoint.memoryEverySteps": 10})))
-        workers = {f"{name}-worker-0": node, f"{name}-worker-1": node}
-        eventually(lambda: {p["metadata"]["name"]: p["spec"].get("nodeName") for p in op_env.pods(name)} == workers,
-                   60, f"both workers on {node}")
-    finally:
-        for other in others:
-            op_env.kubectl("taint", "node", other, f"{HOLD_TAINT}-")
     op_env.kubectl("apply", "-f", str(op_env.job_yaml("ref-run-longer", **LONGER)))
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, step_delay_s=DRAINED_STEP_DELAY_S, **LONGER,
+                                                      **{"checkpoint.memoryEverySteps": 10})))
     eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
+    worker = f"{name}-worker-1"
+    node = node_of(op_env, name, worker)
+    moving = [p["metadata"]["name"] for p in op_env.pods(name) if p["spec"].get("nodeName") == node]
     op_env.kubectl("taint", "node", node, f"{TAINT}=true:NoSchedule")
     try:
-        eventually(lambda: {_labels_of(op_env, name, f"{name}-spare-{n}").get(INDEX_LABEL) for n in (0, 1)}
-                   == {"0", "1"}, 120, "the drain's spares to take indices 0 and 1")
+        eventually(lambda: any(_labels_of(op_env, name, f"{name}-spare-{n}").get(INDEX_LABEL) == "1"
+                               for n in range(len(moving))), 120, "a spare of the drain to take index 1")
         status = op_env.wait_phase(name, "Succeeded", 180)
     finally:
         op_env.kubectl("taint", "node", node, f"{TAINT}-", check=False)
     assert status["step"] == LONGER["trainer.training.steps"], status
     assert status["lastRestartReason"] == "NodeDraining", status
     assert status["restarts"] == 1 and status["restartBudget"].get("used", 0) == 0, status
-    assert not {f"{name}-worker-0", f"{name}-worker-1"} & {p["metadata"]["name"] for p in op_env.pods(name)}
+    assert worker not in {p["metadata"]["name"] for p in op_env.pods(name)}
     draining = [e["message"] for e in op_env.events_of(name) if e["reason"] == "NodeDraining"]
-    assert any("waiting for 2 warm pod(s)" in m and "2 new spare" in m for m in draining), draining
+    wait = f"waiting for {len(moving)} warm pod(s)"
+    assert any(wait in m and f"{len(moving)} new spare" in m for m in draining), draining
     op_env.wait_phase("ref-run-longer", "Succeeded", 300)
-    moved_at = _no_replay_and_a_short_stall(op_env, name, node, op_env.done_hash("ref-run-longer"),
-                                            bound=STALL_BOUND_BOTH_S)
-    restores = [(r["step"], r["source"]) for r in op_env.records(name) if r["event"] == "restore"]
-    assert restores == [(moved_at, "disk")], restores
+    _no_replay_and_a_short_stall(op_env, name, node, op_env.done_hash("ref-run-longer"),
+                                 bound=STALL_BOUND_BOTH_S if len(moving) > 1 else STALL_BOUND_S)
     times = [r["time"] for r in op_env.records(name) if r["event"] == "step"]
     paces = sorted(b - a for a, b in zip(times, times[1:]))
     assert paces[len(paces) // 2] >= DRAINED_STEP_DELAY_S, "the step delay did not reach the ranks"
 
 
 def _no_replay_and_a_short_stall(op_env: OpEnv, name: str, node: str, reference_hash: str,
-                                 bound: float = STALL_BOUND_S) -> int:
-    """Asserts the move replayed no step and stalled the job briefly; the step it moved at."""
+                                 bound: float = STALL_BOUND_S) -> None:
     draining = [e["message"] for e in op_env.events_of(name) if e["reason"] == "NodeDraining"]
     assert any(node in m and TAINT in m for m in draining), draining
     assert op_env.status(name)["goodput"].get("lostSteps", 0) == 0
@@ -132,7 +116,6 @@ def _no_replay_and_a_short_stall(op_env: OpEnv, name: str, node: str, reference_
     stall = _stall(records, moved_at)
     print(f"drain ahead: checkpoint at step {moved_at}, stall {stall:.2f}s (last step before -> first after)")
     assert stall < bound, f"drain ahead stalled {stall:.2f}s (bound {bound}s)"
-    return moved_at
 
 
 def _labels_of(env: OpEnv, job: str, pod: str) -> dict[str, str]:
