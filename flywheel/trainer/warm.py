@@ -199,16 +199,16 @@ def serve(path: Path, preload: list[str], parent: int) -> int:
 
 
 @contextlib.contextmanager
-def zygote(preload: tuple[str, ...]) -> Iterator[dict[str, str]]:
-    """Start a zygote for this agent; yields the env its rank clients need. Killed on exit (its forked ranks die
-    with it)."""
+def zygote(preload: tuple[str, ...], env: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
+    """Start a zygote for this agent (in `env`, this process's by default: what the preloaded modules read at import
+    time); yields the env its rank clients need. Killed on exit (its forked ranks die with it)."""
     with tempfile.TemporaryDirectory(prefix="flywheel-warm-") as tmp:
         path = Path(tmp) / "zygote.sock"
         argv = [sys.executable, "-m", __name__, "serve", "--socket", str(path), "--parent", str(os.getpid())]
         for module in preload:
             argv += ["--preload", module]
         # Its own session: a SIGTERM to the worker's process group is the agent's to pass on, not the zygote's.
-        proc = subprocess.Popen(argv, start_new_session=True)
+        proc = subprocess.Popen(argv, start_new_session=True, env=env)
         try:
             yield {SOCKET_ENV: str(path), PID_ENV: str(proc.pid)}
         finally:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from tests.warm_ranks import start_rank
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,8 +35,7 @@ def run_layout(world: int, workdir: Path, *, parallelism: dict[str, Any] | None 
                    WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), LAYOUT_RUN=json.dumps(run))
         with open(workdir / f"rank{rank}.log", "ab") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", "tests.parallel.layout_worker"], cwd=REPO,
-                                          env=env, stdout=log, stderr=log))
+            procs.append(start_rank("tests.parallel.layout_worker", env, log))
     try:
         codes = [p.wait(timeout=timeout) for p in procs]
     finally:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from flywheel import exitcodes
 from flywheel.spec import parse_spec
 from flywheel.trainer.collective_env import collective_timeouts
+from tests.warm_ranks import start_rank
 
 from . import workers
 
@@ -35,8 +35,7 @@ def launch(spec: dict, workdir: Path, faults: list[dict]) -> list[subprocess.Pop
                    FLYWHEEL_EVENTS_FILE=str(workdir / "events.jsonl"), FLYWHEEL_FAULT_DIR=str(workdir / "faults"),
                    FLYWHEEL_FAULTS=json.dumps(faults), FLYWHEEL_TEST_METRICS_OUT=str(workdir / f"metrics{rank}.txt"))
         with open(workdir / f"rank{rank}.log", "ab") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", "tests.trainer.exit_metrics_worker"],
-                                          cwd=workers.REPO, env=env, stdout=log, stderr=log))
+            procs.append(start_rank("tests.trainer.exit_metrics_worker", env, log))
     return procs
 
 

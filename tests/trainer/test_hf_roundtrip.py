@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ import torch.nn.functional as F
 from flywheel.cli import main
 from flywheel.trainer.hf_export import ExportError, export_hf
 from tests.parallel.harness import REPO, _free_port
+from tests.warm_ranks import start_rank
 
 from .hf_models import hf_logits, save_hf_model
 
@@ -31,8 +30,7 @@ def run_workers(world: int, workdir: Path, run: dict, timeout: float = 240) -> d
                    WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), HF_RUN=json.dumps(run))
         with open(workdir / f"rank{rank}.log", "ab") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", "tests.trainer.hf_worker"], cwd=REPO, env=env,
-                                          stdout=log, stderr=log))
+            procs.append(start_rank("tests.trainer.hf_worker", env, log))
     codes = [p.wait(timeout=timeout) for p in procs]
     if codes != [0] * world:
         logs = "\n".join(p.read_text()[-3000:] for p in sorted(workdir.glob("rank*.log")))

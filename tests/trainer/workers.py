@@ -1,4 +1,5 @@
-"""Starts trainer ranks as plain processes with the worker contract's env (env:// rendezvous on loopback)."""
+"""Starts trainer ranks with the worker contract's env (env:// rendezvous on loopback), forked by a warm zygote as
+the agent's are (tests/warm_ranks.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
+
+from flywheel.trainer.launch_settings import WARM_PRELOAD
+from tests.warm_ranks import start_rank
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,8 +46,7 @@ def launch(world_size: int, spec: dict[str, Any], workdir: Path, *, faults: list
                    FLYWHEEL_FAULTS=json.dumps(faults or []))
         env.update(extra_env or {})
         log = open(workdir / f"rank{rank}.log", "ab")
-        procs.append(subprocess.Popen([sys.executable, "-m", "flywheel.trainer"], cwd=REPO, env=env,
-                                      stdout=log, stderr=log))
+        procs.append(start_rank("flywheel.trainer", env, log, preload=WARM_PRELOAD))
         log.close()
     return procs
 
