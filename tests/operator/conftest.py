@@ -37,6 +37,12 @@ eventually = partial(_eventually, interval=0.2)  # the operator acts on 0.2 s-sc
 # The step delay of a job that only has to keep running while a test acts (deleted or suspended by it): a gpt-tiny
 # step computes in ~0.02-0.05 s, so its ranks leave most of the 2 cores to the other test process.
 IDLE_STEP_S = 0.1
+# A job long enough to be hit mid-run (a worker killed, a node lost, the operator killed) and then to train on: its
+# ranks idle LONG_STEP_S before each step, which keeps it running ~13 s without taking both cores for all of it
+# (400 unpaced steps did the same on twice the CPU). `OpEnv.long_job_yaml` applies both.
+LONG_STEPS = 200
+LONG = {"trainer.training.steps": LONG_STEPS, "checkpoint.everySteps": 20}
+LONG_STEP_S = 0.04
 HOLD_TAINT = "example.com/hold"  # keeps new pods off a node; not one of the operator's drain taint keys
 
 
@@ -148,6 +154,10 @@ class OpEnv:
         path = self.tmp / f"{name}.yaml"
         path.write_text(yaml.safe_dump_all([*before, doc]))
         return path
+
+    def long_job_yaml(self, name: str, **spec_changes: Any) -> Path:
+        """`job_yaml` of a LONG job (paced by LONG_STEP_S), with `spec_changes` over LONG."""
+        return self.job_yaml(name, step_delay_s=LONG_STEP_S, **{**LONG, **spec_changes})
 
     def job(self, name: str) -> dict[str, Any]:
         return json.loads(self.kubectl("get", "tj", name, "-o", "json").stdout)

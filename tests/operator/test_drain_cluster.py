@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from flywheel.labels import INDEX_LABEL
-from tests.operator.conftest import OpEnv, eventually
+from tests.operator.conftest import LONG, LONG_STEP_S, LONG_STEPS, OpEnv, eventually
 from tests.operator.spare_jobs import node_of, train_with_a_ready_spare
-from tests.operator.test_operator_cluster import LONG, _reference_hash
+from tests.operator.test_operator_cluster import _reference_hash
 
 pytestmark = pytest.mark.slow
 TAINT = "nvidia.com/gpu-xid-error"  # NVSentinel's fatal-XID quarantine taint: one of the default drain keys
@@ -28,7 +28,7 @@ STALL_BOUND_S = 5.0
 # restore, the memory copies leaving with the pods (2.4-2.9 s here, idle); a wait above adds 6 s or more to that.
 STALL_BOUND_BOTH_S = 6.5
 # Without a spare the drain first warms a new pod (pod start, imports, zygote: ~5 s on idle cores, over 13 s with the
-# other test process busy), and the job must still be training once it is warm: LONG's 400 steps (~17 s) ended first
+# other test process busy), and the job must still be training once it is warm: 400 full-speed steps (~17 s) ended first
 # under that load. That test trains 500 steps against a reference run of its own, its ranks idling 0.05 s before each
 # step: the 450 steps after the taint take over 22 s whatever the load, with half the CPU 1000 full-speed steps took.
 LONGER = {**LONG, "trainer.training.steps": 500}
@@ -44,7 +44,7 @@ def _stall(records: list[dict[str, Any]], step: int) -> float:
 
 def test_a_tainted_node_is_drained_ahead_to_the_spare_without_replay(op_env: OpEnv) -> None:
     name = "drain-run"
-    spec = {**LONG, "replicas.spares": 1, "checkpoint.memoryEverySteps": 10}
+    spec = {"replicas.spares": 1, "checkpoint.memoryEverySteps": 10}
     worker = train_with_a_ready_spare(op_env, name, spec)
     node, index = node_of(op_env, name, worker), worker.rsplit("-", 1)[1]
     op_env.kubectl("taint", "node", node, f"{TAINT}=true:NoSchedule")
@@ -54,7 +54,7 @@ def test_a_tainted_node_is_drained_ahead_to_the_spare_without_replay(op_env: OpE
         status = op_env.wait_phase(name, "Succeeded", 180)
     finally:
         op_env.kubectl("taint", "node", node, f"{TAINT}-", check=False)
-    assert status["step"] == 400 and status["lastRestartReason"] == "NodeDraining", status
+    assert status["step"] == LONG_STEPS and status["lastRestartReason"] == "NodeDraining", status
     assert status["restarts"] == 1 and status["goodput"].get("lostSteps", 0) == 0, status
     assert status["restartBudget"].get("used", 0) == 0  # a planned move is no failure
     # The promoted spare finished as that replica: no cold pod of the drained index was created behind it.
@@ -66,7 +66,7 @@ def test_without_a_spare_a_drain_starts_a_warm_pod_first(op_env: OpEnv) -> None:
     """spares: 0. The drain starts a spare for the moving worker (the taint keeps it off the node) while the job
     trains on, asks for the checkpoint once it is warm, and moves the worker to it: no cold pod in the stall."""
     name = "drain-no-spare"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml("ref-run-longer", **LONGER)))
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml("ref-run-longer", step_delay_s=LONG_STEP_S, **LONGER)))
     op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, step_delay_s=DRAINED_STEP_DELAY_S, **LONGER,
                                                       **{"checkpoint.memoryEverySteps": 10})))
     eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)

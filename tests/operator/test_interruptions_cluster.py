@@ -17,20 +17,18 @@ from typing import Any
 import pytest
 
 from tests.operator import worker_writes as writes
-from tests.operator.conftest import OpEnv, eventually
-
-LONG = {"trainer.training.steps": 400, "checkpoint.everySteps": 20}
+from tests.operator.conftest import LONG_STEPS, OpEnv, eventually
 
 
 def test_a_pod_deleted_mid_run_counts_as_a_restart_named_pod_deleted(op_env: OpEnv) -> None:
     name = "deleted-gracefully"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **LONG)))
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name)))
     eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
     op_env.kubectl("delete", "pod", f"{name}-worker-1", "--wait=false")
     counted = eventually(lambda: (s := op_env.status(name)).get("restarts", 0) >= 1 and s, 60, "the restart")
     assert counted["lastRestartReason"] == "PodDeleted" and counted["restartBudget"]["used"] == 0
     status = op_env.wait_phase(name, "Succeeded", 180)
-    assert status["step"] == 400 and status["restarts"] >= 1
+    assert status["step"] == LONG_STEPS and status["restarts"] >= 1
     assert "PodDeleted" in op_env.kubectl("describe", "tj", name).stdout
     op_env.delete(name)
 

@@ -13,17 +13,16 @@ from typing import Any
 import pytest
 
 from flywheel.timefmt import parse_rfc3339
-from tests.operator.conftest import OpEnv, eventually
+from tests.operator.conftest import LONG_STEPS, OpEnv, eventually
 
-# 400 steps of gpt-tiny take ~10 s on 2 cores: long enough to hit a worker or the operator mid-run.
-LONG = {"trainer.training.steps": 400, "checkpoint.everySteps": 20}
+CHAOS_STEPS = 300  # paced (~20 s): still training through the ten operator kills (~13-23 s)
 _REFERENCE: dict[str, str] = {}  # params hash of the fault-free LONG run, shared by the tests of this module
 
 
 def _reference_hash(env: OpEnv) -> str:
     if "hash" not in _REFERENCE:
         if env.kubectl("get", "tj", "ref-run", check=False).returncode != 0:
-            env.kubectl("apply", "-f", str(env.job_yaml("ref-run", **LONG)))
+            env.kubectl("apply", "-f", str(env.long_job_yaml("ref-run")))
         env.wait_phase("ref-run", "Succeeded", 180)
         _REFERENCE["hash"] = env.done_hash("ref-run")
     return _REFERENCE["hash"]
@@ -66,8 +65,8 @@ def test_tiny_job_succeeds_with_columns_and_events(op_env: OpEnv) -> None:
 
 
 def test_killed_worker_recovers_to_the_fault_free_parameters(op_env: OpEnv) -> None:
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml("ref-run", **LONG)))
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml("kill-run", **LONG)))
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml("ref-run")))
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml("kill-run")))
     # Kill worker 1's agent (its ranks die with it) once the run is past its first checkpoints.
     eventually(lambda: op_env.last_step("kill-run") >= 50, 120, "kill-run to pass step 50", interval=0.05)
     pid = op_env.cluster.kubelet.pid_of("default", "kill-run-worker-1")
@@ -91,7 +90,7 @@ def test_killed_worker_recovers_to_the_fault_free_parameters(op_env: OpEnv) -> N
     # The kill was detected (container end -> decision) and recovered from (last step -> first step after).
     assert f'flywheel_operator_time_to_detect_seconds_count{{reason="{reason}"}} 1.0' in metrics
     assert f'flywheel_operator_time_to_recover_seconds_count{{reason="{reason}"}} 1.0' in metrics
-    assert status["step"] == 400 and status["goodput"]["lostSteps"] >= 1
+    assert status["step"] == LONG_STEPS and status["goodput"]["lostSteps"] >= 1
     assert status["goodput"]["meanTimeToRecoverSeconds"] > 0
     assert op_env.done_hash("kill-run") == _reference_hash(op_env)
     restores = [r for r in op_env.records("kill-run") if r["event"] == "restore"]
@@ -105,14 +104,14 @@ def test_force_deleted_pod_is_replaced_and_the_agents_recover(op_env: OpEnv) -> 
     interruption it was (PodDeleted, outside the restart budget: nothing failed), the surviving agent
     re-rendezvouses with the newcomer and training resumes exactly."""
     name = "deleted-pod"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **LONG)))
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name)))
     eventually(lambda: op_env.last_step(name) >= 50, 120, "deleted-pod to pass step 50", interval=0.05)
     old = op_env.cluster.kubelet.pid_of("default", f"{name}-worker-1")
     op_env.kubectl("delete", "pod", f"{name}-worker-1", "--grace-period=0", "--force")
     eventually(lambda: (pid := op_env.cluster.kubelet.pid_of("default", f"{name}-worker-1")) and pid != old, 30,
                "the replacement worker process")
     status = op_env.wait_phase(name, "Succeeded", 180)
-    assert status["step"] == 400 and status["restarts"] == 1 and status["lastRestartReason"] == "PodDeleted"
+    assert status["step"] == LONG_STEPS and status["restarts"] == 1 and status["lastRestartReason"] == "PodDeleted"
     assert status["restartBudget"]["used"] == 0
     assert any(r["event"] == "restore" for r in op_env.records(name))
     assert op_env.done_hash(name) == _reference_hash(op_env)
@@ -128,20 +127,20 @@ def _restart_etcd(env: OpEnv, down_seconds: float) -> None:
 @pytest.mark.slow
 def test_etcd_restart_mid_run_is_survived(op_env: OpEnv) -> None:
     name = "etcd-restart"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **LONG)))
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name)))
     eventually(lambda: op_env.last_step(name) >= 50, 120, "etcd-restart to pass step 50", interval=0.05)
     _restart_etcd(op_env, down_seconds=2.0)
     at_restart = op_env.last_step(name)
     eventually(lambda: op_env.last_step(name) > at_restart + 20, 60, "training to go on after the etcd restart")
     status = op_env.wait_phase(name, "Succeeded", 180)
     # etcd keeps leases across a restart: no worker looked dead, nothing was restarted.
-    assert status["restarts"] == 0 and status["step"] == 400
+    assert status["restarts"] == 0 and status["step"] == LONG_STEPS
     assert op_env.done_hash(name) == _reference_hash(op_env)
 
 
 def test_operator_killed_ten_times_no_duplicates_and_converges(op_env: OpEnv) -> None:
     name = "op-chaos"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{**LONG, "trainer.training.steps": 600})))
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name, **{"trainer.training.steps": CHAOS_STEPS})))
     rng = random.Random(7)
     seen_uids: dict[str, set[str]] = {}
     kills = 0
@@ -165,7 +164,7 @@ def test_operator_killed_ten_times_no_duplicates_and_converges(op_env: OpEnv) ->
     for p in op_env.pods(name):
         seen_uids.setdefault(p["metadata"]["name"], set()).add(p["metadata"]["uid"])
     # No fault hit the workers: operator restarts must neither restart the job nor create a second pod.
-    assert status["restarts"] == 0 and status["step"] == 600
+    assert status["restarts"] == 0 and status["step"] == CHAOS_STEPS
     assert {n: len(u) for n, u in seen_uids.items()} == {f"{name}-worker-0": 1, f"{name}-worker-1": 1}
     # Events go out after the status write that decided them: an operator killed in between loses one, but none
     # is ever sent twice.
@@ -189,8 +188,7 @@ def test_invalid_jobs_rejected_by_crd_or_marked_invalid(op_env: OpEnv) -> None:
 @pytest.mark.slow
 def test_lost_node_pod_force_deleted_and_replaced(op_env: OpEnv) -> None:
     name = "lose-node"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{**LONG, "trainer.training.steps": 600,
-                                                                "faultTolerance.nodeFailureGraceSeconds": 3})))
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name, **{"faultTolerance.nodeFailureGraceSeconds": 3})))
     eventually(lambda: op_env.last_step(name) >= 40, 120, "lose-node to pass step 40", interval=0.05)
     victim = next(p for p in op_env.pods(name) if p["metadata"]["name"].endswith("-1"))
     node, uid = victim["spec"]["nodeName"], victim["metadata"]["uid"]
@@ -269,7 +267,7 @@ def test_preempted_worker_is_an_external_failure(op_env: OpEnv) -> None:
     """A pod marked DisruptionTarget (as the scheduler does when it preempts it) and deleted: a restart with reason
     Evicted that spends no budget -- with maxRestarts 0 a charged restart would fail the job."""
     name = "preempted"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{**LONG, "faultTolerance.maxRestarts": 0})))
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name, **{"faultTolerance.maxRestarts": 0})))
     eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
     victim = f"{name}-worker-1"
     pod = next(p for p in op_env.pods(name) if p["metadata"]["name"] == victim)
@@ -282,7 +280,7 @@ def test_preempted_worker_is_an_external_failure(op_env: OpEnv) -> None:
     op_env.kubectl("delete", "pod", victim, "--wait=false")
     status = op_env.wait_phase(name, "Succeeded", 180)
     assert status["restarts"] == 1 and status["lastRestartReason"] == "Evicted"
-    assert status["restartBudget"]["used"] == 0 and status["step"] == 400
+    assert status["restartBudget"]["used"] == 0 and status["step"] == LONG_STEPS
     assert "DisruptionTarget: PreemptionByScheduler" in op_env.kubectl("describe", "tj", name).stdout
 
 
@@ -293,7 +291,7 @@ def test_kubectl_drain_evicts_a_worker_without_spending_budget(op_env: OpEnv) ->
     Evicted, spends no budget (maxRestarts 0), replays no step (the evicted worker's SIGTERM has every rank save the
     step they reached) and ends with the fault-free run's parameters."""
     name = "drained"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{**LONG, "faultTolerance.maxRestarts": 0})))
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name, **{"faultTolerance.maxRestarts": 0})))
     eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
     node = next(p["spec"]["nodeName"] for p in op_env.pods(name) if p["metadata"]["name"] == f"{name}-worker-1")
     try:
@@ -303,7 +301,7 @@ def test_kubectl_drain_evicts_a_worker_without_spending_budget(op_env: OpEnv) ->
     finally:
         op_env.kubectl("uncordon", node, check=False)
     assert status["restarts"] == 1 and status["lastRestartReason"] == "Evicted", status
-    assert status["restartBudget"]["used"] == 0 and status["step"] == 400
+    assert status["restartBudget"]["used"] == 0 and status["step"] == LONG_STEPS
     assert status["goodput"]["lostSteps"] == 0, status["goodput"]
     assert "DisruptionTarget: EvictionByEvictionAPI" in op_env.kubectl("describe", "tj", name).stdout
     assert op_env.done_hash(name) == _reference_hash(op_env)

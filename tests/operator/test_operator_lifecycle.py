@@ -12,9 +12,8 @@ import pytest
 
 from flywheel.etcd import keys
 from flywheel.etcd.session import EtcdSession
-from tests.operator.conftest import HOLD_TAINT, IDLE_STEP_S, OpEnv, eventually
+from tests.operator.conftest import HOLD_TAINT, IDLE_STEP_S, LONG, LONG_STEP_S, LONG_STEPS, OpEnv, eventually
 
-LONG = {"trainer.training.steps": 400, "checkpoint.everySteps": 20}
 PODGROUP_CRD = Path(__file__).resolve().parents[1] / "fixtures" / "crds" / "scheduler-plugins-podgroup.yaml"
 
 
@@ -31,8 +30,8 @@ def _etcd_keys(env: OpEnv, prefix: bytes) -> int:
 @pytest.mark.slow
 def test_kubectl_scale_shrinks_and_regrows_an_elastic_job(op_env: OpEnv) -> None:
     name = "elastic"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{**LONG, "trainer.training.steps": 500,
-                                                                 "replicas": {"min": 1, "max": 2}})))
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name, **{"trainer.training.steps": 300,
+                                                                      "replicas": {"min": 1, "max": 2}})))
     eventually(lambda: op_env.last_step(name) >= 40, 120, "elastic to pass step 40", interval=0.05)
     op_env.kubectl("scale", "tj", name, "--replicas", "1")
     eventually(lambda: [p["metadata"]["name"] for p in op_env.pods(name)] == [f"{name}-worker-0"], 60,
@@ -44,7 +43,7 @@ def test_kubectl_scale_shrinks_and_regrows_an_elastic_job(op_env: OpEnv) -> None
     eventually(lambda: (r := [x for x in op_env.records(name) if x["event"] == "step"]) and r[-1]["world_size"] == 2
                and any(x["world_size"] == 1 for x in r), 120, "training at world size 2 again")
     status = op_env.wait_phase(name, "Succeeded", 180)
-    assert status["step"] == 500 and status["replicas"]["desired"] == 2
+    assert status["step"] == 300 and status["replicas"]["desired"] == 2
     restores = [r for r in op_env.records(name) if r["event"] == "restore"]
     assert {(r["from_world_size"], r["world_size"]) for r in restores} >= {(2, 1), (1, 2)}
 
@@ -54,7 +53,8 @@ def test_quick_changes_of_mind_are_no_restarts(op_env: OpEnv) -> None:
     """Scaled down then up again while the scaled-down pod is still terminating, then suspended and resumed while
     the suspended pods are: neither is a pod deleted by someone else. No restart is counted and the job Succeeds."""
     name = "changes"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{**LONG, "replicas": {"min": 1, "max": 2}})))
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name, **{"trainer.training.steps": 300,
+                                                                      "replicas": {"min": 1, "max": 2}})))
     eventually(lambda: op_env.last_step(name) >= 40, 120, f"{name} to pass step 40", interval=0.05)
 
     def terminating() -> bool:
@@ -69,20 +69,20 @@ def test_quick_changes_of_mind_are_no_restarts(op_env: OpEnv) -> None:
     op_env.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"suspend": false}}')
     status = op_env.wait_phase(name, "Succeeded", 240)
     events = [f"{e['reason']}: {e['message']}" for e in op_env.events_of(name)]
-    assert status["restarts"] == 0 and status["step"] == 400, "\n".join(events)
+    assert status["restarts"] == 0 and status["step"] == 300, "\n".join(events)
     assert not any(e["reason"] == "Restarting" for e in op_env.events_of(name))
 
 
 @pytest.mark.slow
 def test_an_edit_the_workers_do_not_see_is_said_and_applied_when_a_worker_is_replaced(op_env: OpEnv) -> None:
-    """steps raised mid-run: the running workers keep their 400, SpecChanged says so (condition and Warning event,
+    """steps raised mid-run: the running workers keep their 200, SpecChanged says so (condition and Warning event,
     naming them and the fix). Worker 1 is then deleted: its replacement is not created beside worker 0 on the old
     spec -- every worker is created again with the new one (RecreatingWithNewSpec), one restart counted (the
-    PodDeleted), and the job ends at step 600. (A suspend and resume applies it the same way: every pod anew.)"""
+    PodDeleted), and the job ends at step 300. (A suspend and resume applies it the same way: every pod anew.)"""
     name = "edited"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **LONG)))
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name)))
     eventually(lambda: op_env.last_step(name) >= 40, 120, f"{name} to pass step 40", interval=0.05)
-    op_env.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"trainer": {"training": {"steps": 600}}}}')
+    op_env.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"trainer": {"training": {"steps": 300}}}}')
     changed = eventually(lambda: next((c for c in op_env.status(name).get("conditions", [])
                                        if c["type"] == "SpecChanged" and c["status"] == "True"), None), 30,
                          "the SpecChanged condition")
@@ -91,12 +91,16 @@ def test_an_edit_the_workers_do_not_see_is_said_and_applied_when_a_worker_is_rep
     op_env.kubectl("delete", "pod", f"{name}-worker-1", "--wait=false")
     status = op_env.wait_phase(name, "Succeeded", 240)
     events = [f"{e['reason']}: {e['message']}" for e in op_env.events_of(name)]
-    assert status["step"] == 600 and status["restarts"] == 1, (status, events)
+    assert status["step"] == 300 and status["restarts"] == 1, (status, events)
     assert status["lastRestartReason"] == "PodDeleted", status
     assert not any(c["type"] == "SpecChanged" and c["status"] == "True" for c in status["conditions"])
     assert sum(e.startswith("SpecChanged:") for e in events) == 1, events
     assert any(e.startswith("RecreatingWithNewSpec:") and "replica(s) 1 would have joined" in e
                for e in events), events
+
+
+# paced: ~45 s at world size 1, longer than the shrink and the regrowth take on a loaded host
+SHRINK_REGROW_STEPS = 800
 
 
 def _steps(env: OpEnv, name: str, after: float = 0.0) -> list[dict[str, Any]]:
@@ -111,8 +115,8 @@ def test_lost_worker_shrinks_the_world_to_min_and_regrows_when_its_node_returns(
     held by a NoSchedule taint that is no drain key: a cordon would drain the survivor ahead), so training goes on at
     world size 1; when the node returns the replacement starts and the world grows back to 2, and the job Succeeds."""
     name = "shrink-regrow"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **{
-        **LONG, "trainer.training.steps": 1500, "replicas": {"min": 1, "max": 2},
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, step_delay_s=LONG_STEP_S, **{
+        **LONG, "trainer.training.steps": SHRINK_REGROW_STEPS, "replicas": {"min": 1, "max": 2},
         # The survivor's collective with the frozen peer times out after 0.8 x progressTimeoutSeconds.
         "faultTolerance.progressTimeoutSeconds": 10, "faultTolerance.nodeFailureGraceSeconds": 3})))
     eventually(lambda: op_env.last_step(name) >= 40 and any(r["event"] == "checkpoint" for r in op_env.records(name)),
@@ -144,7 +148,7 @@ def test_lost_worker_shrinks_the_world_to_min_and_regrows_when_its_node_returns(
         op_env.cluster.kubelet.restore_node(lost)
         op_env.kubectl("taint", "node", kept, f"{HOLD_TAINT}-")
     status = op_env.wait_phase(name, "Succeeded", 240)
-    assert status["step"] == 1500 and status["worldSize"] == 2 and status["restartBudget"]["used"] == 0
+    assert status["step"] == SHRINK_REGROW_STEPS and status["worldSize"] == 2 and status["restartBudget"]["used"] == 0
     restores = [r for r in op_env.records(name) if r["event"] == "restore"]
     assert {(r["from_world_size"], r["world_size"]) for r in restores} >= {(2, 1), (1, 2)}
     assert not any(c["type"] == "Unschedulable" and c["status"] == "True" for c in status["conditions"])
@@ -153,7 +157,7 @@ def test_lost_worker_shrinks_the_world_to_min_and_regrows_when_its_node_returns(
 @pytest.mark.slow
 def test_suspend_then_resume_continues_from_the_checkpoint(op_env: OpEnv) -> None:
     name = "pause"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **LONG)))
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name)))
     eventually(lambda: op_env.last_step(name) >= 40, 120, "pause to pass step 40", interval=0.05)
     op_env.kubectl("patch", "tj", name, "--type=merge", "-p", '{"spec": {"suspend": true}}')
     op_env.wait_phase(name, "Suspended", 60)
@@ -167,7 +171,8 @@ def test_suspend_then_resume_continues_from_the_checkpoint(op_env: OpEnv) -> Non
     op_env.kubectl("annotate", "tj", name, "flywheel.dev/restart-requested-at=2026-11-22T09:00:00Z")
     eventually(lambda: op_env.status(name).get("restarts") == 1, 60, "the requested restart")
     status = op_env.wait_phase(name, "Succeeded", 180)
-    assert status["step"] == 400 and status["restarts"] == 1 and status["lastRestartReason"] == "RestartRequested"
+    assert status["step"] == LONG_STEPS and status["restarts"] == 1
+    assert status["lastRestartReason"] == "RestartRequested"
     assert status["restartRequestHandled"] == "2026-11-22T09:00:00Z" and status["restartBudget"]["used"] == 0
     describe = op_env.kubectl("describe", "tj", name).stdout
     assert "Suspended" in describe and "Resumed" in describe and "RestartRequested" in describe
@@ -178,7 +183,7 @@ def test_a_job_deleted_and_applied_again_at_once_waits_for_the_old_pods_then_res
     is created once its namesake is gone (the old job's pods are never taken for the new one's: another owner),
     and the new job resumes from the checkpoints its spec names, with no restart counted."""
     name = "again"
-    path = op_env.job_yaml(name, **LONG)
+    path = op_env.long_job_yaml(name)
     op_env.kubectl("apply", "-f", str(path))
     eventually(lambda: op_env.status(name).get("lastCheckpoint", {}).get("step", 0) >= 20, 120, "a checkpoint")
     old = op_env.job(name)["metadata"]["uid"]
@@ -192,7 +197,7 @@ def test_a_job_deleted_and_applied_again_at_once_waits_for_the_old_pods_then_res
                          "the new job's workers to restore")
     assert restore[-1]["step"] >= 20
     status = op_env.wait_phase(name, "Succeeded", 180)
-    assert status["step"] == 400 and status["restarts"] == 0, status
+    assert status["step"] == LONG_STEPS and status["restarts"] == 0, status
     owners = {o["uid"] for p in op_env.pods(name) for o in p["metadata"]["ownerReferences"]}
     assert owners == {new}
 
@@ -202,12 +207,12 @@ def test_a_job_naming_an_unfinished_jobs_checkpoint_dir_waits_for_it_then_resume
     unfinished (here suspended, so it cannot finish before the copy is looked at), with CheckpointDirInUse and a
     Warning event; once the older one finished it runs, resuming from its last checkpoint."""
     first, second = "owner", "copied"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(first, **LONG)))
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(first)))
     eventually(lambda: op_env.last_step(first) >= 20, 120, f"{first} to pass step 20", interval=0.05)
     op_env.kubectl("patch", "tj", first, "--type=merge", "-p", '{"spec": {"suspend": true}}')
     op_env.wait_phase(first, "Suspended", 60)
     directory = op_env.job(first)["spec"]["checkpoint"]["dir"]
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(second, **{**LONG, "trainer.training.steps": 420,
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(second, **{"trainer.training.steps": LONG_STEPS + 20,
                                                                  "checkpoint.dir": directory + "/"})))
     held = eventually(lambda: next((c for c in op_env.status(second).get("conditions", [])
                                     if c["type"] == "CheckpointDirInUse" and c["status"] == "True"), None), 60,
@@ -216,10 +221,10 @@ def test_a_job_naming_an_unfinished_jobs_checkpoint_dir_waits_for_it_then_resume
     assert op_env.status(second)["phase"] == "Pending" and op_env.pods(second) == []
     assert "CheckpointDirInUse" in op_env.kubectl("describe", "tj", second).stdout
     op_env.kubectl("patch", "tj", first, "--type=merge", "-p", '{"spec": {"suspend": false}}')
-    assert op_env.wait_phase(first, "Succeeded", 180)["step"] == 400
+    assert op_env.wait_phase(first, "Succeeded", 180)["step"] == LONG_STEPS
     status = op_env.wait_phase(second, "Succeeded", 120)
-    assert status["step"] == 420 and status["restarts"] == 0, status
-    assert status["lastRestore"]["step"] == 400, status  # resumed where the first job ended
+    assert status["step"] == LONG_STEPS + 20 and status["restarts"] == 0, status
+    assert status["lastRestore"]["step"] == LONG_STEPS, status  # resumed where the first job ended
     freed = next(c for c in status["conditions"] if c["type"] == "CheckpointDirInUse")
     assert freed["status"] == "False" and freed["reason"] == "CheckpointDirFree", freed
 
@@ -281,7 +286,7 @@ def test_a_job_deleted_while_the_operator_is_down_has_its_etcd_keys_deleted_on_r
     """No daemon runs a job deleted while the operator is down: its index handler sees it deleting (kopf's
     finalizer holds it) and the keys go before kopf lets it go."""
     name = "deleted-while-down"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **LONG)))
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name)))
     job = op_env.job(name)
     run_id = f"default-{name}-{job['metadata']['uid'][:8]}"
     eventually(lambda: _etcd_keys(op_env, keys.rdzv_prefix(run_id)) > 0, 60, "the rendezvous keys")

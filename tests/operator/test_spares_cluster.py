@@ -18,9 +18,9 @@ import pytest
 
 from flywheel.labels import INDEX_LABEL, ROLE_LABEL
 from flywheel.policy import reasons as R
-from tests.operator.conftest import IDLE_STEP_S, OpEnv, eventually
+from tests.operator.conftest import IDLE_STEP_S, LONG, LONG_STEPS, OpEnv, eventually
 from tests.operator.spare_jobs import train_with_a_ready_spare
-from tests.operator.test_operator_cluster import LONG, _columns, _reference_hash
+from tests.operator.test_operator_cluster import _columns, _reference_hash
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ class PodNames:
 
 def test_a_deleted_worker_is_replaced_by_the_warm_spare(op_env: OpEnv) -> None:
     name = "spare-run"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, **LONG, **{"replicas.spares": 1})))
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name, **{"replicas.spares": 1})))
     # The spare runs, its agent registered as a ready spare: status.spares and the Spares column count it.
     eventually(lambda: op_env.status(name).get("spares") == 1, 120, "the spare to be ready")
     spare: dict[str, Any] = next(p for p in op_env.pods(name) if p["metadata"]["name"] == f"{name}-spare-0")
@@ -80,7 +80,7 @@ def test_a_deleted_worker_is_replaced_by_the_warm_spare(op_env: OpEnv) -> None:
     status = op_env.wait_phase(name, "Succeeded", 180)
     seen = names.close()
     assert f"{name}-worker-1" not in seen, "a cold worker pod was created instead of promoting the spare"
-    assert status["step"] == 400 and status["restarts"] == 1 and status["lastRestartReason"] == "PodDeleted"
+    assert status["step"] == LONG_STEPS and status["restarts"] == 1 and status["lastRestartReason"] == "PodDeleted"
     events = [e for e in op_env.events_of(name) if e["reason"] == "SparePromoted"]
     # Force-deleted with grace 0, the old pod was gone before the pass that promoted: the event cannot name it.
     assert events and events[0]["message"] == f"spare {name}-spare-0 took replica 1 (its worker lost: PodDeleted)"
@@ -101,7 +101,7 @@ def _first_step_after(records: list[dict[str, Any]], t: float) -> float | None:
 
 def test_a_lost_node_is_replaced_by_the_warm_spare(op_env: OpEnv) -> None:
     name = "spare-lost"
-    spec = {**LONG, "replicas.spares": 1, "faultTolerance.nodeFailureGraceSeconds": 3}
+    spec = {"replicas.spares": 1, "faultTolerance.nodeFailureGraceSeconds": 3}
     worker = train_with_a_ready_spare(op_env, name, spec)
     lost = next(p for p in op_env.pods(name) if p["metadata"]["name"] == worker)
     node, uid, index = lost["spec"]["nodeName"], lost["metadata"]["uid"], worker.rsplit("-", 1)[1]
@@ -128,7 +128,8 @@ def test_a_lost_node_is_replaced_by_the_warm_spare(op_env: OpEnv) -> None:
     # No cold pod of the lost index at all, so none before the first step after the loss (the critical path).
     cold = {u: t for u, t in names.uids.get(worker, {}).items() if u != uid}
     assert not cold, f"a cold {worker} was created (first seen {cold}; first step after the loss at {first_after})"
-    assert status["step"] == 400 and status["restarts"] == 1 and status["lastRestartReason"] == "NodeLost", status
+    assert status["step"] == LONG_STEPS and status["restarts"] == 1, status
+    assert status["lastRestartReason"] == "NodeLost", status
     assert status["restartBudget"].get("used", 0) == 0  # a lost node is an external failure
     events = [e["message"] for e in op_env.events_of(name) if e["reason"] == R.SPARE_PROMOTED]
     # The lost pod was still there (stuck Terminating on the frozen node) when the spare was promoted.
