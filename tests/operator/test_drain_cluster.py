@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from flywheel.labels import INDEX_LABEL
-from tests.operator.conftest import LONG, LONG_STEP_S, LONG_STEPS, OpEnv, eventually
+from tests.operator.conftest import LONG, LONG_STEPS, OpEnv, eventually
 from tests.operator.spare_jobs import node_of, train_with_a_ready_spare
 from tests.operator.test_operator_cluster import _reference_hash
 
@@ -29,10 +29,9 @@ STALL_BOUND_S = 5.0
 STALL_BOUND_BOTH_S = 6.5
 # Without a spare the drain first warms a new pod (pod start, imports, zygote: ~5 s on idle cores, over 13 s with the
 # other test process busy), and the job must still be training once it is warm: 400 full-speed steps (~17 s) ended first
-# under that load. That test trains 500 steps against a reference run of its own, its ranks idling 0.05 s before each
-# step: the 450 steps after the taint take over 22 s whatever the load, with half the CPU 1000 full-speed steps took.
-LONGER = {**LONG, "trainer.training.steps": 500}
-DRAINED_STEP_DELAY_S = 0.05
+# under that load. That test's LONG job idles 0.12 s before each step: the 150 steps after the taint take over 18 s
+# whatever the load (and it is the LONG reference run's job: no reference run of its own).
+DRAINED_STEP_DELAY_S = 0.12
 
 
 def _stall(records: list[dict[str, Any]], step: int) -> float:
@@ -66,8 +65,7 @@ def test_without_a_spare_a_drain_starts_a_warm_pod_first(op_env: OpEnv) -> None:
     """spares: 0. The drain starts a spare for the moving worker (the taint keeps it off the node) while the job
     trains on, asks for the checkpoint once it is warm, and moves the worker to it: no cold pod in the stall."""
     name = "drain-no-spare"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml("ref-run-longer", step_delay_s=LONG_STEP_S, **LONGER)))
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, step_delay_s=DRAINED_STEP_DELAY_S, **LONGER,
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, step_delay_s=DRAINED_STEP_DELAY_S, **LONG,
                                                       **{"checkpoint.memoryEverySteps": 10})))
     eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
     worker = f"{name}-worker-1"
@@ -80,15 +78,14 @@ def test_without_a_spare_a_drain_starts_a_warm_pod_first(op_env: OpEnv) -> None:
         status = op_env.wait_phase(name, "Succeeded", 180)
     finally:
         op_env.kubectl("taint", "node", node, f"{TAINT}-", check=False)
-    assert status["step"] == LONGER["trainer.training.steps"], status
+    assert status["step"] == LONG_STEPS, status
     assert status["lastRestartReason"] == "NodeDraining", status
     assert status["restarts"] == 1 and status["restartBudget"].get("used", 0) == 0, status
     assert worker not in {p["metadata"]["name"] for p in op_env.pods(name)}
     draining = [e["message"] for e in op_env.events_of(name) if e["reason"] == "NodeDraining"]
     wait = f"waiting for {len(moving)} warm pod(s)"
     assert any(wait in m and f"{len(moving)} new spare" in m for m in draining), draining
-    op_env.wait_phase("ref-run-longer", "Succeeded", 300)
-    _no_replay_and_a_short_stall(op_env, name, node, op_env.done_hash("ref-run-longer"),
+    _no_replay_and_a_short_stall(op_env, name, node, _reference_hash(op_env),
                                  bound=STALL_BOUND_BOTH_S if len(moving) > 1 else STALL_BOUND_S)
     times = [r["time"] for r in op_env.records(name) if r["event"] == "step"]
     paces = sorted(b - a for a, b in zip(times, times[1:]))
