@@ -19,6 +19,9 @@ from tests.k8s_emulator.fixtures import RunningCluster
 from tests.waiting import eventually as wait_for
 
 SLEEP = "import time; time.sleep(600)"
+# Lives out its grace period: the evicted pod is still there (Terminating) when the test reads it. (A container that
+# ends at its SIGTERM lets the kubelet remove the pod before a loaded host's next request, on a real cluster too.)
+SLEEP_THROUGH_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,7 @@ def test_discovery_names_the_eviction_subresource_with_its_group(core: client.Co
 
 
 def test_an_eviction_marks_the_pod_then_deletes_it_gracefully(core: client.CoreV1Api) -> None:
-    core.create_namespaced_pod("default", pod("evict-me", SLEEP, grace=5))
+    core.create_namespaced_pod("default", pod("evict-me", SLEEP_THROUGH_TERM, grace=5))
     running = wait_for(phase_is(core, "evict-me", "Running"), what="Running")
     seen: list[tuple[bool, bool]] = []  # (DisruptionTarget=True, deletionTimestamp set) per MODIFIED event
 
