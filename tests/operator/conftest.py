@@ -38,8 +38,8 @@ eventually = partial(_eventually, interval=0.2)  # the operator acts on 0.2 s-sc
 # step computes in ~0.02-0.05 s, so its ranks leave most of the 2 cores to the other test process.
 IDLE_STEP_S = 0.1
 # A job long enough to be hit mid-run (a worker killed, a node lost, the operator killed) and then to train on: its
-# ranks idle LONG_STEP_S before each step, which keeps it running ~13 s without taking both cores for all of it
-# (400 unpaced steps did the same on twice the CPU). `OpEnv.long_job_yaml` applies both.
+# ranks idle LONG_STEP_S before each step, which keeps it running ~13 s on half the steps (and their CPU) that 400
+# full-speed ones took. `OpEnv.long_job_yaml` applies both.
 LONG_STEPS = 200
 LONG = {"trainer.training.steps": LONG_STEPS, "checkpoint.everySteps": 20}
 LONG_STEP_S = 0.04

@@ -12,7 +12,7 @@ import pytest
 
 from flywheel.etcd import keys
 from flywheel.etcd.session import EtcdSession
-from tests.operator.conftest import HOLD_TAINT, IDLE_STEP_S, LONG, LONG_STEP_S, LONG_STEPS, OpEnv, eventually
+from tests.operator.conftest import HOLD_TAINT, IDLE_STEP_S, LONG, LONG_STEPS, OpEnv, eventually
 
 PODGROUP_CRD = Path(__file__).resolve().parents[1] / "fixtures" / "crds" / "scheduler-plugins-podgroup.yaml"
 
@@ -115,8 +115,8 @@ def test_lost_worker_shrinks_the_world_to_min_and_regrows_when_its_node_returns(
     held by a NoSchedule taint that is no drain key: a cordon would drain the survivor ahead), so training goes on at
     world size 1; when the node returns the replacement starts and the world grows back to 2, and the job Succeeds."""
     name = "shrink-regrow"
-    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, step_delay_s=LONG_STEP_S, **{
-        **LONG, "trainer.training.steps": SHRINK_REGROW_STEPS, "replicas": {"min": 1, "max": 2},
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name, **{
+        "trainer.training.steps": SHRINK_REGROW_STEPS, "replicas": {"min": 1, "max": 2},
         # The survivor's collective with the frozen peer times out after 0.8 x progressTimeoutSeconds.
         "faultTolerance.progressTimeoutSeconds": 10, "faultTolerance.nodeFailureGraceSeconds": 3})))
     eventually(lambda: op_env.last_step(name) >= 40 and any(r["event"] == "checkpoint" for r in op_env.records(name)),
