@@ -180,11 +180,7 @@ class ProgressPublisher:
                 return
             self._closed, self._urgent = True, True
             self._wake.notify()
-        self._thread.join(FLUSH_SECONDS)
-        if self._session is not None and not self._thread.is_alive():
-            if self._lease is not None:
-                self._lease.stop()
-            self._session.close()
+        self._thread.join(FLUSH_SECONDS)  # the thread drops the session after its last put (_run)
 
     def _next_record(self) -> ProgressRecord | None:
         """Waits until a record is due (urgent, or dirty and a second since the last put); None when closed."""
@@ -206,6 +202,11 @@ class ProgressPublisher:
                 self._published = record
             except Exception as exc:  # noqa: BLE001 - etcd down or slow: training goes on, the next put retries
                 log.warning("could not publish progress to etcd (%s: %s)", type(exc).__name__, exc)
+        # Here, not in close(): a put still retrying an unreachable etcd when close() stops waiting ends later.
+        if self._session is not None:
+            if self._lease is not None:
+                self._lease.stop()
+            self._session.close()
 
     def _put(self, record: ProgressRecord) -> None:
         if self._session is None:

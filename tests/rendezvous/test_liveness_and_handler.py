@@ -7,6 +7,7 @@ import queue
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from flywheel.trainer.rendezvous import (
     list_live_workers,
     watch_workers,
 )
+from flywheel.trainer.rendezvous import handler as handler_module
 
 from .etcd_server import EtcdServer
 
@@ -115,6 +117,10 @@ def test_delete_run_removes_only_that_run(etcd_server: EtcdServer) -> None:
 
 def test_registered_handler_rendezvous_one_node(etcd_server: EtcdServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
+    # The handler lets go of its session (liveness and store leases, watches) at the agent's exit: here, at the end
+    # of the test, not of the test process (whose later tests would log its keep-alives failing for ever).
+    releases: list[Callable[[], None]] = []
+    monkeypatch.setattr(handler_module.atexit, "register", releases.append)
     params = RendezvousParameters(
         backend="etcd-v3",
         endpoint=etcd_server.endpoint,
@@ -141,6 +147,8 @@ def test_registered_handler_rendezvous_one_node(etcd_server: EtcdServer, monkeyp
     assert handler.num_nodes_waiting() == 0
     assert handler.shutdown() is True
     assert handler.is_closed()
+    assert len(releases) == 1
+    releases.pop()()
 
     with pytest.raises(ValueError, match="keep_alive_max_attempt"):
         rendezvous_handler_registry.create_handler(
