@@ -4,7 +4,9 @@ thread and returns a `RunningCluster` with synchronous handles; `cluster` is a r
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
+import traceback
 from collections.abc import Coroutine, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -25,7 +27,22 @@ class _LoopThread:
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
         future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        return future.result(timeout)
+        try:
+            return future.result(timeout)
+        except TimeoutError as err:  # say what the loop was doing: a CI log is all there is of a rare stall
+            raise TimeoutError(f"{coro.__qualname__} did not finish in {timeout} s; {self.describe()}") from err
+
+    def describe(self) -> str:
+        """The loop thread's own stack (a blocking call holds it) and where each of its tasks waits (a racy read
+        from this thread: good enough to say what a stuck call waits on)."""
+        frame = sys._current_frames().get(self.thread.ident or 0)
+        lines = ["the test cluster's loop thread is at:", *traceback.format_stack(frame)[-6:]] if frame else []
+        for task in list(asyncio.all_tasks(self.loop)):
+            stack = task.get_stack(limit=3)
+            where = "; ".join(f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno} {f.f_code.co_name}"
+                              for f in stack)
+            lines.append(f"task {task.get_name()} ({task.get_coro().__qualname__}): {where}")
+        return "\n".join(lines)
 
     def call(self, fn: Any, *args: Any) -> Any:
         async def invoke() -> Any:

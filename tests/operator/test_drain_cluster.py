@@ -13,6 +13,7 @@ from flywheel.labels import INDEX_LABEL
 from tests.operator.conftest import LONG, LONG_STEPS, OpEnv, eventually
 from tests.operator.spare_jobs import node_of, train_with_a_ready_spare
 from tests.operator.test_operator_cluster import _reference_hash
+from tests.operator.timeline import timeline
 
 pytestmark = pytest.mark.slow
 TAINT = "nvidia.com/gpu-xid-error"  # NVSentinel's fatal-XID quarantine taint: one of the default drain keys
@@ -112,7 +113,10 @@ def _no_replay_and_a_short_stall(op_env: OpEnv, name: str, node: str, reference_
     assert starts == [None, moved_at], f"groups started (resumed from): {starts}"
     stall = _stall(records, moved_at)
     print(f"drain ahead: checkpoint at step {moved_at}, stall {stall:.2f}s (last step before -> first after)")
-    assert stall < bound, f"drain ahead stalled {stall:.2f}s (bound {bound}s)"
+    if stall >= bound:
+        before = max(r["time"] for r in records if r["event"] == "step" and r["step"] == moved_at)
+        raise AssertionError(f"drain ahead stalled {stall:.2f}s (bound {bound}s); from the last step before:\n"
+                             + timeline(op_env, name, before - 3, before + stall + 1))
 
 
 def _labels_of(env: OpEnv, job: str, pod: str) -> dict[str, str]:
