@@ -30,7 +30,8 @@ class _LoopThread:
         try:
             return future.result(timeout)
         except TimeoutError as err:  # say what the loop was doing: a CI log is all there is of a rare stall
-            raise TimeoutError(f"{coro.__qualname__} did not finish in {timeout} s; {self.describe()}") from err
+            what = getattr(coro, "__qualname__", coro)
+            raise TimeoutError(f"{what} did not finish in {timeout} s; {self.describe()}") from err
 
     def describe(self) -> str:
         """The loop thread's own stack (a blocking call holds it) and where each of its tasks waits (a racy read
@@ -41,7 +42,7 @@ class _LoopThread:
             stack = task.get_stack(limit=3)
             where = "; ".join(f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno} {f.f_code.co_name}"
                               for f in stack)
-            lines.append(f"task {task.get_name()} ({task.get_coro().__qualname__}): {where}")
+            lines.append(f"task {task.get_name()} ({getattr(task.get_coro(), '__qualname__', '?')}): {where}")
         return "\n".join(lines)
 
     def call(self, fn: Any, *args: Any) -> Any:

@@ -115,8 +115,8 @@ def _no_replay_and_a_short_stall(op_env: OpEnv, name: str, node: str, reference_
     print(f"drain ahead: checkpoint at step {moved_at}, stall {stall:.2f}s (last step before -> first after)")
     if stall >= bound:
         before = max(r["time"] for r in records if r["event"] == "step" and r["step"] == moved_at)
-        raise AssertionError(f"drain ahead stalled {stall:.2f}s (bound {bound}s); from the last step before:\n"
-                             + timeline(op_env, name, before - 3, before + stall + 1))
+        raise AssertionError(f"drain ahead stalled {stall:.2f}s (bound {bound}s); seconds from the last step before:\n"
+                             + timeline(op_env, name, before - 3, before + stall + 1, zero=before))
 
 
 def _labels_of(env: OpEnv, job: str, pod: str) -> dict[str, str]:

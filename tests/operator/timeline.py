@@ -1,9 +1,10 @@
 """Where a test-cluster test's time went, for the message of a failed timing assertion: the job's records, its
-Kubernetes events and its pods' log lines inside a window, merged on one clock (seconds from the window's start).
-A stall seen once in a loaded CI run is then explained by that run's own output."""
+Kubernetes events, its pods' log lines and the cluster's etcd warnings inside a window, merged on one clock (seconds
+from the window's start). A stall seen once in a loaded CI run is then explained by that run's own output."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from datetime import datetime
@@ -38,6 +39,20 @@ def _pod_lines(log_dir: Path, job: str, start: float, end: float) -> list[tuple[
     return out
 
 
+def _etcd_lines(log: Path, start: float, end: float) -> list[tuple[float, str]]:
+    """The test cluster's etcd warnings (zap JSON lines: slow applies, slow fdatasync, elections)."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        try:
+            entry = json.loads(line)
+            at = datetime.fromisoformat(str(entry["ts"]).replace("Z", "+00:00")).timestamp()
+        except (ValueError, KeyError, TypeError):
+            continue
+        if start <= at <= end:
+            out.append((at, f"etcd {entry.get('level')}: {entry.get('msg')} {entry.get('took', '')}"))
+    return out
+
+
 def _event_lines(events: list[dict[str, Any]], start: float, end: float) -> list[tuple[float, str]]:
     out = []
     for e in events:
@@ -46,7 +61,7 @@ def _event_lines(events: list[dict[str, Any]], start: float, end: float) -> list
             continue
         at = datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
         if start - 1 <= at <= end + 1:  # event stamps may be whole seconds
-            out.append((at, f"event {e.get('reason')}: {str(e.get('message'))[:200]}"))
+            out.append((at, f"event (to the second) {e.get('reason')}: {str(e.get('message'))[:200]}"))
     return out
 
 
@@ -63,8 +78,11 @@ def _record_lines(records: list[dict[str, Any]], start: float, end: float) -> li
             for r in inside if r["event"] != "step" or id(r) in edges]
 
 
-def timeline(env: OpEnv, job: str, start: float, end: float) -> str:
-    """What happened to `job` from `start` to `end` (epoch seconds), a line each, oldest first."""
+def timeline(env: OpEnv, job: str, start: float, end: float, zero: float | None = None) -> str:
+    """What happened to `job` from `start` to `end` (epoch seconds), a line each, oldest first, in seconds from
+    `zero` (default: `start`). Kubernetes events are stamped to the second."""
     lines = (_record_lines(env.records(job), start, end) + _event_lines(env.events_of(job), start, end)
-             + _pod_lines(env.cluster.log_dir, job, start, end))
-    return "\n".join(f"{at - start:+8.3f}s {text}" for at, text in sorted(lines))
+             + _pod_lines(env.cluster.log_dir, job, start, end)
+             + _etcd_lines(env.cluster.work_dir / "etcd-data.log", start, end))
+    zero = start if zero is None else zero
+    return "\n".join(f"{at - zero:+8.3f}s {text}" for at, text in sorted(lines))
