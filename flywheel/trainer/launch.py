@@ -255,7 +255,6 @@ def run_agent(settings: LaunchSettings) -> int:
     """Run the elastic agent until the ranks finish; return this process's exit code."""
     # Both are read by torch/the ranks from the environment; the workers inherit os.environ.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(prefix="flywheel-agent-") as own:
         os.environ[first_step.ENV] = os.path.join(own, "stepped")  # the ranks' first step (first_step.py)
         if not (settings.warm_start and settings.runs_embedded_trainer):
@@ -384,6 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"flywheel launch: {err}", file=sys.stderr)
         termination_log.write_reason(termination_log.exception_reason(err))
         return exitcodes.USER_ERROR
+    # Read by the ranks (one intra-op thread unless the user says otherwise), and by the BLAS library torch loads:
+    # set before that import, it starts no thread pool in the agent, which then forks its warm zygote (warm.py).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
     from flywheel.trainer import torch_compat

@@ -25,6 +25,7 @@ import contextlib
 import ctypes
 import importlib
 import json
+import logging
 import os
 import runpy
 import selectors
@@ -201,19 +202,77 @@ def serve(path: Path, preload: list[str], parent: int) -> int:
 @contextlib.contextmanager
 def zygote(preload: tuple[str, ...], env: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
     """Start a zygote for this agent (in `env`, this process's by default: what the preloaded modules read at import
-    time); yields the env its rank clients need. Killed on exit (its forked ranks die with it)."""
+    time); yields the env its rank clients need. Killed on exit (its forked ranks die with it).
+
+    In this process's env and with this process single-threaded (the agent: torch imported, nothing started yet),
+    the zygote is forked from it and keeps what it imported (torch: ~1 s of CPU and its memory per pod, shared
+    copy-on-write); else it is a new interpreter."""
     with tempfile.TemporaryDirectory(prefix="flywheel-warm-") as tmp:
         path = Path(tmp) / "zygote.sock"
-        argv = [sys.executable, "-m", __name__, "serve", "--socket", str(path), "--parent", str(os.getpid())]
-        for module in preload:
-            argv += ["--preload", module]
-        # Its own session: a SIGTERM to the worker's process group is the agent's to pass on, not the zygote's.
-        proc = subprocess.Popen(argv, start_new_session=True, env=env)
+        if env is None and _single_threaded():
+            pid, spawned = _fork_zygote(path, preload), None
+        else:
+            spawned = _spawn_zygote(path, preload, env)
+            pid = spawned.pid
         try:
-            yield {SOCKET_ENV: str(path), PID_ENV: str(proc.pid)}
+            yield {SOCKET_ENV: str(path), PID_ENV: str(pid)}
         finally:
-            proc.kill()
-            proc.wait()
+            if spawned is not None:
+                spawned.kill()
+                spawned.wait()
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+
+
+def _single_threaded() -> bool:
+    """Safe to fork: no other thread (Python's or a native library's) whose locks the child would inherit held."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:  # not Linux
+        return False
+
+
+def _spawn_zygote(path: Path, preload: tuple[str, ...], env: dict[str, str] | None) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", __name__, "serve", "--socket", str(path), "--parent", str(os.getpid())]
+    for module in preload:
+        argv += ["--preload", module]
+    # Its own session: a SIGTERM to the worker's process group is the agent's to pass on, not the zygote's.
+    return subprocess.Popen(argv, start_new_session=True, env=env)
+
+
+def _fork_zygote(path: Path, preload: tuple[str, ...]) -> int:
+    parent = os.getpid()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):  # buffered now: the agent's to write
+        with contextlib.suppress(Exception):
+            stream.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        os.setsid()  # as the spawned zygote: its own session
+        _prctl(_PR_SET_NAME, b"fw-zygote")
+        # The agent's logging set-up is not the ranks': each configures its own, as in a new interpreter.
+        root = logging.getLogger()
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        root.setLevel(logging.WARNING)
+        # The interpreter's own streams on fds 0-2 (a rank dup2s its client's onto them), not a replacement the
+        # parent installed (pytest's capture, a redirect).
+        sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
+        # The import path `python -m` would start with in this env: the cwd, PYTHONPATH, then the rest (site).
+        front = [os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        sys.path[:] = front + [entry for entry in sys.path[1:] if entry not in front]
+        code = serve(path, list(preload), parent)
+    except BaseException:  # noqa: BLE001 - report it as the spawned zygote would, never return into the agent
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
 
 
 def client_command(module: str) -> tuple[str, ...]:

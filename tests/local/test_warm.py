@@ -4,6 +4,7 @@ its client or its agent."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,11 +20,33 @@ from flywheel.trainer import warm
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork + /proc")
 
 
-@pytest.fixture()
-def zygote(monkeypatch):
+# An agent with one thread (as `flywheel launch` is when it starts its zygote): the zygote is forked from it.
+FORKING_AGENT = ("import json, sys\nfrom flywheel.trainer import warm\n"
+                 "with warm.zygote(preload=('json',)) as env:\n    print(json.dumps(env), flush=True)\n"
+                 "    sys.stdin.read()\n")
+
+
+@pytest.fixture(params=["forked", "spawned"])
+def zygote(request, monkeypatch):
+    """Both ways a zygote starts: forked from a single-threaded agent, or a new interpreter (in a given env, or
+    from a process with other threads)."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]))
-    with warm.zygote(preload=("json",)) as env:
+    if request.param == "spawned":
+        with warm.zygote(preload=("json",), env=dict(os.environ)) as env:
+            assert Path(f"/proc/{env[warm.PID_ENV]}/comm").read_text().strip() != "fw-zygote"
+            yield env
+        return
+    agent = subprocess.Popen([PYTHON, "-c", FORKING_AGENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        env = json.loads(agent.stdout.readline())
+        deadline = time.monotonic() + 30
+        while not Path(env[warm.SOCKET_ENV]).exists() and time.monotonic() < deadline:  # the zygote is ready
+            time.sleep(0.01)
+        assert Path(f"/proc/{env[warm.PID_ENV]}/comm").read_text().strip() == "fw-zygote"  # forked, and named
         yield env
+    finally:
+        agent.stdin.close()
+        agent.wait(10)
 
 
 def client(env: dict[str, str], cwd: Path, *args: str, **extra: str) -> subprocess.Popen:
