@@ -246,8 +246,9 @@ def _spawn_zygote(path: Path, preload: tuple[str, ...], env: dict[str, str] | No
 def _fork_zygote(path: Path, preload: tuple[str, ...]) -> int:
     parent = os.getpid()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):  # buffered now: the agent's to write
-        with contextlib.suppress(Exception):
-            stream.flush()
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.flush()
     pid = os.fork()
     if pid:
         return pid
