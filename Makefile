@@ -3,9 +3,10 @@ PY := .venv/bin/python
 PIP := .venv/bin/pip
 STAMP := .venv/.installed
 PYTEST_ARGS ?=
-# Two test processes, one module at a time each (a module's cluster fixture stays in one process): the serial
-# suite left the 2 cores ~40% idle (waits on clusters, timeouts, rendezvous), so 2 workers take ~23 minutes
-# where one took ~37. A worker that dies fails the run at once rather than being replaced.
+# Two test processes, one module at a time each (a module's cluster fixture stays in one process): a serial
+# suite left the 2 cores ~40% idle (waits on clusters, timeouts, rendezvous); with two they are ~87% busy, so the
+# suite's time follows its CPU (~30-45 minutes here). A worker that dies fails the run at once rather than being
+# replaced.
 PYTEST_WORKERS ?= 2
 # schemathesis gives the items of each API operation one node id, and xdist's controller keeps one item per
 # node id (1 operation of 11 was checked): that file runs in a plain pytest process after the rest.
