@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import random
 import socket
@@ -187,7 +188,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# A rank still running after this long is stuck (a run takes seconds, ~15 s on a loaded 2-core machine): it prints
+# every thread's stack and exits, so the test fails with where it waited instead of at pytest's 600 s timeout with
+# the parent's stack only (a CI run saw one such hang, of the disk restore after both hosts' memory was lost).
+STUCK_RANK_SECONDS = 240
+
+
 def _rank_main(rank: int, fn: Callable[..., None], world_size: int, init_file: str, args: tuple[Any, ...]) -> None:
+    faulthandler.dump_traceback_later(STUCK_RANK_SECONDS, exit=True)
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
