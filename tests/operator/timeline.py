@@ -1,6 +1,6 @@
 """Where a test-cluster test's time went, for the message of a failed timing assertion: the job's records, its
 Kubernetes events, its pods' log lines and the cluster's etcd warnings inside a window, merged on one clock (seconds
-from the window's start). A stall seen once in a loaded CI run is then explained by that run's own output."""
+from a moment the caller names). A stall seen once in a loaded CI run is then explained by that run's own output."""
 
 from __future__ import annotations
 
