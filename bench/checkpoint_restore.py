@@ -11,12 +11,14 @@ slowest rank's time; the median is reported):
                            the checkpoint in its page cache;
   memory-own               every rank's own copy in /dev/shm (a rank restarted in place);
   memory-peer (gloo)       worker 1's memory wiped first (a lost node): rank 0, holding rank 1's replica, sends it
-                           over gloo, straight into rank 1's tensors: the path a node loss on a cluster takes;
+                           over gloo, straight into rank 1's tensors, in pieces taken round the checkpointer's three
+                           gloo groups (three sockets): the path a node loss on a cluster takes;
   memory-peer (same host)  the same loss, but rank 1 reads the replica's file itself: it is visible because both
                            workers share this host's /dev/shm (as under `flywheel run`; pods never do).
 Beside them, the transport's floor: the same bytes (every tensor of the state, one message each) sent from rank 0's
-memory to rank 1's preallocated tensors with plain gloo send/recv and nothing else. memory-peer (gloo) against it
-is the restore's own overhead; the floor against the disk restore says what this host's loopback TCP allows.
+memory to rank 1's preallocated tensors with plain gloo send/recv over one group and nothing else. memory-peer
+(gloo) against it is the restore's own overhead, less what the three sockets gain; the floor against the disk
+restore says what one stream of this host's loopback TCP allows.
 
 Goal: the worse of memory-own and memory-peer (gloo) <= 0.2x the warm disk restore. Every memory source's ratio to
 both the warm and the cold disk restore is a row of its own (the report's table): after a node loss the fair

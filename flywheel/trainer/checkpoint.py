@@ -140,6 +140,14 @@ class Checkpointer:
         """The gloo group of the saves' own collectives (the memory tier's agreement too)."""
         return self._control_group
 
+    @property
+    def transfer_groups(self) -> list[Any]:
+        """The groups a memory restore sends replicas over, the control group first: every gloo group this
+        checkpointer owns, each its own socket between two ranks. Only for a restore: no save is under way then, so
+        none of them is in use by another thread."""
+        owned = [self._control_group, self.memory.group if self.memory is not None else None, self._write_group]
+        return [g for g in owned if g is not None] or [None]
+
     # ---- agreement between ranks -------------------------------------------------------------------------------
 
     def _agree(self, flag: bool, group: Any, *, any_rank: bool) -> bool:

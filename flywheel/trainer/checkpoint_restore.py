@@ -112,7 +112,7 @@ def _from_memory(ck: Checkpointer, app: AppState, newest_disk_step: int | None) 
         try:
             state = app.state_dict(include_rng=True)
             state["step"] = -1
-            app.load_state_dict(ck.memory.restore_into(plan, state, ck._control_group))
+            app.load_state_dict(ck.memory.restore_into(plan, state, ck.transfer_groups))
         except _FAILURES as err:
             error = err
         reports = _gather(ck, (error is None, ck.memory.damage))

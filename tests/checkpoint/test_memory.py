@@ -25,6 +25,7 @@ from ckpt_helpers import (
 from flywheel.spec import CheckpointSpec
 from flywheel.trainer import checkpoint_memory as mem
 from flywheel.trainer import checkpoint_peer as peer
+from flywheel.trainer import checkpoint_peer_restore as peer_restore
 from flywheel.trainer.checkpoint import Checkpointer
 
 # ---- the plan -------------------------------------------------------------------------------------------------------
@@ -74,6 +75,13 @@ def test_the_plan_falls_back_to_disk_with_the_reason() -> None:
     assert "older than disk checkpoint step 8" in str(mem.plan_restore([_inv(0, {6: 0}), _inv(1, {6: 0})], 2, 8))
     resized = mem.plan_restore([_inv(0, {6: 0}, world=4), _inv(1, {6: 0}, world=4)], 2, None)
     assert "world size 4, now 2: they are not resharded" in str(resized)
+
+
+def test_a_replica_goes_in_stripe_pieces_taken_round_the_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(peer_restore, "STRIPE", 4)
+    pieces = list(peer_restore._pieces([0, 9, 4, 3], ["a", "b"]))
+    # (tensor, offset, size, group): the empty tensor sends nothing, the last piece of each tensor is shorter
+    assert pieces == [(1, 0, 4, "a"), (1, 4, 4, "b"), (1, 8, 1, "a"), (2, 0, 4, "b"), (3, 0, 3, "a")]
 
 
 def test_memory_root_keeps_jobs_and_workers_apart(tmp_path: Path) -> None:
@@ -152,13 +160,21 @@ def _noting(method: Any, name: str, calls: list[str]) -> Any:
 
 def _restore(rank: int, world_size: int, root: str, want_step: int, want_source: str, same_host: bool = True
              ) -> None:
+    peer_restore.STRIPE = 1000  # a tensor's bytes go in many pieces, split inside elements, round every group
     app, data, ckpt = memory_worker(rank, world_size, root)
     assert ckpt.memory is not None
     ckpt.memory.same_host_reads = same_host
     paths: list[str] = []
     for name in ("_read_file", "_receive"):  # which way this rank's copy came
         setattr(ckpt.memory, name, _noting(getattr(ckpt.memory, name), name, paths))
+    received_on: list[Any] = []
+    irecv = dist.irecv
+    dist.irecv = lambda *args, group=None, **kw: received_on.append(group) or irecv(*args, group=group, **kw)
     assert ckpt.restore(app) == want_step
+    dist.irecv = irecv
+    if "_receive" in paths:  # the pieces came over all three of the checkpointer's groups, in turn
+        assert len(ckpt.transfer_groups) == 3
+        assert received_on[:6] == ckpt.transfer_groups * 2, received_on[:6]
     if rank == 0:
         [record] = ckpt.events.named("restore")
         assert record["source"] == want_source, record
