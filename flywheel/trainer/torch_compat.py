@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 TESTED_TORCH = "2.13"  # the torch minor version these seams were read against (pyproject pins torch 2.13.x)
 
-# The LocalElasticAgent methods launch.FlywheelAgent overrides, with the parameters it expects.
+# The LocalElasticAgent methods agent.FlywheelAgent overrides, with the parameters it expects.
 AGENT_HOOKS = {"_start_workers": ("self", "worker_group"), "_stop_workers": ("self", "worker_group"),
                "_monitor_workers": ("self", "worker_group"), "_restart_workers": ("self", "worker_group"),
                "_shutdown": ("self", "death_sig", "timeout"), "_exit_barrier": ("self",)}

@@ -12,7 +12,7 @@ from conftest import PYTHON, REPO, SCRIPTS, alive, child_env
 
 from flywheel import exitcodes
 from flywheel.local.procs import descendants
-from flywheel.trainer.launch import first_failure_exit_code
+from flywheel.trainer.agent import first_failure_exit_code
 from flywheel.trainer.launch_settings import LaunchConfigError, settings_from_env
 
 BASE_ENV = {"PET_NNODES": "1:2", "PET_NPROC_PER_NODE": "2", "PET_RDZV_BACKEND": "c10d",

@@ -12,7 +12,8 @@ from torch.distributed.elastic.agent.server.api import WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from flywheel import exitcodes
-from flywheel.trainer import drain_hold, launch, rank_restarts, termination_log
+from flywheel.trainer import drain_hold, rank_restarts, termination_log
+from flywheel.trainer.agent import FlywheelAgent
 from flywheel.trainer.agent_hooks import AgentHooks
 
 
@@ -22,7 +23,7 @@ def test_only_restarts_after_a_failure_are_reported(monkeypatch: pytest.MonkeyPa
     # key each, its etcd long gone: every report would wait out its RPC timeout).
     monkeypatch.setattr(rank_restarts, "reporters", AgentHooks("reporter"))
     monkeypatch.setattr(drain_hold, "sources", AgentHooks("reader"))  # the same for the drain requests they would read
-    agent = object.__new__(launch._build_agent_class())
+    agent = object.__new__(FlywheelAgent)
     reports: list[tuple[int, str]] = []
 
     def reporter(count: int, reason: str, at: float) -> None:
@@ -58,7 +59,7 @@ def test_a_drain_may_hold_the_restart_only_of_ranks_stopped_for_it_or_still_runn
     monkeypatch.setattr(rank_restarts, "reporters", AgentHooks("reporter"))
     asked: list[list[int]] = []
     monkeypatch.setattr(drain_hold, "hold_while_moving", lambda ranks: asked.append(list(ranks)) or 0.0)
-    agent = object.__new__(launch._build_agent_class())
+    agent = object.__new__(FlywheelAgent)
     workers = [SimpleNamespace(global_rank=2), SimpleNamespace(global_rank=3)]
     agent._restart_workers(SimpleNamespace(state=WorkerState.HEALTHY, workers=workers))
     agent.last_failures = {2: (exitcodes.STOPPED, 10.0), 3: (exitcodes.STOPPED, 10.1)}
@@ -79,7 +80,7 @@ def test_a_restart_in_place_empties_the_termination_message_and_a_final_stop_kee
     monkeypatch.setenv(termination_log.ENV, str(message))
     monkeypatch.setattr(rank_restarts, "reporters", AgentHooks("reporter"))
     monkeypatch.setattr(drain_hold, "sources", AgentHooks("reader"))
-    agent = object.__new__(launch._build_agent_class())
+    agent = object.__new__(FlywheelAgent)
     monkeypatch.setattr(agent, "_stop_ranks", lambda group: None)
     # torch's restart: stop the ranks (ours, above), then start new ones, which fail later with another reason
     monkeypatch.setattr(LocalElasticAgent, "_restart_workers", lambda self, group: self._stop_workers(group))
