@@ -15,6 +15,8 @@ the release's objects takes the operator pod with them (garbage collection throu
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import urllib.request
@@ -26,6 +28,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
+from flywheel.local.procs import descendants
 from tests.chart import rbac
 from tests.chart.conftest import CHART, KUBE_VERSION, NAMESPACE, RELEASE, ROOT, find_tool, run_helm
 from tests.waiting import eventually
@@ -172,9 +175,10 @@ def test_chart_installs_with_kubectl_and_runs_the_example_to_succeeded(env: Env)
     env.kubectl("delete", "tj", "op-tiny", "-n", NAMESPACE, "--wait=true", timeout=40)
 
     # A new template rolls out by the chart's Recreate strategy: the old operator pod is gone before the new one
-    # exists, so two operators never act at once.
+    # exists, so two operators never act at once. The new template's probes are the chart's, made quick (a startup
+    # probe holds the liveness probe until the operator answers).
     old = pod["metadata"]["name"]
-    env.kubectl("rollout", "restart", f"deployment/{OPERATOR}", "-n", NAMESPACE)
+    env.kubectl("patch", "deployment", OPERATOR, "-n", NAMESPACE, "-p", json.dumps(QUICK_PROBES))
 
     def replaced() -> dict[str, Any] | None:
         pods = env.operator_pods()
@@ -185,7 +189,40 @@ def test_chart_installs_with_kubectl_and_runs_the_example_to_succeeded(env: Env)
     pod = wait_for("a new operator pod", replaced, 40, lambda: str(env.operator_pods()))
     env.kubectl("rollout", "status", f"deployment/{OPERATOR}", "-n", NAMESPACE, "--timeout=60s", timeout=70)
     env.wait_live(f"http://127.0.0.1:{env.ports['liveness']}/healthz")
+    _a_hung_operator_is_restarted_by_its_liveness_probe(env, pod["metadata"]["name"])
     env.kubectl("delete", "-f", str(env.manifest), "--wait=true", timeout=60)
     wait_for("the operator pod deleted", lambda: not env.operator_pods(), 40, lambda: str(env.operator_pods()))
     assert env.cluster.kubelet.pid_of(NAMESPACE, pod["metadata"]["name"]) is None
     assert "trainingjobs.flywheel.dev" not in env.kubectl("get", "crd")
+
+
+# The chart's probes with seconds a test can wait for; the startup probe lets the liveness probe start at once.
+_QUICK = {"periodSeconds": 1, "timeoutSeconds": 1}
+QUICK_PROBES = {"spec": {"template": {"spec": {"containers": [{
+    "name": "operator",
+    "startupProbe": {"httpGet": {"path": "/healthz", "port": "liveness"}, "failureThreshold": 120, **_QUICK},
+    "livenessProbe": {"initialDelaySeconds": 0, "failureThreshold": 2, "terminationGracePeriodSeconds": 1, **_QUICK},
+    "readinessProbe": _QUICK}]}}}}
+
+
+def _a_hung_operator_is_restarted_by_its_liveness_probe(env: Env, name: str) -> None:
+    """The operator's event loop stops (SIGSTOP, as a deadlock would): kopf's liveness endpoint, served from that
+    loop, stops answering, the kubelet kills the container and starts it again, and the new process serves."""
+    def container() -> dict[str, Any]:
+        pod = json.loads(env.kubectl("get", "pod", name, "-n", NAMESPACE, "-o", "json"))
+        return (pod["status"].get("containerStatuses") or [{}])[0]
+
+    assert container()["ready"] and container()["restartCount"] == 0
+    pid = env.cluster.kubelet.pid_of(NAMESPACE, name)
+    assert pid is not None
+    for hung in (pid, *descendants(pid)):
+        os.kill(hung, signal.SIGSTOP)
+    wait_for("the hung operator restarted", lambda: container()["restartCount"] == 1 and container()["ready"], 60,
+             lambda: str(container()))
+    events = json.loads(env.kubectl("get", "events", "-n", NAMESPACE, "--field-selector",
+                                    f"involvedObject.name={name}", "-o", "json"))["items"]
+    assert "Container operator failed liveness probe, will be restarted" in [
+        e["message"] for e in events if e["reason"] == "Killing"], events
+    assert env.cluster.kubelet.pid_of(NAMESPACE, name) not in (None, pid)
+    env.wait_live(f"http://127.0.0.1:{env.ports['liveness']}/healthz")
+

@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from flywheel.local import procs
-from tests.k8s_emulator import images, nodes, podenv, sandbox, termination
+from tests.k8s_emulator import images, nodes, podenv, probes, sandbox, termination
 from tests.k8s_emulator.httpclient import ApiStatusError, KubeHttpClient, resource_path
 from tests.k8s_emulator.nodes import NodeSetup
 from tests.k8s_emulator.scheduler import PodScheduler
@@ -50,6 +50,7 @@ class PodProcess:
     oom_killed: bool = False
     last_terminated: dict[str, Any] | None = None
     config_error: str = ""  # the last CreateContainerConfigError, so its event is posted once
+    env: dict[str, str] = field(default_factory=dict)  # the container's, for its exec probes
     task: asyncio.Task[None] | None = None
     gone: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -326,7 +327,7 @@ class ProcessKubelet:
         return await self.api.get_or_none(resource_path(plural, namespace, name))
 
     async def _report(self, running: PodProcess, phase: str, state: dict[str, Any], ready: bool,
-                      reason: str = "") -> None:
+                      reason: str = "", started: bool | None = None) -> None:
         if running.node in self.lost:
             return
         pod = self._latest.get(running.uid)
@@ -337,7 +338,8 @@ class ProcessKubelet:
         status_word = "True" if ready else "False"
         container_status = {"name": container.get("name", ""), "image": container.get("image", ""),
                             "imageID": "", "containerID": f"process://{running.uid}/{running.restart_count}",
-                            "ready": ready, "started": "running" in state, "restartCount": running.restart_count,
+                            "ready": ready, "started": "running" in state if started is None else started,
+                            "restartCount": running.restart_count,
                             "state": state}
         if running.last_terminated:
             container_status["lastState"] = {"terminated": running.last_terminated}
@@ -366,6 +368,7 @@ class ProcessKubelet:
             if await podenv.automounts_token(pod, self._fetch):
                 mounted = podenv.write_service_account(self.credentials_dir / running.uid, pod, self.api_url)
             env = await podenv.container_env(pod, container, self.api_host, self.api_port, self._fetch, mounted)
+            running.env = env
             argv = podenv.container_argv(container, env)
             message_file = termination.host_file(self.log_dir, running.namespace, running.name, running.uid)
             termination.mount(container, env, message_file)
@@ -391,6 +394,31 @@ class ProcessKubelet:
                 log.write(f"process kubelet: cannot start {argv!r}: {err}\n".encode())
                 return 128
         return None
+
+    def _prober(self, running: PodProcess, pod: dict[str, Any], state: dict[str, Any]) -> probes.ProbeRunner:
+        """The container's probes (probes.py), reporting its readiness and killing it on a failed one."""
+        async def set_ready(started: bool, ready: bool) -> None:
+            if not running.terminating:
+                await self._report(running, "Running", state, ready, started=started)
+
+        async def kill(probe: probes.Probe) -> None:
+            grace = probe.spec.get("terminationGracePeriodSeconds")
+            grace = int(pod["spec"].get("terminationGracePeriodSeconds", 30) if grace is None else grace)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + grace
+            await self._pre_stop(running, deadline)
+            running.signal(signal.SIGTERM)
+            if running.process is not None:
+                try:
+                    await asyncio.wait_for(running.process.wait(), max(deadline - loop.time(), 0.01))
+                except TimeoutError:
+                    running.signal(signal.SIGKILL)
+
+        async def event(kind: str, reason: str, message: str) -> None:
+            await self._event(pod, reason, message, kind=kind)
+
+        return probes.ProbeRunner(pod["spec"]["containers"][0], podenv.POD_IP, running.env, set_ready=set_ready,
+                                  kill=kill, event=event)
 
     def _node_shm(self, node: str) -> Path:
         """The node's host memory: a folder under the machine's /dev/shm, the node's /dev/shm in its containers
@@ -442,10 +470,14 @@ class ProcessKubelet:
                 await asyncio.sleep(1.0)  # config error: retry, like the kubelet's sync loop
                 continue
             if early_exit is None:
-                await self._report(running, "Running", {"running": {"startedAt": started}}, True)
+                prober = self._prober(running, pod, {"running": {"startedAt": started}})
+                await self._report(running, "Running", {"running": {"startedAt": started}}, prober.ready,
+                                   started=prober.started)
                 await self._event(pod, "Started", f"Started container {pod['spec']['containers'][0]['name']} "
                                   f"(pid {running.process.pid})")
+                prober.start()
                 code = await running.process.wait()
+                await prober.stop()
             else:
                 code = early_exit
             if running.terminating:
