@@ -18,12 +18,18 @@ from flywheel.local.procs import descendants
 from tests.k8s_emulator.fixtures import RunningCluster
 from tests.waiting import eventually
 
-# Serves /ready with 200 while the file READY names exists (else 503), and creates ALIVE at start.
+# Serves /ready with 200 while the file READY names exists (else 503), creates ALIVE at start, notes every path it
+# is asked for in ALIVE, and notes a SIGTERM there too.
 SERVER = """
-import http.server, os, pathlib
+import http.server, os, pathlib, signal, sys
 pathlib.Path(os.environ["ALIVE"]).touch()
+def note(line):
+    with open(os.environ["ALIVE"], "a") as f:
+        f.write(line + "\\n")
+signal.signal(signal.SIGTERM, lambda *a: (note("SIGTERM"), sys.exit(0)))
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        note(self.path)
         self.send_response(200 if os.path.exists(os.environ["READY"]) else 503)
         self.end_headers()
     def log_message(self, *args):
@@ -110,8 +116,9 @@ def test_a_startup_probe_holds_the_others_and_kills_a_container_that_never_start
                    startupProbe={"tcpSocket": {"port": closed}, "periodSeconds": 1, "failureThreshold": 3},
                    readinessProbe={"httpGet": {"path": "/ready", "port": "http"}, **QUICK})
     core.create_namespaced_pod("default", body)
-    eventually(lambda: core.read_namespaced_pod("start-probe", "default").status.phase == "Failed", 30,
-               "Failed: killed for its startup probe, restartPolicy Never")
+    eventually(lambda: core.read_namespaced_pod("start-probe", "default").status.phase == "Succeeded", 30,
+               "ended: killed for its startup probe (its SIGTERM handler exits 0), restartPolicy Never")
+    assert (tmp_path / "alive").read_text().split() == ["SIGTERM"]
     assert _events(core, "start-probe", "Killing") == ["Container main failed startup probe, will be restarted"]
     failures = _events(core, "start-probe", "Unhealthy")
     assert failures and all(m.startswith(f"Startup probe failed: dial tcp 127.0.0.1:{closed}") for m in failures)
@@ -147,3 +154,31 @@ def test_a_hung_container_fails_its_http_liveness_probe_and_is_restarted(cluster
         return status.restart_count == 1 and bool(status.ready)
     eventually(restarted, 30, "the hung container restarted and ready again")
     assert cluster.kubelet.pid_of("default", "hung-probe") != pid
+
+
+def _deleted(core: client.CoreV1Api, name: str) -> bool:
+    return not [p for p in core.list_namespaced_pod("default").items if p.metadata.name == name]
+
+
+def test_pre_stop_exec_and_http_hooks_run_before_sigterm_and_a_failed_one_is_an_event(
+        core: client.CoreV1Api, tmp_path: Path) -> None:
+    """`lifecycle.preStop` `httpGet` and `exec` run on deletion, before SIGTERM (the same handlers as the probes);
+    a failing hook is a `FailedPreStopHook` Warning and the container still gets its SIGTERM."""
+    hooks = {"http": {"httpGet": {"path": "/prestop", "port": "http"}},
+             "exec": {"exec": {"command": ["python", "-c", f"open({str(tmp_path / 'exec' / 'alive')!r}, 'a')"
+                                                           ".write('exec hook\\n')"]}},
+             "failing": {"exec": {"command": ["false"]}}}
+    for name, hook in hooks.items():
+        (tmp_path / name).mkdir()
+        body, _ = _pod(f"hook-{name}", tmp_path / name)
+        body["spec"]["containers"][0]["lifecycle"] = {"preStop": hook}
+        core.create_namespaced_pod("default", body)
+        eventually(lambda: _ready(core, f"hook-{name}") and (tmp_path / name / "alive").exists(), 30, "started")
+        core.delete_namespaced_pod(f"hook-{name}", "default")
+        eventually(lambda: _deleted(core, f"hook-{name}"), 30, f"hook-{name} deleted")
+    assert (tmp_path / "http" / "alive").read_text().split() == ["/prestop", "SIGTERM"]
+    assert (tmp_path / "exec" / "alive").read_text().splitlines() == ["exec hook", "SIGTERM"]
+    assert (tmp_path / "failing" / "alive").read_text().split() == ["SIGTERM"]
+    [said] = _events(core, "hook-failing", "FailedPreStopHook")
+    assert said.startswith("Exec lifecycle hook ([\'false\']) for Container \"main\"") and "exited with 1" in said
+

@@ -275,16 +275,30 @@ class ProcessKubelet:
             await self._final_delete(pod)
 
     async def _pre_stop(self, running: PodProcess, deadline: float) -> None:
-        """The container's `lifecycle.preStop` `sleep` action (exec and httpGet are not run: docs/test-cluster.md):
-        not called for a container that has exited, cut short by the grace period or by the container's exit."""
+        """The container's `lifecycle.preStop` hook, within the grace period: `sleep` (cut short by the container's
+        exit), or an `exec`/`httpGet` handler (probes.py), whose failure is a `FailedPreStopHook` Warning. Not run
+        for a container that has exited."""
         pod = self._latest.get(running.uid) or {}
         container = ((pod.get("spec") or {}).get("containers") or [{}])[0]
-        seconds = (((container.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}).get("seconds")
-        if not seconds or running.process is None or running.process.returncode is not None:
+        hook = (container.get("lifecycle") or {}).get("preStop") or {}
+        if not hook or running.process is None or running.process.returncode is not None:
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(running.process.wait(), min(float(seconds),
-                                                               deadline - asyncio.get_running_loop().time()))
+        budget = max(deadline - asyncio.get_running_loop().time(), 0.0)
+        if hook.get("sleep"):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(running.process.wait(), min(float(hook["sleep"].get("seconds") or 0), budget))
+            return
+        try:
+            async with asyncio.timeout(budget):
+                why = await probes.run_handler(hook, container, podenv.POD_IP, running.env)
+        except TimeoutError:
+            why = probes.timed_out(hook, container, podenv.POD_IP)
+        if why:
+            what = f"Exec lifecycle hook ({hook['exec'].get('command')})" if hook.get("exec") else \
+                f"HTTP lifecycle hook ({(hook.get('httpGet') or {}).get('path') or '/'})"
+            await self._event(pod, "FailedPreStopHook", f"{what} for Container \"{container.get('name', '')}\" in Pod "
+                              f"\"{running.name}_{running.namespace}({running.uid})\" failed - error: {why}",
+                              kind="Warning")
 
     async def _final_delete(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]

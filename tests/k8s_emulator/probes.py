@@ -59,26 +59,41 @@ def ready_at_start(container: Mapping[str, Any]) -> bool:
 async def attempt(probe: Probe, container: Mapping[str, Any], pod_ip: str, env: Mapping[str, str]) -> str | None:
     """One try of the probe: None when it passed, else why it failed (in the kubelet's words)."""
     timeout = probe.seconds("timeoutSeconds", 1)
-    http, tcp, command = probe.spec.get("httpGet"), probe.spec.get("tcpSocket"), probe.spec.get("exec")
-    try:
-        target = _url(http, container, pod_ip) if http else _address(tcp, container, pod_ip) if tcp else ""
-    except ValueError as err:
-        return str(err)
     try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation that meets its timeout
         async with asyncio.timeout(timeout):
-            if http:
-                return await _http_get(str(target), http)
-            if tcp:
-                return await _tcp_socket(*target)
-            if command:
-                return await _exec(list(command.get("command") or []), env)
+            return await run_handler(probe.spec, container, pod_ip, env)
     except TimeoutError:
+        return timed_out(probe.spec, container, pod_ip)
+
+
+async def run_handler(action: Mapping[str, Any], container: Mapping[str, Any], pod_ip: str,
+                      env: Mapping[str, str]) -> str | None:
+    """A probe's or a lifecycle hook's handler (httpGet, tcpSocket or exec) run once, without a time limit: None
+    when it passed, else why not. No handler (grpc, here): passed."""
+    http, tcp, command = action.get("httpGet"), action.get("tcpSocket"), action.get("exec")
+    try:
         if http:
-            return f'Get "{target}": context deadline exceeded (Client.Timeout exceeded while awaiting headers)'
+            return await _http_get(_url(http, container, pod_ip), http)
         if tcp:
-            return f"dial tcp {target[0]}:{target[1]}: i/o timeout"
-        return f"command {command.get('command')!r} timed out"
-    return None  # grpc: not run here
+            return await _tcp_socket(*_address(tcp, container, pod_ip))
+    except ValueError as err:  # a port name the container does not declare
+        return str(err)
+    if command:
+        return await _exec(list(command.get("command") or []), env)
+    return None
+
+
+def timed_out(action: Mapping[str, Any], container: Mapping[str, Any], pod_ip: str) -> str:
+    """Why a handler that ran out of time failed, in the kubelet's words."""
+    http, tcp, command = action.get("httpGet"), action.get("tcpSocket"), action.get("exec") or {}
+    with contextlib.suppress(ValueError):
+        if http:
+            return f'Get "{_url(http, container, pod_ip)}": context deadline exceeded (Client.Timeout exceeded ' \
+                   'while awaiting headers)'
+        if tcp:
+            host, port = _address(tcp, container, pod_ip)
+            return f"dial tcp {host}:{port}: i/o timeout"
+    return f"command {command.get('command')!r} timed out"
 
 
 def _port(port: Any, container: Mapping[str, Any]) -> int:
