@@ -182,3 +182,27 @@ def test_pre_stop_exec_and_http_hooks_run_before_sigterm_and_a_failed_one_is_an_
     [said] = _events(core, "hook-failing", "FailedPreStopHook")
     assert said.startswith("Exec lifecycle hook ([\'false\']) for Container \"main\"") and "exited with 1" in said
 
+
+
+def test_post_start_runs_before_the_container_is_running_and_a_failed_one_kills_it(
+        core: client.CoreV1Api, tmp_path: Path) -> None:
+    for name, command, restart in (("ok", ["touch", str(tmp_path / "ok" / "hooked")], "Always"),
+                                   ("failing", ["false"], "Never")):
+        (tmp_path / name).mkdir()
+        body, _ = _pod(f"post-{name}", tmp_path / name, restart=restart)
+        body["spec"]["containers"][0]["lifecycle"] = {"postStart": {"exec": {"command": command}}}
+        core.create_namespaced_pod("default", body)
+
+    def running_after_its_hook() -> bool:
+        pod = core.read_namespaced_pod("post-ok", "default")
+        if pod.status.phase != "Running" or not pod.status.container_statuses[0].state.running:
+            return False
+        assert (tmp_path / "ok" / "hooked").exists()  # the hook was done before the container was Running
+        return True
+    eventually(running_after_its_hook, 30, "post-ok Running")
+    # Killed, restartPolicy Never: Succeeded or Failed as the SIGTERM found its handler installed or not yet.
+    eventually(lambda: core.read_namespaced_pod("post-failing", "default").status.phase in ("Succeeded", "Failed"),
+               30, "post-failing killed")
+    [said] = _events(core, "post-failing", "FailedPostStartHook")
+    assert said.startswith("Exec lifecycle hook (['false']) for Container \"main\"") and "exited with 1" in said
+    assert not _events(core, "post-failing", "Started")  # never Running

@@ -12,13 +12,12 @@ import functools
 import os
 import shutil
 import signal
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from flywheel.local import procs
-from tests.k8s_emulator import images, nodes, podenv, probes, sandbox, termination
+from tests.k8s_emulator import images, nodes, podenv, sandbox, termination
+from tests.k8s_emulator.container import ContainerLifecycle, PodProcess
 from tests.k8s_emulator.httpclient import ApiStatusError, KubeHttpClient, resource_path
 from tests.k8s_emulator.nodes import NodeSetup
 from tests.k8s_emulator.scheduler import PodScheduler
@@ -37,39 +36,7 @@ def _micro_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-@dataclass
-class PodProcess:
-    uid: str
-    namespace: str
-    name: str
-    node: str
-    process: asyncio.subprocess.Process | None = None
-    restart_count: int = 0
-    started_at: str = ""
-    terminating: bool = False
-    oom_killed: bool = False
-    last_terminated: dict[str, Any] | None = None
-    config_error: str = ""  # the last CreateContainerConfigError, so its event is posted once
-    env: dict[str, str] = field(default_factory=dict)  # the container's, for its exec probes
-    task: asyncio.Task[None] | None = None
-    gone: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def signal(self, sig: int) -> None:
-        """SIGTERM goes to the container's process group, as the runtime sends it to PID 1 (torch's agent passes
-        it on to the ranks). SIGKILL and the freeze of a lost node (SIGSTOP/SIGCONT) reach every process below it,
-        as a cgroup kill or a dead machine does: torch's agent starts each rank in a session of its own, which
-        the process group alone would miss."""
-        if self.process is None or self.process.returncode is not None:
-            return
-        below = procs.descendants(self.process.pid) if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT) else []
-        for pid in below:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, sig)
-
-
-class ProcessKubelet:
+class ProcessKubelet(ContainerLifecycle):
     def __init__(self, api_url: str, node_names: list[str], log_dir: Path, heartbeat_seconds: float = 2.0,
                  node_status_seconds: float = 10.0, scheduler_names: set[str] | None = None,
                  workdir: Path | None = None, node_setup: dict[str, NodeSetup] | None = None) -> None:
@@ -274,32 +241,6 @@ class ProcessKubelet:
         if pod is not None:
             await self._final_delete(pod)
 
-    async def _pre_stop(self, running: PodProcess, deadline: float) -> None:
-        """The container's `lifecycle.preStop` hook, within the grace period: `sleep` (cut short by the container's
-        exit), or an `exec`/`httpGet` handler (probes.py), whose failure is a `FailedPreStopHook` Warning. Not run
-        for a container that has exited."""
-        pod = self._latest.get(running.uid) or {}
-        container = ((pod.get("spec") or {}).get("containers") or [{}])[0]
-        hook = (container.get("lifecycle") or {}).get("preStop") or {}
-        if not hook or running.process is None or running.process.returncode is not None:
-            return
-        budget = max(deadline - asyncio.get_running_loop().time(), 0.0)
-        if hook.get("sleep"):
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(running.process.wait(), min(float(hook["sleep"].get("seconds") or 0), budget))
-            return
-        try:
-            async with asyncio.timeout(budget):
-                why = await probes.run_handler(hook, container, podenv.POD_IP, running.env)
-        except TimeoutError:
-            why = probes.timed_out(hook, container, podenv.POD_IP)
-        if why:
-            what = f"Exec lifecycle hook ({hook['exec'].get('command')})" if hook.get("exec") else \
-                f"HTTP lifecycle hook ({(hook.get('httpGet') or {}).get('path') or '/'})"
-            await self._event(pod, "FailedPreStopHook", f"{what} for Container \"{container.get('name', '')}\" in Pod "
-                              f"\"{running.name}_{running.namespace}({running.uid})\" failed - error: {why}",
-                              kind="Warning")
-
     async def _final_delete(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         with contextlib.suppress(ApiStatusError):
@@ -409,31 +350,6 @@ class ProcessKubelet:
                 return 128
         return None
 
-    def _prober(self, running: PodProcess, pod: dict[str, Any], state: dict[str, Any]) -> probes.ProbeRunner:
-        """The container's probes (probes.py), reporting its readiness and killing it on a failed one."""
-        async def set_ready(started: bool, ready: bool) -> None:
-            if not running.terminating:
-                await self._report(running, "Running", state, ready, started=started)
-
-        async def kill(probe: probes.Probe) -> None:
-            grace = probe.spec.get("terminationGracePeriodSeconds")
-            grace = int(pod["spec"].get("terminationGracePeriodSeconds", 30) if grace is None else grace)
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + grace
-            await self._pre_stop(running, deadline)
-            running.signal(signal.SIGTERM)
-            if running.process is not None:
-                try:
-                    await asyncio.wait_for(running.process.wait(), max(deadline - loop.time(), 0.01))
-                except TimeoutError:
-                    running.signal(signal.SIGKILL)
-
-        async def event(kind: str, reason: str, message: str) -> None:
-            await self._event(pod, reason, message, kind=kind)
-
-        return probes.ProbeRunner(pod["spec"]["containers"][0], podenv.POD_IP, running.env, set_ready=set_ready,
-                                  kill=kill, event=event)
-
     def _node_shm(self, node: str) -> Path:
         """The node's host memory: a folder under the machine's /dev/shm, the node's /dev/shm in its containers
         (it outlives the pods, as a host's memory does, and goes with the kubelet)."""
@@ -484,14 +400,7 @@ class ProcessKubelet:
                 await asyncio.sleep(1.0)  # config error: retry, like the kubelet's sync loop
                 continue
             if early_exit is None:
-                prober = self._prober(running, pod, {"running": {"startedAt": started}})
-                await self._report(running, "Running", {"running": {"startedAt": started}}, prober.ready,
-                                   started=prober.started)
-                await self._event(pod, "Started", f"Started container {pod['spec']['containers'][0]['name']} "
-                                  f"(pid {running.process.pid})")
-                prober.start()
-                code = await running.process.wait()
-                await prober.stop()
+                code = await self._running(running, pod, started)
             else:
                 code = early_exit
             if running.terminating:

@@ -96,6 +96,15 @@ def timed_out(action: Mapping[str, Any], container: Mapping[str, Any], pod_ip: s
     return f"command {command.get('command')!r} timed out"
 
 
+def hook_failed(hook: Mapping[str, Any], container: Mapping[str, Any], pod: Mapping[str, Any], why: str) -> str:
+    """A failed lifecycle hook, as the kubelet's FailedPreStopHook/FailedPostStartHook events say it."""
+    what = f"Exec lifecycle hook ({hook['exec'].get('command')})" if hook.get("exec") else \
+        f"HTTP lifecycle hook ({(hook.get('httpGet') or {}).get('path') or '/'})"
+    meta = pod["metadata"]
+    return (f"{what} for Container \"{container.get('name', '')}\" in Pod \"{meta['name']}_{meta['namespace']}"
+            f"({meta['uid']})\" failed - error: {why}")
+
+
 def _port(port: Any, container: Mapping[str, Any]) -> int:
     if isinstance(port, int) or str(port).isdigit():
         return int(port)
