@@ -154,7 +154,7 @@ class MemoryRestore:
 
     def _send_replica(self, src: int, step: int, groups: Sequence[Any]) -> tuple[list[dist.Work], mmap.mmap | None]:
         """Send the replica of rank `src` to it: the header (length, then bytes) over the first group, then the
-        tensors' bytes (pieces), each a view of the file mapped from /dev/shm. A replica that cannot be
+        tensors' bytes in pieces (_pieces), each a view of the file mapped from /dev/shm. A replica that cannot be
         read (damaged, or gone) is answered with a zero length, so its rank is never left waiting."""
         group = groups[0]
         path = self.copy_path(src, self.rank, step)
