@@ -21,10 +21,12 @@ import signal
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flywheel import exitcodes, replica
 from flywheel.trainer import (
+    agent_dir,
     first_step,
     rank_restarts,
     rendezvous_expiry,
@@ -83,19 +85,20 @@ def run_agent(settings: LaunchSettings) -> int:
     """Run the elastic agent until the ranks finish; return this process's exit code."""
     # Both are read by torch/the ranks from the environment; the workers inherit os.environ.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    with tempfile.TemporaryDirectory(prefix="flywheel-agent-") as own:
-        os.environ[first_step.ENV] = os.path.join(own, "stepped")  # the ranks' first step (first_step.py)
+    with agent_dir.agent_dir() as own:
+        os.environ[first_step.ENV] = str(own / "stepped")  # the ranks' first step (first_step.py)
         if not (settings.warm_start and settings.runs_embedded_trainer):
             _report_user_exceptions(os.environ)
-            return _promoted_then(settings, {}, settings.command)
+            return _promoted_then(settings, {}, settings.command, own)
         # Started first, so its import of the trainer overlaps the agent's own start-up and first rendezvous (and,
         # for a warm spare, happens before its promotion).
-        with warm.zygote(preload=WARM_PRELOAD) as zygote_env:
+        with warm.zygote(preload=WARM_PRELOAD, folder=own) as zygote_env:
             os.environ.update(zygote_env)
-            return _promoted_then(settings, zygote_env, warm.client_command(TRAINER_MODULE))
+            return _promoted_then(settings, zygote_env, warm.client_command(TRAINER_MODULE), own)
 
 
-def _promoted_then(settings: LaunchSettings, zygote_env: Mapping[str, str], command: Sequence[str]) -> int:
+def _promoted_then(settings: LaunchSettings, zygote_env: Mapping[str, str], command: Sequence[str],
+                   own: Path) -> int:
     """Run the agent; a warm spare (FLYWHEEL_SPARE=1) first waits for its promotion (spare_wait.py) and then runs
     as the replica it became, with that replica's settings."""
     if replica.is_spare(os.environ):
@@ -103,10 +106,10 @@ def _promoted_then(settings: LaunchSettings, zygote_env: Mapping[str, str], comm
         if code is not None:
             return code
         settings = dataclasses.replace(settings_from_env(os.environ), command=settings.command)
-    return _run_agent(settings, command)
+    return _run_agent(settings, command, own)
 
 
-def _run_agent(settings: LaunchSettings, command: Sequence[str]) -> int:
+def _run_agent(settings: LaunchSettings, command: Sequence[str], own: Path) -> int:
     if settings.rdzv_backend == "etcd-v3":
         try:
             import flywheel.trainer.rendezvous  # noqa: F401  (registers the etcd-v3 handler)
@@ -141,7 +144,7 @@ def _run_agent(settings: LaunchSettings, command: Sequence[str]) -> int:
                                   **settings.rdzv_configs)
     shutdown_rdzv = True
     rdzv_handler = None
-    with tempfile.TemporaryDirectory(prefix="flywheel-launch-") as log_dir:
+    with tempfile.TemporaryDirectory(prefix="flywheel-launch-", dir=own) as log_dir:
         try:
             # torch's own c10d handler would order the local replicas (all on 127.0.0.1) by pid.
             rdzv_handler = (rank_order.create_ordered_c10d_handler(params) if settings.rdzv_backend == "c10d"

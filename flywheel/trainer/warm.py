@@ -200,15 +200,18 @@ def serve(path: Path, preload: list[str], parent: int) -> int:
 
 
 @contextlib.contextmanager
-def zygote(preload: tuple[str, ...], env: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
+def zygote(preload: tuple[str, ...], env: dict[str, str] | None = None,
+           folder: Path | None = None) -> Iterator[dict[str, str]]:
     """Start a zygote for this agent (in `env`, this process's by default: what the preloaded modules read at import
-    time); yields the env its rank clients need. Killed on exit (its forked ranks die with it).
+    time); yields the env its rank clients need. Killed on exit (its forked ranks die with it). Its socket is in
+    `folder` (the agent's own, agent_dir.py), else in a temporary folder of its own.
 
     In this process's env and with this process single-threaded (the agent: torch imported, nothing started yet),
     the zygote is forked from it and keeps what it imported (torch: ~1 s of CPU and its memory per pod, shared
     copy-on-write); else it is a new interpreter."""
-    with tempfile.TemporaryDirectory(prefix="flywheel-warm-") as tmp:
-        path = Path(tmp) / "zygote.sock"
+    with contextlib.ExitStack() as stack:
+        tmp = folder or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flywheel-warm-")))
+        path = tmp / "zygote.sock"
         if env is None and _single_threaded():
             pid, spawned = _fork_zygote(path, preload), None
         else:
