@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 from kubernetes import client, config
 
 from flywheel.local.procs import descendants
+from tests.etcd_process import free_port
 from tests.k8s_emulator.fixtures import RunningCluster
 from tests.waiting import eventually
 
@@ -46,14 +46,8 @@ def core(cluster: RunningCluster) -> Iterator[client.CoreV1Api]:
     api_client.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _pod(name: str, tmp: Path, restart: str = "Always", **probes: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    port = _free_port()
+    port = free_port()
     env = [{"name": "PORT", "value": str(port)}, {"name": "READY", "value": str(tmp / "ready")},
            {"name": "ALIVE", "value": str(tmp / "alive")}]
     container = {"name": "main", "image": "python:3.11", "command": ["python", "-c", SERVER], "env": env,
@@ -111,7 +105,7 @@ def test_a_failed_liveness_probe_restarts_the_container(core: client.CoreV1Api, 
 def test_a_startup_probe_holds_the_others_and_kills_a_container_that_never_starts(
         core: client.CoreV1Api, tmp_path: Path) -> None:
     (tmp_path / "ready").touch()  # readiness would pass at once: only the startup probe holds it back
-    closed = _free_port()  # nothing listens there
+    closed = free_port()  # nothing listens there
     body, _ = _pod("start-probe", tmp_path, restart="Never",
                    startupProbe={"tcpSocket": {"port": closed}, "periodSeconds": 1, "failureThreshold": 3},
                    readinessProbe={"httpGet": {"path": "/ready", "port": "http"}, **QUICK})

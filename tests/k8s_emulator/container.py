@@ -14,6 +14,7 @@ from typing import Any
 from flywheel.local import procs
 from tests.k8s_emulator import podenv, probes
 
+PRE_STOP_EXTENSION_S = 2.0  # what the kubelet grants SIGTERM after a preStop hook that used the whole grace period
 
 @dataclass
 class PodProcess:
@@ -95,17 +96,20 @@ class ContainerLifecycle:
         return False
 
     async def _kill_container(self, running: PodProcess, grace: int) -> None:
-        """Kill a running container (a failed probe or hook), as for a deletion but with the pod kept: its preStop
-        hook, SIGTERM, SIGKILL at the end of `grace`."""
+        """Kill the container (a deletion, a failed probe or hook): its preStop hook first, then SIGTERM, then
+        SIGKILL, both within the grace period; a hook that took all of it leaves the signal a one-off 2 s (the
+        kubelet's). Returns once the process has exited."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
+        deadline = loop.time() + max(grace, 0)
         await self._pre_stop(running, deadline)
         running.signal(signal.SIGTERM)
-        if running.process is not None:
+        if running.process is not None and running.process.returncode is None:
             try:
-                await asyncio.wait_for(running.process.wait(), max(deadline - loop.time(), 0.01))
+                await asyncio.wait_for(running.process.wait(), max(deadline - loop.time(), 0)
+                                       or (PRE_STOP_EXTENSION_S if grace > 0 else 0))
             except TimeoutError:
                 running.signal(signal.SIGKILL)
+                await running.process.wait()
 
     async def _pre_stop(self, running: PodProcess, deadline: float) -> None:
         """The container's `lifecycle.preStop` hook, within the grace period: `sleep` (cut short by the container's

@@ -25,7 +25,6 @@ from tests.k8s_emulator.scheduler import PodScheduler
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHM_BASE = Path("/dev/shm")  # the machine's: each node's host memory is a folder of it
 KUBELET_VERSION = "v1.33.0-flywheel"
-PRE_STOP_EXTENSION_S = 2.0  # what the kubelet grants SIGTERM after a preStop hook that used the whole grace period
 
 
 def _now() -> str:
@@ -222,19 +221,9 @@ class ProcessKubelet(ContainerLifecycle):
         running.gone.set()
 
     async def _terminate(self, running: PodProcess, grace: int) -> None:
-        """The container's preStop hook first, then SIGTERM, then SIGKILL: both within the grace period, which
-        counts from the deletion; a hook that took all of it leaves the signal a one-off 2 s (the kubelet's)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(grace, 0)
-        await self._pre_stop(running, deadline)
-        running.signal(signal.SIGTERM)
-        if running.process is not None and running.process.returncode is None:
-            try:
-                await asyncio.wait_for(running.process.wait(), max(deadline - loop.time(), 0)
-                                       or (PRE_STOP_EXTENSION_S if grace > 0 else 0))
-            except TimeoutError:
-                running.signal(signal.SIGKILL)
-                await running.process.wait()
+        """The deleted pod's container killed within its grace period (container.py), then the final delete once
+        its node can act."""
+        await self._kill_container(running, grace)
         while running.node in self.lost:
             await asyncio.sleep(0.2)
         pod = self._latest.get(running.uid)
