@@ -145,11 +145,21 @@ class Kube:
             raise
 
     async def list_versioned(self, path: str, label_selector: str = "") -> tuple[list[dict[str, Any]], str]:
-        """Every item, page by page, and the list's resourceVersion (where a watch of the same path resumes)."""
-        params = {"limit": str(LIST_PAGE), **({"labelSelector": label_selector} if label_selector else {})}
+        """Every item, page by page, and the list's resourceVersion (where a watch of the same path resumes). All
+        pages are one snapshot; when it is compacted away between pages (410 Expired, after ~5 minutes on a busy
+        cluster), the list is taken again in one piece, as client-go's pager does: the rest from the Status's
+        inconsistent token would mix two states, and a watch cannot resume from either."""
+        selector = {"labelSelector": label_selector} if label_selector else {}
+        params = {"limit": str(LIST_PAGE), **selector}
         items: list[dict[str, Any]] = []
         while True:
-            data = await self.request("GET", path, params=params)
+            try:
+                data = await self.request("GET", path, params=params)
+            except KubeApiError as err:
+                if err.status != 410 or "continue" not in params:
+                    raise
+                params, items = selector, []
+                continue
             items.extend(data.get("items", []))
             meta = data.get("metadata") or {}
             if not meta.get("continue"):

@@ -16,7 +16,7 @@ import kopf
 
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.etcd.liveness import delete_run
-from flywheel.kube.client import Kube, KubeConfigError, load_credentials
+from flywheel.kube.client import LIST_PAGE, Kube, KubeConfigError, load_credentials
 from flywheel.labels import CHECKPOINT_LOCATION_ANNOTATION, FINALIZER
 from flywheel.monitor import FindingsInbox, MonitorSettings
 from flywheel.monitor.operator_metrics import OperatorMetrics
@@ -103,6 +103,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.watching.server_timeout = 60
+    # kopf's lists (at start and after a 410) in pages, as client-go's and kubectl's: one response of every worker
+    # pod of a large cluster is what API priority and fairness charges most and what spikes the server's memory.
+    settings.watching.chunk_size = LIST_PAGE
     # A stopped runner exits within a pass (the etcd cleanup of a deleted job included): kopf waits for that inline,
     # so it lets a deleted job go at once, not after a polling patch and the daemon's cancellation backoff.
     settings.background.instant_exit_timeout = 1.0

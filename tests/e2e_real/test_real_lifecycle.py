@@ -263,3 +263,30 @@ def test_the_rest_api_acts_through_the_trainingjob(real: RealCluster, tmp_path: 
                    "worker 1 to go")
     finally:
         real.kubectl("delete", "tj", name, "--wait=false", check=False)
+
+
+def test_the_product_client_lists_in_pages(real: RealCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twin of tests/emulator_fidelity/test_list_paging.py's client check: 7 ConfigMaps read 3 at a time by the
+    client the operator and the REST API use."""
+    import asyncio
+
+    from flywheel.kube import client as kube_client
+    from flywheel.kube.auth import load_credentials
+
+    names = [f"e2e-page-{i}" for i in range(7)]
+    for name in names:
+        real.kubectl("create", "configmap", name)
+    monkeypatch.setattr(kube_client, "LIST_PAGE", 3)
+
+    async def listed() -> list[str]:
+        kube = kube_client.Kube(await load_credentials(os.environ["KUBECONFIG"]))
+        try:
+            items = await kube.list(kube_client.Kube.core(real.namespace, "configmaps"))
+            return [item["metadata"]["name"] for item in items]
+        finally:
+            await kube.close()
+
+    try:
+        assert [n for n in asyncio.run(listed()) if n.startswith("e2e-page-")] == names
+    finally:
+        real.kubectl("delete", "configmap", *names, check=False)

@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
         commands.add_parser(name).add_argument("--kubeconfig", required=True)
     fault = commands.add_parser("fault")
     fault.add_argument("--kubeconfig", required=True)
-    fault.add_argument("action", help="drop-watches | conflict | pause | resume | lose-node | restore-node | "
+    fault.add_argument("action", help="drop-watches | compact | conflict | pause | resume | lose-node | restore-node | "
                                       "pod-pid | oom-kill")
     fault.add_argument("params", nargs="*", help="key=value, e.g. node=node-1 or resource=pods name=x")
     return parser

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from tests.k8s_emulator import eviction, openapi, patches, protobuf, tables
+from tests.k8s_emulator import eviction, listing, openapi, patches, protobuf, tables
 from tests.k8s_emulator.controllers import ControlPlane
 from tests.k8s_emulator.errors import StatusError
 from tests.k8s_emulator.requestlog import RequestRecorder, bearer
@@ -255,13 +255,16 @@ class ApiServer:
         return lambda obj: by_label(obj) and by_field(obj)
 
     def list(self, request: web.Request, rt: ResourceType, version: str, namespace: str) -> web.Response:
-        items = [self._versioned(o, rt, version) for o in self.store.list(rt, namespace, self._predicate(request))]
-        resource_version = str(self.store.rv)
+        query = request.query
+        page = listing.list_page(self.store, rt, namespace, self._predicate(request), query,
+                                 bool(query.get("labelSelector") or query.get("fieldSelector")))
+        items = [self._versioned(o, rt, version) for o in page.items]
         if self._wants_table(request):
-            include = request.query.get("includeObject", "Metadata")
-            return _json(tables.to_table(rt, version, items, resource_version, include))
-        return _json({"kind": f"{rt.kind}List", "apiVersion": rt.api_version(version),
-                      "metadata": {"resourceVersion": resource_version}, "items": items})
+            table = tables.to_table(rt, version, items, page.resource_version, query.get("includeObject", "Metadata"))
+            table["metadata"] = page.list_meta()
+            return _json(table)
+        return _json({"kind": f"{rt.kind}List", "apiVersion": rt.api_version(version), "metadata": page.list_meta(),
+                      "items": items})
 
     def delete_collection(self, request: web.Request, rt: ResourceType, version: str,
                           namespace: str) -> web.Response:
@@ -403,6 +406,8 @@ class ApiServer:
         action, query = (parts[0] if parts else ""), request.query
         if action == "drop-watches":
             return _json({"dropped": self.store.drop_watches()})
+        if action == "compact":
+            return _json({"compacted": self.store.compact()})
         if action == "conflict":
             rt = self.registry.get((query.get("group", ""), query["resource"]))
             if rt is None:

@@ -7,12 +7,15 @@ from typing import Any
 
 
 class StatusError(Exception):
-    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
+    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None,
+                 list_meta: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.code, self.reason, self.message, self.details = code, reason, message, details or {}
+        self.list_meta = list_meta or {}  # e.g. the inconsistent continue token of an expired one
 
     def status(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": dict(self.list_meta),
+                                "status": "Failure",
                                 "message": self.message, "reason": self.reason, "code": self.code}
         if self.details:
             body["details"] = self.details

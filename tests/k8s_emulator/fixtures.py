@@ -90,6 +90,10 @@ class ApiHandle:
     def drop_watches(self) -> int:
         return self._loop.call(self._cluster.store.drop_watches)
 
+    def compact(self) -> int:
+        """etcd's compaction: continue tokens and watches from before now get 410 Expired."""
+        return self._loop.call(self._cluster.store.compact)
+
     def force_conflict(self, resource: str, namespace: str, name: str, group: str = "", count: int = 1) -> None:
         self._loop.call(self._cluster.store.force_conflict, (group, resource), namespace, name, count)
 

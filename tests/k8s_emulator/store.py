@@ -19,6 +19,7 @@ from typing import Any
 
 from tests.k8s_emulator import admission, pod_classes
 from tests.k8s_emulator.errors import StatusError
+from tests.k8s_emulator.listing import etcd_key
 from tests.k8s_emulator.resources import CRD_KEY, Registry, ResourceKey, ResourceType, resource_type_from_crd
 from tests.k8s_emulator.selectors import Predicate
 
@@ -118,8 +119,33 @@ class Store:
         return copy.deepcopy(obj)
 
     def list(self, rt: ResourceType, namespace: str, predicate: Predicate) -> list[dict[str, Any]]:
-        return [copy.deepcopy(obj) for (ns, _), obj in sorted(self.bucket(rt.key).items())
-                if (not namespace or ns == namespace) and predicate(obj)]
+        keyed = sorted((etcd_key(key), obj) for key, obj in self.bucket(rt.key).items()
+                       if not namespace or key[0] == namespace)  # etcd's key order, as a list from it
+        return [copy.deepcopy(obj) for _, obj in keyed if predicate(obj)]
+
+    def state_at(self, key: ResourceKey, rv: int) -> dict[ObjectKey, dict[str, Any]] | None:
+        """The objects of one kind as they were at revision `rv` (<= self.rv), rebuilt by undoing the later events;
+        None once the history no longer reaches back to it (compacted)."""
+        if rv < self.compacted_rv:
+            return None
+        state = dict(self.bucket(key))
+        for event in reversed(self.history):
+            if event.rv <= rv:
+                break
+            if event.key == key:
+                meta = event.obj["metadata"]
+                if event.old is None:
+                    state.pop((meta.get("namespace", ""), meta["name"]), None)
+                else:
+                    state[(meta.get("namespace", ""), meta["name"])] = event.old
+        return state
+
+    def compact(self) -> int:
+        """Fault hook: forget the history up to now, as etcd's compaction does (every 5 minutes on a cluster):
+        continue tokens and watches from an older revision get 410 Expired."""
+        self.history.clear()
+        self.compacted_rv = self.rv
+        return self.rv
 
     def exists_uid(self, uid: str) -> bool:
         return uid in self._uids
