@@ -393,9 +393,17 @@ class ApiServer:
 
     def pod_log(self, rt: ResourceType, namespace: str, name: str, query: Any) -> web.Response:
         pod = self.store.get(rt, namespace, name)
-        path = (self.pod_log_dir or Path("/nonexistent")) / f"{namespace}_{name}_{pod['metadata']['uid']}.log"
+        spec = pod.get("spec") or {}
+        inits = [c.get("name") for c in spec.get("initContainers") or []]
+        mains = [c.get("name") for c in spec.get("containers") or []]
+        wanted = query.get("container") or mains[0]
+        if wanted not in inits + mains:
+            raise StatusError.bad_request(f"container {wanted} is not valid for pod {name}")
+        base = f"{namespace}_{name}_{pod['metadata']['uid']}" + (f".{wanted}" if wanted in inits else "")
+        path = (self.pod_log_dir or Path("/nonexistent")) / f"{base}.log"
         if not path.exists():
-            raise StatusError(400, "BadRequest", f'container in pod "{name}" is waiting to start: no log yet')
+            why = "PodInitializing" if wanted in mains and inits else "no log yet"
+            raise StatusError(400, "BadRequest", f'container "{wanted}" in pod "{name}" is waiting to start: {why}')
         text = path.read_text(errors="replace")
         if query.get("tailLines"):
             text = "".join(text.splitlines(keepends=True)[-int(query["tailLines"]):])

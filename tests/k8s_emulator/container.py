@@ -32,20 +32,37 @@ class PodProcess:
     env: dict[str, str] = field(default_factory=dict)  # the container's, for its exec probes
     task: asyncio.Task[None] | None = None
     gone: asyncio.Event = field(default_factory=asyncio.Event)
+    # Init containers (init_containers.py): their statuses by name, the running sidecars, whether all are done.
+    initialized: bool = True
+    init_statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sidecars: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
+    sidecar_tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    finishing: bool = False  # the main container has ended for good: sidecars are stopped, not restarted
+    last_report: tuple[Any, ...] = ()  # the arguments of the last status report (a sidecar's change repeats it)
 
     def signal(self, sig: int) -> None:
         """SIGTERM goes to the container's process group, as the runtime sends it to PID 1 (torch's agent passes
         it on to the ranks). SIGKILL and the freeze of a lost node (SIGSTOP/SIGCONT) reach every process below it,
         as a cgroup kill or a dead machine does: torch's agent starts each rank in a session of its own, which
         the process group alone would miss."""
-        if self.process is None or self.process.returncode is not None:
-            return
-        below = procs.descendants(self.process.pid) if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT) else []
-        for pid in below:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+        signal_process(self.process, sig)
+
+    def signal_pod(self, sig: int) -> None:
+        """`signal` to every container of the pod: the one running and its sidecars (a lost node, a gone pod)."""
+        for process in (self.process, *self.sidecars.values()):
+            signal_process(process, sig)
+
+
+def signal_process(process: asyncio.subprocess.Process | None, sig: int) -> None:
+    """PodProcess.signal for one container's process."""
+    if process is None or process.returncode is not None:
+        return
+    below = procs.descendants(process.pid) if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT) else []
+    for pid in below:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, sig)
+            os.kill(pid, sig)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
 
 
 class ContainerLifecycle:
@@ -118,7 +135,7 @@ class ContainerLifecycle:
         pod = self._latest.get(running.uid) or {}
         container = ((pod.get("spec") or {}).get("containers") or [{}])[0]
         hook = (container.get("lifecycle") or {}).get("preStop") or {}
-        if not hook or running.process is None or running.process.returncode is not None:
+        if not hook or not running.initialized or running.process is None or running.process.returncode is not None:
             return
         budget = max(deadline - asyncio.get_running_loop().time(), 0.0)
         if hook.get("sleep"):

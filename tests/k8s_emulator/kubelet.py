@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import datetime
 import functools
 import os
@@ -16,9 +15,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from tests.k8s_emulator import images, nodes, podenv, sandbox, termination
+from tests.k8s_emulator import images, nodes, podenv
 from tests.k8s_emulator.container import ContainerLifecycle, PodProcess
 from tests.k8s_emulator.httpclient import ApiStatusError, KubeHttpClient, resource_path
+from tests.k8s_emulator.init_containers import PodInitialization, terminated_state
 from tests.k8s_emulator.nodes import NodeSetup
 from tests.k8s_emulator.scheduler import PodScheduler
 
@@ -35,7 +35,7 @@ def _micro_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-class ProcessKubelet(ContainerLifecycle):
+class ProcessKubelet(ContainerLifecycle, PodInitialization):
     def __init__(self, api_url: str, node_names: list[str], log_dir: Path, heartbeat_seconds: float = 2.0,
                  node_status_seconds: float = 10.0, scheduler_names: set[str] | None = None,
                  workdir: Path | None = None, node_setup: dict[str, NodeSetup] | None = None) -> None:
@@ -69,14 +69,16 @@ class ProcessKubelet(ContainerLifecycle):
             task.cancel()
         for pod in list(self.pods.values()):
             pod.terminating = True
-            pod.signal(signal.SIGKILL)  # also ends SIGSTOPped processes
-            if pod.task is not None:
-                pod.task.cancel()
+            pod.signal_pod(signal.SIGKILL)  # also ends SIGSTOPped processes
+            for child in (pod.task, *pod.sidecar_tasks):
+                if child is not None:
+                    child.cancel()
         for pod in list(self.pods.values()):
             if pod.process is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(pod.process.wait(), 5)
-        await asyncio.gather(*self._tasks, *(p.task for p in self.pods.values() if p.task), return_exceptions=True)
+        await asyncio.gather(*self._tasks, *(p.task for p in self.pods.values() if p.task),
+                             *(t for p in self.pods.values() for t in p.sidecar_tasks), return_exceptions=True)
         shutil.rmtree(self.shm_root, ignore_errors=True)
         await self.api.close()
 
@@ -132,7 +134,7 @@ class ProcessKubelet(ContainerLifecycle):
         self.lost.add(node)
         for pod in self.pods.values():
             if pod.node == node:
-                pod.signal(signal.SIGSTOP)
+                pod.signal_pod(signal.SIGSTOP)
 
     async def restore_node(self, node: str) -> None:
         self.lost.discard(node)
@@ -140,7 +142,7 @@ class ProcessKubelet(ContainerLifecycle):
         await self._post_node_status(node)
         for pod in list(self.pods.values()):
             if pod.node == node:
-                pod.signal(signal.SIGCONT)
+                pod.signal_pod(signal.SIGCONT)
         await self._resync()
 
     # ---- pods ----------------------------------------------------------------------------------------------
@@ -216,14 +218,17 @@ class ProcessKubelet(ContainerLifecycle):
         if running is None or running.node in self.lost:
             return  # a dead node cannot act; restore_node() cleans up
         running.terminating = True
-        running.signal(signal.SIGCONT)
-        running.signal(signal.SIGKILL)
+        running.signal_pod(signal.SIGCONT)
+        running.signal_pod(signal.SIGKILL)
         running.gone.set()
 
     async def _terminate(self, running: PodProcess, grace: int) -> None:
         """The deleted pod's container killed within its grace period (container.py), then the final delete once
         its node can act."""
         await self._kill_container(running, grace)
+        pod = self._latest.get(running.uid)
+        if pod is not None:
+            await self._stop_sidecars(running, pod)
         while running.node in self.lost:
             await asyncio.sleep(0.2)
         pod = self._latest.get(running.uid)
@@ -272,6 +277,7 @@ class ProcessKubelet(ContainerLifecycle):
 
     async def _report(self, running: PodProcess, phase: str, state: dict[str, Any], ready: bool,
                       reason: str = "", started: bool | None = None) -> None:
+        running.last_report = (phase, state, ready, reason, started)
         if running.node in self.lost:
             return
         pod = self._latest.get(running.uid)
@@ -287,11 +293,18 @@ class ProcessKubelet(ContainerLifecycle):
                             "state": state}
         if running.last_terminated:
             container_status["lastState"] = {"terminated": running.last_terminated}
-        status = {"phase": phase, "hostIP": podenv.POD_IP, "podIP": podenv.POD_IP, "podIPs": [{"ip": podenv.POD_IP}],
-                  "startTime": running.started_at or now, "containerStatuses": [container_status],
-                  "conditions": [{"type": t, "status": s, "lastTransitionTime": now} for t, s in (
-                      ("PodScheduled", "True"), ("Initialized", "True"), ("ContainersReady", status_word),
-                      ("Ready", status_word))]}
+        status: dict[str, Any] = {
+            "phase": phase, "hostIP": podenv.POD_IP, "podIP": podenv.POD_IP, "podIPs": [{"ip": podenv.POD_IP}],
+            "startTime": running.started_at or now, "containerStatuses": [container_status],
+            "conditions": [{"type": t, "status": s, "lastTransitionTime": now} for t, s in (
+                ("PodScheduled", "True"), ("Initialized", "True" if running.initialized else "False"),
+                ("ContainersReady", status_word), ("Ready", status_word))]}
+        if running.init_statuses:
+            status["initContainerStatuses"] = list(running.init_statuses.values())
+        if not running.initialized:
+            waiting = [name for name, s in running.init_statuses.items() if not s["ready"]]  # done, or a sidecar up
+            status["conditions"][1].update(reason="ContainersNotInitialized",
+                                           message=f"containers with incomplete status: [{' '.join(waiting)}]")
         if reason:
             status["reason"] = reason
         with contextlib.suppress(ApiStatusError, OSError, asyncio.TimeoutError):
@@ -305,22 +318,8 @@ class ProcessKubelet(ContainerLifecycle):
 
     async def _start_process(self, running: PodProcess, pod: dict[str, Any]) -> int | None:
         """Start the first container; return an exit code at once if it cannot start."""
-        container = pod["spec"]["containers"][0]
         try:
-            box = sandbox.plan(pod, container)
-            mounted = {}
-            if await podenv.automounts_token(pod, self._fetch):
-                mounted = podenv.write_service_account(self.credentials_dir / running.uid, pod, self.api_url)
-            env = await podenv.container_env(pod, container, self.api_host, self.api_port, self._fetch, mounted)
-            running.env = env
-            argv = podenv.container_argv(container, env)
-            message_file = termination.host_file(self.log_dir, running.namespace, running.name, running.uid)
-            termination.mount(container, env, message_file)
-            box = dataclasses.replace(box, shm=str(self._node_shm(running.node)))
-            if box.needed:
-                argv = self._sandboxed(running, pod, box, argv, env, message_file)
-            elif box.namespaced:
-                argv = sandbox.wrap(argv, box)  # only the node's /dev/shm
+            argv, env = await self._container_command(running, pod, pod["spec"]["containers"][0])
         except podenv.ConfigError as err:
             said, running.config_error = running.config_error, str(err)
             await self._report(running, "Pending", {"waiting": {"reason": "CreateContainerConfigError",
@@ -328,49 +327,17 @@ class ProcessKubelet(ContainerLifecycle):
             if said != str(err):  # the kubelet's Warning, once per distinct error
                 await self._event(pod, "Failed", f"Error: {err}", kind="Warning")
             return None
-        log_path = self.log_dir / f"{running.namespace}_{running.name}_{running.uid}.log"
-        with open(log_path, "ab") as log:
-            try:
-                running.process = await asyncio.create_subprocess_exec(
-                    *argv, cwd=self.workdir, env=env, stdout=log, stderr=asyncio.subprocess.STDOUT,
-                    stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
-            except OSError as err:
-                log.write(f"process kubelet: cannot start {argv!r}: {err}\n".encode())
-                return 128
+        process = await self._exec(argv, env, self.container_files(running, pod["spec"]["containers"][0])[0])
+        if isinstance(process, int):
+            return process
+        running.process = process
         return None
-
-    def _node_shm(self, node: str) -> Path:
-        """The node's host memory: a folder under the machine's /dev/shm, the node's /dev/shm in its containers
-        (it outlives the pods, as a host's memory does, and goes with the kubelet)."""
-        folder = self.shm_root / node
-        folder.mkdir(parents=True, exist_ok=True)
-        folder.chmod(0o1777)
-        return folder
-
-    def _sandboxed(self, running: PodProcess, pod: dict[str, Any], box: sandbox.Sandbox, argv: list[str],
-                   env: dict[str, str], message_file: Path) -> list[str]:
-        """Run `argv` as the security context says (sandbox.py): the termination message file stays writable,
-        the image's accounts and HOME apply, and a non-root user the image does not know gets HOME=/ (as from
-        a runtime) instead of the kubelet's."""
-        container = pod["spec"]["containers"][0]
-        declared = {item["name"] for item in container.get("env") or []}
-        box = dataclasses.replace(box, writable=(*box.writable, str(message_file)))
-        try:
-            os.chmod(message_file, 0o666)
-            sandbox.prepare_host(pod, container)
-            accounts = self.credentials_dir.parent / "accounts" / running.uid
-            accounts.mkdir(parents=True, exist_ok=True)
-            box = sandbox.image_accounts(box, str(container.get("image", "")), accounts)
-        except OSError as err:
-            raise podenv.ConfigError(f"cannot prepare the container's volumes: {err}") from err
-        image_env = images.image_env(str(container.get("image", "")))
-        if "HOME" not in declared:
-            env["HOME"] = image_env.get("HOME") or ("/" if box.uid != 0 else env.get("HOME", "/root"))
-        return sandbox.wrap(argv, box)
 
     async def _run(self, running: PodProcess) -> None:
         running.started_at = running.started_at or _now()  # the kubelet took the pod (status.startTime)
         pod = self._latest.get(running.uid)
+        if pod is None or not await self._initialize(running, pod):
+            return
         image = (pod or {}).get("spec", {}).get("containers", [{}])[0].get("image", "")
         if pod is None or not await images.pull_image(image, functools.partial(self._waiting, running, pod),
                                                       lambda: running.terminating):
@@ -394,18 +361,12 @@ class ProcessKubelet(ContainerLifecycle):
                 code = early_exit
             if running.terminating:
                 return
-            exit_code = 128 - code if code < 0 else code  # killed by signal N -> 128+N, as container runtimes say
-            reason = "OOMKilled" if running.oom_killed else "Completed" if exit_code == 0 else \
-                "StartError" if early_exit is not None else "Error"
+            container = pod["spec"]["containers"][0]
+            terminated = terminated_state(code, started, container, self.container_files(running, container),
+                                          f"process://{running.uid}/{running.restart_count}",
+                                          early=early_exit is not None, oom=running.oom_killed)
+            exit_code = terminated["exitCode"]
             running.oom_killed = False
-            terminated = {"exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": _now(),
-                          "containerID": f"process://{running.uid}/{running.restart_count}"}
-            base = f"{running.namespace}_{running.name}_{running.uid}"
-            said = termination.message(pod["spec"]["containers"][0],
-                                       self.log_dir / f"{base}.termination-log", self.log_dir / f"{base}.log",
-                                       exit_code)
-            if said:
-                terminated["message"] = said
             policy = pod["spec"].get("restartPolicy", "Always")
             if policy == "Always" or (policy == "OnFailure" and exit_code != 0):
                 running.last_terminated = terminated
@@ -417,5 +378,6 @@ class ProcessKubelet(ContainerLifecycle):
                 await asyncio.sleep(backoff)
                 continue
             phase = "Succeeded" if exit_code == 0 else "Failed"
+            await self._stop_sidecars(running, pod)
             await self._report(running, phase, {"terminated": terminated}, False)
             return

@@ -72,17 +72,39 @@ def _pod_cells(pod: dict[str, Any]) -> list[Any]:
     statuses = status.get("containerStatuses") or []
     ready = sum(1 for s in statuses if s.get("ready"))
     shown = status.get("reason") or status.get("phase") or "Pending"
-    for container in statuses:
+    initializing = _init_status(spec, status)
+    for container in statuses if initializing is None else []:
         state = container.get("state") or {}
         reason = (state.get("waiting") or {}).get("reason") or (state.get("terminated") or {}).get("reason")
         if reason:
             shown = reason
+    shown = initializing or shown
     if pod["metadata"].get("deletionTimestamp"):
         shown = "Terminating"
     restarts = sum(int(s.get("restartCount", 0)) for s in statuses)
     return [pod["metadata"]["name"], f"{ready}/{len(spec.get('containers') or [])}", shown, restarts,
             human_duration(pod["metadata"].get("creationTimestamp")), status.get("podIP") or "<none>",
             spec.get("nodeName") or "<none>"]
+
+
+def _init_status(spec: dict[str, Any], status: dict[str, Any]) -> str | None:
+    """kubectl's STATUS while init containers hold the pod: `Init:<reason>` for one that failed or cannot start,
+    else `Init:<done>/<all>`; None once they are done (completed, or sidecars started)."""
+    inits = spec.get("initContainers") or []
+    sidecars = {c.get("name") for c in inits if c.get("restartPolicy") == "Always"}
+    for i, container in enumerate(status.get("initContainerStatuses") or []):
+        state = container.get("state") or {}
+        ended, waiting = state.get("terminated"), state.get("waiting") or {}
+        if ended is not None and ended.get("exitCode") == 0:
+            continue
+        if container.get("name") in sidecars and container.get("started"):
+            continue
+        if ended is not None:
+            return "Init:" + (ended.get("reason") or f"ExitCode:{ended.get('exitCode')}")
+        if waiting.get("reason") and waiting["reason"] != "PodInitializing":
+            return "Init:" + waiting["reason"]
+        return f"Init:{i}/{len(inits)}"
+    return None
 
 
 def _node_cells(node: dict[str, Any]) -> list[Any]:

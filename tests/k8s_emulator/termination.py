@@ -17,10 +17,6 @@ FALLBACK_LINES = 80
 FALLBACK_BYTES = 2048
 
 
-def host_file(log_dir: Path, namespace: str, name: str, uid: str) -> Path:
-    return log_dir / f"{namespace}_{name}_{uid}.termination-log"
-
-
 def mount(container: dict[str, Any], env: dict[str, str], host: Path) -> None:
     """Create the empty file for this start of the container and point the environment's mentions of the
     container path at it."""
