@@ -288,23 +288,7 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
         generation = int(meta["labels"].get(GENERATION_LABEL, "0"))
     except (KeyError, ValueError):
         return None
-    reason, code, finished = status.get("reason"), None, None
-    message, waiting_since = None, None
-    statuses = status.get("containerStatuses") or []
-    # With sidecars from the template, the worker container's state is the pod's (not a sidecar's).
-    for cs in [c for c in statuses if c.get("name") == "worker"] or statuses:
-        state = cs.get("state") or {}
-        if "terminated" in state:
-            reason, code = state["terminated"].get("reason") or reason, state["terminated"].get("exitCode")
-            finished = parse_rfc3339(state["terminated"].get("finishedAt"))
-            message = exit_message(state["terminated"].get("message"))
-        elif "waiting" in state:
-            reason = state["waiting"].get("reason") or reason
-            message = state["waiting"].get("message") or None
-            # Never started (restartPolicy Never): waiting since the kubelet took the pod (its startTime).
-            if "lastState" not in cs or not (cs.get("lastState") or {}).get("terminated"):
-                waiting_since = (parse_rfc3339(status.get("startTime"))
-                                 or parse_rfc3339(meta.get("creationTimestamp")))
+    reason, code, finished, message, waiting_since, init_container = _container_outcome(obj)
     conds = {c.get("type"): c for c in status.get("conditions") or []}
     ready = conds.get("Ready", {}).get("status") == "True"
     sched = conds.get("PodScheduled", {})
@@ -323,9 +307,61 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
                    phase=status.get("phase", "Pending"), ready=ready, deleting_since=deleting,
                    node_lost=bool(node) and node in lost_nodes, reason=reason, exit_code=code,
                    unschedulable_since=unsched, liveness_lost=liveness_lost, finished_at=finished,
-                   message=message, waiting_since=waiting_since, disruption=disruption, deleted_for=deleted_for,
+                   message=message, waiting_since=waiting_since, init_container=init_container,
+                   disruption=disruption, deleted_for=deleted_for,
                    scheduler_message=sched_message, gated=gated, role=role, node=node or None,
                    spec_generation=_spec_generation(annotations), spec_hash=annotations.get(SPEC_HASH_ANNOTATION, ""))
+
+
+def _container_outcome(obj: dict[str, Any]) -> tuple[str | None, int | None, float | None, str | None, float | None,
+                                                     str | None]:
+    """(reason, exit code, finished at, message, waiting since, None) of the pod's worker container, or of the init
+    container (the template's) that holds it back, failed or unable to start, with its name last."""
+    meta, status = obj["metadata"], obj.get("status") or {}
+    reason, code, finished, message, waiting_since = status.get("reason"), None, None, None, None
+    statuses = status.get("containerStatuses") or []
+    # With sidecars from the template, the worker container's state is the pod's (not a sidecar's).
+    for cs in [c for c in statuses if c.get("name") == "worker"] or statuses:
+        state = cs.get("state") or {}
+        if "terminated" in state:
+            reason, code = state["terminated"].get("reason") or reason, state["terminated"].get("exitCode")
+            finished = parse_rfc3339(state["terminated"].get("finishedAt"))
+            message = exit_message(state["terminated"].get("message"))
+        elif "waiting" in state:
+            reason = state["waiting"].get("reason") or reason
+            message = state["waiting"].get("message") or None
+            # Never started (restartPolicy Never): waiting since the kubelet took the pod (its startTime).
+            if "lastState" not in cs or not (cs.get("lastState") or {}).get("terminated"):
+                waiting_since = (parse_rfc3339(status.get("startTime"))
+                                 or parse_rfc3339(meta.get("creationTimestamp")))
+    held = _holding_init_container(obj) if reason in (None, "PodInitializing") else None
+    if held is not None:
+        name, state = held
+        if "terminated" in state:
+            ended = state["terminated"]
+            said = exit_message(ended.get("message"))
+            return (ended.get("reason") or reason, ended.get("exitCode"), parse_rfc3339(ended.get("finishedAt")),
+                    f"init container {name} failed" + (f": {said}" if said else ""), None, name)
+        waiting = state["waiting"]
+        return (waiting["reason"], None, None, f"init container {name}: {waiting.get('message') or waiting['reason']}",
+                waiting_since, name)
+    return reason, code, finished, message, waiting_since, None
+
+
+def _holding_init_container(obj: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The first init container that holds the pod back for a reason (failed, or waiting other than in
+    PodInitializing): its name and state; None while they run or once done."""
+    inits = (obj.get("spec") or {}).get("initContainers") or []
+    sidecars = {c.get("name") for c in inits if c.get("restartPolicy") == "Always"}
+    for cs in (obj.get("status") or {}).get("initContainerStatuses") or []:
+        state = cs.get("state") or {}
+        ended, waiting = state.get("terminated"), state.get("waiting") or {}
+        if (ended is not None and ended.get("exitCode") == 0) or (cs.get("name") in sidecars and cs.get("started")):
+            continue
+        if ended is not None or waiting.get("reason") not in (None, "", "PodInitializing"):
+            return str(cs.get("name")), state
+        return None
+    return None
 
 
 def owner_job_uid(pod: Mapping[str, Any]) -> str:

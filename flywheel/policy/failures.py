@@ -73,10 +73,12 @@ def classify_waiting(reason: str | None, waiting_seconds: float,
 
 
 def classify_pod(phase: str, reason: str | None, exit_code: int | None, *, node_lost: bool = False,
-                 disruption: bool = False) -> FailureKind | None:
+                 disruption: bool = False, init_container: bool = False) -> FailureKind | None:
     """Classify a pod from its status fields (phase, container waiting/terminated reason, exit code). `disruption`:
     the pod has a True `DisruptionTarget` condition (preempted, evicted through the API or by the kubelet, deleted
-    by the taint manager or the pod GC): an external failure, whatever the exit code its SIGTERM or SIGKILL left."""
+    by the taint manager or the pod GC): an external failure, whatever the exit code its SIGTERM or SIGKILL left.
+    `init_container`: the code is an init container's (the template's), its program's own, not the trainer's
+    exit codes (3 user error, 4 hang...): any exit but a signal's is a crash."""
     if node_lost:
         return FailureKind.NODE_LOST
     if reason in _IMAGE_PULL_REASONS:
@@ -89,6 +91,8 @@ def classify_pod(phase: str, reason: str | None, exit_code: int | None, *, node_
         return FailureKind.EVICTED
     if reason == "Unschedulable":
         return FailureKind.UNSCHEDULABLE
+    if exit_code is not None and init_container and not exitcodes.signal_number(exit_code):
+        return FailureKind.CRASH
     if exit_code is not None:
         return classify_exit(exit_code)
     if phase == "Failed":

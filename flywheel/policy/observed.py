@@ -31,6 +31,7 @@ class PodView:
     agent_alive: bool = False  # its own etcd liveness key is held now, not marked exited: its agent runs
     finished_at: float | None = None  # when its container terminated (the failure's time, for metrics)
     message: str | None = None  # why its container cannot start (waiting) or exited (its termination message)
+    init_container: str | None = None  # the template's init container that failed or cannot start, if that is why
     waiting_since: float | None = None  # its container is waiting (not started yet) since then
     disruption: str | None = None  # reason of a True DisruptionTarget condition (preempted, evicted)
     deleted_for: str | None = None  # why Flywheel's health monitor deleted it (annotation flywheel.dev/deleted-for)

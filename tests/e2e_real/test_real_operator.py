@@ -245,6 +245,19 @@ def test_import_error_fails_in_two_attempts_with_the_error(real: RealCluster, tm
     assert "flywheel_no_such_module" in real.kubectl("describe", "tj", "e2e-import").stdout
 
 
+def test_a_failing_init_container_fails_in_two_attempts_with_its_words(real: RealCluster, tmp_path: Path) -> None:
+    """Twin of tests/operator/test_interruptions_cluster.py's: the template's init container fails with its message."""
+    fetch = {"name": "fetch", "image": real.image, "terminationMessagePolicy": "FallbackToLogsOnError",
+             "command": ["python", "-c", "import sys; sys.exit('dataset s3://bucket/train is missing')"]}
+    real.apply_job("e2e-init", tmp_path, template={"spec": {"initContainers": [fetch]}},
+                   **{"faultTolerance.maxRestarts": 10})
+    status = real.wait_phase("e2e-init", "Failed", 600)
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "StartupFailure" and status.get("restarts", 0) <= 1, failed
+    assert "init container fetch failed: dataset s3://bucket/train is missing" in failed["message"], failed
+    assert "init container fetch failed" in real.kubectl("describe", "tj", "e2e-init").stdout
+
+
 def test_all_ranks_stopped_is_restarted_in_place_as_hung_without_prometheus(real: RealCluster, tmp_path: Path) -> None:
     """Twin of tests/operator/test_etcd_progress_operator.py: every rank SIGSTOPped, the agents alive: Hung, the
     ranks restarted in place (the same pods, relabelled to generation 1), counted once, and the job finishes."""

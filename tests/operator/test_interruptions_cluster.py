@@ -48,6 +48,23 @@ def test_a_script_failing_on_an_import_fails_the_job_in_two_attempts(op_env: OpE
     op_env.delete(name)
 
 
+def test_a_failing_init_container_fails_the_job_in_two_attempts_with_its_words(op_env: OpEnv) -> None:
+    """An init container from the template that fails (exit 3: its own code, not the trainer's user error): the
+    job fails as a start-up failure, with what the init container said, not after maxRestarts."""
+    name = "bad-init"
+    fetch = {"name": "fetch", "image": "busybox:1.36", "terminationMessagePolicy": "FallbackToLogsOnError",
+             "command": ["sh", "-c", "echo dataset s3://bucket/train is missing >&2; exit 3"]}
+    op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, template={"spec": {"initContainers": [fetch]}},
+                                                      **{"faultTolerance.maxRestarts": 10})))
+    status = op_env.wait_phase(name, "Failed", 120)
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "StartupFailure", failed
+    assert "init container fetch failed: dataset s3://bucket/train is missing" in failed["message"], failed
+    assert status["restarts"] == 1 and status["startupFailure"]["attempts"] == 2
+    assert "init container fetch failed" in op_env.kubectl("describe", "tj", name).stdout
+    op_env.delete(name)
+
+
 @pytest.fixture(scope="module")
 def outside() -> Iterator[Path]:
     """A file outside every volume of the workers, on the host's root filesystem (not under /tmp: the workers' /tmp

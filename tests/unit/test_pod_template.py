@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from flywheel.operator import manifests as m
+from flywheel.policy.failures import FailureKind, classify_exit, classify_pod
+from flywheel.policy.job_view import failure_of
 from flywheel.spec import SpecError, TrainingJob, parse_job
 from flywheel.spec_pod import planner_device
 
@@ -290,6 +292,46 @@ def test_pod_view_reads_the_worker_container_not_a_sidecar():
                {"name": "zz-side", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}}
     view = m.pod_view(obj, set())
     assert view is not None and view.exit_code == 3 and view.reason == "Error"
+
+
+def _initializing(inits: list[dict], statuses: list[dict], phase: str = "Pending") -> dict:
+    return {"metadata": {"name": "j-worker-0", "uid": "u", "labels": {m.INDEX_LABEL: "0"}},
+            "spec": {"initContainers": inits},
+            "status": {"phase": phase, "startTime": "2026-11-30T07:00:00Z", "initContainerStatuses": statuses,
+                       "containerStatuses": [{"name": "worker", "state": {"waiting": {"reason": "PodInitializing"}}}]}}
+
+
+def test_pod_view_names_the_init_container_that_failed():
+    obj = _initializing([{"name": "fetch"}, {"name": "next"}], [
+        {"name": "fetch", "state": {"terminated": {"exitCode": 3, "reason": "Error",
+                                                   "message": "trace\ndataset s3://x missing\n"}}},
+        {"name": "next", "state": {"waiting": {"reason": "PodInitializing"}}}], phase="Failed")
+    view = m.pod_view(obj, set())
+    assert view is not None and (view.exit_code, view.reason) == (3, "Error")
+    assert view.message == "init container fetch failed: dataset s3://x missing" and view.init_container == "fetch"
+    # 3 is the trainer's user-error code, not the init container's: its failure is a crash, as any exit but a signal
+    assert failure_of(view, 0.0, 60.0) is FailureKind.CRASH and classify_exit(3) is FailureKind.USER_ERROR
+
+
+def test_pod_view_names_the_init_container_that_cannot_start():
+    obj = _initializing([{"name": "side", "restartPolicy": "Always"}, {"name": "fetch"}], [
+        {"name": "side", "started": True, "state": {"running": {}}},
+        {"name": "fetch", "state": {"waiting": {"reason": "ErrImagePull", "message": "no such host"}}}])
+    view = m.pod_view(obj, set())
+    assert view is not None and view.reason == "ErrImagePull" and view.exit_code is None
+    assert view.message == "init container fetch: no such host" and view.waiting_since is not None
+    assert classify_pod(view.phase, view.reason, view.exit_code) is FailureKind.IMAGE_PULL
+
+
+def test_pod_view_while_init_containers_run_or_after_them():
+    running = _initializing([{"name": "fetch"}], [{"name": "fetch", "state": {"running": {}}}])
+    view = m.pod_view(running, set())
+    assert view is not None and view.reason == "PodInitializing" and view.message is None
+    done = _initializing([{"name": "fetch"}], [{"name": "fetch", "state": {"terminated": {"exitCode": 0}}}])
+    done["status"]["containerStatuses"] = [{"name": "worker", "state": {"terminated": {"exitCode": 1,
+                                                                                      "reason": "Error"}}}]
+    view = m.pod_view(done, set())
+    assert view is not None and view.exit_code == 1 and view.message is None  # the worker's own failure
 
 
 def test_a_job_as_the_api_server_stores_it_is_valid_and_renders_the_same():
