@@ -66,6 +66,8 @@ class Worker(_Out):
     generation: int | None = Field(None, description="restart generation the pod was created for")
     exit_code: int | None = None
     reason: str = ""
+    message: str = Field("", description="why it ended or cannot start: its termination message's last line, or "
+                                         "the init container's that failed")
 
 
 class RestartRecord(_Out):

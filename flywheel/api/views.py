@@ -20,6 +20,7 @@ from flywheel.api.schemas import (
     TimelineEntry,
     Worker,
 )
+from flywheel.kube.pod_state import container_outcome
 from flywheel.labels import GENERATION_LABEL, INDEX_LABEL, RESTART_ANNOTATION, ROLE_LABEL, ROLE_SPARE
 from flywheel.policy import reasons as R
 from flywheel.spec_status import CheckpointStatus, TrainingJobStatus
@@ -86,21 +87,14 @@ def worker(pod: Obj, procs: int) -> Worker:
     meta, status = _meta(pod), pod.get("status") or {}
     labels = meta.get("labels") or {}
     index = int(labels.get(INDEX_LABEL, "0") or 0)
-    exit_code, reason = None, status.get("reason") or ""
-    for cs in status.get("containerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
-        if term:
-            exit_code, reason = term.get("exitCode"), term.get("reason") or reason
-        waiting = (cs.get("state") or {}).get("waiting")
-        if waiting and not reason:
-            reason = waiting.get("reason") or ""
+    outcome = container_outcome(pod)
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
     generation = labels.get(GENERATION_LABEL)
     return Worker(index=index, pod=meta.get("name", ""), first_rank=index * procs,
                   last_rank=index * procs + procs - 1, phase=status.get("phase") or "Unknown", ready=ready,
                   node=(pod.get("spec") or {}).get("nodeName") or "",
                   generation=int(generation) if generation and generation.isdigit() else None,
-                  exit_code=exit_code, reason=reason)
+                  exit_code=outcome.exit_code, reason=outcome.reason or "", message=outcome.message or "")
 
 
 def event(ev: Obj) -> JobEvent:

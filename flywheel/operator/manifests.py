@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flywheel import object_store
+from flywheel.kube.pod_state import container_outcome
 from flywheel.labels import (
     CHECKPOINT_LOCATION_ANNOTATION,
     DELETED_FOR_ANNOTATION,
@@ -288,7 +289,7 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
         generation = int(meta["labels"].get(GENERATION_LABEL, "0"))
     except (KeyError, ValueError):
         return None
-    reason, code, finished, message, waiting_since, init_container = _container_outcome(obj)
+    reason, code, finished, message, waiting_since, init_container = container_outcome(obj)
     conds = {c.get("type"): c for c in status.get("conditions") or []}
     ready = conds.get("Ready", {}).get("status") == "True"
     sched = conds.get("PodScheduled", {})
@@ -313,68 +314,10 @@ def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = Fa
                    spec_generation=_spec_generation(annotations), spec_hash=annotations.get(SPEC_HASH_ANNOTATION, ""))
 
 
-def _container_outcome(obj: dict[str, Any]) -> tuple[str | None, int | None, float | None, str | None, float | None,
-                                                     str | None]:
-    """(reason, exit code, finished at, message, waiting since, None) of the pod's worker container, or of the init
-    container (the template's) that holds it back, failed or unable to start, with its name last."""
-    meta, status = obj["metadata"], obj.get("status") or {}
-    reason, code, finished, message, waiting_since = status.get("reason"), None, None, None, None
-    statuses = status.get("containerStatuses") or []
-    # With sidecars from the template, the worker container's state is the pod's (not a sidecar's).
-    for cs in [c for c in statuses if c.get("name") == "worker"] or statuses:
-        state = cs.get("state") or {}
-        if "terminated" in state:
-            reason, code = state["terminated"].get("reason") or reason, state["terminated"].get("exitCode")
-            finished = parse_rfc3339(state["terminated"].get("finishedAt"))
-            message = exit_message(state["terminated"].get("message"))
-        elif "waiting" in state:
-            reason = state["waiting"].get("reason") or reason
-            message = state["waiting"].get("message") or None
-            # Never started (restartPolicy Never): waiting since the kubelet took the pod (its startTime).
-            if "lastState" not in cs or not (cs.get("lastState") or {}).get("terminated"):
-                waiting_since = (parse_rfc3339(status.get("startTime"))
-                                 or parse_rfc3339(meta.get("creationTimestamp")))
-    held = _holding_init_container(obj) if reason in (None, "PodInitializing") else None
-    if held is not None:
-        name, state = held
-        if "terminated" in state:
-            ended = state["terminated"]
-            said = exit_message(ended.get("message"))
-            return (ended.get("reason") or reason, ended.get("exitCode"), parse_rfc3339(ended.get("finishedAt")),
-                    f"init container {name} failed" + (f": {said}" if said else ""), None, name)
-        waiting = state["waiting"]
-        return (waiting["reason"], None, None, f"init container {name}: {waiting.get('message') or waiting['reason']}",
-                waiting_since, name)
-    return reason, code, finished, message, waiting_since, None
-
-
-def _holding_init_container(obj: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
-    """The first init container that holds the pod back for a reason (failed, or waiting other than in
-    PodInitializing): its name and state; None while they run or once done."""
-    inits = (obj.get("spec") or {}).get("initContainers") or []
-    sidecars = {c.get("name") for c in inits if c.get("restartPolicy") == "Always"}
-    for cs in (obj.get("status") or {}).get("initContainerStatuses") or []:
-        state = cs.get("state") or {}
-        ended, waiting = state.get("terminated"), state.get("waiting") or {}
-        if (ended is not None and ended.get("exitCode") == 0) or (cs.get("name") in sidecars and cs.get("started")):
-            continue
-        if ended is not None or waiting.get("reason") not in (None, "", "PodInitializing"):
-            return str(cs.get("name")), state
-        return None
-    return None
-
-
 def owner_job_uid(pod: Mapping[str, Any]) -> str:
     """The uid of the TrainingJob that owns a pod ("" for none: orphaned)."""
     owners = pod.get("metadata", {}).get("ownerReferences") or []
     return next((str(o.get("uid") or "") for o in owners if o.get("kind") == KIND), "")
-
-
-def exit_message(text: str | None, limit: int = 500) -> str | None:
-    """The reason a container gave for its exit: the last non-blank line of its termination message (the worker's
-    one line, or the last line of the log tail the kubelet fell back to)."""
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    return lines[-1][:limit] if lines else None
 
 
 def lost_nodes(nodes: list[dict[str, Any]]) -> set[str]:
