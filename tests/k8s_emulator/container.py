@@ -65,9 +65,9 @@ def signal_process(process: asyncio.subprocess.Process | None, sig: int) -> None
         os.killpg(process.pid, sig)
 
 
-class ContainerLifecycle:
-    """The container's hooks and probes, mixed into ProcessKubelet (which provides `_latest`, `_report` and
-    `_event`)."""
+class KubeletPart:
+    """What the kubelet's parts (mixed into ProcessKubelet) use of it: the pods it last saw, its status report and
+    its events."""
 
     _latest: dict[str, dict[str, Any]]
 
@@ -78,6 +78,10 @@ class ContainerLifecycle:
     async def _event(self, pod: dict[str, Any], reason: str, message: str, component: str = "kubelet",
                      kind: str = "Normal") -> None:
         raise NotImplementedError
+
+
+class ContainerLifecycle(KubeletPart):
+    """The container's hooks and probes, mixed into ProcessKubelet."""
 
     async def _running(self, running: PodProcess, pod: dict[str, Any], started: str) -> int:
         """A started container until it exits: its postStart hook, then Running with its probes; its exit code."""

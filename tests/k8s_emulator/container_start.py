@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from tests.k8s_emulator import images, podenv, sandbox, termination
-from tests.k8s_emulator.container import PodProcess
+from tests.k8s_emulator.container import KubeletPart, PodProcess
 
 
-class ContainerStart:
+class ContainerStart(KubeletPart):
     """Mixed into ProcessKubelet, which sets these."""
 
     log_dir: Path
@@ -24,7 +24,6 @@ class ContainerStart:
     api_url: str
     api_host: str
     api_port: int
-    _latest: dict[str, dict[str, Any]]
 
     async def _fetch(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         raise NotImplementedError

@@ -50,15 +50,7 @@ def terminated_state(code: int, started: str, container: dict[str, Any], files: 
 
 
 class PodInitialization(ContainerStart):
-    """Mixed into ProcessKubelet, which reports and posts events."""
-
-    async def _report(self, running: PodProcess, phase: str, state: dict[str, Any], ready: bool,
-                      reason: str = "", started: bool | None = None) -> None:
-        raise NotImplementedError
-
-    async def _event(self, pod: dict[str, Any], reason: str, message: str, component: str = "kubelet",
-                     kind: str = "Normal") -> None:
-        raise NotImplementedError
+    """Mixed into ProcessKubelet."""
 
     async def _initialize(self, running: PodProcess, pod: dict[str, Any]) -> bool:
         """Run the pod's init containers; whether its main container may start (False: the pod failed, reported,

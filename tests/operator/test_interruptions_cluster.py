@@ -39,12 +39,16 @@ def test_a_script_failing_on_an_import_fails_the_job_in_two_attempts(op_env: OpE
     script.write_text("import flywheel_no_such_module  # noqa\n")
     op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, command=["python", str(script)],
                                                       **{"faultTolerance.maxRestarts": 10})))
+    fails_at_start_up(op_env, name, "ModuleNotFoundError: No module named 'flywheel_no_such_module'")
+
+
+def fails_at_start_up(op_env: OpEnv, name: str, words: str) -> None:
+    """Job `name` fails as a StartupFailure after two attempts, `words` in its condition and `kubectl describe`."""
     status = op_env.wait_phase(name, "Failed", 120)
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
-    assert failed["reason"] == "StartupFailure", failed
-    assert "ModuleNotFoundError: No module named 'flywheel_no_such_module'" in failed["message"], failed
+    assert failed["reason"] == "StartupFailure" and words in failed["message"], failed
     assert status["restarts"] == 1 and status["startupFailure"]["attempts"] == 2
-    assert "No module named 'flywheel_no_such_module'" in op_env.kubectl("describe", "tj", name).stdout
+    assert words in op_env.kubectl("describe", "tj", name).stdout
     op_env.delete(name)
 
 
@@ -56,13 +60,7 @@ def test_a_failing_init_container_fails_the_job_in_two_attempts_with_its_words(o
              "command": ["sh", "-c", "echo dataset s3://bucket/train is missing >&2; exit 3"]}
     op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, template={"spec": {"initContainers": [fetch]}},
                                                       **{"faultTolerance.maxRestarts": 10})))
-    status = op_env.wait_phase(name, "Failed", 120)
-    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
-    assert failed["reason"] == "StartupFailure", failed
-    assert "init container fetch failed: dataset s3://bucket/train is missing" in failed["message"], failed
-    assert status["restarts"] == 1 and status["startupFailure"]["attempts"] == 2
-    assert "init container fetch failed" in op_env.kubectl("describe", "tj", name).stdout
-    op_env.delete(name)
+    fails_at_start_up(op_env, name, "init container fetch failed: dataset s3://bucket/train is missing")
 
 
 @pytest.fixture(scope="module")
