@@ -237,6 +237,23 @@ def test_an_evicted_worker_restarts_without_spending_budget(real: RealCluster, t
     assert "DisruptionTarget: EvictionByEvictionAPI" in real.kubectl("describe", "tj", name).stdout
 
 
+def test_a_no_execute_taint_evicts_a_worker_without_spending_budget(real: RealCluster, tmp_path: Path) -> None:
+    """Twin of test_operator_cluster's NoExecute test: the real taint manager evicts the worker from its node.
+    Every pod there without a toleration of the taint goes too (a daemonset's tolerate it): use a test node pool."""
+    name = "e2e-tainted"
+    real.apply_job(name, tmp_path, **LONG, **{"faultTolerance.maxRestarts": 0})
+    eventually(lambda: real.status(name).get("step", 0) >= 40, 900, "step 40")
+    node = next(p["spec"]["nodeName"] for p in real.pods(name) if p["metadata"]["name"] == f"{name}-worker-1")
+    real.kubectl("taint", "nodes", node, "flywheel.dev/e2e-maintenance=now:NoExecute")
+    try:
+        status = real.wait_phase(name, "Succeeded", 900)
+    finally:
+        real.kubectl("taint", "nodes", node, "flywheel.dev/e2e-maintenance-", check=False)
+    assert status["restarts"] == 1 and status["lastRestartReason"] == "Evicted", status
+    assert status["restartBudget"].get("used", 0) == 0 and status["step"] == 400
+    assert "DisruptionTarget: DeletionByTaintManager" in real.kubectl("describe", "tj", name).stdout
+
+
 def test_import_error_fails_in_two_attempts_with_the_error(real: RealCluster, tmp_path: Path) -> None:
     real.apply_job("e2e-import", tmp_path, command=["python", "-c", "import flywheel_no_such_module"])
     status = real.wait_phase("e2e-import", "Failed", 600)

@@ -1,6 +1,7 @@
 """The control-plane loops a real cluster runs next to the API server, reduced to what tests observe:
-ownerReference garbage collection (background, foreground, orphan), namespace deletion, and node lifecycle
-(a node whose Lease stops being renewed turns Ready=Unknown, gets the unreachable taint, its pods NotReady)."""
+ownerReference garbage collection (background, foreground, orphan), namespace deletion, node lifecycle
+(a node whose Lease stops being renewed turns Ready=Unknown, gets the unreachable taint, its pods NotReady), and
+the taint manager's NoExecute evictions (taint_eviction.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import copy
 import datetime
 from typing import Any
 
+from tests.k8s_emulator import taint_eviction
 from tests.k8s_emulator.errors import StatusError
 from tests.k8s_emulator.resources import ResourceType
 from tests.k8s_emulator.store import NAMESPACES, PODS, Store, now_rfc3339
@@ -186,5 +188,6 @@ class ControlPlane:
             await asyncio.sleep(min(1.0, self.node_monitor_grace_seconds / 4))
             try:
                 self.check_nodes()
+                taint_eviction.evict_due(self.store)
             except StatusError:
                 pass  # a forced conflict from a fault hook; the next pass retries

@@ -39,7 +39,7 @@ def evict(store: Store, pods: ResourceType, namespace: str, name: str, body: dic
                               {"name": name, "kind": "pods"})
     if not dry_run:
         status = copy.deepcopy(pod.get("status") or {})
-        status["conditions"] = _with_disruption_target(status.get("conditions") or [])
+        status["conditions"] = with_disruption_target(status.get("conditions") or [])
         store.update(pods, namespace, name, {"status": status}, "status")
         preconditions.pop("resourceVersion", None)  # the condition's write moved it on
     grace = options.get("gracePeriodSeconds")
@@ -59,10 +59,12 @@ def _check(body: dict[str, Any], namespace: str, name: str) -> None:
         raise StatusError.bad_request("namespace in URL does not match namespace in Eviction object")
 
 
-def _with_disruption_target(conditions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def with_disruption_target(conditions: list[dict[str, Any]], reason: str = EVICTION_REASON,
+                           message: str = EVICTION_MESSAGE) -> list[dict[str, Any]]:
+    """`conditions` with DisruptionTarget=True for `reason` (its transition time kept if it was True already)."""
     old = next((c for c in conditions if c.get("type") == DISRUPTION_TARGET), None)
     since = old["lastTransitionTime"] if old and old.get("status") == "True" and old.get("lastTransitionTime") \
         else now_rfc3339()
-    target = {"type": DISRUPTION_TARGET, "status": "True", "reason": EVICTION_REASON, "message": EVICTION_MESSAGE,
+    target = {"type": DISRUPTION_TARGET, "status": "True", "reason": reason, "message": message,
               "lastTransitionTime": since}
     return [c for c in conditions if c.get("type") != DISRUPTION_TARGET] + [target]

@@ -27,6 +27,8 @@ from tests.k8s_emulator.resources import ResourceKey
 PRIORITY_CLASSES: ResourceKey = ("scheduling.k8s.io", "priorityclasses")
 RUNTIME_CLASSES: ResourceKey = ("node.k8s.io", "runtimeclasses")
 HIGHEST_USER_PRIORITY = 1_000_000_000
+DEFAULT_TOLERATION_SECONDS = 300
+TOLERATED_BY_DEFAULT = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 SYSTEM_PRIORITY_CLASSES = {
     "system-cluster-critical": (2 * HIGHEST_USER_PRIORITY, "Used for system critical pods that must run in the "
                                 "cluster, but can be moved to another node if necessary."),
@@ -62,10 +64,24 @@ def _default_priority_class(objects: Objects) -> dict[str, Any] | None:
 
 
 def admit_pod(pod: dict[str, Any], objects: Objects) -> None:
-    """The Priority and RuntimeClass plugins on a pod being created (mutating `pod`; StatusError 403 to refuse)."""
+    """The Priority, DefaultTolerationSeconds and RuntimeClass plugins, in kube-apiserver's order, on a pod being
+    created (mutating `pod`; StatusError 403 to refuse)."""
     name, spec = pod["metadata"].get("name", ""), pod.setdefault("spec", {})
     _admit_priority(name, spec, objects)
+    add_default_tolerations(spec)
     _admit_runtime_class(name, spec, objects)
+
+
+def add_default_tolerations(spec: dict[str, Any]) -> None:
+    """DefaultTolerationSeconds: a pod without a toleration of `node.kubernetes.io/not-ready` or `.../unreachable`
+    with effect NoExecute (an empty key or effect counts) gets one of each, for 300 s (the taint manager then evicts
+    it from a node that stays not ready or unreachable that long: taint_eviction.py)."""
+    tolerations = list(spec.get("tolerations") or [])
+    for key in TOLERATED_BY_DEFAULT:
+        if not any(t.get("key", "") in ("", key) and t.get("effect", "") in ("", "NoExecute") for t in tolerations):
+            tolerations.append({"key": key, "operator": "Exists", "effect": "NoExecute",
+                                "tolerationSeconds": DEFAULT_TOLERATION_SECONDS})
+    spec["tolerations"] = tolerations
 
 
 def _admit_priority(name: str, spec: dict[str, Any], objects: Objects) -> None:

@@ -305,3 +305,23 @@ def test_kubectl_drain_evicts_a_worker_without_spending_budget(op_env: OpEnv) ->
     assert status["goodput"]["lostSteps"] == 0, status["goodput"]
     assert "DisruptionTarget: EvictionByEvictionAPI" in op_env.kubectl("describe", "tj", name).stdout
     assert op_env.done_hash(name) == _reference_hash(op_env)
+
+
+def test_a_no_execute_taint_evicts_a_worker_without_spending_budget(op_env: OpEnv) -> None:
+    """A NoExecute taint on a worker's node (an administrator's, or a remediation tool's): the taint manager marks
+    the pod DisruptionTarget (DeletionByTaintManager) and deletes it gracefully. As for a drain: one restart with
+    reason Evicted, no budget spent (maxRestarts 0), no step replayed, the fault-free run's parameters."""
+    name = "tainted"
+    op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name, **{"faultTolerance.maxRestarts": 0})))
+    eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
+    node = next(p["spec"]["nodeName"] for p in op_env.pods(name) if p["metadata"]["name"] == f"{name}-worker-1")
+    op_env.kubectl("taint", "nodes", node, "example.com/maintenance=now:NoExecute")
+    try:
+        status = op_env.wait_phase(name, "Succeeded", 180)
+    finally:
+        op_env.kubectl("taint", "nodes", node, "example.com/maintenance-", check=False)
+    assert status["restarts"] == 1 and status["lastRestartReason"] == "Evicted", status
+    assert status["restartBudget"]["used"] == 0 and status["step"] == LONG_STEPS
+    assert status["goodput"]["lostSteps"] == 0, status["goodput"]
+    assert "DisruptionTarget: DeletionByTaintManager" in op_env.kubectl("describe", "tj", name).stdout
+    assert op_env.done_hash(name) == _reference_hash(op_env)
