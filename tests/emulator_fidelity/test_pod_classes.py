@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.emulator_fidelity.conftest import KUBECTL
+from tests.k8s_emulator import pod_classes
 from tests.k8s_emulator.fixtures import RunningCluster
 
 pytestmark = pytest.mark.skipif(not KUBECTL.exists(), reason="run scripts/install-tools.sh for .tools/bin/kubectl")
@@ -100,7 +101,9 @@ def test_a_runtime_class_is_required_and_its_scheduling_joins_the_pods(kubectl: 
     assert kubectl("get", "runtimeclass", "fw-rc").stdout.split()[:4] == ["NAME", "HANDLER", "AGE", "fw-rc"]
     spec = admitted(kubectl, pod("rc", runtimeClassName="fw-rc", nodeSelector={"team": "a"}))["spec"]
     assert spec["nodeSelector"] == {"team": "a", "kubernetes.io/os": "linux"}
-    assert spec["tolerations"] == [toleration] and spec["overhead"] == {"cpu": "10m"}
+    # After DefaultTolerationSeconds' two, which that plugin adds before RuntimeClass's runs (kube-apiserver's order).
+    assert [t["key"] for t in spec["tolerations"]] == [*pod_classes.TOLERATED_BY_DEFAULT, "sandboxed"]
+    assert spec["tolerations"][-1] == toleration and spec["overhead"] == {"cpu": "10m"}
     conflict = apply(kubectl, pod("rc-conflict", runtimeClassName="fw-rc", nodeSelector={"kubernetes.io/os": "w"}),
                      "--dry-run=server")
     assert "conflict: runtimeClass.scheduling.nodeSelector[kubernetes.io/os] = linux" in conflict.stderr
