@@ -30,6 +30,11 @@ SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
 # On a worker or spare pod: where its checkpoints land (policy/checkpoint_sharing.checkpoint_location), so that the
 # pods of a deleted job, still writing their emergency checkpoint while they stop, keep that place from another job.
 CHECKPOINT_LOCATION_ANNOTATION = f"{GROUP}/checkpoint-location"
+# On every worker and spare pod unless its template sets them: the node autoscalers' opt-outs from voluntary
+# disruption (Karpenter's consolidation and drift of the node; Cluster Autoscaler's scale-down of it), since a worker
+# moved away costs the job a restart and a spare moved away its warm start. The template's own value of either wins.
+NO_VOLUNTARY_DISRUPTION_ANNOTATIONS = {"karpenter.sh/do-not-disrupt": "true",
+                                       "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
 # The operator's finalizer on a TrainingJob (kopf's persistence setting).
 FINALIZER = f"{GROUP}/cleanup"
 # Kueue's queue label: the job's own passes through to its pods.

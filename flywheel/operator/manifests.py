@@ -13,6 +13,7 @@ from flywheel.kube.pod_state import container_outcome
 from flywheel.labels import (
     CHECKPOINT_LOCATION_ANNOTATION,
     DELETED_FOR_ANNOTATION,
+    NO_VOLUNTARY_DISRUPTION_ANNOTATIONS,
     ROLE_SPARE,
     ROLE_WORKER,
     SPEC_GENERATION_ANNOTATION,
@@ -227,6 +228,8 @@ def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: Operato
                 "annotations": annotations}
     base = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {**pod_spec, **scheduling}}
     merged = merge_pod(base, spec.template, merge_worker(container, template_worker))
+    for key, value in NO_VOLUNTARY_DISRUPTION_ANNOTATIONS.items():  # after the template's: its own value wins
+        merged["metadata"]["annotations"].setdefault(key, value)
     return with_scheduling_meta(job, settings.gang_scheduler, merged)  # Kueue's pod group and admission gate
 
 

@@ -36,9 +36,11 @@ def test_pods_follow_the_worker_contract() -> None:
     assert env["FLYWHEEL_METRICS_PORT"] == "9400" and env["FLYWHEEL_CHECKPOINT_DIR"] == "/ckpt/j"
     assert body["spec"]["containers"][0]["ports"] == [{"name": "metrics", "containerPort": 9400}]
     # No test-only annotation (the kubelet picks its directory); the queue's Kueue pod group (scheduling_meta.py),
-    # and the spec it is created with (policy/spec_change.py).
+    # the spec it is created with (policy/spec_change.py) and the autoscalers' opt-outs (labels.py).
     assert body["metadata"]["annotations"] == {"kueue.x-k8s.io/pod-group-total-count": "2",
-                                               "flywheel.dev/spec-hash": baked_spec_hash(JOB.spec)}
+                                               "flywheel.dev/spec-hash": baked_spec_hash(JOB.spec),
+                                               "karpenter.sh/do-not-disrupt": "true",
+                                               "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
     assert env["FLYWHEEL_EVENTS_FILE"] == "/ev/x.jsonl" and env["OMP_NUM_THREADS"] == "1"
     assert json.loads(env["FLYWHEEL_SPEC"])["replicas"]["target"] == 2
     assert body["spec"]["containers"][0]["command"] == ["python", "-m", "flywheel.cli", "launch"]

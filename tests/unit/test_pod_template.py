@@ -273,6 +273,16 @@ def test_the_planner_device_follows_the_accelerator():
     assert planner_device(same.spec) == "a100"
 
 
+def test_pods_opt_out_of_autoscaler_consolidation_unless_the_template_says_otherwise():
+    annotations = worker_pod(job())["metadata"]["annotations"]
+    assert annotations["karpenter.sh/do-not-disrupt"] == "true"
+    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+    mine = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}  # an elastic job its team lets be moved
+    annotations = worker_pod(job(template={"metadata": {"annotations": mine}}))["metadata"]["annotations"]
+    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
+    assert annotations["karpenter.sh/do-not-disrupt"] == "true"
+
+
 def test_template_affinity_adds_to_the_topology_affinity():
     node = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}]}}}

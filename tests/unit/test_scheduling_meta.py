@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from flywheel.labels import NO_VOLUNTARY_DISRUPTION_ANNOTATIONS
 from flywheel.operator import manifests as m
 from flywheel.operator import scheduling_meta as k
 from flywheel.operator.spare_pods import spare_pod
@@ -111,5 +112,7 @@ def test_the_spares_are_part_of_the_kueue_request() -> None:
 
 
 def _scheduling_annotations(pod: dict) -> dict:
-    """The pod's annotations but the spec it was created with (policy/spec_change.py)."""
-    return {k: v for k, v in pod["metadata"]["annotations"].items() if not k.startswith("flywheel.dev/spec-")}
+    """The pod's annotations but the spec it was created with (policy/spec_change.py) and the autoscalers'
+    opt-outs (labels.py), which every pod has."""
+    return {k: v for k, v in pod["metadata"]["annotations"].items()
+            if not k.startswith("flywheel.dev/spec-") and k not in NO_VOLUNTARY_DISRUPTION_ANNOTATIONS}
