@@ -17,6 +17,7 @@ from tests.e2e_real.conftest import RealCluster, eventually
 from tests.integration.test_invalid_jobs import TABLE as INVALID_TABLE
 from tests.integration.test_invalid_jobs import document as invalid_document
 from tests.integration.test_invalid_jobs import names_field_and_fix
+from tests.operator.conftest import node_tainted, worker_node
 from tests.operator.test_pod_template_cluster import assert_carries_the_template, template_for
 
 LONG = {"trainer.training.steps": 400, "checkpoint.everySteps": 20}
@@ -243,12 +244,9 @@ def test_a_no_execute_taint_evicts_a_worker_without_spending_budget(real: RealCl
     name = "e2e-tainted"
     real.apply_job(name, tmp_path, **LONG, **{"faultTolerance.maxRestarts": 0})
     eventually(lambda: real.status(name).get("step", 0) >= 40, 900, "step 40")
-    node = next(p["spec"]["nodeName"] for p in real.pods(name) if p["metadata"]["name"] == f"{name}-worker-1")
-    real.kubectl("taint", "nodes", node, "flywheel.dev/e2e-maintenance=now:NoExecute")
-    try:
+    with node_tainted(real.kubectl, worker_node(real.pods(name), f"{name}-worker-1"),
+                      "flywheel.dev/e2e-maintenance=now:NoExecute"):
         status = real.wait_phase(name, "Succeeded", 900)
-    finally:
-        real.kubectl("taint", "nodes", node, "flywheel.dev/e2e-maintenance-", check=False)
     assert status["restarts"] == 1 and status["lastRestartReason"] == "Evicted", status
     assert status["restartBudget"].get("used", 0) == 0 and status["step"] == 400
     assert "DisruptionTarget: DeletionByTaintManager" in real.kubectl("describe", "tj", name).stdout

@@ -7,6 +7,7 @@ checkpoint dir per test, applied with `kubectl apply -f`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -121,6 +122,22 @@ def with_step_delay(doc: dict[str, Any], seconds: float) -> dict[str, Any]:
         containers.append(worker := {"name": "worker"})
     worker.setdefault("envFrom", []).append({"configMapRef": {"name": config_map["metadata"]["name"]}})
     return config_map
+
+
+@contextlib.contextmanager
+def node_tainted(kubectl: Callable[..., Any], node: str, taint: str) -> Iterator[None]:
+    """`kubectl taint nodes NODE TAINT` (key=value:Effect) for the block, removed after it whatever happens (the test
+    cluster's and a real cluster's kubectl alike)."""
+    kubectl("taint", "nodes", node, taint)
+    try:
+        yield
+    finally:
+        kubectl("taint", "nodes", node, taint.split("=", 1)[0].split(":", 1)[0] + "-", check=False)
+
+
+def worker_node(pods: list[dict[str, Any]], name: str) -> str:
+    """The node of pod `name` among `pods`."""
+    return next(p["spec"]["nodeName"] for p in pods if p["metadata"]["name"] == name)
 
 
 @dataclass

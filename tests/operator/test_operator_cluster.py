@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from flywheel.timefmt import parse_rfc3339
-from tests.operator.conftest import LONG_STEPS, OpEnv, eventually
+from tests.operator.conftest import LONG_STEPS, OpEnv, eventually, node_tainted, worker_node
 
 CHAOS_STEPS = 300  # paced (~20 s): still training through the ten operator kills (~13-23 s)
 _REFERENCE: dict[str, str] = {}  # params hash of the fault-free LONG run, shared by the tests of this module
@@ -293,7 +293,7 @@ def test_kubectl_drain_evicts_a_worker_without_spending_budget(op_env: OpEnv) ->
     name = "drained"
     op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name, **{"faultTolerance.maxRestarts": 0})))
     eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
-    node = next(p["spec"]["nodeName"] for p in op_env.pods(name) if p["metadata"]["name"] == f"{name}-worker-1")
+    node = worker_node(op_env.pods(name), f"{name}-worker-1")
     try:
         drained = op_env.kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=60s")
         assert f"pod/{name}-worker-1 evicted" in drained.stdout, drained.stdout  # evicted, not deleted
@@ -314,12 +314,9 @@ def test_a_no_execute_taint_evicts_a_worker_without_spending_budget(op_env: OpEn
     name = "tainted"
     op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name, **{"faultTolerance.maxRestarts": 0})))
     eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
-    node = next(p["spec"]["nodeName"] for p in op_env.pods(name) if p["metadata"]["name"] == f"{name}-worker-1")
-    op_env.kubectl("taint", "nodes", node, "example.com/maintenance=now:NoExecute")
-    try:
+    with node_tainted(op_env.kubectl, worker_node(op_env.pods(name), f"{name}-worker-1"),
+                      "example.com/maintenance=now:NoExecute"):
         status = op_env.wait_phase(name, "Succeeded", 180)
-    finally:
-        op_env.kubectl("taint", "nodes", node, "example.com/maintenance-", check=False)
     assert status["restarts"] == 1 and status["lastRestartReason"] == "Evicted", status
     assert status["restartBudget"]["used"] == 0 and status["step"] == LONG_STEPS
     assert status["goodput"]["lostSteps"] == 0, status["goodput"]
