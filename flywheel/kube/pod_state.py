@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from flywheel.pod_template import WORKER_CONTAINER
 from flywheel.timefmt import parse_rfc3339
 
 
@@ -26,7 +27,7 @@ def container_outcome(obj: Mapping[str, Any]) -> ContainerOutcome:
     reason, code, finished, message, waiting_since = status.get("reason"), None, None, None, None
     statuses = status.get("containerStatuses") or []
     # With sidecars from the template, the worker container's state is the pod's (not a sidecar's).
-    for cs in [c for c in statuses if c.get("name") == "worker"] or statuses:
+    for cs in [c for c in statuses if c.get("name") == WORKER_CONTAINER] or statuses:
         state = cs.get("state") or {}
         if "terminated" in state:
             reason, code = state["terminated"].get("reason") or reason, state["terminated"].get("exitCode")

@@ -26,8 +26,7 @@ def failure_of(pod: PodView, now: float, start_grace: float) -> FailureKind | No
         return None
     ended = pod.phase == "Failed" and pod.disruption is None and pod.deleting_since is None
     if ended and pod.exit_code is not None:  # its container's own end names it, though its liveness key lapsed first
-        return classify_pod(pod.phase, pod.reason, pod.exit_code, init_container=pod.init_container is not None) \
-            or FailureKind.CRASH
+        return _ended_as(pod)
     if node_lost(pod):
         return FailureKind.NODE_LOST
     if pod.disruption is not None:
@@ -38,6 +37,11 @@ def failure_of(pod: PodView, now: float, start_grace: float) -> FailureKind | No
         return classify_waiting(pod.reason, now - pod.waiting_since, start_grace)
     if pod.phase != "Failed":
         return None
+    return _ended_as(pod)
+
+
+def _ended_as(pod: PodView) -> FailureKind:
+    """A failed pod's kind from its own end (a crash when nothing names it)."""
     return classify_pod(pod.phase, pod.reason, pod.exit_code, init_container=pod.init_container is not None) \
         or FailureKind.CRASH
 

@@ -16,6 +16,12 @@ from tests.k8s_emulator import podenv, probes
 
 PRE_STOP_EXTENSION_S = 2.0  # what the kubelet grants SIGTERM after a preStop hook that used the whole grace period
 
+
+def crash_backoff(restarts: int) -> float:
+    """Seconds before a failed container's restart number `restarts` (CrashLoopBackOff): the kubelet's doubling, from
+    0.5 s and capped at 5 s here (10 s to 300 s on a cluster)."""
+    return min(0.5 * 2 ** (restarts - 1), 5.0)
+
 @dataclass
 class PodProcess:
     uid: str

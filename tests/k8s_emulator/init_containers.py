@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.k8s_emulator import images, podenv, termination
-from tests.k8s_emulator.container import PodProcess, signal_process
+from tests.k8s_emulator.container import PodProcess, crash_backoff, signal_process
 from tests.k8s_emulator.container_start import ContainerStart
 
 MAIN_WAITING = {"waiting": {"reason": "PodInitializing"}}
@@ -140,7 +140,7 @@ class PodInitialization(ContainerStart):
                 await self._report(running, "Failed", MAIN_WAITING, False)
                 return False
             restarts, last = restarts + 1, ended
-            backoff = min(0.5 * 2 ** (restarts - 1), 5.0)
+            backoff = crash_backoff(restarts)
             running.init_statuses[name] = self._init_status(
                 container, {"waiting": {"reason": "CrashLoopBackOff", "message": f"back-off {backoff}s restarting "
                                         f"failed container={name} pod={running.name}"}}, restarts, last=last)
@@ -185,7 +185,7 @@ class PodInitialization(ContainerStart):
             running.init_statuses[name] = self._init_status(container, {"waiting": {"reason": "CrashLoopBackOff"}},
                                                             restarts, last=last)
             await self._report_again(running)
-            await asyncio.sleep(min(0.5 * 2 ** (restarts - 1), 5.0))
+            await asyncio.sleep(crash_backoff(restarts))
 
     async def _report_again(self, running: PodProcess) -> None:
         """The pod's last status report again, with the init containers' statuses as they are now."""

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from tests.k8s_emulator import images, nodes, podenv
-from tests.k8s_emulator.container import ContainerLifecycle, PodProcess
+from tests.k8s_emulator.container import ContainerLifecycle, PodProcess, crash_backoff
 from tests.k8s_emulator.httpclient import ApiStatusError, KubeHttpClient, resource_path
 from tests.k8s_emulator.init_containers import PodInitialization, terminated_state
 from tests.k8s_emulator.nodes import NodeSetup
@@ -372,7 +372,7 @@ class ProcessKubelet(ContainerLifecycle, PodInitialization):
                 running.last_terminated = terminated
                 running.restart_count += 1
                 running.process = None
-                backoff = min(0.5 * 2 ** (running.restart_count - 1), 5.0)
+                backoff = crash_backoff(running.restart_count)
                 await self._report(running, "Running", {"waiting": {"reason": "CrashLoopBackOff",
                                                                     "message": f"back-off {backoff}s"}}, False)
                 await asyncio.sleep(backoff)
