@@ -298,7 +298,8 @@ class ApiServer:
                     break
                 wait = min(remaining, self.bookmark_interval) if bookmarks else remaining
                 try:
-                    item = await asyncio.wait_for(watcher.queue.get(), wait)
+                    async with asyncio.timeout(wait):  # not wait_for, which can lose a cancellation (deployments.py)
+                        item = await watcher.queue.get()
                 except TimeoutError:
                     if bookmarks and deadline - loop.time() > 0:
                         item = ("BOOKMARK", {"kind": rt.kind, "apiVersion": rt.api_version(version),

@@ -155,7 +155,8 @@ class PodInitialization(ContainerStart):
         running.sidecar_tasks.append(asyncio.create_task(self._keep_sidecar(running, pod, container, started)))
         while not started.is_set() and not running.terminating:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(started.wait(), 0.5)
+                async with asyncio.timeout(0.5):  # not wait_for, which can lose a cancellation (deployments.py)
+                    await started.wait()
         return started.is_set() and not running.terminating
 
     async def _keep_sidecar(self, running: PodProcess, pod: dict[str, Any], container: dict[str, Any],
