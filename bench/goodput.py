@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import subprocess
@@ -211,12 +212,14 @@ def pace(steps: list[Step]) -> float | None:
     return median(deltas) if deltas else None
 
 
-def run_length(secs: float, clean_runs: Iterable[dict[str, Any]]) -> int:
+def run_length(secs: float, period_s: float, clean_runs: Iterable[dict[str, Any]]) -> int:
     """Steps of a faulted run: `secs` of training at the fastest clean side's pace. The pace (median step), not
     the clean window's mean: a short clean run's mean carries its warm-up, and a run sized by it was so short
-    that a faster side reached its last checkpoint interval (no faults there) before the first fault was due."""
+    that a faster side reached its last checkpoint interval (no faults there) before the first fault was due. And
+    at least so long that a side twice as fast as its clean run (which a busy machine slowed: seen in CI, 0.046 s
+    against >= 0.08 s) still meets its first fault (at half a period) before that last interval."""
     fastest = min(run["pace_s"] for run in clean_runs if run["pace_s"])
-    return max(int(secs / fastest), 2 * CKPT_EVERY)
+    return max(int(secs / fastest), CKPT_EVERY + math.ceil(period_s / fastest), 2 * CKPT_EVERY)
 
 
 def clean_step_s(run: dict[str, Any]) -> float:
@@ -316,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         clean_s["torchrun"] = clean_s.get("torchrun-tuned")
         runs["clean"] = {side: {**run, "clean_step_s": clean_s[side]} for side, run in clean.items()}
         for i, (period, secs) in enumerate(zip(periods, seconds)):
-            steps = run_length(secs, clean.values())
+            steps = run_length(secs, period, clean.values())
             for side in ("ours", *((*ours_sides[1:], *peers) if i == 0 else ())):
                 run = run_side(side, Path(tmp) / f"{side}-{period:g}s", steps, period, args.seed,
                                timeout_s=secs * 4 + 180, max_faults=args.max_faults)

@@ -100,6 +100,11 @@ class RealCluster:
     def pods(self, name: str) -> list[dict[str, Any]]:
         return json.loads(self.kubectl("get", "pods", "-l", f"flywheel.dev/job={name}", "-o", "json").stdout)["items"]
 
+    def jobs_with_pods(self, *names: str) -> set[str]:
+        """Which of these jobs have pods, from one LIST: one snapshot (a call per job would race a pod's end)."""
+        out = self.kubectl("get", "pods", "-l", f"flywheel.dev/job in ({','.join(names)})", "-o", "json").stdout
+        return {p["metadata"]["labels"]["flywheel.dev/job"] for p in json.loads(out)["items"]}
+
     def wait_phase(self, name: str, phase: str, timeout: float) -> dict[str, Any]:
         return eventually(lambda: (s := self.status(name)).get("phase") == phase and s, timeout,
                           f"{name} to reach {phase}")

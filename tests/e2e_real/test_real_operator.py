@@ -519,8 +519,8 @@ def test_a_job_on_a_deleted_jobs_checkpoint_dir_waits_for_its_stopping_pods(real
     reached = real.status("e2e-leaving")["step"]
     real.kubectl("delete", "tj", "e2e-leaving", "--wait=false")
     real.apply_job("e2e-successor", tmp_path, **{"trainer.training.steps": 5000, "checkpoint.dir": directory})
-    while real.pods("e2e-leaving"):
-        assert real.pods("e2e-successor") == [], "the new job's workers started beside the stopping ones"
+    while "e2e-leaving" in (jobs := real.jobs_with_pods("e2e-leaving", "e2e-successor")):
+        assert "e2e-successor" not in jobs, "the new job's workers started beside the stopping ones"
         time.sleep(0.5)
     restored = eventually(lambda: real.status("e2e-successor").get("lastRestore"), 900, "the successor to restore")
     assert restored["step"] >= reached, (restored, reached)  # the stopping pods' emergency checkpoint

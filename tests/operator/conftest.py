@@ -186,6 +186,11 @@ class OpEnv:
         out = self.kubectl("get", "pods", "-l", f"flywheel.dev/job={name}", "-o", "json").stdout
         return json.loads(out)["items"]
 
+    def jobs_with_pods(self, *names: str) -> set[str]:
+        """Which of these jobs have pods, from one LIST: one snapshot (a call per job would race a pod's end)."""
+        out = self.kubectl("get", "pods", "-l", f"flywheel.dev/job in ({','.join(names)})", "-o", "json").stdout
+        return {p["metadata"]["labels"]["flywheel.dev/job"] for p in json.loads(out)["items"]}
+
     def events_of(self, name: str) -> list[dict[str, Any]]:
         out = self.kubectl("get", "events", "--field-selector", f"involvedObject.name={name}", "-o", "json").stdout
         return json.loads(out)["items"]

@@ -245,8 +245,8 @@ def test_a_job_on_a_deleted_jobs_checkpoint_dir_waits_for_its_stopping_pods(op_e
     eventually(lambda: op_env.pods(first) and all(p["metadata"].get("deletionTimestamp")
                                                   for p in op_env.pods(first)), 30, f"{first}'s pods to stop")
     said = set()
-    while op_env.pods(first):
-        assert op_env.pods(second) == [], "the new job's workers started beside the stopping ones"
+    while first in (jobs := op_env.jobs_with_pods(first, second)):
+        assert second not in jobs, "the new job's workers started beside the stopping ones"
         said |= {c["message"] for c in op_env.status(second).get("conditions", [])
                  if c["type"] == "CheckpointDirInUse" and c["status"] == "True"}
         time.sleep(0.2)
