@@ -34,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gang-scheduler", choices=("none", "scheduler-plugins", "volcano"), default="none")
     p.add_argument("--security-profile", choices=("hardened", "image"), default="hardened")
     p.add_argument("--rdma-resource", default="rdma/rdma_shared_device_a")
+    p.add_argument("--no-disruption-budgets", dest="disruption_budgets", action="store_false",
+                   help="the operator's: no PodDisruptionBudget")
 
 
 def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
@@ -43,13 +45,14 @@ def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
     return OperatorSettings(etcd_endpoints=args.etcd_endpoints, events_dir=args.events_dir,
                             events_claim=args.events_claim, metrics_port_base=args.metrics_port_base,
                             worker_env=env, gang_scheduler=args.gang_scheduler,
-                            security_profile=args.security_profile, rdma_resource=args.rdma_resource)
+                            security_profile=args.security_profile, rdma_resource=args.rdma_resource,
+                            disruption_budgets=args.disruption_budgets)
 
 
 def render_objects(job: TrainingJob, settings: OperatorSettings, uid: str = PLACEHOLDER_UID,
                    generation: int = 0, replicas: int | None = None) -> list[dict[str, Any]]:
-    """The objects the operator creates for `job` (Service, PodGroup, one Pod per worker, one per spare), in that
-    order."""
+    """The objects the operator creates for `job` (Service, PodGroup, PodDisruptionBudget, one Pod per worker, one
+    per spare), in that order."""
     from flywheel.operator import manifests as m
     from flywheel.operator.event_log import events_file
     from flywheel.operator.spare_pods import spare_pod
@@ -63,6 +66,8 @@ def render_objects(job: TrainingJob, settings: OperatorSettings, uid: str = PLAC
     group = m.pod_group(job, settings)
     if group is not None:
         objects.append(group)
+    if settings.disruption_budgets:
+        objects.append(m.disruption_budget(job))
     workers = m.plan(job, uid, settings, events)
     objects += [m.pod(job, worker, generation, settings) for worker in workers]
     objects += [spare_pod(job, workers[0], n, generation, settings) for n in range(job.spec.replicas.spares)]

@@ -110,6 +110,8 @@ class JobRunner(EtcdViews, JobActions):
         self.service_failure = ""  # why the headless Service could not be created (reported once per cause)
         self.create_failures = CreateFailures()
         self.pod_group_tried = False
+        self.budget_min: int | None = None  # the PodDisruptionBudget's minAvailable as this runner wrote it
+        self.budget_failure = ""
         self.findings = FindingsInbox(self.poke)  # the health monitor's reports (monitor/findings.py)
         self.watch: WorkerWatch | None = None
         self.spare_watch: Any = None  # the spare agents' keys (flywheel/etcd/spares.py watch_spares)

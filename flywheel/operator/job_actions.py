@@ -66,6 +66,8 @@ class JobActions:
     service_failure: str  # the Service create's last failure, reported once ("" when none)
     create_failures: CreateFailures  # every refused create, until it goes through (the ReplicaFailure condition)
     pod_group_tried: bool
+    budget_min: int | None  # the minAvailable of the job's PodDisruptionBudget as last written (None: not yet)
+    budget_failure: str  # its write's last failure, reported once ("" when none)
     deleted_pods: set[str]
     promoted_at: dict[str, float]
     drain: DrainFollower
@@ -108,6 +110,7 @@ class JobActions:
         now = time.monotonic()
         if self.service_checked_at is None or now - self.service_checked_at >= SERVICE_RECHECK_SECONDS:
             await self._create_service(obj, job)
+            await self._write_budget(obj, job)
         if self.pod_group_tried:
             return
         group = m.pod_group(job, self.settings)
@@ -119,6 +122,28 @@ class JobActions:
                 await self._event(obj, "Warning", R.CREATE_FAILED,
                                   R.MSG_CREATE_FAILED.format(kind="PodGroup", name=job.name, error=err))
         self.pod_group_tried = True
+
+    async def _write_budget(self, obj: dict[str, Any], job: TrainingJob) -> None:
+        """The job's PodDisruptionBudget (manifests.disruption_budget): created once, patched when `replicas.max`
+        moved (or an earlier operator made it). A refusal (RBAC of an older chart, a policy) leaves the job
+        running without one: a CreateFailed event once per cause, another try at the next Service check."""
+        wanted = job.spec.replicas.max
+        if not self.settings.disruption_budgets or self.budget_min == wanted:
+            return
+        body, path = m.disruption_budget(job), f"/apis/policy/v1/namespaces/{self.namespace}/poddisruptionbudgets"
+        _adopt(body, obj)
+        try:
+            if await self.kube.create(path, body) is None:  # there already
+                await self.kube.merge_patch(f"{path}/{job.name}", {"spec": {"minAvailable": wanted}})
+        except API_ERRORS as err:
+            cause = str(err) or type(err).__name__
+            self.logger.warning(f"could not write PodDisruptionBudget {job.name}: {cause}")
+            if cause != self.budget_failure:
+                self.budget_failure = cause
+                await self._event(obj, "Warning", R.CREATE_FAILED, R.MSG_CREATE_FAILED.format(
+                    kind="PodDisruptionBudget", name=job.name, error=cause))
+            return
+        self.budget_min, self.budget_failure = wanted, ""
 
     async def _reset_rendezvous(self, job: TrainingJob) -> None:
         run_id = m.run_id(job, self.uid)

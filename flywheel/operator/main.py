@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "worker's node moves the worker after a memory checkpoint, as a cordon does; '' = cordons "
                         "only (default: the keys of kubectl cordon, NVSentinel, AWS NTH, GKE, Karpenter and the "
                         "Cluster Autoscaler)")
+    p.add_argument("--no-disruption-budgets", dest="disruption_budgets", action="store_false",
+                   help="create no PodDisruptionBudget per job: an eviction (kubectl drain, a node upgrade) then takes "
+                        "a worker at once instead of waiting for drain ahead to move it (docs/operator.md)")
     p.add_argument("--no-worker-liveness", dest="worker_liveness", action="store_false",
                    help="do not watch the workers' etcd lease keys: a dead worker is then seen only through pod and "
                         "node status, i.e. after the node monitor's grace period (bench/dead_worker.py's peer)")
@@ -150,7 +153,8 @@ def run(argv: Sequence[str] | None = None, serve_api: Callable[[argparse.Namespa
                                 worker_env=env, gang_scheduler=args.gang_scheduler,
                                 worker_liveness=args.worker_liveness, hang_detection=args.hang_detection,
                                 security_profile=args.security_profile, rdma_resource=args.rdma_resource,
-                                drain_taint_keys=drain_taint_keys(args.drain_taint_keys))
+                                drain_taint_keys=drain_taint_keys(args.drain_taint_keys),
+                                disruption_budgets=args.disruption_budgets)
     tune_gc()
     kopf.configure(verbose=args.verbose)
     if not args.verbose:  # httpx logs every Prometheus query of the health monitor at INFO

@@ -62,6 +62,7 @@ class OperatorSettings:
     rdma_resource: str = "rdma/rdma_shared_device_a"  # what `network: rdma` requests (one per worker)
     # Drain ahead (operator/drain.py): taints (NoSchedule/NoExecute) whose key means the node is leaving.
     drain_taint_keys: tuple[str, ...] = DEFAULT_DRAIN_TAINT_KEYS
+    disruption_budgets: bool = True  # a PodDisruptionBudget per job (`disruption_budget`): evictions wait
 
 
 def service_name(job_name: str) -> str:
@@ -121,6 +122,19 @@ def service(job: TrainingJob) -> dict[str, Any]:
                          "labels": labels(job.name)},
             "spec": {"clusterIP": "None", "selector": labels(job.name), "publishNotReadyAddresses": True,
                      "ports": [{"name": "rdzv", "port": RDZV_PORT}]}}
+
+
+def disruption_budget(job: TrainingJob) -> dict[str, Any]:
+    """The job's PodDisruptionBudget: no voluntary eviction (`kubectl drain`, a node upgrade, an autoscaler) takes a
+    healthy worker, so a drain waits while the operator moves the workers ahead (its cordon is drain ahead's
+    trigger: docs/operator.md) and deletes them itself, which no budget holds up. An integer `minAvailable` of
+    `replicas.max` -- never below the healthy workers -- needs no scale lookup (the scale subresource's
+    `replicas.target` is often unset, and the disruption controller then fails); a worker not Ready (crash loop,
+    still starting) may always go (`AlwaysAllow`), so a broken pod never blocks a drain. Spares are not covered."""
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": job.name, "namespace": job.metadata.namespace, "labels": labels(job.name)},
+            "spec": {"minAvailable": job.spec.replicas.max, "unhealthyPodEvictionPolicy": "AlwaysAllow",
+                     "selector": {"matchLabels": {**labels(job.name), ROLE_LABEL: ROLE_WORKER}}}}
 
 
 def worker_volumes(job: TrainingJob, settings: OperatorSettings, cache_home: bool = True) -> tuple[

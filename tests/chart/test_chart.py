@@ -26,6 +26,7 @@ from tests.chart.conftest import (
     render,
     run_helm,
 )
+from tests.chart.rbac import rules_of
 
 
 def operator_deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -366,3 +367,21 @@ def test_hang_detection_is_on_by_default_and_can_be_turned_off():
 
     assert parsed().hang_detection and not parsed("operator.healthMonitor.hangDetection=false").hang_detection
 
+
+
+def test_disruption_budgets_are_on_by_default_and_off_drops_their_permission():
+    """operator.disruptionBudgets: the operator's PodDisruptionBudget per job and the grant it needs go together."""
+    main = pytest.importorskip("flywheel.operator.main")
+
+    def parsed(*values: str) -> tuple[argparse.Namespace, set[str]]:
+        docs = render(*values)
+        args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        verbs = {verb for role in by_kind(docs, "Role") + by_kind(docs, "ClusterRole")
+                 for (group, resource), granted in rules_of(role).items()
+                 if (group, resource) == ("policy", "poddisruptionbudgets") for verb in granted}
+        return main.build_parser().parse_args(args[1:]), verbs
+
+    on, on_verbs = parsed()
+    off, off_verbs = parsed("operator.disruptionBudgets=false")
+    assert on.disruption_budgets and on_verbs == {"create", "patch"}
+    assert not off.disruption_budgets and off_verbs == set()

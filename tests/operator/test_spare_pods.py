@@ -69,7 +69,8 @@ def test_pod_view_tells_spares_from_workers() -> None:
 
 def test_render_shows_the_spares() -> None:
     kinds = [(o["kind"], o["metadata"]["name"]) for o in render_objects(JOB, SETTINGS)]
-    assert kinds == [("Service", "j-workers"), ("Pod", "j-worker-0"), ("Pod", "j-worker-1"), ("Pod", "j-spare-0")]
+    assert kinds == [("Service", "j-workers"), ("PodDisruptionBudget", "j"), ("Pod", "j-worker-0"),
+                     ("Pod", "j-worker-1"), ("Pod", "j-spare-0")]
 
 
 class Kube:
@@ -105,7 +106,8 @@ def test_a_pass_creates_the_workers_and_the_spare_once() -> None:
         for _ in range(3):
             await r.reconcile_once()
     asyncio.run(passes())
-    assert sorted(c[1] for c in kube.calls if c[0] == "create") == ["j-spare-0", "j-worker-0", "j-worker-1"]
+    # "j": the job's PodDisruptionBudget, written once over the passes
+    assert sorted(c[1] for c in kube.calls if c[0] == "create") == ["j", "j-spare-0", "j-worker-0", "j-worker-1"]
     assert kube.job["status"]["nextSpare"] == 1
 
 

@@ -30,9 +30,17 @@ def test_the_gpu_cluster_example_renders_as_the_operator_creates_it():
     code, text = render(str(EXAMPLE), "-o", "json", "--rdma-resource", "rdma/ib")
     assert code == 0
     items: list[dict[str, Any]] = json.loads(text)["items"]
-    assert [o["kind"] for o in items] == ["Service", "Pod", "Pod"]
+    assert [o["kind"] for o in items] == ["Service", "PodDisruptionBudget", "Pod", "Pod"]
     job = load_job(EXAMPLE)
-    for index, pod in enumerate(items[1:]):
+    budget = items[1]  # no eviction of a healthy worker: a drain waits for drain ahead
+    workers = {"flywheel.dev/job": "llama-8b", "flywheel.dev/role": "worker"}
+    assert budget["spec"] == {"minAvailable": job.spec.replicas.max, "unhealthyPodEvictionPolicy": "AlwaysAllow",
+                              "selector": {"matchLabels": workers}}
+    assert all(budget["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+               for pod in items[2:])
+    kv = pytest.importorskip("kubernetes_validate")
+    kv.validate(budget, "1.33.0", strict=True)
+    for index, pod in enumerate(items[2:]):
         spec = pod["spec"]
         worker = spec["containers"][0]
         assert pod["metadata"]["name"] == f"llama-8b-worker-{index}"
@@ -66,7 +74,8 @@ def test_the_gpu_cluster_example_renders_as_the_operator_creates_it():
 
 def test_render_options_shape_the_pods_like_the_operators():
     code, text = render(str(EXAMPLE), "-o", "json", "--security-profile", "image", "--gang-scheduler", "volcano",
-                        "--uid", "abcdef12-0000", "--replicas", "2", "--worker-env", "OMP_NUM_THREADS=4")
+                        "--uid", "abcdef12-0000", "--replicas", "2", "--worker-env", "OMP_NUM_THREADS=4",
+                        "--no-disruption-budgets")
     assert code == 0
     items = json.loads(text)["items"]
     assert [o["kind"] for o in items] == ["Service", "PodGroup", "Pod", "Pod"]
