@@ -8,7 +8,7 @@ import itertools
 import re
 from typing import Any
 
-from tests.k8s_emulator import deployments, schema
+from tests.k8s_emulator import deployments, pdb, schema
 from tests.k8s_emulator.errors import StatusError
 from tests.k8s_emulator.resources import CRD_KEY, ResourceType
 
@@ -124,6 +124,8 @@ def admit_create(resource_type: ResourceType, obj: dict[str, Any], strict: bool)
         errors = _crd_admit(obj)
     elif resource_type.key == deployments.DEPLOYMENTS:
         errors = deployments.admit(obj, None)
+    elif resource_type.key == pdb.PDBS:
+        errors = pdb.admit(obj, None)
     elif resource_type.custom and resource_type.status_subresource:
         obj.pop("status", None)  # status of a CR with a status subresource is only written through /status
     if errors:
@@ -139,12 +141,16 @@ def _fold_string_data(secret: dict[str, Any]) -> None:
                           **{k: base64.b64encode(str(v).encode()).decode() for k, v in string_data.items()}}
 
 
+_ADMIT_ON_UPDATE = {CRD_KEY: lambda obj, old: _crd_admit(obj), deployments.DEPLOYMENTS: deployments.admit,
+                    pdb.PDBS: pdb.admit}
+
+
 def admit_custom(resource_type: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
                  strict: bool) -> dict[str, Any]:
     if resource_type.key == ("", "secrets"):
         _fold_string_data(obj)
-    if resource_type.key in (CRD_KEY, deployments.DEPLOYMENTS) and old is not None:
-        errors = _crd_admit(obj) if resource_type.key == CRD_KEY else deployments.admit(obj, old)
+    if resource_type.key in _ADMIT_ON_UPDATE and old is not None:
+        errors = _ADMIT_ON_UPDATE[resource_type.key](obj, old)
         if errors:
             raise StatusError.invalid(resource_type.group_kind, obj["metadata"]["name"], errors)
     if not resource_type.custom:

@@ -100,6 +100,11 @@ class ApiHandle:
     def pause(self) -> None:
         self._loop.call(self._cluster.server.pause)
 
+    def pause_disruption_controller(self, paused: bool = True) -> None:
+        """Hold (or, with False, release) the PodDisruptionBudget status writes, as a controller manager that is
+        down would: a test then sees what an eviction wrote before the controller's next pass."""
+        self._loop.call(setattr, self._cluster.disruption_controller, "paused", paused)
+
     def accept_tokens(self, *tokens: str) -> None:
         """Check bearer tokens from now on: only these (and the cluster's own minted ones) pass, others get 401."""
         self._loop.call(setattr, self._cluster.server, "accepted_tokens", frozenset(tokens))

@@ -1,5 +1,5 @@
 """Decoding of Kubernetes protobuf request bodies for the few built-in kinds typed clients send that way
-(client-go typed clients: `kubectl create namespace|configmap|secret`, Helm's release Secrets).
+(client-go typed clients: `kubectl create namespace|configmap|secret|pdb`, Helm's release Secrets).
 
 A body is `k8s\\x00` + runtime.Unknown{typeMeta{apiVersion, kind}, raw}; `raw` is the object in the field
 numbering of k8s.io/api generated.proto. Kinds without a table here are refused with 415.
@@ -14,8 +14,12 @@ from typing import Any
 MAGIC = b"k8s\x00"
 
 # Field tables: number -> (JSON name, type). Types: str, int, bool, bytes (base64 in JSON), time, map, mapbytes,
-# strs (repeated string), or a nested table; a 1-tuple around a table means a repeated message.
+# strs (repeated string), intstr (an IntOrString: JSON's int or string), or a nested table; a 1-tuple around a table
+# means a repeated message.
 _TIME = "time"
+_INT_OR_STRING = "intstr"
+_LABEL_SELECTOR = {1: ("matchLabels", "map"),
+                   2: ("matchExpressions", ({1: ("key", "str"), 2: ("operator", "str"), 3: ("values", "strs")},))}
 _OWNER_REF = {1: ("kind", "str"), 3: ("name", "str"), 4: ("uid", "str"), 5: ("apiVersion", "str"),
               6: ("controller", "bool"), 7: ("blockOwnerDeletion", "bool")}
 _OBJECT_META = {1: ("name", "str"), 2: ("generateName", "str"), 3: ("namespace", "str"), 5: ("uid", "str"),
@@ -30,6 +34,10 @@ KINDS: dict[str, dict[int, tuple[str, Any]]] = {
     "Namespace": {1: ("metadata", _OBJECT_META), 2: ("spec", {1: ("finalizers", "strs")}),
                   3: ("status", {1: ("phase", "str")})},
     "ServiceAccount": {1: ("metadata", _OBJECT_META)},
+    "PodDisruptionBudget": {1: ("metadata", _OBJECT_META),  # `kubectl create pdb`
+                            2: ("spec", {1: ("minAvailable", _INT_OR_STRING), 2: ("selector", _LABEL_SELECTOR),
+                                         3: ("maxUnavailable", _INT_OR_STRING),
+                                         4: ("unhealthyPodEvictionPolicy", "str")})},
     "DeleteOptions": {1: ("gracePeriodSeconds", "int"), 2: ("preconditions", {1: ("uid", "str"),
                                                                                 2: ("resourceVersion", "str")}),
                       3: ("orphanDependents", "bool"), 4: ("propagationPolicy", "str"), 5: ("dryRun", "strs")},
@@ -77,6 +85,14 @@ def _time(raw: bytes) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _int_or_string(raw: bytes) -> int | str:
+    parts = dict(_fields(raw))  # type 1 (0 int, 1 string), intVal 2 (int32, negative as 64-bit), strVal 3
+    if parts.get(1) == 1:
+        return bytes(parts.get(3, b"")).decode()
+    number = int(parts.get(2, 0))
+    return number - (1 << 64) if number >= 1 << 63 else number
+
+
 def _map_entry(raw: bytes) -> tuple[str, bytes]:
     entry = dict(_fields(raw))
     return bytes(entry.get(1, b"")).decode(), bytes(entry.get(2, b""))
@@ -99,6 +115,8 @@ def _message(raw: bytes, table: dict[int, tuple[str, Any]]) -> dict[str, Any]:
             obj[name] = base64.b64encode(bytes(value)).decode()
         elif kind == _TIME:
             obj[name] = _time(bytes(value))
+        elif kind == _INT_OR_STRING:
+            obj[name] = _int_or_string(bytes(value))
         elif kind in ("map", "mapbytes"):
             key, item = _map_entry(bytes(value))
             obj.setdefault(name, {})[key] = item.decode() if kind == "map" else base64.b64encode(item).decode()

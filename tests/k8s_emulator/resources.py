@@ -91,6 +91,8 @@ BUILTIN_TYPES: list[ResourceType] = [
     ResourceType(group="apps", versions=["v1"], plural="deployments", singular="deployment", kind="Deployment",
                  namespaced=True, short_names=["deploy"], categories=["all"], status_subresource=True,
                  scale={"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}),
+    # Status written by the disruption controller (disruption.py); evictions check them (eviction.py).
+    _builtin("policy", "poddisruptionbudgets", "PodDisruptionBudget", True, ["pdb"], status=True),
     _builtin("apiextensions.k8s.io", "customresourcedefinitions", "CustomResourceDefinition", False,
              ["crd", "crds"], status=True),
     # What a pod's priorityClassName and runtimeClassName name, resolved at pod admission as the Priority and

@@ -17,6 +17,7 @@ from tests.etcd_process import ETCD_BINARY, EtcdServer, free_port
 from tests.k8s_emulator.apiserver import ApiServer
 from tests.k8s_emulator.controllers import ControlPlane
 from tests.k8s_emulator.deployments import DeploymentController
+from tests.k8s_emulator.disruption import DisruptionController
 from tests.k8s_emulator.kubelet import ProcessKubelet
 from tests.k8s_emulator.nodes import NodeSetup
 from tests.k8s_emulator.pod_hooks import DEFAULT_POD_HOOKS, PodHook
@@ -62,9 +63,11 @@ class EmulatedCluster:
         self.store.pod_hooks.extend(pod_hooks)
         self.control_plane = ControlPlane(self.store, node_monitor_grace_seconds)
         self.deployment_controller = DeploymentController(self.store)
+        self.disruption_controller = DisruptionController(self.store)
         self.log_dir = self.work_dir / "pod-logs"
         self.server = ApiServer(self.store, self.control_plane, self.log_dir, bookmark_interval)
         self.server.accepted_tokens = frozenset(accepted_tokens) if accepted_tokens is not None else None
+        self.server.admin_handlers["pause-disruption-controller"] = self._pause_disruption_controller
         self.kubelet: ProcessKubelet | None = None
         if run_kubelet:
             self.kubelet = ProcessKubelet(self.api_url, [f"node-{i}" for i in range(1, nodes + 1)], self.log_dir,
@@ -74,6 +77,10 @@ class EmulatedCluster:
         self.want_etcd = etcd
         self.etcd: EtcdServer | None = None
         self._runner: web.AppRunner | None = None
+
+    async def _pause_disruption_controller(self, parts: list[str], query: dict[str, str]) -> dict[str, Any]:
+        self.disruption_controller.paused = query.get("on", "true") == "true"
+        return {"paused": self.disruption_controller.paused}
 
     @property
     def etcd_url(self) -> str | None:
@@ -104,6 +111,7 @@ class EmulatedCluster:
             await loop.run_in_executor(None, self.etcd.start)
         self.control_plane.start()
         self.deployment_controller.start()
+        self.disruption_controller.start()
         self._runner = web.AppRunner(self.server.app, access_log=None, shutdown_timeout=1.0,
                                      handler_cancellation=True)  # so a disconnected watcher is dropped at once
         await self._runner.setup()
@@ -113,6 +121,7 @@ class EmulatedCluster:
 
     async def stop(self) -> None:
         await self.deployment_controller.stop()
+        await self.disruption_controller.stop()
         if self.kubelet is not None:
             await self.kubelet.stop()
         self.store.drop_watches()

@@ -28,7 +28,8 @@ NAMESPACES: ResourceKey = ("", "namespaces")
 PODS: ResourceKey = ("", "pods")
 _NOT_SPEC = ("metadata", "status", "apiVersion", "kind")
 DEPLOYMENTS: ResourceKey = ("apps", "deployments")
-_GENERATION_KINDS = {CRD_KEY, PODS, DEPLOYMENTS}  # built-ins with metadata.generation (configmaps, nodes, ... none)
+PDBS: ResourceKey = ("policy", "poddisruptionbudgets")
+_GENERATION_KINDS = {CRD_KEY, PODS, DEPLOYMENTS, PDBS}  # built-ins with metadata.generation (configmaps, nodes: none)
 
 
 def now_rfc3339(offset_seconds: float = 0) -> str:

@@ -7,7 +7,7 @@ import datetime
 import re
 from typing import Any
 
-from tests.k8s_emulator import deployments
+from tests.k8s_emulator import deployments, pdb
 from tests.k8s_emulator.resources import ResourceType
 
 _STEP = re.compile(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]|\[\?\(@\.([A-Za-z0-9_.-]+)\s*==\s*['\"]([^'\"]*)['\"]\)\]")
@@ -127,6 +127,9 @@ def columns_and_cells(rt: ResourceType, version: str):
         return [_column("Name"), _column("Status"), _column("Roles"), _column("Age"), _column("Version")], _node_cells
     if rt.key == deployments.DEPLOYMENTS:
         return [_column(n, k) for n, k in deployments.TABLE_COLUMNS], lambda obj: deployments.table_cells(
+            obj, human_duration(obj["metadata"].get("creationTimestamp")))
+    if rt.key == pdb.PDBS:
+        return [_column(n, k) for n, k in pdb.TABLE_COLUMNS], lambda obj: pdb.table_cells(
             obj, human_duration(obj["metadata"].get("creationTimestamp")))
     if rt.key == ("scheduling.k8s.io", "priorityclasses"):  # a Go bool: printed false when omitted
         return [_column("Name"), _column("Value", "integer"), _column("Global-Default", "boolean"), _column("Age"),
