@@ -90,7 +90,9 @@ class ApiServer:
         try:
             return await handler(request)
         except StatusError as err:
-            return _json(err.status(), err.code)
+            response = _json(err.status(), err.code)
+            response.headers.update(err.headers())
+            return response
 
     def authenticated(self, request: web.Request) -> bool:
         if self.accepted_tokens is None or request.path.strip("/").split("/")[0] in PUBLIC_PATHS:

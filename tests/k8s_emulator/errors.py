@@ -17,9 +17,17 @@ class StatusError(Exception):
         body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": dict(self.list_meta),
                                 "status": "Failure",
                                 "message": self.message, "reason": self.reason, "code": self.code}
+        if not self.reason:
+            del body["reason"]  # a Status the handler returns itself may carry none (eviction.py's 500)
         if self.details:
             body["details"] = self.details
         return body
+
+    def headers(self) -> dict[str, str]:
+        """What the API server adds to the answer: Retry-After from details.retryAfterSeconds (client-go then waits
+        and retries by itself)."""
+        seconds = self.details.get("retryAfterSeconds")
+        return {"Retry-After": str(seconds)} if seconds else {}
 
     @classmethod
     def not_found(cls, group_kind: str, name: str) -> StatusError:
