@@ -6,6 +6,7 @@ import json
 import os
 import random
 import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -373,6 +374,32 @@ def test_a_tainted_node_is_drained_ahead_without_replay(real: RealCluster, tmp_p
         status = real.wait_phase(name, "Succeeded", 900)
     finally:
         real.kubectl("taint", "node", node, f"{taint}-", check=False)
+    assert status["lastRestartReason"] == "NodeDraining" and status["goodput"].get("lostSteps", 0) == 0, status
+    assert status["restartBudget"].get("used", 0) == 0
+
+
+def test_kubectl_drain_waits_on_the_jobs_budget_while_the_worker_moves_ahead(real: RealCluster, tmp_path: Path) -> None:
+    """Twin of test_drain_cluster's: `kubectl drain` of a worker's node is refused the worker's eviction by the
+    job's PodDisruptionBudget until drain ahead has moved it; the drain then completes, no step lost. The drain
+    evicts every other pod of that node too: use a test node pool."""
+    name = "e2e-kdrain"
+    real.apply_job(name, tmp_path, **LONG, **{"replicas.spares": 1, "checkpoint.memoryEverySteps": 10})
+    eventually(lambda: real.status(name).get("spares") == 1, 600, "the spare to be ready")
+    eventually(lambda: real.status(name).get("step", 0) >= 40, 900, "step 40")
+    spare_node = (_pod(real, name, f"{name}-spare-0") or {}).get("spec", {}).get("nodeName")
+    worker = next(p for p in real.pods(name) if p["metadata"]["labels"].get("flywheel.dev/role") == "worker"
+                  and p["spec"].get("nodeName") != spare_node)
+    node = worker["spec"]["nodeName"]
+    budget = json.loads(real.kubectl("get", "pdb", name, "-o", "json").stdout)
+    assert budget["spec"]["minAvailable"] == 2 and budget["status"]["disruptionsAllowed"] == 0, budget
+    try:
+        drained = subprocess.run([real.kubectl_bin, "drain", node, "--ignore-daemonsets", "--delete-emptydir-data",
+                                  "--timeout=600s"], capture_output=True, text=True, timeout=700)
+        status = real.wait_phase(name, "Succeeded", 900)
+    finally:
+        real.kubectl("uncordon", node, namespace="default", check=False)
+    said = drained.stdout + drained.stderr
+    assert drained.returncode == 0 and "violate the pod's disruption budget" in said, said
     assert status["lastRestartReason"] == "NodeDraining" and status["goodput"].get("lostSteps", 0) == 0, status
     assert status["restartBudget"].get("used", 0) == 0
 

@@ -5,12 +5,14 @@ Without a spare the operator starts a warm pod for the drain first and moves the
 
 from __future__ import annotations
 
+import json
+import subprocess
 from typing import Any
 
 import pytest
 
 from flywheel.labels import INDEX_LABEL
-from tests.operator.conftest import LONG, LONG_STEPS, OpEnv, eventually
+from tests.operator.conftest import KUBECTL, LONG, LONG_STEPS, OpEnv, eventually
 from tests.operator.spare_jobs import node_of, train_with_a_ready_spare
 from tests.operator.test_operator_cluster import _reference_hash
 from tests.operator.timeline import timeline
@@ -62,6 +64,33 @@ def test_a_tainted_node_is_drained_ahead_to_the_spare_without_replay(op_env: OpE
     _no_replay_and_a_short_stall(op_env, name, node, _reference_hash(op_env))
 
 
+def test_kubectl_drain_waits_on_the_jobs_budget_while_the_worker_moves_ahead(op_env: OpEnv) -> None:
+    """`kubectl drain` of a worker's node: its cordon starts drain ahead, and its eviction of the worker is refused
+    by the job's PodDisruptionBudget (429: kubectl retries every 5 s) until the operator has moved the worker to the
+    spare after a memory checkpoint. The drain then completes; no step is lost or trained twice. (Without the
+    budget the eviction came first: a restart Evicted, from the last checkpoint.)"""
+    name = "kdrain"
+    worker = train_with_a_ready_spare(op_env, name, {"replicas.spares": 1, "checkpoint.memoryEverySteps": 10})
+    node = node_of(op_env, name, worker)
+    budget = eventually(lambda: (b := json.loads(op_env.kubectl("get", "pdb", name, "-o", "json").stdout))
+                        .get("status", {}).get("currentHealthy") == 2 and b, 30, "the budget to count both workers")
+    assert budget["status"]["disruptionsAllowed"] == 0, budget
+    drain = subprocess.Popen([str(KUBECTL), "--kubeconfig", str(op_env.cluster.kubeconfig), "drain", node,
+                              "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=150s"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        said, _ = drain.communicate(timeout=180)
+        status = op_env.wait_phase(name, "Succeeded", 180)
+    finally:
+        drain.kill()
+        op_env.kubectl("uncordon", node, check=False)
+    assert drain.returncode == 0, said
+    assert f'evicting pods/"{worker}"' in said and "violate the pod's disruption budget" in said, said
+    assert status["step"] == LONG_STEPS and status["lastRestartReason"] == "NodeDraining", status
+    assert status["restarts"] == 1 and status["goodput"].get("lostSteps", 0) == 0, status
+    _no_replay_and_a_short_stall(op_env, name, node, _reference_hash(op_env), cause="is cordoned")
+
+
 def test_without_a_spare_a_drain_starts_a_warm_pod_first(op_env: OpEnv) -> None:
     """spares: 0. The drain starts a spare for the moving worker (the taint keeps it off the node) while the job
     trains on, asks for the checkpoint once it is warm, and moves the worker to it: no cold pod in the stall."""
@@ -94,9 +123,9 @@ def test_without_a_spare_a_drain_starts_a_warm_pod_first(op_env: OpEnv) -> None:
 
 
 def _no_replay_and_a_short_stall(op_env: OpEnv, name: str, node: str, reference_hash: str,
-                                 bound: float = STALL_BOUND_S) -> None:
+                                 bound: float = STALL_BOUND_S, cause: str = TAINT) -> None:
     draining = [e["message"] for e in op_env.events_of(name) if e["reason"] == "NodeDraining"]
-    assert any(node in m and TAINT in m for m in draining), draining
+    assert any(node in m and cause in m for m in draining), draining
     assert op_env.status(name)["goodput"].get("lostSteps", 0) == 0
     assert op_env.done_hash(name) == reference_hash
     records = op_env.records(name)

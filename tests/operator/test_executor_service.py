@@ -78,3 +78,47 @@ def _replica_failure(obj: dict[str, Any] | None) -> tuple[str, str, str]:
     assert obj is not None
     [held] = [c for c in obj["status"]["conditions"] if c["type"] == "ReplicaFailure"]
     return held["status"], held["reason"], held["message"]
+
+
+def test_the_jobs_disruption_budget_is_created_owned_patched_and_a_refusal_reported_once(
+        cluster: RunningCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The first pass creates the job's PodDisruptionBudget (owned by the job: the garbage collector takes it with
+    the job); a runner that finds one already there (an earlier operator's, or replicas.max moved) patches its
+    minAvailable; a refused write is one CreateFailed event per cause, and the job runs on without it."""
+    budgets = f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets"
+
+    async def scenario(kube: Kube) -> None:
+        world = await World.create(kube, "pdb", ("pdb-a", "pdb-b"), tmp_path)
+        budget = await kube.get(f"{budgets}/pdb")
+        assert budget is not None and budget["spec"]["minAvailable"] == 2, budget
+        assert budget["spec"]["selector"]["matchLabels"] == {"flywheel.dev/job": "pdb", "flywheel.dev/role": "worker"}
+        [owner] = budget["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["controller"]) == ("TrainingJob", "pdb", True)
+        await kube.merge_patch(f"{budgets}/pdb", {"spec": {"minAvailable": 7}})
+        monkeypatch.setattr(job_actions, "SERVICE_RECHECK_SECONDS", 0.0)
+        world.runner.budget_min = None  # a new operator's runner
+        await world.runner.reconcile_once()
+        assert (await kube.get(f"{budgets}/pdb") or {})["spec"]["minAvailable"] == 2
+
+        other = await World.create(kube, "refused-pdb", ("rp-a", "rp-b"), tmp_path)
+        real_create = kube.create
+
+        async def refuse_budgets(path: str, body: dict[str, Any]) -> Any:
+            if path.endswith("/poddisruptionbudgets"):
+                raise KubeApiError(403, {"message": "poddisruptionbudgets is forbidden"})
+            return await real_create(path, body)
+
+        monkeypatch.setattr(kube, "create", refuse_budgets)
+        await kube.delete(f"{budgets}/refused-pdb")
+        other.runner.budget_min = None
+        for _ in range(3):
+            await other.runner.reconcile_once()
+        events = (await kube.request("GET", Kube.core(NS, "events")))["items"]
+        failed = [e["message"] for e in events
+                  if e["reason"] == "CreateFailed" and "PodDisruptionBudget" in e["message"]]
+        assert len(failed) == 1 and "forbidden" in failed[0], failed
+        assert (await other.status())["phase"] == "Running"
+        monkeypatch.setattr(kube, "create", real_create)  # the grant added
+        await other.runner.reconcile_once()
+        assert await kube.get(f"{budgets}/refused-pdb") is not None
+    run(cluster, scenario)
