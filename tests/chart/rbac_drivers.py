@@ -97,6 +97,8 @@ async def drive_executor(admin: Kube, kube: Kube, namespace: str, ckpt: Path, pr
     job = await create_world(admin, namespace, name, (f"{name}-a", f"{name}-b"), ckpt, restartScope="worker")
     run = runner(admin, kube, namespace, job)
     await run.reconcile_once()
+    # A later operator's runner finds the job's PodDisruptionBudget there: it patches it (job_actions.py).
+    await runner(admin, kube, namespace, job).reconcile_once()
     await set_pod(admin, namespace, f"{name}-worker-1", "Failed", iso(time.time() - 100), exit_code=1)
     await run.reconcile_once()
     pods = {p["metadata"]["name"]: p for p in await admin.list(Kube.core(namespace, "pods"), f"{m.JOB_LABEL}={name}")}
