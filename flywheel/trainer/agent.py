@@ -127,6 +127,13 @@ class FlywheelAgent(LocalElasticAgent):
         if result.is_failed():
             self.last_failures = {r: (f.exitcode, float(f.timestamp)) for r, f in result.failures.items()}
             self._count_startup_crash()
+        if result.is_failed() and result.failures and \
+                all(f.exitcode == exitcodes.STOPPED for f in result.failures.values()):
+            # Every rank stopped after a checkpoint agreed with a peer told to stop (drained, scaled down,
+            # evicted): a planned membership change, not a crash, so its restart in place is not one of
+            # PET_MAX_RESTARTS (faultTolerance.maxRestarts). Taken from them, a job with 0 -- or any job past
+            # that many such changes -- saw its staying workers exit 6 and restart whole, from disk.
+            torch_compat.grant_agent_restart(self)  # torch takes it back for this restart
         if result.is_failed() and any(f.exitcode == exitcodes.USER_ERROR for f in result.failures.values()):
             logging.getLogger(__name__).error("a rank exited USER_ERROR (%d): not restarting",
                                               exitcodes.USER_ERROR)

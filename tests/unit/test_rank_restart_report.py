@@ -92,3 +92,26 @@ def test_a_restart_in_place_empties_the_termination_message_and_a_final_stop_kee
     termination_log.write_reason("torch.OutOfMemoryError: CUDA out of memory")
     agent._stop_workers(group)  # no restart left: torch stops the ranks for good
     assert message.read_text() == "torch.OutOfMemoryError: CUDA out of memory"
+
+
+def test_ranks_stopped_for_a_peers_move_restart_in_place_without_spending_a_crash_restart(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank exited STOPPED (a checkpoint agreed because a peer was drained, scaled down, evicted): the agent
+    gets the restart torch takes for it, so PET_MAX_RESTARTS = 0 still restarts the ranks in place; a crash, or
+    ranks stopped beside a crashed one, spends one as before."""
+    agent = object.__new__(FlywheelAgent)
+    agent._remaining_restarts = 0
+    monkeypatch.setattr(agent, "_count_startup_crash", lambda: None)
+
+    def monitored(*codes: int) -> None:
+        failures = {rank: SimpleNamespace(exitcode=code, timestamp=1.0) for rank, code in enumerate(codes)}
+        result = SimpleNamespace(is_failed=lambda: True, failures=failures)
+        monkeypatch.setattr(LocalElasticAgent, "_monitor_workers", lambda self, group: result)
+        agent._monitor_workers(SimpleNamespace())
+
+    monitored(exitcodes.STOPPED, exitcodes.STOPPED)
+    assert agent._remaining_restarts == 1  # torch's loop takes it for this restart
+    agent._remaining_restarts = 0
+    monitored(exitcodes.STOPPED, -9)
+    monitored(1)
+    assert agent._remaining_restarts == 0
