@@ -12,10 +12,10 @@ endpoints, no events volume, no Prometheus). Figures (result keys):
 - `operator_cpu_seconds_per_job`: the operator process's CPU (/proc) for N two-pod jobs applied at once and
   taken to Succeeded (the stand-in kubelet succeeds their pods once all exist), / N, the median of 3 such bursts
   (2 quick, 1 smoke; each burst's jobs deleted before the next); peer: a minimal kopf
-  operator (bench/operator_scale_peer.py: the same Service + pods, one status write, Succeeded from its pod
+  operator (bench/operator_scale_peer.py: the same Service, budget + pods, one status write, Succeeded from its pod
   watch) on the same cluster; `operator_cpu_ratio` goal <= 1.5.
 - `burst_throughput_ratio`: the same burst, jobs per second from the first create to the last job's pods all
-  created, against a bare client creating the same Service + pods directly (16 jobs in flight); goal >= 0.5.
+  created, against a bare client creating the same Service, budget + pods directly (16 jobs in flight); goal >= 0.5.
 - kept: a 64-replica job's pods all created within 1 s (p99 of 20 runs); operator RSS <= 200 MB at 500 jobs.
 
     python -m bench.operator_scale            # 200 jobs held 120 s, 500-job bursts, 20 x 64 replicas (~6 min)
@@ -175,7 +175,7 @@ def kopf_peer(bed: Cluster, workdir: Path, jobs: int, repeats: int) -> dict[str,
 
 
 def bare_peer(bed: Cluster, jobs: int) -> dict[str, Any]:
-    """The bare client's burst of the same Service + pods, in its own process; throughput to all pods seen."""
+    """The bare client's burst of the same Service, budget + pods, in its own process; throughput to all pods seen."""
     done = subprocess.run([sys.executable, "-m", "bench.operator_scale_peer", "bare", "--kubeconfig",
                            str(bed.cluster.kubeconfig), "--namespace", "bare", "--jobs", str(jobs)], cwd=REPO,
                           check=True, capture_output=True, text=True, timeout=300)
@@ -245,7 +245,7 @@ def rows(f: dict[str, Any], runs: dict[str, Any]) -> list[dict[str, Any]]:
     goals = f["goals"]
     return [
         {"name": "burst", "metric": f"burst_throughput_ratio: {burst_jobs} jobs at once, jobs/s to all pods created",
-         "value": f["burst_jobs_per_second"], "unit": "jobs/s", "peer": "bare aiohttp client, same Service + pods",
+         "value": f["burst_jobs_per_second"], "unit": "jobs/s", "peer": "bare aiohttp client, same objects",
          "peer_value": f["bare_jobs_per_second"], "ratio": f["burst_throughput_ratio"],
          "goal": f"ratio >= {BURST_RATIO_GOAL:g}", "pass": goals["burst_throughput_ratio"]},
         {"name": "requests", "metric": f"api_requests_per_job_minute, {held} running jobs held "
@@ -279,7 +279,7 @@ def main() -> int:
     write_result("operator_scale", path=args.out,
                  metric=f"operator_cpu_seconds_per_job: {runs['burst']['jobs']} two-pod jobs applied -> Succeeded",
                  value=f["operator_cpu_seconds_per_job"], unit="s/job",
-                 peer="minimal kopf operator (same Service + pods, one status write), same cluster",
+                 peer="minimal kopf operator (same Service, budget + pods, one status write), same cluster",
                  peer_value=f["peer_cpu_seconds_per_job"], ratio=f["operator_cpu_ratio"],
                  goal=f"ratio <= {CPU_RATIO_GOAL:g}; and each row below", passed=passed, rows=extra,
                  runs=runs, **f, size=size, quick=size != "full",

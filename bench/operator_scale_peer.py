@@ -1,10 +1,11 @@
 """The peers of bench/operator_scale, each run as its own process on the same test cluster:
 
-- `kopf`: a minimal kopf operator. On a TrainingJob's create it creates the job's headless Service and its worker
-  pods and writes one status (Running); when all its pods have Succeeded (seen from kopf's pod watch, no LIST) it
-  writes Succeeded. Nothing else: no etcd, no event log, no policy, no restarts. Its CPU per job is the floor a
-  kopf-based operator pays for the same objects.
-- `bare`: a bare client (aiohttp, 16 jobs in flight) creating the same Service + pods for N job names directly,
+- `kopf`: a minimal kopf operator. On a TrainingJob's create it creates the job's headless Service, its
+  PodDisruptionBudget and its worker pods (what Flywheel's operator creates) and writes one status (Running); when
+  all its pods have Succeeded (seen from kopf's pod watch, no LIST) it writes Succeeded. Nothing else: no etcd, no
+  event log, no policy, no restarts. Its CPU per job is the floor a kopf-based operator pays for the same objects.
+- `bare`: a bare client (aiohttp, 16 jobs in flight) creating the same Service, budget and pods for N job names
+  directly,
   no operator: the throughput the test cluster allows for these objects.
 
     python -m bench.operator_scale_peer kopf --kubeconfig K --namespace peer
@@ -37,6 +38,13 @@ def service(job: str, namespace: str) -> dict[str, Any]:
             "metadata": {"name": job, "namespace": namespace, "labels": labels},
             "spec": {"clusterIP": "None", "selector": labels, "publishNotReadyAddresses": True,
                      "ports": [{"name": "rdzv", "port": RDZV_PORT}]}}
+
+
+def budget(job: str, namespace: str, replicas: int) -> dict[str, Any]:
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": job, "namespace": namespace, "labels": {JOB_LABEL: job}},
+            "spec": {"minAvailable": replicas, "unhealthyPodEvictionPolicy": "AlwaysAllow",
+                     "selector": {"matchLabels": {JOB_LABEL: job}}}}
 
 
 def pod(job: str, namespace: str, index: int, replicas: int) -> dict[str, Any]:
@@ -87,6 +95,8 @@ class Api:
 
     async def create_job_objects(self, job: str, namespace: str, replicas: int) -> None:
         await self.create(f"/api/v1/namespaces/{namespace}/services", service(job, namespace))
+        await self.create(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",
+                          budget(job, namespace, replicas))
         await asyncio.gather(*(self.create(f"/api/v1/namespaces/{namespace}/pods", pod(job, namespace, i, replicas))
                                for i in range(replicas)))
 
@@ -136,7 +146,7 @@ def run_kopf_peer(kubeconfig: Path, namespace: str) -> None:
 
 
 async def bare_burst(kubeconfig: Path, namespace: str, jobs: int, replicas: int, in_flight: int = 16) -> float:
-    """Create every job's Service + pods, `in_flight` jobs at a time; the seconds it took."""
+    """Create every job's Service, budget and pods, `in_flight` jobs at a time; the seconds it took."""
     api = Api(kubeconfig)
     await api.open()
     gate = asyncio.Semaphore(in_flight)

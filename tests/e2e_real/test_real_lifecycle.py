@@ -28,6 +28,7 @@ LONG = {"trainer.training.steps": 400, "checkpoint.everySteps": 20}
 # What `flywheel render` takes of the operator's flags (the chart's Deployment passes them as --flag=value).
 RENDER_FLAGS = ("--etcd-endpoints", "--events-dir", "--events-claim", "--metrics-port-base", "--worker-env",
                 "--gang-scheduler", "--security-profile", "--rdma-resource")
+RENDER_SWITCHES = ("--no-disruption-budgets",)
 # A torchrun-style script with no Flywheel import, inline (the image carries the package, not examples/).
 USER_SCRIPT = ("import os, torch, torch.distributed as dist\n"
                "dist.init_process_group('gloo')\n"
@@ -186,7 +187,7 @@ def _operator_args(real: RealCluster) -> list[str]:
     deployments = json.loads(out)["items"]
     assert deployments, f"no operator Deployment matches {real.operator_selector} in {real.operator_ns}"
     args = deployments[0]["spec"]["template"]["spec"]["containers"][0].get("args") or []
-    return [a for a in args if a.split("=", 1)[0] in RENDER_FLAGS and "=" in a]
+    return [a for a in args if (a.split("=", 1)[0] in RENDER_FLAGS and "=" in a) or a in RENDER_SWITCHES]
 
 
 def test_render_prints_the_pods_the_operator_created(real: RealCluster, tmp_path: Path) -> None:
@@ -203,7 +204,7 @@ def test_render_prints_the_pods_the_operator_created(real: RealCluster, tmp_path
     rendered = json.loads(rendered_run.stdout)["items"]
     assert sorted(o["metadata"]["name"] for o in rendered if o["kind"] == "Pod") == \
         sorted(p["metadata"]["name"] for p in real.pods(name))
-    for obj in rendered:  # the Service, the pods, and a PodGroup where the chart sets a gang scheduler
+    for obj in rendered:  # the Service, the budget, the pods, and a PodGroup where the chart sets a gang scheduler
         live = _live(real, obj)
         assert _subset(obj["spec"], live["spec"]) == [], obj["metadata"]["name"]
         assert obj["metadata"].get("labels") == live["metadata"].get("labels"), obj["metadata"]["name"]

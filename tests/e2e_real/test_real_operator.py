@@ -232,7 +232,11 @@ def test_an_evicted_worker_restarts_without_spending_budget(real: RealCluster, t
     eviction = tmp_path / "eviction.json"
     eviction.write_text(json.dumps({"apiVersion": "policy/v1", "kind": "Eviction",
                                     "metadata": {"name": pod, "namespace": real.namespace}}))
-    real.kubectl("create", "--raw", f"/api/v1/namespaces/{real.namespace}/pods/{pod}/eviction", "-f", str(eviction))
+    evict = ("create", "--raw", f"/api/v1/namespaces/{real.namespace}/pods/{pod}/eviction", "-f", str(eviction))
+    refused = real.kubectl(*evict, check=False)  # the job's PodDisruptionBudget holds its healthy workers
+    assert refused.returncode != 0 and "disruption budget" in refused.stderr, refused.stderr
+    real.kubectl("delete", "pdb", name)  # how an administrator lets evictions through at once
+    real.kubectl(*evict)
     status = real.wait_phase(name, "Succeeded", 900)
     assert status["restarts"] == 1 and status["lastRestartReason"] == "Evicted", status
     assert status["restartBudget"].get("used", 0) == 0 and status["step"] == 400

@@ -68,9 +68,12 @@ def test_kubectl_drain_waits_on_the_jobs_budget_while_the_worker_moves_ahead(op_
     """`kubectl drain` of a worker's node: its cordon starts drain ahead, and its eviction of the worker is refused
     by the job's PodDisruptionBudget (429: kubectl retries every 5 s) until the operator has moved the worker to the
     spare after a memory checkpoint. The drain then completes; no step is lost or trained twice. (Without the
-    budget the eviction came first: a restart Evicted, from the last checkpoint.)"""
+    budget the eviction came first: a cold restart, Evicted.) maxRestarts 0: the staying worker's ranks, stopped
+    for the move's checkpoint, restart in place without a crash restart to spend (else it exited 6 and the job
+    restarted whole from disk)."""
     name = "kdrain"
-    worker = train_with_a_ready_spare(op_env, name, {"replicas.spares": 1, "checkpoint.memoryEverySteps": 10})
+    worker = train_with_a_ready_spare(op_env, name, {"replicas.spares": 1, "checkpoint.memoryEverySteps": 10,
+                                                     "faultTolerance.maxRestarts": 0})
     node = node_of(op_env, name, worker)
     budget = eventually(lambda: (b := json.loads(op_env.kubectl("get", "pdb", name, "-o", "json").stdout))
                         .get("status", {}).get("currentHealthy") == 2 and b, 30, "the budget to count both workers")
@@ -88,6 +91,7 @@ def test_kubectl_drain_waits_on_the_jobs_budget_while_the_worker_moves_ahead(op_
     assert f'evicting pods/"{worker}"' in said and "violate the pod's disruption budget" in said, said
     assert status["step"] == LONG_STEPS and status["lastRestartReason"] == "NodeDraining", status
     assert status["restarts"] == 1 and status["goodput"].get("lostSteps", 0) == 0, status
+    assert status["restartBudget"].get("used", 0) == 0, status
     _no_replay_and_a_short_stall(op_env, name, node, _reference_hash(op_env), cause="is cordoned")
 
 

@@ -65,6 +65,7 @@ class Actions(JobActions):
         self.namespace, self.name, self.uid = "ml", "j", "u-1"
         self.path = Kube.custom("flywheel.dev", "v1alpha1", "ml", "trainingjobs", "j")
         self.service_checked_at, self.service_failure, self.pod_group_tried = None, "", True
+        self.budget_min, self.budget_failure = 2, ""  # the job's budget written already
         self.create_failures = CreateFailures()
         self.deleted_pods, self.create_retry_due = set(), None
         self.own = type("Own", (), {"deleted_pod": lambda *_: None})()  # type: ignore[assignment]

@@ -289,11 +289,14 @@ def test_kubectl_drain_evicts_a_worker_without_spending_budget(op_env: OpEnv) ->
     """`kubectl drain` (a node's maintenance, as an administrator does it): the cordon, then the Eviction API, which
     marks the pod DisruptionTarget (EvictionByEvictionAPI) before deleting it. The job restarts once with reason
     Evicted, spends no budget (maxRestarts 0), replays no step (the evicted worker's SIGTERM has every rank save the
-    step they reached) and ends with the fault-free run's parameters."""
+    step they reached) and ends with the fault-free run's parameters. The job's PodDisruptionBudget is deleted
+    first (an administrator's way to let evictions through at once; with it, test_drain_cluster's drain waits for
+    drain ahead), and the operator does not put it back."""
     name = "drained"
     op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name, **{"faultTolerance.maxRestarts": 0})))
     eventually(lambda: op_env.last_step(name) >= 50, 120, f"{name} to pass step 50", interval=0.05)
     node = worker_node(op_env.pods(name), f"{name}-worker-1")
+    op_env.kubectl("delete", "pdb", name)
     try:
         drained = op_env.kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=60s")
         assert f"pod/{name}-worker-1 evicted" in drained.stdout, drained.stdout  # evicted, not deleted

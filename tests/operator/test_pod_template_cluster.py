@@ -127,6 +127,7 @@ def test_render_prints_the_pods_the_operator_created(op_env: OpEnv) -> None:
     rendered = {o["metadata"]["name"]: o for o in json.loads(out.getvalue())["items"]}
     live = {p["metadata"]["name"]: p for p in op_env.pods(NAME)}
     live[f"{NAME}-workers"] = json.loads(op_env.kubectl("get", "service", f"{NAME}-workers", "-o", "json").stdout)
+    live[NAME] = json.loads(op_env.kubectl("get", "pdb", NAME, "-o", "json").stdout)
     assert set(rendered) == set(live)
     for name, obj in rendered.items():
         assert _subset(obj["spec"], live[name]["spec"]) == [], name

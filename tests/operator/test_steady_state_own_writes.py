@@ -157,5 +157,6 @@ def test_a_pass_on_a_lagging_cache_creates_no_pod_twice_and_writes_on_the_status
         for _ in range(3):
             await runner.reconcile_once()
     asyncio.run(passes())
-    assert sorted(kube.creates) == ["j-worker-0", "j-worker-1"]  # once each, though the cache never showed them
+    # once each, though the cache never showed them ("j": the job's PodDisruptionBudget, once)
+    assert sorted(kube.creates) == ["j", "j-worker-0", "j-worker-1"]
     assert kube.preconditions[0] == "1" and all(rv != "1" for rv in kube.preconditions[1:]), kube.preconditions
