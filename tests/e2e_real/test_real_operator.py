@@ -364,15 +364,21 @@ def test_a_deleted_worker_is_replaced_by_the_warm_spare(real: RealCluster, tmp_p
     assert _pod(real, name, f"{name}-worker-1") is None  # no cold pod of that index
 
 
-def test_a_tainted_node_is_drained_ahead_without_replay(real: RealCluster, tmp_path: Path) -> None:
-    name, taint = "e2e-drain", "nvidia.com/gpu-xid-error"
-    real.apply_job(name, tmp_path, **LONG, **{"replicas.spares": 1, "checkpoint.memoryEverySteps": 10})
+def _train_with_a_ready_spare(real: RealCluster, tmp_path: Path, name: str, **spec: Any) -> str:
+    """The LONG job with a ready spare and memory checkpoints, past step 40: the node of a worker not beside the
+    spare (the one to take away)."""
+    real.apply_job(name, tmp_path, **LONG, **{"replicas.spares": 1, "checkpoint.memoryEverySteps": 10, **spec})
     eventually(lambda: real.status(name).get("spares") == 1, 600, "the spare to be ready")
     eventually(lambda: real.status(name).get("step", 0) >= 40, 900, "step 40")
     spare_node = (_pod(real, name, f"{name}-spare-0") or {}).get("spec", {}).get("nodeName")
     worker = next(p for p in real.pods(name) if p["metadata"]["labels"].get("flywheel.dev/role") == "worker"
                   and p["spec"].get("nodeName") != spare_node)
-    node = worker["spec"]["nodeName"]
+    return str(worker["spec"]["nodeName"])
+
+
+def test_a_tainted_node_is_drained_ahead_without_replay(real: RealCluster, tmp_path: Path) -> None:
+    name, taint = "e2e-drain", "nvidia.com/gpu-xid-error"
+    node = _train_with_a_ready_spare(real, tmp_path, name)
     real.kubectl("taint", "node", node, f"{taint}=true:NoSchedule")
     try:
         status = real.wait_phase(name, "Succeeded", 900)
@@ -387,13 +393,7 @@ def test_kubectl_drain_waits_on_the_jobs_budget_while_the_worker_moves_ahead(rea
     job's PodDisruptionBudget until drain ahead has moved it; the drain then completes, no step lost. The drain
     evicts every other pod of that node too: use a test node pool."""
     name = "e2e-kdrain"
-    real.apply_job(name, tmp_path, **LONG, **{"replicas.spares": 1, "checkpoint.memoryEverySteps": 10})
-    eventually(lambda: real.status(name).get("spares") == 1, 600, "the spare to be ready")
-    eventually(lambda: real.status(name).get("step", 0) >= 40, 900, "step 40")
-    spare_node = (_pod(real, name, f"{name}-spare-0") or {}).get("spec", {}).get("nodeName")
-    worker = next(p for p in real.pods(name) if p["metadata"]["labels"].get("flywheel.dev/role") == "worker"
-                  and p["spec"].get("nodeName") != spare_node)
-    node = worker["spec"]["nodeName"]
+    node = _train_with_a_ready_spare(real, tmp_path, name, **{"faultTolerance.maxRestarts": 0})
     budget = json.loads(real.kubectl("get", "pdb", name, "-o", "json").stdout)
     assert budget["spec"]["minAvailable"] == 2 and budget["status"]["disruptionsAllowed"] == 0, budget
     try:

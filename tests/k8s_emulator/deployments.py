@@ -18,8 +18,6 @@ observedGeneration, and the Available and Progressing conditions that `kubectl r
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import copy
 import datetime
 import hashlib
@@ -28,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from tests.k8s_emulator.errors import StatusError
 from tests.k8s_emulator.resources import ResourceKey, ResourceType
+from tests.k8s_emulator.woken_loop import WokenLoop
 
 if TYPE_CHECKING:
-    from tests.k8s_emulator.store import Store
+    pass
 
 DEPLOYMENTS: ResourceKey = ("apps", "deployments")
 PODS: ResourceKey = ("", "pods")
@@ -132,44 +131,17 @@ def _active(pod: dict[str, Any]) -> bool:
         (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
 
 
-class DeploymentController:
-    """Reconciles every Deployment whenever a Deployment or a pod changes (the store's change hook marks it dirty;
-    one task does the work), and once a second besides."""
+class DeploymentController(WokenLoop):
+    """Reconciles every Deployment whenever a Deployment or a pod changes, and once a second besides."""
 
-    def __init__(self, store: Store, resync_seconds: float = 1.0) -> None:
-        self.store = store
-        self.resync_seconds = resync_seconds
-        self._dirty = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        store.on_changed.append(self._changed)
+    watched = (DEPLOYMENTS, PODS)
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    def _changed(self, key: ResourceKey) -> None:
-        if key in (DEPLOYMENTS, PODS):
-            self._dirty.set()
-
-    async def _loop(self) -> None:
-        while True:
-            # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation that meets the event being
-            # set (a store write at stop), and this loop then never ended (the test cluster's stop timed out).
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.resync_seconds):
-                    await self._dirty.wait()
-            self._dirty.clear()
-            await asyncio.sleep(0.05)  # let a burst of writes settle into one pass
-            self._dirty.clear()
-            for deployment in list(self.store.bucket(DEPLOYMENTS).values()):
-                try:
-                    self.reconcile(deployment)
-                except StatusError:
-                    self._dirty.set()  # e.g. a forced conflict: the next pass retries
+    def run_pass(self) -> None:
+        for deployment in list(self.store.bucket(DEPLOYMENTS).values()):
+            try:
+                self.reconcile(deployment)
+            except StatusError:
+                self.again()  # e.g. a forced conflict: the next pass retries
 
     def _owned_pods(self, deployment: dict[str, Any]) -> list[dict[str, Any]]:
         uid = deployment["metadata"]["uid"]

@@ -21,17 +21,15 @@ The status is written only when it changed. Passes run after writes to pods and 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime
 import math
 from typing import Any
 
 from tests.k8s_emulator import pdb
 from tests.k8s_emulator.errors import StatusError
-from tests.k8s_emulator.resources import ResourceKey
 from tests.k8s_emulator.store import Store
 from tests.k8s_emulator.tables import json_path
+from tests.k8s_emulator.woken_loop import WokenLoop
 
 DELETION_TIMEOUT = datetime.timedelta(minutes=2)  # how long a disruptedPods entry waits for its pod's deletion
 
@@ -51,44 +49,23 @@ def scaled(value: int | str, total: int) -> int:
     return math.ceil(int(value.rstrip("%")) * total / 100)
 
 
-class DisruptionController:
+class DisruptionController(WokenLoop):
+    watched = (pdb.PDBS, pdb.PODS)
+
     def __init__(self, store: Store, resync_seconds: float = 1.0) -> None:
-        self.store = store
-        self.resync_seconds = resync_seconds
+        super().__init__(store, resync_seconds)
         self.paused = False  # fault hook: a controller manager that is down (fixtures.py's ApiHandle)
-        self._dirty = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        store.on_changed.append(self._changed)
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    def _changed(self, key: ResourceKey) -> None:
-        if key in (pdb.PDBS, pdb.PODS):
-            self._dirty.set()
-
-    async def _loop(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):  # asyncio.timeout, not wait_for: see deployments.py
-                async with asyncio.timeout(self.resync_seconds):
-                    await self._dirty.wait()
-            self._dirty.clear()
-            await asyncio.sleep(0.05)  # let a burst of writes settle into one pass
-            self._dirty.clear()
-            if not self.paused:
-                self.sync_all()
+    def run_pass(self) -> None:
+        if not self.paused:
+            self.sync_all()
 
     def sync_all(self) -> None:
         for budget in list(self.store.bucket(pdb.PDBS).values()):
             try:
                 self.sync(budget)
             except StatusError:
-                self._dirty.set()  # a conflict with an eviction's write, or a forced one: the next pass retries
+                self.again()  # a conflict with an eviction's write, or a forced one: the next pass retries
 
     def sync(self, budget: dict[str, Any]) -> None:
         pods = pdb.pods_of(self.store, budget)
