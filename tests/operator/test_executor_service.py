@@ -43,14 +43,7 @@ def test_a_refused_pod_create_is_reported_and_tried_again_soon(
     async def scenario(kube: Kube) -> None:
         world = await World.create(kube, "refused", ("ref-a", "ref-b"), tmp_path)
         runner = world.runner
-        real_create = kube.create
-
-        async def refuse_pods(path: str, body: dict[str, Any]) -> Any:
-            if path.endswith("/pods"):
-                raise KubeApiError(403, {"message": "exceeded quota: pods"})
-            return await real_create(path, body)
-
-        monkeypatch.setattr(kube, "create", refuse_pods)
+        real_create = refusing(monkeypatch, kube, "/pods", KubeApiError(403, {"message": "exceeded quota: pods"}))
         for i in (0, 1):  # the job's pods gone: a pass creates them again (a whole-job restart, same path)
             await kube.delete(Kube.core(NS, "pods", f"refused-worker-{i}"), grace_seconds=0)
         before = time.time()
@@ -72,6 +65,20 @@ def test_a_refused_pod_create_is_reported_and_tried_again_soon(
             await runner.reconcile_once()
         assert _replica_failure(await kube.get(world.path))[:2] == ("False", "Created")
     run(cluster, scenario)
+
+
+def refusing(monkeypatch: pytest.MonkeyPatch, kube: Kube, suffix: str, error: Exception) -> Any:
+    """`kube.create` raises `error` for paths ending in `suffix` (a quota, RBAC); the real create, returned, to
+    set back."""
+    real_create = kube.create
+
+    async def create(path: str, body: dict[str, Any]) -> Any:
+        if path.endswith(suffix):
+            raise error
+        return await real_create(path, body)
+
+    monkeypatch.setattr(kube, "create", create)
+    return real_create
 
 
 def _replica_failure(obj: dict[str, Any] | None) -> tuple[str, str, str]:
@@ -101,14 +108,8 @@ def test_the_jobs_disruption_budget_is_created_owned_patched_and_a_refusal_repor
         assert (await kube.get(f"{budgets}/pdb") or {})["spec"]["minAvailable"] == 2
 
         other = await World.create(kube, "refused-pdb", ("rp-a", "rp-b"), tmp_path)
-        real_create = kube.create
-
-        async def refuse_budgets(path: str, body: dict[str, Any]) -> Any:
-            if path.endswith("/poddisruptionbudgets"):
-                raise KubeApiError(403, {"message": "poddisruptionbudgets is forbidden"})
-            return await real_create(path, body)
-
-        monkeypatch.setattr(kube, "create", refuse_budgets)
+        real_create = refusing(monkeypatch, kube, "/poddisruptionbudgets",
+                               KubeApiError(403, {"message": "poddisruptionbudgets is forbidden"}))
         await kube.delete(f"{budgets}/refused-pdb")
         other.runner.budget_min = None
         for _ in range(3):
