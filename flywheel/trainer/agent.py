@@ -49,6 +49,11 @@ def first_failure_exit_code(failures: Mapping[int, tuple[int, float]]) -> int:
 RESTART_STOP_GRACE_SECONDS = 2
 
 
+def stopped_for_a_peer(exits: list[int]) -> bool:
+    """Every rank exited STOPPED: they agreed on a checkpoint because a peer was told to stop -- no failure here."""
+    return bool(exits) and all(code == exitcodes.STOPPED for code in exits)
+
+
 class FlywheelAgent(LocalElasticAgent):
     """LocalElasticAgent that does not restart ranks after a permanent user error, and that gives ranks a short
     grace when it stops them after a failure (a peer already failed, so no emergency checkpoint can be taken; a
@@ -127,8 +132,7 @@ class FlywheelAgent(LocalElasticAgent):
         if result.is_failed():
             self.last_failures = {r: (f.exitcode, float(f.timestamp)) for r, f in result.failures.items()}
             self._count_startup_crash()
-        if result.is_failed() and result.failures and \
-                all(f.exitcode == exitcodes.STOPPED for f in result.failures.values()):
+        if result.is_failed() and stopped_for_a_peer([f.exitcode for f in result.failures.values()]):
             # Every rank stopped after a checkpoint agreed with a peer told to stop (drained, scaled down,
             # evicted): a planned membership change, not a crash, so its restart in place is not one of
             # PET_MAX_RESTARTS (faultTolerance.maxRestarts). Taken from them, a job with 0 -- or any job past
@@ -167,8 +171,7 @@ class FlywheelAgent(LocalElasticAgent):
         # A worker that a drain moves waits for its pod's deletion instead (drain_hold.py): its ranks stopped
         # for the drain's checkpoint (STOPPED), or still run while a peer's new round began.
         exits = [code for code, _ in self.last_failures.values()]
-        stopped = worker_group.state is WorkerState.FAILED and bool(exits) and \
-            all(code == exitcodes.STOPPED for code in exits)
+        stopped = worker_group.state is WorkerState.FAILED and stopped_for_a_peer(exits)
         if stopped or worker_group.state is WorkerState.HEALTHY:
             drain_hold.hold_while_moving([w.global_rank for w in worker_group.workers])
         if self.restart_request is None:

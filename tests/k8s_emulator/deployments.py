@@ -19,11 +19,11 @@ observedGeneration, and the Available and Progressing conditions that `kubectl r
 from __future__ import annotations
 
 import copy
-import datetime
 import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
+from tests.k8s_emulator.clock import now_rfc3339
 from tests.k8s_emulator.errors import StatusError
 from tests.k8s_emulator.resources import ResourceKey, ResourceType
 from tests.k8s_emulator.woken_loop import WokenLoop
@@ -34,10 +34,6 @@ if TYPE_CHECKING:
 DEPLOYMENTS: ResourceKey = ("apps", "deployments")
 PODS: ResourceKey = ("", "pods")
 HASH_LABEL = "pod-template-hash"
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # ---- admission -----------------------------------------------------------------------------------------------
@@ -228,7 +224,7 @@ class DeploymentController(WokenLoop):
 
         def condition(kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
             before = old_conditions.get(kind) or {}
-            status, now = ("True" if ok else "False"), _now()
+            status, now = ("True" if ok else "False"), now_rfc3339()
             same = before.get("status") == status and before.get("reason") == reason
             return {"type": kind, "status": status, "reason": reason, "message": message,
                     "lastUpdateTime": before.get("lastUpdateTime", now) if same else now,

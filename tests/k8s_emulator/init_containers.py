@@ -14,21 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import functools
 import signal
 from pathlib import Path
 from typing import Any
 
 from tests.k8s_emulator import images, podenv, termination
+from tests.k8s_emulator.clock import now_rfc3339
 from tests.k8s_emulator.container import PodProcess, crash_backoff, signal_process
 from tests.k8s_emulator.container_start import ContainerStart
 
 MAIN_WAITING = {"waiting": {"reason": "PodInitializing"}}
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def is_sidecar(container: dict[str, Any]) -> bool:
@@ -41,7 +37,7 @@ def terminated_state(code: int, started: str, container: dict[str, Any], files: 
     reported as 128 + N as container runtimes do), with its termination message."""
     exit_code = 128 - code if code < 0 else code
     reason = "OOMKilled" if oom else "Completed" if exit_code == 0 else "StartError" if early else "Error"
-    state = {"exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": _now(),
+    state = {"exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": now_rfc3339(),
              "containerID": container_id}
     said = termination.message(container, files[1], files[0], exit_code)
     if said:
@@ -98,7 +94,7 @@ class PodInitialization(ContainerStart):
                           restarts: int) -> tuple[asyncio.subprocess.Process | int | None, str]:
         """One start of an init container: its process (an int: it could not start), or None after a config
         error (reported; the caller retries); and when it started."""
-        started = _now()
+        started = now_rfc3339()
         try:
             argv, env = await self._container_command(running, pod, container)
         except podenv.ConfigError as err:

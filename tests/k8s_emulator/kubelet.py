@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from tests.k8s_emulator import images, nodes, podenv
+from tests.k8s_emulator.clock import now_rfc3339
 from tests.k8s_emulator.container import ContainerLifecycle, PodProcess, crash_backoff
 from tests.k8s_emulator.httpclient import ApiStatusError, KubeHttpClient, resource_path
 from tests.k8s_emulator.init_containers import PodInitialization, terminated_state
@@ -25,10 +26,6 @@ from tests.k8s_emulator.scheduler import PodScheduler
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHM_BASE = Path("/dev/shm")  # the machine's: each node's host memory is a folder of it
 KUBELET_VERSION = "v1.33.0-flywheel"
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _micro_now() -> str:
@@ -261,7 +258,7 @@ class ProcessKubelet(ContainerLifecycle, PodInitialization):
     async def _event(self, pod: dict[str, Any], reason: str, message: str, component: str = "kubelet",
                      kind: str = "Normal") -> None:
         """A core/v1 Event about the pod, as the scheduler and kubelet post them (`kubectl describe pod`)."""
-        meta, now = pod["metadata"], _now()
+        meta, now = pod["metadata"], now_rfc3339()
         body = {"apiVersion": "v1", "kind": "Event",
                 "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
                 "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
@@ -284,7 +281,7 @@ class ProcessKubelet(ContainerLifecycle, PodInitialization):
         if pod is None:
             return
         container = (pod["spec"]["containers"] or [{}])[0]
-        now = _now()
+        now = now_rfc3339()
         status_word = "True" if ready else "False"
         container_status = {"name": container.get("name", ""), "image": container.get("image", ""),
                             "imageID": "", "containerID": f"process://{running.uid}/{running.restart_count}",
@@ -334,7 +331,7 @@ class ProcessKubelet(ContainerLifecycle, PodInitialization):
         return None
 
     async def _run(self, running: PodProcess) -> None:
-        running.started_at = running.started_at or _now()  # the kubelet took the pod (status.startTime)
+        running.started_at = running.started_at or now_rfc3339()  # the kubelet took the pod (status.startTime)
         pod = self._latest.get(running.uid)
         if pod is None or not await self._initialize(running, pod):
             return
@@ -346,7 +343,7 @@ class ProcessKubelet(ContainerLifecycle, PodInitialization):
             pod = self._latest.get(running.uid)
             if pod is None:
                 return
-            started = _now()
+            started = now_rfc3339()
             early_exit = await self._start_process(running, pod)
             if running.terminating and running.process is not None:  # deleted while it was being started
                 running.signal(signal.SIGKILL)

@@ -5,12 +5,12 @@ create), its `kubectl get` columns, and the pieces the disruption controller (di
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import json
 import re
 from typing import TYPE_CHECKING, Any
 
+from tests.k8s_emulator.clock import now_rfc3339
 from tests.k8s_emulator.resources import ResourceKey
 from tests.k8s_emulator.selectors import match_label_selector_object
 
@@ -26,10 +26,6 @@ _PERCENT_MESSAGE = ("a valid percent string must be a numeric string followed by
                     "(e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')")  # two spaces: Go's RegexError
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 _pointers = itertools.count(0xC000A1C000, 0x40)
-
-
-def now_rfc3339() -> str:  # not store's: the store imports admission, which imports this module
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # ---- admission -----------------------------------------------------------------------------------------------

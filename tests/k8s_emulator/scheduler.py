@@ -8,20 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tests.k8s_emulator import scheduling
+from tests.k8s_emulator.clock import now_rfc3339
 from tests.k8s_emulator.httpclient import ApiStatusError, KubeHttpClient, resource_path
 
 PostEvent = Callable[..., Awaitable[None]]  # (pod, reason, message, component=..., kind=...)
 GATED = "Scheduling is blocked due to non-empty scheduling gates"
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class PodScheduler:
@@ -39,7 +35,7 @@ class PodScheduler:
         if self.unscheduled.get(meta["uid"]) == why:
             return False
         self.unscheduled[meta["uid"]] = why
-        condition = {"type": "PodScheduled", "status": "False", "reason": reason, "lastTransitionTime": _now(),
+        condition = {"type": "PodScheduled", "status": "False", "reason": reason, "lastTransitionTime": now_rfc3339(),
                      "message": why}
         with contextlib.suppress(ApiStatusError, OSError, asyncio.TimeoutError):
             await self.api.merge_patch(resource_path("pods", meta["namespace"], meta["name"], "status"),

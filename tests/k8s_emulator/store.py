@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import datetime
 import secrets
 import uuid
 from collections import deque
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tests.k8s_emulator import admission, pod_classes
+from tests.k8s_emulator.clock import now_rfc3339
 from tests.k8s_emulator.errors import StatusError
 from tests.k8s_emulator.listing import etcd_key
 from tests.k8s_emulator.resources import CRD_KEY, Registry, ResourceKey, ResourceType, resource_type_from_crd
@@ -30,11 +30,6 @@ _NOT_SPEC = ("metadata", "status", "apiVersion", "kind")
 DEPLOYMENTS: ResourceKey = ("apps", "deployments")
 PDBS: ResourceKey = ("policy", "poddisruptionbudgets")
 _GENERATION_KINDS = {CRD_KEY, PODS, DEPLOYMENTS, PDBS}  # built-ins with metadata.generation (configmaps, nodes: none)
-
-
-def now_rfc3339(offset_seconds: float = 0) -> str:
-    moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=offset_seconds)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
