@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tests.k8s_emulator import cel, patches, schema
+from tests.k8s_emulator import cel, patches, pdb, schema
 from tests.k8s_emulator.errors import StatusError
 from tests.k8s_emulator.resources import Registry
 from tests.k8s_emulator.selectors import field_selector, label_selector
@@ -133,5 +133,46 @@ def test_status_write_on_a_deleting_object_keeps_it() -> None:
         held["data"] = {"k": "v"}
         store.update(configmaps, "default", "c", held, subresource="status")  # metadata changes are ignored
         assert store.peek(("", "configmaps"), "default", "c")["metadata"]["finalizers"] == ["keep"]
+
+    asyncio.run(scenario())
+
+
+def test_the_budgets_pod_index_selects_as_each_selector_does() -> None:
+    """pods_by_budget (one walk over the pods) against selects() on every pair: matchLabels of several pairs,
+    expressions only, an empty selector (every pod of its namespace), a null one (none), another namespace."""
+    selectors = {"one-pair": {"matchLabels": {"app": "web"}},
+                 "two-pairs": {"matchLabels": {"app": "web", "tier": "front"}},
+                 "mixed": {"matchLabels": {"tier": "front"}, "matchExpressions": [
+                     {"key": "app", "operator": "NotIn", "values": ["db"]}]},
+                 "expressions": {"matchExpressions": [{"key": "tier", "operator": "Exists"}]},
+                 "empty": {}, "null": None}
+    pod_labels = [{"app": "web", "tier": "front"}, {"app": "web"}, {"app": "db", "tier": "front"}, {}, {"tier": "x"}]
+
+    async def scenario() -> None:
+        registry = Registry()
+        store = Store(registry)
+        pods, budgets = registry.get(pdb.PODS), registry.get(pdb.PDBS)
+        store.create(registry.get(("", "namespaces")), "", {"metadata": {"name": "other"}})
+        for namespace in ("default", "other"):
+            for i, labels in enumerate(pod_labels):
+                store.create(pods, namespace, {"metadata": {"name": f"p{i}", "labels": labels}, "spec": {
+                    "containers": [{"name": "m", "image": "i"}]}})
+        for name, selector in selectors.items():
+            store.create(budgets, "default", {"metadata": {"name": name},
+                                              "spec": {"selector": selector, "minAvailable": 1}})
+        indexed = {b["metadata"]["name"]: sorted(p["metadata"]["name"] for p in selected)
+                   for b, selected in pdb.pods_by_budget(store)}
+        every_pair = {b["metadata"]["name"]: sorted(p["metadata"]["name"] for p in store.bucket(pdb.PODS).values()
+                                                    if pdb.selects(b, p))
+                      for b in store.bucket(pdb.PDBS).values()}
+        assert indexed == every_pair
+        assert indexed == {"one-pair": ["p0", "p1"], "two-pairs": ["p0"], "mixed": ["p0"],
+                           "expressions": ["p0", "p2", "p4"], "empty": ["p0", "p1", "p2", "p3", "p4"], "null": []}
+        # a pass after writes: the budgets that select a written pod, and those written, each with all its pods
+        written = store.peek(pdb.PODS, "default", "p1")
+        touched = {b["metadata"]["name"]: sorted(p["metadata"]["name"] for p in selected)
+                   for b, selected in pdb.pods_by_budget(store, [written], {("default", "null")})}
+        assert touched == {k: indexed[k] for k in ("one-pair", "empty", "null")}
+        assert pdb.pods_by_budget(store, [], set()) == []
 
     asyncio.run(scenario())

@@ -16,18 +16,20 @@ For each budget, the pods of its namespace its selector selects, as pkg/controll
 - `disruptedPods` (the Eviction API's record) keeps only pods still there, not yet being deleted, recorded less than
   2 minutes ago.
 
-The status is written only when it changed. Passes run after writes to pods and budgets, and once a second.
+The status is written only when it changed. A pass after writes syncs the budgets they touched; every budget is
+synced once a second.
 """
 
 from __future__ import annotations
 
 import datetime
 import math
+import time
 from typing import Any
 
 from tests.k8s_emulator import pdb
 from tests.k8s_emulator.errors import StatusError
-from tests.k8s_emulator.store import Store
+from tests.k8s_emulator.store import Event, Store
 from tests.k8s_emulator.tables import json_path
 from tests.k8s_emulator.woken_loop import WokenLoop
 
@@ -50,25 +52,46 @@ def scaled(value: int | str, total: int) -> int:
 
 
 class DisruptionController(WokenLoop):
+    """Syncs the budgets a write touched (the budget itself, or one that selects the pod before or after the write),
+    and every budget once each `resync_seconds` (disruptedPods entries time out without any write)."""
+
     watched = (pdb.PDBS, pdb.PODS)
 
     def __init__(self, store: Store, resync_seconds: float = 1.0) -> None:
         super().__init__(store, resync_seconds)
         self.paused = False  # fault hook: a controller manager that is down (fixtures.py's ApiHandle)
+        self._touched_pods: list[dict[str, Any]] = []
+        self._touched_budgets: set[tuple[str, str]] = set()
+        self._last_full = -math.inf
+
+    def noticed(self, event: Event) -> None:
+        meta = event.obj["metadata"]
+        if event.key == pdb.PDBS:
+            self._touched_budgets.add((meta.get("namespace", ""), meta["name"]))
+        else:
+            self._touched_pods.extend(p for p in (event.obj, event.old) if p is not None)
 
     def run_pass(self) -> None:
-        if not self.paused:
+        if self.paused:
+            return
+        pods, budgets = self._touched_pods, self._touched_budgets
+        self._touched_pods, self._touched_budgets = [], set()
+        if time.monotonic() - self._last_full >= self.resync_seconds:
+            self._last_full = time.monotonic()
             self.sync_all()
+        elif pods or budgets:
+            self.sync_all(pods, budgets)
 
-    def sync_all(self) -> None:
-        for budget in list(self.store.bucket(pdb.PDBS).values()):
+    def sync_all(self, pods: list[dict[str, Any]] | None = None,
+                 budgets: set[tuple[str, str]] | None = None) -> None:
+        for budget, selected in pdb.pods_by_budget(self.store, pods, budgets):
             try:
-                self.sync(budget)
+                self.sync(budget, selected)
             except StatusError:
                 self.again()  # a conflict with an eviction's write, or a forced one: the next pass retries
+                self._last_full = -math.inf
 
-    def sync(self, budget: dict[str, Any]) -> None:
-        pods = pdb.pods_of(self.store, budget)
+    def sync(self, budget: dict[str, Any], pods: list[dict[str, Any]]) -> None:
         try:
             expected, desired = self.expected_and_desired(budget, pods)
         except SyncFailed as err:

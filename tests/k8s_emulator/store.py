@@ -93,7 +93,7 @@ class Store:
         self._forced_conflicts: dict[tuple[ResourceKey, ObjectKey], int] = {}
         self.on_removed: list[Callable[[ResourceType, dict[str, Any]], None]] = []
         self.on_deleting: list[Callable[[ResourceType, dict[str, Any]], None]] = []
-        self.on_changed: list[Callable[[ResourceKey], None]] = []  # after every write (controllers mark work)
+        self.on_changed: list[Callable[[Event], None]] = []  # after every write (controllers mark work)
         self.pod_hooks: list[Callable[[dict[str, Any]], None]] = []  # pod mutation at create (pod_hooks.py)
         for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.create(self.registry.get(NAMESPACES), "", {"apiVersion": "v1", "kind": "Namespace",
@@ -158,7 +158,7 @@ class Store:
         for watcher in list(self.watchers):
             watcher.offer(event)
         for callback in self.on_changed:
-            callback(rt.key)
+            callback(event)
 
     def _index(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         ref = (rt.key, (obj["metadata"].get("namespace", ""), obj["metadata"]["name"]))

@@ -10,14 +10,15 @@ from typing import TYPE_CHECKING
 from tests.k8s_emulator.resources import ResourceKey
 
 if TYPE_CHECKING:
-    from tests.k8s_emulator.store import Store
+    from tests.k8s_emulator.store import Event, Store
 
 SETTLE_SECONDS = 0.05  # a burst of writes waits this long to become one pass
 
 
 class WokenLoop:
     """Subclasses name what they watch (`watched`) and do one pass in `run_pass`; a pass that meets a conflict
-    calls `again()` to be run once more."""
+    calls `again()` to be run once more. `noticed` sees each write to a watched resource as it happens (a
+    controller that keeps its own work queue)."""
 
     watched: tuple[ResourceKey, ...] = ()
 
@@ -42,8 +43,12 @@ class WokenLoop:
     def run_pass(self) -> None:
         raise NotImplementedError
 
-    def _changed(self, key: ResourceKey) -> None:
-        if key in self.watched:
+    def noticed(self, event: Event) -> None:
+        """A write to a watched resource; the pass it wakes comes after SETTLE_SECONDS."""
+
+    def _changed(self, event: Event) -> None:
+        if event.key in self.watched:
+            self.noticed(event)
             self._dirty.set()
 
     async def _loop(self) -> None:
