@@ -77,7 +77,8 @@ def test_killed_worker_recovers_to_the_fault_free_parameters(op_env: OpEnv) -> N
     os.kill(pid, signal.SIGKILL)
     op_env.cluster.api.drop_watches()
     killed_at = op_env.last_step("kill-run")
-    status = op_env.wait_phase("kill-run", "Succeeded", 180)
+    # 36-51 s here in a full run, once 163 s (cause not found; its logs were gone): the bound is for a hang, not a pace.
+    status = op_env.wait_phase("kill-run", "Succeeded", 300)
     events = [f"{e['reason']}: {e['message']}" for e in op_env.events_of("kill-run")]
     # Killed: the pod's exit 137 decided it. On a host loaded enough that the kubelet reports the exit later than
     # the dead agent's etcd key lapses (its 3 s TTL + 1 s), the key decides first: NodeLost. Either way, once.
