@@ -21,15 +21,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tests.k8s_emulator.clock import now_rfc3339
 from tests.k8s_emulator.errors import StatusError
 from tests.k8s_emulator.resources import ResourceKey, ResourceType
 from tests.k8s_emulator.woken_loop import WokenLoop
-
-if TYPE_CHECKING:
-    pass
 
 DEPLOYMENTS: ResourceKey = ("apps", "deployments")
 PODS: ResourceKey = ("", "pods")
