@@ -2,6 +2,7 @@
 PY := .venv/bin/python
 PIP := .venv/bin/pip
 STAMP := .venv/.installed
+BASE_STAMP := .venv/.installed-base
 PYTEST_ARGS ?=
 # Two test processes, one module at a time each (a module's cluster fixture stays in one process): a serial
 # suite left the 2 cores ~40% idle (waits on clusters, timeouts, rendezvous); with two they are ~87% busy, so the
@@ -12,27 +13,50 @@ PYTEST_WORKERS ?= 2
 # node id (1 operation of 11 was checked): that file runs in a plain pytest process after the rest.
 SCHEMATHESIS_TESTS := tests/api/test_schemathesis.py
 
-.PHONY: demo test test-fast lint venv tools crd bench bench-quick clean
+.DEFAULT_GOAL := all
 
-$(STAMP): pyproject.toml
+.PHONY: all demo test test-fast lint venv tools crd bench bench-quick clean controlplane constraints
+
+# Installs resolve against constraints.txt (the whole resolution, pinned): a fresh pip install otherwise walked back
+# through dozens of botocore releases before it settled. `make constraints` refreshes it after pyproject.toml changes.
+$(BASE_STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
-	# The CPU wheel of torch; pinned first so nothing pulls a CUDA build.
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[dev]"
+	# PyPI's torch 2.13.0 (a CUDA build; it runs on the CPU).
+	$(PIP) install -q -c constraints.txt -e .
+	touch $(BASE_STAMP)
+
+$(STAMP): $(BASE_STAMP)
+	$(PIP) install -q -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
+constraints:
+	$(PY) -m pip install -q uv
+	.venv/bin/uv pip compile pyproject.toml --extra dev --extra cluster --extra hf --extra objectstore \
+	    --python-version 3.11 --no-header --no-annotate -o constraints.body
+	{ printf '%s\n' "# The whole resolution of flywheel[dev,cluster,hf,objectstore] on Python 3.11: installs never backtrack." \
+	    "# Refresh after changing pyproject.toml: make constraints"; cat constraints.body; } > constraints.txt
+	rm constraints.body
+
+# The Kubernetes control plane of the test cluster, built from the Go module proxy into ~/.cache/flywheel
+# (keyed by tests/k8s/controlplane's go.mod, go.sum and main.go: a warm cache builds nothing).
+controlplane:
+	python3 -m tests.cluster build
+
 venv: $(STAMP)
+
+# `make`: the dev install and the control plane.
+all: $(STAMP) controlplane
 
 tools:
 	bash scripts/install-tools.sh
 
 # Run the tiny example on this machine with one injected failure and show the recovery.
-demo: $(STAMP)
+demo: $(BASE_STAMP)
 	rm -rf runs/tiny
 	.venv/bin/flywheel run examples/tiny.yaml --fault kill:rank=1:step=25
 
-test: $(STAMP) tools lint
+test: $(STAMP) tools lint controlplane
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart=0 --ignore=$(SCHEMATHESIS_TESTS) $(PYTEST_ARGS)
 	$(PY) -m pytest -q -p no:xdist $(SCHEMATHESIS_TESTS)
 
