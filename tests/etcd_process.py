@@ -31,8 +31,12 @@ class EtcdServer:
     """One single-member etcd. `stop()`/`start()` keep the data dir and ports, so a restart is a real restart.
     Its log is `<data dir>.log` beside the data dir."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, binary: list[str] | None = None, extra_args: list[str] | None = None) -> None:
+        """`binary`: the command that runs etcd (default the Debian binary; the test cluster's control plane runs
+        the etcd Kubernetes pins, `[controlplane, "etcd"]`)."""
         self.data_dir = data_dir
+        self.binary = binary or [ETCD_BINARY]
+        self.extra_args = extra_args or []
         self.client_port = free_port()
         self.peer_port = free_port()
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
@@ -68,7 +72,7 @@ class EtcdServer:
         client_url, peer_url = self.client_url, f"http://127.0.0.1:{self.peer_port}"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         command = [
-            ETCD_BINARY,
+            *self.binary,
             "--name=flywheel-test",
             f"--data-dir={self.data_dir}",
             f"--listen-client-urls={client_url}",
@@ -80,6 +84,7 @@ class EtcdServer:
             "--election-timeout=250",
             "--logger=zap",
             "--log-level=warn",
+            *self.extra_args,
         ]
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

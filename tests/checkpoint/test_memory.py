@@ -283,7 +283,7 @@ def _slow_copies(rank: int, world_size: int, root: str) -> None:
     exchange = peer.MemoryTier._exchange
 
     def slow(self: peer.MemoryTier, *args: Any) -> bool:
-        time.sleep(0.2)
+        time.sleep(0.5)  # well over a step, even a loaded machine's (0.2 s was not, beside PyPI's CUDA torch)
         return exchange(self, *args)
 
     peer.MemoryTier._exchange = slow  # type: ignore[method-assign]

@@ -28,6 +28,10 @@ class ContainerStart(KubeletPart):
     async def _fetch(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         raise NotImplementedError
 
+    async def _service_account_env(self, running: PodProcess, pod: dict[str, Any]) -> dict[str, str]:
+        """The pod's service-account credentials written for its processes, and the env that points at them."""
+        return podenv.write_service_account(self.credentials_dir / running.uid, pod, self.api_url)
+
     def container_files(self, running: PodProcess, container: dict[str, Any]) -> tuple[Path, Path]:
         """The container's log and termination message file on the host: the pod's own for its first container,
         one per name for an init container (`kubectl logs -c NAME`)."""
@@ -44,7 +48,7 @@ class ContainerStart(KubeletPart):
         box = sandbox.plan(pod, container)
         mounted = {}
         if await podenv.automounts_token(pod, self._fetch):
-            mounted = podenv.write_service_account(self.credentials_dir / running.uid, pod, self.api_url)
+            mounted = await self._service_account_env(running, pod)
         env = await podenv.container_env(pod, container, self.api_host, self.api_port, self._fetch, mounted)
         running.env = env
         argv = podenv.container_argv(container, env)

@@ -5,6 +5,7 @@ emulated API server accepts when it checks tokens)."""
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,7 +31,16 @@ def resource_path(plural: str, namespace: str | None = None, name: str | None = 
     return path
 
 
+def new_session(token: str | None = None, ssl_context: ssl.SSLContext | None = None) -> aiohttp.ClientSession:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    connector = aiohttp.TCPConnector(ssl=ssl_context) if ssl_context is not None else None
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), headers=headers,
+                                 connector=connector)
+
+
 class KubeHttpClient:
+    """Subclasses may pick the session per request (the real cluster's kubelet: one identity per node)."""
+
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
@@ -38,8 +48,7 @@ class KubeHttpClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-                                                  headers={"Authorization": f"Bearer {KUBELET_TOKEN}"})
+            self._session = new_session(KUBELET_TOKEN)
         return self._session
 
     async def close(self) -> None:
@@ -69,11 +78,11 @@ class KubeHttpClient:
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
         return await self.request("PATCH", path, patch, content_type="application/merge-patch+json")
 
-    async def watch(self, path: str, resource_version: str, timeout_seconds: int = 300) -> AsyncIterator[
-            dict[str, Any]]:
+    async def watch(self, path: str, resource_version: str, timeout_seconds: int = 300,
+                    params: dict[str, str] | None = None) -> AsyncIterator[dict[str, Any]]:
         """Yield watch events until the server ends the stream."""
         params = {"watch": "true", "resourceVersion": resource_version, "timeoutSeconds": str(timeout_seconds),
-                  "allowWatchBookmarks": "true"}
+                  "allowWatchBookmarks": "true", **(params or {})}
         async with self.session.get(self.base_url + path, params=params) as response:
             if response.status >= 400:
                 raise ApiStatusError(response.status, await response.text())

@@ -33,6 +33,9 @@ def _micro_now() -> str:
 
 
 class ProcessKubelet(ContainerLifecycle, PodInitialization):
+    # A strategic merge keeps the pod conditions others own (DisruptionTarget...), as a kubelet's status patch does.
+    status_patch_type = "application/merge-patch+json"
+
     def __init__(self, api_url: str, node_names: list[str], log_dir: Path, heartbeat_seconds: float = 2.0,
                  node_status_seconds: float = 10.0, scheduler_names: set[str] | None = None,
                  workdir: Path | None = None, node_setup: dict[str, NodeSetup] | None = None) -> None:
@@ -305,8 +308,8 @@ class ProcessKubelet(ContainerLifecycle, PodInitialization):
         if reason:
             status["reason"] = reason
         with contextlib.suppress(ApiStatusError, OSError, asyncio.TimeoutError):
-            await self.api.merge_patch(resource_path("pods", running.namespace, running.name, "status"),
-                                       {"status": status})
+            await self.api.request("PATCH", resource_path("pods", running.namespace, running.name, "status"),
+                                   {"status": status}, content_type=self.status_patch_type)
 
     async def _waiting(self, running: PodProcess, pod: dict[str, Any], reason: str, message: str) -> None:
         """The container cannot start yet: Pending, waiting with `reason`, and the kubelet's Warning event."""

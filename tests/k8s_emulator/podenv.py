@@ -86,18 +86,24 @@ async def automounts_token(pod: dict[str, Any], fetch: Fetch) -> bool:
     return (account or {}).get("automountServiceAccountToken") is not False
 
 
-def write_service_account(directory: Path, pod: dict[str, Any], api_url: str) -> dict[str, str]:
-    """What a kubelet mounts at /var/run/secrets/kubernetes.io/serviceaccount -- `token` and `namespace` (no
-    `ca.crt`: the API is plain HTTP) -- written to `directory`, plus a kubeconfig over them: the pods cannot see a
-    fixed absolute path of their own, so in-cluster clients are pointed at it with $KUBECONFIG (returned as env)."""
+def write_service_account(directory: Path, pod: dict[str, Any], api_url: str, token: str | None = None,
+                          ca_pem: str | None = None) -> dict[str, str]:
+    """What a kubelet mounts at /var/run/secrets/kubernetes.io/serviceaccount -- `token`, `namespace` and, over
+    TLS, `ca.crt` -- written to `directory`, plus a kubeconfig over them: the pods cannot see a fixed absolute path
+    of their own, so in-cluster clients are pointed at it with $KUBECONFIG (returned as env). `token`: a bound
+    token from the TokenRequest API (a real API server); else the emulator's unsigned stand-in."""
     namespace = pod["metadata"]["namespace"]
     account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
-    token = service_account_token(namespace, account)
+    token = token or service_account_token(namespace, account)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "token").write_text(token)
     (directory / "namespace").write_text(namespace)
+    cluster: dict[str, Any] = {"server": api_url}
+    if ca_pem is not None:
+        (directory / "ca.crt").write_text(ca_pem)
+        cluster["certificate-authority"] = str(directory / "ca.crt")
     config = {"apiVersion": "v1", "kind": "Config", "current-context": "in-cluster",
-              "clusters": [{"name": "in-cluster", "cluster": {"server": api_url}}],
+              "clusters": [{"name": "in-cluster", "cluster": cluster}],
               "users": [{"name": account, "user": {"token": token}}],
               "contexts": [{"name": "in-cluster", "context": {"cluster": "in-cluster", "user": account,
                                                               "namespace": namespace}}]}
