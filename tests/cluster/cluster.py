@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.cluster.controlplane import ControlPlane, ControlPlaneOptions, write_kubeconfig
+from tests.cluster.fault_proxy import FaultProxy
 from tests.cluster.kubelet import ClusterKubelet
 from tests.etcd_process import EtcdServer
 from tests.k8s_emulator.fixtures import _LoopThread
@@ -56,6 +57,41 @@ class KubeletHandle:
         return self._loop.run(self._kubelet.oom_kill(namespace, name))
 
 
+class ApiHandle:
+    """Thread-safe faults of the API as the tests' clients see it: the fault proxy's (fault_proxy.py), and real
+    ones of the control plane (a component stopped or restarted, etcd compacted)."""
+
+    def __init__(self, cluster: TestCluster, proxy: FaultProxy, loop: _LoopThread) -> None:
+        self._cluster, self._proxy, self._loop = cluster, proxy, loop
+
+    def drop_watches(self) -> int:
+        return self._loop.call(self._proxy.drop_watches)
+
+    def force_conflict(self, resource: str, namespace: str, name: str, group: str = "", count: int = 1) -> None:
+        self._loop.call(self._proxy.force_conflict, resource, namespace, name, group, count)
+
+    def fail_next(self, pattern: str, code: int, count: int = 1) -> None:
+        self._loop.call(self._proxy.fail_next, pattern, code, count)
+
+    def pause(self) -> None:
+        self._loop.call(self._proxy.pause)
+
+    def resume(self) -> None:
+        self._loop.call(self._proxy.resume)
+
+    @property
+    def watch_count(self) -> int:
+        return int(self._loop.call(lambda: self._proxy.watch_count))
+
+    def compact(self) -> int:
+        """Compact the API server's etcd to its newest revision (its API, as the API server's own compactor does):
+        lists and watches from an older resourceVersion that reach etcd get 410 Expired."""
+        return self._cluster.control_plane.compact_etcd()
+
+    def restart(self, component: str, down_seconds: float = 0.0) -> None:
+        self._cluster.control_plane.restart(component, down_seconds)
+
+
 class TestCluster:
     """`start()` then `kubeconfig`, `api_url`, `kubelet`, `control_plane`; `stop()` ends it all."""
 
@@ -68,13 +104,15 @@ class TestCluster:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.control_plane = ControlPlane(self.work_dir, ControlPlaneOptions(
             node_monitor_grace_seconds=self.options.node_monitor_grace_seconds))
-        self.api_url = self.control_plane.api_url
+        self.api_url = self.control_plane.api_url  # the fault proxy's once started
         self.kubeconfig = self.work_dir / "kubeconfig"
         self.log_dir = self.work_dir / "pod-logs"
         self.rendezvous: EtcdServer | None = None
         self._loop: _LoopThread | None = None
         self._kubelet: ClusterKubelet | None = None
         self.kubelet: KubeletHandle | None = None
+        self.api: ApiHandle | None = None
+        self._proxy: FaultProxy | None = None
         self.start_seconds = 0.0
 
     @property
@@ -93,10 +131,15 @@ class TestCluster:
         started = time.monotonic()
         try:
             self.control_plane.start()
-            write_kubeconfig(self.kubeconfig, self.api_url, self.ca_file, self.admin_token)
             if self.options.rendezvous_etcd:
                 self.rendezvous = EtcdServer(self.work_dir / "rendezvous-etcd")
                 self.rendezvous.start()
+            self._loop = _LoopThread()
+            self._proxy = FaultProxy(self.control_plane.api_url, self.control_plane.pki)
+            self._loop.run(self._proxy.start())
+            self.api_url = self._proxy.url
+            self.api = ApiHandle(self, self._proxy, self._loop)
+            write_kubeconfig(self.kubeconfig, self.api_url, self.ca_file, self.admin_token)
             self._start_kubelet()
         except BaseException:
             self.stop()
@@ -105,25 +148,46 @@ class TestCluster:
 
     def _start_kubelet(self) -> None:
         names = [f"node-{i}" for i in range(1, self.options.nodes + 1)]
-        self._loop = _LoopThread()
-        self._kubelet = ClusterKubelet(self.api_url, self.control_plane.pki, names, self.log_dir,
+        assert self._loop is not None
+        self._kubelet = ClusterKubelet(self.control_plane.api_url, self.control_plane.pki, names, self.log_dir,
                                        self.control_plane.version, self.options.heartbeat_seconds,
                                        workdir=self.options.pod_workdir, node_setup=self.options.node_setup)
         self._loop.run(self._kubelet.start())
         self.kubelet = KubeletHandle(self._kubelet, self._loop)
 
     def stop(self) -> None:
-        if self._loop is not None and self._kubelet is not None:
+        if self._loop is not None:
             try:
-                self._loop.run(self._kubelet.stop())
+                if self._kubelet is not None:
+                    self._loop.run(self._kubelet.stop())
+                if self._proxy is not None:
+                    self._loop.run(self._proxy.stop())
             finally:
                 self._loop.close()
-                self._loop, self._kubelet, self.kubelet = None, None, None
+                self._loop, self._kubelet, self.kubelet, self._proxy = None, None, None, None
         if self.rendezvous is not None:
             self.rendezvous.stop()
         self.control_plane.stop()
         if self._owns_work_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def add_claim(self, name: str, namespace: str = "default", size: str = "10Gi",
+                  access: str = "ReadWriteMany") -> None:
+        """A PersistentVolumeClaim bound to a hostPath PersistentVolume of its own (pre-bound through claimRef, so
+        the persistent-volume controller binds it at once and kube-scheduler's volume binding passes). The process
+        kubelet mounts nothing: pods see the host's paths, so the volume's path is only for the record."""
+        plane = self.control_plane
+        volume = f"{namespace}-{name}"
+        plane.request("/api/v1/persistentvolumes", "POST", {
+            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
+            "spec": {"capacity": {"storage": size}, "accessModes": [access], "storageClassName": "",
+                     "persistentVolumeReclaimPolicy": "Retain",
+                     "hostPath": {"path": str(self.work_dir / "volumes" / volume)},
+                     "claimRef": {"namespace": namespace, "name": name}}})
+        plane.request(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", "POST", {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+            "spec": {"accessModes": [access], "resources": {"requests": {"storage": size}}, "storageClassName": "",
+                     "volumeName": volume}})
 
     def __enter__(self) -> TestCluster:
         return self

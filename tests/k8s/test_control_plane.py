@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +133,43 @@ def test_a_lost_node_is_marked_unreachable_by_the_node_lifecycle_controller(clus
     eventually(lambda: not any(t["key"] == "node.kubernetes.io/unreachable"
                                for t in get(cluster, "node", "node-2")["spec"].get("taints") or []),
                timeout=60, what="node-2's taint was not removed once it reported again")
+
+
+def test_the_fault_proxy_ends_watches_and_forces_conflicts(cluster: TestCluster) -> None:
+    assert cluster.api is not None
+    watch = subprocess.Popen([str(KUBECTL), "--kubeconfig", str(cluster.kubeconfig), "get", "configmaps", "-w",
+                              "--request-timeout=0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        eventually(lambda: cluster.api.watch_count >= 1, timeout=20, what="kubectl's watch through the proxy")
+        assert cluster.api.drop_watches() >= 1
+        watch.wait(timeout=20)  # kubectl get -w ends when its stream does
+    finally:
+        watch.kill()
+    kubectl(cluster, "create", "configmap", "contested")
+    cluster.api.force_conflict("configmaps", "default", "contested", count=1)
+    refused = kubectl(cluster, "label", "configmap", "contested", "a=b", check=False)
+    assert "the object has been modified" in refused
+    kubectl(cluster, "label", "configmap", "contested", "a=b")  # only the next write was refused
+
+
+def test_an_etcd_compaction_drops_the_history_before_it(cluster: TestCluster) -> None:
+    """The compaction is etcd's own. What a client sees of it is the API server's: with the watch cache in front
+    (consistent reads and list snapshots from it since 1.34), an old resourceVersion may still be served."""
+    assert cluster.api is not None
+    for i in range(3):
+        kubectl(cluster, "create", "configmap", f"churn-{i}")
+    revision = cluster.api.compact()
+    request = urllib.request.Request(cluster.control_plane.etcd.client_url + "/v3/kv/range", method="POST",
+                                     data=json.dumps({"key": "AA==", "revision": revision - 1}).encode())
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert "compacted" in refused.value.read().decode()
+    kubectl(cluster, "get", "configmaps", "churn-0")  # the API serves on
+
+
+def test_a_restarted_api_server_serves_again_and_the_kubelet_reconnects(cluster: TestCluster) -> None:
+    assert cluster.api is not None
+    cluster.api.restart("kube-apiserver")
+    kubectl(cluster, "create", "-f", "-", stdin=pod("after-restart", ["true"]))
+    eventually(lambda: get(cluster, "pod", "after-restart")["status"].get("phase") == "Succeeded", timeout=60,
+               what="a pod created after the restart to run")
