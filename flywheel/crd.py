@@ -14,6 +14,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from flywheel.field_rules import attach
+from flywheel.pod_rules import JOB_NAME, SPEC_RULES
 from flywheel.pod_template import KUEUE_KEYS, METADATA_MAPS, OWNED_POD_FIELDS, kueue_key_problem, owned_field_problem
 from flywheel.spec import API_VERSION, MAX_NAME_LENGTH, TrainingJobSpec
 from flywheel.spec_layout import LOCAL_DISK_URL, OBJECT_STORE_URL, CheckpointStorage, cluster_storage_problems
@@ -154,11 +156,14 @@ def _structural(node: dict[str, Any], path: str) -> dict[str, Any]:
         if props is not None:
             node["properties"] = {k: _structural(v, f"{path}.{k}") for k, v in props.items()}
             for key, sub in node["properties"].items():
-                # A nullable object (an optional section such as model.moe) stays absent unless given.
+                # A nullable object (an optional section such as model.moe) stays absent unless given. The default
+                # is spelled out: the API server checks a default against the CEL rules as it is, unfilled.
                 if sub.get("type") == "object" and "properties" in sub and "default" not in sub \
                         and not sub.get("nullable"):
-                    sub["default"] = {}
+                    sub["default"] = {k: v["default"] for k, v in sub["properties"].items() if "default" in v}
             node.pop("additionalProperties", None)
+        elif isinstance(node.get("additionalProperties"), dict):  # a map of typed values (spec.resources.limits)
+            node["additionalProperties"] = _structural(node["additionalProperties"], f"{path}{{}}")
         else:
             node.pop("additionalProperties", None)
             node["x-kubernetes-preserve-unknown-fields"] = True
@@ -166,7 +171,7 @@ def _structural(node: dict[str, Any], path: str) -> dict[str, Any]:
     if node.get("type") == "array" and "items" in node:
         node["items"] = _structural(node["items"], f"{path}[]")
     if path in _RULES:
-        node["x-kubernetes-validations"] = _RULES[path]
+        node["x-kubernetes-validations"] = list(_RULES[path])
     return node
 
 
@@ -184,12 +189,22 @@ def spec_schema_with_template(spec_schema: dict[str, Any]) -> dict[str, Any]:
     declared = spec_schema.get("properties", {}).get("template", {})
     if declared.get("description"):
         template["description"] = declared["description"]
-    template["x-kubernetes-validations"] = TEMPLATE_RULES
+    template["x-kubernetes-validations"] = list(TEMPLATE_RULES)
     return {**spec_schema, "properties": {**spec_schema.get("properties", {}), "template": template}}
 
 
+def rules_spec_schema() -> dict[str, Any]:
+    """The spec's schema with the pod template and the Pod API's rules on every field the pods copy
+    (flywheel/pod_rules.py: CEL rules and schema keywords, the same definitions `flywheel plan` checks)."""
+    return attach(spec_schema_with_template(openapi_schema(TrainingJobSpec, "spec")), SPEC_RULES)
+
+
+# The job's name goes into every pod's name and hostname, the Service's name and the pods' labels.
+NAME_RULE = {"rule": JOB_NAME.cel("self.metadata.name"), "message": f"metadata.name {JOB_NAME.message}"}
+
+
 def build_crd() -> dict[str, Any]:
-    spec_schema = spec_schema_with_template(openapi_schema(TrainingJobSpec, "spec"))
+    spec_schema = rules_spec_schema()
     status_schema = openapi_schema(TrainingJobStatus, "status")
     root = {
         "type": "object",
@@ -197,15 +212,12 @@ def build_crd() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": f"{API_VERSION}"},
             "kind": {"type": "string", "description": "TrainingJob"},
-            "metadata": {"type": "object", "description": "Standard object metadata; the name is at most "
-                                                          f"{MAX_NAME_LENGTH} characters."},
+            # The API server takes nothing else here (NAME_RULE checks the name).
+            "metadata": {"type": "object"},
             "spec": spec_schema,
             "status": status_schema,
         },
-        "x-kubernetes-validations": [
-            {"rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
-             "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters (pod names add a suffix)"},
-        ],
+        "x-kubernetes-validations": [NAME_RULE],
     }
     columns = [
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -299,7 +311,10 @@ def render_spec_reference() -> str:
              "tp x pp and tp x pp x ep divide every world size; globalBatch is a multiple of microBatch x dp at "
              "every replica count; tp and ep need fsdp; model.dim is divisible by model.heads. On a cluster only "
              "(`flywheel run` on one machine does not ask it): replicas.max > 1 needs checkpoint.claimName, an "
-             "object-store checkpoint.dir (scheme://...) or checkpoint.ephemeral: true.", "",
+             "object-store checkpoint.dir (scheme://...) or checkpoint.ephemeral: true. What the worker pods copy "
+             f"(metadata.name, a DNS-1035 label of at most {MAX_NAME_LENGTH} characters; image, resources, "
+             "accelerator.resource, scheduling.*, template) is held to the Pod API's rules at `kubectl apply` and by "
+             "`flywheel run/plan` (flywheel/pod_rules.py; docs/operator.md).", "",
              "| field | type | default | meaning |", "|---|---|---|---|"]
     lines += _reference_rows(spec_schema_with_template(openapi_schema(TrainingJobSpec, "spec")), "spec")
     return "\n".join(lines) + "\n"

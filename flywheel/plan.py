@@ -9,6 +9,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from flywheel.object_names import worker_name as worker_name  # re-exported: the worker pods' names
 from flywheel.planner import DEVICES, resolve_auto
 from flywheel.replica import REPLICA_INDEX_ENV
 from flywheel.spec import TrainingJob, spec_to_env_json
@@ -42,10 +43,6 @@ class WorkerPlan:
     last_rank: int
     env: dict[str, str]
     argv: tuple[str, ...]
-
-
-def worker_name(job_name: str, index: int) -> str:
-    return f"{job_name}-worker-{index}"
 
 
 def rdzv_run_id(job: TrainingJob) -> str:

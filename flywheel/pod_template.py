@@ -22,6 +22,7 @@ from flywheel.labels import (
 )
 
 WORKER_CONTAINER = "worker"
+METRICS_PORT = "metrics"  # the name of the worker container's metrics port (operator/manifests.py pod())
 # The operator's own volumes (operator/manifests.py worker_volumes) and where it mounts them besides the checkpoint
 # dir: a template may add volumes and mounts, not replace these.
 OPERATOR_VOLUMES = ("dshm", "tmp", "cache-home", "checkpoints", "events")
@@ -117,12 +118,10 @@ def _metadata_problems(meta: Any) -> list[str]:
 
 
 def _volume_problems(volumes: Any) -> list[str]:
-    if volumes is None:
+    # The operator's volume names are refused by flywheel/pod_rules.py, with the Pod API's rules on volumes.
+    if volumes is None or isinstance(volumes, list):
         return []
-    if not isinstance(volumes, list):
-        return ["template.spec.volumes: expected a list of volumes"]
-    return [f"template.spec.volumes[{i}].name: {v.get('name')!r} is a volume the operator creates; rename yours"
-            for i, v in enumerate(volumes) if isinstance(v, dict) and v.get("name") in OPERATOR_VOLUMES]
+    return ["template.spec.volumes: expected a list of volumes"]
 
 
 def _worker_problems(container: dict[str, Any], path: str, operator_paths: tuple[str, str]) -> list[str]:

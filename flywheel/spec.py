@@ -23,8 +23,12 @@ from pydantic.alias_generators import to_camel
 from flywheel import object_store
 from flywheel.data_prep_index import source_problem
 from flywheel.data_prep_tokenizer import tokenizer_vocab
+from flywheel.k8s_syntax import DNS_LABEL
+from flywheel.object_names import MAX_NAME_LENGTH as MAX_NAME_LENGTH  # re-exported: the CRD states it
+from flywheel.object_names import MAX_REPLICAS
 from flywheel.planner.devices import DEVICES
 from flywheel.planner.search import PlanError, auto_layout
+from flywheel.pod_rules import JOB_NAME
 from flywheel.spec_base import _Model
 from flywheel.spec_layout import (
     BYTE_VOCAB,
@@ -39,8 +43,8 @@ from flywheel.spec_layout import (
 from flywheel.spec_model import PRESETS as MODEL_PRESETS
 from flywheel.spec_model import ModelShape, MoEConfig
 from flywheel.spec_parallel import MoESpec, Parallelism
+from flywheel.spec_pod import RESOURCES_SCHEMA, planner_device, pod_problems
 from flywheel.spec_pod import Accelerator as Accelerator
-from flywheel.spec_pod import planner_device, pod_problems
 from flywheel.spec_sections import CheckpointSpec as CheckpointSpec
 from flywheel.spec_sections import Data as Data
 from flywheel.spec_sections import FaultTolerance as FaultTolerance
@@ -66,8 +70,6 @@ PRESETS: dict[str, dict[str, int]] = {
     name: {"layers": s.layers, "dim": s.dim, "heads": s.heads, "vocab": s.vocab, "seqLen": s.seq_len}
     for name, s in MODEL_PRESETS.items()}
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-MAX_NAME_LENGTH = 48  # leaves room for "-worker-NNN" inside the 63-character DNS label limit
 
 
 class SpecError(ValueError):
@@ -81,10 +83,12 @@ class SpecError(ValueError):
 class Replicas(_Model):
     """Workers (pods). Elastic when min < max; `target` is what `kubectl scale` sets (defaults to max)."""
 
-    min: int = Field(1, ge=1, description="Fewest workers the job runs with.")
-    max: int = Field(1, ge=1, description="Most workers the job runs with.")
-    target: int | None = Field(None, ge=1, description="Desired workers within [min, max]; set by kubectl scale.")
-    spares: int = Field(0, ge=0, description="Warm spare workers kept beside the workers (started, trainer imported, "
+    min: int = Field(1, ge=1, le=MAX_REPLICAS, description="Fewest workers the job runs with.")
+    max: int = Field(1, ge=1, le=MAX_REPLICAS, description="Most workers the job runs with.")
+    target: int | None = Field(None, ge=1, le=MAX_REPLICAS,
+                               description="Desired workers within [min, max]; set by kubectl scale.")
+    spares: int = Field(0, ge=0, le=MAX_REPLICAS, description="Warm spare workers kept beside the workers (started, "
+                        "trainer imported, "
                         "out of the rendezvous): a lost worker is replaced by promoting one to its replica index "
                         "instead of starting a cold pod. Their resources count in gang and Kueue requests.")
 
@@ -223,7 +227,8 @@ class TrainingJobSpec(_Model):
     image: str = Field("flywheel:latest", description="Worker image (cluster only).")
     replicas: Replicas = Field(default_factory=Replicas)
     procs_per_replica: int = Field(1, ge=1, description="Local ranks per worker (GPUs per pod).")
-    resources: dict[str, Any] = Field(default_factory=dict, description="Per-worker requests/limits (cluster only).")
+    resources: dict[str, Any] = Field(default_factory=dict, json_schema_extra=RESOURCES_SCHEMA,
+                                      description="Per-worker requests/limits (cluster only).")
     shm_size: str = Field("1Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$",
                           description="Cluster only: size of the in-memory /dev/shm of each worker (dataloaders).")
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
@@ -289,9 +294,15 @@ class Metadata(_Model):
     @field_validator("name")
     @classmethod
     def _dns_name(cls, v: str) -> str:
-        if len(v) > MAX_NAME_LENGTH or not _DNS_LABEL.match(v):
-            raise ValueError(f"{v!r} is not a DNS label of at most {MAX_NAME_LENGTH} characters; use lowercase "
-                             "letters, digits and '-', starting and ending with a letter or digit")
+        if not JOB_NAME.ok(v):
+            raise ValueError(f"{v!r} {JOB_NAME.message}")
+        return v
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str) -> str:
+        if not DNS_LABEL.ok(v):
+            raise ValueError(f"{v!r} {DNS_LABEL.message}")
         return v
 
 
@@ -325,7 +336,7 @@ _NESTED_FIELD = re.compile(r"^([a-zA-Z]+(?:\.[a-zA-Z]+)+): (.*)$", re.S)
 # A spec-level rule that names a field with indices or resource names ("template.spec.containers[0].env[1].name",
 # "resources.limits.nvidia.com/gpu") or a top-level one ("image").
 _SPEC_FIELD = re.compile(r"^((?:image|resources|template|accelerator|network|scheduling|faultTolerance|trainer)"
-                         r"(?:[.\[][\w./\[\]-]*)?): (.*)$", re.S)
+                         r"(?:[.\[].*?)?): (.*)$", re.S)
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
+from flywheel.pod_merge import overlay
+from flywheel.pod_rules import merged_resource_problems, spec_rule_problems
 from flywheel.pod_template import resource_quantity, template_problems, worker_container, worker_index
 from flywheel.spec_base import _Model
 from flywheel.spec_parallel import DeviceKind
@@ -20,8 +22,8 @@ if TYPE_CHECKING:
 class Accelerator(_Model):
     """The device each local rank drives: every worker requests and limits procsPerReplica of `resource`."""
 
-    resource: str = Field(..., pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$",
-                          description="The extended resource of one device, e.g. nvidia.com/gpu or amd.com/gpu.")
+    # Its syntax is an extended resource name (flywheel/pod_rules.py, also the CRD's CEL rule).
+    resource: str = Field(..., description="The extended resource of one device, e.g. nvidia.com/gpu or amd.com/gpu.")
     device: DeviceKind | None = Field(None, description="The planner's device profile for this accelerator (a100, "
                                                         "h100, h200): what parallelism.auto sizes layouts for.")
 
@@ -44,12 +46,55 @@ def planner_device(spec: TrainingJobSpec) -> str:
     return spec.accelerator.device
 
 
+# spec.resources in the CRD: requests and limits, each a map of quantities (an int or a string: 2, "500m"); the
+# rules on names and amounts are flywheel/pod_rules.py's.
+RESOURCE_KINDS = ("requests", "limits")
+RESOURCES_SCHEMA: dict[str, Any] = {"properties": {kind: {
+    "type": "object", "description": f"Per-worker {kind} by resource name (cpu, memory, nvidia.com/gpu, ...).",
+    "additionalProperties": {"x-kubernetes-int-or-string": True}} for kind in RESOURCE_KINDS}}
+
+
 def pod_problems(spec: TrainingJobSpec) -> list[str]:
-    """The template's own problems and its conflicts with the shorthands, each "field: what; fix"."""
-    problems = template_problems(spec.template, spec.checkpoint.dir)
+    """What would make the worker pods invalid: the Pod API's rules on every field the pods copy
+    (flywheel/pod_rules.py), the template's own problems and its conflicts with the shorthands, each
+    "field: what; fix"."""
+    problems = _resource_shape_problems(spec.resources)
     if problems:
         return problems
-    return (_shorthand_conflicts(spec) + _accelerator_problems(spec) + _device_problems(spec))
+    problems = template_problems(spec.template, spec.checkpoint.dir) + spec_rule_problems(
+        spec.model_dump(by_alias=True, mode="json"))
+    if problems:
+        return problems
+    return (_shorthand_conflicts(spec) + _accelerator_problems(spec) + _device_problems(spec)
+            + _merged_resource_problems(spec))
+
+
+def _resource_shape_problems(resources: dict[str, Any]) -> list[str]:
+    out = [f"resources.{kind}: only requests and limits go here (claims and the rest: in the template's worker "
+           "container); remove it" for kind in resources if kind not in RESOURCE_KINDS]
+    for kind in RESOURCE_KINDS:
+        amounts = resources.get(kind)
+        if amounts is None:
+            continue
+        if not isinstance(amounts, dict):
+            out.append(f"resources.{kind}: expected a mapping of resource names to quantities")
+            continue
+        out += [f"resources.{kind}.{name}: must be an integer or a quantity string such as \"500m\" or \"0.5\" "
+                "(quote a decimal number)" for name, value in amounts.items()
+                if isinstance(value, bool) or not isinstance(value, (int, str))]
+    return out
+
+
+def _merged_resource_problems(spec: TrainingJobSpec) -> list[str]:
+    """The worker's resources as the operator merges them: the shorthands' (spec.resources and the accelerator's)
+    under the template worker's. Each source may be fine alone and the two wrong together (a request in one above
+    the limit in the other)."""
+    theirs = worker_container(spec.template).get("resources")
+    if not isinstance(theirs, dict) or not theirs:
+        return []
+    merged = overlay(template_resources(spec), theirs)
+    return merged_resource_problems(merged, f"{_worker_path(spec)}.resources (with spec.resources and the "
+                                            "accelerator's)")
 
 
 def _worker_path(spec: TrainingJobSpec) -> str:

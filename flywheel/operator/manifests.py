@@ -24,13 +24,14 @@ from flywheel.labels import INDEX_LABEL as INDEX_LABEL
 from flywheel.labels import JOB_LABEL as JOB_LABEL
 from flywheel.labels import QUEUE_LABEL as QUEUE_LABEL
 from flywheel.labels import ROLE_LABEL as ROLE_LABEL
+from flywheel.object_names import service_name as service_name  # re-exported: m.service_name in the operator
 from flywheel.operator.drain import DEFAULT_DRAIN_TAINT_KEYS
 from flywheel.operator.scheduling_meta import with_scheduling_meta
 from flywheel.plan import Placement, WorkerPlan, plan_workers
 from flywheel.plan import run_id as run_id  # re-exported: m.run_id in the operator
 from flywheel.pod_merge import WORKER_UID as WORKER_UID
 from flywheel.pod_merge import container_security, merge_pod, merge_worker, pod_security, root_is_read_only
-from flywheel.pod_template import CACHE_HOME, worker_container
+from flywheel.pod_template import CACHE_HOME, METRICS_PORT, worker_container
 from flywheel.policy.checkpoint_sharing import checkpoint_location
 from flywheel.policy.reconcile import PodView
 from flywheel.policy.spec_change import baked_spec_hash
@@ -63,10 +64,6 @@ class OperatorSettings:
     # Drain ahead (operator/drain.py): taints (NoSchedule/NoExecute) whose key means the node is leaving.
     drain_taint_keys: tuple[str, ...] = DEFAULT_DRAIN_TAINT_KEYS
     disruption_budgets: bool = True  # a PodDisruptionBudget per job (`disruption_budget`): evictions wait
-
-
-def service_name(job_name: str) -> str:
-    return f"{job_name}-workers"
 
 
 def labels(job_name: str) -> dict[str, str]:
@@ -229,7 +226,7 @@ def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: Operato
     }
     port = int(worker.env.get("FLYWHEEL_METRICS_PORT", "0"))
     if port:
-        container["ports"] = [{"name": "metrics", "containerPort": port}]
+        container["ports"] = [{"name": METRICS_PORT, "containerPort": port}]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # the operator decides restarts (policy/), the agent restarts ranks in place
         "hostname": worker.name, "subdomain": service_name(job.name),

@@ -15,6 +15,7 @@ from typing import Any
 
 from flywheel import replica
 from flywheel.labels import GENERATION_LABEL, INDEX_LABEL, JOB_LABEL, ROLE_LABEL, ROLE_SPARE, ROLE_WORKER
+from flywheel.object_names import spare_name as spare_name  # re-exported: the spare pods' names
 from flywheel.operator import manifests as m
 from flywheel.plan import WorkerPlan
 from flywheel.spec import TrainingJob
@@ -22,10 +23,6 @@ from flywheel.spec import TrainingJob
 # The spare contract's env names (flywheel/replica.py, shared with the spare agent).
 SPARE_ENV, SPARE_ID_ENV = replica.SPARE_ENV, replica.SPARE_ID_ENV
 ANTI_AFFINITY_WEIGHT = 50  # below a topologyKey's pod affinity (100): staying in the domain matters more
-
-
-def spare_name(job_name: str, number: int) -> str:
-    return f"{job_name}-spare-{number}"
 
 
 def spare_plan(worker: WorkerPlan, name: str) -> WorkerPlan:

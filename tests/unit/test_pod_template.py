@@ -199,7 +199,8 @@ def test_pod_fields_pass_through_and_the_contract_stays():
 
 
 def test_the_first_container_is_the_worker_when_none_is_named_so():
-    j = job(template={"spec": {"containers": [{"name": "trainer", "image": "mine:1"}, {"name": "side"}]}})
+    j = job(template={"spec": {"containers": [{"name": "trainer", "image": "mine:1"},
+                                              {"name": "side", "image": "busybox"}]}})
     pod = worker_pod(j)
     assert [c["name"] for c in pod["spec"]["containers"]] == ["worker", "side"]
     assert container(pod)["image"] == "mine:1"
