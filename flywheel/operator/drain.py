@@ -20,10 +20,10 @@ from typing import Any
 
 from flywheel.etcd import requests as etcd_requests
 from flywheel.policy.decisions import ClearCheckpointRequest, RequestCheckpoint
-from flywheel.policy.drain import DrainInput, NodeMarks
+from flywheel.policy.drain import CORDON_TAINT, DrainInput, NodeMarks
 
 DEFAULT_DRAIN_TAINT_KEYS = (
-    "node.kubernetes.io/unschedulable",  # kubectl cordon / drain (the node lifecycle controller's taint)
+    CORDON_TAINT,  # kubectl cordon / drain (the node lifecycle controller's taint)
     "nvidia.com/gpu-xid-error",  # NVSentinel fault-quarantine's taint for fatal GPU XIDs (its example rule set)
     "aws-node-termination-handler/scheduled-maintenance",  # AWS NTH (taintNode: true): EC2 scheduled maintenance
     "aws-node-termination-handler/spot-itn",  # AWS NTH: spot interruption notice

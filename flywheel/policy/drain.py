@@ -49,6 +49,7 @@ XID_DRAIN_TIMEOUT_SECONDS = 10.0  # a GPU with a fatal XID may never finish the 
 # meanwhile and its memory checkpoints cover the node going sooner.
 DRAIN_PREPARE_SECONDS = 120.0
 XID_CAUSE = "has a fatal GPU XID"
+CORDON_TAINT = "node.kubernetes.io/unschedulable"  # what the node lifecycle controller adds to a cordoned node
 MOVE_GRACE_SECONDS = 1  # the moved pod's ranks already stopped after their checkpoint: nothing to wait for
 # Every field set: the merge patch clears the recorded drain.
 NO_DRAIN = DrainStatus(node="", cause="", request_id="", requested_at="", started_at="", replacements=0)
@@ -64,12 +65,14 @@ class NodeMarks:
 
     @property
     def cause(self) -> str | None:
-        """Why the node is leaving, in words; None when it is not."""
+        """Why the node is leaving, in words; None when it is not. The cordon's own taint, which the node
+        lifecycle controller adds with spec.unschedulable, is the cordon, not a taint of its own."""
         if self.fatal_xid:
             return f"{XID_CAUSE} ({self.fatal_xid})"
-        if self.taints:
-            return f"is tainted {', '.join(self.taints)}"
-        if self.unschedulable:
+        taints = [key for key in self.taints if key != CORDON_TAINT]
+        if taints:
+            return f"is tainted {', '.join(taints)}"
+        if self.unschedulable or CORDON_TAINT in self.taints:
             return "is cordoned"
         return None
 

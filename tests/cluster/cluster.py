@@ -25,6 +25,7 @@ class ClusterOptions:
     heartbeat_seconds: float = 2.0
     node_setup: dict[str, NodeSetup] = field(default_factory=dict)
     pod_workdir: Path | None = None  # where pod processes run (default: the repository root)
+    scheduler_names: tuple[str, ...] = ()  # more kube-scheduler profiles, beside default-scheduler
 
 
 class KubeletHandle:
@@ -103,7 +104,8 @@ class TestCluster:
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="flywheel-cluster-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.control_plane = ControlPlane(self.work_dir, ControlPlaneOptions(
-            node_monitor_grace_seconds=self.options.node_monitor_grace_seconds))
+            node_monitor_grace_seconds=self.options.node_monitor_grace_seconds,
+            scheduler_names=self.options.scheduler_names))
         self.api_url = self.control_plane.api_url  # the fault proxy's once started
         self.kubeconfig = self.work_dir / "kubeconfig"
         self.log_dir = self.work_dir / "pod-logs"
@@ -178,6 +180,8 @@ class TestCluster:
         kubelet mounts nothing: pods see the host's paths, so the volume's path is only for the record."""
         plane = self.control_plane
         volume = f"{namespace}-{name}"
+        if plane.request(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}") is not None:
+            return
         plane.request("/api/v1/persistentvolumes", "POST", {
             "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
             "spec": {"capacity": {"storage": size}, "accessModes": [access], "storageClassName": "",
@@ -188,6 +192,17 @@ class TestCluster:
             "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
             "spec": {"accessModes": [access], "resources": {"requests": {"storage": size}}, "storageClassName": "",
                      "volumeName": volume}})
+
+    def wait_established(self, crd: str, timeout: float = 60.0) -> None:
+        """A CRD's resource is served once the CRD is Established, a moment after its create."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.control_plane.request(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}")
+            conditions = ((found or {}).get("status") or {}).get("conditions") or []
+            if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"CRD {crd} not Established after {timeout:.0f} s")
 
     def __enter__(self) -> TestCluster:
         return self

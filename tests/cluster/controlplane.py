@@ -37,6 +37,9 @@ class ControlPlaneOptions:
     node_monitor_grace_seconds: float = 40.0  # NotReady after this long without a Lease renewal (Kubernetes: 50)
     api_qps: int = 200  # the controllers' and scheduler's client rate (Kubernetes' defaults: 20 and 50)
     extra_apiserver_args: list[str] = field(default_factory=list)
+    # More profiles of the one kube-scheduler, each a schedulerName pods may ask for (the default plugins under
+    # another name: a stand-in for a second scheduler such as scheduler-plugins' coscheduling one).
+    scheduler_names: tuple[str, ...] = ()
 
 
 def _wait(what: str, ready: Any, process: subprocess.Popen[bytes] | None, log: Path, timeout: float) -> None:
@@ -82,10 +85,24 @@ class ControlPlane:
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.etcd.start(timeout=60)
-        for component in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+        self._start_apiserver_on_a_free_port()
+        for component in ("kube-controller-manager", "kube-scheduler"):
             self.start_component(component)
         _wait("the controllers (the default ServiceAccount and kube-root-ca.crt)", self._controllers_ready,
               self.processes["kube-controller-manager"], self.log_path("kube-controller-manager"), 120)
+
+    def _start_apiserver_on_a_free_port(self, attempts: int = 3) -> None:
+        """A port found free can be taken before the API server binds it (two test processes start clusters at
+        once): then it starts again on another, as etcd's start does. Later restarts keep the port."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self.start_component("kube-apiserver")
+                return
+            except RuntimeError:
+                if attempt == attempts or "address already in use" not in _tail(self.log_path("kube-apiserver")):
+                    raise
+                self.api_port = free_port()
+                self.api_url = f"https://127.0.0.1:{self.api_port}"
 
     def stop(self) -> None:
         for component in ("kube-scheduler", "kube-controller-manager", "kube-apiserver"):
@@ -162,9 +179,15 @@ class ControlPlane:
             "--concurrent-gc-syncs=5", "--profiling=false", "--v=1"]
 
     def _scheduler_args(self) -> list[str]:
-        return [f"--kubeconfig={self._component_kubeconfig('kube-scheduler')}", "--secure-port=0",
-                "--leader-elect=false", f"--kube-api-qps={self.options.api_qps}",
-                f"--kube-api-burst={self.options.api_qps * 2}", "--profiling=false", "--v=1"]
+        config = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+                  "clientConnection": {"kubeconfig": str(self._component_kubeconfig("kube-scheduler")),
+                                       "qps": self.options.api_qps, "burst": self.options.api_qps * 2},
+                  "leaderElection": {"leaderElect": False},
+                  "profiles": [{"schedulerName": name}
+                               for name in ("default-scheduler", *self.options.scheduler_names)]}
+        path = self.work_dir / "kube-scheduler.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return [f"--config={path}", "--secure-port=0", "--profiling=false", "--v=1"]
 
     def _component_kubeconfig(self, component: str) -> Path:
         path = self.work_dir / f"{component}.kubeconfig"

@@ -56,7 +56,15 @@ class FaultProxy:
         serving.load_cert_chain(str(self.pki.cert("apiserver")), str(self.pki.key("apiserver")))
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, handler_cancellation=True)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=serving).start()
+        for attempt in range(3):  # a port found free may be taken before the bind (another test process)
+            try:
+                await web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=serving).start()
+                break
+            except OSError:
+                if attempt == 2:
+                    raise
+                self.port = free_port()
+                self.url = f"https://127.0.0.1:{self.port}"
 
     async def stop(self) -> None:
         self.open.set()

@@ -41,7 +41,14 @@ class LogsServer:
         context.load_cert_chain(str(self.pki.cert("kubelet")), str(self.pki.key("kubelet")))
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=context).start()
+        for attempt in range(3):  # a port found free may be taken before the bind (another test process)
+            try:
+                await web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=context).start()
+                break
+            except OSError:
+                if attempt == 2:
+                    raise
+                self.port = free_port()
 
     async def stop(self) -> None:
         if self._runner is not None:

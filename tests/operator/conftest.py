@@ -1,4 +1,5 @@
-"""The operator against the test cluster (API emulator + process kubelet + real etcd) with the real kubectl.
+"""The operator against the test cluster (the real control plane + the process kubelet + an etcd for rendezvous) with
+the real kubectl.
 
 `op_env` (module scope) starts the cluster, applies the CRD with kubectl and runs `flywheel operator` as a
 subprocess (`OperatorProcess` can kill and restart it). Jobs are examples/operator-tiny.yaml with a fresh name and
@@ -25,7 +26,9 @@ import pytest
 import yaml
 
 from flywheel.trainer.fault_injection import STEP_DELAY_ENV
-from tests.k8s_emulator.fixtures import RunningCluster, start_cluster
+from tests.cluster.cluster import TestCluster as RunningCluster
+from tests.cluster.fixtures import start_cluster
+from tests.k8s_emulator.fixtures import start_cluster as emulated_cluster
 from tests.waiting import eventually as _eventually
 
 REPO = Path(__file__).resolve().parents[2]
@@ -221,19 +224,35 @@ class OpEnv:
         self.kubectl("delete", "tj", name, "--wait=false", check=False)
 
 
+def _start_cluster(tmp: Path, kind: str) -> Any:
+    if kind == "emulator":
+        return emulated_cluster(tmp / "cluster", nodes=2, etcd=True, node_monitor_grace_seconds=3.0,
+                                heartbeat_seconds=0.5)
+    # The gang scheduler's name is served by a profile of the one kube-scheduler (test_gang_jobs_get_a_podgroup).
+    cluster = start_cluster(tmp / "cluster", nodes=2, etcd=True, node_monitor_grace_seconds=3.0,
+                            heartbeat_seconds=0.5, scheduler_names=("scheduler-plugins-scheduler",))
+    for claim in ("flywheel-ckpt", "flywheel-events"):  # the example's and the events' (bound at once)
+        cluster.add_claim(claim)
+    return cluster
+
+
 @pytest.fixture(scope="module")
-def op_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpEnv]:
+def op_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpEnv]:
+    """On the test cluster (the real control plane); a module that sets `TEST_CLUSTER = "emulator"` still runs on
+    the API emulator until it moves over."""
     if not KUBECTL.exists():
         pytest.skip("real kubectl missing: run scripts/install-tools.sh")
     tmp = tmp_path_factory.mktemp("operator")
-    cluster = start_cluster(tmp / "cluster", nodes=2, etcd=True, node_monitor_grace_seconds=3.0,
-                            heartbeat_seconds=0.5)
+    kind = getattr(request.module, "TEST_CLUSTER", "real")
+    cluster = _start_cluster(tmp, kind)
     events_dir = tmp / "events"
     events_dir.mkdir()
     operator = OperatorProcess(cluster, events_dir, tmp / "operator.log")
     env = OpEnv(cluster, operator, events_dir, tmp)
     try:
         env.kubectl("apply", "-f", str(CRD))
+        if kind != "emulator":
+            cluster.wait_established("trainingjobs.flywheel.dev")
         operator.start()
         yield env
     finally:

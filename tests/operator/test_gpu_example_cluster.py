@@ -39,6 +39,8 @@ def apply(op_env: OpEnv, doc: dict[str, Any]) -> None:
 def make_gpu_nodes(op_env: OpEnv) -> list[str]:
     nodes = [n.split("/", 1)[1] for n in op_env.kubectl("get", "nodes", "-o", "name").stdout.split()]
     assert op_env.cluster.kubelet is not None
+    for claim in ("checkpoints", "tokens"):  # the example's claims (its header says to create them)
+        op_env.cluster.add_claim(claim)
     for node in nodes:
         op_env.kubectl("label", "node", node, f"{GPU}.product={PRODUCT}", "--overwrite")
         op_env.kubectl("taint", "node", node, f"{GPU}=present:NoSchedule", "--overwrite")

@@ -120,7 +120,7 @@ def test_force_deleted_pod_is_replaced_and_the_agents_recover(op_env: OpEnv) -> 
 
 def _restart_etcd(env: OpEnv, down_seconds: float) -> None:
     """Stop the cluster's etcd and start it again on the same ports and data dir (tests/etcd_process.py)."""
-    etcd = env.cluster._cluster.etcd
+    etcd = env.cluster.rendezvous
     assert etcd is not None
     etcd.restart(down_seconds)
 

@@ -1,29 +1,28 @@
 """A pod deleted while the operator's watches were down leaves its caches at the relist (operator/watch_relist.py).
 
-The test cluster ends every watch, deletes a worker pod with no watcher to tell and forgets its event history, all
-in one step of its event loop: kopf's watches reconnect, get 410 Gone (resource version too old, as after an API
-server restart) and list again. kopf alone never drops the pod from its index (it waits for a DELETED event), so the
-runner would wait for that ghost forever; with the relist reconciled the pod is missed and replaced.
+The test cluster holds the operator's requests at its fault proxy and ends every watch, then deletes a worker pod
+with no watcher to tell, restarts kube-apiserver (its watch cache then starts at etcd's newest revision) and
+compacts etcd: kopf's watches reconnect, get 410 Gone (resource version too old, as after any API server restart)
+and list again. kopf alone never drops the pod from its index (it waits for a DELETED event), so the runner would
+wait for that ghost forever; with the relist reconciled the pod is missed and replaced.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from tests.operator.conftest import IDLE_STEP_S, OpEnv, eventually
 
 
 def _lose_pod_in_a_watch_gap(env: OpEnv, name: str) -> None:
-    cluster: Any = env.cluster._cluster  # the in-process emulator (fixtures.py), on its loop thread below
-    store = cluster.store
-
-    def gap() -> None:
-        store.drop_watches()
-        store.remove_now(store.registry.get(("", "pods")), "default", name)
-        store.history.clear()
-        store.compacted_rv = store.rv  # a reconnect from an older resource version gets 410 Gone
-
-    env.cluster._loop.call(gap)
+    api, plane = env.cluster.api, env.cluster.control_plane
+    assert api is not None
+    api.pause()
+    try:
+        api.drop_watches()
+        plane.request(f"/api/v1/namespaces/default/pods/{name}", "DELETE", {"gracePeriodSeconds": 0})
+        api.restart("kube-apiserver")
+        api.compact()
+    finally:
+        api.resume()
 
 
 def test_a_pod_deleted_in_a_watch_gap_leaves_the_caches_and_is_replaced(op_env: OpEnv) -> None:

@@ -64,6 +64,11 @@ PODS = [on(0, "n0"), on(1, "n1")]
 
 @pytest.mark.parametrize("marks, cause", [
     (NodeMarks(unschedulable=True), "is cordoned"),
+    # kubectl cordon on a real cluster: the node lifecycle controller's taint comes with spec.unschedulable.
+    (NodeMarks(unschedulable=True, taints=("node.kubernetes.io/unschedulable",)), "is cordoned"),
+    (NodeMarks(taints=("node.kubernetes.io/unschedulable",)), "is cordoned"),
+    (NodeMarks(unschedulable=True, taints=("node.kubernetes.io/unschedulable", "karpenter.sh/disrupted")),
+     "is tainted karpenter.sh/disrupted"),
     (NodeMarks(taints=("nvsentinel.dgxc.nvidia.com/cordon",)), "is tainted nvsentinel.dgxc.nvidia.com/cordon"),
     (NodeMarks(fatal_xid="XID 79 on GPU 0"), "has a fatal GPU XID (XID 79 on GPU 0)"),
 ])
