@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from tests.cluster.logs_server import serve_tls
 from tests.cluster.pki import Pki
 from tests.etcd_process import free_port
 
@@ -56,15 +57,8 @@ class FaultProxy:
         serving.load_cert_chain(str(self.pki.cert("apiserver")), str(self.pki.key("apiserver")))
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, handler_cancellation=True)
         await self._runner.setup()
-        for attempt in range(3):  # a port found free may be taken before the bind (another test process)
-            try:
-                await web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=serving).start()
-                break
-            except OSError:
-                if attempt == 2:
-                    raise
-                self.port = free_port()
-                self.url = f"https://127.0.0.1:{self.port}"
+        self.port = await serve_tls(self._runner, self.port, serving)
+        self.url = f"https://127.0.0.1:{self.port}"
 
     async def stop(self) -> None:
         self.open.set()

@@ -18,6 +18,20 @@ LogFile = Callable[[str, str, str], Path | None]
 FOLLOW_POLL_S = 0.2
 
 
+async def serve_tls(runner: web.AppRunner, port: int, context: ssl.SSLContext, attempts: int = 3) -> int:
+    """Serve `runner` on loopback `port`, or on another free one when that was taken between choosing it and the bind
+    (another test process starting a cluster): the port it serves on."""
+    for attempt in range(1, attempts + 1):
+        try:
+            await web.TCPSite(runner, "127.0.0.1", port, ssl_context=context).start()
+            return port
+        except OSError:
+            if attempt == attempts:
+                raise
+            port = free_port()
+    raise AssertionError("unreachable")
+
+
 def tail(data: bytes, lines: int) -> bytes:
     if lines < 0:
         return data
@@ -41,14 +55,7 @@ class LogsServer:
         context.load_cert_chain(str(self.pki.cert("kubelet")), str(self.pki.key("kubelet")))
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
-        for attempt in range(3):  # a port found free may be taken before the bind (another test process)
-            try:
-                await web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=context).start()
-                break
-            except OSError:
-                if attempt == 2:
-                    raise
-                self.port = free_port()
+        self.port = await serve_tls(self._runner, self.port, context)
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -285,6 +285,9 @@ class ApiServer:
     async def watch(self, request: web.Request, rt: ResourceType, version: str, namespace: str) -> web.StreamResponse:
         query = request.query
         watcher = self.store.watch(rt, namespace, self._predicate(request), query.get("resourceVersion"))
+        if query.get("sendInitialEvents") == "true":  # a streaming list (client-go's WatchListClient, kubectl 1.37)
+            watcher.send("BOOKMARK", {"kind": rt.kind, "apiVersion": rt.api_version(version), "metadata": {
+                "resourceVersion": str(self.store.rv), "annotations": {"k8s.io/initial-events-end": "true"}}})
         timeout = float(query.get("timeoutSeconds") or self.default_watch_timeout)
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
         as_table = self._wants_table(request)

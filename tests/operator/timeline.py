@@ -83,6 +83,7 @@ def timeline(env: OpEnv, job: str, start: float, end: float, zero: float | None 
     `zero` (default: `start`). Kubernetes events are stamped to the second."""
     lines = (_record_lines(env.records(job), start, end) + _event_lines(env.events_of(job), start, end)
              + _pod_lines(env.cluster.log_dir, job, start, end)
-             + _etcd_lines(env.cluster.work_dir / "rendezvous-etcd.log", start, end))
+             + _etcd_lines(next((p for p in (env.cluster.work_dir / n for n in ("rendezvous-etcd.log", "etcd-data.log"))
+                                 if p.exists()), env.cluster.work_dir / "etcd-data.log"), start, end))
     zero = start if zero is None else zero
     return "\n".join(f"{at - zero:+8.3f}s {text}" for at, text in sorted(lines))
