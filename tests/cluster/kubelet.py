@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import contextvars
 import ssl
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from tests.k8s_emulator.nodes import NodeSetup
 
 acting_node: contextvars.ContextVar[str] = contextvars.ContextVar("acting_node")
 LEASE_SECONDS = 40
+GRAPH_LAG_S = 30.0  # how long a node's 403 on its own pod's objects is taken for the authorizer's graph lagging
 
 
 class NodeClients(KubeHttpClient):
@@ -197,10 +199,28 @@ class ClusterKubelet(ProcessKubelet):
                    "spec": {"audiences": [], "expirationSeconds": 3607,
                             "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": meta["name"],
                                                "uid": meta["uid"]}}}
-        reply = await self.api.request("POST", resource_path("serviceaccounts", meta["namespace"], account, "token"),
-                                       request)
+        reply = await self._as_node_graph_allows(
+            lambda: self.api.request("POST", resource_path("serviceaccounts", meta["namespace"], account, "token"),
+                                     request))
         return podenv.write_service_account(self.credentials_dir / running.uid, pod, self.api_url,
                                             token=reply["status"]["token"], ca_pem=self.pki.ca_cert.read_text())
+
+    async def _fetch(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._as_node_graph_allows(lambda: super(ClusterKubelet, self)._fetch(plural, namespace, name))
+
+    @staticmethod
+    async def _as_node_graph_allows(call: Callable[[], Awaitable[Any]], within: float = GRAPH_LAG_S) -> Any:
+        """The Node authorizer allows a node the objects of its pods once its graph has seen the pod bound, which
+        trails the binding the kubelet's watch already shows: a 403 then is retried for a while, as a kubelet's
+        sync loop retries, instead of failing the pod's start."""
+        deadline = asyncio.get_running_loop().time() + within
+        while True:
+            try:
+                return await call()
+            except ApiStatusError as err:
+                if err.code != 403 or asyncio.get_running_loop().time() > deadline:
+                    raise
+            await asyncio.sleep(0.25)
 
     def _log_files(self, namespace: str, name: str, container: str) -> Path | None:
         """The log file of a container of a pod this kubelet runs (None when it runs no such pod)."""
