@@ -15,6 +15,7 @@ insists on) and every string a rule reads (`Text` sets maxLength).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,20 +52,20 @@ def _walk(value: Any, parts: list[str], where: str) -> Iterator[tuple[str, Any]]
 
 
 @dataclass(frozen=True)
-class Rule:
+class Rule(ABC):
     """The base: a rule on the node at `path`. `sub_field` names the field under it that its message is about."""
 
     path: str
     message: str
     sub_field: str = ""
 
+    @abstractmethod
     def violated(self, value: Any) -> list[str]:
         """The sub-paths (relative to the node, "" for the node itself) where `value` breaks the rule."""
-        raise NotImplementedError
 
+    @abstractmethod
     def schema(self) -> dict[str, Any]:
         """Keywords this rule sets on its schema node (CEL rules included)."""
-        raise NotImplementedError
 
     def _cel(self, rule: str) -> dict[str, Any]:
         out = {"rule": rule, "message": self.message}
