@@ -23,6 +23,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def stop_process(process: subprocess.Popen[bytes] | None, kill: bool = False, timeout: float = 10.0) -> None:
+    """SIGTERM (or SIGKILL) a server process and wait for it; SIGKILL if it outlasts `timeout`."""
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class EtcdExited(RuntimeError):
     """etcd exited while starting (e.g. a port taken between choosing it and binding it)."""
 
@@ -108,14 +120,7 @@ class EtcdServer:
 
     def stop(self, kill: bool = False) -> None:
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, kill)
 
     def restart(self, down_seconds: float = 0.0) -> None:
         self.stop()

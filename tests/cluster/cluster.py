@@ -13,6 +13,7 @@ from tests.cluster.controlplane import ControlPlane, ControlPlaneOptions, write_
 from tests.cluster.fault_proxy import FaultProxy
 from tests.cluster.kubelet import ClusterKubelet
 from tests.etcd_process import EtcdServer
+from tests.k8s_emulator.fixtures import KubeletHandle as EmulatorKubeletHandle
 from tests.k8s_emulator.fixtures import _LoopThread
 from tests.k8s_emulator.nodes import NodeSetup
 
@@ -28,34 +29,14 @@ class ClusterOptions:
     scheduler_names: tuple[str, ...] = ()  # more kube-scheduler profiles, beside default-scheduler
 
 
-class KubeletHandle:
-    """Thread-safe controls of the process kubelet."""
+class KubeletHandle(EmulatorKubeletHandle):
+    """Thread-safe controls of the process kubelet (lose_node, restore_node, pid_of, oom_kill, ...), and nodes
+    registered later."""
 
-    def __init__(self, kubelet: ClusterKubelet, loop: _LoopThread) -> None:
-        self._kubelet, self._loop = kubelet, loop
-
-    @property
-    def node_names(self) -> list[str]:
-        return list(self._kubelet.node_names)
-
-    def lose_node(self, node: str) -> None:
-        """The machine dies: no more Lease renewals or status, its processes frozen."""
-        self._loop.run(self._kubelet.lose_node(node))
-
-    def restore_node(self, node: str) -> None:
-        self._loop.run(self._kubelet.restore_node(node))
+    _kubelet: ClusterKubelet
 
     def add_node(self, node: str, setup: NodeSetup | None = None) -> None:
         self._loop.run(self._kubelet.add_node(node, setup))
-
-    def pid_of(self, namespace: str, name: str) -> int | None:
-        return self._loop.call(self._kubelet.pid_of, namespace, name)
-
-    def set_resources(self, node: str, resources: dict[str, str]) -> None:
-        self._loop.run(self._kubelet.set_resources(node, resources))
-
-    def oom_kill(self, namespace: str, name: str) -> bool:
-        return self._loop.run(self._kubelet.oom_kill(namespace, name))
 
 
 class ApiHandle:

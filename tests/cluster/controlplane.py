@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import ssl
 import subprocess
 import time
@@ -23,7 +22,7 @@ import yaml
 
 from tests.cluster import pki as pki_module
 from tests.cluster.binary import ensure_binary, kubernetes_version
-from tests.etcd_process import EtcdServer, free_port
+from tests.etcd_process import EtcdServer, free_port, stop_process
 
 # Admission plugins beyond the API server's defaults (which already include NamespaceLifecycle, LimitRanger,
 # ServiceAccount, DefaultTolerationSeconds, PodSecurity, Priority, RuntimeClass, ResourceQuota and the webhooks).
@@ -124,15 +123,7 @@ class ControlPlane:
         if component == "etcd":
             self.etcd.stop(kill=kill)
             return
-        process = self.processes.pop(component, None)
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(self.processes.pop(component, None), kill, timeout=20)
 
     def restart(self, component: str, down_seconds: float = 0.0) -> None:
         self.stop_component(component)

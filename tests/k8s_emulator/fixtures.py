@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.k8s_emulator.kubelet import ProcessKubelet
 from tests.k8s_emulator.runtime import EmulatedCluster, write_kubeconfig
 
 T = TypeVar("T")
@@ -59,10 +60,12 @@ class _LoopThread:
 class KubeletHandle:
     """Thread-safe controls of the process kubelet."""
 
-    def __init__(self, cluster: EmulatedCluster, loop: _LoopThread) -> None:
-        assert cluster.kubelet is not None
-        self._kubelet, self._loop = cluster.kubelet, loop
-        self.node_names = list(cluster.kubelet.node_names)
+    def __init__(self, kubelet: ProcessKubelet, loop: _LoopThread) -> None:
+        self._kubelet, self._loop = kubelet, loop
+
+    @property
+    def node_names(self) -> list[str]:
+        return list(self._kubelet.node_names)
 
     def lose_node(self, node: str) -> None:
         self._loop.run(self._kubelet.lose_node(node))
@@ -133,7 +136,7 @@ class RunningCluster:
         self.log_dir = cluster.log_dir
         self.etcd_url = cluster.etcd_url
         self.api = ApiHandle(cluster, loop)
-        self.kubelet = KubeletHandle(cluster, loop) if cluster.kubelet is not None else None
+        self.kubelet = KubeletHandle(cluster.kubelet, loop) if cluster.kubelet is not None else None
         self._stopped = False
 
     def stop(self) -> None:
