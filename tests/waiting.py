@@ -9,12 +9,14 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def eventually(check: Callable[[], T | None], timeout: float = 10.0, what: str = "condition",
+def eventually(check: Callable[[], T | None], timeout: float = 10.0, what: str | Callable[[], str] = "condition",
                interval: float = 0.05) -> T:
+    """`what` may be a callable: it is called at the timeout, to say the state the wait ended in."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value:
             return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
         time.sleep(interval)

@@ -218,7 +218,18 @@ class OpEnv:
 
     def wait_phase(self, name: str, phase: str, timeout: float) -> dict[str, Any]:
         return eventually(lambda: (s := self.status(name)).get("phase") == phase and s, timeout,
-                          f"{name} to reach {phase} (now {self.status(name).get('phase')})", interval=0.5)
+                          lambda: f"{name} to reach {phase}; now {self._state(name)}", interval=0.5)
+
+    def _state(self, name: str) -> str:
+        """The job's phase, reason, message and true conditions, and its pods' phases: what a timed-out wait says."""
+        status = self.status(name)
+        conditions = [f"{c['type']}: {c.get('message', '')}" for c in status.get("conditions", [])
+                      if c.get("status") == "True"]
+        pods = [f"{p['metadata']['name']}={(p.get('status') or {}).get('phase')}" for p in self.pods(name)]
+        log = self.operator.log_path.read_text(errors="replace").splitlines() if self.operator.log_path.exists() else []
+        said = [line for line in log if name in line][-12:]
+        return (f"{status.get('phase')} ({status.get('reason')}: {status.get('message')}); conditions {conditions}; "
+                f"pods {pods}; last step {self.last_step(name)}; the operator's last lines on it:\n" + "\n".join(said))
 
     def delete(self, name: str) -> None:
         self.kubectl("delete", "tj", name, "--wait=false", check=False)

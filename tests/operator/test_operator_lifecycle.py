@@ -222,7 +222,7 @@ def test_a_job_naming_an_unfinished_jobs_checkpoint_dir_waits_for_it_then_resume
     assert "CheckpointDirInUse" in op_env.kubectl("describe", "tj", second).stdout
     op_env.kubectl("patch", "tj", first, "--type=merge", "-p", '{"spec": {"suspend": false}}')
     assert op_env.wait_phase(first, "Succeeded", 180)["step"] == LONG_STEPS
-    status = op_env.wait_phase(second, "Succeeded", 120)
+    status = op_env.wait_phase(second, "Succeeded", 240)
     assert status["step"] == LONG_STEPS + 20 and status["restarts"] == 0, status
     assert status["lastRestore"]["step"] == LONG_STEPS, status  # resumed where the first job ended
     freed = next(c for c in status["conditions"] if c["type"] == "CheckpointDirInUse")
