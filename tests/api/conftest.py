@@ -1,14 +1,19 @@
-"""The API against the test cluster's Kubernetes API emulator (no kubelet, no operator: the tests write pod and
-job status themselves, as the kubelet and operator would, so every response is deterministic).
+"""The API against the test cluster's real API server (kube-apiserver, etcd and the controllers; no kubelet runs a
+pod, no operator: the tests write pod and job status themselves, as the kubelet and operator would, so every
+response is deterministic).
 
-`api_env` (module scope) starts the emulator, installs the CRD and wraps the app in FastAPI's TestClient, whose
-start-up starts the watch-backed cache and the actions on the app's event loop through the product's client
-(flywheel/kube), as `flywheel api` does; the tests write through the official sync client. Tokens: ADMIN may do
-everything, VIEWER (group flywheel:viewers) may only read.
+`api_env` (module scope) starts the cluster, installs the CRD, registers two Ready nodes for the pods to be bound to,
+and wraps the app in FastAPI's TestClient, whose start-up starts the watch-backed cache and the actions on the app's
+event loop through the product's client (flywheel/kube), as `flywheel api` does; the tests write through the
+official sync client. The app's callers authenticate with its token file (ADMIN may do everything, VIEWER, group
+flywheel:viewers, may only read); `service_account_token` and `kubectl` give tests the cluster's own callers
+(TokenRequest tokens judged by TokenReview and RBAC).
 """
 
 from __future__ import annotations
 
+import datetime
+import subprocess
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,12 +30,36 @@ from flywheel.api.cache import KubeCache
 from flywheel.api.job_actions import KubeActions
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.kube.client import Kube, load_credentials
-from tests.k8s_emulator.fixtures import RunningCluster, start_cluster
+from tests.cluster.cluster import TestCluster
+from tests.cluster.fixtures import start_cluster
 from tests.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "trainingjobs.flywheel.dev.yaml"
+CRD_NAME = "trainingjobs.flywheel.dev"
 ADMIN, VIEWER = "admin-token-0123", "viewer-token-4567"
+NODES = ("node-1", "node-2")
+# No kubelet heartbeats these nodes: a grace longer than any module keeps the node-lifecycle controller from taking
+# them (and their pods) for lost.
+NODE_GRACE_S = 3600.0
+STRATEGIC = "application/strategic-merge-patch+json"
+
+
+def kubectl(cluster: TestCluster, *args: str) -> str:
+    """The real kubectl (the control plane's binary is kubectl too) as the cluster's admin; fails the test on an
+    error."""
+    argv = [str(cluster.control_plane.binary), "kubectl", "--kubeconfig", str(cluster.kubeconfig), *args]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+    return done.stdout
+
+
+def service_account_token(cluster: TestCluster, account: str, namespace: str = "default",
+                          bound_secret: str | None = None) -> str:
+    """A token of `account` from the TokenRequest API (`kubectl create token`); bound to a Secret, it is revoked
+    when that Secret is deleted."""
+    bound = ["--bound-object-kind", "Secret", "--bound-object-name", bound_secret] if bound_secret else []
+    return kubectl(cluster, "-n", namespace, "create", "token", account, "--duration", "1h", *bound).strip()
 
 
 def job_doc(name: str, namespace: str = "default", rmin: int = 1, rmax: int = 3, procs: int = 2) -> dict[str, Any]:
@@ -44,7 +73,7 @@ def job_doc(name: str, namespace: str = "default", rmin: int = 1, rmax: int = 3,
 
 @dataclass
 class ApiEnv:
-    cluster: RunningCluster
+    cluster: TestCluster
     kube: client.ApiClient
     http: TestClient
     cache: KubeCache
@@ -93,7 +122,7 @@ class ApiEnv:
         self.core.patch_namespaced_pod_status(name, namespace, {"status": {
             "phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
             "containerStatuses": [{"name": "worker", "ready": ready, "restartCount": 0, "image": "flywheel:latest",
-                                   "imageID": "", "state": state}]}})
+                                   "imageID": "", "state": state}]}}, _content_type=STRATEGIC)
         eventually(lambda: any(p["metadata"]["name"] == name and (p.get("status") or {}).get("phase") == phase
                                for p in self.cache.pods(namespace, job)), what=f"pod {name} in the cache")
 
@@ -110,29 +139,49 @@ class ApiEnv:
                                for e in self.cache.events(namespace, {target})), what=f"event {reason}")
 
 
+def register_nodes(core: client.CoreV1Api) -> None:
+    """Nodes as a kubelet registers them, Ready once: the tests' pods are bound to them (a pod bound to no Node is
+    garbage-collected)."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": now,
+             "lastTransitionTime": now}
+    for node in NODES:
+        core.create_node({"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}})
+        core.patch_node_status(node, {"status": {"conditions": [ready]}}, _content_type=STRATEGIC)
+
+
+def prepare(cluster: TestCluster, kube: client.ApiClient) -> None:
+    client.ApiextensionsV1Api(kube).create_custom_resource_definition(yaml.safe_load(CRD.read_text()))
+    core = client.CoreV1Api(kube)
+    core.create_namespace({"metadata": {"name": "team-b"}})
+    register_nodes(core)
+    cluster.wait_established(CRD_NAME)
+    # A pod is admitted once its namespace's default ServiceAccount exists (the controllers make it).
+    eventually(lambda: core.list_namespaced_service_account("team-b").items, timeout=30,
+               what="team-b's default ServiceAccount")
+
+
 @pytest.fixture(scope="module")
 def api_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiEnv]:
     tmp = tmp_path_factory.mktemp("api")
-    cluster = start_cluster(tmp / "cluster", run_kubelet=False)
-    kube = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-    client.ApiextensionsV1Api(kube).create_custom_resource_definition(yaml.safe_load(CRD.read_text()))
-    client.CoreV1Api(kube).create_namespace({"metadata": {"name": "team-b"}})
-    token_file = tmp / "tokens.csv"
-    token_file.write_text(f"# token,user,uid,groups\n{ADMIN},alice,u1\n{VIEWER},bob,u2,\"flywheel:viewers,dev\"\n")
+    with start_cluster(tmp / "cluster", nodes=0, node_monitor_grace_seconds=NODE_GRACE_S) as cluster:
+        kube = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        prepare(cluster, kube)
+        token_file = tmp / "tokens.csv"
+        token_file.write_text(f"# token,user,uid,groups\n{ADMIN},alice,u1\n{VIEWER},bob,u2,\"flywheel:viewers,dev\"\n")
 
-    async def start(app: Any) -> Callable[[], Awaitable[None]]:
-        served = Kube(await load_credentials(str(cluster.kubeconfig)))
-        cache = KubeCache(served, watch_seconds=5).start()
-        assert await cache.wait_synced(15), "the cache did not sync with the emulator"
-        app.state.source, app.state.actions = cache, KubeActions(served)
+        async def start(app: Any) -> Callable[[], Awaitable[None]]:
+            served = Kube(await load_credentials(str(cluster.kubeconfig)))
+            cache = KubeCache(served, watch_seconds=5).start()
+            assert await cache.wait_synced(15), "the cache did not sync with the API server"
+            app.state.source, app.state.actions = cache, KubeActions(served)
 
-        async def stop() -> None:
-            await cache.stop()
-            await served.close()
-        return stop
+            async def stop() -> None:
+                await cache.stop()
+                await served.close()
+            return stop
 
-    app = create_app(None, TokenFileAuth.from_file(token_file), startup=start)
-    with TestClient(app) as http:
-        yield ApiEnv(cluster, kube, http, app.state.source, token_file)
-    kube.close()
-    cluster.stop()
+        app = create_app(None, TokenFileAuth.from_file(token_file), startup=start)
+        with TestClient(app) as http:
+            yield ApiEnv(cluster, kube, http, app.state.source, token_file)
+        kube.close()

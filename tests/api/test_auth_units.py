@@ -1,5 +1,6 @@
-"""KubeAuth (TokenReview + SubjectAccessReview) against a stub client (the emulator has neither API), the
-token file parser, and the app's 403 from a SubjectAccessReview denial; readiness before the cache syncs."""
+"""KubeAuth (TokenReview + SubjectAccessReview) against a stub client (each answer's shape without a cluster;
+tests/api/test_cli.py has the real API server answer them), the token file parser, and the app's 403 from a
+SubjectAccessReview denial; readiness before the cache syncs."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from flywheel.api.auth import Principal, TokenFileAuth
 from flywheel.api.localrun import EventLogSource
 from flywheel.spec import parse_job
 from tests.api.conftest import REPO, eventually
-from tests.k8s_emulator.runtime import free_port
+from tests.etcd_process import free_port
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 JOB = {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "tiny"},

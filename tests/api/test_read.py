@@ -1,5 +1,5 @@
-"""Read endpoints against the emulator through the watch-backed cache: list (filters, pages), detail, events,
-timeline, probes, metrics, not-found and bad input."""
+"""Read endpoints against the test cluster's real API server through the watch-backed cache: list (filters, pages),
+detail, events, timeline, probes, metrics, not-found and bad input."""
 
 from __future__ import annotations
 

@@ -123,8 +123,11 @@ class FaultProxy:
         body = await request.read()
         watching = request.query.get("watch") in ("true", "1")
         try:
+            # aiohttp would add a Content-Type of its own (octet-stream) where the caller sent none; the API server
+            # takes none for JSON and refuses octet-stream (415).
             upstream = await self._session.request(request.method, self.upstream_url + request.rel_url.raw_path_qs,
-                                                   headers=headers, data=body or None, allow_redirects=False)
+                                                   headers=headers, data=body or None, allow_redirects=False,
+                                                   skip_auto_headers=("Content-Type",))
         except aiohttp.ClientError as err:
             return web.json_response(_status(503, "ServiceUnavailable", f"the API server is unreachable: {err}"),
                                      status=503)

@@ -28,7 +28,7 @@ import pytest
 from kubernetes import client, config
 
 from flywheel.crd import GROUP, PLURAL, VERSION
-from tests.k8s_emulator.fixtures import start_cluster
+from tests.cluster.fixtures import start_cluster
 from tests.monitoring.prometheus_server import PROMETHEUS_BINARY, ChildProcess, PrometheusServer, ScrapeJob, free_port
 from tests.operator.conftest import CRD, IDLE_STEP_S, KUBECTL, OpEnv, OperatorProcess, eventually
 from tests.rank_processes import alive, trainer_ranks
@@ -47,7 +47,7 @@ def hang_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OpEnv, 
         pytest.skip("real kubectl or prometheus missing: run scripts/install-tools.sh")
     tmp = tmp_path_factory.mktemp("hang-e2e")
     cluster = start_cluster(tmp / "cluster", nodes=1, etcd=True, heartbeat_seconds=0.5)
-    metrics_port = free_port()  # the test cluster moves worker i to metrics_port + i (pod_hooks.py): one worker here
+    metrics_port = free_port()  # the one worker (index 0) serves its metrics on this port of the host
     # GPU 0 of the node is used by the XID test's pod (dcgm-exporter's pod mapping); the exporter pod's own
     # namespace/pod are target labels, so Prometheus keeps the user's as exported_namespace/exported_pod.
     dcgm = ChildProcess("tests.fakes.dcgm_exporter", "--hostname", NODE, "--gpus", "2",
@@ -65,7 +65,10 @@ def hang_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OpEnv, 
     operator.extra_args = ["--metrics-port-base", str(metrics_port), "--no-hang-detection"]
     env = OpEnv(cluster, operator, events_dir, tmp)
     try:
+        for claim in ("flywheel-ckpt", "flywheel-events"):  # the example's and the events': bound at once
+            cluster.add_claim(claim)
         env.kubectl("apply", "-f", str(CRD))
+        cluster.wait_established("trainingjobs.flywheel.dev")
         operator.start()
         yield env, prom, dcgm
     finally:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.k8s_emulator.fixtures import start_cluster
+from tests.cluster.fixtures import start_cluster
 from tests.operator.conftest import CRD, KUBECTL, OpEnv, OperatorProcess, eventually
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,10 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpEnv]:
     operator.monitor_args = ["--prometheus-url", UNREACHABLE, "--health-interval", "0.5", "--prometheus-timeout", "1"]
     op_env = OpEnv(cluster, operator, events_dir, tmp)
     try:
+        for claim in ("flywheel-ckpt", "flywheel-events"):  # the example's and the events': bound at once
+            cluster.add_claim(claim)
         op_env.kubectl("apply", "-f", str(CRD))
+        cluster.wait_established("trainingjobs.flywheel.dev")
         operator.start()
         yield op_env
     finally:
