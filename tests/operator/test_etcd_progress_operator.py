@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.k8s_emulator.fixtures import start_cluster
+from tests.cluster.fixtures import start_cluster
 from tests.operator.conftest import CRD, KUBECTL, OpEnv, OperatorProcess, eventually
 from tests.rank_processes import alive, trainer_ranks
 
@@ -25,11 +25,13 @@ def etcd_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpEnv]:
     if not KUBECTL.exists():
         pytest.skip("real kubectl missing: run scripts/install-tools.sh")
     tmp = tmp_path_factory.mktemp("etcd-only")
-    cluster = start_cluster(tmp / "cluster", nodes=2, etcd=True, heartbeat_seconds=0.5)
+    cluster = start_cluster(tmp / "cluster", nodes=2, etcd=True, node_monitor_grace_seconds=3.0, heartbeat_seconds=0.5)
+    cluster.add_claim("flywheel-ckpt")  # the example's checkpoint claim: kube-scheduler places no pod without it
     operator = OperatorProcess(cluster, None, tmp / "operator.log")  # no events dir; --no-health-monitor
     env = OpEnv(cluster, operator, tmp / "no-events", tmp)
     try:
         env.kubectl("apply", "-f", str(CRD))
+        cluster.wait_established("trainingjobs.flywheel.dev")
         operator.start()
         yield env
     finally:

@@ -1,5 +1,5 @@
-"""The executor against the API emulator (no kubelet): a deleted headless Service is created again, and an action
-it cannot carry out is an error, never dropped."""
+"""The executor against the test cluster's real control plane (no kubelet serves the jobs' nodes): a deleted headless
+Service is created again, and an action it cannot carry out is an error, never dropped."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from flywheel.kube.client import Kube, KubeApiError
 from flywheel.operator import job_actions
 from flywheel.policy.decisions import CreatePod, Pass
 from flywheel.spec_status import TrainingJobStatus
-from tests.k8s_emulator.fixtures import RunningCluster
+from tests.cluster.cluster import TestCluster as RunningCluster
 from tests.operator.test_health_actions import NS, World, cluster, run  # noqa: F401 (the module's cluster fixture)
 
 

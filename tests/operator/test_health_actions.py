@@ -1,6 +1,7 @@
-"""The health monitor's Kubernetes side (`flywheel/operator/health_executor.py`) against the API emulator, with no
-kubelet and no trainers: TrainingJobs and Running pods are written directly, Prometheus is
-`tests/fakes/prometheus_api.py`, and the job's reconcile pass is `JobRunner.reconcile_once()` called by hand."""
+"""The health monitor's Kubernetes side (`flywheel/operator/health_executor.py`) against the test cluster's real
+control plane, with no kubelet and no trainers for the jobs here: TrainingJobs, their Nodes (which no kubelet serves)
+and Running pods bound to them are written directly, Prometheus is `tests/fakes/prometheus_api.py`, and the job's
+reconcile pass is `JobRunner.reconcile_once()` called by hand."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ from flywheel.operator.health_executor import BackgroundMonitor, KubeHealthActio
 from flywheel.operator.xid_memory import KubeXidMemory
 from flywheel.policy.conditions import iso
 from flywheel.policy.health_checks import HealthSettings
+from tests.cluster.cluster import TestCluster as RunningCluster
+from tests.cluster.fixtures import start_cluster
 from tests.fakes.prometheus_api import FakePrometheus
-from tests.k8s_emulator.fixtures import RunningCluster, start_cluster
 from tests.operator.reconcile_json import condition
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,17 +41,23 @@ NS = "default"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster]:
-    running = start_cluster(tmp_path_factory.mktemp("health-cluster"), run_kubelet=False)
+    # The kubelet's one node is not one the tests bind pods to: their pods stay as written.
+    running = start_cluster(tmp_path_factory.mktemp("health-cluster"), nodes=1)
     try:
         async def install() -> None:
-            kube = Kube(Connection(running.api_url))
+            kube = Kube(admin(running))
             await kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
                               yaml.safe_load(CRD.read_text()))
             await kube.close()
         asyncio.run(install())
+        running.wait_established("trainingjobs.flywheel.dev")
         yield running
     finally:
         running.stop()
+
+
+def admin(cluster: RunningCluster) -> Connection:
+    return Connection(cluster.api_url, cluster.admin_token, str(cluster.ca_file))
 
 
 @pytest.fixture
@@ -110,15 +118,18 @@ class World:
         return cond
 
     async def deleted_pods(self) -> list[str]:
-        """Workers deleted (gone, or terminating: no kubelet here to finish the deletion)."""
+        """Workers deleted (gone, or terminating: no kubelet serves their node to finish the deletion)."""
         listed = await self.kube.list(Kube.core(NS, "pods"), f"{m.JOB_LABEL}={self.name}")
         pods = {p["metadata"]["name"]: p for p in listed}
         names = [f"{self.name}-worker-{i}" for i in range(2)]
         return [n for n in names if n not in pods or pods[n]["metadata"].get("deletionTimestamp")]
 
     async def events(self, involved: str | None = None) -> list[tuple[str, str]]:
+        """The operator's events on the job (or a node): kube-controller-manager's on the nodes (RegisteredNode)
+        are not the test's."""
         items = await self.kube.list(Kube.core(NS, "events"))
-        return [(e["reason"], e["message"]) for e in items if e["involvedObject"]["name"] == (involved or self.name)]
+        return [(e["reason"], e["message"]) for e in items if e["involvedObject"]["name"] == (involved or self.name)
+                and (e.get("source") or {}).get("component") == "flywheel-operator"]
 
 
 def monitor(kube: Kube, prom: FakePrometheus, cordon: bool = True, runners: tuple[JobRunner, ...] = (),
@@ -154,7 +165,7 @@ def xid(node: str, code: int, pod: str | None = None) -> tuple[dict[str, str], f
 
 def run(cluster: RunningCluster, scenario: Any) -> None:
     async def main() -> None:
-        kube = Kube(Connection(cluster.api_url))
+        kube = Kube(admin(cluster))
         try:
             await scenario(kube)
         finally:

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.cluster.fixtures import start_cluster
 from tests.fakes.prometheus_api import FakePrometheus
-from tests.k8s_emulator.fixtures import start_cluster
 from tests.operator.conftest import CRD, KUBECTL, OpEnv, OperatorProcess, eventually
 
 
@@ -18,7 +18,9 @@ def health_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OpEnv
     if not KUBECTL.exists():
         pytest.skip("real kubectl missing: run scripts/install-tools.sh")
     tmp = tmp_path_factory.mktemp("health-operator")
-    cluster = start_cluster(tmp / "cluster", nodes=2, etcd=True, heartbeat_seconds=0.5)
+    cluster = start_cluster(tmp / "cluster", nodes=2, etcd=True, node_monitor_grace_seconds=3.0, heartbeat_seconds=0.5)
+    for claim in ("flywheel-ckpt", "flywheel-events"):  # the example's and the events' (kube-scheduler waits for them)
+        cluster.add_claim(claim)
     prom = FakePrometheus()
     events_dir = tmp / "events"
     events_dir.mkdir()
@@ -27,6 +29,7 @@ def health_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OpEnv
     env = OpEnv(cluster, operator, events_dir, tmp)
     try:
         env.kubectl("apply", "-f", str(CRD))
+        cluster.wait_established("trainingjobs.flywheel.dev")
         operator.start()
         yield env, prom
     finally:
