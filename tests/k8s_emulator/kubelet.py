@@ -25,7 +25,7 @@ from tests.k8s_emulator.scheduler import PodScheduler
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHM_BASE = Path("/dev/shm")  # the machine's: each node's host memory is a folder of it
-KUBELET_VERSION = "v1.33.0-flywheel"
+KUBELET_VERSION = "v1.37.2-flywheel"  # the control plane's release (tests/k8s/controlplane): within the version skew
 
 
 def _micro_now() -> str:

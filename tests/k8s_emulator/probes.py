@@ -126,7 +126,7 @@ def _address(action: Mapping[str, Any], container: Mapping[str, Any], pod_ip: st
 
 async def _http_get(url: str, action: Mapping[str, Any]) -> str | None:
     headers = {h["name"]: h.get("value", "") for h in action.get("httpHeaders") or []}
-    headers.setdefault("User-Agent", "kube-probe/1.33")
+    headers.setdefault("User-Agent", "kube-probe/1.37")
     try:
         async with aiohttp.ClientSession() as session, session.get(url, headers=headers, ssl=False) as response:
             if 200 <= response.status < 400:
