@@ -1,5 +1,7 @@
-"""The operator benchmarks' test bed: the test cluster (API emulator, process kubelet, real etcd), the real
-`flywheel operator` process and the real kubectl, with jobs made from examples/operator-tiny.yaml."""
+"""The operator benchmarks' test bed: the test cluster (the real control plane, the process kubelet, an etcd for
+rendezvous), the real `flywheel operator` process and the real kubectl, with jobs made from
+examples/operator-tiny.yaml (its checkpoint claim and the events' bound to volumes of their own, as the operator tests
+have them)."""
 
 from __future__ import annotations
 
@@ -19,16 +21,19 @@ EXAMPLE = REPO / "examples" / "operator-tiny.yaml"
 
 class Bed:
     def __init__(self, workdir: Path, node_grace: float, nodes: int = 2) -> None:
-        from tests.k8s_emulator.fixtures import start_cluster
+        from tests.cluster.fixtures import start_cluster
         from tests.operator.conftest import OperatorProcess
 
         self.workdir = workdir
         self._api: Any = None
         self.cluster = start_cluster(workdir / "cluster", nodes=nodes, etcd=True,
                                      node_monitor_grace_seconds=node_grace)
+        for claim in ("flywheel-ckpt", "flywheel-events"):  # kube-scheduler places no pod whose claim is unbound
+            self.cluster.add_claim(claim)
         self.events = workdir / "events"
         self.events.mkdir()
         self.kubectl("apply", "-f", str(CRD))
+        self.cluster.wait_established("trainingjobs.flywheel.dev")
         self.operator = OperatorProcess(self.cluster, self.events, workdir / "operator.log")
         self.operator.start()
 

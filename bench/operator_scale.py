@@ -1,13 +1,13 @@
 """Operator scale: what the operator costs the API server and the machine, each figure against a peer measured on
 the same test cluster in the same run, by figures that carry over to a real API server.
 
-The test cluster runs without its process kubelet: a stand-in kubelet in the bench writes the pods' status
-(Running, or Succeeded with exit 0) without running anything, so hundreds of jobs fit on 2 cores
-(bench/operator_scale_bed.py). The real `flywheel operator` runs as the chart starts it by default (etcd
+The test cluster (the real control plane) runs without nodes or kube-scheduler: a stand-in kubelet in the bench
+writes the pods' status (Running, or Succeeded with exit 0) without running anything, so hundreds of jobs fit on 2
+cores (bench/operator_scale_bed.py). The real `flywheel operator` runs as the chart starts it by default (etcd
 endpoints, no events volume, no Prometheus). Figures (result keys):
 
 - `api_requests_per_job_minute`: N running 2-pod jobs held for a while (full: 200 jobs, 2 minutes), the
-  operator's API requests counted by the test cluster's request recording, watches counted apart; goal <= 1
+  operator's API requests counted from kube-apiserver's audit log, watches counted apart; goal <= 1
   (a watch-driven operator makes ~0 at steady state). Peer: the goal.
 - `operator_cpu_seconds_per_job`: the operator process's CPU (/proc) for N two-pod jobs applied at once and
   taken to Succeeded (the stand-in kubelet succeeds their pods once all exist), / N, the median of 3 such bursts
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS, percentile, write_result
-from bench.operator_scale_bed import Cluster, cpu_seconds, rss_mb, split_counts
+from bench.operator_scale_bed import OPERATOR_USER, Cluster, cpu_seconds, rss_mb, split_counts
 
 REPO = Path(__file__).resolve().parents[1]
 REQUESTS_GOAL, CPU_RATIO_GOAL, BURST_RATIO_GOAL = 1.0, 1.5, 0.5
@@ -94,13 +94,11 @@ def steady(bed: Cluster, jobs: int, hold_s: float) -> dict[str, Any]:
     bed.create_jobs(names, 2)
     to_running = bed.wait_phase("default", "Running", jobs, 60 + jobs)
     time.sleep(3)  # the last status writes and events of the start
-    recorder = bed.count_requests()
+    mark = bed.mark()
     time.sleep(hold_s)
-    counts = recorder.counts.copy()
+    counts = bed.requests(mark).counts
     bed.kubelet.mode = None
-    from tests.k8s_emulator.runtime import TOKEN
-
-    requests, watches, by_kind = split_counts(counts, TOKEN)
+    requests, watches, by_kind = split_counts(counts, OPERATOR_USER)
     bed.delete_jobs("default", names)
     bed.wait_gone("default", names, 120)  # the operator has let them go: their clean-up is not the burst's CPU
     return {"jobs": jobs, "hold_s": hold_s, "to_running_s": to_running, "requests": requests,
@@ -157,12 +155,19 @@ def bursts(bed: Cluster, namespace: str, prefix: str, jobs: int, pid: int, repea
     return summary
 
 
+def peer_env(bed: Cluster) -> dict[str, str]:
+    """A peer's environment: its own aiohttp client verifies the API server against the default store, which
+    SSL_CERT_FILE points at the test cluster's CA."""
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    return env | {"SSL_CERT_FILE": str(bed.cluster.ca_file)}
+
+
 def kopf_peer(bed: Cluster, workdir: Path, jobs: int, repeats: int) -> dict[str, Any]:
     """The same burst under the minimal kopf operator, started once a probe job shows it serves."""
     log = (workdir / "kopf-peer.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "bench.operator_scale_peer", "kopf", "--kubeconfig",
                              str(bed.cluster.kubeconfig), "--namespace", "peer"], cwd=REPO, stdout=log,
-                            stderr=subprocess.STDOUT, env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"})
+                            stderr=subprocess.STDOUT, env=peer_env(bed))
     try:
         bed.create_jobs(["probe"], 2, "peer")
         if bed.wait_pods("peer", ["probe"], 2, 60)["probe"] is None:
@@ -178,7 +183,7 @@ def bare_peer(bed: Cluster, jobs: int) -> dict[str, Any]:
     """The bare client's burst of the same Service, budget + pods, in its own process; throughput to all pods seen."""
     done = subprocess.run([sys.executable, "-m", "bench.operator_scale_peer", "bare", "--kubeconfig",
                            str(bed.cluster.kubeconfig), "--namespace", "bare", "--jobs", str(jobs)], cwd=REPO,
-                          check=True, capture_output=True, text=True, timeout=300)
+                          check=True, capture_output=True, text=True, timeout=300, env=peer_env(bed))
     began = json.loads(done.stdout.splitlines()[0])["began"]  # after its start-up, as ours is from its first create
     names = [f"bare-{i}" for i in range(jobs)]
     seen = [s for s in bed.wait_pods("bare", names, 2, 60).values() if s is not None]

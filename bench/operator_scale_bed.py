@@ -1,9 +1,10 @@
-"""The test bed of bench/operator_scale: the test cluster without its process kubelet, a stand-in kubelet that
-moves pods to Running or Succeeded by their status alone (no process, no CPU: 200 running jobs fit on 2 cores),
-a clock of when each job's pods were first seen, and a count of each caller's API requests.
+"""The test bed of bench/operator_scale: the test cluster (the real control plane) without nodes or kube-scheduler,
+a stand-in kubelet that moves pods to Running or Succeeded by their status alone (no process, no CPU: 200 running
+jobs fit on 2 cores), a clock of when each job's pods were first seen, and a count of each caller's API requests
+from kube-apiserver's audit log (tests/cluster/audit.py).
 
-The bench's own requests (job creates, the stand-in kubelet's status writes, its watch) carry their own bearer
-token, so the count of the operator's requests (the kubeconfig's token) leaves them out.
+The bench's own requests (job creates, the stand-in kubelet's status writes, its watch) go as a ServiceAccount of
+their own, so the count of the operator's requests (the kubeconfig's admin user) leaves them out.
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ from kubernetes import client, config, watch
 
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.labels import JOB_LABEL
-from tests.k8s_emulator.requestlog import Attributes, RequestRecorder
+from tests.cluster.audit import Attributes, Recorded, service_account
+from tests.cluster.pki import ADMIN_USER
 
 REPO = Path(__file__).resolve().parents[1]
 KUBECTL = REPO / ".tools" / "bin" / "kubectl"
 CRD = REPO / "crds" / "trainingjobs.flywheel.dev.yaml"
-BENCH_TOKEN = "operator-scale-bench"  # the bench's identity in the request count
-NAMESPACES = ("default", "peer", "bare")  # ours, the kopf peer's, the bare client's
+BENCH_ACCOUNT = "operator-scale-bench"  # the bench's identity in the request count (a ServiceAccount in default)
+OPERATOR_USER = ADMIN_USER  # the operator's: the cluster kubeconfig's
+NAMESPACES = ("default", "peer", "bare")
+JSON = {"Content-Type": "application/json"}  # ours, the kopf peer's, the bare client's
 
 
 def job_doc(name: str, replicas: int, namespace: str = "default") -> dict[str, Any]:
@@ -53,8 +57,8 @@ def rss_mb(pid: int) -> float:
 
 
 def split_counts(counts: Counter[tuple[str, Attributes]], identity: str) -> tuple[int, int, dict[str, int]]:
-    """(requests but watches, watches, requests by "verb resource") of one caller, from the test cluster's request
-    recording (tests/k8s_emulator/requestlog.py counts each kind of request per identity)."""
+    """(requests but watches, watches, requests by "verb resource") of one caller, from the audit log's count of each
+    kind of request per user (`Recorded.counts`)."""
     mine: Counter[str] = Counter()
     for (who, (verb, _, resource, _)), n in counts.items():
         if who == identity:
@@ -134,41 +138,57 @@ class StandInKubelet:
 
 
 class Cluster:
-    """The test cluster (real etcd, no process kubelet) with the CRD, the three namespaces and the bench's
-    clients; `recorder` counts requests once `count_requests()` has started it."""
+    """The test cluster with the CRD, the three namespaces and the bench's clients; `mark()` and `requests(mark)`
+    count the API requests in between. Nobody schedules or runs the pods: no nodes, and kube-scheduler stopped (it
+    would mark each pod Unschedulable, a status the operator acts on); the stand-in kubelet writes their status."""
 
     def __init__(self, workdir: Path) -> None:
-        from tests.k8s_emulator.fixtures import start_cluster
+        from tests.cluster.fixtures import start_cluster
 
         self.workdir = workdir
-        self.cluster = start_cluster(workdir / "cluster", nodes=1, etcd=True, run_kubelet=False)
+        self.cluster = start_cluster(workdir / "cluster", nodes=0, etcd=True)
+        plane = self.cluster.control_plane
+        plane.stop_component("kube-scheduler")
         self.kubectl("apply", "-f", str(CRD))
+        self.cluster.wait_established(f"{PLURAL}.{GROUP}")
         for namespace in NAMESPACES[1:]:
             self.kubectl("create", "namespace", namespace)
+        self._wait_default_accounts()
+        bench = service_account(plane.request, "default", BENCH_ACCOUNT, cluster_role="cluster-admin")
         api = config.new_client_from_config(config_file=str(self.cluster.kubeconfig))
-        api.configuration.api_key = {"authorization": f"Bearer {BENCH_TOKEN}"}
+        api.configuration.api_key = {"authorization": f"Bearer {bench.token}"}
         api.rest_client.pool_manager.connection_pool_kw["maxsize"] = 32  # bursts run 16 threads
         self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
         self.kubelet = StandInKubelet(self.core)
-        self.recorder: RequestRecorder | None = None
+
+    def _wait_default_accounts(self, timeout: float = 60.0) -> None:
+        """Each namespace's default ServiceAccount, which kube-controller-manager makes a moment after the namespace
+        (pods are refused until it exists)."""
+        deadline = time.monotonic() + timeout
+        for namespace in NAMESPACES:
+            while self.cluster.control_plane.request(f"/api/v1/namespaces/{namespace}/serviceaccounts/default") is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no default ServiceAccount in {namespace}")
+                time.sleep(0.1)
+
+    def mark(self) -> int:
+        """A position in the API server's audit log: `requests(mark)` counts what came after."""
+        return self.cluster.control_plane.audit.mark()
+
+    def requests(self, mark: int) -> Recorded:
+        return self.cluster.control_plane.audit.since(mark)
 
     def kubectl(self, *args: str) -> str:
         return subprocess.run([str(KUBECTL), "--kubeconfig", str(self.cluster.kubeconfig), *args], check=True,
                               capture_output=True, text=True, timeout=60).stdout
 
-    def count_requests(self) -> RequestRecorder:
-        """A fresh count from now on (the API server's recording, as POST /_flywheel/record-requests starts it)."""
-        recorder = RequestRecorder()
-        server = self.cluster._cluster.server  # same process: the bench's recorder, which also counts
-        self.cluster._loop.call(lambda: setattr(server, "recorder", recorder))
-        self.recorder = recorder
-        return recorder
-
     def create_jobs(self, names: list[str], replicas: int, namespace: str = "default") -> dict[str, float]:
         """Create the jobs from 16 threads; name -> when its create returned."""
         def create(name: str) -> float:
+            # This client sends a create's body without a Content-Type (and ignores `_content_type`); kube-apiserver
+            # answers 415 to that.
             self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
-                                                        job_doc(name, replicas, namespace))
+                                                        job_doc(name, replicas, namespace), _headers=JSON)
             return time.time()
 
         with ThreadPoolExecutor(16) as pool:

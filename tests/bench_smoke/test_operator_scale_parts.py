@@ -6,25 +6,20 @@ import pytest
 
 from bench.operator_scale import figures, rows
 from bench.operator_scale_bed import pod_status, split_counts
-from tests.k8s_emulator.requestlog import RequestRecorder
-
-JOBS = "/apis/flywheel.dev/v1alpha1/namespaces/default/trainingjobs"
+from tests.cluster.audit import Entry, Recorded
 
 
 def test_requests_are_counted_per_caller_with_watches_apart():
-    recorder = RequestRecorder()
-    operator, bench = {"Authorization": "Bearer op"}, {"Authorization": "Bearer bench"}
-    for _ in range(3):
-        recorder.record("GET", "/api/v1/namespaces/default/pods", {}, operator)
-    recorder.record("GET", "/api/v1/namespaces/default/pods", {"watch": "true"}, operator)
-    recorder.record("PATCH", f"{JOBS}/a/status", {}, operator)
-    recorder.record("GET", f"{JOBS}/a", {}, bench)
-    recorder.record("GET", "/version", {}, operator)  # not a resource request: never counted
-    requests, watches, by_kind = split_counts(recorder.counts, "op")
+    """From the audit log's entries (tests/cluster/audit.py: one per request, as the authorizer sees it)."""
+    pods, job = ("", "pods", "default"), ("flywheel.dev", "trainingjobs/status", "default")
+    entries = [*(Entry("op", ("list", *pods), 200) for _ in range(3)), Entry("op", ("watch", *pods), 200),
+               Entry("op", ("patch", *job), 200), Entry("bench", ("get", "flywheel.dev", "trainingjobs", "default"),
+                                                         200)]
+    counts = Recorded(entries).counts
+    requests, watches, by_kind = split_counts(counts, "op")
     assert (requests, watches) == (4, 1)
     assert by_kind == {"list pods": 3, "watch pods": 1, "patch trainingjobs/status": 1}
-    assert split_counts(recorder.counts, "bench")[:2] == (1, 0)
-    assert recorder.as_json()["op"]  # still the RBAC view the API server's GET returns
+    assert split_counts(counts, "bench")[:2] == (1, 0)
 
 
 def test_stand_in_pod_status_reads_as_running_and_ready_then_succeeded():

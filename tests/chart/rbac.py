@@ -1,5 +1,6 @@
 """A small RBAC evaluator over rendered chart objects, for comparing a ServiceAccount's grants with the requests its
-code made (tests/k8s_emulator/requestlog.py records them as (verb, group, resource[/subresource], namespace)).
+code made (the API server's audit log shows them as (verb, group, resource[/subresource], namespace):
+tests/cluster/audit.py).
 
 - `missing`: recorded requests no grant allows (the code would get 403 on a cluster).
 - `excess`: grants no recorded request needs, i.e. each request it allows is also allowed by another grant. That

@@ -4,9 +4,9 @@ by the operator process, driven in-process against the test cluster with the ide
 - `drive_executor`: a worker-scope restart (one worker Failed): the executor deletes it and relabels the survivor.
 - `drive_health`: the health monitor's actions from fake Prometheus answers: a hang (mark_hung), a straggler
   (mark_degraded), a fatal XID (cordon_node + replace_pods) and an app-level XID (restart_ranks).
-- `drive_api`: `flywheel api` wired as `attach()` wires it for the chart's arguments: its watch cache syncs, the
-  TokenReview and SubjectAccessReview are sent (the emulator serves neither: they answer 404 but are recorded), and
-  unless read-only the suspend, resume, restart and scale actions run.
+- `drive_api`: `flywheel api` wired as `attach()` wires it for the chart's arguments: its watch cache syncs, a
+  caller's token is reviewed (TokenReview: a real token is authenticated, a made-up one is not) and the caller's access
+  (SubjectAccessReview: no grant, refused), and unless read-only the suspend, resume, restart and scale actions run.
 
 Set-up objects (jobs, pods, nodes) are written with the admin kube; only the code under test uses the identity.
 """
@@ -32,6 +32,7 @@ from flywheel.operator.health_executor import KubeHealthActions, KubeJobInventor
 from flywheel.operator.xid_memory import KubeXidMemory
 from flywheel.policy.health_checks import HealthSettings
 from flywheel.policy.reconcile import iso
+from tests.cluster.audit import Identity
 from tests.fakes.prometheus_api import FakePrometheus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ EXAMPLE = REPO / "examples" / "operator-tiny.yaml"
 
 
 def kubeconfig_with_token(source: Path, target: Path, token: str) -> Path:
-    """A copy of the test cluster's kubeconfig whose user presents `token`: the recorder keys requests by it."""
+    """A copy of the test cluster's kubeconfig whose user presents `token` (the API server authenticates it)."""
     config = yaml.safe_load(source.read_text())
     for user in config["users"]:
         user["user"] = {"token": token}
@@ -144,18 +145,16 @@ async def drive_health(admin: Kube, kube: Kube, namespace: str, ckpt: Path, pref
         prom.stop()
 
 
-def drive_api(kubeconfig: Path, api_args: list[str], namespace: str, job: str) -> None:
-    """`api_args`: the chart's API container args (`api --host ... [--namespace N] [--read-only]`)."""
-    asyncio.run(_drive_api(kubeconfig, api_args, namespace, job))
+def drive_api(kubeconfig: Path, api_args: list[str], namespace: str, job: str, caller: Identity) -> None:
+    """`api_args`: the chart's API container args (`api --host ... [--namespace N] [--read-only]`); `caller`: a
+    user of the cluster with no grant on TrainingJobs."""
+    asyncio.run(_drive_api(kubeconfig, api_args, namespace, job, caller))
 
 
-async def _drive_api(kubeconfig: Path, api_args: list[str], namespace: str, job: str) -> None:
-    import pytest
-
-    from flywheel.api.auth import Access, Principal
+async def _drive_api(kubeconfig: Path, api_args: list[str], namespace: str, job: str, caller: Identity) -> None:
+    from flywheel.api.auth import Access
     from flywheel.api.server import ServerConfig, attach
     from flywheel.cli import build_parser
-    from flywheel.kube.client import KubeApiError
 
     args = build_parser().parse_args(api_args)
     cfg = ServerConfig(kubeconfig=str(kubeconfig), namespace=args.namespace, token_file=args.token_file,
@@ -164,10 +163,11 @@ async def _drive_api(kubeconfig: Path, api_args: list[str], namespace: str, job:
     stop = await attach(app, cfg, wait_seconds=20)
     try:
         assert app.state.source.ready(), "the API's cache did not sync"
-        with pytest.raises(KubeApiError):
-            await app.state.auth.authenticate("a-caller-token")
-        with pytest.raises(KubeApiError):
-            await app.state.auth.authorize(Principal("alice", "u1"), Access("patch", namespace, job))
+        assert await app.state.auth.authenticate("a-made-up-token") is None
+        who = await app.state.auth.authenticate(caller.token)
+        assert who is not None and who.user == caller.user, who
+        allowed, why = await app.state.auth.authorize(who, Access("patch", namespace, job))
+        assert not allowed and caller.user in why, why
         actions = app.state.actions
         if actions is not None:
             await actions.suspend(namespace, job, True)

@@ -1,16 +1,18 @@
-"""The rendered chart installed on the test cluster (API emulator + process kubelet + real etcd) with the real kubectl,
-as on a real cluster: `helm template --include-crds | kubectl apply -f -`.
+"""The rendered chart installed on the test cluster (the real control plane, the process kubelet, an etcd for
+rendezvous) with the real kubectl, as on a real cluster: `helm template --include-crds | kubectl apply -f -`.
 
-Every rendered object is applied: the CRD, the ServiceAccount, RBAC (stored, not enforced), ConfigMaps and the
-operator's Deployment. The test cluster's deployment controller (tests/k8s_emulator/deployments.py) creates the operator
-pod from the Deployment's template and the process kubelet runs it: no image is pulled, the container's `args` follow
-the image's ENTRYPOINT (`flywheel`), and the pod reaches the API through its service account's credentials
-($KUBECONFIG written by the kubelet: there is no /var/run/secrets mount). The values are the defaults plus what one
-shared host needs: the test cluster's etcd (etcd.externalEndpoints: the chart's etcd StatefulSet is not rendered),
-free ports for the operator's metrics and liveness endpoints (all pods share 127.0.0.1), no worker metrics port,
-one torch thread per worker, and an events directory on the host (`operator.eventsDir`: volumes are not mounted,
-so its mountPath is a host path). examples/operator-tiny.yaml, applied as NOTES.txt says, runs to Succeeded; deleting
-the release's objects takes the operator pod with them (garbage collection through its owner reference)."""
+Every rendered object is applied: the CRD, the ServiceAccount, RBAC (enforced: the operator is authorized by the
+chart's grants alone), ConfigMaps and the operator's Deployment. kube-controller-manager's deployment and replicaset
+controllers create the operator pod from the Deployment's template and the process kubelet runs it: no image is
+pulled, the container's `args` follow the image's ENTRYPOINT (`flywheel`), and the pod reaches the API through its
+service account's bound token ($KUBECONFIG written by the kubelet: there is no /var/run/secrets mount). The values are
+the defaults plus what one shared host needs: the test cluster's etcd (etcd.externalEndpoints: the chart's etcd
+StatefulSet is not rendered), free ports for the operator's metrics and liveness endpoints (all pods share
+127.0.0.1), no worker metrics port, one torch thread per worker, and an events directory on the host
+(`operator.eventsDir`: volumes are not mounted, so its mountPath is a host path; its claim is bound to a volume of its
+own). examples/operator-tiny.yaml, applied as NOTES.txt says, runs to Succeeded, and the API server's audit log shows
+that the pod's ServiceAccount was refused nothing; deleting the release's objects takes the operator pod with them
+(garbage collection through its owner reference)."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import yaml
 from flywheel.local.procs import descendants
 from tests.chart import rbac
 from tests.chart.conftest import CHART, KUBE_VERSION, NAMESPACE, RELEASE, ROOT, find_tool, run_helm
+from tests.cluster.fixtures import start_cluster
 from tests.waiting import eventually
 
 KUBECTL = find_tool("kubectl")
@@ -67,11 +70,6 @@ class Env:
         selector = ",".join(f"{k}={v}" for k, v in dep["spec"]["selector"]["matchLabels"].items())
         return json.loads(self.kubectl("get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "json"))["items"]
 
-    def admin(self, action: str, method: str = "GET") -> Any:
-        request = urllib.request.Request(f"{self.cluster.api_url}/_flywheel/{action}", method=method)
-        with urllib.request.urlopen(request, timeout=10) as r:
-            return json.loads(r.read())
-
     def wait_live(self, url: str) -> None:
         def answers() -> bool:
             try:
@@ -91,13 +89,12 @@ class Env:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     if KUBECTL is None:
         pytest.skip("kubectl not found (make tools)")
-    fixtures = pytest.importorskip("tests.k8s_emulator.fixtures")
     tmp = tmp_path_factory.mktemp("chart-cluster")
     events = tmp / "events"
     events.mkdir()
     ports = {"metrics": free_port(), "liveness": free_port()}
-    with fixtures.start_cluster(tmp / "cluster", nodes=2, etcd=True, node_monitor_grace_seconds=3.0,
-                                heartbeat_seconds=0.5) as cluster:
+    with start_cluster(tmp / "cluster", nodes=2, etcd=True, node_monitor_grace_seconds=3.0,
+                       heartbeat_seconds=0.5) as cluster:
         etcd = urlparse(cluster.etcd_url)
         rendered = run_helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION,
                             "--include-crds", "--set", "etcd.enabled=false",
@@ -119,8 +116,10 @@ def test_chart_installs_with_kubectl_and_runs_the_example_to_succeeded(env: Env)
     assert {"CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
             "Deployment"} <= kinds
     assert "StatefulSet" not in kinds  # etcd.enabled=false: the test cluster's etcd instead
-    env.admin("record-requests?on=true", "POST")  # each caller's requests, by bearer token (requestlog.py)
+    mark = env.cluster.control_plane.audit.mark()  # who asked for what from here on: the API server's audit log
     env.kubectl("create", "namespace", NAMESPACE)
+    for claim in ("flywheel-events", "flywheel-ckpt"):  # the operator's events volume; the example's checkpoints
+        env.cluster.add_claim(claim, namespace=NAMESPACE)
     applied = env.kubectl("apply", "-f", str(env.manifest))
     assert f"deployment.apps/{OPERATOR} created" in applied, applied
     for doc in env.docs:  # everything is served and stored
@@ -134,7 +133,9 @@ def test_chart_installs_with_kubectl_and_runs_the_example_to_succeeded(env: Env)
     env.kubectl("rollout", "status", f"deployment/{OPERATOR}", "-n", NAMESPACE, "--timeout=60s", timeout=70)
     (pod,) = env.operator_pods()
     assert pod["status"]["phase"] == "Running"
-    assert pod["metadata"]["ownerReferences"][0]["kind"] == "Deployment"
+    (owner,) = pod["metadata"]["ownerReferences"]  # the Deployment's ReplicaSet, as on any cluster
+    replica_set = json.loads(env.kubectl("get", "replicaset", owner["name"], "-n", NAMESPACE, "-o", "json"))
+    assert owner["kind"] == "ReplicaSet" and replica_set["metadata"]["ownerReferences"][0]["name"] == OPERATOR
     (container,) = pod["spec"]["containers"]
     assert "command" not in container and container["args"][0] == "operator"  # the image's ENTRYPOINT runs it
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -165,9 +166,12 @@ def test_chart_installs_with_kubectl_and_runs_the_example_to_succeeded(env: Env)
     # The pod called the API as the Deployment's ServiceAccount, and the chart's RBAC allows all it asked for
     # (test_rbac_recorded.py checks the converse: no grant goes unused).
     account = pod["spec"]["serviceAccountName"]
-    requests = [tuple(r) for r in env.admin("recorded-requests")[f"system:serviceaccount:{NAMESPACE}:{account}"]]
+    recorded = env.cluster.control_plane.audit.since(mark)
+    user = f"system:serviceaccount:{NAMESPACE}:{account}"
+    requests = recorded.of(user)
     assert ("watch", "flywheel.dev", "trainingjobs", NAMESPACE) in requests
     assert rbac.missing(rbac.grants_for(env.docs, account, NAMESPACE), requests) == []
+    assert not recorded.refused(user), recorded.refused(user)  # the real authorizer agrees
 
     # Uninstall. The job first, while the operator runs to remove its finalizer (on a real cluster a CRD's deletion
     # waits for its objects, and a finalizer nobody removes holds them); then the release's objects: the operator

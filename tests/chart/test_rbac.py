@@ -1,11 +1,13 @@
 """The chart's RBAC as rendered: which ServiceAccount each binding names, where Roles go, and how the switches change
 the rules. Whether the rules equal what the code uses is decided from recorded requests in test_rbac_recorded.py
 (slow: it runs the operator); the variants here are checked against the rendered full-feature configuration, and
-the evaluator and the request recorder themselves are checked on small cases."""
+the evaluator and the audit log's reader (tests/cluster/audit.py) themselves are checked on small cases."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from tests.chart import rbac
 from tests.chart.conftest import CHART, KUBE_VERSION, NAMESPACE, RELEASE, ROOT, by_kind, one, render, run_helm
 from tests.chart.rbac import rules_of
-from tests.k8s_emulator.requestlog import RequestRecorder, rbac_attributes
+from tests.cluster.audit import AuditLog
 
 OPERATOR_SA, API_SA = f"{RELEASE}-flywheel", f"{RELEASE}-flywheel-api"
 
@@ -29,27 +31,51 @@ def role(docs: list[dict[str, Any]], kind: str, suffix: str, namespace: str | No
     return found[0]
 
 
-# -- the evaluator and the recorder ------------------------------------------------------------------------------
-def test_request_attributes_as_the_authorizer_sees_them():
-    q: dict[str, str] = {}
-    assert rbac_attributes("GET", "/apis/flywheel.dev/v1alpha1/namespaces/a/trainingjobs", {"watch": "true"}) == \
-        ("watch", "flywheel.dev", "trainingjobs", "a")
-    assert rbac_attributes("GET", "/apis/flywheel.dev/v1alpha1/trainingjobs", q) == ("list", "flywheel.dev",
-                                                                                      "trainingjobs", "")
-    assert rbac_attributes("PATCH", "/apis/flywheel.dev/v1alpha1/namespaces/a/trainingjobs/j/scale", q) == \
-        ("patch", "flywheel.dev", "trainingjobs/scale", "a")
-    assert rbac_attributes("PATCH", "/api/v1/nodes/n1", q) == ("patch", "", "nodes", "")
-    assert rbac_attributes("DELETE", "/api/v1/namespaces/a/pods", q) == ("deletecollection", "", "pods", "a")
-    assert rbac_attributes("GET", "/api/v1/namespaces", q) == ("list", "", "namespaces", "")
-    assert rbac_attributes("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", q) == \
-        ("create", "authorization.k8s.io", "subjectaccessreviews", "")
-    for discovery in ("/api", "/api/v1", "/apis", "/apis/flywheel.dev", "/apis/flywheel.dev/v1alpha1", "/version",
-                      "/openapi/v3", "/healthz"):
-        assert rbac_attributes("GET", discovery, q) is None, discovery
-    recorder = RequestRecorder()
-    recorder.record("GET", "/api/v1/nodes", q, {"Authorization": "Bearer op"})
-    recorder.record("GET", "/api/v1/nodes", q, {})
-    assert recorder.as_json() == {"op": [["list", "", "nodes", ""]], "<anonymous>": [["list", "", "nodes", ""]]}
+# -- the evaluator and the audit log's reader ----------------------------------------------------------------------
+def _event(audit_id: str, stage: str, user: str, verb: str, ref: dict[str, str] | None, code: int = 200) -> str:
+    """One line of kube-apiserver's audit log (level Metadata), as it writes them."""
+    event: dict[str, Any] = {"kind": "Event", "apiVersion": "audit.k8s.io/v1", "level": "Metadata",
+                             "auditID": audit_id, "stage": stage, "verb": verb, "requestURI": "/elided",
+                             "user": {"username": user, "groups": ["system:authenticated"]},
+                             "responseStatus": {"metadata": {}, "code": code}}
+    if ref is not None:
+        event["objectRef"] = ref
+    return json.dumps(event) + "\n"
+
+
+def test_audit_log_counts_each_request_once_per_user_as_the_authorizer_sees_it(tmp_path: Path):
+    log = tmp_path / "audit.log"
+    pods, jobs = {"resource": "pods", "namespace": "a", "apiVersion": "v1"}, {
+        "resource": "trainingjobs", "subresource": "scale", "namespace": "a", "name": "j", "apiGroup": "flywheel.dev"}
+    barrier = {"resource": "configmaps", "namespace": "kube-system"}
+
+    rest: list[str] = []  # the end of a line the API server is writing
+
+    def request(path: str) -> None:  # the barrier GET: the API server writes its record
+        with log.open("a") as out:
+            out.write("".join(rest) + _event(path, "ResponseComplete", "admin", "get",
+                                             barrier | {"name": path.rsplit("/", 1)[1]}, 404))
+        rest.clear()
+
+    log.write_text(_event("w1", "ResponseStarted", "op", "watch", pods))  # a watch opened before the mark
+    audit = AuditLog(log, request)
+    mark = audit.mark()
+    with log.open("a") as out:
+        out.write(_event("w1", "ResponseComplete", "op", "watch", pods))  # its end: not a new request
+        out.write(_event("w2", "ResponseStarted", "op", "watch", pods))
+        out.write(_event("l1", "ResponseComplete", "op", "list", pods))
+        out.write(_event("l2", "ResponseComplete", "op", "list", pods))
+        out.write(_event("p1", "ResponseComplete", "bench", "patch", jobs, 403))
+        out.write(_event("d1", "ResponseComplete", "op", "get", None))  # discovery: not counted
+        end = _event("w2", "ResponseComplete", "op", "watch", pods)
+        out.write(end[:40])  # not yet a whole line
+    rest.append(end[40:])
+    recorded = audit.since(mark)
+    assert recorded.counted("op") == [(("list", "", "pods", "a"), 2), (("watch", "", "pods", "a"), 1)]
+    assert recorded.of("bench") == {("patch", "flywheel.dev", "trainingjobs/scale", "a")}
+    assert recorded.refused("bench") == recorded.of("bench") and not recorded.refused("op")
+    assert recorded.users() == {"op", "bench"}  # the barriers are not requests of anyone's
+    assert audit.since(0).counts[("op", ("watch", "", "pods", "a"))] == 2  # from the start: both watches
 
 
 def _role(kind: str, name: str, namespace: str | None, rules: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@ each its own process of the one control-plane binary (binary.py), with credentia
 
 Synchronous and free of pytest, so `python -m tests.cluster up` and the fixtures share it. `stop()`/`start()` of
 one component (`restart("kube-apiserver")`, `stop_component("etcd")`) are real faults: the others see the outage
-as they would on a cluster."""
+as they would on a cluster. kube-apiserver writes an audit log of every request (audit.py): `audit` reads it."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from typing import Any
 import yaml
 
 from tests.cluster import pki as pki_module
+from tests.cluster.audit import AuditLog
+from tests.cluster.audit import apiserver_args as audit_args
 from tests.cluster.binary import ensure_binary, kubernetes_version
 from tests.etcd_process import EtcdServer, free_port, stop_process
 
@@ -60,7 +62,8 @@ def _tail(path: Path, chars: int = 3000) -> str:
 
 
 class ControlPlane:
-    """`start()` brings up all four (about 10-20 s on 2 cores), `stop()` ends them; `api_url`, `admin_token`."""
+    """`start()` brings up all four (about 10-20 s on 2 cores), `stop()` ends them; `api_url`, `admin_token`,
+    `audit` (who asked the API server for what)."""
 
     def __init__(self, work_dir: Path, options: ControlPlaneOptions | None = None) -> None:
         self.work_dir = work_dir
@@ -75,6 +78,7 @@ class ControlPlane:
                                extra_args=["--unsafe-no-fsync", "--quota-backend-bytes=4294967296"])
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._ssl = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        self.audit = AuditLog(self.log_dir / "audit.log", self.request)
 
     @property
     def admin_token(self) -> str:
@@ -155,7 +159,7 @@ class ControlPlane:
             f"--kubelet-client-key={p.key('apiserver-kubelet-client')}",
             f"--kubelet-certificate-authority={p.ca_cert}",
             "--profiling=false", "--endpoint-reconciler-type=none", "--v=1",
-            *self.options.extra_apiserver_args]
+            *audit_args(self.audit.path, self.work_dir / "audit-policy.json"), *self.options.extra_apiserver_args]
 
     def _controller_manager_args(self) -> list[str]:
         p, grace = self.pki, self.options.node_monitor_grace_seconds

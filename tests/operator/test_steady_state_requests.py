@@ -1,6 +1,8 @@
 """The operator at steady state reads its watch-fed caches, not the API: with jobs Running and nothing changing,
-the test cluster's request recording sees no LIST and no GET of pods, nodes, Services or TrainingJobs from the
-operator in a 10 s window (its watches stay open), and ~0 requests per job-minute. The health monitor is on (a
+the API server's audit log (tests/cluster/audit.py) shows no LIST and no GET of pods, nodes, Services or
+TrainingJobs from the operator in a 10 s window (its watches stay open), and ~0 requests per job-minute. The operator
+runs as a ServiceAccount of its own (bound to cluster-admin: what it may do is the chart tests' matter), so the log
+tells its requests from the test's and the control plane's. The health monitor is on (a
 fake Prometheus) and reads the same caches. After the window a deleted pod is still replaced from the caches.
 
 The jobs (one pod each, to spare a loaded machine) hold Running without burning the CPU: the rank stops itself at
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,22 +22,17 @@ import pytest
 import yaml
 
 from flywheel.labels import INDEX_LABEL
+from tests.cluster.audit import Attributes, describe, service_account
+from tests.cluster.fixtures import start_cluster
 from tests.fakes.prometheus_api import FakePrometheus
-from tests.k8s_emulator.fixtures import start_cluster
 from tests.operator.conftest import CRD, KUBECTL, OpEnv, OperatorProcess, eventually
 
-OPERATOR_TOKEN = "steady-state-operator"  # the recorder keys requests by bearer token: the operator's own
+OPERATOR_ACCOUNT = "steady-state-operator"  # in namespace default: the operator's own user in the audit log
 JOBS = ("steady-a", "steady-b", "steady-c")
 WINDOW_SECONDS = 10.0
 HANG_AT_STEP = 30  # late enough for a progress record to reach etcd before the rank stops (~0.1 s a step)
 FAULTS = json.dumps([{"id": "stop", "kind": "hang", "rank": 0, "step": HANG_AT_STEP}])
 CACHED_KINDS = ("pods", "nodes", "services", "trainingjobs")
-
-
-def admin(env: OpEnv, path: str, method: str = "GET") -> Any:
-    request = urllib.request.Request(env.cluster.api_url + "/_flywheel/" + path, method=method)
-    with urllib.request.urlopen(request, timeout=10) as resp:
-        return json.loads(resp.read())
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +41,12 @@ def steady_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpEnv]:
         pytest.skip("real kubectl missing: run scripts/install-tools.sh")
     tmp = tmp_path_factory.mktemp("steady-state")
     cluster = start_cluster(tmp / "cluster", nodes=2, etcd=True, heartbeat_seconds=0.5)
+    cluster.add_claim("flywheel-ckpt")  # the example's checkpoint claim
+    who = service_account(cluster.control_plane.request, "default", OPERATOR_ACCOUNT, cluster_role="cluster-admin")
     prom = FakePrometheus()  # answers no series: the monitor evaluates every 0.5 s and finds nothing
     kubeconfig = yaml.safe_load(cluster.kubeconfig.read_text())
     for user in kubeconfig["users"]:
-        user["user"] = {"token": OPERATOR_TOKEN}
+        user["user"] = {"token": who.token}
     (tmp / "kubeconfig-operator").write_text(yaml.safe_dump(kubeconfig))
     operator = OperatorProcess(cluster, None, tmp / "operator.log")  # the chart's default: no events volume
     operator.monitor_args = ["--prometheus-url", prom.url, "--health-interval", "0.5", "--scrape-interval", "0.5"]
@@ -57,6 +55,7 @@ def steady_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpEnv]:
     env = OpEnv(cluster, operator, tmp / "events", tmp)
     try:
         env.kubectl("apply", "-f", str(CRD))
+        cluster.wait_established("trainingjobs.flywheel.dev")
         operator.start()
         yield env
     finally:
@@ -95,23 +94,23 @@ def test_steady_state_reads_no_api_and_a_deleted_pod_is_still_replaced(steady_en
     assert not lost, lost
     # The wake-up handlers' success lines (one per watch event of every job) are filtered out (QuietWakeups).
     assert "Handler 'pod_changed' succeeded." not in log and "Handler 'service_changed' succeeded." not in log
-    admin(env, "record-requests?on=true", "POST")
-    time.sleep(WINDOW_SECONDS)  # no kubectl in the window: only the operator's requests are recorded
-    recorded = admin(env, "recorded-requests?counts=true").get(OPERATOR_TOKEN, [])
-    admin(env, "record-requests?on=false", "POST")
+    audit, user = env.cluster.control_plane.audit, f"system:serviceaccount:default:{OPERATOR_ACCOUNT}"
+    mark = audit.mark()
+    time.sleep(WINDOW_SECONDS)  # no kubectl in the window (not that it would count: the operator's user only)
+    recorded = audit.since(mark).counted(user)
 
-    lists = [r for r in recorded if r[0] == "list"]
-    reads = [r for r in recorded if r[0] == "get" and r[2].split("/")[0] in CACHED_KINDS]
+    lists = [a for a, _ in recorded if a[0] == "list"]
+    reads = [a for a, _ in recorded if a[0] == "get" and a[2].split("/")[0] in CACHED_KINDS]
     assert not lists and not reads, f"the operator read the API at steady state: {lists + reads}"
-    requests = sum(r[4] for r in recorded if r[0] != "watch")  # a watch is one long request, reopened each minute
+    requests = sum(n for a, n in recorded if a[0] != "watch")  # a watch is one long request
     per_job_minute = requests / len(JOBS) / (WINDOW_SECONDS / 60)
-    print(f"steady state: {per_job_minute:.2f} requests per job-minute; recorded {recorded}")
+    print(f"steady state: {per_job_minute:.2f} requests per job-minute; recorded {describe(recorded)}")
     assert per_job_minute <= 1.0, f"{per_job_minute:.1f} requests per job-minute at steady state: {recorded}"
     assert {name: env.status(name) for name in JOBS} == statuses  # nothing changed, so nothing was written
 
-    # The caches still carry a change: a pod deleted mid-run is replaced and counted. Recorded too, to show the
-    # window above heard the operator's identity (an empty recording must not pass for the wrong reason).
-    admin(env, "record-requests?on=true", "POST")
+    # The caches still carry a change: a pod deleted mid-run is replaced and counted. Its requests are in the log
+    # too, to show the window above heard the operator's user (an empty window must not pass for the wrong reason).
+    mark = audit.mark()
     (victim,) = [p for p in env.pods("steady-a") if p["metadata"]["labels"][INDEX_LABEL] == "0"]
     env.kubectl("delete", "pod", victim["metadata"]["name"], "--wait=false")
     status = eventually(lambda: (s := env.status("steady-a")).get("restarts", 0) >= 1 and s, 60,
@@ -119,7 +118,7 @@ def test_steady_state_reads_no_api_and_a_deleted_pod_is_still_replaced(steady_en
     assert status["lastRestartReason"] == "PodDeleted"
     eventually(lambda: {p["metadata"]["uid"] for p in env.pods("steady-a")} - {victim["metadata"]["uid"]}, 60,
                "a replacement pod")
-    replaced = {tuple(r[:4]) for r in admin(env, "recorded-requests").get(OPERATOR_TOKEN, [])}
+    replaced: set[Attributes] = audit.since(mark).of(user)
     assert ("create", "", "pods", "default") in replaced, replaced
     for name in JOBS:
         env.delete(name)
