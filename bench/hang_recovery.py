@@ -125,16 +125,18 @@ def torchrun_trial(index: int, workdir: Path, gloo_timeout: float, shared_store:
 
 
 class OursHarness:
-    """The test cluster, a real Prometheus scraping the two ranks' progress ports, and the operator."""
+    """The test cluster (the real control plane), a real Prometheus scraping the two ranks' progress ports, and the
+    operator."""
 
     def __init__(self, workdir: Path, gloo_timeout: float = GLOO_TIMEOUT_S):
-        from tests.k8s_emulator.fixtures import start_cluster
+        from tests.cluster.fixtures import start_cluster
         from tests.monitoring.prometheus_server import PrometheusServer, ScrapeJob
         from tests.operator.conftest import OperatorProcess
 
         self.workdir, self.gloo_timeout = workdir, gloo_timeout
         self.cluster = start_cluster(workdir / "cluster", nodes=2, etcd=True, heartbeat_seconds=0.5)
-        port = _free_port()  # the test cluster moves worker i to port + i (tests/k8s_emulator/pod_hooks.py)
+        self.cluster.add_claim("flywheel-events")  # --events-claim: the workers mount it
+        port = _free_port()  # the process kubelet moves worker i to port + i (one host: see its pod_hooks.py)
         self.prometheus = PrometheusServer(workdir / "prometheus", [ScrapeJob(
             "ranks", [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"], honor_labels=True)])
         events = workdir / "events"
@@ -147,6 +149,7 @@ class OursHarness:
         kubectl = REPO / ".tools" / "bin" / "kubectl"
         subprocess.run([str(kubectl), "--kubeconfig", str(self.cluster.kubeconfig), "apply", "-f", str(CRD)],
                        check=True, capture_output=True)
+        self.cluster.wait_established("trainingjobs.flywheel.dev")
         self.operator.start()
         api = config.new_client_from_config(config_file=str(self.cluster.kubeconfig))
         self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
