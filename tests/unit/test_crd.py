@@ -124,9 +124,10 @@ def test_template_is_inserted_even_when_the_model_declares_it():
         "properties"]
 
 
-def test_operator_owned_pod_fields_and_kueue_metadata_are_refused_by_cel_in_the_operators_words():
-    """Each template rule CEL decides refuses what pod_template.py refuses, with the same message (one definition:
-    `kubectl apply` and the operator's Invalid condition say the same), and only that."""
+def test_operator_owned_pod_fields_and_kueue_metadata_have_one_template_rule_each_in_the_operators_words():
+    """Each template rule carries what pod_template.py refuses, with the same message (one definition: `kubectl
+    apply` and the operator's Invalid condition say the same); tests/k8s/test_crd_rules_server.py asks a real API
+    server that each refuses its case and only that."""
     from flywheel.pod_template import (
         KUEUE_KEYS,
         METADATA_MAPS,
@@ -135,7 +136,6 @@ def test_operator_owned_pod_fields_and_kueue_metadata_are_refused_by_cel_in_the_
         owned_field_problem,
         template_problems,
     )
-    from tests.k8s_emulator import cel
 
     rules = _template()["x-kubernetes-validations"]
     cases = [({"spec": {key: "x"}}, owned_field_problem(key)) for key in OWNED_POD_FIELDS]
@@ -144,11 +144,6 @@ def test_operator_owned_pod_fields_and_kueue_metadata_are_refused_by_cel_in_the_
     assert sorted(r["message"] for r in rules) == sorted(message for _, message in cases)
     for template, message in cases:
         assert template_problems(template, "/ckpt") == [message]
-        refused = [r["message"] for r in rules if not cel.evaluate(r["rule"], template)]
-        assert refused == [message], template
-    fine = {"metadata": {"labels": {"team": "a"}, "annotations": {"kueue.x-k8s.io/other": "x"}},
-            "spec": {"nodeSelector": {"a": "b"}}}
-    assert all(cel.evaluate(r["rule"], fine) for r in rules) and all(cel.evaluate(r["rule"], {}) for r in rules)
 
 
 def test_crd_fits_the_object_and_last_applied_limits():
