@@ -1,9 +1,10 @@
 """examples/gpu-cluster.yaml on the test cluster with fake GPUs (docs/test-cluster.md): two nodes with 8
-`nvidia.com/gpu` each, the GPU taint and the H100 product label. Without the example's toleration the job stays
-Pending with the scheduler's own reason in its Unschedulable condition; as written it is admitted by the API server
-(the CRD's real PodTemplateSpec schema), its two 8-GPU workers land on two different nodes with the template's
-fields, and nothing in its pods is what the test cluster cannot serve but the image (made unpullable here so that an
-8B model does not start training on CPU). Twin: tests/e2e_real (the first scenario there)."""
+`nvidia.com/gpu` each (and such a node's CPUs and memory), the GPU taint and the H100 product label. Without the
+example's toleration the job stays Pending with the scheduler's own reason in its Unschedulable condition; as written
+it is admitted by the API server (the CRD's real PodTemplateSpec schema), its two 8-GPU workers land on two different
+nodes with the template's fields, and nothing in its pods is what the test cluster cannot serve but the image (made
+unpullable here so that an 8B model does not start training on CPU). Twin: tests/e2e_real (the first scenario
+there)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,9 @@ from tests.operator.conftest import OpEnv, eventually
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gpu-cluster.yaml"
 GPU, RDMA, PRODUCT = "nvidia.com/gpu", "rdma/rdma_shared_device_a", "NVIDIA-H100-80GB-HBM3"
-
-
-# Not yet moved to the real control plane: there the tolerated job's workers were not both placed within 60 s
-# (to be found out).
-TEST_CLUSTER = "emulator"
+# An 8-GPU H100 node as a cloud sells it: kube-scheduler fits the example's 64 CPUs and 800Gi per worker against
+# the node's allocatable (the process kubelet reports the host's few cores and 16Gi unless told otherwise).
+GPU_NODE = {GPU: "8", RDMA: "4", "cpu": "192", "memory": "2Ti"}
 
 
 def gpu_job(name: str, tolerate: bool) -> dict[str, Any]:
@@ -45,12 +44,11 @@ def make_gpu_nodes(op_env: OpEnv) -> list[str]:
     nodes = [n.split("/", 1)[1] for n in op_env.kubectl("get", "nodes", "-o", "name").stdout.split()]
     assert op_env.cluster.kubelet is not None
     for claim in ("checkpoints", "tokens"):  # the example's claims (its header says to create them)
-        if hasattr(op_env.cluster, "add_claim"):  # the emulator ignores claims
-            op_env.cluster.add_claim(claim)
+        op_env.cluster.add_claim(claim)  # kube-scheduler places no pod whose claim is unbound
     for node in nodes:
         op_env.kubectl("label", "node", node, f"{GPU}.product={PRODUCT}", "--overwrite")
         op_env.kubectl("taint", "node", node, f"{GPU}=present:NoSchedule", "--overwrite")
-        op_env.cluster.kubelet.set_resources(node, {GPU: "8", RDMA: "4"})
+        op_env.cluster.kubelet.set_resources(node, GPU_NODE)
     return nodes
 
 

@@ -19,9 +19,6 @@ import pytest
 from tests.operator import worker_writes as writes
 from tests.operator.conftest import LONG_STEPS, OpEnv, eventually
 
-# Not yet moved to the real control plane: its hardened-context job stayed Pending there (to be found out).
-TEST_CLUSTER = "emulator"
-
 
 def test_a_pod_deleted_mid_run_counts_as_a_restart_named_pod_deleted(op_env: OpEnv) -> None:
     name = "deleted-gracefully"

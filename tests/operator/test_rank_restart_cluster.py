@@ -15,10 +15,6 @@ KILL_STEP = 30
 FAULTS = [{"id": "rank1-once", "kind": "kill", "rank": 1, "step": KILL_STEP}]
 
 
-# Not yet moved to the real control plane: its rank restart was not counted within 180 s there (under load).
-TEST_CLUSTER = "emulator"
-
-
 def test_a_rank_restart_in_place_is_counted_once_with_its_reason(op_env: OpEnv) -> None:
     op_env.operator.restart("--worker-env", f"FLYWHEEL_FAULTS={json.dumps(FAULTS)}")
     name = "rank-restart"

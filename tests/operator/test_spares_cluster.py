@@ -3,10 +3,10 @@ spare pod running and registered; a deleted worker pod, and a worker on a lost n
 that spare (relabelled to the lost index; no new worker pod in the critical path), a new spare is created behind it,
 and the job trains to the same parameters as a fault-free run.
 
-The lost node is the test cluster's (docs/test-cluster.md): its kubelet stops, its pods' processes are frozen
-(SIGSTOP) and its pods stay Terminating until force-deleted. The nodes share /dev/shm, so the promoted spare could
-read the lost worker's memory-tier file; these jobs take no memory checkpoints and restore from disk, which a real
-cluster's spare reads too. Its real-cluster twin: tests/e2e_real/test_real_spares_lost_node.py."""
+The lost node is the test cluster's (docs/test-cluster.md): its kubelet stops renewing the node's Lease and freezes
+its pods' processes (SIGSTOP); the real node-lifecycle controller marks it unreachable, and its pods stay
+Terminating (no kubelet finalizes them) until force-deleted. These jobs take no memory checkpoints and restore from
+disk, as a real cluster's spare does. Its real-cluster twin: tests/e2e_real/test_real_spares_lost_node.py."""
 
 from __future__ import annotations
 
@@ -23,11 +23,6 @@ from tests.operator.spare_jobs import train_with_a_ready_spare
 from tests.operator.test_operator_cluster import _columns, _reference_hash
 
 pytestmark = pytest.mark.slow
-
-
-# Not yet moved to the real control plane: its lost node and its freed-up node were not acted on within the
-# bounds there (to be found out).
-TEST_CLUSTER = "emulator"
 
 
 def _labels(env: OpEnv, pod: str) -> dict[str, str]:
