@@ -26,6 +26,7 @@ from tests.k8s_emulator import nodes as node_objects
 from tests.k8s_emulator import podenv
 from tests.k8s_emulator.container import PodProcess
 from tests.k8s_emulator.httpclient import ApiStatusError, KubeHttpClient, new_session, resource_path
+from tests.k8s_emulator.init_containers import terminated_state
 from tests.k8s_emulator.kubelet import ProcessKubelet, _micro_now
 from tests.k8s_emulator.nodes import NodeSetup
 
@@ -177,7 +178,18 @@ class ClusterKubelet(ProcessKubelet):
         await super()._reconcile(pod)
 
     async def _final_delete(self, pod: dict[str, Any]) -> None:
+        """A kubelet (since v1.27) reports a deleted pod's terminal phase before its final delete, so a pod that a
+        finalizer holds ends Succeeded or Failed, not Running."""
         acting_node.set(pod["spec"]["nodeName"])
+        running = self.pods.get(pod["metadata"]["uid"])
+        process = running.process if running is not None else None
+        if running is not None and process is not None and process.returncode is not None:
+            container = pod["spec"]["containers"][0]
+            terminated = terminated_state(process.returncode, running.started_at, container,
+                                          self.container_files(running, container),
+                                          f"process://{running.uid}/{running.restart_count}")
+            await self._report(running, "Succeeded" if terminated["exitCode"] == 0 else "Failed",
+                               {"terminated": terminated}, False)
         await super()._final_delete(pod)
 
     async def _report(self, running: PodProcess, *args: Any, **kwargs: Any) -> None:
