@@ -1,6 +1,7 @@
 """A fault proxy in front of kube-apiserver: the tests' clients (kubectl, the operator, kopf) reach the API through it,
 so a test can end every watch stream, hold all requests, or answer the next writes to one object with a 409 (or
-any status) without touching the server. Everything else passes through as is, watch streams included.
+any status) without touching the server. Everything else passes through as is, watch streams and WebSocket
+upgrades (`kubectl exec`: ws_relay.py) included.
 
 It terminates TLS with the API server's own certificate (the same CA and address) and forwards the bearer token,
 so authentication and authorization stay the API server's. The process kubelet talks to the API server directly:
@@ -17,6 +18,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from tests.cluster import ws_relay
 from tests.cluster.logs_server import serve_tls
 from tests.cluster.pki import Pki
 from tests.etcd_process import free_port
@@ -120,6 +122,9 @@ class FaultProxy:
             return injected
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        if ws_relay.is_websocket(request):
+            return await ws_relay.relay(request, self._session, self.upstream_url + request.rel_url.raw_path_qs,
+                                        headers)
         body = await request.read()
         watching = request.query.get("watch") in ("true", "1")
         try:

@@ -3,7 +3,7 @@
 registers its Node (addresses, capacity, the kubelet endpoint) and a Lease in `kube-node-lease` owned by it,
 watches only the pods bound to it (the real kube-scheduler binds them), reports through `pods/status` by
 strategic merge, mints each pod's service-account token through the TokenRequest API, and serves
-`/containerLogs` over TLS so `kubectl logs` works through the API server.
+`/containerLogs` and `/exec` over TLS so `kubectl logs` and `kubectl exec` work through the API server.
 
 Which node a request acts for travels in a context variable: each node's watch and heartbeat set it, and the pod
 tasks they start inherit it."""
@@ -20,10 +20,11 @@ from typing import Any
 
 import aiohttp
 
+from tests.cluster import exec_server
 from tests.cluster.logs_server import LogsServer
 from tests.cluster.pki import Pki
 from tests.k8s_emulator import nodes as node_objects
-from tests.k8s_emulator import podenv
+from tests.k8s_emulator import podenv, sandbox
 from tests.k8s_emulator.container import PodProcess
 from tests.k8s_emulator.httpclient import ApiStatusError, KubeHttpClient, new_session, resource_path
 from tests.k8s_emulator.init_containers import terminated_state
@@ -32,6 +33,8 @@ from tests.k8s_emulator.nodes import NodeSetup
 
 acting_node: contextvars.ContextVar[str] = contextvars.ContextVar("acting_node")
 LEASE_SECONDS = 40
+# The API server proxies a node's exec WebSocket as it is (no translation to SPDY) only when the node declares this.
+DECLARED_FEATURES = ["ExtendWebSocketsToKubelet"]
 GRAPH_LAG_S = 30.0  # how long a node's 403 on its own pod's objects is taken for the authorizer's graph lagging
 
 
@@ -68,12 +71,12 @@ class ClusterKubelet(ProcessKubelet):
                  heartbeat_seconds: float = 2.0, workdir: Path | None = None,
                  node_setup: dict[str, NodeSetup] | None = None) -> None:
         super().__init__(api_url, node_names, log_dir, heartbeat_seconds,
-                         node_status_seconds=max(heartbeat_seconds * 5, 5.0), scheduler_names=set(),
-                         workdir=workdir, node_setup=node_setup)
+                         node_status_seconds=max(heartbeat_seconds * 5, 5.0), workdir=workdir,
+                         node_setup=node_setup)
         self.api = NodeClients(api_url, pki)
         self.pki = pki
         self.kubelet_version = f"{kubelet_version}-process"
-        self.logs = LogsServer(pki, self.log_dir, self._log_files)
+        self.logs = LogsServer(pki, self.log_dir, self._log_files, self._exec_target)
 
     async def start(self) -> None:
         await self.logs.start()
@@ -116,6 +119,7 @@ class ClusterKubelet(ProcessKubelet):
         acting_node.set(node)
         status = node_objects.node_status(node, self.node_setup[node], self.kubelet_version)
         status["daemonEndpoints"] = {"kubeletEndpoint": {"Port": self.logs.port}}
+        status["declaredFeatures"] = DECLARED_FEATURES
         await self.api.request("PATCH", resource_path("nodes", name=node, subresource="status"), {"status": status},
                                content_type="application/strategic-merge-patch+json")
 
@@ -124,9 +128,6 @@ class ClusterKubelet(ProcessKubelet):
         await super()._renew_lease(node)
 
     # ---- pods ----------------------------------------------------------------------------------------------
-    async def _watch_pods(self) -> None:
-        """Replaced by one watch per node (`_watch_node`), as each kubelet watches its own pods."""
-
     async def _watch_node(self, node: str) -> None:
         acting_node.set(node)
         selector = {"fieldSelector": f"spec.nodeName={node}"}
@@ -247,3 +248,20 @@ class ClusterKubelet(ProcessKubelet):
                 match = spec["containers"][0]
             return self.container_files(running, match)[0] if match is not None else None
         return None
+
+    def _exec_target(self, namespace: str, name: str, container: str) -> exec_server.Target:
+        """The running process of a container of a pod this kubelet runs (its first container's, or a sidecar's),
+        with the sandbox it was started in; NotRunning otherwise."""
+        for running in self.pods.values():
+            spec = (self._latest.get(running.uid) or {}).get("spec") or {}
+            if (running.namespace, running.name) != (namespace, name) or not spec.get("containers"):
+                continue
+            main = spec["containers"][0]
+            container = container or main.get("name", "")
+            process = running.process if container == main.get("name") else running.sidecars.get(container)
+            if process is None or process.returncode is not None:
+                continue  # maybe an older pod of that name still terminating
+            declared = next(c for c in [*(spec.get("initContainers") or []), main] if c.get("name") == container)
+            return exec_server.Target(pid=process.pid, box=sandbox.plan(self._latest[running.uid], declared),
+                                      cwd=self.workdir)
+        raise exec_server.NotRunning(f"no running container {container!r} in pod {namespace}/{name}")

@@ -1,6 +1,7 @@
 """The kubelet's HTTPS endpoint that the API server proxies `kubectl logs` to: `/containerLogs/<ns>/<pod>/<container>`
-with `tailLines`, `limitBytes` and `follow`, over the kubelet's serving certificate (the API server checks it
-against the cluster CA; it presents its kubelet-client certificate, which is not checked here: loopback only)."""
+with `tailLines`, `limitBytes` and `follow`; and `kubectl exec` to: `/exec/...` (exec_server.py). It serves over the
+kubelet's serving certificate (the API server checks it against the cluster CA; it presents its kubelet-client
+certificate, which is not checked here: loopback only)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from tests.cluster.exec_server import Resolve, handle_exec
 from tests.cluster.pki import Pki
 from tests.etcd_process import free_port
 
@@ -42,8 +44,8 @@ def tail(data: bytes, lines: int) -> bytes:
 
 
 class LogsServer:
-    def __init__(self, pki: Pki, log_dir: Path, log_file: LogFile) -> None:
-        self.pki, self.log_dir, self.log_file = pki, log_dir, log_file
+    def __init__(self, pki: Pki, log_dir: Path, log_file: LogFile, exec_target: Resolve | None = None) -> None:
+        self.pki, self.log_dir, self.log_file, self.exec_target = pki, log_dir, log_file, exec_target
         self.port = free_port()
         self._runner: web.AppRunner | None = None
 
@@ -51,6 +53,9 @@ class LogsServer:
         app = web.Application()
         app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", self._logs)
         app.router.add_get("/healthz", self._healthz)
+        if self.exec_target is not None:
+            for method in ("GET", "POST"):  # WebSocket upgrades come as GET, SPDY ones as POST
+                app.router.add_route(method, "/exec/{namespace}/{pod}/{container}", self._exec)
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(str(self.pki.cert("kubelet")), str(self.pki.key("kubelet")))
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
@@ -64,6 +69,10 @@ class LogsServer:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+    async def _exec(self, request: web.Request) -> web.StreamResponse:
+        assert self.exec_target is not None
+        return await handle_exec(request, self.exec_target)
 
     async def _logs(self, request: web.Request) -> web.StreamResponse:
         ns, pod, container = (request.match_info[k] for k in ("namespace", "pod", "container"))

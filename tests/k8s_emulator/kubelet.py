@@ -1,9 +1,11 @@
-"""The process kubelet: registers N fake nodes (Node + Lease heartbeats), schedules unassigned pods onto them,
-runs each pod's first container as a local process group, reports pod status, and kills on deletion
-(SIGTERM, grace, SIGKILL). `lose_node` freezes a node like a dead machine; `restore_node` brings it back."""
+"""The process kubelet: registers N nodes (Node + Lease heartbeats), runs the first container of each pod bound to
+them as a local process group, reports pod status, and kills on deletion (SIGTERM, grace, SIGKILL). `lose_node`
+freezes a node like a dead machine; `restore_node` brings it back. How it watches its pods and whom it acts as
+is the API server's client's business (tests/cluster/kubelet.py)."""
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import datetime
@@ -21,7 +23,6 @@ from tests.k8s_emulator.container import ContainerLifecycle, PodProcess, crash_b
 from tests.k8s_emulator.httpclient import ApiStatusError, KubeHttpClient, resource_path
 from tests.k8s_emulator.init_containers import PodInitialization, terminated_state
 from tests.k8s_emulator.nodes import NodeSetup
-from tests.k8s_emulator.scheduler import PodScheduler
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHM_BASE = Path("/dev/shm")  # the machine's: each node's host memory is a folder of it
@@ -32,13 +33,13 @@ def _micro_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-class ProcessKubelet(ContainerLifecycle, PodInitialization):
+class ProcessKubelet(ContainerLifecycle, PodInitialization, abc.ABC):
     # A strategic merge keeps the pod conditions others own (DisruptionTarget...), as a kubelet's status patch does.
     status_patch_type = "application/merge-patch+json"
 
     def __init__(self, api_url: str, node_names: list[str], log_dir: Path, heartbeat_seconds: float = 2.0,
-                 node_status_seconds: float = 10.0, scheduler_names: set[str] | None = None,
-                 workdir: Path | None = None, node_setup: dict[str, NodeSetup] | None = None) -> None:
+                 node_status_seconds: float = 10.0, workdir: Path | None = None,
+                 node_setup: dict[str, NodeSetup] | None = None) -> None:
         self.api = KubeHttpClient(api_url)
         self.node_setup = {name: (node_setup or {}).get(name) or NodeSetup() for name in node_names}
         parsed = urlparse(api_url)
@@ -49,11 +50,9 @@ class ProcessKubelet(ContainerLifecycle, PodInitialization):
         self.api_url = api_url
         self.credentials_dir = log_dir.parent / "serviceaccounts"  # <pod uid>/{token,namespace,kubeconfig}
         self.heartbeat_seconds, self.node_status_seconds = heartbeat_seconds, node_status_seconds
-        self.scheduler_names = scheduler_names  # None: schedule every pod, whatever its schedulerName
         self.lost: set[str] = set()
         self.pods: dict[str, PodProcess] = {}  # by pod uid
         self._latest: dict[str, dict[str, Any]] = {}  # last seen pod object by uid
-        self.scheduler = PodScheduler(self.api, self.node_names, self.lost, self._event)
         self.shm_root = SHM_BASE / f"flywheel-test-cluster-{os.getpid()}-{id(self):x}"  # <node>/: a node's /dev/shm
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -62,7 +61,7 @@ class ProcessKubelet(ContainerLifecycle, PodInitialization):
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for node in self.node_names:
             await self._register(node)
-        self._tasks = [asyncio.create_task(self._heartbeats()), asyncio.create_task(self._watch_pods())]
+        self._tasks = [asyncio.create_task(self._heartbeats())]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -119,9 +118,6 @@ class ProcessKubelet(ContainerLifecycle, PodInitialization):
                         await self._post_node_status(node)
             if post_status:
                 last_status = loop.time()
-            if self.scheduler.unscheduled:  # e.g. a node was uncordoned: the scheduler retries pending pods
-                with contextlib.suppress(ApiStatusError, OSError, asyncio.TimeoutError):
-                    await self._resync()
 
     async def set_resources(self, node: str, resources: dict[str, str]) -> None:
         """Change the node's extended resources (e.g. a device plugin coming up with 8 GPUs) and report them."""
@@ -146,52 +142,14 @@ class ProcessKubelet(ContainerLifecycle, PodInitialization):
         await self._resync()
 
     # ---- pods ----------------------------------------------------------------------------------------------
-    async def _watch_pods(self) -> None:
-        resource_version = ""
-        while True:
-            try:
-                if not resource_version:
-                    resource_version = await self._resync()
-                async for event in self.api.watch(resource_path("pods"), resource_version):
-                    obj = event["object"]
-                    if event["type"] == "ERROR":
-                        resource_version = ""  # 410 Gone: relist
-                        break
-                    resource_version = obj["metadata"].get("resourceVersion", resource_version)
-                    if event["type"] == "DELETED":
-                        self.scheduler.unscheduled.pop(obj["metadata"]["uid"], None)
-                        self._pod_gone(obj["metadata"]["uid"])
-                    elif event["type"] != "BOOKMARK":
-                        await self._reconcile(obj)
-            except (TimeoutError, ApiStatusError, OSError, ValueError):
-                resource_version = ""
-                await asyncio.sleep(0.5)
-            except Exception:  # noqa: BLE001 - a pod the kubelet cannot handle must not stop it serving the others
-                await asyncio.sleep(0.5)
-
+    @abc.abstractmethod
     async def _resync(self) -> str:
-        listing = await self.api.request("GET", resource_path("pods"))
-        seen = set()
-        for pod in listing["items"]:
-            seen.add(pod["metadata"]["uid"])
-            await self._reconcile(pod)
-        for uid in list(self.pods):
-            if uid not in seen:
-                self._pod_gone(uid)
-        self.scheduler.forget_all_but(seen)
-        return listing["metadata"]["resourceVersion"]
+        """List this kubelet's pods again and reconcile each (after a node comes back or changes)."""
 
     async def _reconcile(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod.get("spec") or {}
         uid, node = meta["uid"], spec.get("nodeName")
-        if not node:
-            scheduler = spec.get("schedulerName", "default-scheduler")
-            if meta.get("deletionTimestamp") or (self.scheduler_names is not None
-                                                 and scheduler not in self.scheduler_names):
-                return
-            await self.scheduler.schedule(pod)
-            return
-        if node not in self.node_names:
+        if node not in self.node_names:  # unbound (the scheduler's) or another kubelet's
             return
         self._latest[uid] = pod
         if node in self.lost:
