@@ -136,7 +136,7 @@ class OursHarness:
         self.workdir, self.gloo_timeout = workdir, gloo_timeout
         self.cluster = start_cluster(workdir / "cluster", nodes=2, etcd=True, heartbeat_seconds=0.5)
         self.cluster.add_claim("flywheel-events")  # --events-claim: the workers mount it
-        port = _free_port()  # the process kubelet moves worker i to port + i (one host: see its pod_hooks.py)
+        port = _free_port()  # the process kubelet moves worker i to port + i (one host: see its host_ports.py)
         self.prometheus = PrometheusServer(workdir / "prometheus", [ScrapeJob(
             "ranks", [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"], honor_labels=True)])
         events = workdir / "events"

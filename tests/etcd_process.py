@@ -1,5 +1,5 @@
 """A real etcd (the Debian `etcd` 3.4 binary) on free loopback ports with its own data dir: the one launcher the
-tests, the test cluster (`python -m tests.k8s_emulator up`) and their fixtures share. No pytest here, so the test
+tests, the test cluster (`python -m tests.cluster up`) and their fixtures share. No pytest here, so the test
 cluster runs outside pytest; the pytest fixture is tests/rendezvous/etcd_server.py's."""
 
 from __future__ import annotations

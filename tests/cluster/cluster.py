@@ -12,9 +12,8 @@ from pathlib import Path
 from tests.cluster.controlplane import ControlPlane, ControlPlaneOptions, write_kubeconfig
 from tests.cluster.fault_proxy import FaultProxy
 from tests.cluster.kubelet import ClusterKubelet
+from tests.cluster.loop_thread import KubeletHandle, LoopThread
 from tests.etcd_process import EtcdServer
-from tests.k8s_emulator.fixtures import KubeletHandle as EmulatorKubeletHandle
-from tests.k8s_emulator.fixtures import _LoopThread
 from tests.k8s_emulator.nodes import NodeSetup
 
 
@@ -29,21 +28,11 @@ class ClusterOptions:
     scheduler_names: tuple[str, ...] = ()  # more kube-scheduler profiles, beside default-scheduler
 
 
-class KubeletHandle(EmulatorKubeletHandle):
-    """Thread-safe controls of the process kubelet (lose_node, restore_node, pid_of, oom_kill, ...), and nodes
-    registered later."""
-
-    _kubelet: ClusterKubelet
-
-    def add_node(self, node: str, setup: NodeSetup | None = None) -> None:
-        self._loop.run(self._kubelet.add_node(node, setup))
-
-
 class ApiHandle:
     """Thread-safe faults of the API as the tests' clients see it: the fault proxy's (fault_proxy.py), and real
     ones of the control plane (a component stopped or restarted, etcd compacted)."""
 
-    def __init__(self, cluster: TestCluster, proxy: FaultProxy, loop: _LoopThread) -> None:
+    def __init__(self, cluster: TestCluster, proxy: FaultProxy, loop: LoopThread) -> None:
         self._cluster, self._proxy, self._loop = cluster, proxy, loop
 
     def drop_watches(self) -> int:
@@ -91,7 +80,7 @@ class TestCluster:
         self.kubeconfig = self.work_dir / "kubeconfig"
         self.log_dir = self.work_dir / "pod-logs"
         self.rendezvous: EtcdServer | None = None
-        self._loop: _LoopThread | None = None
+        self._loop: LoopThread | None = None
         self._kubelet: ClusterKubelet | None = None
         self.kubelet: KubeletHandle | None = None
         self.api: ApiHandle | None = None
@@ -117,7 +106,7 @@ class TestCluster:
             if self.options.rendezvous_etcd:
                 self.rendezvous = EtcdServer(self.work_dir / "rendezvous-etcd")
                 self.rendezvous.start()
-            self._loop = _LoopThread()
+            self._loop = LoopThread()
             self._proxy = FaultProxy(self.control_plane.api_url, self.control_plane.pki)
             self._loop.run(self._proxy.start())
             self.api_url = self._proxy.url

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tests.k8s_emulator import images, podenv, sandbox, termination
+from tests.k8s_emulator import host_ports, images, podenv, sandbox, termination
 from tests.k8s_emulator.container import KubeletPart, PodProcess
 
 
@@ -49,7 +49,8 @@ class ContainerStart(KubeletPart):
         mounted = {}
         if await podenv.automounts_token(pod, self._fetch):
             mounted = await self._service_account_env(running, pod)
-        env = await podenv.container_env(pod, container, self.api_host, self.api_port, self._fetch, mounted)
+        env = host_ports.spread(pod, await podenv.container_env(pod, container, self.api_host, self.api_port,
+                                                                self._fetch, mounted))
         running.env = env
         argv = podenv.container_argv(container, env)
         message_file = self.container_files(running, container)[1]

@@ -28,7 +28,6 @@ import yaml
 from flywheel.trainer.fault_injection import STEP_DELAY_ENV
 from tests.cluster.cluster import TestCluster as RunningCluster
 from tests.cluster.fixtures import start_cluster
-from tests.k8s_emulator.fixtures import start_cluster as emulated_cluster
 from tests.waiting import eventually as _eventually
 
 REPO = Path(__file__).resolve().parents[2]
@@ -235,10 +234,7 @@ class OpEnv:
         self.kubectl("delete", "tj", name, "--wait=false", check=False)
 
 
-def _start_cluster(tmp: Path, kind: str) -> Any:
-    if kind == "emulator":
-        return emulated_cluster(tmp / "cluster", nodes=2, etcd=True, node_monitor_grace_seconds=3.0,
-                                heartbeat_seconds=0.5)
+def _start_cluster(tmp: Path) -> RunningCluster:
     # The gang scheduler's name is served by a profile of the one kube-scheduler (test_gang_jobs_get_a_podgroup).
     cluster = start_cluster(tmp / "cluster", nodes=2, etcd=True, node_monitor_grace_seconds=3.0,
                             heartbeat_seconds=0.5, scheduler_names=("scheduler-plugins-scheduler",))
@@ -248,22 +244,19 @@ def _start_cluster(tmp: Path, kind: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def op_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpEnv]:
-    """On the test cluster (the real control plane); a module that sets `TEST_CLUSTER = "emulator"` still runs on
-    the API emulator until it moves over."""
+def op_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpEnv]:
+    """On the test cluster (the real control plane and the process kubelet), one per module."""
     if not KUBECTL.exists():
         pytest.skip("real kubectl missing: run scripts/install-tools.sh")
     tmp = tmp_path_factory.mktemp("operator")
-    kind = getattr(request.module, "TEST_CLUSTER", "real")
-    cluster = _start_cluster(tmp, kind)
+    cluster = _start_cluster(tmp)
     events_dir = tmp / "events"
     events_dir.mkdir()
     operator = OperatorProcess(cluster, events_dir, tmp / "operator.log")
     env = OpEnv(cluster, operator, events_dir, tmp)
     try:
         env.kubectl("apply", "-f", str(CRD))
-        if kind != "emulator":
-            cluster.wait_established("trainingjobs.flywheel.dev")
+        cluster.wait_established("trainingjobs.flywheel.dev")
         operator.start()
         yield env
     finally:

@@ -221,7 +221,7 @@ def _failed_condition(status: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_invalid_image_name_fails_the_job_at_once(op_env: OpEnv) -> None:
-    """The kubelet reports InvalidImageName for a name that is no image reference (tests/k8s_emulator/images.py): the
+    """The kubelet reports InvalidImageName for a name that is no image reference (the process kubelet's images.py): the
     job fails at once, naming the worker, the reason and the fix, instead of waiting Pending for ever."""
     name = "bad-image"
     op_env.kubectl("apply", "-f", str(op_env.job_yaml(name, image="Flywheel:Latest")))
@@ -239,7 +239,7 @@ def test_invalid_image_name_fails_the_job_at_once(op_env: OpEnv) -> None:
 def test_unpullable_image_fails_after_the_pull_grace(op_env: OpEnv) -> None:
     """A registry that cannot be reached (ErrImagePull, then ImagePullBackOff, retried) is given the job's
     faultTolerance.startFailureGraceSeconds in case it is a blip, then the job fails with the same clear condition.
-    The emulated kubelet backs off 1 s, 2 s, 4 s, ... (tests/k8s_emulator/images.py): both reasons show within ~2 s of
+    The process kubelet backs off 1 s, 2 s, 4 s, ... (the process kubelet's images.py): both reasons show within ~2 s of
     the pod's start, well inside a 10 s grace (the default 60 s would only make this test slow)."""
     grace = 10
     name = "no-pull"
