@@ -49,7 +49,7 @@ def _alive(pid: int) -> bool:
 
 def _serve(args: argparse.Namespace) -> None:
     from tests.cluster.cluster import ClusterOptions, TestCluster
-    from tests.k8s_emulator.nodes import NodeSetup
+    from tests.kubelet.nodes import NodeSetup
 
     kubeconfig = Path(args.kubeconfig).resolve()
     gpu = NodeSetup(resources={GPU: str(args.gpus)}, taints=[{"key": GPU, "effect": "NoSchedule"}])

@@ -14,7 +14,7 @@ from tests.cluster.fault_proxy import FaultProxy
 from tests.cluster.kubelet import ClusterKubelet
 from tests.cluster.loop_thread import KubeletHandle, LoopThread
 from tests.etcd_process import EtcdServer
-from tests.k8s_emulator.nodes import NodeSetup
+from tests.kubelet.nodes import NodeSetup
 
 
 @dataclass

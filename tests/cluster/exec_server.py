@@ -26,7 +26,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from tests.k8s_emulator import sandbox
+from tests.kubelet import sandbox
 
 PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
 STDIN, STDOUT, STDERR, ERROR, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255

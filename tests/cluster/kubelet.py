@@ -23,13 +23,13 @@ import aiohttp
 from tests.cluster import exec_server
 from tests.cluster.logs_server import LogsServer
 from tests.cluster.pki import Pki
-from tests.k8s_emulator import nodes as node_objects
-from tests.k8s_emulator import podenv, sandbox
-from tests.k8s_emulator.container import PodProcess
-from tests.k8s_emulator.httpclient import ApiStatusError, KubeHttpClient, new_session, resource_path
-from tests.k8s_emulator.init_containers import terminated_state
-from tests.k8s_emulator.kubelet import ProcessKubelet, _micro_now
-from tests.k8s_emulator.nodes import NodeSetup
+from tests.kubelet import nodes as node_objects
+from tests.kubelet import podenv, sandbox
+from tests.kubelet.container import PodProcess
+from tests.kubelet.httpclient import ApiStatusError, KubeHttpClient, new_session, resource_path
+from tests.kubelet.init_containers import terminated_state
+from tests.kubelet.kubelet import ProcessKubelet, _micro_now
+from tests.kubelet.nodes import NodeSetup
 
 acting_node: contextvars.ContextVar[str] = contextvars.ContextVar("acting_node")
 LEASE_SECONDS = 40

@@ -12,7 +12,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from tests.cluster.kubelet import ClusterKubelet
-from tests.k8s_emulator.nodes import NodeSetup
+from tests.kubelet.nodes import NodeSetup
 
 T = TypeVar("T")
 

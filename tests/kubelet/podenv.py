@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from tests.k8s_emulator import images
+from tests.kubelet import images
 
 POD_IP = "127.0.0.1"
 _REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")

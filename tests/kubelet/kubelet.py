@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from tests.k8s_emulator import images, nodes, podenv
-from tests.k8s_emulator.clock import now_rfc3339
-from tests.k8s_emulator.container import ContainerLifecycle, PodProcess, crash_backoff
-from tests.k8s_emulator.httpclient import ApiStatusError, KubeHttpClient, resource_path
-from tests.k8s_emulator.init_containers import PodInitialization, terminated_state
-from tests.k8s_emulator.nodes import NodeSetup
+from tests.kubelet import images, nodes, podenv
+from tests.kubelet.clock import now_rfc3339
+from tests.kubelet.container import ContainerLifecycle, PodProcess, crash_backoff
+from tests.kubelet.httpclient import ApiStatusError, KubeHttpClient, resource_path
+from tests.kubelet.init_containers import PodInitialization, terminated_state
+from tests.kubelet.nodes import NodeSetup
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHM_BASE = Path("/dev/shm")  # the machine's: each node's host memory is a folder of it

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.k8s_emulator import images
-from tests.k8s_emulator.podenv import ConfigError
+from tests.kubelet import images
+from tests.kubelet.podenv import ConfigError
 
 FIELDS_FROM_POD = ("runAsUser", "runAsGroup", "runAsNonRoot")
 READ_ANYWHERE = "dac_read_search"  # the capability a non-root process keeps (see above)

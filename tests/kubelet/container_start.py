@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tests.k8s_emulator import host_ports, images, podenv, sandbox, termination
-from tests.k8s_emulator.container import KubeletPart, PodProcess
+from tests.kubelet import host_ports, images, podenv, sandbox, termination
+from tests.kubelet.container import KubeletPart, PodProcess
 
 
 class ContainerStart(KubeletPart):

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.k8s_emulator import podenv
+from tests.kubelet import podenv
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flywheel.local import procs
-from tests.k8s_emulator import podenv, probes
+from tests.kubelet import podenv, probes
 
 PRE_STOP_EXTENSION_S = 2.0  # what the kubelet grants SIGTERM after a preStop hook that used the whole grace period
 

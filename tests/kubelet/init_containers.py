@@ -19,10 +19,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from tests.k8s_emulator import images, podenv, termination
-from tests.k8s_emulator.clock import now_rfc3339
-from tests.k8s_emulator.container import PodProcess, crash_backoff, signal_process
-from tests.k8s_emulator.container_start import ContainerStart
+from tests.kubelet import images, podenv, termination
+from tests.kubelet.clock import now_rfc3339
+from tests.kubelet.container import PodProcess, crash_backoff, signal_process
+from tests.kubelet.container_start import ContainerStart
 
 MAIN_WAITING = {"waiting": {"reason": "PodInitializing"}}
 
