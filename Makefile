@@ -15,7 +15,7 @@ SCHEMATHESIS_TESTS := tests/api/test_schemathesis.py
 
 .DEFAULT_GOAL := all
 
-.PHONY: all demo test test-fast lint venv tools crd bench bench-quick clean controlplane constraints
+.PHONY: all demo test test-fast lint venv tools crd bench bench-quick clean controlplane constraints e2e
 
 # Installs resolve against constraints.txt (the whole resolution, pinned): a fresh pip install otherwise walked back
 # through dozens of botocore releases before it settled. `make constraints` refreshes it after pyproject.toml changes.
@@ -71,6 +71,10 @@ test-fast: $(STAMP)
 
 crd: $(STAMP)
 	.venv/bin/flywheel crd
+
+# tests/e2e_real whole (make test runs a part of it): on $$KUBECONFIG's cluster, else on its own test cluster.
+e2e: $(STAMP) tools controlplane
+	PATH="$(CURDIR)/.tools/bin:$$PATH" FLYWHEEL_E2E_ALL=1 $(PY) -m pytest -q -p no:xdist tests/e2e_real
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -280,7 +280,7 @@ def test_the_product_client_lists_in_pages(real: RealCluster, monkeypatch: pytes
     monkeypatch.setattr(kube_client, "LIST_PAGE", 3)
 
     async def listed() -> list[str]:
-        kube = kube_client.Kube(await load_credentials(os.environ["KUBECONFIG"]))
+        kube = kube_client.Kube(await load_credentials(real.kubeconfig))
         try:
             items = await kube.list(kube_client.Kube.core(real.namespace, "configmaps"))
             return [item["metadata"]["name"] for item in items]

@@ -177,7 +177,9 @@ def test_invalid_table_is_refused_before_any_pod(real: RealCluster, tmp_path: Pa
         assert result.returncode != 0 and names_field_and_fix(result.stderr, field, fix), result.stderr
         return
     job = doc["metadata"]["name"]
-    real.kubectl("apply", "-f", str(path))
+    # create, not apply: client-side apply drops a null (model-missing's `preset: null`), and the CRD's default
+    # then fills it in -- a valid job; create sends the null, which a nullable field keeps.
+    real.kubectl("create", "-f", str(path))
     try:
         status = real.wait_phase(job, "Failed", 120)
         invalid = next(c for c in status["conditions"] if c["type"] == "Invalid")
@@ -397,8 +399,9 @@ def test_kubectl_drain_waits_on_the_jobs_budget_while_the_worker_moves_ahead(rea
     budget = json.loads(real.kubectl("get", "pdb", name, "-o", "json").stdout)
     assert budget["spec"]["minAvailable"] == 2 and budget["status"]["disruptionsAllowed"] == 0, budget
     try:
-        drained = subprocess.run([real.kubectl_bin, "drain", node, "--ignore-daemonsets", "--delete-emptydir-data",
-                                  "--timeout=600s"], capture_output=True, text=True, timeout=700)
+        drained = subprocess.run([real.kubectl_bin, "--kubeconfig", real.kubeconfig, "drain", node,
+                                  "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=600s"],
+                                 capture_output=True, text=True, timeout=700)
         status = real.wait_phase(name, "Succeeded", 900)
     finally:
         real.kubectl("uncordon", node, namespace="default", check=False)

@@ -29,10 +29,9 @@ nodes, or the operator and etcd pinned apart with a nodeSelector). The node is r
 it, and in any case before the test ends. The job keeps memory checkpoints (`memoryEverySteps: 10`): the promoted
 spare restores from its peer's replica, whatever checkpoint volume the suite has.
 
-Run against the test cluster (4 nodes, the chart installed as docs/test-cluster.md says) with its fault command in
-both variables (`python -m tests.k8s_emulator fault --kubeconfig K lose-node node={node}`, `restore-node`): passed
-in ~40 s, the spare taking replica 0 (restored from memory-own while the emulated nodes shared one /dev/shm; each
-node has its own since stop 27, so there too it now restores from the peer's replica).
+On the suite's own cluster (local_cluster.py) both variables are the test cluster's fault command,
+`python -m tests.cluster fault --kubeconfig K lose-node node={node}` and `restore-node`: the process kubelet stops
+renewing the node's Lease and its processes die; the real node-lifecycle controller does the rest.
 """
 
 from __future__ import annotations
