@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.rank_processes import alive
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GPU = "nvidia.com/gpu"
 UP_TIMEOUT_S = 600  # the first `up` on a machine builds the control plane (minutes on a cold Go cache)
@@ -37,14 +39,6 @@ def state_path(kubeconfig: Path) -> Path:
 def _read_state(kubeconfig: Path) -> dict[str, Any] | None:
     path = state_path(kubeconfig)
     return json.loads(path.read_text()) if path.exists() else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _serve(args: argparse.Namespace) -> None:
@@ -123,7 +117,7 @@ def _up(args: argparse.Namespace) -> int:
 
     kubeconfig = Path(args.kubeconfig).resolve()
     existing = _read_state(kubeconfig)
-    if existing and _alive(existing["pid"]):
+    if existing and alive(existing["pid"]):
         print(f"already up: {existing['api_url']} (pid {existing['pid']})")
         return 0
     ensure_binary()  # here, so its progress reaches the terminal
@@ -164,7 +158,7 @@ def _print_state(state: dict[str, Any]) -> None:
 
 def _status(args: argparse.Namespace) -> int:
     state = _read_state(Path(args.kubeconfig).resolve())
-    if not state or not _alive(state["pid"]):
+    if not state or not alive(state["pid"]):
         print("down")
         return 1
     _print_state(state)
@@ -174,15 +168,15 @@ def _status(args: argparse.Namespace) -> int:
 def _down(args: argparse.Namespace) -> int:
     kubeconfig = Path(args.kubeconfig).resolve()
     state = _read_state(kubeconfig)
-    if not state or not _alive(state["pid"]):
+    if not state or not alive(state["pid"]):
         print("already down")
         state_path(kubeconfig).unlink(missing_ok=True)
         return 0
     os.kill(state["pid"], signal.SIGTERM)
     deadline = time.monotonic() + 60
-    while _alive(state["pid"]) and time.monotonic() < deadline:
+    while alive(state["pid"]) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if _alive(state["pid"]):
+    if alive(state["pid"]):
         os.killpg(state["pid"], signal.SIGKILL)
     if state.get("owns_work_dir"):
         import shutil
@@ -196,7 +190,7 @@ def _down(args: argparse.Namespace) -> int:
 def _fault(args: argparse.Namespace) -> int:
     kubeconfig = Path(args.kubeconfig).resolve()
     state = _read_state(kubeconfig)
-    if not state or not _alive(state["pid"]):
+    if not state or not alive(state["pid"]):
         print("the test cluster is down", file=sys.stderr)
         return 1
     params = dict(item.split("=", 1) for item in args.params)

@@ -65,7 +65,6 @@ if OWN_CLUSTER is not None:
 # the rest has a twin in tests/operator on the same control plane, and all run with FLYWHEEL_E2E_ALL=1 (`make e2e`).
 IN_MAKE_TEST = frozenset({
     "test_tiny_job_succeeds_with_columns", "test_a_new_jobs_first_status_write_does_not_lose_to_kopfs_own_patches",
-    "test_killed_ranks_recover_to_the_fault_free_parameters",
     "test_invalid_table_is_refused_before_any_pod[model-missing]",
     "test_invalid_table_is_refused_before_any_pod[template-volume]",
     "test_invalid_table_is_refused_before_any_pod[tp-heads]",

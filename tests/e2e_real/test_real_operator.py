@@ -120,11 +120,15 @@ def test_scale_and_suspend(real: RealCluster, tmp_path: Path) -> None:
 
 
 # SIGKILLs every rank process of a worker from inside its container (ranks are named fw-rank-<RANK>; the agent is
-# PID 1, which a signal from inside its own namespace cannot kill).
+# PID 1, which a signal from inside its own namespace cannot kill). Only this pod's: the processes with its
+# HOSTNAME, which is every process of the container on a cluster and what tells the pods apart where they share a
+# PID namespace (the test cluster's process kubelet).
 KILL_RANKS = ("import os, signal\n"
+              "mine = ('HOSTNAME=' + os.environ['HOSTNAME']).encode()\n"
               "for p in filter(str.isdigit, os.listdir('/proc')):\n"
               "    try:\n"
-              "        if open(f'/proc/{p}/comm').read().startswith('fw-rank-'):\n"
+              "        if open(f'/proc/{p}/comm').read().startswith('fw-rank-') and \\\n"
+              "                mine in open(f'/proc/{p}/environ', 'rb').read().split(b'\\0'):\n"
               "            os.kill(int(p), signal.SIGKILL)\n"
               "    except OSError:\n"
               "        pass\n")
@@ -288,11 +292,16 @@ def test_all_ranks_stopped_is_restarted_in_place_as_hung_without_prometheus(real
     pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in real.pods("e2e-stopped")}
     # The rank processes: forked by the warm zygote (named fw-rank-<RANK>) or a cold `python -m flywheel.trainer`;
     # not the zygote itself nor the warm client the agent started for a rank.
-    stop = ("import os, signal\nfor p in filter(str.isdigit, os.listdir('/proc')):\n    try:\n"
+    # Only this pod's (its HOSTNAME: see KILL_RANKS).
+    stop = ("import os, signal\nmine = ('HOSTNAME=' + os.environ['HOSTNAME']).encode()\n"
+            "for p in filter(str.isdigit, os.listdir('/proc')):\n    try:\n"
             "        cmd = open(f'/proc/{p}/cmdline', 'rb').read().split(b'\\0')\n"
-            "        comm = open(f'/proc/{p}/comm').read()\n    except OSError:\n        continue\n"
-            "    if int(p) != os.getpid() and (comm.startswith('fw-rank-') or (b'flywheel.trainer' in cmd and "
-            "b'flywheel.trainer.warm' not in cmd)):\n        os.kill(int(p), signal.SIGSTOP)\n")
+            "        comm = open(f'/proc/{p}/comm').read()\n"
+            "        env = open(f'/proc/{p}/environ', 'rb').read().split(b'\\0')\n"
+            "    except OSError:\n        continue\n"
+            "    if int(p) != os.getpid() and mine in env and (comm.startswith('fw-rank-') or "
+            "(b'flywheel.trainer' in cmd and b'flywheel.trainer.warm' not in cmd)):\n"
+            "        os.kill(int(p), signal.SIGSTOP)\n")
     for pod in pods:
         real.kubectl("exec", pod, "--", "python", "-c", stop)
     status = eventually(lambda: (s := real.status("e2e-stopped")).get("lastRestartReason") == "Hung" and s, 300,

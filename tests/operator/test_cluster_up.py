@@ -16,6 +16,7 @@ import pytest
 
 from tests.etcd_process import ETCD_BINARY
 from tests.operator.conftest import KUBECTL
+from tests.rank_processes import alive
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,14 +29,6 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     return subprocess.run([sys.executable, "-m", "tests.cluster", *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=180)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _check_up(kubeconfig: Path, up: subprocess.CompletedProcess[str], with_etcd: bool) -> dict[str, Any]:
@@ -67,7 +60,7 @@ def test_up_starts_etcd_by_default_and_not_with_no_etcd_and_down_ends_it(tmp_pat
             state = _check_up(kubeconfig, up, with_etcd)
         finally:
             assert _cli("down", "--kubeconfig", str(kubeconfig)).returncode == 0
-        assert not _alive(state["pid"]) and not kubeconfig.exists()
+        assert not alive(state["pid"]) and not kubeconfig.exists()
         assert not Path(state["work_dir"]).exists()  # up made it: down removes it
         down = _cli("status", "--kubeconfig", str(kubeconfig))
         assert down.returncode == 1 and down.stdout.strip() == "down"
