@@ -8,6 +8,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.cluster.controlplane import ControlPlane, ControlPlaneOptions, write_kubeconfig
 from tests.cluster.fault_proxy import FaultProxy
@@ -61,6 +62,21 @@ class ApiHandle:
 
     def restart(self, component: str, down_seconds: float = 0.0) -> None:
         self._cluster.control_plane.restart(component, down_seconds)
+
+
+def claim_objects(namespace: str, name: str, path: Path, size: str = "10Gi",
+                  access: str = "ReadWriteMany") -> tuple[dict[str, Any], dict[str, Any]]:
+    """A PersistentVolume on the hostPath `path` pre-bound (claimRef) to the claim `namespace/name`, and that
+    claim naming it: the persistent-volume controller binds the two at once."""
+    volume = f"{namespace}-{name}"
+    pv = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
+          "spec": {"capacity": {"storage": size}, "accessModes": [access], "storageClassName": "",
+                   "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(path)},
+                   "claimRef": {"namespace": namespace, "name": name}}}
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": namespace},
+           "spec": {"accessModes": [access], "resources": {"requests": {"storage": size}}, "storageClassName": "",
+                    "volumeName": volume}}
+    return pv, pvc
 
 
 class TestCluster:
@@ -152,16 +168,9 @@ class TestCluster:
         volume = f"{namespace}-{name}"
         if plane.request(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}") is not None:
             return
-        plane.request("/api/v1/persistentvolumes", "POST", {
-            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
-            "spec": {"capacity": {"storage": size}, "accessModes": [access], "storageClassName": "",
-                     "persistentVolumeReclaimPolicy": "Retain",
-                     "hostPath": {"path": str(self.work_dir / "volumes" / volume)},
-                     "claimRef": {"namespace": namespace, "name": name}}})
-        plane.request(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", "POST", {
-            "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
-            "spec": {"accessModes": [access], "resources": {"requests": {"storage": size}}, "storageClassName": "",
-                     "volumeName": volume}})
+        pv, pvc = claim_objects(namespace, name, self.work_dir / "volumes" / volume, size, access)
+        plane.request("/api/v1/persistentvolumes", "POST", pv)
+        plane.request(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", "POST", pvc)
 
     def wait_established(self, crd: str, timeout: float = 60.0) -> None:
         """A CRD's resource is served once the CRD is Established, a moment after its create."""

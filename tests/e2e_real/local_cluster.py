@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.chart.conftest import find_tool
+from tests.cluster.cluster import claim_objects
+from tests.etcd_process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "flywheel"
@@ -30,8 +32,7 @@ ROLLOUT_TIMEOUT_S = 180
 
 
 def _tool(name: str) -> str:
-    local = REPO / ".tools" / "bin" / name
-    return str(local) if local.exists() else name
+    return find_tool(name) or name
 
 
 @dataclass(frozen=True)
@@ -59,10 +60,6 @@ def settings(work: Path) -> dict[str, str]:
             "FLYWHEEL_E2E_LOSE_NODE": f"{fault} lose-node node={{node}}",
             "FLYWHEEL_E2E_RESTORE_NODE": f"{fault} restore-node node={{node}}",
             "FLYWHEEL_E2E_KUBECTL": _tool("kubectl")}
-
-
-def new_work_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="flywheel-e2e-"))
 
 
 def bring_up(work: Path) -> LocalCluster:
@@ -101,7 +98,7 @@ def bring_down(cluster: LocalCluster) -> None:
 def _render_chart(etcd_url: str) -> str:
     host_port = etcd_url.split("://", 1)[-1]
     sets = {"etcd.enabled": "false", "etcd.externalEndpoints": f"{{{host_port}}}",
-            "operator.metricsPort": str(_free_port()), "operator.livenessPort": str(_free_port()),
+            "operator.metricsPort": str(free_port()), "operator.livenessPort": str(free_port()),
             "operator.workerMetricsPortBase": "0", "operator.workerEnv.OMP_NUM_THREADS": "1",
             "operator.watchNamespaces": f"{{{JOB_NAMESPACE}}}"}
     argv = [_tool("helm"), "template", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--include-crds"]
@@ -115,20 +112,7 @@ def _render_chart(etcd_url: str) -> str:
 
 
 def _add_claim(cluster: LocalCluster, namespace: str, name: str) -> None:
-    """A ReadWriteMany claim pre-bound to a hostPath volume of its own (the process kubelet mounts nothing: pods
-    see the host's paths)."""
-    volume = f"{namespace}-{name}"
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [
-        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
-         "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
-                  "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(cluster.work / volume)},
-                  "claimRef": {"namespace": namespace, "name": name}}},
-        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": namespace},
-         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "10Gi"}},
-                  "storageClassName": "", "volumeName": volume}}]}))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A ReadWriteMany claim bound to a hostPath volume of its own (the process kubelet mounts nothing: pods see the
+    host's paths)."""
+    items = claim_objects(namespace, name, cluster.work / f"{namespace}-{name}")
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(items)}))
