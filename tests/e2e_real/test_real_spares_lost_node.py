@@ -57,7 +57,9 @@ pytestmark = pytest.mark.skipif(not (LOSE and RESTORE), reason="set FLYWHEEL_E2E
 
 
 def _platform(template: str, node: str) -> None:
-    subprocess.run(template.format(node=node), shell=True, check=True, timeout=300)
+    done = subprocess.run(template.format(node=node), shell=True, capture_output=True, text=True, timeout=300)
+    if done.returncode:
+        raise AssertionError(f"{template.format(node=node)!r} exited {done.returncode}:\n{done.stdout}{done.stderr}")
 
 
 def _nodes_of(real: RealCluster, namespace: str, selector: str) -> set[str]:

@@ -21,15 +21,16 @@ pytestmark = pytest.mark.slow
 TAINT = "nvidia.com/gpu-xid-error"  # NVSentinel's fatal-XID quarantine taint: one of the default drain keys
 # The stall's bound (last step before the move -> first step after). The path takes ~1.3-1.4 s here (docs/operator.md,
 # "Drain ahead": the ranks' answers ~0.1 s, the move ~0.1 s, the new rendezvous round ~0.6 s of 0.25 s polls, the
-# ranks' warm start and memory restore ~0.4 s; 1.4 s measured at a load average of 4.5 on the 2 cores). The
-# regressions it must catch are waits, not slowness: the stopped agent's rendezvous heartbeat waited out (6 s more:
-# 7.4 s before launch.py made it leave its round), a collective or rendezvous timeout, the 60 s drain timeout. 5 s
-# is ~3.5x the path as measured under load, yet below the smallest of those waits.
+# ranks' warm start and memory restore ~0.4 s), and up to 5.9 s with the other test process and the real control
+# plane busy on the 2 cores (CI). The regressions it must catch are waits, not slowness: the stopped agent's
+# rendezvous heartbeat waited out (6 s more: 7.4 s before launch.py made it leave its round), a collective or
+# rendezvous timeout, the 60 s drain timeout. Each adds 6 s or more to a path of 1.3 s or more, so 7 s catches every
+# one of them at any load while the loaded path stays below it.
 # (The cold-pod fallback is asserted apart: no new pod of the drained index.)
-STALL_BOUND_S = 5.0
+STALL_BOUND_S = 7.0
 # Both workers on the drained node (the scheduler's choice): two spares promoted, a blocking disk save and a disk
-# restore, the memory copies leaving with the pods (2.4-2.9 s here, idle); a wait above adds 6 s or more to that.
-STALL_BOUND_BOTH_S = 6.5
+# restore, the memory copies leaving with the pods (2.4-2.9 s here, idle); a wait adds 6 s or more to that.
+STALL_BOUND_BOTH_S = 8.0
 # Without a spare the drain first warms a new pod (pod start, imports, zygote: ~5 s on idle cores, over 13 s with the
 # other test process busy), and the job must still be training once it is warm: 400 full-speed steps (~17 s) ended first
 # under that load. That test's LONG job idles 0.12 s before each step: the 150 steps after the taint take over 18 s
