@@ -15,7 +15,9 @@ endpoints, no events volume, no Prometheus). Figures (result keys):
   operator (bench/operator_scale_peer.py: the same Service, budget + pods, one status write, Succeeded from its pod
   watch) on the same cluster; `operator_cpu_ratio` goal <= 1.5.
 - `burst_throughput_ratio`: the same burst, jobs per second from the first create to the last job's pods all
-  created, against a bare client creating the same Service, budget + pods directly (16 jobs in flight); goal >= 0.5.
+  created, against the minimal kopf operator's; goal >= 0.9 (both are kopf operators: a bare client creating the
+  same Service, budget + pods directly, 16 jobs in flight, is shown beside them as the API server's ceiling, no
+  peer: a ratio to it measures kopf's event loop more than ours).
 - kept: a 64-replica job's pods all created within 1 s (p99 of 20 runs); operator RSS <= 200 MB at 500 jobs.
 
     python -m bench.operator_scale            # 200 jobs held 120 s, 500-job bursts, 20 x 64 replicas (~6 min)
@@ -42,7 +44,7 @@ from bench.common import RESULTS, percentile, write_result
 from bench.operator_scale_bed import OPERATOR_USER, Cluster, cpu_seconds, rss_mb, split_counts
 
 REPO = Path(__file__).resolve().parents[1]
-REQUESTS_GOAL, CPU_RATIO_GOAL, BURST_RATIO_GOAL = 1.0, 1.5, 0.5
+REQUESTS_GOAL, CPU_RATIO_GOAL, BURST_RATIO_GOAL = 1.0, 1.5, 0.9
 WIDE_GOAL_S, RSS_GOAL_MB = 1.0, 200.0
 SIZES = {  # (held jobs, hold s, burst jobs, wide runs, wide replicas)
     "full": (200, 120.0, 500, 20, 64), "quick": (40, 30.0, 100, 5, 64), "smoke": (5, 5.0, 20, 3, 8)}
@@ -231,12 +233,13 @@ def figures(runs: dict[str, Any]) -> dict[str, Any]:
     ours, kopf, bare = runs["burst"], runs["kopf_peer"], runs["bare_client"]
     requests = runs["steady"]["per_job_minute"]
     cpu_ratio = ours["cpu_s_per_job"] / kopf["cpu_s_per_job"]
-    burst_ratio = ours["jobs_per_second"] / bare["jobs_per_second"]
+    burst_ratio = ours["jobs_per_second"] / kopf["jobs_per_second"]
     return {
         "api_requests_per_job_minute": requests, "operator_cpu_seconds_per_job": ours["cpu_s_per_job"],
         "peer_cpu_seconds_per_job": kopf["cpu_s_per_job"], "operator_cpu_ratio": cpu_ratio,
-        "burst_jobs_per_second": ours["jobs_per_second"], "bare_jobs_per_second": bare["jobs_per_second"],
-        "burst_throughput_ratio": burst_ratio, "wide_pods_p99_s": wide_p99, "operator_rss_peak_mb": runs["rss_peak_mb"],
+        "burst_jobs_per_second": ours["jobs_per_second"], "peer_jobs_per_second": kopf["jobs_per_second"],
+        "bare_jobs_per_second": bare["jobs_per_second"], "burst_throughput_ratio": burst_ratio,
+        "bare_client_ratio": ours["jobs_per_second"] / bare["jobs_per_second"], "wide_pods_p99_s": wide_p99, "operator_rss_peak_mb": runs["rss_peak_mb"],
         "goals": {"api_requests_per_job_minute": requests <= REQUESTS_GOAL,
                   "operator_cpu_ratio": cpu_ratio <= CPU_RATIO_GOAL,
                   "burst_throughput_ratio": burst_ratio >= BURST_RATIO_GOAL,
@@ -250,9 +253,12 @@ def rows(f: dict[str, Any], runs: dict[str, Any]) -> list[dict[str, Any]]:
     goals = f["goals"]
     return [
         {"name": "burst", "metric": f"burst_throughput_ratio: {burst_jobs} jobs at once, jobs/s to all pods created",
-         "value": f["burst_jobs_per_second"], "unit": "jobs/s", "peer": "bare aiohttp client, same objects",
-         "peer_value": f["bare_jobs_per_second"], "ratio": f["burst_throughput_ratio"],
+         "value": f["burst_jobs_per_second"], "unit": "jobs/s", "peer": "minimal kopf operator, same objects",
+         "peer_value": f["peer_jobs_per_second"], "ratio": f["burst_throughput_ratio"],
          "goal": f"ratio >= {BURST_RATIO_GOAL:g}", "pass": goals["burst_throughput_ratio"]},
+        {"name": "burst_bare", "metric": f"the same burst against a bare client (the API server's ceiling, no goal)",
+         "value": f["burst_jobs_per_second"], "unit": "jobs/s", "peer": "bare aiohttp client, same objects",
+         "peer_value": f["bare_jobs_per_second"], "ratio": f["bare_client_ratio"], "goal": "none", "pass": True},
         {"name": "requests", "metric": f"api_requests_per_job_minute, {held} running jobs held "
                                        f"{runs['steady']['hold_s']:g} s (watches apart)",
          "value": f["api_requests_per_job_minute"], "unit": "req/job/min", "peer": "goal",
@@ -293,8 +299,9 @@ def main() -> int:
         print(f"{name}: {f[name]:.4g}{'' if ok else ' (goal missed)'} -> {'PASS' if ok else 'FAIL'}")
     print(f"operator CPU {f['operator_cpu_seconds_per_job'] * 1000:.1f} ms/job vs kopf peer "
           f"{f['peer_cpu_seconds_per_job'] * 1000:.1f} ms/job (ratio {f['operator_cpu_ratio']:.2f}); burst "
-          f"{f['burst_jobs_per_second']:.0f} vs bare {f['bare_jobs_per_second']:.0f} jobs/s (ratio "
-          f"{f['burst_throughput_ratio']:.2f}); {'PASS' if passed else 'FAIL'} -> {args.out}", flush=True)
+          f"{f['burst_jobs_per_second']:.0f} vs the kopf peer's {f['peer_jobs_per_second']:.0f} jobs/s (ratio "
+          f"{f['burst_throughput_ratio']:.2f}; a bare client {f['bare_jobs_per_second']:.0f}); "
+          f"{'PASS' if passed else 'FAIL'} -> {args.out}", flush=True)
     return 0
 
 

@@ -122,7 +122,7 @@ def test_operator_scale_smoke(tmp_path):
                                     "wide_pods_p99_s", "operator_rss_peak_mb"}
     assert record["api_requests_per_job_minute"] >= 0 and record["operator_cpu_seconds_per_job"] > 0
     assert record["burst_throughput_ratio"] > 0 and 0 < record["operator_rss_peak_mb"] < 1000
-    assert [row["name"] for row in record["rows"]] == ["burst", "requests", "wide", "rss"]
+    assert [row["name"] for row in record["rows"]] == ["burst", "burst_bare", "requests", "wide", "rss"]
 
 
 def test_dead_worker_smoke(tmp_path):

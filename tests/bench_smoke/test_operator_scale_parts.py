@@ -29,23 +29,26 @@ def test_stand_in_pod_status_reads_as_running_and_ready_then_succeeded():
     assert done["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
 
 
-def runs(per_job_minute: float, ours_cpu: float, peer_cpu: float, ours_jps: float, bare_jps: float) -> dict:
+def runs(per_job_minute: float, ours_cpu: float, peer_cpu: float, ours_jps: float, peer_jps: float,
+         bare_jps: float = 400.0) -> dict:
     return {"wide": {"replicas": 64, "latency_s": [0.1, 0.2, 0.3]},
             "steady": {"jobs": 200, "hold_s": 120.0, "per_job_minute": per_job_minute},
             "burst": {"jobs": 500, "cpu_s_per_job": ours_cpu, "jobs_per_second": ours_jps},
-            "kopf_peer": {"cpu_s_per_job": peer_cpu}, "bare_client": {"jobs_per_second": bare_jps},
-            "rss_peak_mb": 150.0}
+            "kopf_peer": {"cpu_s_per_job": peer_cpu, "jobs_per_second": peer_jps},
+            "bare_client": {"jobs_per_second": bare_jps}, "rss_peak_mb": 150.0}
 
 
 def test_figures_are_ratios_to_their_peers_and_judged_by_the_issues_goals():
-    good = figures(runs(0.5, 0.012, 0.01, 60.0, 100.0))
-    assert good["operator_cpu_ratio"] == pytest.approx(1.2) and good["burst_throughput_ratio"] == pytest.approx(0.6)
+    good = figures(runs(0.5, 0.012, 0.01, 95.0, 100.0))
+    assert good["operator_cpu_ratio"] == pytest.approx(1.2) and good["burst_throughput_ratio"] == pytest.approx(0.95)
+    assert good["bare_client_ratio"] == pytest.approx(95.0 / 400.0)  # shown, judged by no goal
     assert all(good["goals"].values())
-    bad = figures(runs(138.0, 0.03, 0.01, 40.0, 100.0))
+    bad = figures(runs(138.0, 0.03, 0.01, 85.0, 100.0, bare_jps=90.0))
     assert not bad["goals"]["api_requests_per_job_minute"] and not bad["goals"]["operator_cpu_ratio"]
     assert not bad["goals"]["burst_throughput_ratio"] and bad["goals"]["wide_pods_p99_s"]
-    table = {row["name"]: row for row in rows(bad, runs(138.0, 0.03, 0.01, 40.0, 100.0))}
-    assert table["burst"]["ratio"] == pytest.approx(0.4) and not table["burst"]["pass"]
+    table = {row["name"]: row for row in rows(bad, runs(138.0, 0.03, 0.01, 85.0, 100.0, bare_jps=90.0))}
+    assert table["burst"]["ratio"] == pytest.approx(0.85) and not table["burst"]["pass"]
+    assert table["burst"]["peer"].startswith("minimal kopf operator") and table["burst_bare"]["goal"] == "none"
     assert table["requests"]["value"] == 138.0 and table["requests"]["peer"] == "goal"
 
 
