@@ -12,9 +12,11 @@ STALE_SECONDS = 60.0
 class CreateFailures:
     def __init__(self) -> None:
         self._by_name: dict[str, tuple[str, float]] = {}  # object name -> (message, when it last failed)
+        self.recorded = 0  # failures recorded so far: a pass's batch of creates stops after one
 
     def failed(self, name: str, message: str, now: float) -> None:
         self._by_name[name] = (message, now)
+        self.recorded += 1
 
     def created(self, name: str) -> None:
         self._by_name.pop(name, None)

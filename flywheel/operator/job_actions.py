@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, assert_never, cast
 
 import aiohttp
@@ -48,6 +49,7 @@ SERVICE_RECHECK_SECONDS = 10.0  # how soon a deleted headless Service is created
 # What an API call can fail with besides a refusal: the connection, a timeout.
 API_ERRORS = (KubeApiError, aiohttp.ClientError, TimeoutError)
 CREATE_RETRY_SECONDS = 2.0  # how soon a pod whose create failed is tried again (quota, a webhook, the API)
+CREATES_IN_FLIGHT = 16  # pod creates at once, after the slow start (the API server's default limit is 400)
 
 
 class JobActions:
@@ -203,7 +205,8 @@ class JobActions:
         workers = {w.index: w for w in m.plan(job, self.uid, self.settings, self.events_path)} \
             if creates and job is not None else {}
         failed: list[Exception] = []
-        for action in result.actions:
+
+        async def one(action: JobAction) -> None:
             # One failure does not drop the others (each is re-decided from fresh observations if still needed);
             # the pass fails after them, so it is retried soon.
             try:
@@ -211,8 +214,29 @@ class JobActions:
             except Exception as err:  # noqa: BLE001 (re-raised below)
                 self.logger.warning(f"{type(action).__name__} failed: {err!r}")
                 failed.append(err)
+
+        for run in _in_order(result.actions):
+            if isinstance(run, list):
+                await self._create_concurrently(run, one, failed)
+            else:
+                await one(run)
         if failed:
             raise failed[0]
+
+    async def _create_concurrently(self, creates: list[JobAction], one: Callable[[JobAction], Awaitable[None]],
+                                   failed: list[Exception]) -> None:
+        """Pod creates in batches of 1, 2, 4, ... CREATES_IN_FLIGHT at once, as the Job controller's slow start: a
+        wide job's pods go out together (one at a time, 64 pods took ~1.5 s on a real API server), and a create the
+        API server refuses for all of them (a quota, an admission webhook) is tried once, not 64 times, each pass."""
+        done, size = 0, 1
+        while done < len(creates):
+            batch = creates[done:done + size]
+            before = self.create_failures.recorded + len(failed)
+            await asyncio.gather(*(one(action) for action in batch))
+            done += len(batch)
+            if self.create_failures.recorded + len(failed) > before:
+                return  # the failed create's retry re-decides the rest (its pass counts them missing)
+            size = min(2 * size, CREATES_IN_FLIGHT)
 
     async def _act_one(self, obj: dict[str, Any], job: TrainingJob | None, workers: dict[int, WorkerPlan],
                        action: JobAction) -> None:
@@ -291,6 +315,21 @@ class JobActions:
             await self._event(obj, "Warning", R.CREATE_FAILED, message)
             # Its pass counted it in status.replicas.current: the next pass, soon, sees it missing and tries again.
             self._retry_create_at(time.time() + CREATE_RETRY_SECONDS)
+
+def _in_order(actions: list[JobAction]) -> list[JobAction | list[JobAction]]:
+    """The actions in their order, each run of consecutive pod creates as one list (they may go concurrently; the
+    others keep their order: a delete before a create of the same name)."""
+    out: list[JobAction | list[JobAction]] = []
+    for action in actions:
+        if isinstance(action, CreatePod | CreateSpare):
+            if out and isinstance(out[-1], list):
+                out[-1].append(action)
+            else:
+                out.append([action])
+        else:
+            out.append(action)
+    return out
+
 
 def _adopt(body: dict[str, Any], owner: dict[str, Any]) -> None:
     """Make `owner` (the TrainingJob as read) the controller of `body`: garbage-collected with it."""

@@ -1,5 +1,6 @@
 """A failure after the status write (operator/job_actions.py), without I/O: a refused headless Service is reported
-once per cause and tried again soon without holding up the pods; a failed action does not drop the others."""
+once per cause and tried again soon without holding up the pods; a failed action does not drop the others; a wide
+job's pods are created concurrently after a slow start, and a refused pod stops the rest of its pass's creates."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from flywheel.operator import job_actions
 from flywheel.operator import manifests as m
 from flywheel.operator.create_failures import CreateFailures
 from flywheel.operator.job_actions import JobActions
-from flywheel.policy.decisions import DeleteJob, DeletePod, Pass
+from flywheel.policy.decisions import CreatePod, DeleteJob, DeletePod, Pass
 from flywheel.spec import TrainingJob, parse_job
 from flywheel.spec_status import TrainingJobStatus
 
@@ -23,8 +24,9 @@ OBJ = {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
        "metadata": {"name": "j", "namespace": "ml", "uid": "u-1"}}
 
 
-def job() -> TrainingJob:
-    return parse_job({**OBJ, "spec": {"replicas": {"min": 2, "max": 2}}})
+def job(replicas: int = 2) -> TrainingJob:
+    return parse_job({**OBJ, "spec": {"replicas": {"min": replicas, "max": replicas},
+                                      "trainer": {"training": {"globalBatch": 4 * replicas, "microBatch": 4}}}})
 
 
 class FakeKube:
@@ -32,6 +34,7 @@ class FakeKube:
 
     def __init__(self, refuse: dict[str, Exception]) -> None:
         self.refuse, self.created, self.deleted, self.events = refuse, [], [], []
+        self.in_flight, self.most_in_flight, self.order = 0, 0, []  # creates under way; every create/delete asked
 
     def _check(self, path: str) -> None:
         for suffix, err in self.refuse.items():
@@ -39,11 +42,19 @@ class FakeKube:
                 raise err
 
     async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self._check(path)
+        self.order.append(("create", body["metadata"]["name"]))
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0.001)  # an API round trip: the next create may start meanwhile
+            self._check(path + "/" + body["metadata"]["name"])
+        finally:
+            self.in_flight -= 1
         self.created.append(path)
         return body
 
     async def delete(self, path: str, uid: str | None = None, grace_seconds: int | None = None) -> None:
+        self.order.append(("delete", path.rsplit("/", 1)[-1]))
         self._check(path)
         self.deleted.append(path)
 
@@ -68,7 +79,9 @@ class Actions(JobActions):
         self.budget_min, self.budget_failure = 2, ""  # the job's budget written already
         self.create_failures = CreateFailures()
         self.deleted_pods, self.create_retry_due = set(), None
-        self.own = type("Own", (), {"deleted_pod": lambda *_: None})()  # type: ignore[assignment]
+        self.own = type("Own", (), {"deleted_pod": lambda *_: None,  # type: ignore[assignment]
+                                    "wrote_pod": lambda *_: None})()
+        self.events_path = None
 
 
 @pytest.mark.parametrize("error", [KubeApiError(403, {"message": "exceeded quota: services"}),
@@ -118,3 +131,29 @@ def test_retry_keeps_the_earliest_due() -> None:
     actions._retry_create_at(20.0)
     assert actions.create_retry_due == 10.0
     assert job_actions.CREATE_RETRY_SECONDS > 0
+
+
+def test_a_wide_jobs_pods_are_created_together_after_a_slow_start_in_the_passes_order() -> None:
+    kube = FakeKube({})
+    actions = Actions(kube)
+    creates = [CreatePod(i, 1) for i in range(64)]
+    result = Pass(TrainingJobStatus(), [DeletePod("j-worker-0", "uid-old"), *creates, DeleteJob()])
+    asyncio.run(actions._act(OBJ, job(64), result))
+    assert kube.order[0] == ("delete", "j-worker-0")  # before the create of the same name
+    assert kube.order[-1] == ("delete", "j")  # after every create
+    assert sorted(name for what, name in kube.order if what == "create") == sorted(f"j-worker-{i}" for i in range(64))
+    assert kube.most_in_flight == job_actions.CREATES_IN_FLIGHT  # 1, 2, 4, 8, then 16 at once
+
+
+def test_a_refused_pod_stops_the_rest_of_its_passs_creates_and_is_tried_again_soon() -> None:
+    kube = FakeKube({"/j-worker-": KubeApiError(403, {"message": "exceeded quota: pods"})})
+    actions = Actions(kube)
+    result = Pass(TrainingJobStatus(), [CreatePod(i, 1) for i in range(64)])
+    asyncio.run(actions._act(OBJ, job(64), result))  # a refused create is a condition, not the pass's failure
+    assert [name for _, name in kube.order] == ["j-worker-0"]  # one try per pass, not 64
+    assert [(t, r) for t, r, _ in kube.events] == [("Warning", "CreateFailed")] and "quota" in kube.events[0][2]
+    assert actions.create_retry_due is not None
+    kube.refuse = {"/j-worker-3": KubeApiError(403, {"message": "exceeded quota: pods"})}
+    kube.order.clear()
+    asyncio.run(actions._act(OBJ, job(64), result))
+    assert len(kube.order) == 1 + 2 + 4  # the batch holding worker 3 ran whole; none after it
