@@ -70,7 +70,9 @@ RETRY_SECONDS = 1.0  # after a pass that failed (an API error)
 # per pod: in a burst of 500 two-pod jobs, ~0.8 status writes per job showed a half-finished job.
 COALESCE_SECONDS = 0.03
 WRITES_REMEMBERED = 8  # own status writes whose watch events are recognised as such (job_event)
-KOPF_SETTLE_SECONDS = 2.0  # the longest a new job's first pass waits for kopf's own patches (kopf_settled)
+# The longest a new job's first pass waits for kopf's own patches (kopf_settled; their event ends the wait): in a
+# burst of new jobs on a real API server the patch comes seconds after the runner starts.
+KOPF_SETTLE_SECONDS = 10.0
 # What a status write changes in the job's metadata: not read by the parsed job (its spec and name are).
 _VOLATILE_METADATA = frozenset({"resourceVersion", "managedFields"})
 
