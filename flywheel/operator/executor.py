@@ -317,11 +317,22 @@ class JobRunner(EtcdViews, JobActions):
                          status_in: TrainingJobStatus, views: list[PodView], gone: list[PodView],
                          progress: ObservedProgress, written: dict[str, Any] | None) -> None:
         """What a written pass does: the liveness watch, the Service, metrics, its actions, the recovery record.
-        `written`: the status written (None: unchanged)."""
+        `written`: the status written (None: unchanged). The Service and budget go while the pods are created (no
+        pod needs them first; they report their own failures): a new job's pods start two round trips sooner."""
+        service: asyncio.Future[None] | None = None
         if job is not None and result.status.phase not in (Phase.SUCCEEDED, Phase.FAILED, Phase.SUSPENDED):
             await self._start_liveness(job, bool(job.spec.replicas.spares or result.status.drain.replacements
                                                  or any(v.is_spare for v in views)))
-            await self._ensure_service(obj, job)
+            service = asyncio.ensure_future(self._ensure_service(obj, job))
+        try:
+            await self._act_written(obj, job, result, status_in, views, gone, progress, written)
+        finally:
+            if service is not None:
+                await service
+
+    async def _act_written(self, obj: dict[str, Any], job: TrainingJob | None, result: Pass,
+                           status_in: TrainingJobStatus, views: list[PodView], gone: list[PodView],
+                           progress: ObservedProgress, written: dict[str, Any] | None) -> None:
         if self.metrics is not None:
             self._record_metrics(written, status_in, views, progress)
         lost = self.agents.of(lost_agents(views + gone, status_in.generation, result.status.generation,
