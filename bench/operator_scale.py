@@ -20,7 +20,7 @@ endpoints, no events volume, no Prometheus). Figures (result keys):
   peer: a ratio to it measures kopf's event loop more than ours).
 - kept: a 64-replica job's pods all created within 1 s (p99 of 20 runs); operator RSS <= 200 MB at 500 jobs.
 
-    python -m bench.operator_scale            # 200 jobs held 120 s, 500-job bursts, 20 x 64 replicas (~6 min)
+    python -m bench.operator_scale            # 200 jobs held 120 s, 500-job bursts, 20 x 64 replicas (~20 min)
     python -m bench.operator_scale --quick    # 40 jobs held 30 s, 100-job bursts, 5 x 64 replicas
     python -m bench.operator_scale --smoke    # 5 jobs held 5 s, 20-job bursts, 3 x 8 replicas (CI)
 """
