@@ -54,7 +54,10 @@ def job_entry(body: Mapping[str, Any]) -> dict[tuple[str, str], Any]:
     """The job under (namespace, name); and, when its checkpoints land on a claim or in an object store, what
     policy/checkpoint_sharing.py reads of it under (CHECKPOINT, its location)."""
     meta = body["metadata"]
-    entry: dict[tuple[str, str], Any] = {(meta["namespace"], meta["name"]): dict(body)}
+    # Without managedFields (one entry per writer on a real API server: kopf, the operator, kubectl): no pass reads
+    # them, and the entry would hold them for every job as long as it lives.
+    job = {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+    entry: dict[tuple[str, str], Any] = {(meta["namespace"], meta["name"]): job}
     found = dir_user(body)
     if found is not None:
         entry[(CHECKPOINT, found[0])] = found[1]

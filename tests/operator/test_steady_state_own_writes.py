@@ -109,6 +109,8 @@ def test_index_entries_and_the_reads_over_them():
     assert slim["spec"] == {"nodeName": "n1"} and "managedFields" not in slim["metadata"]
     assert slim["status"] == full.get("status", {}) and slim["metadata"]["labels"] == p["metadata"]["labels"]
     assert m.pod_view(slim, set()) == m.pod_view(full, set())  # the pass reads the same from either
+    written = {**job("1"), "metadata": {**job("1")["metadata"], "managedFields": [{"manager": "kopf"}]}}
+    assert caches.job_entry(written)[("ml", "j")] == job("1")  # the job without its managedFields
     jobs = {("ml", "j"): [job("1")]}
     pods = {("ml", "j"): [p], ("other", "k"): [pod("k-worker-0", "b", namespace="other")]}
     reads = caches.WatchCaches(jobs, pods, {("ml", "j-workers"): [True]}, {caches.LOST: ["n1"], caches.USABLE: ["n2"]})
