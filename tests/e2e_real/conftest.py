@@ -54,10 +54,17 @@ DEFAULT_OPERATOR = "flywheel-system:app.kubernetes.io/name=flywheel,app.kubernet
 
 # Without KUBECONFIG the suite brings its cluster up itself, in this folder (one per pytest process: each xdist
 # worker that runs a module of the suite has its own); its settings are known before the test modules read them.
+# A setting the user gave stays; one that a parent pytest process set for its own cluster (xdist's controller
+# imports this file when given the folder, and its workers inherit its environment) is replaced by this one's.
 OWN_CLUSTER = Path(tempfile.gettempdir()) / f"flywheel-e2e-{os.getpid()}" if not os.environ.get("KUBECONFIG") else None
+_OWNER = "FLYWHEEL_E2E_OWN_CLUSTER_PID"
 if OWN_CLUSTER is not None:
+    _parent = os.environ.get(_OWNER)
+    _inherited = local_cluster.settings(OWN_CLUSTER.with_name(f"flywheel-e2e-{_parent}")) if _parent else {}
     for _key, _value in local_cluster.settings(OWN_CLUSTER).items():
-        os.environ.setdefault(_key, _value)
+        if _key not in os.environ or os.environ[_key] == _inherited.get(_key):
+            os.environ[_key] = _value
+    os.environ[_OWNER] = str(os.getpid())
 
 
 # `make test` runs these scenarios on the suite's own cluster (the chart's operator pod, kubectl drain and the

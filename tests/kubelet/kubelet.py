@@ -133,16 +133,16 @@ class ProcessKubelet(ContainerLifecycle, PodInitialization, abc.ABC):
                 pod.signal_pod(signal.SIGSTOP)
 
     async def restore_node(self, node: str) -> None:
-        """The node comes back: its processes run on, and its heartbeats start again. The first lease and status go
-        at once; one refused or timed out on a busy API server is not the restore's failure (a kubelet retries at its
-        next heartbeat, as `_heartbeats` does here)."""
+        """The node comes back: its heartbeats start again, its processes run on, and the resync stops those of pods
+        deleted meanwhile. The first lease and status go at once; one refused or timed out on a busy API server is
+        not the restore's failure (a kubelet retries at its next heartbeat, as `_heartbeats` does here)."""
         self.lost.discard(node)
-        for pod in list(self.pods.values()):
-            if pod.node == node:
-                pod.signal_pod(signal.SIGCONT)
         with contextlib.suppress(ApiStatusError, OSError, asyncio.TimeoutError):
             await self._renew_lease(node)
             await self._post_node_status(node)
+        for pod in list(self.pods.values()):
+            if pod.node == node:
+                pod.signal_pod(signal.SIGCONT)
         await self._resync()
 
     # ---- pods ----------------------------------------------------------------------------------------------
