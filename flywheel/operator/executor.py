@@ -325,22 +325,17 @@ class JobRunner(EtcdViews, JobActions):
                                                  or any(v.is_spare for v in views)))
             service = asyncio.ensure_future(self._ensure_service(obj, job))
         try:
-            await self._act_written(obj, job, result, status_in, views, gone, progress, written)
+            if self.metrics is not None:
+                self._record_metrics(written, status_in, views, progress)
+            lost = self.agents.of(lost_agents(views + gone, status_in.generation, result.status.generation,
+                                              result.actions))
+            self.agents.keep({v.name for v in views + gone})
+            self.recovery.decided(status_in, result.status, views + gone, result.actions,
+                                  self.progress.last_step_seen, time.time())
+            await self._act(obj, job, result)
         finally:
             if service is not None:
                 await service
-
-    async def _act_written(self, obj: dict[str, Any], job: TrainingJob | None, result: Pass,
-                           status_in: TrainingJobStatus, views: list[PodView], gone: list[PodView],
-                           progress: ObservedProgress, written: dict[str, Any] | None) -> None:
-        if self.metrics is not None:
-            self._record_metrics(written, status_in, views, progress)
-        lost = self.agents.of(lost_agents(views + gone, status_in.generation, result.status.generation,
-                                          result.actions))
-        self.agents.keep({v.name for v in views + gone})
-        self.recovery.decided(status_in, result.status, views + gone, result.actions, self.progress.last_step_seen,
-                              time.time())
-        await self._act(obj, job, result)
         if lost:  # in the background: its first use imports torch (seconds), which must not hold up the pass
             task = asyncio.ensure_future(self._expire_lost_agents(job, lost))
             self.expiring.add(task)

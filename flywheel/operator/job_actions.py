@@ -316,6 +316,7 @@ class JobActions:
             # Its pass counted it in status.replicas.current: the next pass, soon, sees it missing and tries again.
             self._retry_create_at(time.time() + CREATE_RETRY_SECONDS)
 
+
 def _in_order(actions: list[JobAction]) -> list[JobAction | list[JobAction]]:
     """The actions in their order, each run of consecutive pod creates as one list (they may go concurrently; the
     others keep their order: a delete before a create of the same name)."""
