@@ -32,6 +32,11 @@ def signal_number(code: int) -> int:
     return -code if code < 0 else code - 128 if code > 128 else 0
 
 
+def shell_code(code: int) -> int:
+    """An exit code as a shell reports it: Popen's negative code for a signal death N becomes 128+N."""
+    return 128 - code if code < 0 else code
+
+
 def is_crash(code: int) -> bool:
     """An uncaught exception or an unknown non-zero exit: no named code, no signal death."""
     return code != SUCCESS and (code == CRASH or code not in NAMES) and not signal_number(code)

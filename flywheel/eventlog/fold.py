@@ -4,20 +4,26 @@ The local runner's summary, the operator's status, the API's local-run view and 
 numbers, so they agree. Two definitions (docs/contracts.md, "Event log"):
 
 - An *incident* is one interruption of training. It begins at its first failure record (a rank's `fault`, `hang`,
-  `collective_timeout` or `user_error`, or a `worker_exit`) or, for a restart that left no failure record (a pod
-  killed outright), at the last step before the `start` that followed. It ends at its *recovery*: the first step of a
-  group started after it began (in a log without `start` records, a user script's, the first step after it).
+  `collective_timeout` or `user_error`, an agent's `rank_exit`, or a `worker_exit`) or, for a restart that left no
+  failure record (a pod killed outright), at the last step before the `start` that followed. It ends at its
+  *recovery*: the first step of a group started after it began (in a log without `start` records, the first step
+  after it).
 - **Recovery time** = that first step's time - the incident's beginning.
 - **Lost steps** = the highest step reached before the recovery (since the previous one) - the step resumed from
   (the first step after the recovery - 1): the steps trained again. An incident never recovered lost none yet.
 
 A step replayed after a recovery replaces the lost attempt: losses and productive seconds count each step's last
 attempt once; so does an evaluation repeated after a step replayed (`evals`: the last record per step).
+
+A *start* is one trainer group (rendezvous round) starting: the agent that starts rank 0 records it for any command,
+and the embedded trainer's rank 0 again after its restore (with the step it resumed from); the records of one group
+(the same `group`) are one start. Of a start's rank failure records the likeliest cause is its failure
+(records.cause_rank: a peer's SIGKILL over the connection error it caused in the others).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from flywheel import exitcodes
 from flywheel.eventlog.records import (
@@ -27,7 +33,6 @@ from flywheel.eventlog.records import (
     CheckpointFailed,
     Done,
     Eval,
-    EventName,
     Failure,
     LogReset,
     Record,
@@ -35,9 +40,16 @@ from flywheel.eventlog.records import (
     Restore,
     Start,
     Step,
+    cause_rank,
+    follows_a_peer,
 )
 
 RESTART_WITHOUT_RECORD = "restart"  # an incident's cause when the log holds no failure record for it
+# A failed save's reasons that are the storage's own (checkpoint_failure.FailureReason), whatever else failed.
+STORAGE_REASONS = frozenset({"no_space", "permission"})
+# What a run whose command reports no steps is told instead of a goodput of 0 (the summary, the progress line).
+STEPS_NOT_REPORTED = ("steps not reported: call flywheel.progress.step(step, loss=loss) after each optimizer step, "
+                      "or add flywheel.integrations' Hugging Face or Lightning callback (docs/user-scripts.md)")
 
 
 @dataclass
@@ -127,7 +139,7 @@ class RunFold:
         self._open: Incident | None = None
         self._high = 0  # the highest step since the previous recovery
         self._stepped_since_start = False
-        self._rank_failure_since_start = False
+        self._rank_failure: FailureEntry | None = None  # the newest start's rank failure, once one was recorded
 
     def add_all(self, records: list[Record]) -> RunFold:
         for record in records:
@@ -191,7 +203,14 @@ class RunFold:
     def _on_checkpoint_failed(self, record: CheckpointFailed) -> None:
         """Once per cause and tier: again only when the reason changes, or after that tier worked again. The memory
         tier's saves leave no record when they work: its trainer reports once per cause itself, so each of its
-        records is a notice."""
+        records is a notice. A save that broke after a rank of its group failed was abandoned for that failure:
+        said so, naming it (the transport's error stays in `error`), and no fault of the storage."""
+        if self._rank_failure is not None and record.source != "memory" and record.reason not in STORAGE_REASONS:
+            record = replace(record, message=abandoned_words(record, self._rank_failure, self.committed_step))
+            self.checkpoint_failures.append(record)
+            self.checkpoint_failure_reports.append(record)
+            self.checkpoint_notices.append(record)
+            return
         self.checkpoint_failures.append(record)
         if record.source == "memory" or not record.reason or record.reason != self._failing.get(record.source):
             self.checkpoint_failure_reports.append(record)
@@ -202,26 +221,45 @@ class RunFold:
             self._upload_unanswered = False
 
     def _on_start(self, s: Start) -> None:
+        previous = self.starts[-1] if self.starts else None
+        if previous is not None and s.group and s.group == previous.group:  # the same group, from its other writer
+            self.starts[-1] = Start(min(previous.time, s.time), max(previous.world_size, s.world_size),
+                                    max(previous.restart_count, s.restart_count),
+                                    previous.resumed_from if s.resumed_from is None else s.resumed_from, s.group)
+            return
         if self._open is not None:
             self._open.starts += 1
         elif self._stepped_since_start and self.last is not None:
             self._begin(self.last.time, RESTART_WITHOUT_RECORD).starts = 1
         self.starts.append(s)
-        self._stepped_since_start = self._rank_failure_since_start = False
+        self._stepped_since_start, self._rank_failure = False, None
 
     def _on_failure(self, f: Failure) -> None:
         current = self.starts[-1].group if self.starts else ""
         if f.event in RANK_FAILURES and f.group and current and f.group != current:
             return  # a group that is no longer the current one (a replaced worker's ranks, a late straggler)
-        if f.event in RANK_FAILURES:
-            if self._rank_failure_since_start:  # the same outage seen by another rank
-                if self._open is not None and not self._open.reason:
-                    self._open.reason = f.reason
-                return
-            self._rank_failure_since_start = True
+        if f.event in RANK_FAILURES and self._rank_failure is not None:  # the same outage seen by another rank
+            self._another_account(self._rank_failure, f)
+            return
         incident = self._open or self._begin(f.time, f.kind)
         incident.reason = incident.reason or f.reason
-        self._failures.append(FailureEntry(f, incident))
+        entry = FailureEntry(f, incident)
+        self._failures.append(entry)
+        if f.event in RANK_FAILURES:
+            self._rank_failure = entry
+
+    def _another_account(self, entry: FailureEntry, f: Failure) -> None:
+        """A second rank failure record of one start: it replaces the first when it is the likelier cause."""
+        incident = entry.incident
+        if cause_rank(f) >= cause_rank(entry.record):
+            incident.reason = incident.reason or f.reason
+            return
+        better = FailureEntry(f, incident)
+        self._failures[next(i for i, e in enumerate(self._failures) if e is entry)] = better
+        self._rank_failure = better
+        if incident.cause == entry.record.kind and incident.began == entry.record.time:  # it began with that record
+            incident.cause, incident.began = f.kind, min(incident.began, f.time)
+        incident.reason = f.reason or incident.reason
 
     def _begin(self, t: float, cause: str) -> Incident:
         self._open = Incident(began=t, cause=cause, step_at_failure=self._high,
@@ -232,11 +270,16 @@ class RunFold:
     # --- views -------------------------------------------------------------------------------------------------
     @property
     def failures(self) -> list[FailureEntry]:
-        """The failure records, less collective timeouts in an incident that another record explains (a rank whose
-        peer died sees its collective fail: a symptom, not a second failure)."""
-        symptom = EventName.COLLECTIVE_TIMEOUT
-        explained = {id(f.incident) for f in self._failures if f.record.event is not symptom}
-        return [f for f in self._failures if f.record.event is not symptom or id(f.incident) not in explained]
+        """The failure records, less those that may follow a peer's failure in an incident that another record
+        explains (a rank whose peer died sees its collective fail: a symptom, not a second failure)."""
+        explained = {id(f.incident) for f in self._failures if not follows_a_peer(f.record)}
+        return [f for f in self._failures if not follows_a_peer(f.record) or id(f.incident) not in explained]
+
+    @property
+    def steps_reported(self) -> bool:
+        """Whether the command reports its steps (the embedded trainer, flywheel.progress, an integration): without
+        them goodput and lost steps are unknown, not 0."""
+        return self.last is not None or self.done is not None
 
     @property
     def last_step(self) -> int:
@@ -322,6 +365,15 @@ class RunFold:
         """One value per step 1..N (N = steps completed); None for a step never seen or reported without a loss."""
         last = max(self.steps_completed, self.last_step)
         return [self.steps[s].loss if s in self.steps else None for s in range(1, last + 1)]
+
+
+def abandoned_words(record: CheckpointFailed, failure: FailureEntry, newest: int) -> str:
+    """A save broken by a rank's failure, in the job's terms: which rank, why, and what is safe."""
+    f, detail = failure.record, failure.detail
+    who = detail if detail.startswith("rank ") else f"rank {f.rank}: {f.kind}" + (f" ({detail})" if detail else "")
+    newest_words = f"step {newest}" if newest else "none yet"
+    return (f"checkpoint at step {record.step} abandoned: {who} during the save; newest good checkpoint: "
+            f"{newest_words}")
 
 
 def fold(records: list[Record], keep_attempts: bool = True) -> RunFold:

@@ -16,7 +16,9 @@ from flywheel import exitcodes
 
 
 class EventName(StrEnum):
-    START = "start"  # rank 0, after restore: a (re)started group trains
+    # A (re)started group: written by rank 0 after restore and by the agent that starts rank 0 (any command); the
+    # two of one group (the same `group`) are one start (fold.py)
+    START = "start"
     STEP = "step"  # rank 0 (the trainer or flywheel.progress), after each optimizer step
     CHECKPOINT = "checkpoint"  # rank 0, when a checkpoint is committed
     CHECKPOINT_FAILED = "checkpoint_failed"  # rank 0 (the committing rank), once per failed save
@@ -27,13 +29,16 @@ class EventName(StrEnum):
     COLLECTIVE_TIMEOUT = "collective_timeout"  # any rank, a collective timed out or was aborted
     USER_ERROR = "user_error"  # any rank, a bad configuration or data (exit USER_ERROR); `reason` says which
     WORKER_EXIT = "worker_exit"  # the local supervisor, a worker process exited unasked with a non-zero code
+    RANK_EXIT = "rank_exit"  # an agent, one of its ranks failed (whatever the rank runs): its code and reason
     DONE = "done"  # rank 0, training finished
     EVAL = "eval"  # rank 0, an evaluation on the validation data finished (after the step it names)
     RECOVERY = "recovery"  # the operator, once a recovery it decided trained its first step: where the time went
 
 
-# Reported by the ranks of one group: after one outage every blocked rank may report too; one per start counts.
-RANK_FAILURES = frozenset({EventName.FAULT, EventName.HANG, EventName.COLLECTIVE_TIMEOUT, EventName.USER_ERROR})
+# Reported by the ranks of one group (or their agents): after one outage every blocked rank may report too; one per
+# start counts (the likeliest cause: fold.py).
+RANK_FAILURES = frozenset({EventName.FAULT, EventName.HANG, EventName.COLLECTIVE_TIMEOUT, EventName.USER_ERROR,
+                           EventName.RANK_EXIT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +124,8 @@ class Restore:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """A failure record: a rank's (`fault`, `hang`, `collective_timeout`, `user_error`) or a worker's exit."""
+    """A failure record: a rank's (`fault`, `hang`, `collective_timeout`, `user_error`, its agent's `rank_exit`) or a
+    worker's exit."""
 
     time: float
     event: EventName
@@ -167,6 +173,23 @@ class LogReset:
     time: float = 0.0
 
 
+def follows_a_peer(f: Failure) -> bool:
+    """A rank failure that a peer's may have caused: a collective that timed out, or a rank that exited with an error
+    (a peer's death breaks its connections: the transport raises). A signal death, a hang, a user error or an
+    injected fault is a cause of its own."""
+    if f.event is EventName.COLLECTIVE_TIMEOUT:
+        return True
+    code = f.exit_code
+    return f.event is EventName.RANK_EXIT and code is not None and (
+        exitcodes.is_crash(code) or code in exitcodes.FOLLOWS_A_PEER)
+
+
+def cause_rank(f: Failure) -> int:
+    """Of two accounts of one outage, the lower is the likelier cause: the rank's own record (fault, hang, user
+    error), then its agent's (a signal death, an exit code), then what may follow a peer's failure."""
+    return 2 if follows_a_peer(f) else 1 if f.event is EventName.RANK_EXIT else 0
+
+
 Record = (Start | Step | Eval | Checkpoint | CheckpointFailed | CheckpointBad | Restore | Failure | Done | Recovery
           | LogReset)
 
@@ -199,6 +222,10 @@ def _failure(name: EventName, t: float, raw: Mapping[str, Any]) -> Failure:
         return Failure(t, name, "collective-timeout", reason, reason, rank=rank, group=group)
     if name is EventName.USER_ERROR:
         return Failure(t, name, "user-error", reason, reason, rank=rank, group=group)
+    if name is EventName.RANK_EXIT:
+        detail = one_line(raw.get("detail") or "")  # "rank 1: killed by SIGKILL"; the reason: its message, if any
+        return Failure(t, name, str(raw.get("kind") or "rank-exit"), detail, reason or detail, rank=rank,
+                       exit_code=_int(raw, "exit_code"), group=group)
     code = _int(raw, "exit_code")
     detail = str(raw.get("detail") or (f"exit {code} ({exitcodes.describe(code)})" if code is not None else ""))
     return Failure(t, name, str(raw.get("kind", "")), detail, reason, replica=_int(raw, "replica"), exit_code=code)

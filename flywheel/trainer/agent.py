@@ -16,6 +16,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from flywheel import exitcodes, startup_crashes
 from flywheel.etcd.rank_restart import RankRestartRequest
 from flywheel.trainer import (
+    agent_events,
     drain_hold,
     first_step,
     rank_restarts,
@@ -41,8 +42,7 @@ def first_failure_exit_code(failures: Mapping[int, tuple[int, float]]) -> int:
     if any(code == exitcodes.USER_ERROR for code, _ in failures.values()):
         return exitcodes.USER_ERROR
     first_rank = min(failures, key=lambda r: (failures[r][1], _signal_death(failures[r][0]), r))
-    code = failures[first_rank][0]
-    return 128 - code if code < 0 else code
+    return exitcodes.shell_code(failures[first_rank][0])
 
 
 # Seconds a rank gets between SIGTERM and SIGKILL when the agent restarts or stops its ranks after a failure.
@@ -59,7 +59,8 @@ class FlywheelAgent(LocalElasticAgent):
     grace when it stops them after a failure (a peer already failed, so no emergency checkpoint can be taken; a
     SIGSTOPped rank would otherwise hold the restart for torch's 30 s default). A SIGTERM to the agent itself
     (preemption, Ctrl-C) still gives ranks the long grace of `_shutdown` for their emergency checkpoint.
-    Each restart of its ranks after a failure is reported (rank_restarts.py), so the operator counts it.
+    Each restart of its ranks after a failure is reported (rank_restarts.py), so the operator counts it, and each
+    group it starts and each rank that fails goes to the event log (agent_events.py), whatever the ranks run.
 
     The operator may ask it to restart its ranks in place (restart_requests.py: a hang while every agent is
     alive): the monitor then SIGKILLs them at once (a hung rank can take no checkpoint, a SIGSTOPped one ignores
@@ -73,10 +74,24 @@ class FlywheelAgent(LocalElasticAgent):
     restart_request: RankRestartRequest | None = None  # the operator's request this restart serves
     restarting = False  # within _restart_workers (its _stop_workers stops ranks to start them again)
     startup = startup_crashes.StartupCrashes()  # the same crash before the first step twice: not again in place
+    events: agent_events.AgentEvents | None = None
+
+    def _events(self) -> agent_events.AgentEvents:
+        if self.events is None:
+            self.events = agent_events.from_environment()
+        return self.events
+
+    @staticmethod
+    def _group(worker_group: WorkerGroup) -> str:
+        return agent_events.group_name(worker_group.master_addr, worker_group.master_port)
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         first_step.reset(os.environ.get(first_step.ENV, ""))
         started: dict[int, Any] = super()._start_workers(worker_group)
+        if any(w.global_rank == 0 for w in worker_group.workers):
+            world_size = max((w.world_size for w in worker_group.workers), default=0)
+            self._events().started(self._group(worker_group), world_size,
+                                   worker_group.spec.max_restarts - self._remaining_restarts)
         # These ranks started after every request seen so far: they serve it (a restart for a crash, or for a
         # peer's new round, that began while the request arrived, must not be followed by a second one).
         self.restart_request = None
@@ -144,6 +159,14 @@ class FlywheelAgent(LocalElasticAgent):
             torch_compat.forbid_agent_restarts(self)
         return result
 
+    def _report_failed_ranks(self, worker_group: WorkerGroup) -> None:
+        """The failed ranks this restart in place recovers from, to the event log. A failure that ends the worker
+        (no restart left, a user error) is its exit's to report (the local supervisor's `worker_exit`, the pod's
+        status), with the same reason."""
+        failures = self.last_failures
+        first = rank_restarts.first_failed_rank(failures, first_failure_exit_code(failures))
+        self._events().ranks_failed(self._group(worker_group), failures, first)
+
     def _exit_barrier(self) -> None:
         torch_compat.wait_exit_barrier(self)  # torch's, but a SIGTERM is handled while it waits
 
@@ -186,6 +209,8 @@ class FlywheelAgent(LocalElasticAgent):
             logging.getLogger(__name__).warning("restarting the ranks in place (%d so far): %s",
                                                 self.rank_restarts_done, reason)
             rank_restarts.report(self.rank_restarts_done, reason)
+            if failed:
+                self._report_failed_ranks(worker_group)
         elif stopped:
             logging.getLogger(__name__).warning("restarting the ranks in place: they stopped after a checkpoint "
                                                 "agreed with a peer told to stop (not a failure: not reported)")

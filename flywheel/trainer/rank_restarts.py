@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
+from flywheel import exitcodes
 from flywheel.trainer import termination_log
 from flywheel.trainer.agent_hooks import AgentHooks
 
@@ -31,9 +32,11 @@ def report(count: int, reason: str) -> None:
 def restart_reason(failures: Mapping[int, tuple[int, float]], first_failure_code: int) -> str:
     """The reason of a rank restart from {global_rank: (exit_code, timestamp)} of the failed ranks and the code
     `flywheel launch` would exit with for them: the rank that failed first and its exit code or signal."""
-    def shell_code(code: int) -> int:
-        return 128 - code if code < 0 else code
-
-    first = next((r for r, (c, _) in sorted(failures.items()) if shell_code(c) == first_failure_code), None)
+    first = first_failed_rank(failures, first_failure_code)
     reason = termination_log.exit_reason(first_failure_code)
     return f"rank {first}: {reason}" if first is not None else reason
+
+
+def first_failed_rank(failures: Mapping[int, tuple[int, float]], first_failure_code: int) -> int | None:
+    """The lowest rank that exited with `first_failure_code` (the code the agent's worker exits with for them)."""
+    return next((r for r, (c, _) in sorted(failures.items()) if exitcodes.shell_code(c) == first_failure_code), None)

@@ -12,18 +12,26 @@ from torch.distributed.elastic.agent.server.api import WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from flywheel import exitcodes
-from flywheel.trainer import drain_hold, rank_restarts, termination_log
+from flywheel.eventlog import read_records
+from flywheel.trainer import agent_events, drain_hold, rank_restarts, termination_log
 from flywheel.trainer.agent import FlywheelAgent
 from flywheel.trainer.agent_hooks import AgentHooks
 
 
-def test_only_restarts_after_a_failure_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+def worker_group(**fields: object) -> SimpleNamespace:
+    """A stand-in for torch's WorkerGroup: the fields the agent reads (its rendezvous round's store address)."""
+    return SimpleNamespace(master_addr="127.0.0.1", master_port=29500, **fields)
+
+
+def test_only_restarts_after_a_failure_are_reported(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
     monkeypatch.setattr(LocalElasticAgent, "_restart_workers", lambda self, group: None)  # torch's own restart
     # Only this test's reporter: handlers that earlier tests in this process created keep theirs (an etcd liveness
     # key each, its etcd long gone: every report would wait out its RPC timeout).
     monkeypatch.setattr(rank_restarts, "reporters", AgentHooks("reporter"))
     monkeypatch.setattr(drain_hold, "sources", AgentHooks("reader"))  # the same for the drain requests they would read
     agent = object.__new__(FlywheelAgent)
+    agent.events = agent_events.AgentEvents({"FLYWHEEL_EVENTS_FILE": str(tmp_path / "events.jsonl")})
     reports: list[tuple[int, str]] = []
 
     def reporter(count: int, reason: str, at: float) -> None:
@@ -31,7 +39,7 @@ def test_only_restarts_after_a_failure_are_reported(monkeypatch: pytest.MonkeyPa
 
     rank_restarts.reporters.add(reporter)
     try:
-        group = SimpleNamespace(state=WorkerState.HEALTHY, workers=[])
+        group = worker_group(state=WorkerState.HEALTHY, workers=[])
         agent._restart_workers(group)  # a membership change: not an interruption of this worker
         assert reports == []
         agent.last_failures = {0: (-15, 101.0), 1: (-9, 100.0)}  # rank 1 killed, rank 0 stopped after it
@@ -49,6 +57,9 @@ def test_only_restarts_after_a_failure_are_reported(monkeypatch: pytest.MonkeyPa
         rank_restarts.reporters.remove(reporter)
     assert reports == [(1, "rank 1: killed by SIGKILL"), (2, "rank 0: exit code 5 (collective-timeout)"),
                        (3, "rank 1: killed by SIGKILL")]
+    # The event log has each failed rank of each restart after a failure (not the ranks stopped after it).
+    exits = [(r.rank, r.exit_code, r.group) for r in read_records(tmp_path / "events.jsonl")]
+    assert exits == [(1, 137, "127.0.0.1:29500"), (0, 5, "127.0.0.1:29500"), (1, 137, "127.0.0.1:29500")]
 
 
 def test_a_drain_may_hold_the_restart_only_of_ranks_stopped_for_it_or_still_running(
@@ -61,14 +72,14 @@ def test_a_drain_may_hold_the_restart_only_of_ranks_stopped_for_it_or_still_runn
     monkeypatch.setattr(drain_hold, "hold_while_moving", lambda ranks: asked.append(list(ranks)) or 0.0)
     agent = object.__new__(FlywheelAgent)
     workers = [SimpleNamespace(global_rank=2), SimpleNamespace(global_rank=3)]
-    agent._restart_workers(SimpleNamespace(state=WorkerState.HEALTHY, workers=workers))
+    agent._restart_workers(worker_group(state=WorkerState.HEALTHY, workers=workers))
     agent.last_failures = {2: (exitcodes.STOPPED, 10.0), 3: (exitcodes.STOPPED, 10.1)}
-    agent._restart_workers(SimpleNamespace(state=WorkerState.FAILED, workers=workers))
+    agent._restart_workers(worker_group(state=WorkerState.FAILED, workers=workers))
     assert asked == [[2, 3], [2, 3]]
     agent.last_failures = {2: (exitcodes.STOPPED, 10.0), 3: (-9, 10.1)}  # one of them killed
-    agent._restart_workers(SimpleNamespace(state=WorkerState.FAILED, workers=workers))
+    agent._restart_workers(worker_group(state=WorkerState.FAILED, workers=workers))
     agent.last_failures = {2: (1, 20.0)}
-    agent._restart_workers(SimpleNamespace(state=WorkerState.FAILED, workers=workers))
+    agent._restart_workers(worker_group(state=WorkerState.FAILED, workers=workers))
     assert len(asked) == 2
 
 
@@ -86,7 +97,7 @@ def test_a_restart_in_place_empties_the_termination_message_and_a_final_stop_kee
     monkeypatch.setattr(LocalElasticAgent, "_restart_workers", lambda self, group: self._stop_workers(group))
     termination_log.write_reason("RuntimeError: CUDA error: unspecified launch failure")
     agent.last_failures = {3: (1, 100.0)}
-    group = SimpleNamespace(state=WorkerState.FAILED, workers=[])
+    group = worker_group(state=WorkerState.FAILED, workers=[])
     agent._restart_workers(group)
     assert message.read_text() == ""
     termination_log.write_reason("torch.OutOfMemoryError: CUDA out of memory")
