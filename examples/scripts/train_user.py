@@ -4,11 +4,13 @@ Each rank joins a gloo group, runs a few all_reduce "steps" and checks the resul
 """
 
 import os
+import time
 
 import torch
 import torch.distributed as dist
 
 STEPS = int(os.environ.get("TRAIN_USER_STEPS", "5"))
+STEP_SECONDS = float(os.environ.get("TRAIN_USER_STEP_SECONDS", "0"))  # a slower loop, for tests that stop a rank
 
 
 def main() -> None:
@@ -22,6 +24,7 @@ def main() -> None:
         expected = world * step + world * (world - 1) / 2
         assert torch.allclose(contribution, torch.full((4,), expected)), (contribution, expected)
         value += contribution
+        time.sleep(STEP_SECONDS)
     if rank == 0:
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         print(f"train_user: world={world} steps={STEPS} restart={restart} checksum={value.sum().item():.1f}",

@@ -1,8 +1,10 @@
 """`--fault` flags of `flywheel run` (docs/contracts.md, "Injected faults").
 
-`kill:rank=R:step=S` and `hang:rank=R:step=S` are fired by the trainer (handed over in FLYWHEEL_FAULTS);
-`lose-worker:replica=I:step=S` is carried out by the supervisor, which SIGKILLs worker I's whole process tree once
-the event log shows step S.
+`kill:rank=R:step=S` and `hang:rank=R:step=S` are fired by the embedded trainer (handed over in FLYWHEEL_FAULTS) at
+the start of step S; for a user's command (`spec.command`) the supervisor SIGKILLs (SIGSTOPs) rank R's process once
+the event log shows step S (the command reports its steps: flywheel.progress or an integration), as the OOM killer
+would, so that any script's recovery can be tried. `lose-worker:replica=I:step=S` is carried out by the supervisor,
+which SIGKILLs worker I's whole process tree once the event log shows step S.
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ class LoseWorker:
     step: int
 
 
+@dataclass(frozen=True)
+class RankFault:
+    """Kill (`kill`) or stop (`hang`) global rank `rank` of a user's command once training reached `step`."""
+
+    id: str
+    kind: str
+    rank: int
+    step: int
+
+
 def parse_faults(flags: Iterable[str]) -> list[dict[str, object]]:
     """All `--fault` flags -> [{"id", "kind", "rank"|"replica", "step"}], ids f0, f1, ... in the order given (the
     trainer's once-only markers use them). The trainer owns the flag grammar; errors become FaultFlagError."""
@@ -52,3 +64,10 @@ def check_targets(faults: Iterable[dict[str, object]], replicas: int, world_size
 def worker_faults(faults: Iterable[dict[str, object]]) -> list[LoseWorker]:
     return [LoseWorker(id=str(f["id"]), replica=int(f["replica"]), step=int(f["step"]))  # type: ignore[call-overload]
             for f in faults if f["kind"] in WORKER_FAULT_KINDS]
+
+
+def command_rank_faults(faults: Iterable[dict[str, object]]) -> list[RankFault]:
+    """The rank faults the supervisor carries out itself: a user's command has no trainer to fire them."""
+    return [RankFault(id=str(f["id"]), kind=str(f["kind"]), rank=int(f["rank"]),  # type: ignore[call-overload]
+                      step=int(f["step"]))  # type: ignore[call-overload]
+            for f in faults if f["kind"] in RANK_FAULT_KINDS]

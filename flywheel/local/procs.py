@@ -57,6 +57,19 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def with_env(pids: Iterable[int], key: str, value: str) -> list[int]:
+    """The processes among `pids` whose environment has `key=value` (those this user may read)."""
+    wanted, found = f"{key}={value}".encode(), []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if wanted in f.read().split(b"\0"):
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
 def signal_quietly(pid: int, sig: int, group: bool = False) -> None:
     try:
         os.killpg(pid, sig) if group else os.kill(pid, sig)

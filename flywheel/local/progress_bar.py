@@ -77,8 +77,9 @@ class PlainProgress:
 
     def update(self, record: RunRecord) -> None:
         f = status_fields(record)
-        line = (f"{self.job}: step {record.last_step}/{self.total} loss {f['loss']} {f['tps']} tok/s "
-                f"restarts {f['restarts']} ckpt {f['ckpt']}")
+        steps = (f"step {record.last_step}/{self.total or '?'}" if record.log.steps_reported
+                 else "steps not reported (yet)")
+        line = f"{self.job}: {steps} loss {f['loss']} {f['tps']} tok/s restarts {f['restarts']} ckpt {f['ckpt']}"
         now = time.monotonic()
         if line != self._last_line and now - self._last_print >= self.interval:
             self.console.print(line, highlight=False)

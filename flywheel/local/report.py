@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from flywheel.eventlog import STEPS_NOT_REPORTED
 from flywheel.local.run_record import RunRecord
 
 
@@ -71,7 +72,7 @@ def plot_timeline(out_dir: Path, record: RunRecord, summary: dict[str, Any], sta
                 color="orange", markersize=5, label="checkpoint committed")
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("step")
-    ax.set_title(f"{summary['job']}: {summary['restarts']} restarts, goodput {summary['goodput']:.0%}")
+    ax.set_title(f"{summary['job']}: {summary['restarts']} restarts, goodput {_goodput(summary, '.0%')}")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="lower right")
@@ -80,6 +81,11 @@ def plot_timeline(out_dir: Path, record: RunRecord, summary: dict[str, Any], sta
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _goodput(summary: dict[str, Any], spec: str) -> str:
+    goodput = summary["goodput"]
+    return "unknown (steps not reported)" if goodput is None else format(goodput, spec)
 
 
 def _seconds(v: float | None) -> str:
@@ -99,7 +105,8 @@ def print_summary(console: Console, summary: dict[str, Any], out_dir: Path) -> N
     table.add_column("value")
     final_loss = summary["final_loss"]
     rows = [
-        ("steps", str(summary["steps_completed"])),
+        ("steps", str(summary["steps_completed"]) if summary.get("steps_reported", True) else
+         escape(STEPS_NOT_REPORTED)),
         ("world size", str(summary["world_size"])),
         ("final loss", "-" if final_loss is None else f"{final_loss:.4f}"),
         *([("eval loss", _eval_row(summary))] if summary.get("final_eval_step") is not None else []),
@@ -114,7 +121,7 @@ def print_summary(console: Console, summary: dict[str, Any], out_dir: Path) -> N
           for r in summary.get("checkpoint_failure_reports", [])],
         *[("checkpoint damaged", escape(b.get("words") or f"step {b['step']}: {b['reason']}; kept as {b['path']}"))
           for b in summary.get("bad_checkpoints", [])],
-        ("goodput", f"{summary['goodput']:.1%} of {summary['wall_seconds']:.1f} s"),
+        ("goodput", f"{_goodput(summary, '.1%')} of {summary['wall_seconds']:.1f} s"),
         *([("reason", escape(summary["failure_reason"]))] if summary.get("failure_reason") else []),
         ("params sha256", (summary["final_params_sha256"] or "-")[:16]),
         ("output", str(out_dir)),

@@ -107,7 +107,9 @@ class RunRecord:
             "checkpoint_memory_bytes": log.done.checkpoint_memory_bytes if log.done else None,
             "lost_steps": log.lost_steps,
             "productive_seconds": productive,
-            "goodput": productive / wall_seconds if wall_seconds > 0 else 0.0,
+            # Unknown (None) when the command reports no steps: no productive time can be told from lost time.
+            "steps_reported": log.steps_reported,
+            "goodput": (productive / wall_seconds if wall_seconds > 0 else 0.0) if log.steps_reported else None,
             "wall_seconds": wall_seconds,
         }
 

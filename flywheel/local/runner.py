@@ -17,7 +17,15 @@ from typing import Any
 from rich.console import Console
 
 from flywheel import object_store
-from flywheel.local.fault_flags import FaultFlagError, check_targets, parse_faults, worker_faults
+from flywheel.local.fault_flags import (
+    FaultFlagError,
+    LoseWorker,
+    RankFault,
+    check_targets,
+    command_rank_faults,
+    parse_faults,
+    worker_faults,
+)
 from flywheel.local.progress_bar import make_progress
 from flywheel.local.report import print_summary, write_report
 from flywheel.local.run_lock import DirectoryInUse, run_lock
@@ -125,7 +133,9 @@ def _run_locked(options: RunOptions, job: TrainingJob, faults: list[dict[str, ob
     start = time.time()
     total_steps = 0 if spec.command else spec.trainer.training.steps  # a user script reports no steps
     with make_progress(console, job.name, total_steps, options.progress) as progress:
-        supervisor = Supervisor(spec, plans, events_file, out / "logs", record, progress, worker_faults(faults),
+        supervisor_faults: list[LoseWorker | RankFault] = [*worker_faults(faults),
+                                                           *(command_rank_faults(faults) if spec.command else [])]
+        supervisor = Supervisor(spec, plans, events_file, out / "logs", record, progress, supervisor_faults,
                                 spares=spares, expire_agent=functools.partial(expire_local_agent, store))
         outcome = supervisor.run()
     wall = time.time() - start

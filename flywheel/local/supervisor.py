@@ -22,7 +22,7 @@ from rich.markup import escape
 from flywheel import exitcodes
 from flywheel.eventlog import EventLog, EventName
 from flywheel.local import procs
-from flywheel.local.fault_flags import LoseWorker
+from flywheel.local.fault_flags import LoseWorker, RankFault
 from flywheel.local.progress_bar import ProgressView
 from flywheel.local.run_record import EventTail, RunRecord
 from flywheel.local.spare_pool import SparePool
@@ -71,13 +71,13 @@ class Supervisor:
     """Runs the planned workers to completion, recreating failed ones as policy decides."""
 
     def __init__(self, spec: TrainingJobSpec, plans: list[WorkerPlan], events_file: Path, logs_dir: Path,
-                 record: RunRecord, progress: ProgressView, lose_worker: list[LoseWorker], spares: int = 0,
+                 record: RunRecord, progress: ProgressView, faults: list[LoseWorker | RankFault], spares: int = 0,
                  expire_agent: Callable[[str, int], object] | None = None):
         self.spec, self.plans = spec, {p.index: p for p in plans}
         self.events, self.logs_dir = EventTail(events_file), logs_dir
         self.exits = EventLog(events_file)  # worker exits go into the event log beside the ranks' records
         self.record, self.progress = record, progress
-        self.pending_faults = list(lose_worker)
+        self.pending_faults = list(faults)
         self.workers: dict[int, WorkerProcess] = {}
         self.succeeded: set[int] = set()
         self.budget = RestartBudget()
@@ -261,6 +261,9 @@ class Supervisor:
 
     def _inject_faults(self) -> None:
         for fault in list(self.pending_faults):
+            if isinstance(fault, RankFault):
+                self._rank_fault(fault)
+                continue
             w = self.workers.get(fault.replica)
             if self.record.last_step >= fault.step and w is not None and not w.stopping:
                 self.pending_faults.remove(fault)
@@ -269,6 +272,22 @@ class Supervisor:
                 forget(worker_memory_root(w.plan.env))  # a lost host takes its memory-tier copies with it
                 self.progress.notice(f"[red]fault {fault.id}: killed worker {fault.replica} "
                                      f"(process tree) at step {self.record.last_step}[/]")
+
+    def _rank_fault(self, fault: RankFault) -> None:
+        """A user's command's rank killed (stopped) from outside once the steps reached the fault's: its agent sees
+        it die as it would see the OOM killer's SIGKILL."""
+        if self.record.last_step < fault.step:
+            return
+        below = [pid for w in self.workers.values() if not w.stopping for pid in procs.descendants(w.pid)]
+        ranks = procs.with_env(below, "RANK", str(fault.rank))
+        if not ranks:
+            return  # between groups: the next poll finds the restarted rank
+        self.pending_faults.remove(fault)
+        sig = signal.SIGSTOP if fault.kind == "hang" else signal.SIGKILL
+        for pid in ranks:
+            procs.signal_quietly(pid, sig)
+        self.progress.notice(f"[red]fault {fault.id}: {sig.name} to rank {fault.rank} at step "
+                             f"{self.record.last_step}[/]")
 
     def _on_exit(self, index: int, w: WorkerProcess, code: int) -> None:
         del self.workers[index]

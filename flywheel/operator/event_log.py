@@ -37,7 +37,7 @@ def progress_of(log: RunFold) -> Progress:
                     checkpoint_step=last.step if last else 0, checkpoint_time=last.time if last else None,
                     checkpoint_path=last.path if last else "", done=log.done is not None,
                     done_time=log.done.time if log.done else None,
-                    goodput=goodput if log.starts or log.last is not None else {},
+                    goodput=goodput if log.steps_reported else {},  # unknown, not 0, without steps
                     recoveries=tuple((i.recovered_at, i.recovery_seconds) for i in log.recoveries
                                      if i.recovered_at is not None and i.recovery_seconds is not None),
                     checkpoints=checkpoints, failure_reason=log.failure_reason,
