@@ -4,12 +4,17 @@
     for step in range(1, steps + 1):
         ...
         progress.step(step, loss=loss.item(), tokens=tokens_in_global_batch)
+        if saved:
+            progress.checkpoint(step, path)  # once the save is complete
+    # and at start-up, after loading a checkpoint: progress.resumed(step, path)
 
 It publishes what the embedded trainer publishes, under the same names and labels: the Prometheus metrics
 (flywheel_train_steps_total, flywheel_train_last_step_timestamp_seconds, flywheel_train_loss,
 flywheel_train_step_seconds, flywheel_train_tokens_per_second; served by each worker's local rank 0 on
 FLYWHEEL_METRICS_PORT), rank 0's `step` events in FLYWHEEL_EVENTS_FILE and its etcd progress record. So the hang
-checks, the job's `status.step`/goodput and the API's timeline work for a user script as they do for the trainer.
+checks, the job's `status.step`/goodput and the API's timeline work for a user script as they do for the trainer;
+`checkpoint` and `resumed` make its `checkpoint` and `restore` events (the job's lastCheckpoint, what a restart resumed
+from). The Hugging Face and Lightning callbacks (flywheel/integrations) make these calls for a framework's loop.
 Without Flywheel's environment (plain `python`, `torchrun`) every call is a cheap no-op. Imports neither torch nor
 anything of the operator.
 """
@@ -68,6 +73,15 @@ class ProgressReporter:
                          tokens_per_second=tokens_per_second, world_size=self.world_size)
 
 
+    def checkpoint(self, step: int, path: str) -> None:
+        self.events.emit(EventName.CHECKPOINT, step=int(step), path=path)
+
+    def resumed(self, step: int, path: str) -> None:
+        log.warning("resumed from the checkpoint of step %d (%s)", step, path or "path not given")
+        self.events.emit(EventName.RESTORE, step=int(step), path=path, source="disk")
+        self._last = time.monotonic()  # the first step's time is not the restore's
+
+
 _reporter: ProgressReporter | None = None
 _lock = threading.Lock()
 
@@ -77,13 +91,42 @@ def in_flywheel(env: Mapping[str, str] = os.environ) -> bool:
     return "FLYWHEEL_JOB" in env
 
 
+def _the_reporter() -> ProgressReporter | None:
+    global _reporter
+    if not in_flywheel():
+        return None
+    if _reporter is None:
+        _reporter = ProgressReporter(os.environ)
+    return _reporter
+
+
 def step(step: int, *, loss: float | None = None, tokens: int | None = None) -> None:
     """Report that optimizer step `step` (1-based) finished; `loss` of that step and `tokens` in its global batch
     are optional."""
-    global _reporter
-    if not in_flywheel():
-        return
     with _lock:
-        if _reporter is None:
-            _reporter = ProgressReporter(os.environ)
-        _reporter.step(step, loss=loss, tokens=tokens)
+        reporter = _the_reporter()
+        if reporter is not None:
+            reporter.step(step, loss=loss, tokens=tokens)
+
+
+def checkpoint(step: int, path: str = "") -> None:
+    """Report that the checkpoint of step `step` is saved, complete, at `path` (call it once the save returned)."""
+    with _lock:
+        reporter = _the_reporter()
+        if reporter is not None:
+            reporter.checkpoint(step, path)
+
+
+def resumed(step: int, path: str = "") -> None:
+    """Report that this run resumed from the checkpoint of step `step` at `path` (after a restart: the steps after
+    it are trained again)."""
+    with _lock:
+        reporter = _the_reporter()
+        if reporter is not None:
+            reporter.resumed(step, path)
+
+
+def checkpoint_dir(default: str) -> str:
+    """Where the worker contract says checkpoints go (FLYWHEEL_CHECKPOINT_DIR: the job's `checkpoint.dir`, on storage
+    that outlives the worker), else `default`: a script saves there to resume after a restart."""
+    return os.environ.get("FLYWHEEL_CHECKPOINT_DIR") or default

@@ -4,6 +4,8 @@ ttlSecondsAfterFinished with the etcd-cleanup finalizer, user scripts, and gang 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ import pytest
 
 from flywheel.etcd import keys
 from flywheel.etcd.session import EtcdSession
+from flywheel.local import procs
 from tests.operator.conftest import HOLD_TAINT, IDLE_STEP_S, LONG, LONG_STEPS, OpEnv, eventually
 
 PODGROUP_CRD = Path(__file__).resolve().parents[1] / "fixtures" / "crds" / "scheduler-plugins-podgroup.yaml"
@@ -300,13 +303,27 @@ def test_a_job_deleted_while_the_operator_is_down_has_its_etcd_keys_deleted_on_r
     eventually(lambda: _etcd_keys(op_env, keys.rdzv_prefix(run_id)) == 0, 30, "its rendezvous keys to go")
 
 
-def test_user_script_runs_under_the_same_agent(op_env: OpEnv) -> None:
-    path = op_env.job_yaml("user-script", command=["examples/scripts/train_user.py"],
-                           **{"faultTolerance.restartScope": "worker"})
+def test_a_hugging_face_script_with_a_killed_rank_shows_its_restart_and_reason(op_env: OpEnv) -> None:
+    """A user's Trainer script (examples/scripts/hf_trainer.py) as the job's command: a rank SIGKILLed after the
+    first checkpoint is restarted in place by its agent, and the job says so where the user looks."""
+    env = [{"name": "HF_STEPS", "value": "40"}, {"name": "HF_SAVE_STEPS", "value": "10"}]
+    path = op_env.job_yaml("hf-script", command=["examples/scripts/hf_trainer.py"],
+                           **{"faultTolerance.restartScope": "worker",
+                              "template": {"spec": {"containers": [{"name": "worker", "env": env}]}}})
     op_env.kubectl("apply", "-f", str(path))
-    op_env.wait_phase("user-script", "Succeeded", 120)
-    logs = op_env.kubectl("logs", "user-script-worker-0").stdout + op_env.kubectl("logs", "user-script-worker-1").stdout
-    assert "train_user: world=2 steps=5" in logs
+    eventually(lambda: (op_env.status("hf-script").get("lastCheckpoint") or {}).get("step", 0) >= 10, 180,
+               "the script's first checkpoint (through its FlywheelCallback)")
+    every = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    ranks = procs.with_env(procs.with_env(every, "FLYWHEEL_JOB", "default/hf-script"), "RANK", "1")
+    assert ranks, "rank 1's process"
+    for pid in ranks:
+        procs.signal_quietly(pid, signal.SIGKILL)
+    op_env.wait_phase("hf-script", "Succeeded", 240)
+    status = op_env.status("hf-script")
+    assert status["restarts"] >= 1 and "rank 1: killed by SIGKILL" in status["lastRestartReason"], status
+    assert status["step"] == 40, status
+    described = op_env.kubectl("describe", "tj", "hf-script").stdout
+    assert "killed by SIGKILL" in described, described
 
 
 def test_gang_jobs_get_a_podgroup(op_env: OpEnv) -> None:
