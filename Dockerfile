@@ -16,8 +16,9 @@ FROM ${BASE_IMAGE} AS build
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # The operator and the API need kopf, aiohttp and kubernetes_asyncio (pyproject.toml's `cluster` extra); workers
-# need tokenizers, tiktoken and pyarrow for real models and data (`hf`) and s3fs for s3:// checkpoints (`objectstore`).
-ARG FLYWHEEL_EXTRAS=cluster,hf,objectstore
+# need tokenizers, tiktoken and pyarrow for real models and data (`hf`), s3fs for s3:// checkpoints (`objectstore`), and
+# a user script's framework for flywheel.integrations' callbacks (`hf-trainer`: transformers, accelerate; `lightning`).
+ARG FLYWHEEL_EXTRAS=cluster,hf,objectstore,hf-trainer,lightning
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/venv
