@@ -54,7 +54,7 @@ from rich.table import Table
 
 from bench.common import RESULTS, median, write_result
 from bench.goodput_faults import Injector, agent_failure_times, analyse_faults, read_events, schedule
-from flywheel.eventlog import Done, EventName, EventTail, Failure, Start, Step
+from flywheel.eventlog import Done, EventName, EventTail, Failure, Step, fold
 from flywheel.local import procs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -196,7 +196,7 @@ def run_side(side: str, workdir: Path, steps: int, period_s: float | None, seed:
     return {"side": side, "steps": steps, "period_s": period_s, "wall_s": ended - began, "ended_by": ended_by,
             "exit_codes": [p.returncode for p in popens], "finished": finished,
             "useful_steps": max((e.step for e in steps_seen), default=0),
-            "step_attempts": len(steps_seen), "starts": sum(isinstance(e, Start) for e in events),
+            "step_attempts": len(steps_seen), "starts": len(fold(events).starts),
             "first_step_time": steps_seen[0].time if steps_seen else None,
             "last_step_time": steps_seen[-1].time if steps_seen else None,
             "window_s": window_end - steps_seen[0].time if steps_seen else None,

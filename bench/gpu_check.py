@@ -25,7 +25,8 @@ from typing import IO, Any
 
 import yaml
 
-from flywheel.eventlog.records import Checkpoint, Done, Restore, Start, Step
+from flywheel.eventlog import fold
+from flywheel.eventlog.records import Checkpoint, Done, Restore, Step
 from flywheel.eventlog.tail import read_records
 from flywheel.planner.devices import DEVICES
 from flywheel.spec import parse_spec
@@ -66,7 +67,7 @@ def run_job(manifest: dict[str, Any], work: Path, kill_step: int | None, timeout
     done = [r for r in records if isinstance(r, Done)]
     return {"code": code, "wall_s": time.monotonic() - began, "launch": MODE["launch"],
             "params_sha256": done[-1].params_sha256 if done else None,
-            "starts": sum(isinstance(r, Start) for r in records),
+            "starts": len(fold(records).starts),  # a group's agent and trainer records are one start
             "steps": [r for r in records if isinstance(r, Step)],
             "checkpoints": [r for r in records if isinstance(r, Checkpoint)],
             "restores": [(r.source, r.step) for r in records if isinstance(r, Restore)],
