@@ -233,6 +233,7 @@ def test_operator_namespaced_rbac_equals_its_recorded_requests(env: Env):
     compare(docs, OPERATOR_SA, recorded)
 
 
+@pytest.mark.heavy
 def test_operator_cluster_wide_rbac_equals_its_recorded_requests(env: Env):
     """rbac.clusterWide=true (all namespaces), health monitor off, no gang scheduler."""
     docs = render(*operator_values("rbac.clusterWide=true"))

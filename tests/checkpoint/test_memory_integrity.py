@@ -93,6 +93,7 @@ def test_a_damaged_own_copy_is_replaced_by_the_peers_replica_of_the_same_step(tm
     assert not own.exists() and _file(tmp_path, 0, "replica", 1).exists()
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.parametrize("same_host", [False, True], ids=["replica-over-gloo", "replica-file-on-same-host"])
 def test_a_lost_worker_whose_replica_is_damaged_restores_from_disk(tmp_path: Path, same_host: bool) -> None:

@@ -47,6 +47,7 @@ def shards(tmp_path_factory):
     return out, tokenizer
 
 
+@pytest.mark.heavy
 def test_tokenized_shards_with_eval_resume_bitwise_exact_at_dp2_tp2(shards, tmp_path):
     data, tokenizer = shards
     ref, result = flywheel_run(tmp_path / "ref", job_doc(tmp_path / "ref" / "ckpt", data, tokenizer))

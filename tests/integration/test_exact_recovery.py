@@ -111,6 +111,7 @@ def _events(tmp: Path) -> list[dict]:
     return [json.loads(line) for line in (tmp / "out" / "events.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.heavy
 def test_resume_at_another_dp_size_continues_at_the_next_sample(reference, tmp_path):
     """dp 4 until Ctrl-C (emergency checkpoint at some step k >= 8), then the same checkpoint dir at dp 2 to the end.
     The first resumed step starts from bitwise-restored weights; it matches the uninterrupted dp-4 run to float

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.slow
 BUCKET, URL = "flywheel-ckpt", "s3://flywheel-ckpt/jobs/s3"
 
 
+@pytest.mark.heavy
 def test_a_killed_s3_run_resumes_bitwise_from_the_bucket_after_the_local_tier_is_wiped(tmp_path, monkeypatch):
     # 40 steps, the kill at 34: the uploads run behind the loop, and one under way when a loaded host reaches the
     # kill is lost with the run (an earlier kill, at 18 of 24, once found the bucket still empty).

@@ -45,6 +45,7 @@ def _stall(records: list[dict[str, Any]], step: int) -> float:
     return after - before
 
 
+@pytest.mark.heavy
 def test_a_tainted_node_is_drained_ahead_to_the_spare_without_replay(op_env: OpEnv) -> None:
     name = "drain-run"
     spec = {"replicas.spares": 1, "checkpoint.memoryEverySteps": 10}
@@ -65,6 +66,7 @@ def test_a_tainted_node_is_drained_ahead_to_the_spare_without_replay(op_env: OpE
     _no_replay_and_a_short_stall(op_env, name, node, _reference_hash(op_env))
 
 
+@pytest.mark.heavy
 def test_kubectl_drain_waits_on_the_jobs_budget_while_the_worker_moves_ahead(op_env: OpEnv) -> None:
     """`kubectl drain` of a worker's node: its cordon starts drain ahead, and its eviction of the worker is refused
     by the job's PodDisruptionBudget (429: kubectl retries every 5 s) until the operator has moved the worker to the
@@ -96,6 +98,7 @@ def test_kubectl_drain_waits_on_the_jobs_budget_while_the_worker_moves_ahead(op_
     _no_replay_and_a_short_stall(op_env, name, node, _reference_hash(op_env), cause="is cordoned")
 
 
+@pytest.mark.heavy
 def test_without_a_spare_a_drain_starts_a_warm_pod_first(op_env: OpEnv) -> None:
     """spares: 0. The drain starts a spare for the moving worker (the taint keeps it off the node) while the job
     trains on, asks for the checkpoint once it is warm, and moves the worker to it: no cold pod in the stall."""

@@ -64,6 +64,7 @@ def test_tiny_job_succeeds_with_columns_and_events(op_env: OpEnv) -> None:
     assert 1 <= len(found) <= 2 and all(e["type"] == "Normal" for e in found)
 
 
+@pytest.mark.heavy
 def test_killed_worker_recovers_to_the_fault_free_parameters(op_env: OpEnv) -> None:
     op_env.kubectl("apply", "-f", str(op_env.long_job_yaml("ref-run")))
     op_env.kubectl("apply", "-f", str(op_env.long_job_yaml("kill-run")))
@@ -99,6 +100,7 @@ def test_killed_worker_recovers_to_the_fault_free_parameters(op_env: OpEnv) -> N
     assert "Restarting" in op_env.kubectl("describe", "tj", "kill-run").stdout
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_force_deleted_pod_is_replaced_and_the_agents_recover(op_env: OpEnv) -> None:
     """A pod deleted behind the operator's back (kubectl delete --force) is recreated at once and counted as the
@@ -139,6 +141,7 @@ def test_etcd_restart_mid_run_is_survived(op_env: OpEnv) -> None:
     assert op_env.done_hash(name) == _reference_hash(op_env)
 
 
+@pytest.mark.heavy
 def test_operator_killed_ten_times_no_duplicates_and_converges(op_env: OpEnv) -> None:
     name = "op-chaos"
     op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name, **{"trainer.training.steps": CHAOS_STEPS})))
@@ -186,6 +189,7 @@ def test_invalid_jobs_rejected_by_crd_or_marked_invalid(op_env: OpEnv) -> None:
     assert op_env.operator.proc is not None and op_env.operator.proc.poll() is None  # never crashed
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_lost_node_pod_force_deleted_and_replaced(op_env: OpEnv) -> None:
     name = "lose-node"

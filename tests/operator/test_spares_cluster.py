@@ -62,6 +62,7 @@ class PodNames:
         return self.seen
 
 
+@pytest.mark.heavy
 def test_a_deleted_worker_is_replaced_by_the_warm_spare(op_env: OpEnv) -> None:
     name = "spare-run"
     op_env.kubectl("apply", "-f", str(op_env.long_job_yaml(name, **{"replicas.spares": 1})))
@@ -99,6 +100,7 @@ def _first_step_after(records: list[dict[str, Any]], t: float) -> float | None:
     return min((r["time"] for r in records if r["event"] == "step" and r["time"] > min(starts)), default=None)
 
 
+@pytest.mark.heavy
 def test_a_lost_node_is_replaced_by_the_warm_spare(op_env: OpEnv) -> None:
     name = "spare-lost"
     spec = {"replicas.spares": 1, "faultTolerance.nodeFailureGraceSeconds": 3}

@@ -9,6 +9,8 @@ wait for that ghost forever; with the relist reconciled the pod is missed and re
 
 from __future__ import annotations
 
+import pytest
+
 from tests.operator.conftest import IDLE_STEP_S, OpEnv, eventually
 
 
@@ -25,6 +27,7 @@ def _lose_pod_in_a_watch_gap(env: OpEnv, name: str) -> None:
         api.resume()
 
 
+@pytest.mark.heavy
 def test_a_pod_deleted_in_a_watch_gap_leaves_the_caches_and_is_replaced(op_env: OpEnv) -> None:
     env = op_env
     name = "watch-gap"

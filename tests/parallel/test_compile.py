@@ -27,6 +27,7 @@ def test_compile_without_a_c_compiler_is_refused_naming_the_field(monkeypatch):
     assert Training(compile=True).compile
 
 
+@pytest.mark.heavy
 def test_a_compiled_fsdp_run_matches_the_uncompiled_one(tmp_path):
     options = {"parallelism": {"fsdp": True}, "steps": 4, "model": {"preset": "llama-tiny"}}
     compiled = run_layout(2, tmp_path / "compiled", compile=True, timeout=600, **options)

@@ -35,6 +35,7 @@ def shard_job(name: str, tmp, shards, tokenizer) -> dict:
     return doc
 
 
+@pytest.mark.heavy
 def test_sharded_run_resumes_bitwise_exact_and_generates(prepared, tmp_path):
     shards, tokenizer = prepared
     ref, result = flywheel_run(tmp_path / "ref", shard_job("ref", tmp_path / "ref", shards, tokenizer))
