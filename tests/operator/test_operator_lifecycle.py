@@ -315,6 +315,8 @@ def test_a_hugging_face_script_with_a_killed_rank_shows_its_restart_and_reason(o
     env = [{"name": "HF_STEPS", "value": "40"}, {"name": "HF_SAVE_STEPS", "value": "10"}]
     path = op_env.job_yaml("hf-script", command=["examples/scripts/hf_trainer.py"],
                            **{"faultTolerance.restartScope": "worker",
+                              # a restarted rank imports transformers again: a minute on a loaded machine, no hang
+                              "faultTolerance.progressTimeoutSeconds": 300,
                               "template": {"spec": {"containers": [{"name": "worker", "env": env}]}}})
     op_env.kubectl("apply", "-f", str(path))
     eventually(lambda: (op_env.status("hf-script").get("lastCheckpoint") or {}).get("step", 0) >= 10, 180,
