@@ -28,7 +28,9 @@ def _run(job, out, *args: str, timeout: float = 420, **env: str) -> tuple[int, d
     return proc.returncode, summary, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize(("script", "steps_env"), [("hf_trainer.py", "HF"), ("lightning_train.py", "LIGHTNING")])
+# Lightning's run takes the HF one's paths (the callback's steps and saves, the agent's records): `make test-heavy`.
+@pytest.mark.parametrize(("script", "steps_env"), [
+    ("hf_trainer.py", "HF"), pytest.param("lightning_train.py", "LIGHTNING", marks=pytest.mark.heavy)])
 def test_a_framework_script_survives_a_rank_kill_and_a_lost_worker(tmp_path, script, steps_env):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     job = write_job(tmp_path / "job.yaml", "framework", "  replicas: {min: 2, max: 2}\n"
