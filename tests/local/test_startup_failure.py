@@ -48,4 +48,10 @@ def test_a_script_that_trains_then_crashes_the_same_way_each_time_spends_its_res
     text, summary = _run_failing(job, tmp_path / "out", timeout=240)
     assert "StartupFailure" not in text and "2 attempts in a row" not in text, text
     assert "after 3 restarts (maxRestarts=3)" in text, text
-    assert summary["status"] == "Failed" and len(summary["failures"]) == 4, summary
+    assert summary["status"] == "Failed", summary
+    # 4 worker attempts (the first and 3 restarts), each of whose agent restarted the crashed rank in place 3 times
+    # (its PET_MAX_RESTARTS) before the worker failed: every crash is counted, the agent's as well.
+    workers = [f for f in summary["failures"] if f["replica"] is not None]
+    ranks = [f for f in summary["failures"] if f["rank"] is not None]
+    assert len(workers) == 4 and len(ranks) == 4 * 3 and len(summary["failures"]) == 16, summary["failures"]
+    assert all("ValueError: bad batch at step 3" in f["detail"] for f in summary["failures"]), summary["failures"]
