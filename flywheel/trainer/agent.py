@@ -26,10 +26,6 @@ from flywheel.trainer import (
 )
 
 
-def _signal_death(code: int) -> bool:
-    return code in (-signal.SIGTERM, 128 + signal.SIGTERM, exitcodes.STOPPED)
-
-
 def first_failure_exit_code(failures: Mapping[int, tuple[int, float]]) -> int:
     """The code `flywheel launch` exits with, from {global_rank: (exit_code, timestamp)} of failed ranks.
 
@@ -41,7 +37,7 @@ def first_failure_exit_code(failures: Mapping[int, tuple[int, float]]) -> int:
         return exitcodes.CRASH
     if any(code == exitcodes.USER_ERROR for code, _ in failures.values()):
         return exitcodes.USER_ERROR
-    first_rank = min(failures, key=lambda r: (failures[r][1], _signal_death(failures[r][0]), r))
+    first_rank = min(failures, key=lambda r: (failures[r][1], agent_events.stopped_by_agent(failures[r][0]), r))
     return exitcodes.shell_code(failures[first_rank][0])
 
 
