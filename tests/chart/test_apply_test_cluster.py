@@ -178,17 +178,21 @@ def test_chart_installs_with_kubectl_and_runs_the_example_to_succeeded(env: Env)
     # pod goes with its Deployment (ownerReference GC; SIGTERM to the process).
     env.kubectl("delete", "tj", "op-tiny", "-n", NAMESPACE, "--wait=true", timeout=40)
 
-    # A new template rolls out by the chart's Recreate strategy: the old operator pod is gone before the new one
-    # exists, so two operators never act at once. The new template's probes are the chart's, made quick (a startup
-    # probe holds the liveness probe until the operator answers).
+    # A new template rolls out by the chart's Recreate strategy: the old operator has stopped before the new pod
+    # exists, so two operators never act at once. The old pod's object may outlive its process for a moment (the
+    # deployment controller waits for a terminal phase, not for the object's removal). The new template's probes
+    # are the chart's, made quick (a startup probe holds the liveness probe until the operator answers).
     old = pod["metadata"]["name"]
     env.kubectl("patch", "deployment", OPERATOR, "-n", NAMESPACE, "-p", json.dumps(QUICK_PROBES))
 
     def replaced() -> dict[str, Any] | None:
         pods = env.operator_pods()
-        names = [p["metadata"]["name"] for p in pods]
-        assert not (old in names and len(names) > 1), names
-        return next((p for p in pods if p["metadata"]["name"] != old), None)
+        new = next((p for p in pods if p["metadata"]["name"] != old), None)
+        if new is not None:
+            for gone in (p for p in pods if p["metadata"]["name"] == old):
+                assert gone["status"].get("phase") in ("Succeeded", "Failed"), [p["status"] for p in pods]
+                assert env.cluster.kubelet.pid_of(NAMESPACE, old) is None, "the old operator still runs"
+        return new
 
     pod = wait_for("a new operator pod", replaced, 40, lambda: str(env.operator_pods()))
     env.kubectl("rollout", "status", f"deployment/{OPERATOR}", "-n", NAMESPACE, "--timeout=60s", timeout=70)
