@@ -6,7 +6,7 @@
         progress.step(step, loss=loss.item(), tokens=tokens_in_global_batch)
         if saved:
             progress.checkpoint(step, path)  # once the save is complete
-    # and at start-up, after loading a checkpoint: progress.resumed(step, path)
+    # at start-up: progress.begin(), or after loading a checkpoint: progress.resumed(step, path)
 
 It publishes what the embedded trainer publishes, under the same names and labels: the Prometheus metrics
 (flywheel_train_steps_total, flywheel_train_last_step_timestamp_seconds, flywheel_train_loss,
@@ -54,22 +54,28 @@ class ProgressReporter:
         # Rank 0's steps also go to the run's etcd progress record (the operator's status and hang check).
         self.events = progress_events((env.get("FLYWHEEL_EVENTS_FILE") or None) if self.rank == 0 else None,
                                       self.rank, env)
+        self._last: float | None = None  # when the step being timed began: unknown until begin() or a step
+
+    def begin(self) -> None:
         self._last = time.monotonic()
 
     def step(self, step: int, *, loss: float | None = None, tokens: int | None = None) -> None:
         now = time.monotonic()
-        seconds, self._last = now - self._last, now
+        # A first step with no begin() before it has no known duration: none is made up (a near-zero one read as a
+        # burst of millions of tokens a second).
+        seconds, self._last = (None if self._last is None else now - self._last), now
         m = self.metrics
         m.train_steps_total.inc()
         m.train_last_step_timestamp_seconds.set(time.time())
-        m.train_step_seconds.observe(seconds)
+        if seconds is not None:
+            m.train_step_seconds.observe(seconds)
         first_step.mark()
         if loss is not None:
             m.train_loss.set(loss)
-        tokens_per_second = tokens / seconds if tokens and seconds > 0 else None
+        tokens_per_second = tokens / seconds if tokens and seconds else None
         if tokens_per_second is not None:
             m.train_tokens_per_second.set(tokens_per_second)
-        self.events.emit(EventName.STEP, step=int(step), loss=loss, step_seconds=seconds,
+        self.events.emit(EventName.STEP, step=int(step), loss=loss, step_seconds=seconds or 0.0,
                          tokens_per_second=tokens_per_second, world_size=self.world_size)
 
 
@@ -98,6 +104,15 @@ def _the_reporter() -> ProgressReporter | None:
     if _reporter is None:
         _reporter = ProgressReporter(os.environ)
     return _reporter
+
+
+def begin() -> None:
+    """Training begins now (call it before the first step): the first step's time counts from here. Optional; without
+    it the first step's duration is not reported."""
+    with _lock:
+        reporter = _the_reporter()
+        if reporter is not None:
+            reporter.begin()
 
 
 def step(step: int, *, loss: float | None = None, tokens: int | None = None) -> None:

@@ -35,9 +35,9 @@ class FlywheelCallback(TrainerCallback):
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
         self.clock.tokens_seen = int(state.num_input_tokens_seen or 0)
-        if state.global_step > 0:  # the state of a checkpoint was loaded: resume_from_checkpoint
-            folder = checkpoint_folder(args, state.global_step)
-            self.clock.resumed(state.global_step, folder if os.path.isdir(folder) else "")
+        # global_step above 0: the state of a checkpoint was loaded (resume_from_checkpoint)
+        folder = checkpoint_folder(args, state.global_step)
+        self.clock.begin(state.global_step, folder if os.path.isdir(folder) else "")
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:

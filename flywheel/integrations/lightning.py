@@ -48,8 +48,8 @@ class FlywheelCallback(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.known, self.stepped = saved_paths(trainer), trainer.global_step
-        if trainer.ckpt_path:  # fit(ckpt_path=...) loaded it: its global_step is where training goes on
-            self.clock.resumed(trainer.global_step, str(trainer.ckpt_path))
+        # fit(ckpt_path=...) loaded a checkpoint: its global_step is where training goes on
+        self.clock.begin(trainer.global_step if trainer.ckpt_path else 0, str(trainer.ckpt_path or ""))
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:

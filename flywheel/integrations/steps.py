@@ -48,6 +48,9 @@ class StepClock:
         progress.checkpoint(step, path)
 
     @staticmethod
-    def resumed(step: int, path: str) -> None:
-        if step > 0:
-            progress.resumed(step, path)
+    def begin(resumed_step: int, path: str) -> None:
+        """Training begins, from the checkpoint of `resumed_step` at `path` when above 0."""
+        if resumed_step > 0:
+            progress.resumed(resumed_step, path)
+        else:
+            progress.begin()

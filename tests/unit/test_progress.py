@@ -29,6 +29,7 @@ def env(tmp_path: Path, rank: int, local_rank: int = 0, port: int = 0) -> dict[s
 
 def test_metrics_have_the_trainer_names_and_labels(tmp_path: Path) -> None:
     reporter = ProgressReporter(env(tmp_path, rank=2))
+    reporter.begin()
     reporter.step(1, loss=2.5, tokens=1000)
     reporter.step(2, loss=2.0)
     registry = reporter.metrics.registry
@@ -38,6 +39,19 @@ def test_metrics_have_the_trainer_names_and_labels(tmp_path: Path) -> None:
     assert registry.get_sample_value("flywheel_train_step_seconds_count", LABELS) == 2
     assert registry.get_sample_value("flywheel_train_tokens_per_second", LABELS) > 0
     assert not (tmp_path / "events.jsonl").exists()  # only rank 0 writes step events
+
+
+def test_a_first_step_without_begin_has_no_made_up_duration(tmp_path: Path) -> None:
+    """Timed from the reporter's creation (at that same call) the first step took microseconds and its tokens/s
+    read as millions."""
+    reporter = ProgressReporter(env(tmp_path, rank=0))
+    reporter.step(1, loss=2.5, tokens=1000)
+    reporter.step(2, loss=2.0, tokens=1000)
+    first, second = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert first["step_seconds"] == 0.0 and first["tokens_per_second"] is None
+    assert second["step_seconds"] > 0 and second["tokens_per_second"] > 0
+    registry = reporter.metrics.registry
+    assert registry.get_sample_value("flywheel_train_step_seconds_count", {**LABELS, "rank": "0"}) == 1
 
 
 def test_rank_zero_writes_step_events(tmp_path: Path) -> None:
