@@ -320,15 +320,6 @@ class RunFold:
         return max(len(self.starts) - 1, 0)
 
     @property
-    def agent_restarts(self) -> int:
-        """Starts whose restart_count grew: rank-level restarts done by the elastic agent."""
-        count = previous = 0
-        for s in self.starts:
-            count += s.restart_count > previous
-            previous = s.restart_count
-        return count
-
-    @property
     def open_incident(self) -> Incident | None:
         """The incident training has not recovered from yet, if any."""
         return self._open

@@ -71,3 +71,14 @@ def command_rank_faults(faults: Iterable[dict[str, object]]) -> list[RankFault]:
     return [RankFault(id=str(f["id"]), kind=str(f["kind"]), rank=int(f["rank"]),  # type: ignore[call-overload]
                       step=int(f["step"]))  # type: ignore[call-overload]
             for f in faults if f["kind"] in RANK_FAULT_KINDS]
+
+
+def next_due(pending: Iterable[LoseWorker | RankFault], last_step: int, previous_fired_at: float | None,
+             last_start_at: float | None, stepped_since_start: bool) -> LoseWorker | RankFault | None:
+    """The fault to fire now: the due one (its step reached) of the lowest step, one failure at a time: after a
+    fault, none until the group it broke has started again (a start after it) and trained a step; two due in one
+    poll would otherwise land in one recovery and be counted as one."""
+    if previous_fired_at is not None and not (
+            last_start_at is not None and last_start_at > previous_fired_at and stepped_since_start):
+        return None
+    return min((f for f in pending if f.step <= last_step), key=lambda f: f.step, default=None)

@@ -90,7 +90,9 @@ class RunRecord:
             "final_eval_step": log.last_eval.step if log.last_eval else None,
             "final_params_sha256": log.done.params_sha256 if log.done else None,
             "restarts": log.restarts,
-            "agent_restarts": log.agent_restarts,
+            # The agents' restarts in place: every start not made by a worker recreation (rank 0's agent counts
+            # only its own ranks' failures in restart_count, not a restart a peer's failure made).
+            "agent_restarts": max(log.restarts - len(self.recreations), 0),
             "worker_recreations": [{"time": r.time - start_time, "replicas": list(r.replicas), "action": r.action,
                                     "reason": r.reason, "spare": r.spare or None} for r in self.recreations],
             "failures": [_failure_row(f, start_time) for f in log.failures],

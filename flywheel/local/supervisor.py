@@ -22,7 +22,7 @@ from rich.markup import escape
 from flywheel import exitcodes
 from flywheel.eventlog import EventLog, EventName
 from flywheel.local import procs
-from flywheel.local.fault_flags import LoseWorker, RankFault
+from flywheel.local.fault_flags import LoseWorker, RankFault, next_due
 from flywheel.local.progress_bar import ProgressView
 from flywheel.local.run_record import EventTail, RunRecord
 from flywheel.local.spare_pool import SparePool
@@ -78,6 +78,7 @@ class Supervisor:
         self.exits = EventLog(events_file)  # worker exits go into the event log beside the ranks' records
         self.record, self.progress = record, progress
         self.pending_faults = list(faults)
+        self.fault_fired_at: float | None = None  # the newest injected fault's wall time
         self.workers: dict[int, WorkerProcess] = {}
         self.succeeded: set[int] = set()
         self.budget = RestartBudget()
@@ -260,34 +261,40 @@ class Supervisor:
                                 stopped, self.spec.fault_tolerance.finish_grace_seconds)
 
     def _inject_faults(self) -> None:
-        for fault in list(self.pending_faults):
-            if isinstance(fault, RankFault):
-                self._rank_fault(fault)
-                continue
-            w = self.workers.get(fault.replica)
-            if self.record.last_step >= fault.step and w is not None and not w.stopping:
-                self.pending_faults.remove(fault)
-                w.lost = True
-                procs.kill_tree(w.pid)
-                forget(worker_memory_root(w.plan.env))  # a lost host takes its memory-tier copies with it
-                self.progress.notice(f"[red]fault {fault.id}: killed worker {fault.replica} "
-                                     f"(process tree) at step {self.record.last_step}[/]")
-
-    def _rank_fault(self, fault: RankFault) -> None:
-        """A user's command's rank killed (stopped) from outside once the steps reached the fault's: its agent sees
-        it die as it would see the OOM killer's SIGKILL."""
-        if self.record.last_step < fault.step:
+        log = self.record.log
+        fault = next_due(self.pending_faults, log.last_step, self.fault_fired_at,
+                         log.starts[-1].time if log.starts else None, log.attempt_stepped)
+        if fault is None:
             return
+        fired = self._rank_fault(fault) if isinstance(fault, RankFault) else self._lose_worker(fault)
+        if fired:
+            self.pending_faults.remove(fault)
+            self.fault_fired_at = time.time()
+
+    def _lose_worker(self, fault: LoseWorker) -> bool:
+        w = self.workers.get(fault.replica)
+        if w is None or w.stopping:
+            return False
+        w.lost = True
+        procs.kill_tree(w.pid)
+        forget(worker_memory_root(w.plan.env))  # a lost host takes its memory-tier copies with it
+        self.progress.notice(f"[red]fault {fault.id}: killed worker {fault.replica} "
+                             f"(process tree) at step {self.record.last_step}[/]")
+        return True
+
+    def _rank_fault(self, fault: RankFault) -> bool:
+        """A user's command's rank killed (stopped) from outside: its agent sees it die as it would see the OOM
+        killer's SIGKILL."""
         below = [pid for w in self.workers.values() if not w.stopping for pid in procs.descendants(w.pid)]
         ranks = procs.with_env(below, "RANK", str(fault.rank))
         if not ranks:
-            return  # between groups: the next poll finds the restarted rank
-        self.pending_faults.remove(fault)
+            return False  # between groups: the next poll finds the restarted rank
         sig = signal.SIGSTOP if fault.kind == "hang" else signal.SIGKILL
         for pid in ranks:
             procs.signal_quietly(pid, sig)
         self.progress.notice(f"[red]fault {fault.id}: {sig.name} to rank {fault.rank} at step "
                              f"{self.record.last_step}[/]")
+        return True
 
     def _on_exit(self, index: int, w: WorkerProcess, code: int) -> None:
         del self.workers[index]

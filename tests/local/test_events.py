@@ -59,6 +59,15 @@ def test_replayed_steps_keep_the_last_attempt():
     json.dumps(summary)  # summary.json must be serialisable as is
 
 
+def test_a_restart_a_peers_failure_made_counts_as_an_agent_restart():
+    """Rank 0's agent counts only its own ranks' failures in restart_count: rank 1 (another worker) died, so the
+    restarted group's start still says 0; it is a restart in place all the same."""
+    events = _run_with_replay()
+    events[next(i for i, e in enumerate(events) if e["event"] == "start" and e["restart_count"])]["restart_count"] = 0
+    summary = fold(events).summary(job="j", status="Succeeded", exit_code=0, world_size=4, start_time=T0,
+                                   wall_seconds=20.0)
+    assert summary["restarts"] == 1 and summary["agent_restarts"] == 1
+
 def test_failures_restarts_and_recovery():
     summary = fold(_run_with_replay()).summary(job="j", status="Succeeded", exit_code=0, world_size=4,
                                                start_time=T0, wall_seconds=20.0)
@@ -95,7 +104,8 @@ def test_a_second_epoch_counts_its_own_failure():
                 "resumed_from": 4}]
     record = fold(events)
     assert [f.record.kind for f in record.log.failures] == ["kill", "hang"]
-    assert record.restarts == 2 and record.log.agent_restarts == 2
+    summary = record.summary(job="j", status="Succeeded", exit_code=0, world_size=4, start_time=T0, wall_seconds=20.0)
+    assert record.restarts == 2 and summary["agent_restarts"] == 2
 
 
 def test_steps_before_a_resume_from_an_earlier_run_are_null():

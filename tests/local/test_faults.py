@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from flywheel.local.fault_flags import FaultFlagError, LoseWorker, check_targets, parse_faults, worker_faults
+from flywheel.local.fault_flags import (
+    FaultFlagError,
+    LoseWorker,
+    RankFault,
+    check_targets,
+    next_due,
+    parse_faults,
+    worker_faults,
+)
 from flywheel.plan import faults_env
 
 
@@ -46,3 +54,15 @@ def test_targets_must_exist_in_the_planned_world():
         check_targets(parse_faults(["kill:rank=4:step=1"]), replicas=2, world_size=4)
     with pytest.raises(FaultFlagError, match="replica=2 does not exist"):
         check_targets(parse_faults(["lose-worker:replica=2:step=1"]), replicas=2, world_size=4)
+
+
+def test_due_faults_fire_in_step_order_one_failure_at_a_time():
+    kill, lose = RankFault("f0", "kill", 1, 13), LoseWorker("f1", 1, 24)
+    pending = [lose, kill]
+    assert next_due(pending, 12, None, 100.0, True) is None  # nothing due yet
+    # Both due in one poll (the steps jumped past both): the lower step's first.
+    assert next_due(pending, 30, None, 100.0, True) is kill
+    # Fired at 110: nothing more until a start after it trained a step.
+    assert next_due([lose], 30, 110.0, 100.0, True) is None
+    assert next_due([lose], 30, 110.0, 120.0, False) is None
+    assert next_due([lose], 30, 110.0, 120.0, True) is lose
