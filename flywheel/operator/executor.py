@@ -31,7 +31,7 @@ import kopf
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.etcd.liveness import WorkerWatch
 from flywheel.kube.client import Kube, KubeApiError
-from flywheel.labels import FINALIZER, RESTART_ANNOTATION
+from flywheel.labels import RESTART_ANNOTATION
 from flywheel.monitor.findings import FindingsInbox
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import manifests as m
@@ -42,12 +42,12 @@ from flywheel.operator.etcd_views import EtcdViews, key_owners
 from flywheel.operator.event_log import EventLogTail, events_file
 from flywheel.operator.job_actions import JobActions
 from flywheel.operator.own_writes import OwnWrites
+from flywheel.operator.pass_records import PassRecords, kopf_settled, last_checkpoint_time
 from flywheel.operator.progress_follower import JobProgress
-from flywheel.operator.recovery_record import RecoveryClock, record_recovery, recovered_message
+from flywheel.operator.recovery_record import RecoveryClock
 from flywheel.operator.rendezvous_expiry import AgentMemory
 from flywheel.operator.shared_etcd import SharedEtcd
-from flywheel.policy import reasons as R
-from flywheel.policy.checkpoint_events import CheckpointEventState, event_due, next_event, notice_events, seed
+from flywheel.policy.checkpoint_events import CheckpointEventState, seed
 from flywheel.policy.checkpoint_sharing import checkpoint_location
 from flywheel.policy.conditions import TERMINAL
 from flywheel.policy.decisions import (
@@ -77,13 +77,7 @@ KOPF_SETTLE_SECONDS = 10.0
 _VOLATILE_METADATA = frozenset({"resourceVersion", "managedFields"})
 
 
-def kopf_settled(obj: dict[str, Any]) -> bool:
-    """Whether kopf has made its patch of a new job (its finalizer, which holds the job until its daemon exits):
-    from then on the runner is the job's only writer, so a status write with the version read does not lose."""
-    return FINALIZER in ((obj.get("metadata") or {}).get("finalizers") or [])
-
-
-class JobRunner(EtcdViews, JobActions):
+class JobRunner(EtcdViews, JobActions, PassRecords):
     def __init__(self, kube: Kube, settings: m.OperatorSettings, namespace: str, name: str, uid: str,
                  logger: logging.Logger | logging.LoggerAdapter[Any], metrics: OperatorMetrics | None = None,
                  etcd: SharedEtcd | None = None, reads: ClusterReads | None = None, *,
@@ -137,6 +131,7 @@ class JobRunner(EtcdViews, JobActions):
         self.written_versions: deque[str] = deque(maxlen=WRITES_REMEMBERED)
         # kopf_settled's wait ends then at the latest; a pass driven by hand has no kopf to wait for
         self.settle_until = time.monotonic() + KOPF_SETTLE_SECONDS if under_kopf else 0.0
+        self.settling = False  # the last pass waited for kopf's patch
         # When the last pass's time-based rules come due (unix seconds; None: none): the policy's, a missing
         # liveness key's grace, the hang timeouts', a held-back checkpoint event's, a failed etcd watch's retry, a
         # failed pod create's retry (an unseen own write's expiry is the overlay's: `own.due()`).
@@ -202,7 +197,8 @@ class JobRunner(EtcdViews, JobActions):
                 if self.metrics is not None:
                     self.metrics.reconcile_duration_seconds.labels(result).observe(time.monotonic() - started)
                 await self._sleep(due)
-                if self.wake.is_set() and not stopped:
+                # Nothing to gather when kopf's patch ends a new job's wait: its pods come from the pass it wakes.
+                if self.wake.is_set() and not stopped and not self.settling:
                     await asyncio.sleep(COALESCE_SECONDS)
         finally:
             stopping.cancel()
@@ -273,7 +269,8 @@ class JobRunner(EtcdViews, JobActions):
         obj = self.own.job(await self.reads.job(self.namespace, self.name))
         if obj is None or obj["metadata"].get("deletionTimestamp") or obj["metadata"]["uid"] != self.uid:
             return
-        if not self.written_versions and not kopf_settled(obj) and time.monotonic() < self.settle_until:
+        self.settling = not self.written_versions and not kopf_settled(obj) and time.monotonic() < self.settle_until
+        if self.settling:
             # kopf patches a new job's finalizer: a status written before would lose to it (409) and its pass be
             # redone. The patch's event wakes this runner; the bound is the backstop.
             self.pass_due = time.time() + (self.settle_until - time.monotonic())
@@ -286,7 +283,7 @@ class JobRunner(EtcdViews, JobActions):
         if job is not None and self.settings.hang_detection:
             self._check_hang(job, views, status_in)
         if self.checkpoint_events is None:  # what the operator before this process had seen: not posted again
-            self.checkpoint_events = seed(progress.checkpoints, _checkpoint_time(status_in))
+            self.checkpoint_events = seed(progress.checkpoints, last_checkpoint_time(status_in))
         status_in.selector = f"{m.JOB_LABEL}={self.name}"
         annotations = obj["metadata"].get("annotations") or {}
         findings = self.findings.snapshot()
@@ -370,88 +367,3 @@ class JobRunner(EtcdViews, JobActions):
             self.findings.report_hang(hang.message, status.generation, hang.stepped)
             if self.metrics is not None:
                 self.metrics.time_to_detect_seconds.labels("Hang").observe(hang.idle_seconds)
-
-    async def _write_status(self, obj: dict[str, Any], status: dict[str, Any]) -> bool:
-        """Write `status` if it changed, with the resourceVersion read (one writer per job: this runner). False
-        when the object changed under us: the pass is redone from fresh observations."""
-        if status == (obj.get("status") or {}):
-            return True
-        try:
-            answer = await self.kube.merge_patch(self.path + "/status", {
-                "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": status})
-            self.own.wrote_job(obj, answer)
-            self.written_versions.append(str(answer["metadata"].get("resourceVersion")))
-        except KubeApiError as err:
-            if err.status == 409:
-                # Not redone at once: the cache still shows the version that lost, and a pass on it would lose again.
-                # The change that won reaches the cache and wakes the runner (handlers.training_jobs); the tick is
-                # the backstop.
-                self.logger.info("status changed under us; redoing the pass when the cache has the change")
-                return False
-            raise
-        return True
-
-    async def _checkpoint_event(self, obj: dict[str, Any], finished: bool, progress: ObservedProgress) -> None:
-        """At most one CheckpointCommitted event per interval for the checkpoints committed since the last one
-        (policy/checkpoint_events.py); a finished job's are posted at once. Not retried: a lost event is lost."""
-        assert self.checkpoint_events is not None
-        notices, self.checkpoint_notices_posted = notice_events(progress.checkpoint_notices,
-                                                                self.checkpoint_notices_posted)
-        for reason, message in notices:
-            await self._event(obj, "Warning", reason, message)
-        event, self.checkpoint_events = next_event(progress.checkpoints, self.checkpoint_events, time.time(),
-                                                   flush=finished)
-        self.checkpoint_due = event_due(progress.checkpoints, self.checkpoint_events)
-        if event is None:
-            return
-        try:
-            await self.kube.post_event(obj, "Normal", R.CHECKPOINT_COMMITTED, event.message, count=event.count,
-                                       first_time=event.first_time, last_time=event.last_time)
-        except KubeApiError as err:
-            self.logger.warning(f"could not post event {R.CHECKPOINT_COMMITTED}: {err}")
-
-    def _record_metrics(self, status: dict[str, Any] | None, previous: TrainingJobStatus, views: list[PodView],
-                        progress: ObservedProgress) -> None:
-        """Metrics of a written status (None: the pass changed nothing): phase, restarts, goodput; time to detect a
-        pod failure (its container's end -> the restart decision; a hang's is the monitor's); time to recover (the
-        last step before a restart -> the first step after it, from the progress; only recoveries seen by this
-        operator process)."""
-        assert self.metrics is not None
-        self._record_recoveries(progress)
-        if status is None:
-            return
-        previous_restarts = previous.restarts
-        self.metrics.observe_job(self.namespace, self.name, status, previous_restarts)
-        reason = str(status.get("lastRestartReason", ""))
-        now = time.time()
-        if int(status.get("restarts", 0)) > previous_restarts:
-            self.recovering_reason = reason
-            ended = [v.finished_at for v in views if v.finished_at is not None and v.generation == previous.generation]
-            if ended and reason != R.RESTART_HUNG:
-                self.metrics.time_to_detect_seconds.labels(reason).observe(max(0.0, now - min(ended)))
-
-    def _record_recoveries(self, progress: ObservedProgress) -> None:
-        assert self.metrics is not None
-        for at, seconds in progress.recoveries:
-            if at > self.recoveries_seen_until:
-                self.recoveries_seen_until = at
-                self.metrics.time_to_recover_seconds.labels(self.recovering_reason or "Unknown").observe(seconds)
-
-    async def _record_recovery(self, obj: dict[str, Any], result: Pass) -> None:
-        """Time the recovery this pass acted on; once its group trained a step, record it (recovery_record.py):
-        the next pass writes it into status.goodput."""
-        self.recovery.acted(result.actions, time.time())
-        cost = self.recovery.finish(self.progress.ledger)
-        if cost is None:
-            return
-        self.poke()  # the next pass writes the record
-        record_recovery(self.events_path, cost)
-        if self.metrics is not None:
-            self.metrics.observe_recovery(self.namespace, self.name, cost.cause, cost.parts(), cost.replayed_steps)
-        await self._event(obj, "Normal", R.RECOVERED, recovered_message(cost))
-
-def _checkpoint_time(status: TrainingJobStatus) -> float | None:
-    try:
-        return parse_rfc3339(status.last_checkpoint.time)
-    except ValueError:
-        return None

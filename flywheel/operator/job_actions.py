@@ -225,18 +225,37 @@ class JobActions:
 
     async def _create_concurrently(self, creates: list[JobAction], one: Callable[[JobAction], Awaitable[None]],
                                    failed: list[Exception]) -> None:
-        """Pod creates in batches of 1, 2, 4, ... CREATES_IN_FLIGHT at once, as the Job controller's slow start: a
-        wide job's pods go out together (one at a time, 64 pods took ~1.5 s on a real API server), and a create the
-        API server refuses for all of them (a quota, an admission webhook) is tried once, not 64 times, each pass."""
+        """Pod creates after a slow start, as the Job controller's: batches of 1, 2, 4, 8, each awaited whole, so a
+        create the API server refuses for all of them (a quota, an admission webhook) is tried once, not 64 times,
+        each pass; then the rest CREATES_IN_FLIGHT at once, the next started as soon as one ends (a batch would
+        wait for its slowest). One at a time, 64 pods took ~1.5 s on a real API server. A failure starts no
+        further create: its retry re-decides the rest (its pass counts them missing)."""
+        before = self.create_failures.recorded + len(failed)
+
+        def refused() -> bool:
+            return self.create_failures.recorded + len(failed) > before
+
         done, size = 0, 1
-        while done < len(creates):
+        while done < len(creates) and size < CREATES_IN_FLIGHT:
             batch = creates[done:done + size]
-            before = self.create_failures.recorded + len(failed)
             await asyncio.gather(*(one(action) for action in batch))
-            done += len(batch)
-            if self.create_failures.recorded + len(failed) > before:
-                return  # the failed create's retry re-decides the rest (its pass counts them missing)
-            size = min(2 * size, CREATES_IN_FLIGHT)
+            done, size = done + len(batch), 2 * size
+            if refused():
+                return
+        in_flight: set[asyncio.Future[None]] = set()
+        try:
+            for action in creates[done:]:
+                if len(in_flight) >= CREATES_IN_FLIGHT:
+                    _, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                if refused():
+                    break
+                in_flight.add(asyncio.ensure_future(one(action)))
+            if in_flight:
+                await asyncio.wait(in_flight)
+        except asyncio.CancelledError:  # as gather would: the creates under way go with the pass
+            for future in in_flight:
+                future.cancel()
+            raise
 
     async def _act_one(self, obj: dict[str, Any], job: TrainingJob | None, workers: dict[int, WorkerPlan],
                        action: JobAction) -> None:

@@ -69,7 +69,7 @@ def test_a_new_jobs_first_status_write_does_not_lose_to_kopfs_own_patches(real: 
     log = real.kubectl("logs", "-l", real.operator_selector, f"--since-time={since}", "--tail=-1",
                        namespace=real.operator_ns).stdout
     assert "status changed under us" not in log
-    assert "Handler 'pod_changed' succeeded." not in log and "Handler 'service_changed' succeeded." not in log
+    assert "Handler 'pod_deleted' succeeded." not in log and "Handler 'service_changed' succeeded." not in log
 
 
 def test_force_deleted_worker_pod_is_replaced(real: RealCluster, tmp_path: Path) -> None:

@@ -113,11 +113,9 @@ def test_each_deleted_pod_of_a_forgotten_run_sweeps_its_keys_again(deleted_runs:
         await training_jobs(body=kopf.Body(job_body(deleting=True)), memo=m)
         await asyncio.gather(*m.background)
         for pod in (_pod("0123456789ab"), _pod("0123456789ab"), _pod("another-job")):
-            await handlers.pod_changed(type="DELETED", body=kopf.Body(pod), namespace="ml",
-                                       labels={"flywheel.dev/job": "j"}, memo=m)
+            await handlers.pod_deleted(body=kopf.Body(pod), memo=m)
             await asyncio.gather(*m.background)
-        await handlers.pod_changed(type="MODIFIED", body=kopf.Body(_pod("0123456789ab")), namespace="ml",
-                                   labels={"flywheel.dev/job": "j"}, memo=m)  # not gone yet: nothing
+        await handlers.worker_pods(body=kopf.Body(_pod("0123456789ab")), memo=m)  # not gone yet: nothing
         await asyncio.gather(*m.background)
 
     asyncio.run(scenario())
@@ -174,14 +172,10 @@ def test_a_job_or_pod_that_stops_writing_a_checkpoint_location_wakes_the_jobs_th
         assert pokes() == {"owner": 0, "waiting": 0, "elsewhere": 0}  # still has it
         await training_jobs(body=kopf.Body(job("owner", "/ckpt/x", "Succeeded")), memo=m)
         assert pokes() == {"owner": 0, "waiting": 1, "elsewhere": 0}
-        labels = {"flywheel.dev/job": "old"}
-        await handlers.pod_changed(type="MODIFIED", body=kopf.Body(pod("Running")), namespace="ml", labels=labels,
-                                   memo=m)
+        await handlers.worker_pods(body=kopf.Body(pod("Running")), memo=m)
         assert pokes()["waiting"] == 1
-        await handlers.pod_changed(type="MODIFIED", body=kopf.Body(pod("Failed")), namespace="ml", labels=labels,
-                                   memo=m)
-        await handlers.pod_changed(type="DELETED", body=kopf.Body(pod("Running")), namespace="ml", labels=labels,
-                                   memo=m)
+        await handlers.worker_pods(body=kopf.Body(pod("Failed")), memo=m)
+        await handlers.pod_deleted(body=kopf.Body(pod("Running")), memo=m)
         assert pokes() == {"owner": 2, "waiting": 3, "elsewhere": 0}
 
     asyncio.run(scenario())
@@ -198,3 +192,28 @@ def test_the_health_monitor_reads_rank_restarts_from_the_jobs_runner() -> None:
     memo = kopf.Memo(runners={("ml", "j"): runner})
     assert handlers.ranks_restarted(memo, "ml", "j") == {"j-worker-1": 123.0}
     assert handlers.ranks_restarted(memo, "ml", "other") == {}
+
+
+def test_a_pods_events_reach_its_runner_once_each_deletions_through_the_event_handler() -> None:
+    """kopf calls the pod index handler on every event but a deletion: it wakes the runner; the event handler is
+    filtered to deletions (no second handler call per event)."""
+    class Recorder:
+        def __init__(self) -> None:
+            self.events: list[str | None] = []
+
+        def pod_event(self, event_type: str | None, pod: Any) -> None:
+            self.events.append(event_type)
+
+    runner = Recorder()
+    m = kopf.Memo(runners={("ml", "j"): runner}, forgotten={}, background=set(), etcd=None)
+
+    async def scenario() -> None:
+        entry = await handlers.worker_pods(body=kopf.Body(_pod("0123456789ab")), memo=m)
+        assert list(entry) == [("ml", "j")]
+        await handlers.pod_deleted(body=kopf.Body(_pod("0123456789ab")), memo=m)
+
+    asyncio.run(scenario())
+    assert runner.events == [None, "DELETED"]
+    watching = [h for h in kopf.get_default_registry()._watching.get_all_handlers() if str(h.id) == "pod_deleted"]
+    assert len(watching) == 1 and watching[0].when is not None
+    assert [watching[0].when(type=t) for t in (None, "ADDED", "MODIFIED", "DELETED")] == [False, False, False, True]

@@ -157,3 +157,13 @@ def test_a_refused_pod_stops_the_rest_of_its_passs_creates_and_is_tried_again_so
     kube.order.clear()
     asyncio.run(actions._act(OBJ, job(64), result))
     assert len(kube.order) == 1 + 2 + 4  # the batch holding worker 3 ran whole; none after it
+
+
+def test_a_refused_pod_after_the_slow_start_starts_no_further_create() -> None:
+    kube = FakeKube({"/j-worker-20": KubeApiError(403, {"message": "exceeded quota: pods"})})
+    actions = Actions(kube)
+    asyncio.run(actions._act(OBJ, job(64), Pass(TrainingJobStatus(), [CreatePod(i, 1) for i in range(64)])))
+    tried = [name for _, name in kube.order]
+    assert len(tried) <= 1 + 2 + 4 + 8 + job_actions.CREATES_IN_FLIGHT  # those under way when it failed, no more
+    assert "j-worker-20" in tried and "j-worker-63" not in tried
+    assert [(t, r) for t, r, _ in kube.events] == [("Warning", "CreateFailed")]

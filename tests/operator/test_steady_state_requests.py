@@ -93,7 +93,7 @@ def test_steady_state_reads_no_api_and_a_deleted_pod_is_still_replaced(steady_en
     lost = [line for line in log.splitlines() if "status changed under us" in line]
     assert not lost, lost
     # The wake-up handlers' success lines (one per watch event of every job) are filtered out (QuietWakeups).
-    assert "Handler 'pod_changed' succeeded." not in log and "Handler 'service_changed' succeeded." not in log
+    assert "Handler 'pod_deleted' succeeded." not in log and "Handler 'service_changed' succeeded." not in log
     audit, user = env.cluster.control_plane.audit, f"system:serviceaccount:default:{OPERATOR_ACCOUNT}"
     mark = audit.mark()
     time.sleep(WINDOW_SECONDS)  # no kubectl in the window (not that it would count: the operator's user only)
