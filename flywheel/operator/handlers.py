@@ -16,12 +16,13 @@ import kopf
 
 from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.etcd.liveness import delete_run
-from flywheel.kube.client import LIST_PAGE, Kube, KubeConfigError, load_credentials
+from flywheel.kube.client import LIST_PAGE, KubeConfigError, load_credentials
 from flywheel.labels import CHECKPOINT_LOCATION_ANNOTATION, FINALIZER
 from flywheel.monitor import FindingsInbox, MonitorSettings
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import caches, watch_relist
 from flywheel.operator import manifests as m
+from flywheel.operator.api_slots import OperatorKube
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.health_executor import BackgroundMonitor
 from flywheel.operator.main import collect_cycles
@@ -121,7 +122,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     watch_relist.install(whole_groups=(GROUP,))
     settings.networking.request_timeout = 30
     try:  # kopf's login (below) shares these credentials
-        memo.kube = Kube(await load_credentials(config.kubeconfig))
+        memo.kube = OperatorKube(await load_credentials(config.kubeconfig))
     except KubeConfigError as err:
         raise kopf.PermanentError(str(err)) from err  # stops the operator with the message, no retries
     memo.runners = {}

@@ -26,6 +26,11 @@ by reference: kopf's job index holds the same dicts, and a job's daemon reads it
 A synthetic body without a deletionTimestamp gets one (now), as the object was deleted: kopf stops an object's
 daemons on a deletion only when it sees one.
 
+Every object passes on without its `metadata.managedFields` (one entry per writer, each a tree of the fields it
+set: a third of a job's body on a real API server, a status write's entry listing every status field). Neither kopf
+nor the operator reads them, and kopf keeps each job's last body for its daemon (as this wrapper does): without
+them, the bodies held for 500 jobs are ~10 MB smaller.
+
 A listing is the events of type None up to the next `Bookmark.LISTED` (an empty one has none). A listing that
 fails half-way is listed again by kopf without a LISTED in between: the two count as one listing (their union), so
 an object the first half held but that was deleted before the retry goes at the next relist, never a live one now.
@@ -110,6 +115,7 @@ async def reconcile_relists(stream: AsyncIterator[Event], resource: references.R
                              f"down (no DELETED event was seen): {shown}")
                 listing = None
             elif isinstance(event, Mapping) and (uid := _uid(event)) is not None:
+                event["object"]["metadata"].pop("managedFields", None)  # read by nothing here (the docstring)
                 kind = event.get("type")
                 if kind == "DELETED":
                     known.pop(uid, None)
