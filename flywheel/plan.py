@@ -82,6 +82,7 @@ def plan_workers(job: TrainingJob, placement: Placement) -> list[WorkerPlan]:
             "PET_RDZV_ENDPOINT": placement.rdzv_endpoint,
             "PET_RDZV_ID": rdzv_run_id(job),
             "PET_MAX_RESTARTS": str(spec.fault_tolerance.max_restarts),
+            "FLYWHEEL_WARM_START": "1" if spec.fault_tolerance.warm_start else "0",
             "FLYWHEEL_JOB": f"{job.metadata.namespace}/{job.metadata.name}",
             REPLICA_INDEX_ENV: str(index),
             "FLYWHEEL_SPEC": spec_json,

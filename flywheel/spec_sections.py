@@ -144,6 +144,11 @@ class FaultTolerance(_Model):
                               "still running this long after are stopped and the job Succeeds: a rank stuck or "
                               "restarted in its teardown no longer holds the job. Jobs without the done report (user "
                               "scripts) wait for every worker to exit.")
+    warm_start: bool = Field(
+        True, description="Fork each rank (and each restarted rank) from an interpreter that has already run its "
+                          "imports: the trainer's, or a Python command's own top-level imports of other packages. "
+                          "false starts every rank cold, e.g. for a package that reads RANK or LOCAL_RANK when "
+                          "imported.")
     pending_timeout_seconds: float | None = Field(
         None, ge=1, description="A worker pod unschedulable this long fails the job, unless it is elastic and runs at "
                                 "least replicas.min workers (it goes on with fewer until the pod is scheduled). "

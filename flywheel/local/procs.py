@@ -70,6 +70,20 @@ def with_env(pids: Iterable[int], key: str, value: str) -> list[int]:
     return found
 
 
+def rank_processes(pids: Iterable[int], rank: int) -> list[int]:
+    """Global rank `rank`'s processes among `pids`: one forked by a warm zygote is named `fw-rank-<RANK>` (its
+    /proc environ is the zygote's); a cold one has RANK in its environment."""
+    named = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm", "rb") as f:
+                if f.read().strip() == f"fw-rank-{rank}".encode():
+                    named.append(pid)
+        except OSError:
+            continue
+    return named or with_env(pids, "RANK", str(rank))
+
+
 def signal_quietly(pid: int, sig: int, group: bool = False) -> None:
     try:
         os.killpg(pid, sig) if group else os.kill(pid, sig)

@@ -286,7 +286,7 @@ class Supervisor:
         """A user's command's rank killed (stopped) from outside: its agent sees it die as it would see the OOM
         killer's SIGKILL."""
         below = [pid for w in self.workers.values() if not w.stopping for pid in procs.descendants(w.pid)]
-        ranks = procs.with_env(below, "RANK", str(fault.rank))
+        ranks = procs.rank_processes(below, fault.rank)
         if not ranks:
             return False  # between groups: the next poll finds the restarted rank
         sig = signal.SIGSTOP if fault.kind == "hang" else signal.SIGKILL

@@ -33,6 +33,7 @@ from flywheel.trainer import (
     spare_wait,
     termination_log,
     warm,
+    warm_entry,
 )
 from flywheel.trainer.launch_settings import (
     TRAINER_MODULE,
@@ -87,14 +88,23 @@ def run_agent(settings: LaunchSettings) -> int:
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     with agent_dir.agent_dir() as own:
         os.environ[first_step.ENV] = str(own / "stepped")  # the ranks' first step (first_step.py)
-        if not (settings.warm_start and settings.runs_embedded_trainer):
-            _report_user_exceptions(os.environ)
+        if settings.warm_start and settings.runs_embedded_trainer:
+            # Started first, so its import of the trainer overlaps the agent's own start-up and first rendezvous
+            # (and, for a warm spare, happens before its promotion).
+            with warm.zygote(preload=WARM_PRELOAD, folder=own) as zygote_env:
+                os.environ.update(zygote_env)
+                return _promoted_then(settings, zygote_env, warm.client_command(TRAINER_MODULE), own)
+        _report_user_exceptions(os.environ)
+        entry = warm_entry.python_entry(settings.command) if settings.warm_start else None
+        if entry is None:
             return _promoted_then(settings, {}, settings.command, own)
-        # Started first, so its import of the trainer overlaps the agent's own start-up and first rendezvous (and,
-        # for a warm spare, happens before its promotion).
-        with warm.zygote(preload=WARM_PRELOAD, folder=own) as zygote_env:
+        # A new interpreter in the ranks' environment (the exception hook on its path, unbuffered as `-u` is), which
+        # runs the user entry's own imports of torch, transformers, ... once.
+        env = dict(os.environ, PYTHONUNBUFFERED="1") if "-u" in settings.command[1:2] else dict(os.environ)
+        with warm.zygote(preload=(), env=env, folder=own,
+                         preload_code=warm_entry.preload_code(entry, os.getcwd())) as zygote_env:
             os.environ.update(zygote_env)
-            return _promoted_then(settings, zygote_env, warm.client_command(TRAINER_MODULE), own)
+            return _promoted_then(settings, zygote_env, (*warm.client_command_for(entry.target), *entry.args), own)
 
 
 def _promoted_then(settings: LaunchSettings, zygote_env: Mapping[str, str], command: Sequence[str],

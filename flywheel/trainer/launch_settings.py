@@ -33,7 +33,7 @@ class LaunchSettings:
     local_addr: str | None = None
     monitor_interval: float = DEFAULT_MONITOR_INTERVAL_S
     shutdown_timeout: int = DEFAULT_SHUTDOWN_TIMEOUT_S
-    warm_start: bool = True  # fork embedded-trainer ranks from a pre-imported zygote (warm.py)
+    warm_start: bool = True  # fork ranks from a pre-imported zygote (warm.py; a user command: warm_entry.py)
 
     @property
     def runs_embedded_trainer(self) -> bool:

@@ -1,4 +1,5 @@
-"""Warm rank starts: a pre-imported interpreter (the "zygote") forks each rank of the embedded trainer.
+"""Warm rank starts: a pre-imported interpreter (the "zygote") forks each rank of the embedded trainer, or of a
+user's Python script or module (its own import statements run in the zygote first: warm_entry.py).
 
 A cold rank start imports torch and the trainer again: seconds per rank (3-10 s on the 2-core CI machine with four
 ranks starting at once; CUDA libraries add more on a GPU node), paid again on every restart. `flywheel launch` starts
@@ -71,13 +72,50 @@ def _recv_exact(conn: socket.socket, size: int) -> bytes:
     return data
 
 
+def _run_main(request: dict[str, Any]) -> None:
+    """Run the request's module (`python -m`) or script (`python script.py`) as __main__, with the argv and import
+    path that interpreter start would give it."""
+    if "script" in request:
+        script = os.path.abspath(request["script"])  # __file__ is absolute, as python gives its __main__
+        sys.argv = [script, *request["args"]]
+        sys.path[0] = os.path.dirname(script)  # the script's folder, not the cwd
+        runpy.run_path(script, run_name="__main__")
+    else:
+        sys.argv = [request["module"], *request["args"]]
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+
+
+def _unsafe_to_fork() -> str:
+    """Why a preload left this process unfit to fork ranks from, or "": a CUDA context made here is unusable in a
+    forked child (a user entry's import that initialised CUDA)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "an import initialised CUDA in the zygote"
+    return ""
+
+
+def _preload(modules: list[str], code: str) -> None:
+    """Import `modules` (the trainer's: they must import) and run `code`, a user entry's import statements one by
+    one, best effort: one that fails here fails again in the rank, with the rank's own report."""
+    for module in modules:
+        importlib.import_module(module)
+    # torch.cuda.is_available() from an import asks NVML rather than creating a CUDA context (unusable after fork).
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    for statement in filter(None, code.split("\n")):
+        try:
+            exec(compile(statement, "<flywheel warm preload>", "exec"), {})  # the entry's own import statements
+        except Exception:  # noqa: BLE001 - see above
+            continue
+
+
 # --- the zygote ------------------------------------------------------------------------------------------------------
 
 class Zygote:
     """Accepts requests on a Unix socket and forks one child per request (single-threaded: selectors + WNOHANG)."""
 
-    def __init__(self, path: Path, parent: int) -> None:
+    def __init__(self, path: Path, parent: int, refuse: str = "") -> None:
         self.path, self.parent, self.pid = path, parent, os.getpid()
+        self.refuse = refuse  # why no rank can be forked from here: each client is told to start cold
         self.children: dict[int, socket.socket] = {}  # pid -> its client's connection
         self.selector = selectors.DefaultSelector()
 
@@ -108,6 +146,13 @@ class Zygote:
             print(f"flywheel warm: bad request: {err}", file=sys.stderr, flush=True)
             conn.close()
             return
+        if self.refuse:
+            for fd in fds:
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                conn.sendall(f"cold {self.refuse}\n".encode())
+            conn.close()
+            return
         pid = os.fork()
         if pid == 0:
             self._become_rank(conn, fds, request)
@@ -136,15 +181,14 @@ class Zygote:
             os.environ.update(request["env"])
             os.chdir(request["cwd"])
             _prctl(_PR_SET_NAME, f"fw-rank-{request['env'].get('RANK', '?')}".encode()[:15])
-            sys.argv = [request["module"], *request["args"]]
-            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+            _run_main(request)
             code = 0
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-        except BaseException:  # noqa: BLE001 - the rank's own crash: report it as python -m would
-            import traceback
-
-            traceback.print_exc()
+        except BaseException:  # noqa: BLE001 - the rank's own crash: report it as python would
+            # The interpreter's hook, as an uncaught exception meets it (a user command's: rank_hook writes the
+            # termination message first).
+            sys.excepthook(*sys.exc_info())
         finally:
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
@@ -184,24 +228,23 @@ class Zygote:
             conn.close()
 
 
-def serve(path: Path, preload: list[str], parent: int) -> int:
+def serve(path: Path, preload: list[str], parent: int, preload_code: str = "") -> int:
     # The agent's pid comes from the agent: read here, an agent that died during our start-up would already
     # have been replaced by init, and the zygote would outlive it.
     die_with_parent(parent)
     # Signals are for the ranks (their clients forward them); the zygote ends with its agent or its socket.
     for sig in FORWARDED_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
-    for module in preload:
-        importlib.import_module(module)
+    _preload(preload, preload_code)
     try:
-        return Zygote(path, parent).serve()
+        return Zygote(path, parent, _unsafe_to_fork()).serve()
     finally:
         path.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
-def zygote(preload: tuple[str, ...], env: dict[str, str] | None = None,
-           folder: Path | None = None) -> Iterator[dict[str, str]]:
+def zygote(preload: tuple[str, ...], env: dict[str, str] | None = None, folder: Path | None = None,
+           preload_code: str = "") -> Iterator[dict[str, str]]:
     """Start a zygote for this agent (in `env`, this process's by default: what the preloaded modules read at import
     time); yields the env its rank clients need. Killed on exit (its forked ranks die with it). Its socket is in
     `folder` (the agent's own, agent_dir.py), else in a temporary folder of its own.
@@ -213,9 +256,9 @@ def zygote(preload: tuple[str, ...], env: dict[str, str] | None = None,
         tmp = folder or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flywheel-warm-")))
         path = tmp / "zygote.sock"
         if env is None and _single_threaded():
-            pid, spawned = _fork_zygote(path, preload), None
+            pid, spawned = _fork_zygote(path, preload, preload_code), None
         else:
-            spawned = _spawn_zygote(path, preload, env)
+            spawned = _spawn_zygote(path, preload, env, preload_code)
             pid = spawned.pid
         try:
             yield {SOCKET_ENV: str(path), PID_ENV: str(pid)}
@@ -238,15 +281,17 @@ def _single_threaded() -> bool:
         return False
 
 
-def _spawn_zygote(path: Path, preload: tuple[str, ...], env: dict[str, str] | None) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", __name__, "serve", "--socket", str(path), "--parent", str(os.getpid())]
+def _spawn_zygote(path: Path, preload: tuple[str, ...], env: dict[str, str] | None,
+                  preload_code: str) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", __name__, "serve", "--socket", str(path), "--parent", str(os.getpid()),
+            "--preload-code", preload_code]
     for module in preload:
         argv += ["--preload", module]
     # Its own session: a SIGTERM to the worker's process group is the agent's to pass on, not the zygote's.
     return subprocess.Popen(argv, start_new_session=True, env=env)
 
 
-def _fork_zygote(path: Path, preload: tuple[str, ...]) -> int:
+def _fork_zygote(path: Path, preload: tuple[str, ...], preload_code: str) -> int:
     parent = os.getpid()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):  # buffered now: the agent's to write
         if stream is not None:
@@ -270,7 +315,7 @@ def _fork_zygote(path: Path, preload: tuple[str, ...]) -> int:
         # The import path `python -m` would start with in this env: the cwd, PYTHONPATH, then the rest (site).
         front = [os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         sys.path[:] = front + [entry for entry in sys.path[1:] if entry not in front]
-        code = serve(path, list(preload), parent)
+        code = serve(path, list(preload), parent, preload_code)
     except BaseException:  # noqa: BLE001 - report it as the spawned zygote would, never return into the agent
         import traceback
 
@@ -282,6 +327,14 @@ def _fork_zygote(path: Path, preload: tuple[str, ...]) -> int:
 def client_command(module: str) -> tuple[str, ...]:
     """What the agent starts per rank instead of `python -m module`."""
     return (sys.executable, "-m", __name__, "run", module)
+
+
+def client_command_for(target: dict[str, str]) -> tuple[str, ...]:
+    """What the agent starts per rank instead of `python -m module` ({"module": ...}) or `python script.py`
+    ({"script": ...}); the entry's arguments follow."""
+    if "script" in target:
+        return (sys.executable, "-m", __name__, "run-script", target["script"])
+    return client_command(target["module"])
 
 
 # --- the client (what torch's agent starts as a rank) ----------------------------------------------------------------
@@ -303,24 +356,28 @@ def _connect(path: str, zygote_pid: int) -> socket.socket | None:
     return None
 
 
-def _run_cold(module: str, args: list[str]) -> NoReturn:
-    os.execv(sys.executable, [sys.executable, "-m", module, *args])
+def _run_cold(target: dict[str, str], args: list[str]) -> NoReturn:
+    head = ["-m", target["module"]] if "module" in target else [target["script"]]
+    os.execv(sys.executable, [sys.executable, *head, *args])
 
 
-def run(module: str, args: list[str]) -> None:
-    """Run `python -m module args` in a rank forked by this worker's zygote; never returns."""
+def run(target: dict[str, str], args: list[str]) -> None:
+    """Run `python -m module args` ({"module": ...}) or `python script.py args` ({"script": ...}) in a rank forked
+    by this worker's zygote; never returns."""
     path, zygote_pid = os.environ.get(SOCKET_ENV), int(os.environ.get(PID_ENV) or 0)
     sock = _connect(path, zygote_pid) if path and zygote_pid else None
     if sock is None:
-        _run_cold(module, args)
-    body = json.dumps({"module": module, "args": args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+        _run_cold(target, args)
+    body = json.dumps({**target, "args": args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
     socket.send_fds(sock, [b"R"], [0, 1, 2])
     sock.sendall(_HEADER.pack(len(body)) + body)
     reader = sock.makefile("r")
     first = reader.readline().split()
-    if len(first) != 2 or first[0] != "pid":
-        print("flywheel warm: the zygote did not start the rank; starting it cold", file=sys.stderr, flush=True)
-        _run_cold(module, args)
+    if len(first) < 2 or first[0] != "pid":
+        why = " ".join(first[1:]) if first[:1] == ["cold"] else "no answer"
+        print(f"flywheel warm: the zygote did not start the rank ({why}); starting it cold", file=sys.stderr,
+              flush=True)
+        _run_cold(target, args)
     child = int(first[1])
 
     def forward(signum: int, _frame: object) -> None:
@@ -346,14 +403,18 @@ def main(argv: list[str] | None = None) -> int:
     serve_p = sub.add_parser("serve", help="run a zygote (started by flywheel launch)")
     serve_p.add_argument("--socket", type=Path, required=True)
     serve_p.add_argument("--preload", action="append", default=[])
+    serve_p.add_argument("--preload-code", default="", help="import statements to run first, one a line")
     serve_p.add_argument("--parent", type=int, required=True, help="the agent's pid: the zygote dies with it")
     run_p = sub.add_parser("run", help="run MODULE in a forked rank (what the agent starts)")
     run_p.add_argument("module")
     run_p.add_argument("args", nargs=argparse.REMAINDER)
+    script_p = sub.add_parser("run-script", help="run SCRIPT in a forked rank")
+    script_p.add_argument("script")
+    script_p.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     if ns.cmd == "serve":
-        return serve(ns.socket, ns.preload, ns.parent)
-    run(ns.module, ns.args)
+        return serve(ns.socket, ns.preload, ns.parent, ns.preload_code)
+    run({"script": ns.script} if ns.cmd == "run-script" else {"module": ns.module}, ns.args)
     return 1  # unreachable: run() execs or exits
 
 

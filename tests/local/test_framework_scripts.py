@@ -17,7 +17,8 @@ from flywheel.local import procs
 
 pytestmark = pytest.mark.slow
 
-STEPS, SAVE_STEPS = 30, 10
+# Enough steps after the lost worker that it is lost while the group trains (a warm restart resumes in ~1 s).
+STEPS, SAVE_STEPS = 80, 10
 KILL_AT, LOSE_AT = 13, 24  # after the first checkpoint (10); after the second (20)
 
 

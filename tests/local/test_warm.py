@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, SCRIPTS, alive
 
-from flywheel.trainer import warm
+from flywheel.trainer import warm, warm_entry
+from flywheel.trainer.launch import RANK_HOOK_DIR
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork + /proc")
 
@@ -143,3 +144,52 @@ def test_a_zygote_whose_agent_is_already_gone_exits_at_once(tmp_path):
                                "--parent", str(gone.pid)])
     assert zygote.wait(timeout=30) == 128 + signal.SIGKILL
     assert not (tmp_path / "z.sock").exists()
+
+
+def test_a_users_script_runs_in_a_forked_rank_as_python_script_py_would_run_it(tmp_path):
+    """Its imports of other packages ran once in the zygote (the rank finds them imported, by the zygote's pid);
+    its argv (its first item absolute), __file__ and import path are a script's; an uncaught exception goes through
+    the interpreter's hook (a user command's writes the termination message) and exits 1; without a zygote the
+    client execs the script cold."""
+    lib, work = tmp_path / "lib", tmp_path / "work"
+    lib.mkdir(), work.mkdir()
+    (lib / "heavy_dep.py").write_text("import os\nIMPORTED_IN = os.getpid()\n")
+    (work / "own_helper.py").write_text("")
+    (work / "train.py").write_text(
+        "import os, sys\nimport heavy_dep\nimport own_helper\n"
+        "print(f'script pid={os.getpid()} dep_pid={heavy_dep.IMPORTED_IN} file={__file__} path0={sys.path[0]} '\n"
+        "      f'argv={sys.argv} main={__name__}', flush=True)\n"
+        "if os.environ.get('MODE') == 'raise':\n    raise ValueError('bad batch')\n")
+    entry = warm_entry.PythonEntry("train.py", None, ())
+    code = warm_entry.preload_code(entry, str(work))
+    assert code.splitlines() == ["import os, sys", "import heavy_dep"]
+    # As flywheel launch gives a user command's zygote: the exception hook (rank_hook) on the path.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([RANK_HOOK_DIR, str(lib), os.environ.get("PYTHONPATH", "")])}
+    with warm.zygote(preload=(), env=env, preload_code=code) as zygote_env:
+        def run(**extra: str) -> tuple[int, str]:
+            proc = subprocess.Popen([*warm.client_command_for(entry.target), "--lr", "1"], cwd=work,
+                                    env={**env, **zygote_env, "RANK": "1", **extra}, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+            out, _ = proc.communicate(timeout=60)
+            return proc.returncode, out
+
+        code_, out = run()
+        assert code_ == 0, out
+        assert f"dep_pid={zygote_env[warm.PID_ENV]} " in out  # imported before the fork, once
+        assert f"file={work}/train.py path0={work} argv=['{work}/train.py', '--lr', '1'] main=__main__" in out, out
+        code_, out = run(MODE="raise", FLYWHEEL_TERMINATION_LOG=str(tmp_path / "termination"))
+        assert code_ == 1 and "ValueError: bad batch" in out, out
+        assert "ValueError: bad batch" in (tmp_path / "termination").read_text()
+    # Cold (no zygote): the same script, exec'd by the client.
+    gone = {warm.SOCKET_ENV: str(tmp_path / "none.sock"), warm.PID_ENV: "999999999"}
+    proc = subprocess.run([*warm.client_command_for(entry.target)], cwd=work, env={**env, **gone},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and f"file={work}/train.py path0={work} argv=['train.py']" in proc.stdout, \
+        proc.stdout + proc.stderr
+
+
+def test_a_zygote_an_import_left_with_cuda_initialised_sends_every_rank_cold(tmp_path, monkeypatch):
+    """A CUDA context made before fork is unusable in the child: such a zygote forks nothing."""
+    monkeypatch.setattr(warm, "_unsafe_to_fork", lambda: "an import initialised CUDA in the zygote")
+    zygote = warm.Zygote(tmp_path / "z.sock", os.getpid(), warm._unsafe_to_fork())
+    assert zygote.refuse

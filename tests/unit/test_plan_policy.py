@@ -31,6 +31,9 @@ def test_plan_gives_each_worker_the_contract_env():
     assert env["FLYWHEEL_EVENTS_FILE"] == "/r/events.jsonl"
     assert parse_spec(json.loads(env["FLYWHEEL_SPEC"])) == job.spec
     assert plans[0].argv == ("flywheel", "launch")
+    assert env["FLYWHEEL_WARM_START"] == "1"  # faultTolerance.warmStart, on by default
+    cold = plan_workers(parse_job(job_with("spec.faultTolerance.warmStart", False)), placement())
+    assert {p.env["FLYWHEEL_WARM_START"] for p in cold} == {"0"}
 
 
 def test_plan_on_a_cluster_shares_the_port_and_uses_service_dns():
