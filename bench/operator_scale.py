@@ -3,8 +3,9 @@ the same test cluster in the same run, by figures that carry over to a real API 
 
 The test cluster (the real control plane) runs without nodes or kube-scheduler: a stand-in kubelet in the bench
 writes the pods' status (Running, or Succeeded with exit 0) without running anything, so hundreds of jobs fit on 2
-cores (bench/operator_scale_bed.py). The real `flywheel operator` runs as the chart starts it by default (etcd
-endpoints, no events volume, no Prometheus). Figures (result keys):
+cores (bench/operator_scale_bed.py). Every client talks to kube-apiserver directly, not through the test cluster's
+fault proxy (Python, on the same cores: it had been the bare client's ceiling). The real `flywheel operator` runs
+as the chart starts it by default (etcd endpoints, no events volume, no Prometheus). Figures (result keys):
 
 - `api_requests_per_job_minute`: N running 2-pod jobs held for a while (full: 200 jobs, 2 minutes), the
   operator's API requests counted from kube-apiserver's audit log, watches counted apart; goal <= 1

@@ -1,7 +1,8 @@
-"""The test bed of bench/operator_scale: the test cluster (the real control plane) without nodes or kube-scheduler,
-a stand-in kubelet that moves pods to Running or Succeeded by their status alone (no process, no CPU: 200 running
-jobs fit on 2 cores), a clock of when each job's pods were first seen, and a count of each caller's API requests
-from kube-apiserver's audit log (tests/cluster/audit.py).
+"""The test bed of bench/operator_scale: the test cluster (the real control plane) without nodes, kube-scheduler or
+its fault proxy (every client here talks to kube-apiserver directly), a stand-in kubelet that moves pods to Running
+or Succeeded by their status alone (no process, no CPU: 200 running jobs fit on 2 cores), a clock of when each job's
+pods were first seen, and a count of each caller's API requests from kube-apiserver's audit log
+(tests/cluster/audit.py).
 
 The bench's own requests (job creates, the stand-in kubelet's status writes, its watch) go as a ServiceAccount of
 their own, so the count of the operator's requests (the kubeconfig's admin user) leaves them out.
