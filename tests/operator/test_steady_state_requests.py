@@ -88,7 +88,7 @@ def test_steady_state_reads_no_api_and_a_deleted_pod_is_still_replaced(steady_en
     eventually(lambda: _stopped_at_the_fault(env), 300, "every job Running and stopped at its fault", interval=1.0)
     statuses = _settled(env)
     # kopf's own patch of each new job (its finalizer) came before the runner's first status write:
-    # no write lost a race (409) and had its pass redone (executor.kopf_settled).
+    # no write lost a race (409) and had its pass redone (pass_records.kopf_settled).
     log = env.operator.log_path.read_text()
     lost = [line for line in log.splitlines() if "status changed under us" in line]
     assert not lost, lost
