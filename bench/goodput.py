@@ -53,9 +53,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import RESULTS, median, write_result
-from bench.goodput_faults import Injector, agent_failure_times, analyse_faults, read_events, schedule
+from bench.goodput_faults import Injector, agent_failure_times, analyse_faults, read_events, schedule, stop_run
 from flywheel.eventlog import Done, EventName, EventTail, Failure, Step, fold
-from flywheel.local import procs
 
 REPO = Path(__file__).resolve().parents[1]
 PEER = REPO / "examples" / "scripts" / "goodput_peer.py"
@@ -179,12 +178,7 @@ def run_side(side: str, workdir: Path, steps: int, period_s: float | None, seed:
                 break
             time.sleep(0.2)
     finally:
-        if injector:
-            injector.stop()
-        for p in popens:
-            procs.kill_tree(p.pid)
-            p.wait(timeout=10)
-    ended = time.time()
+        ended = stop_run(injector, popens)
     events = read_events(events_file)
     steps_seen = [e for e in events if isinstance(e, Step)]
     fired = injector.fired if injector else []

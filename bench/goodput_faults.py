@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import re
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Sequence
@@ -143,7 +144,7 @@ class Injector:
         last_step = 0
         pending = list(self.plan)
         while pending and not self._halt.wait(0.05):
-            for ev in tail.read_new():
+            for ev in self._new_records(tail):
                 if isinstance(ev, Start):
                     last_start = ev.time
                 elif isinstance(ev, Step):
@@ -175,10 +176,23 @@ class Injector:
                                "planned_s": due.at_s, "late_s": now - (self.first_step_time + due.at_s),
                                "step_at_fault": last_step})
 
+    def _new_records(self, tail: EventTail) -> list[Record]:
+        return tail.read_new()
+
     def _victim(self, due: Planned) -> int | None:
         if due.kind == "lose-worker":
             return find_workers(self.roots).get(due.target)
         return find_ranks(self.roots).get(due.target)
+
+
+def stop_run(injector: Injector | None, popens: Sequence[subprocess.Popen]) -> float:
+    """Stop the injector and every launcher with all it started; when the run ended (wall time)."""
+    if injector:
+        injector.stop()
+    for p in popens:
+        procs.kill_tree(p.pid)
+        p.wait(timeout=10)
+    return time.time()
 
 
 # --- logs ----------------------------------------------------------------------------------------------------------

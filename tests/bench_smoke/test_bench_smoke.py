@@ -148,6 +148,19 @@ def test_goodput_smoke(tmp_path):
         assert run["summary"]["recovered"] == run["summary"]["faults"], side
 
 
+def test_goodput_user_script_smoke(tmp_path):
+    """The Hugging Face example under flywheel run and under the tuned torchrun each train a short run with one
+    rank SIGKILLed, recover, finish, and have their restart latency measured."""
+    out = tmp_path / "goodput_user_script.json"
+    run_bench(tmp_path, "bench.goodput_user_script", "--quick", "--out", str(out))
+    record = check_record(out)
+    assert set(record["runs"]["faulted"]) == {"ours", "torchrun-tuned"}
+    for side, run in record["runs"]["faulted"].items():
+        assert run["finished"] and run["summary"]["faults"] == 1, (side, run["useful_steps"], run["ended_by"])
+        assert run["summary"]["recovered"] == 1 and run["summary"]["restart_median_s"] > 0, side
+    assert [row["name"] for row in record["rows"]] == ["restart vs torchrun-tuned"]
+
+
 def test_gpu_check_smoke(tmp_path):
     """The GPU script's harness on tiny models (a lent GPU runs it for real): the launcher starts ranks, the
     determinism probe compares passes, a killed run resumes to the unkilled run's parameters."""

@@ -17,3 +17,19 @@ def test_a_run_twice_as_fast_as_its_clean_run_meets_its_first_fault_before_its_l
 def test_a_long_run_is_its_seconds_at_the_fastest_pace() -> None:
     assert run_length(240.0, 60.0, [{"pace_s": 0.05}, {"pace_s": 0.1}]) == 4800
     assert run_length(1.0, 0.5, [{"pace_s": 0.1}]) == 2 * CKPT_EVERY  # never shorter than two checkpoints
+
+
+def test_a_side_that_logs_no_starts_gets_one_before_each_group_it_began() -> None:
+    """torchrun writes no `start`: a group begins at the first record, at a restore, and at a step that is not above
+    the previous one (started again without a checkpoint); the fold then finds the incident and its recovery."""
+    from bench.goodput_user_script import with_inferred_starts
+    from flywheel.eventlog import Failure, Restore, Start, Step, fold
+
+    records = [Step(1.0, 1), Step(2.0, 2), Step(3.0, 3),  # killed after 3: no checkpoint yet
+               Step(10.0, 1), Step(11.0, 2), Step(12.0, 3), Step(13.0, 4),  # killed after 4, the save of 2 kept
+               Restore(20.0, 2), Step(21.0, 3), Step(22.0, 4), Step(23.0, 5)]
+    inferred = with_inferred_starts(records)
+    assert [r.time for r in inferred if isinstance(r, Start)] == [1.0 - 1e-3, 10.0 - 1e-3, 20.0 - 1e-3]
+    faults = [Failure(3.5, "fault", "kill", ""), Failure(13.5, "fault", "kill", "")]
+    log = fold(sorted([*inferred, *faults], key=lambda r: r.time))
+    assert [(i.recovered_at, i.lost_steps) for i in log.incidents] == [(10.0, 3), (21.0, 2)]
