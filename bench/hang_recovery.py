@@ -102,6 +102,15 @@ def _probe_times(log: Path) -> tuple[float | None, float | None, float | None]:
     return last_stopped, error, first_after
 
 
+def _is_zygote(pid: int) -> bool:
+    """A worker's warm-start server (flywheel/trainer/warm.py): spawned, or forked from the agent and renamed."""
+    try:
+        return (b"flywheel.trainer.warm\0serve" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                or Path(f"/proc/{pid}/comm").read_text().strip() == "fw-zygote")
+    except OSError:
+        return False
+
+
 def _probe_args(log: Path, marker: Path, gloo_timeout: float) -> list[str]:
     return [str(PROBE), str(log), str(marker), "--gloo-timeout", str(gloo_timeout)]
 
@@ -181,7 +190,8 @@ class OursHarness:
         for pod in pods.items:
             agent = self.cluster.kubelet.pid_of("default", pod.metadata.name)
             for pid in procs.descendants(agent) if agent else []:
-                os.kill(pid, signal.SIGSTOP)
+                if not _is_zygote(pid):  # the ranks hang, not the worker's warm-start server
+                    os.kill(pid, signal.SIGSTOP)
 
     def trial(self, index: int) -> Trial:
         name = f"hang-{'etcd-' if self.etcd_only else ''}{index}"

@@ -44,6 +44,7 @@ from typing import Any, NoReturn
 SOCKET_ENV = "FLYWHEEL_WARM_SOCKET"
 PID_ENV = "FLYWHEEL_WARM_PID"
 READY_TIMEOUT_S = 300.0  # a zygote still importing is waited for: it finishes sooner than a cold start would
+ANSWER_TIMEOUT_S = 30.0  # a ready zygote answers a request in milliseconds (a fork)
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1
 _HEADER = struct.Struct("!I")
@@ -372,7 +373,14 @@ def run(target: dict[str, str], args: list[str]) -> None:
     socket.send_fds(sock, [b"R"], [0, 1, 2])
     sock.sendall(_HEADER.pack(len(body)) + body)
     reader = sock.makefile("r")
-    first = reader.readline().split()
+    # A zygote that accepted but does not answer (stopped, or stuck) must not hold the rank's start: it goes cold.
+    # Should that zygote go on later, it sees this client gone and kills what it forked for it.
+    sock.settimeout(ANSWER_TIMEOUT_S)
+    try:
+        first = reader.readline().split()
+    except OSError:
+        first = []
+    sock.settimeout(None)
     if len(first) < 2 or first[0] != "pid":
         why = " ".join(first[1:]) if first[:1] == ["cold"] else "no answer"
         print(f"flywheel warm: the zygote did not start the rank ({why}); starting it cold", file=sys.stderr,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -193,3 +194,20 @@ def test_a_zygote_an_import_left_with_cuda_initialised_sends_every_rank_cold(tmp
     monkeypatch.setattr(warm, "_unsafe_to_fork", lambda: "an import initialised CUDA in the zygote")
     zygote = warm.Zygote(tmp_path / "z.sock", os.getpid(), warm._unsafe_to_fork())
     assert zygote.refuse
+
+
+def test_a_zygote_that_does_not_answer_leaves_the_rank_to_start_cold(tmp_path):
+    """A zygote stopped (or stuck) after accepting: the client stops waiting for its answer and execs the rank."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "z.sock"))
+    listener.listen(4)  # accepts at the kernel's level; nobody answers
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]),
+           warm.SOCKET_ENV: str(tmp_path / "z.sock"), warm.PID_ENV: str(os.getpid()), "CODE": "4"}
+    code = "from flywheel.trainer import warm\nwarm.ANSWER_TIMEOUT_S = 1\nwarm.run({'module': 'warm_target'}, [])\n"
+    proc = subprocess.Popen([PYTHON, "-c", code], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.wait(timeout=60) == 4
+    listener.close()  # its queued connection holds the streams the client passed (until then no EOF)
+    out, err = proc.communicate(timeout=10)
+    assert "the zygote did not start the rank (no answer); starting it cold" in err
+    assert f"target pid={proc.pid} " in out  # the rank ran, exec'd in the client
