@@ -98,10 +98,11 @@ def run_agent(settings: LaunchSettings) -> int:
         entry = warm_entry.python_entry(settings.command) if settings.warm_start else None
         if entry is None:
             return _promoted_then(settings, {}, settings.command, own)
-        # A new interpreter in the ranks' environment (the exception hook on its path, unbuffered as `-u` is), which
-        # runs the user entry's own imports of torch, transformers, ... once.
-        env = dict(os.environ, PYTHONUNBUFFERED="1") if "-u" in settings.command[1:2] else dict(os.environ)
-        with warm.zygote(preload=(), env=env, folder=own,
+        if entry.unbuffered:  # what `-u` did, for the forked ranks and for a client that falls back cold
+            os.environ["PYTHONUNBUFFERED"] = "1"
+        # A new interpreter in the ranks' environment (the exception hook on its path), which runs the user entry's
+        # own imports of torch, transformers, ... once.
+        with warm.zygote(preload=(), env=dict(os.environ), folder=own,
                          preload_code=warm_entry.preload_code(entry, os.getcwd())) as zygote_env:
             os.environ.update(zygote_env)
             return _promoted_then(settings, zygote_env, (*warm.client_command_for(entry.target), *entry.args), own)

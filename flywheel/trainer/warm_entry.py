@@ -27,6 +27,7 @@ class PythonEntry:
     script: str | None
     module: str | None
     args: tuple[str, ...]
+    unbuffered: bool = False  # `-u`: the ranks get PYTHONUNBUFFERED instead, warm or cold
 
     @property
     def target(self) -> dict[str, str]:
@@ -40,12 +41,14 @@ def python_entry(command: Sequence[str], interpreter: str = sys.executable) -> P
     if not command or command[0] != interpreter:
         return None
     rest = list(command[1:])
-    while rest and rest[0] == "-u":  # unbuffered: the zygote's streams are (PYTHONUNBUFFERED, zygote_env)
+    unbuffered = False
+    while rest and rest[0] == "-u":
         rest.pop(0)
+        unbuffered = True
     if len(rest) >= 2 and rest[0] == "-m" and not rest[1].startswith("-"):
-        return PythonEntry(None, rest[1], tuple(rest[2:]))
+        return PythonEntry(None, rest[1], tuple(rest[2:]), unbuffered)
     if rest and rest[0].endswith(".py") and not rest[0].startswith("-"):
-        return PythonEntry(rest[0], None, tuple(rest[1:]))
+        return PythonEntry(rest[0], None, tuple(rest[1:]), unbuffered)
     return None
 
 

@@ -13,10 +13,10 @@ PY = sys.executable
 
 
 @pytest.mark.parametrize(("command", "expected"), [
-    ((PY, "-u", "train.py", "--lr", "3"), PythonEntry("train.py", None, ("--lr", "3"))),
+    ((PY, "-u", "train.py", "--lr", "3"), PythonEntry("train.py", None, ("--lr", "3"), unbuffered=True)),
     ((PY, "train.py"), PythonEntry("train.py", None, ())),
     ((PY, "-m", "train", "-x"), PythonEntry(None, "train", ("-x",))),
-    ((PY, "-u", "-m", "pkg.train"), PythonEntry(None, "pkg.train", ())),
+    ((PY, "-u", "-m", "pkg.train"), PythonEntry(None, "pkg.train", (), unbuffered=True)),
     ((PY, "-c", "print(1)"), None),  # code on the command line: nothing to run as a file
     ((PY, "-O", "train.py"), None),  # interpreter options the zygote did not start with
     (("/usr/bin/python2", "train.py"), None),  # another interpreter
