@@ -15,7 +15,7 @@ SCHEMATHESIS_TESTS := tests/api/test_schemathesis.py
 
 .DEFAULT_GOAL := all
 
-.PHONY: all demo test test-heavy test-fast lint venv tools crd bench bench-quick clean controlplane constraints e2e
+.PHONY: all demo test test-heavy test-fast lint venv tools crd bench bench-quick clean controlplane constraints e2e image
 
 # Installs resolve against constraints.txt (the whole resolution, pinned): a fresh pip install otherwise walked back
 # through dozens of botocore releases before it settled. `make constraints` refreshes it after pyproject.toml changes.
@@ -79,6 +79,11 @@ crd: $(STAMP)
 # tests/e2e_real whole (make test runs a part of it): on $$KUBECONFIG's cluster, else on its own test cluster.
 e2e: $(STAMP) tools controlplane
 	PATH="$(CURDIR)/.tools/bin:$$PATH" FLYWHEEL_E2E_ALL=1 $(PY) -m pytest -q -p no:xdist tests/e2e_real
+
+# The Dockerfile's image, as localhost/flywheel:latest (IMAGE=... names it; scripts/image/build.sh lists the
+# settings): podman's, from a Debian base made with debootstrap where no container registry answers.
+image:
+	bash scripts/image/build.sh
 
 bench: $(STAMP)
 	$(PY) -m bench
