@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from flywheel.crd import GROUP, VERSION
-from flywheel.labels import RESTART_ANNOTATION
+from flywheel.contracts.labels import RESTART_ANNOTATION
+from flywheel.spec.crd.generate import GROUP, VERSION
 
 Obj = dict[str, Any]
 NAMESPACES = ("default", "ml", "team-a", "team-b", "research")

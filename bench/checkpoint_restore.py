@@ -46,10 +46,10 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from bench.common import RESULTS, DataPosition, write_result
-from flywheel.spec import CheckpointSpec
-from flywheel.trainer.checkpoint import AppState, Checkpointer
-from flywheel.trainer.checkpoint_memory_root import SHM
-from flywheel.trainer.process_exit import exit_rank
+from flywheel.contracts.memory_root import SHM
+from flywheel.spec.job import CheckpointSpec
+from flywheel.trainer.checkpoint.manager import AppState, Checkpointer
+from flywheel.trainer.ft.process_exit import exit_rank
 
 GOAL = 0.2
 WORLD = 2

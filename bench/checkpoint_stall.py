@@ -32,9 +32,9 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from bench.common import RESULTS, DataPosition, write_result
-from flywheel.spec import CheckpointSpec
-from flywheel.trainer.checkpoint import AppState, Checkpointer
-from flywheel.trainer.checkpoint_memory_root import SHM
+from flywheel.contracts.memory_root import SHM
+from flywheel.spec.job import CheckpointSpec
+from flywheel.trainer.checkpoint.manager import AppState, Checkpointer
 
 GOAL_VS_SYNC = 0.05
 GOAL_VS_ASYNC = 0.5

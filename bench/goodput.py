@@ -3,7 +3,7 @@ fault schedule SIGKILLs a random rank every T seconds.
 
 - Ours: `flywheel run` (async checkpoints every 50 steps, the spec default; maxRestarts 100 so the budget never
   ends a run). Rank restarts are done by each worker's elastic agent (`flywheel launch`), ranks forked warm from
-  its zygote (flywheel/trainer/warm.py).
+  its zygote (flywheel/agent/warm.py).
 - `ours-memory`: the same with `checkpoint.memoryEverySteps: 10` (a staged copy every 10 steps in host memory and
   a peer's, issue 21): a restart replays at most 9 steps instead of up to 49. It runs
   beside `ours` at the first period, with its own fault-free reference; goal >= 0.96 at 1 kill / min.

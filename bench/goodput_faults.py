@@ -74,14 +74,14 @@ def _comm(pid: int) -> str:
 
 def _is_warm_client(pid: int) -> bool:
     try:
-        return b"flywheel.trainer.warm" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"flywheel.agent.warm" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
 
 def find_ranks(roots: list[int]) -> dict[int, int]:
     """{global rank: pid} of the live (not zombie, not stopped) rank processes below `roots`. A rank forked by a
-    warm-start zygote (flywheel/trainer/warm.py) is named `fw-rank-<RANK>`; its /proc environ is the zygote's, and
+    warm-start zygote (flywheel/agent/warm.py) is named `fw-rank-<RANK>`; its /proc environ is the zygote's, and
     the client the agent started for it is not the rank."""
     out: dict[int, int] = {}
     for root in roots:

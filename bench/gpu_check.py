@@ -200,7 +200,7 @@ def determinism(model_spec: dict[str, Any], steps: int = 2) -> dict[str, Any]:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from flywheel.trainer.build import build_model
+    from flywheel.trainer.models.registry import build_model
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)

@@ -48,7 +48,7 @@ import yaml
 from kubernetes import client, config
 
 from bench.common import RESULTS, run_session, write_result
-from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.spec.crd.generate import GROUP, PLURAL, VERSION
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = REPO / "examples" / "scripts" / "hang_probe.py"
@@ -103,9 +103,9 @@ def _probe_times(log: Path) -> tuple[float | None, float | None, float | None]:
 
 
 def _is_zygote(pid: int) -> bool:
-    """A worker's warm-start server (flywheel/trainer/warm.py): spawned, or forked from the agent and renamed."""
+    """A worker's warm-start server (flywheel/agent/warm.py): spawned, or forked from the agent and renamed."""
     try:
-        return (b"flywheel.trainer.warm\0serve" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return (b"flywheel.agent.warm\0serve" in Path(f"/proc/{pid}/cmdline").read_bytes()
                 or Path(f"/proc/{pid}/comm").read_text().strip() == "fw-zygote")
     except OSError:
         return False

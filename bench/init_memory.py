@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from bench.common import median, write_result
-from flywheel.trainer.process_exit import exit_rank
+from flywheel.trainer.ft.process_exit import exit_rank
 
 REPO = Path(__file__).resolve().parents[1]
 SLACK = 0.05  # over 1 / world: the largest tensor drawn in full, the baseline
@@ -46,10 +46,10 @@ def rank_main(preset: str, mode: str, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from flywheel.spec import ModelSpec, Parallelism, Training
-    from flywheel.trainer.build import build_model
-    from flywheel.trainer.materialize import META
-    from flywheel.trainer.parallelize import build_mesh, parallelize
+    from flywheel.spec.job import ModelSpec, Parallelism, Training
+    from flywheel.trainer.distributed.parallelize import build_mesh, parallelize
+    from flywheel.trainer.models.materialize import META
+    from flywheel.trainer.models.registry import build_model
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

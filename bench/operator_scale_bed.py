@@ -22,8 +22,8 @@ from typing import Any
 
 from kubernetes import client, config, watch
 
-from flywheel.crd import GROUP, PLURAL, VERSION
-from flywheel.labels import JOB_LABEL
+from flywheel.contracts.labels import JOB_LABEL
+from flywheel.spec.crd.generate import GROUP, PLURAL, VERSION
 from tests.cluster.audit import Attributes, Recorded, service_account
 from tests.cluster.pki import ADMIN_USER
 

@@ -26,8 +26,8 @@ from typing import Any
 import aiohttp
 import yaml
 
-from flywheel.crd import GROUP, PLURAL, VERSION
-from flywheel.labels import INDEX_LABEL, JOB_LABEL
+from flywheel.contracts.labels import INDEX_LABEL, JOB_LABEL
+from flywheel.spec.crd.generate import GROUP, PLURAL, VERSION
 
 RDZV_PORT = 29400
 

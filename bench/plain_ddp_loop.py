@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from flywheel.spec import parse_spec
-from flywheel.trainer.build import build_model
 from flywheel.trainer.data import SampleLoader, build_source
+from flywheel.trainer.ft.process_exit import exit_rank
+from flywheel.trainer.models.registry import build_model
 from flywheel.trainer.optim import build_optimizer, build_scheduler
-from flywheel.trainer.process_exit import exit_rank
 
 
 def main() -> None:

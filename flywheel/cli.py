@@ -62,7 +62,7 @@ def _serve_local_api(args: argparse.Namespace) -> Callable[[], None]:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from flywheel.trainer.launch import main as launch_main
+    from flywheel.agent.launch import main as launch_main
 
     return launch_main(args.command)
 
@@ -71,9 +71,9 @@ def _plan(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from flywheel.object_store import storage_problem
-    from flywheel.plan import Placement, describe_plan, plan_workers
     from flywheel.spec import SpecError, load_job
+    from flywheel.spec.storage import storage_problem
+    from flywheel.worker_plan import Placement, describe_plan, plan_workers
 
     console = Console(width=None if sys.stdout.isatty() else 160)  # tables stay readable when piped
     try:
@@ -123,8 +123,9 @@ def _plan_layout(spec: TrainingJobSpec, replicas: int, args: argparse.Namespace)
     """The planner's layouts for the job at this size (none for a user command: its script owns parallelism)."""
     import yaml
 
-    from flywheel.planner import device_table, plan_for_spec
-    from flywheel.spec_pod import planner_device
+    from flywheel.planner import device_table
+    from flywheel.spec.auto import plan_for_spec
+    from flywheel.spec.pod import planner_device
 
     if spec.command:
         return None
@@ -133,7 +134,7 @@ def _plan_layout(spec: TrainingJobSpec, replicas: int, args: argparse.Namespace)
         with open(args.devices) as f:
             overrides = yaml.safe_load(f)
     table = device_table(overrides, source=args.devices or "built-in")
-    device = args.device or planner_device(spec)  # default: the job's (its accelerator's device, else cpu)
+    device = args.device or planner_device(spec.pod_view())  # default: the job's (its accelerator's device, else cpu)
     if device not in table:
         raise ValueError(f"--device {device}: unknown; use one of {', '.join(table)} or add it with --devices")
     return plan_for_spec(spec, replicas * spec.procs_per_replica, table[device])
@@ -217,8 +218,8 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from flywheel.trainer.hf_config import HFConfigError
-    from flywheel.trainer.hf_export import ExportError, export_hf
+    from flywheel.layout.hf_config import HFConfigError
+    from flywheel.trainer.models.hf_export import ExportError, export_hf
 
     try:
         step_dir = export_hf(args.source, args.out)
@@ -230,8 +231,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _prepare_data(args: argparse.Namespace) -> int:
-    from flywheel.data_prep import PrepareError, prepare_data, progress_reporter
-    from flywheel.data_prep_tokenizer import TokenizerError
+    from flywheel.data.prepare import PrepareError, prepare_data, progress_reporter
+    from flywheel.data.tokenizers import TokenizerError
 
     update, close = progress_reporter("tokenizing")
     try:
@@ -248,9 +249,9 @@ def _prepare_data(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from flywheel.layout.hf_config import HFConfigError
     from flywheel.trainer.generate import GenerateOptions, generate_text
-    from flywheel.trainer.hf_config import HFConfigError
-    from flywheel.trainer.hf_export import ExportError
+    from flywheel.trainer.models.hf_export import ExportError
 
     options = GenerateOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               seed=args.seed)
@@ -286,13 +287,13 @@ def _add_data_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def _render(args: argparse.Namespace) -> int:
-    from flywheel import render
+    from flywheel.operator import render
 
     return render.run(args)
 
 
 def _crd(args: argparse.Namespace) -> int:
-    from flywheel import crd
+    from flywheel.spec.crd import generate as crd
 
     if args.stdout:
         sys.stdout.write(crd.render_crd())
@@ -316,7 +317,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flywheel", description="Elastic, fault-tolerant training.")
     parser.add_argument("--version", action="version", version=f"flywheel {__version__}")
     sub = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
+    _add_local_commands(sub)
+    _add_cluster_commands(sub)
+    _add_model_commands(sub)
+    _add_data_commands(sub)
+    crd = sub.add_parser("crd", help="write the TrainingJob CRD generated from the schema")
+    crd.add_argument("path", nargs="?", default="crds/trainingjobs.flywheel.dev.yaml")
+    crd.add_argument("--stdout", action="store_true", help="print instead of writing a file")
+    crd.set_defaults(func=_crd)
+    return parser
 
+
+def _add_local_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """run, launch and plan: a job on this machine, one worker's agent, and what a job would start."""
     run = sub.add_parser("run", help="run a TrainingJob on this machine")
     run.add_argument("job", help="TrainingJob YAML")
     run.add_argument("--out", help="output directory (default runs/<name>/)")
@@ -350,7 +363,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--top", type=int, default=8, help="layouts to show (default 8)")
     plan.set_defaults(func=_plan)
 
-    from flywheel.render import add_arguments as add_render_arguments  # argparse only; imports nothing heavy
+
+def _add_cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """render, operator, api and status: the cluster side."""
+    from flywheel.operator.render import add_arguments as add_render_arguments  # argparse only; imports nothing heavy
 
     render = sub.add_parser("render", help="print the Service and worker Pods the operator would create for a job")
     add_render_arguments(render)
@@ -386,20 +402,14 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--token-file", help="a file holding the bearer token")
     status.set_defaults(func=_status)
 
+
+def _add_model_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     export = sub.add_parser("export", help="write a checkpoint as a Hugging Face model directory")
     export.add_argument("source", metavar="RUN_OR_CHECKPOINT",
                         help="a run directory (runs/<name>), a checkpoint directory or one step-NNNNNNNN folder")
     export.add_argument("--format", choices=("hf",), default="hf", help="hf: config.json + safetensors (default)")
     export.add_argument("--out", required=True, help="the directory to write")
     export.set_defaults(func=_export)
-
-    _add_data_commands(sub)
-
-    crd = sub.add_parser("crd", help="write the TrainingJob CRD generated from the schema")
-    crd.add_argument("path", nargs="?", default="crds/trainingjobs.flywheel.dev.yaml")
-    crd.add_argument("--stdout", action="store_true", help="print instead of writing a file")
-    crd.set_defaults(func=_crd)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,10 +27,10 @@ import threading
 import time
 from collections.abc import Mapping
 
+from flywheel.agent import first_step
 from flywheel.eventlog import EventName
-from flywheel.trainer import first_step
+from flywheel.trainer.metrics import TrainerMetrics
 from flywheel.trainer.progress_publisher import progress_events
-from flywheel.trainer.trainer_metrics import TrainerMetrics
 
 log = logging.getLogger(__name__)
 

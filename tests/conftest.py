@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from flywheel.trainer import watchdog
+from flywheel.trainer.ft import watchdog
 
 
 @pytest.fixture(autouse=True)

@@ -11,8 +11,9 @@ from pydantic import BaseModel
 from pydantic.alias_generators import to_snake
 
 from flywheel.operator.manifests import OperatorSettings
-from flywheel.render import DEFAULT_ETCD, render_objects
-from flywheel.spec import Accelerator, parse_job
+from flywheel.operator.render import DEFAULT_ETCD, render_objects
+from flywheel.spec import parse_job
+from flywheel.spec.job import Accelerator
 
 
 def merged(base: Any, patch: Any) -> Any:

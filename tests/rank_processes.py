@@ -34,6 +34,6 @@ def trainer_ranks(agent_pid: int) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if comm.startswith("fw-rank-") or (b"flywheel.trainer" in cmdline and b"flywheel.trainer.warm" not in cmdline):
+        if comm.startswith("fw-rank-") or (b"flywheel.trainer" in cmdline and b"flywheel.agent.warm" not in cmdline):
             ranks.append(pid)
     return ranks

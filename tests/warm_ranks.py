@@ -1,5 +1,5 @@
 """Rank processes of the tests' own rank programs (`python -m tests.parallel.layout_worker` and the like), forked by
-one pre-imported interpreter per program and test process: flywheel's zygote (flywheel/trainer/warm.py), as the
+one pre-imported interpreter per program and test process: flywheel's zygote (flywheel/agent/warm.py), as the
 agent uses it. A cold start imports torch again, ~2 s of CPU per rank, and the parallel-layout tests start ~80."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import IO
 
-from flywheel.trainer import warm
+from flywheel.agent import warm
 
 REPO = Path(__file__).resolve().parents[1]
 _zygotes: dict[tuple[str, ...], dict[str, str]] = {}

@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from flywheel.spec import parse_spec
 from flywheel.trainer.data import SampleLoader, build_source
-from flywheel.trainer.model import GPT
+from flywheel.trainer.models.gpt.model import GPT
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 
 KEEP = 3

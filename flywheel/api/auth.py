@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from flywheel.crd import GROUP, PLURAL
+from flywheel.spec.crd.generate import GROUP, PLURAL
 
 VIEWERS_GROUP = "flywheel:viewers"
 READ_VERBS = frozenset({"get", "list", "watch"})

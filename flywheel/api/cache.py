@@ -14,8 +14,8 @@ import threading
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, Protocol
 
-from flywheel.crd import GROUP, PLURAL, VERSION
-from flywheel.labels import JOB_LABEL
+from flywheel.contracts.labels import JOB_LABEL
+from flywheel.spec.crd.generate import GROUP, PLURAL, VERSION
 
 Obj = dict[str, Any]
 Key = tuple[str, str]

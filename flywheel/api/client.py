@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from flywheel.api.server import DEFAULT_PORT
-from flywheel.timefmt import parse_rfc3339
+from flywheel.contracts.timefmt import parse_rfc3339
 
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 

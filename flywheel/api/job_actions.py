@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from flywheel.crd import GROUP, PLURAL, VERSION
-from flywheel.labels import RESTART_ANNOTATION
-from flywheel.timefmt import rfc3339
+from flywheel.contracts.labels import RESTART_ANNOTATION
+from flywheel.contracts.timefmt import rfc3339
+from flywheel.spec.crd.generate import GROUP, PLURAL, VERSION
 
 if TYPE_CHECKING:  # the client is the `cluster` extra: loaded only when a cluster server starts
     from flywheel.kube.client import Kube, KubeApiError

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.api.views import CHECKPOINT_REASON
+from flywheel.contracts.labels import INDEX_LABEL, JOB_LABEL
+from flywheel.contracts.timefmt import rfc3339
 from flywheel.eventlog import EventTail, FailureEntry, RunFold
-from flywheel.labels import INDEX_LABEL, JOB_LABEL
 from flywheel.policy import reasons as R
 from flywheel.spec import TrainingJob
-from flywheel.timefmt import rfc3339
 
 Obj = dict[str, Any]
 _FAILURE_KIND = {"kill": "Killed", "hang": R.RESTART_HUNG, "collective-timeout": "CollectiveTimeout",

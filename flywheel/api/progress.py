@@ -21,9 +21,9 @@ from flywheel.etcd.progress import ProgressRecord
 from flywheel.etcd.progress_watch import ProgressWatch, watch_progress
 from flywheel.etcd.session import EtcdSession
 from flywheel.monitor.etcd_progress import GoodputSeed, ProgressLedger
-from flywheel.plan import run_id
 from flywheel.spec import SpecError, parse_job
-from flywheel.spec_status import TrainingJobStatus
+from flywheel.spec.status import TrainingJobStatus
+from flywheel.worker_plan import run_id
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]

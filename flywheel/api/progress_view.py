@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from flywheel.contracts.timefmt import rfc3339
 from flywheel.etcd.progress import ProgressRecord
 from flywheel.monitor.etcd_progress import GoodputSeed, ProgressLedger
-from flywheel.spec_status import CheckpointStatus, GoodputStatus, Phase, TrainingJobStatus
-from flywheel.timefmt import rfc3339
+from flywheel.spec.status import CheckpointStatus, GoodputStatus, Phase, TrainingJobStatus
 
 FINISHED = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from flywheel.spec_status import CheckpointStatus, Condition, GoodputStatus, ReplicaStatus
+from flywheel.spec.status import CheckpointStatus, Condition, GoodputStatus, ReplicaStatus
 
 Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
 

@@ -20,11 +20,11 @@ from flywheel.api.schemas import (
     TimelineEntry,
     Worker,
 )
+from flywheel.contracts.labels import GENERATION_LABEL, INDEX_LABEL, RESTART_ANNOTATION, ROLE_LABEL, ROLE_SPARE
+from flywheel.contracts.timefmt import parse_rfc3339, rfc3339
 from flywheel.kube.pod_state import container_outcome
-from flywheel.labels import GENERATION_LABEL, INDEX_LABEL, RESTART_ANNOTATION, ROLE_LABEL, ROLE_SPARE
 from flywheel.policy import reasons as R
-from flywheel.spec_status import CheckpointStatus, TrainingJobStatus
-from flywheel.timefmt import parse_rfc3339, rfc3339
+from flywheel.spec.status import CheckpointStatus, TrainingJobStatus
 
 Obj = dict[str, Any]
 # Checkpoint events: one per checkpoint on local runs; on a cluster the operator's, at most one per job every 30 s

@@ -16,7 +16,7 @@ from typing import Any
 
 VERSION = 1
 # What the trainer does besides stepping (`phase`; "" while it trains steps). The operator's hang checks follow
-# its own watchdog (trainer/watchdog.py): an evaluation batch is progress; the final blocking save pauses the step
+# its own watchdog (trainer/ft/watchdog.py): an evaluation batch is progress; the final blocking save pauses the step
 # check, for at most `final_save_allowance`.
 PHASE_EVALUATING = "evaluating"
 PHASE_SAVING = "saving"
@@ -49,7 +49,7 @@ class ProgressRecord:
     checkpoint: CheckpointRecord | None = None  # the last checkpoint committed (or restored) in this attempt
     productive_seconds: float = 0.0  # the sum of this attempt's step times
     done: bool = False  # training finished (the final checkpoint is committed)
-    # Why this attempt's process exited non-zero (trainer/termination_log.py), set just before it exits; "" while
+    # Why this attempt's process exited non-zero (contracts/termination_log.py), set just before it exits; "" while
     # it runs. Written only when set ("exitReason"), so a reader without the field reads the record as before.
     exit_reason: str = ""
     eval_step: int = 0  # the step of this process's latest evaluation (0: none); written only when set

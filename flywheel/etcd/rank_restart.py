@@ -3,9 +3,9 @@
 A hang while every worker's agent is alive is answered without recreating a pod (policy/failure_decision.py): the
 operator relabels the pods to the new worker generation G, then PUTs `/flywheel/restart/<run_id>/ranks` =
 {"generation": G, "reason": "..."} (`put_request`; no lease). Each agent follows that key (`RankRestartFollower`,
-started by the etcd-v3 rendezvous handler before it registers its liveness key, trainer/rendezvous/handler.py): a
+started by the etcd-v3 rendezvous handler before it registers its liveness key, agent/rendezvous/handler.py): a
 request for a generation newer than the last one it served makes it SIGKILL its ranks and start them again, in a
-new rendezvous round of the same agents (trainer/launch.py).
+new rendezvous round of the same agents (agent/launch.py).
 
 What the key holds when an agent starts is taken as served: a request left from an older generation (before its pod
 was recreated) never restarts a new agent's ranks, and the operator asks only agents whose liveness keys it saw,

@@ -1,4 +1,4 @@
-"""Drain ahead in etcd (issue 21): the operator's checkpoint request and each rank's answer.
+"""Drain ahead in etcd: the operator's checkpoint request and each rank's answer.
 
 Before moving a worker off a draining node the operator PUTs `/flywheel/requests/<run_id>/checkpoint` =
 {"id", "reason", "moving"} (no lease: a rank restarted in place still finds it; `moving`: the replica indices of the
@@ -11,7 +11,7 @@ up. A rank that already answered a request id never acts on it again. The run's 
 deletes whatever is left.
 
 An agent whose replica the open request moves and whose ranks answered it never joins a new rendezvous round
-(`held_for_move`, trainer/drain_hold.py): its pod is about to be deleted, and a round with it would train steps
+(`held_for_move`, agent/drain_hold.py): its pod is about to be deleted, and a round with it would train steps
 that the move throws away.
 
 Torch-free, like liveness.py.

@@ -1,4 +1,4 @@
-"""Warm spares in etcd (issue 21): a waiting spare's liveness key, the operator's view of them, and the promotion.
+"""Warm spares in etcd: a waiting spare's liveness key, the operator's view of them, and the promotion.
 
 A spare's agent holds `/flywheel/spares/<run_id>/<spare_id>` under its own short-TTL lease while it waits, with
 {"spare", "host", "pid", "since", "ready": true}: the operator's `watch_spares` knows from it which spares are up
@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flywheel.spare_promotion import Promotion, PromotionError, decode_promotion, encode_promotion
+from flywheel.contracts.spare_promotion import Promotion, PromotionError, decode_promotion, encode_promotion
 
 from . import keys
 from .liveness import DEFAULT_WORKER_TTL

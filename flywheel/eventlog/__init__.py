@@ -2,6 +2,7 @@
 (`writer`), the one tailer that survives truncation and partial lines (`tail`) and the one fold to a run summary
 (`fold`). Torch-free and free of the operator, the API and the local runner, which all read it."""
 
+from flywheel.contracts.text import one_line
 from flywheel.eventlog.fold import STEPS_NOT_REPORTED, FailureEntry, Incident, RunFold, fold
 from flywheel.eventlog.records import (
     Checkpoint,
@@ -17,7 +18,6 @@ from flywheel.eventlog.records import (
     Restore,
     Start,
     Step,
-    one_line,
     parse_record,
 )
 from flywheel.eventlog.tail import EventTail, read_records

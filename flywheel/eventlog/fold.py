@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from flywheel import exitcodes
+from flywheel.contracts import exitcodes
 from flywheel.eventlog.records import (
     RANK_FAILURES,
     Checkpoint,

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from flywheel import exitcodes
+from flywheel.contracts import exitcodes
+from flywheel.contracts.text import one_line
 
 
 class EventName(StrEnum):
@@ -202,11 +203,6 @@ def _float(raw: Mapping[str, Any], key: str) -> float | None:
 def _int(raw: Mapping[str, Any], key: str) -> int | None:
     value = raw.get(key)
     return None if value is None else int(value)
-
-
-def one_line(text: object, limit: int = 500) -> str:
-    """An exception or error as one line: what a table cell or a condition message can hold."""
-    return " ".join(str(text).split())[:limit]
 
 
 def _failure(name: EventName, t: float, raw: Mapping[str, Any]) -> Failure:

@@ -16,8 +16,8 @@ from urllib.parse import urlencode
 import aiohttp
 from kubernetes_asyncio.client import ApiClient, Configuration
 
+from flywheel.contracts.timefmt import rfc3339
 from flywheel.kube.auth import Connection, Credentials, CredentialsError, KubeConfigError, load_credentials
-from flywheel.timefmt import rfc3339
 
 __all__ = ["Connection", "Credentials", "CredentialsError", "Kube", "KubeApiError", "KubeConfigError",
            "load_credentials"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from flywheel.pod_template import WORKER_CONTAINER
-from flywheel.timefmt import parse_rfc3339
+from flywheel.contracts.timefmt import parse_rfc3339
+from flywheel.spec.pod_template import WORKER_CONTAINER
 
 
 class ContainerOutcome(NamedTuple):

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from flywheel.trainer.fault_injection import RANK_KINDS as RANK_FAULT_KINDS
-from flywheel.trainer.fault_injection import parse_fault_flag
+from flywheel.contracts.faults import RANK_KINDS as RANK_FAULT_KINDS
+from flywheel.contracts.faults import parse_fault_flag
 
 WORKER_FAULT_KINDS = ("lose-worker",)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
-from flywheel import object_store
+from flywheel.agent.rendezvous.expiry import expire_local_agent
 from flywheel.local.fault_flags import (
     FaultFlagError,
     LoseWorker,
@@ -31,9 +31,10 @@ from flywheel.local.report import print_summary, write_report
 from flywheel.local.run_lock import DirectoryInUse, run_lock
 from flywheel.local.run_record import RunRecord
 from flywheel.local.supervisor import Outcome, Supervisor
-from flywheel.plan import Placement, faults_env, plan_workers
-from flywheel.spec import SpecError, TrainingJob, check_local_paths, load_job
-from flywheel.trainer.rendezvous_expiry import expire_local_agent
+from flywheel.spec import SpecError, TrainingJob, load_job
+from flywheel.spec import storage as object_store
+from flywheel.spec.parse import check_local_paths
+from flywheel.worker_plan import Placement, faults_env, plan_workers
 
 EXIT_SUCCEEDED, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_INTERRUPTED = 0, 1, 2, 130
 _EXIT = {Outcome.SUCCEEDED: EXIT_SUCCEEDED, Outcome.FAILED: EXIT_FAILED, Outcome.INTERRUPTED: EXIT_INTERRUPTED}

@@ -1,11 +1,11 @@
-"""`flywheel run --spares N`: warm spare workers beside the job's workers (issue 21).
+"""`flywheel run --spares N`: warm spare workers beside the job's workers.
 
 A spare is started like a worker (the same `flywheel launch` command and env) but with FLYWHEEL_SPARE=1, no replica
 index, a name `spare-<n>` (n counts up, never reused) and a promotion file under <out>/spares/; its output goes to
 <out>/logs/spare-<n>.log. Its agent imports the trainer in its warm zygote, marks itself ready and waits
-(trainer/spare_wait.py). When the supervisor replaces a lost worker it promotes the oldest ready spare instead of
+(agent/spare_wait.py). When the supervisor replaces a lost worker it promotes the oldest ready spare instead of
 starting a cold process: it writes the promotion file with the replica index and the env that differs for that
-replica (flywheel/spare_promotion.py), the spare becomes that worker, and a new spare is started behind it.
+replica (flywheel/contracts/spare_promotion.py), the spare becomes that worker, and a new spare is started behind it.
 
 Spares are never workers for the job's outcome: one that dies is replaced (with a notice), and all are stopped with
 the job.
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from flywheel.contracts.replica import REPLICA_INDEX_ENV, SPARE_ENV, SPARE_ID_ENV, SPARE_PROMOTION_FILE_ENV
+from flywheel.contracts.spare_promotion import is_ready, write_promotion
 from flywheel.local import procs
-from flywheel.replica import REPLICA_INDEX_ENV, SPARE_ENV, SPARE_ID_ENV, SPARE_PROMOTION_FILE_ENV
-from flywheel.spare_promotion import is_ready, write_promotion
 
 STOP_GRACE_S = 5.0  # a waiting spare exits at once on SIGTERM; one still importing dies of it
 MAX_DEAD_SPARES_PER_SLOT = 3  # spares that keep dying are not restarted forever: the job goes on without them

@@ -19,20 +19,19 @@ from typing import IO, assert_never
 
 from rich.markup import escape
 
-from flywheel import exitcodes
+from flywheel.contracts import exitcodes, termination_log
+from flywheel.contracts.memory_root import forget, worker_memory_root
 from flywheel.eventlog import EventLog, EventName
 from flywheel.local import procs
 from flywheel.local.fault_flags import LoseWorker, RankFault, next_due
 from flywheel.local.progress_bar import ProgressView
 from flywheel.local.run_record import EventTail, RunRecord
 from flywheel.local.spare_pool import SparePool
-from flywheel.plan import WorkerPlan
 from flywheel.policy import Action, Recovery, RestartBudget, classify_exit, decide_restart, recovery
 from flywheel.policy.finish import finished_message, lingering_stop_at
 from flywheel.policy.startup_failure import StartupFailures, after_failure, group_before_first_step
 from flywheel.spec import TrainingJobSpec
-from flywheel.trainer import termination_log
-from flywheel.trainer.checkpoint_memory_root import forget, worker_memory_root
+from flywheel.worker_plan import WorkerPlan
 
 POLL_INTERVAL_S = 0.2
 SHUTDOWN_GRACE_S = 30.0  # Ctrl-C/failure: SIGTERM, then SIGKILL after this (agents give ranks 20 s)
@@ -107,7 +106,7 @@ class Supervisor:
 
     def _forget_in_rendezvous(self, w: WorkerProcess) -> None:
         """A worker's agent died: its heartbeat is expired now, so the survivors' next round and its replacement
-        do not wait the ~6 s torch takes to notice (trainer/rendezvous_expiry.py)."""
+        do not wait the ~6 s torch takes to notice (agent/rendezvous/expiry.py)."""
         if self.expire_agent is None:
             return
         try:

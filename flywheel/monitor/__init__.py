@@ -1,4 +1,4 @@
-"""The health monitor: Prometheus queries and the loop that feeds `policy.health` and hands decisions over."""
+"""The health monitor: Prometheus queries and the loop that feeds `policy.health_checks` and hands decisions over."""
 
 from flywheel.monitor.executor_api import HealthActions, JobInventory
 from flywheel.monitor.findings import FindingsInbox

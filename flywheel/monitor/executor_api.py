@@ -24,8 +24,8 @@ class JobInventory(Protocol):
 
 class HealthActions(Protocol):
     async def mark_hung(self, finding: HangFinding) -> None:
-        """Request stack dumps (the trainer's dump pipe, see trainer/collective_env.py), then report the hang to the
-        job's reconcile pass, which restarts it by policy. Called once per hang episode."""
+        """Request stack dumps (the trainer's dump pipe, see trainer/distributed/collective_env.py), then report the
+        hang to the job's reconcile pass, which restarts it by policy. Called once per hang episode."""
         ...
 
     async def cordon_node(self, node: str, fault: NodeFault) -> None:

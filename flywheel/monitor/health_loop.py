@@ -1,6 +1,6 @@
-"""The health loop: every `interval`, query Prometheus, let `policy.health.evaluate` decide, hand the decisions to
-the executor. It never raises out of `run`: a failed query is logged and metered and its check skipped; a failed
-action is logged and metered too.
+"""The health loop: every `interval`, query Prometheus, let `policy.health_checks.evaluate` decide, hand the
+decisions to the executor. It never raises out of `run`: a failed query is logged and metered and its check
+skipped; a failed action is logged and metered too.
 
 The operator runs it as a background task:
 
@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from flywheel.labels import XID_HANDLED_ANNOTATION
+from flywheel.contracts.labels import XID_HANDLED_ANNOTATION
 from flywheel.monitor import queries
 from flywheel.monitor.executor_api import HealthActions, JobInventory, XidMemory
 from flywheel.monitor.operator_metrics import OperatorMetrics

@@ -58,7 +58,10 @@ class OperatorMetrics:
                                    "Productive training time over wall time since the job started.", JOB_LABELS,
                                    registry=r)
 
-        # Health monitor.
+        self._declare_monitor(r)
+
+    def _declare_monitor(self, r: CollectorRegistry) -> None:
+        """The health monitor's own metrics."""
         self.monitor_evaluations_total = Counter("flywheel_monitor_evaluations_total",
                                                  "Health evaluations run (including ones with failed queries).",
                                                  registry=r)

@@ -16,16 +16,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.contracts.labels import CHECKPOINT_LOCATION_ANNOTATION
 from flywheel.kube.client import Kube
-from flywheel.labels import CHECKPOINT_LOCATION_ANNOTATION
 from flywheel.operator import manifests as m
 from flywheel.operator.drain import NodeEntry
 from flywheel.operator.drain import node_entry as drain_node_entry
 from flywheel.policy.checkpoint_sharing import checkpoint_location
 from flywheel.policy.observed import DirUser
-from flywheel.spec_sections import CheckpointSpec
-from flywheel.spec_status import Phase
+from flywheel.spec.crd.generate import GROUP, PLURAL, VERSION
+from flywheel.spec.sections import CheckpointSpec
+from flywheel.spec.status import Phase
 
 Obj = dict[str, Any]
 LOST = "lost"  # a key of the nodes index: the names of the nodes that are not Ready

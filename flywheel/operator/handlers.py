@@ -9,37 +9,27 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
-from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.contracts.labels import CHECKPOINT_LOCATION_ANNOTATION, FINALIZER
 from flywheel.etcd.liveness import delete_run
 from flywheel.kube.client import LIST_PAGE, KubeConfigError, load_credentials
-from flywheel.labels import CHECKPOINT_LOCATION_ANNOTATION, FINALIZER
-from flywheel.monitor import FindingsInbox, MonitorSettings
+from flywheel.monitor import FindingsInbox
 from flywheel.monitor.operator_metrics import OperatorMetrics
 from flywheel.operator import caches, watch_relist
 from flywheel.operator import manifests as m
 from flywheel.operator.api_slots import OperatorKube
+from flywheel.operator.config import OperatorConfig, collect_cycles
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.health_executor import BackgroundMonitor
-from flywheel.operator.main import collect_cycles
 from flywheel.operator.shared_etcd import SharedEtcd
 from flywheel.spec import SpecError, parse_job
-from flywheel.spec_status import Phase
+from flywheel.spec.crd.generate import GROUP, PLURAL, VERSION
+from flywheel.spec.status import Phase
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]  # what kopf passes its handlers
-
-
-@dataclass(frozen=True)
-class OperatorConfig:
-    kubeconfig: str | None
-    settings: m.OperatorSettings
-    metrics_port: int = 0  # the operator's own /metrics; 0 = not served
-    monitor: MonitorSettings | None = None  # the health monitor (Prometheus); None = off
-    namespaces: tuple[str, ...] = ()  # watched namespaces; () = all
 
 
 # -- the watch-fed caches (caches.py): kopf fills them from its watches before any daemon starts --------------------
@@ -153,17 +143,6 @@ def ranks_restarted(memo: kopf.Memo, namespace: str, name: str) -> dict[str, flo
     """When each pod's agent last restarted its ranks in place, as the job's runner last saw it (etcd liveness)."""
     runner: JobRunner | None = memo.runners.get((namespace, name))
     return {p.name: p.rank_restart_at for p in runner.seen_pods if p.rank_restart_at} if runner is not None else {}
-
-
-class QuietWakeups(logging.Filter):
-    """Drops kopf's "Handler 'pod_deleted' succeeded." line, one per deleted pod of every job: the event handlers
-    below only wake a runner, and their lines were ~5% of the operator's CPU in a burst of jobs."""
-
-    NAMES = ("pod_deleted", "service_changed")
-    LINES = frozenset(f"Handler {name!r} succeeded." for name in NAMES)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno == logging.INFO and record.msg in self.LINES)
 
 
 @kopf.on.cleanup()

@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.contracts.labels import DELETED_FOR_ANNOTATION, RESTART_ANNOTATION
+from flywheel.contracts.timefmt import parse_rfc3339
 from flywheel.kube.client import Kube, KubeApiError
-from flywheel.labels import DELETED_FOR_ANNOTATION, RESTART_ANNOTATION
 from flywheel.monitor import FindingsInbox, HealthMonitor, MonitorSettings, OperatorMetrics
 from flywheel.operator import manifests as m
 from flywheel.operator.caches import ApiReads, ClusterReads
@@ -30,7 +30,7 @@ from flywheel.policy.conditions import iso
 from flywheel.policy.health_checks import Degradation, HangFinding, WatchedJob
 from flywheel.policy.xid import NodeFault, RankRestart, WatchedPod
 from flywheel.spec import SpecError, parse_cluster_job
-from flywheel.timefmt import parse_rfc3339
+from flywheel.spec.crd.generate import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,10 @@ RanksRestartedOf = Callable[[str, str], Mapping[str, float]]
 # Where the trainer listens for dump requests, under <checkpointDir> (named here, not imported: the operator stays
 # torch-free; tests/trainer/test_stackdump.py checks that the names agree):
 DEBUG_SUBDIR = ".debug"
-# trainer/collective_env.py: writing to nccl_pipe_rank_<rank>.pipe makes that rank dump its NCCL flight recorder.
+# trainer/distributed/collective_env.py: writing to nccl_pipe_rank_<rank>.pipe makes that rank dump its NCCL flight
+# recorder.
 NCCL_PIPES = "nccl_pipe_rank_*.pipe"
-# trainer/stackdump.py: a new token in this file makes every rank dump all its threads' stacks (gloo too) into its
+# trainer/ft/stackdump.py: a new token in this file makes every rank dump all its threads' stacks (gloo too) into its
 # log and .debug/stacks_rank_<rank>.txt.
 STACK_REQUEST = "dump-request"
 

@@ -1,7 +1,7 @@
-"""What a JobRunner does with a pass's decisions (executor.py): each JobAction carried out against the Kubernetes API
-or etcd, and the side effects around them (the headless Service and PodGroup, events, the rendezvous reset and the
-lost agents' expiry). A base class of JobRunner, which owns the state declared here: kept apart so that the runner's
-module holds the pass loop and this one the action table, which the type checker keeps exhaustive."""
+"""The acting half of a job's pass (executor.py): the `Actuator` carries out each JobAction against the Kubernetes
+API or etcd, with the side effects around them (the headless Service, PodGroup and PodDisruptionBudget, events, the
+rendezvous reset and the lost agents' expiry), and owns what they need remembered. Its action table is exhaustive:
+the type checker fails a new kind of action without its branch."""
 
 from __future__ import annotations
 
@@ -20,13 +20,8 @@ from flywheel.etcd.liveness import reset_rendezvous
 from flywheel.kube.client import Kube, KubeApiError
 from flywheel.operator import manifests as m
 from flywheel.operator import spare_pods
-from flywheel.operator.caches import ClusterReads
-from flywheel.operator.create_failures import CreateFailures
-from flywheel.operator.drain import DrainFollower
-from flywheel.operator.own_writes import OwnWrites
+from flywheel.operator.observe import Observer
 from flywheel.operator.rendezvous_expiry import expire_pods
-from flywheel.operator.shared_etcd import SharedEtcd
-from flywheel.plan import WorkerPlan
 from flywheel.policy import reasons as R
 from flywheel.policy.decisions import (
     ClearCheckpointRequest,
@@ -44,6 +39,8 @@ from flywheel.policy.decisions import (
 )
 from flywheel.policy.lost_agents import AgentId
 from flywheel.spec import TrainingJob
+from flywheel.spec.crd.generate import GROUP, PLURAL, VERSION
+from flywheel.worker_plan import WorkerPlan
 
 SERVICE_RECHECK_SECONDS = 10.0  # how soon a deleted headless Service is created again
 # What an API call can fail with besides a refusal: the connection, a timeout.
@@ -52,30 +49,37 @@ CREATE_RETRY_SECONDS = 2.0  # how soon a pod whose create failed is tried again 
 CREATES_IN_FLIGHT = 16  # pod creates at once, after the slow start (the API server's default limit is 400)
 
 
-class JobActions:
-    kube: Kube
-    settings: m.OperatorSettings
-    logger: logging.Logger | logging.LoggerAdapter[Any]
-    reads: ClusterReads
-    own: OwnWrites
-    etcd: SharedEtcd | None
-    namespace: str
-    name: str
-    uid: str
-    path: str
-    events_path: str | None
-    service_checked_at: float | None
-    service_failure: str  # the Service create's last failure, reported once ("" when none)
-    create_failures: CreateFailures  # every refused create, until it goes through (the ReplicaFailure condition)
-    pod_group_tried: bool
-    budget_min: int | None  # the minAvailable of the job's PodDisruptionBudget as last written (None: not yet)
-    budget_failure: str  # its write's last failure, reported once ("" when none)
-    deleted_pods: set[str]
-    promoted_at: dict[str, float]
-    drain: DrainFollower
-    create_retry_due: float | None
+class Actuator:
+    def __init__(self, kube: Kube, settings: m.OperatorSettings, logger: logging.Logger | logging.LoggerAdapter[Any],
+                 job: tuple[str, str, str], observer: Observer) -> None:
+        """`job`: (namespace, name, uid); `observer`: its reads, own writes, etcd and the records of what was done
+        to pods (`Acted`), which the observer reads back."""
+        self.kube, self.settings, self.logger = kube, settings, logger
+        self.namespace, self.name, self.uid = job
+        self.path = Kube.custom(GROUP, VERSION, self.namespace, PLURAL, self.name)
+        self.reads, self.own, self.acted = observer.reads, observer.own, observer.acted
+        self.etcd, self.drain = observer.etcd.etcd, observer.etcd.drain
+        self.events_path = observer.events_path
+        self.create_failures = observer.create_failures  # every refused create, until it goes through
+        self.service_checked_at: float | None = None  # monotonic time the headless Service was last seen
+        self.service_failure = ""  # the Service create's last failure, reported once ("" when none)
+        self.pod_group_tried = False
+        self.budget_min: int | None = None  # the PodDisruptionBudget's minAvailable as last written (None: not yet)
+        self.budget_failure = ""  # its write's last failure, reported once ("" when none)
+        self.create_retry_due: float | None = None  # a failed create's retry (unix seconds); set again each pass
+        self.expiring: set[asyncio.Future[None]] = set()  # expiries of lost agents under way (background tasks)
 
-    async def _event(self, obj: dict[str, Any], etype: str, reason: str, message: str) -> None:
+    def service_gone(self) -> None:
+        """The headless Service was deleted: created again by the next pass."""
+        self.service_checked_at = None
+
+    def expire_in_background(self, job: TrainingJob | None, agents: list[AgentId]) -> None:
+        """Its first use imports torch (seconds), which must not hold up the pass."""
+        task = asyncio.ensure_future(self._expire_lost_agents(job, agents))
+        self.expiring.add(task)
+        task.add_done_callback(self.expiring.discard)
+
+    async def event(self, obj: dict[str, Any], etype: str, reason: str, message: str) -> None:
         try:
             await self.kube.post_event(obj, etype, reason, message)
         except API_ERRORS as err:
@@ -99,14 +103,14 @@ class JobActions:
             self.create_failures.failed(name, message, time.time())
             if cause != self.service_failure:
                 self.service_failure = cause
-                await self._event(obj, "Warning", R.CREATE_FAILED, message)
+                await self.event(obj, "Warning", R.CREATE_FAILED, message)
             self._retry_create_at(time.time() + CREATE_RETRY_SECONDS)
             return
         self.service_failure = ""
         self.create_failures.created(body["metadata"]["name"])
         self.service_checked_at = time.monotonic()
 
-    async def _ensure_service(self, obj: dict[str, Any], job: TrainingJob) -> None:
+    async def ensure_service(self, obj: dict[str, Any], job: TrainingJob) -> None:
         """The headless Service (created again when someone deleted it: looked at every SERVICE_RECHECK_SECONDS),
         and the PodGroup once (a failure to create it is reported, and the job runs without a gang)."""
         now = time.monotonic()
@@ -121,7 +125,7 @@ class JobActions:
             try:
                 await self.kube.create(f"/apis/{group['apiVersion']}/namespaces/{self.namespace}/podgroups", group)
             except KubeApiError as err:  # e.g. the scheduler's CRDs are not installed: run without a gang
-                await self._event(obj, "Warning", R.CREATE_FAILED,
+                await self.event(obj, "Warning", R.CREATE_FAILED,
                                   R.MSG_CREATE_FAILED.format(kind="PodGroup", name=job.name, error=err))
         self.pod_group_tried = True
 
@@ -142,7 +146,7 @@ class JobActions:
             self.logger.warning(f"could not write PodDisruptionBudget {job.name}: {cause}")
             if cause != self.budget_failure:
                 self.budget_failure = cause
-                await self._event(obj, "Warning", R.CREATE_FAILED, R.MSG_CREATE_FAILED.format(
+                await self.event(obj, "Warning", R.CREATE_FAILED, R.MSG_CREATE_FAILED.format(
                     kind="PodDisruptionBudget", name=job.name, error=cause))
             return
         self.budget_min, self.budget_failure = wanted, ""
@@ -198,7 +202,7 @@ class JobActions:
         except Exception as err:  # noqa: BLE001 (etcd down: as above)
             self.logger.warning(f"could not ask the agents to restart their ranks in place: {err}")
 
-    async def _act(self, obj: dict[str, Any], job: TrainingJob | None, result: Pass) -> None:
+    async def act(self, obj: dict[str, Any], job: TrainingJob | None, result: Pass) -> None:
         creates = job is not None and any(isinstance(a, CreatePod | CreateSpare | PromoteSpare)
                                           for a in result.actions)
         # Planned only when a pod is to be created: the plan serializes the spec for every worker's env.
@@ -262,7 +266,7 @@ class JobActions:
         """Carry out one action; every kind of action has its branch (a new one fails the type check here)."""
         match action:
             case DeletePod(name=name, uid=uid, force=force, grace_seconds=grace):
-                self.deleted_pods.add(uid)
+                self.acted.deleted.add(uid)
                 await self.kube.delete(Kube.core(self.namespace, "pods", name), uid, 0 if force else grace)
                 self.own.deleted_pod(uid, time.time())
             case Relabel(name=name, generation=generation):
@@ -312,7 +316,7 @@ class JobActions:
                                              {"metadata": {"labels": labels}})
         uid = str(answer["metadata"]["uid"])
         self.own.relabelled_pod(uid, labels, time.time())
-        self.promoted_at.setdefault(uid, time.time())
+        self.acted.promoted_at.setdefault(uid, time.time())
         if self.etcd is None:
             raise RuntimeError(f"cannot promote {action.name}: the operator has no etcd spare support")
         session, run_id = await self.etcd.session(), m.run_id(job, self.uid)
@@ -331,7 +335,7 @@ class JobActions:
         except KubeApiError as err:
             message = R.MSG_CREATE_FAILED.format(kind="pod", name=name, error=err)
             self.create_failures.failed(name, message, time.time())
-            await self._event(obj, "Warning", R.CREATE_FAILED, message)
+            await self.event(obj, "Warning", R.CREATE_FAILED, message)
             # Its pass counted it in status.replicas.current: the next pass, soon, sees it missing and tries again.
             self._retry_create_at(time.time() + CREATE_RETRY_SECONDS)
 

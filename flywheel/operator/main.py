@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import gc
 import logging
 import os
-import time
 from collections.abc import Callable, Sequence
 
 from flywheel.monitor import MonitorSettings, add_monitor_arguments, settings_from_args
+from flywheel.operator.config import OperatorConfig, QuietWakeups, tune_gc
 from flywheel.operator.drain import DEFAULT_DRAIN_TAINT_KEYS
 from flywheel.operator.manifests import OperatorSettings
-from flywheel.pod_merge import SECURITY_PROFILES
+from flywheel.spec.pod_merge import SECURITY_PROFILES
 
 log = logging.getLogger(__name__)
 
@@ -81,44 +79,6 @@ def monitor_settings(args: argparse.Namespace) -> MonitorSettings | None:
     return settings_from_args(args)
 
 
-# The operator holds every job's body, pods and watches for its life: with the interpreter's default thresholds a
-# burst of jobs spent ~17% of the operator's CPU in the collector, mostly re-scanning those long-lived objects.
-GC_THRESHOLDS = (10_000, 10, 10)  # the defaults are (700, 10, 10)
-# With fewer collections, the reference cycles of finished work (asyncio tasks, kopf's per-event objects) wait
-# for the oldest generation's turn, which the interpreter takes once it has grown by a quarter: 200 jobs created and
-# deleted left ~12 MB until then. A full collection every 10 s bounded that, but scanned every live object (~0.2 s
-# with 500 jobs held: ~1 of the 7 ms of CPU per job in bench/operator_scale's burst) and lowered no RSS peak there
-# (188 MB either way: the freed memory is reused). Under churn it does bound the garbage, so it stays, once a
-# minute at most and at most GC_FULL_SHARE of the time.
-GC_FULL_SECONDS = 60.0
-GC_FULL_SHARE = 0.01
-
-
-def tune_gc() -> None:
-    """Leave the objects of start-up (modules, kopf's registry) out of every collection, and collect less often."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-
-
-def next_full_collection(every: float, took: float) -> float:
-    """Seconds until the next full collection, after one that took `took` seconds."""
-    return max(every, took / GC_FULL_SHARE)
-
-
-async def collect_cycles(every: float = GC_FULL_SECONDS) -> None:
-    """A full collection every `every` seconds or more (GC_FULL_SHARE), for the operator's life (started by the
-    startup handler)."""
-    wait = every
-    while True:
-        await asyncio.sleep(wait)
-        began = time.monotonic()
-        freed = gc.collect()
-        took = time.monotonic() - began
-        wait = next_full_collection(every, took)
-        log.debug("full collection: %.3f s, %d objects freed; the next in %.0f s", took, freed, wait)
-
-
 def run(argv: Sequence[str] | None = None, serve_api: Callable[[argparse.Namespace], None] | None = None) -> int:
     """`serve_api(args)` starts the REST API in this process when --api-port is set; the CLI passes it, since
     the operator does not import the API (they are siblings)."""
@@ -145,7 +105,7 @@ def run(argv: Sequence[str] | None = None, serve_api: Callable[[argparse.Namespa
     lazy_packages.install()  # kopf imports kubernetes_asyncio's models when it is installed: only those it uses
     import kopf
 
-    from flywheel.operator import handlers
+    from flywheel.operator import handlers  # noqa: F401  (registers the kopf handlers)
 
     env = tuple((key, value) for key, _, value in (item.partition("=") for item in args.worker_env if "=" in item))
     settings = OperatorSettings(etcd_endpoints=args.etcd_endpoints, events_dir=args.events_dir,
@@ -159,8 +119,8 @@ def run(argv: Sequence[str] | None = None, serve_api: Callable[[argparse.Namespa
     kopf.configure(verbose=args.verbose)
     if not args.verbose:  # httpx logs every Prometheus query of the health monitor at INFO
         logging.getLogger("httpx").setLevel(logging.WARNING)
-        logging.getLogger("kopf.objects").addFilter(handlers.QuietWakeups())
-    config = handlers.OperatorConfig(kubeconfig=args.kubeconfig, settings=settings,
+        logging.getLogger("kopf.objects").addFilter(QuietWakeups())
+    config = OperatorConfig(kubeconfig=args.kubeconfig, settings=settings,
                                      metrics_port=args.operator_metrics_port, monitor=monitor,
                                      namespaces=tuple(args.namespace))
     kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace,

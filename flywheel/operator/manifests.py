@@ -1,5 +1,5 @@
-"""Pure builders: a TrainingJob + operator settings -> the headless Service and the worker Pods (plain dicts), and
-the reverse: a worker Pod object -> the `PodView` the reconcile policy reads."""
+"""Pure builders: a TrainingJob + operator settings -> the headless Service and the worker Pods (plain dicts). The
+reverse, a worker Pod object -> the `PodView` the reconcile policy reads, is the observer's (observe.py)."""
 
 from __future__ import annotations
 
@@ -8,40 +8,37 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flywheel import object_store
-from flywheel.kube.pod_state import container_outcome
-from flywheel.labels import (
+from flywheel.contracts.labels import (
     CHECKPOINT_LOCATION_ANNOTATION,
-    DELETED_FOR_ANNOTATION,
     NO_VOLUNTARY_DISRUPTION_ANNOTATIONS,
-    ROLE_SPARE,
     ROLE_WORKER,
     SPEC_GENERATION_ANNOTATION,
     SPEC_HASH_ANNOTATION,
 )
-from flywheel.labels import GENERATION_LABEL as GENERATION_LABEL  # re-exported: m.JOB_LABEL etc. in the operator
-from flywheel.labels import INDEX_LABEL as INDEX_LABEL
-from flywheel.labels import JOB_LABEL as JOB_LABEL
-from flywheel.labels import QUEUE_LABEL as QUEUE_LABEL
-from flywheel.labels import ROLE_LABEL as ROLE_LABEL
-from flywheel.object_names import service_name as service_name  # re-exported: m.service_name in the operator
+from flywheel.contracts.labels import (
+    GENERATION_LABEL as GENERATION_LABEL,  # re-exported: m.JOB_LABEL etc. in the operator
+)
+from flywheel.contracts.labels import INDEX_LABEL as INDEX_LABEL
+from flywheel.contracts.labels import JOB_LABEL as JOB_LABEL
+from flywheel.contracts.labels import QUEUE_LABEL as QUEUE_LABEL
+from flywheel.contracts.labels import ROLE_LABEL as ROLE_LABEL
 from flywheel.operator.drain import DEFAULT_DRAIN_TAINT_KEYS
 from flywheel.operator.scheduling_meta import with_scheduling_meta
-from flywheel.plan import Placement, WorkerPlan, plan_workers
-from flywheel.plan import run_id as run_id  # re-exported: m.run_id in the operator
-from flywheel.pod_merge import WORKER_UID as WORKER_UID
-from flywheel.pod_merge import container_security, merge_pod, merge_worker, pod_security, root_is_read_only
-from flywheel.pod_template import CACHE_HOME, METRICS_PORT, worker_container
 from flywheel.policy.checkpoint_sharing import checkpoint_location
-from flywheel.policy.reconcile import PodView
 from flywheel.policy.spec_change import baked_spec_hash
 from flywheel.spec import KIND, TrainingJob
-from flywheel.spec_pod import template_resources
-from flywheel.timefmt import parse_rfc3339
+from flywheel.spec import storage as object_store
+from flywheel.spec.object_names import service_name as service_name  # re-exported: m.service_name in the operator
+from flywheel.spec.pod import template_resources
+from flywheel.spec.pod_merge import WORKER_UID as WORKER_UID
+from flywheel.spec.pod_merge import container_security, merge_pod, merge_worker, pod_security, root_is_read_only
+from flywheel.spec.pod_template import CACHE_HOME, METRICS_PORT, worker_container
+from flywheel.worker_plan import Placement, WorkerPlan, plan_workers
+from flywheel.worker_plan import run_id as run_id  # re-exported: m.run_id in the operator
 
 RDZV_PORT = 29400  # MASTER_PORT hint; with etcd-v3 the rendezvous publishes the real one
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
-TERMINATION_ENV = "FLYWHEEL_TERMINATION_LOG"  # flywheel.trainer.termination_log.ENV
+TERMINATION_ENV = "FLYWHEEL_TERMINATION_LOG"  # flywheel.contracts.termination_log.ENV
 # With a read-only root filesystem, HOME and the caches go to the cache-home volume (the template's env overrides).
 WORKER_ENV_DEFAULTS = {"HOME": CACHE_HOME, "XDG_CACHE_HOME": f"{CACHE_HOME}/.cache",
                        "TRITON_CACHE_DIR": f"{CACHE_HOME}/.triton/cache",
@@ -201,7 +198,7 @@ def worker_security(job: TrainingJob, settings: OperatorSettings) -> tuple[dict[
 def worker_resources(job: TrainingJob, settings: OperatorSettings) -> dict[str, Any]:
     """spec.resources with procsPerReplica of the accelerator and one RDMA device (`network: rdma`); the
     template's worker resources merge over these (pod_merge.merge_worker)."""
-    resources = template_resources(job.spec)
+    resources = template_resources(job.spec.pod_view())
     if job.spec.network == "rdma":
         for kind in ("requests", "limits"):
             resources.setdefault(kind, {})[settings.rdma_resource] = "1"
@@ -209,7 +206,7 @@ def worker_resources(job: TrainingJob, settings: OperatorSettings) -> dict[str, 
 
 
 def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: OperatorSettings) -> dict[str, Any]:
-    """The worker pod: the operator's container and pod fields merged with `spec.template` (pod_merge.py)."""
+    """The worker pod: the operator's container and pod fields merged with `spec.template` (spec/pod_merge.py)."""
     spec = job.spec
     pod_ctx, container_ctx = worker_security(job, settings)
     read_only = root_is_read_only(container_ctx)
@@ -220,7 +217,7 @@ def pod(job: TrainingJob, worker: WorkerPlan, generation: int, settings: Operato
         "name": "worker", "image": template_worker.get("image") or spec.image, "command": list(worker.argv),
         "env": env, "resources": worker_resources(job, settings), "securityContext": container_ctx,
         "volumeMounts": mounts,
-        # The worker writes why it exited (flywheel/trainer/termination_log.py); the kubelet keeps it in the pod's
+        # The worker writes why it exited (flywheel/contracts/termination_log.py); the kubelet keeps it in the pod's
         # state.terminated.message, or the log's tail when the worker could not write it.
         "terminationMessagePath": TERMINATION_MESSAGE_PATH, "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -286,46 +283,6 @@ def spec_annotations(job: TrainingJob) -> dict[str, str]:
     if location is not None:
         out[CHECKPOINT_LOCATION_ANNOTATION] = location
     return out
-
-
-def _spec_generation(annotations: dict[str, str]) -> int | None:
-    try:
-        return int(annotations[SPEC_GENERATION_ANNOTATION])
-    except (KeyError, ValueError):
-        return None
-
-
-def pod_view(obj: dict[str, Any], lost_nodes: set[str], liveness_lost: bool = False) -> PodView | None:
-    meta, status = obj["metadata"], obj.get("status") or {}
-    role = (meta.get("labels") or {}).get(ROLE_LABEL) or ROLE_WORKER  # a pod from before spares is a worker
-    try:
-        index = -1 if role == ROLE_SPARE else int(meta["labels"][INDEX_LABEL])
-        generation = int(meta["labels"].get(GENERATION_LABEL, "0"))
-    except (KeyError, ValueError):
-        return None
-    reason, code, finished, message, waiting_since, init_container = container_outcome(obj)
-    conds = {c.get("type"): c for c in status.get("conditions") or []}
-    ready = conds.get("Ready", {}).get("status") == "True"
-    sched = conds.get("PodScheduled", {})
-    unsched = parse_rfc3339(sched.get("lastTransitionTime")) if sched.get("reason") == "Unschedulable" else None
-    sched_message = (sched.get("message") or None) if unsched is not None else None
-    gated = sched.get("reason") == "SchedulingGated" or bool((obj.get("spec") or {}).get("schedulingGates"))
-    target = conds.get("DisruptionTarget", {})  # preempted or evicted (Kubernetes 1.26+)
-    disruption = str(target.get("reason") or "DisruptionTarget") if target.get("status") == "True" else None
-    node = (obj.get("spec") or {}).get("nodeName")
-    annotations = meta.get("annotations") or {}
-    deleted_for = annotations.get(DELETED_FOR_ANNOTATION)
-    deleting = parse_rfc3339(meta.get("deletionTimestamp"))  # graceful deletes stamp the end of the grace period
-    if deleting is not None:
-        deleting -= float(meta.get("deletionGracePeriodSeconds") or 0)
-    return PodView(name=meta["name"], uid=meta["uid"], index=index, generation=generation,
-                   phase=status.get("phase", "Pending"), ready=ready, deleting_since=deleting,
-                   node_lost=bool(node) and node in lost_nodes, reason=reason, exit_code=code,
-                   unschedulable_since=unsched, liveness_lost=liveness_lost, finished_at=finished,
-                   message=message, waiting_since=waiting_since, init_container=init_container,
-                   disruption=disruption, deleted_for=deleted_for,
-                   scheduler_message=sched_message, gated=gated, role=role, node=node or None,
-                   spec_generation=_spec_generation(annotations), spec_hash=annotations.get(SPEC_HASH_ANNOTATION, ""))
 
 
 def owner_job_uid(pod: Mapping[str, Any]) -> str:

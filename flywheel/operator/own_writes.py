@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flywheel.timefmt import rfc3339
+from flywheel.contracts.timefmt import rfc3339
 
 Obj = dict[str, Any]
 PENDING_SECONDS = 30.0  # how long a write may stay unseen in the cache before the cache is believed again

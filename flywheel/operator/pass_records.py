@@ -1,7 +1,7 @@
-"""What a JobRunner's pass (executor.py) writes and records besides its actions: the status write itself (one writer
-per job, the resourceVersion read as precondition; a new job's first write waits for kopf's own patch), the
-CheckpointCommitted events, the operator's metrics of a written status and the recovery record. A base class of
-JobRunner, which owns the state declared here: kept apart so that the runner's module holds the pass loop."""
+"""What a job's pass (executor.py) writes and records besides its actions: the status write itself (one writer per
+job, the resourceVersion read as precondition; a new job's first write waits for kopf's own patch), the checkpoint
+events the pass decided (policy/checkpoint_events.py), the operator's metrics of a written status and the recovery
+record. `PassRecords` owns what they remember."""
 
 from __future__ import annotations
 
@@ -11,18 +11,19 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from flywheel.contracts.labels import FINALIZER
 from flywheel.kube.client import Kube, KubeApiError
-from flywheel.labels import FINALIZER
 from flywheel.monitor.operator_metrics import OperatorMetrics
-from flywheel.operator.own_writes import OwnWrites
-from flywheel.operator.progress_follower import JobProgress
-from flywheel.operator.recovery_record import RecoveryClock, record_recovery, recovered_message
+from flywheel.operator.observe import Observer
+from flywheel.operator.recovery_record import record_recovery, recovered_message
 from flywheel.policy import reasons as R
-from flywheel.policy.checkpoint_events import CheckpointEventState, event_due, next_event, notice_events
+from flywheel.policy.checkpoint_events import CheckpointPosts
 from flywheel.policy.decisions import Pass
 from flywheel.policy.observed import ObservedProgress, PodView
-from flywheel.spec_status import TrainingJobStatus
-from flywheel.timefmt import parse_rfc3339
+from flywheel.spec.crd.generate import GROUP, PLURAL, VERSION
+from flywheel.spec.status import TrainingJobStatus
+
+WRITES_REMEMBERED = 8  # own status writes whose watch events are recognised as such (the runner's job_event)
 
 
 def kopf_settled(obj: dict[str, Any]) -> bool:
@@ -32,26 +33,22 @@ def kopf_settled(obj: dict[str, Any]) -> bool:
 
 
 class PassRecords:
-    kube: Kube
-    logger: logging.Logger | logging.LoggerAdapter[Any]
-    metrics: OperatorMetrics | None
-    own: OwnWrites
-    namespace: str
-    name: str
-    path: str
-    events_path: str | None
-    written_versions: deque[str]  # the resourceVersions of the last status writes (their events wake no pass)
-    checkpoint_events: CheckpointEventState | None
-    checkpoint_notices_posted: int | None
-    checkpoint_due: float | None
-    progress: JobProgress
-    recovery: RecoveryClock
-    recovering_reason: str
-    recoveries_seen_until: float
-    poke: Callable[[], None]
-    _event: Callable[[dict[str, Any], str, str, str], Awaitable[None]]  # JobActions'
+    def __init__(self, kube: Kube, logger: logging.Logger | logging.LoggerAdapter[Any], metrics: OperatorMetrics | None,
+                 observer: Observer, event: Callable[[dict[str, Any], str, str, str], Awaitable[None]],
+                 poke: Callable[[], None]) -> None:
+        """`observer`: the job's (its own writes, progress and recovery clock); `event` posts one event."""
+        self.kube, self.logger, self.metrics, self.event, self.poke = kube, logger, metrics, event, poke
+        self.namespace, self.name = observer.namespace, observer.name
+        self.path = Kube.custom(GROUP, VERSION, self.namespace, PLURAL, self.name)
+        self.own, self.events_path = observer.own, observer.events_path
+        self.progress, self.recovery = observer.etcd.progress, observer.recovery
+        # The resourceVersions of the last status writes: their watch events wake no pass (two writes in quick
+        # succession see the first one's event after the second is written).
+        self.written_versions: deque[str] = deque(maxlen=WRITES_REMEMBERED)
+        self.recovering_reason = ""  # the last restart's reason, for the time-to-recover histogram
+        self.recoveries_seen_until = time.time()  # recoveries before this process started were measured before
 
-    async def _write_status(self, obj: dict[str, Any], status: dict[str, Any]) -> bool:
+    async def write_status(self, obj: dict[str, Any], status: dict[str, Any]) -> bool:
         """Write `status` if it changed, with the resourceVersion read (one writer per job: this runner). False
         when the object changed under us: the pass is redone from fresh observations."""
         if status == (obj.get("status") or {}):
@@ -71,17 +68,12 @@ class PassRecords:
             raise
         return True
 
-    async def _checkpoint_event(self, obj: dict[str, Any], finished: bool, progress: ObservedProgress) -> None:
-        """At most one CheckpointCommitted event per interval for the checkpoints committed since the last one
-        (policy/checkpoint_events.py); a finished job's are posted at once. Not retried: a lost event is lost."""
-        assert self.checkpoint_events is not None
-        notices, self.checkpoint_notices_posted = notice_events(progress.checkpoint_notices,
-                                                                self.checkpoint_notices_posted)
-        for reason, message in notices:
-            await self._event(obj, "Warning", reason, message)
-        event, self.checkpoint_events = next_event(progress.checkpoints, self.checkpoint_events, time.time(),
-                                                   flush=finished)
-        self.checkpoint_due = event_due(progress.checkpoints, self.checkpoint_events)
+    async def post_checkpoints(self, obj: dict[str, Any], posts: CheckpointPosts) -> None:
+        """The checkpoint notices' Warning events, then the CheckpointCommitted event the pass decided (at most one
+        per interval; a finished job's at once). Not retried: a lost event is lost."""
+        for reason, message in posts.notices:
+            await self.event(obj, "Warning", reason, message)
+        event = posts.event
         if event is None:
             return
         try:
@@ -90,7 +82,7 @@ class PassRecords:
         except KubeApiError as err:
             self.logger.warning(f"could not post event {R.CHECKPOINT_COMMITTED}: {err}")
 
-    def _record_metrics(self, status: dict[str, Any] | None, previous: TrainingJobStatus, views: list[PodView],
+    def record_metrics(self, status: dict[str, Any] | None, previous: TrainingJobStatus, views: list[PodView],
                         progress: ObservedProgress) -> None:
         """Metrics of a written status (None: the pass changed nothing): phase, restarts, goodput; time to detect a
         pod failure (its container's end -> the restart decision; a hang's is the monitor's); time to recover (the
@@ -117,7 +109,7 @@ class PassRecords:
                 self.recoveries_seen_until = at
                 self.metrics.time_to_recover_seconds.labels(self.recovering_reason or "Unknown").observe(seconds)
 
-    async def _record_recovery(self, obj: dict[str, Any], result: Pass) -> None:
+    async def record_recovery(self, obj: dict[str, Any], result: Pass) -> None:
         """Time the recovery this pass acted on; once its group trained a step, record it (recovery_record.py):
         the next pass writes it into status.goodput."""
         self.recovery.acted(result.actions, time.time())
@@ -128,10 +120,4 @@ class PassRecords:
         record_recovery(self.events_path, cost)
         if self.metrics is not None:
             self.metrics.observe_recovery(self.namespace, self.name, cost.cause, cost.parts(), cost.replayed_steps)
-        await self._event(obj, "Normal", R.RECOVERED, recovered_message(cost))
-
-def last_checkpoint_time(status: TrainingJobStatus) -> float | None:
-    try:
-        return parse_rfc3339(status.last_checkpoint.time)
-    except ValueError:
-        return None
+        await self.event(obj, "Normal", R.RECOVERED, recovered_message(cost))

@@ -1,5 +1,6 @@
 """One job's etcd progress for its runner: the watch of `/flywheel/progress/<run_id>/`, the ledger it feeds
-(monitor/etcd_progress.py), and the two times hang detection needs (monitor/progress_hang.py), on the operator's clock.
+(monitor/etcd_progress.py), and the clock a progress hang is judged by (policy/progress_hang.py), on the operator's
+clock.
 
 The watch's callback runs on the etcd session's thread; it hands each change to the runner's event loop, where
 everything here is read and written (no lock needed).
@@ -15,10 +16,9 @@ from flywheel.etcd.progress import PHASE_EVALUATING, PHASE_SAVING, ProgressRecor
 from flywheel.etcd.progress_watch import ProgressWatch, watch_progress
 from flywheel.etcd.session import EtcdSession
 from flywheel.monitor.etcd_progress import GoodputSeed, ProgressLedger, merged
-from flywheel.monitor.progress_hang import ProgressClock, ProgressHang, progress_hang, progress_hang_due
-from flywheel.policy.observed import ObservedProgress, PodView
+from flywheel.policy.observed import ObservedProgress, PodView, ProgressClock
 from flywheel.spec import TrainingJobSpec
-from flywheel.spec_status import GoodputStatus
+from flywheel.spec.status import GoodputStatus
 
 
 class JobProgress:
@@ -30,12 +30,12 @@ class JobProgress:
         self.seed: GoodputSeed | None = None  # from the status read by the first pass
         self.last_step_seen: float | None = None
         self.last_step: tuple[float, int] | None = None  # (attempt, step) of the last record that stepped
-        # Evaluation batches are progress (monitor/progress_hang.py): the last heartbeat seen, and when.
+        # Evaluation batches are progress (policy/progress_hang.py): the last heartbeat seen, and when.
         self.last_activity: tuple[float, float] | None = None  # (attempt, heartbeat)
         self.last_activity_seen: float | None = None
         self.saving: tuple[float, float] | None = None  # (attempt, when first seen) while its final save runs
         self.newest_attempt: tuple[float, float] | None = None  # (attempt, when first seen) of the newest one
-        self.ranks_restarted = 0.0  # the latest restart of the current pods' ranks in place, as the last `hang` saw
+        self.ranks_restarted = 0.0  # the latest restart of the current pods' ranks in place, as the last `clock` saw
         self.done = False
         self.running: tuple[int, float] | None = None  # (generation, since) while all its worker pods run
 
@@ -87,8 +87,9 @@ class JobProgress:
         from_etcd = self.ledger.progress(self.seed) if self.ledger.attempts else None
         return merged(from_etcd, from_log)
 
-    def hang(self, spec: TrainingJobSpec, views: list[PodView], generation: int, now: float) -> ProgressHang | None:
-        """Whether the current generation trains no step (None while not all its pods run, or once done)."""
+    def clock(self, spec: TrainingJobSpec, views: list[PodView], generation: int, now: float) -> ProgressClock | None:
+        """What the current generation's progress looked like, to judge a hang by (None once done, or with no
+        progress followed). Called each pass the hang is looked for: it notes since when all its pods run."""
         current = [v for v in views if v.active and v.generation == generation and not v.is_spare]
         all_running = bool(current) and len(current) >= spec.replicas.min and \
             all(v.phase == "Running" for v in current)
@@ -99,20 +100,9 @@ class JobProgress:
         self.ranks_restarted = max((v.rank_restart_at for v in current), default=0.0)
         if self.done or self.watch is None:
             return None
-        ft = spec.fault_tolerance
-        return progress_hang(self._clock(), now, ft.progress_timeout_seconds, ft.first_step_timeout_seconds)
-
-    def _clock(self) -> ProgressClock:
         began = max(self.ranks_restarted, self.newest_attempt[1] if self.newest_attempt else 0.0)
         return ProgressClock(self.running[1] if self.running else None, self.last_step_seen, began or None,
                              self.last_activity_seen, self.saving[1] if self.saving else None)
-
-    def hang_due(self, spec: TrainingJobSpec) -> float | None:
-        """When `hang` finds the hang with no step seen before, from what the last `hang` call saw of the pods."""
-        if self.done or self.watch is None or self.running is None:
-            return None
-        ft = spec.fault_tolerance
-        return progress_hang_due(self._clock(), ft.progress_timeout_seconds, ft.first_step_timeout_seconds)
 
     def stop(self) -> None:
         if self.watch is not None:

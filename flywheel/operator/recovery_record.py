@@ -19,7 +19,7 @@ from flywheel.policy.conditions import condition
 from flywheel.policy.decisions import CreatePod, JobAction, PromoteSpare, Relabel, RestartRanks
 from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.recovery_cost import GroupStart, OperatorTimes, RecoveryCost, add_badput, recovery_cost
-from flywheel.spec_status import ConditionType, Phase, TrainingJobStatus
+from flywheel.spec.status import ConditionType, Phase, TrainingJobStatus
 
 
 def fault_time(pods: Sequence[PodView], generation_before: int, relabelled: set[str], last_step_seen: float | None,

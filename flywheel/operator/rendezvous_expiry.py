@@ -1,4 +1,4 @@
-"""The operator's half of the rendezvous expiry (the local runner's is trainer/rendezvous_expiry.py): after the
+"""The operator's half of the rendezvous expiry (the local runner's is agent/rendezvous/expiry.py): after the
 status write that gave up on some workers (policy/lost_agents.py), mark their agents' heartbeats expired in the
 run's etcd-v3 rendezvous state, so that the survivors' next round forms without them at once instead of after
 torch's heartbeat timeout (6 s with `flywheel launch`'s settings).
@@ -44,9 +44,9 @@ def expire_pods(session: EtcdSession, run_id: str, agents: Sequence[AgentId]) ->
     loop)."""
     if not agents:
         return 0
-    from flywheel.trainer.rank_order import UNORDERED
-    from flywheel.trainer.rendezvous.backend import EtcdV3RendezvousBackend
-    from flywheel.trainer.rendezvous_expiry import expire_agents
+    from flywheel.agent.rank_order import UNORDERED
+    from flywheel.agent.rendezvous.backend import EtcdV3RendezvousBackend
+    from flywheel.agent.rendezvous.expiry import expire_agents
 
     def is_dead(node: Any) -> bool:
         replica = int(getattr(node, "replica", UNORDERED))

@@ -9,7 +9,7 @@ The group is named after the job and counts the workers the job runs now (`repli
 across restarts, since a restarted worker replaces a failed one of the group and survivors keep their labels.
 With Volcano as the operator's gang scheduler the queue is Volcano's (the PodGroup's `spec.queue`), not Kueue's:
 no Kueue metadata then. A gated pod is Pending with PodScheduled=False reason `SchedulingGated`, which the
-operator neither counts as a failure nor as Unschedulable (manifests.pod_view); `spec.suspend` still holds a job.
+operator neither counts as a failure nor as Unschedulable (observe.pod_view); `spec.suspend` still holds a job.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from flywheel.labels import POD_GROUP_LABEL, POD_GROUP_TOTAL_ANNOTATION, QUEUE_LABEL
+from flywheel.contracts.labels import POD_GROUP_LABEL, POD_GROUP_TOTAL_ANNOTATION, QUEUE_LABEL
 from flywheel.spec import TrainingJob
 
 ADMISSION_GATE = "kueue.x-k8s.io/admission"  # Kueue removes it once the workload is admitted

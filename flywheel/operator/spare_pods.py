@@ -13,14 +13,14 @@ import copy
 from dataclasses import replace
 from typing import Any
 
-from flywheel import replica
-from flywheel.labels import GENERATION_LABEL, INDEX_LABEL, JOB_LABEL, ROLE_LABEL, ROLE_SPARE, ROLE_WORKER
-from flywheel.object_names import spare_name as spare_name  # re-exported: the spare pods' names
+from flywheel.contracts import replica
+from flywheel.contracts.labels import GENERATION_LABEL, INDEX_LABEL, JOB_LABEL, ROLE_LABEL, ROLE_SPARE, ROLE_WORKER
 from flywheel.operator import manifests as m
-from flywheel.plan import WorkerPlan
 from flywheel.spec import TrainingJob
+from flywheel.spec.object_names import spare_name as spare_name  # re-exported: the spare pods' names
+from flywheel.worker_plan import WorkerPlan
 
-# The spare contract's env names (flywheel/replica.py, shared with the spare agent).
+# The spare contract's env names (flywheel/contracts/replica.py, shared with the spare agent).
 SPARE_ENV, SPARE_ID_ENV = replica.SPARE_ENV, replica.SPARE_ID_ENV
 ANTI_AFFINITY_WEIGHT = 50  # below a topologyKey's pod affinity (100): staying in the domain matters more
 

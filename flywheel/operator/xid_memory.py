@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from flywheel.contracts.labels import XID_HANDLED_ANNOTATION
 from flywheel.kube.client import Kube
-from flywheel.labels import XID_HANDLED_ANNOTATION
 from flywheel.policy.xid import NodeFault
 from flywheel.policy.xid_memory import after_fault, format_handled, parse_handled
 

@@ -9,7 +9,7 @@ parallel; the block inputs only under activation
 checkpointing), the logits, micro batches in flight under 1F1B pipelining, and a fixed runtime share. Time is the
 compute at the device's achievable FLOP rate, stretched by the pipeline bubble, plus the communication the layout
 adds (data-parallel gradient traffic partly hidden behind backward; tensor-parallel and pipeline traffic exposed).
-The shape (`flywheel.spec_model.ModelShape`, gpt or llama) is the trainer's own, so are its parameter counts.
+The shape (`flywheel.layout.shape.ModelShape`, gpt or llama) is the trainer's own, so are its parameter counts.
 
 Mixture of experts (the trainer's moe.py and parallel_ep.py): expert weights are split over ep and FSDP-sharded
 over the remaining dp / ep ranks, so at rest they cost every rank 1/dp of them like the rest; ZeRO-2 and the
@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from flywheel.layout.shape import ModelShape
 from flywheel.planner.devices import Device, Link
-from flywheel.spec_model import ModelShape
 
 FP32 = 4
 ADAMW_STATE = 2 * FP32  # exp_avg and exp_avg_sq per parameter

@@ -1,5 +1,5 @@
 """A pretrained model's shape for the planner: `trainer.model.pretrained`'s config.json, mapped by the trainer's own
-(torch-free) Hugging Face mapping (`flywheel/hf_config.py`), so the planner sizes exactly the model the
+(torch-free) Hugging Face mapping (`flywheel/layout/hf_config.py`), so the planner sizes exactly the model the
 workers build. The planner's one read: the file is read where the job is planned (`flywheel plan`/`run`, or the
 operator when it validates a `parallelism.auto` job), so there the directory must be readable."""
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from flywheel.hf_config import HFConfigError, shape_from_config
-from flywheel.spec_layout import Problem
-from flywheel.spec_model import ModelShape
+from flywheel.layout.hf_config import HFConfigError, shape_from_config
+from flywheel.layout.rules import Problem
+from flywheel.layout.shape import ModelShape
 
 FIELD = "trainer.model.pretrained"
 

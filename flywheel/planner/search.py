@@ -4,30 +4,20 @@ experts, with FSDP and pp = 1, as the trainer runs it. Among the layouts that fi
 fastest estimate count as equally fast (the cost model is not finer than that); of those the one closest to the
 spec's own layout wins, then the least memory. So a job keeps its layout unless another is clearly faster.
 
-Every candidate passes the spec's own layout rules (`spec_layout.py`, the one definition the schema and the
+Every candidate passes the spec's own layout rules (`layout/rules.py`, the one definition the schema and the
 trainer use). `parallelism: {auto: true}` (`auto_layout`, run when the job is validated, and `resolve_auto`)
-searches the same layouts, keeping those the job can run at every world size its replica range allows: tp divides
-procsPerReplica (a tp group stays inside one worker), the rules hold at every replica count, and it fits in memory
-at the smallest world, where each rank holds the most.
-
-The spec is read, never imported at run time (`flywheel.spec` validates `auto` jobs with this module).
+searches the same layouts (flywheel/spec/auto.py applies them to a job: the planner never names the spec).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
+from flywheel.layout.rules import JobLayout, Problem, layout_problems
+from flywheel.layout.shape import ModelShape
 from flywheel.planner.cost import Batch, Estimate, Layout, estimate
 from flywheel.planner.devices import GIB, Device
-from flywheel.planner.pretrained import PretrainedShapeError, pretrained_shape
-from flywheel.spec_layout import JobLayout, Problem, elastic_problems, layout_problems, static_problems
-from flywheel.spec_model import ModelShape
-
-if TYPE_CHECKING:
-    from flywheel.spec import TrainingJobSpec
 
 NEAR_TIE = 0.02  # estimated step times this close are a tie (bench/planner_accuracy.py: time errors of 1-20%)
 
@@ -65,29 +55,6 @@ def estimate_json(e: Estimate) -> dict[str, object]:
             "est_memory_bytes": int(e.memory_bytes), "est_compute_seconds": round(e.compute_seconds, 6),
             "est_communication_seconds": round(e.communication_seconds, 6),
             "bubble_fraction": round(e.bubble_fraction, 4)}
-
-
-def shape_of(spec: TrainingJobSpec) -> ModelShape:
-    """The model the job trains: its preset or sizes, or a pretrained directory's config.json (read here)."""
-    m = spec.trainer.model
-    if m.pretrained:
-        try:
-            return pretrained_shape(m.pretrained, m.seq_len)
-        except PretrainedShapeError as err:
-            raise PlanError(err.problem) from None
-    return m.shape()
-
-
-def spec_rules_view(spec: TrainingJobSpec) -> JobLayout:
-    """The spec's view for the layout rules; a pretrained model's with its config.json's sizes, so every rule on
-    them (tp dividing heads and kv heads, layers per stage, ...) holds for the layouts the planner offers."""
-    view = spec.trainer.layout()
-    if not spec.trainer.model.pretrained:
-        return view
-    shape = shape_of(spec)
-    return replace(view, layers=shape.layers, dim=shape.dim, heads=shape.heads, vocab=shape.vocab,
-                   seq_len=shape.seq_len, architecture=shape.architecture, kv_heads=shape.kv_heads, ffn=shape.ffn,
-                   max_positions=shape.max_positions, pretrained=False)
 
 
 def rules_base(shape: ModelShape, global_batch: int) -> JobLayout:
@@ -147,7 +114,7 @@ def plan_layout(shape: ModelShape, batch: Batch, world_size: int, ranks_per_work
                                 f"split over any layout of world size {world_size} (with microBatch "
                                 f"{micro_batches}) that the layout rules allow", "use a multiple of the world size"))
     low = {e.layout: e if memory_world in (None, world_size)
-           else estimate(shape, batch, _at_world(e.layout, memory_world), device, ranks_per_worker)
+           else estimate(shape, batch, at_world(e.layout, memory_world), device, ranks_per_worker)
            for e in estimates}
     fitting = sorted((e for e in estimates if e.fits and low[e.layout].fits),
                      key=lambda e: (e.step_seconds, e.memory_bytes))
@@ -176,108 +143,10 @@ def _distance(layout: Layout, preferred: Layout | None) -> int:
                 layout.activation_checkpointing != preferred.activation_checkpointing))
 
 
-def plan_for_spec(spec: TrainingJobSpec, world_size: int, device: Device) -> PlanResult:
-    """The layouts for a job at `world_size` ranks. With `parallelism.auto: false` the micro batch is the spec's
-    and the choice is the planner's advice. With auto the search is `resolve_auto`'s (layouts valid at every world
-    size of the replica range) and the chosen layout is the one the workers get, at this world size."""
-    training = spec.trainer.training
-    shape, batch = shape_of(spec), Batch(training.global_batch, training.precision)
-    if not spec.trainer.parallelism.auto or spec.command:
-        return plan_layout(shape, batch, world_size, spec.procs_per_replica, device,
-                           micro_batches=(training.micro_batch,), preferred=spec_layout(spec, world_size),
-                           base=spec_rules_view(spec))
-    pick = _at_world(auto_layout(spec, device), world_size)
-    worlds = list(spec.world_sizes())
-    result = plan_layout(shape, batch, world_size, spec.procs_per_replica, device, preferred=pick,
-                         ep_limit=math.gcd(*worlds), accept=_auto_rules(spec), memory_world=min(worlds),
-                         base=_auto_base(spec))
-    chosen = next((e for e in result.candidates if e.layout == pick), None)
-    if chosen is None:  # world_size outside the replica range: show the pick's estimate there anyway
-        chosen = estimate(shape, batch, pick, device, spec.procs_per_replica)
-    return replace(result, chosen=chosen, candidates=[chosen, *(e for e in result.candidates if e is not chosen)])
-
-
-def spec_layout(spec: TrainingJobSpec, world_size: int) -> Layout:
-    """The layout the spec asks for at this world size (its tp/pp/ep; dp the rest)."""
-    par, training = spec.trainer.parallelism, spec.trainer.training
-    return Layout(dp=max(1, world_size // (par.tp * par.pp)), tp=par.tp, pp=par.pp, micro_batch=training.micro_batch,
-                  fsdp=par.fsdp, zero=par.zero, activation_checkpointing=training.activation_checkpointing,
-                  ep=par.ep)
-
-
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _at_world(layout: Layout, world_size: int) -> Layout:
+def at_world(layout: Layout, world_size: int) -> Layout:
     """The same layout at another world size: tp, pp, ep and the rest fixed, dp the remainder."""
     return replace(layout, dp=max(1, world_size // (layout.tp * layout.pp)))
-
-
-def concrete_spec(spec: TrainingJobSpec, layout: Layout) -> TrainingJobSpec:
-    """`spec` with `parallelism.auto` replaced by `layout` (dp follows the world size), validated as any spec is.
-    A pipeline runs all of a dp rank's micro batches in one schedule run (`microbatches` unset), the smallest bubble
-    and what cost.py estimates; the spec's schedule and stagesPerRank are kept."""
-    doc = spec.model_dump(by_alias=True, mode="json")
-    doc["trainer"]["parallelism"].update({"auto": False, "tp": layout.tp, "pp": layout.pp, "fsdp": layout.fsdp,
-                                          "zero": layout.zero, "ep": layout.ep, "microbatches": None})
-    doc["trainer"]["training"].update({"microBatch": layout.micro_batch,
-                                       "activationCheckpointing": layout.activation_checkpointing})
-    return type(spec).model_validate(doc)
-
-
-def _auto_base(spec: TrainingJobSpec) -> JobLayout:
-    """The spec's rules view for auto: its model, batch, schedule and data; degrees and micro batches the pick's."""
-    return replace(spec_rules_view(spec), microbatches=None)
-
-
-def _auto_rules(spec: TrainingJobSpec) -> Callable[[Layout], bool]:
-    """What `auto` may hand the workers, whatever the world size in the replica range: tp inside one worker (tp
-    divides procsPerReplica: the fastest links, and the rank order keeps a tp group on one worker), no pipeline
-    under gpipe (it keeps every micro batch's activations, which cost.py, estimating 1F1B, does not count), and the
-    layout rules (`spec_layout.py`) at every replica count."""
-    valid: dict[tuple[object, ...], bool] = {}
-    gpipe = spec.trainer.parallelism.schedule == "gpipe"
-    base, counts = _auto_base(spec), range(spec.replicas.min, spec.replicas.max + 1)
-
-    def accept(layout: Layout) -> bool:
-        if spec.procs_per_replica % layout.tp or (gpipe and layout.pp > 1):
-            return False
-        key = (layout.tp, layout.pp, layout.ep, layout.micro_batch, layout.fsdp)
-        if key not in valid:
-            job = as_job_layout(base, layout)
-            valid[key] = not static_problems(job) and not elastic_problems(job, counts, spec.procs_per_replica)
-        return valid[key]
-
-    return accept
-
-
-def auto_layout(spec: TrainingJobSpec, device: Device) -> Layout:
-    """The planner's pick for `parallelism.auto`, at the largest world size (its dp; smaller worlds run the same
-    layout with a smaller dp): among the layouts `_auto_rules` allows that fit at the smallest world size, the
-    fastest, near-ties going to the spec's own layout. Raises PlanError (naming the field) if there is none."""
-    training = spec.trainer.training
-    worlds = list(spec.world_sizes())
-    shape, batch = shape_of(spec), Batch(training.global_batch, training.precision)
-    rules, base = _auto_rules(spec), _auto_base(spec)
-    if not any(rules(lay) for lay in layouts(shape, batch.global_batch, max(worlds), ep_limit=math.gcd(*worlds),
-                                             base=base)):
-        raise PlanError(Problem("plan-batch", "trainer.training.globalBatch", f"{training.global_batch} cannot be "
-                                "split over the data-parallel ranks at every world size "
-                                f"({', '.join(map(str, worlds))}) that replicas [{spec.replicas.min}, "
-                                f"{spec.replicas.max}] allow, with tp dividing procsPerReplica "
-                                f"({spec.procs_per_replica}) and tp x pp every world size",
-                                "use a multiple of every world size"))
-    result = plan_layout(shape, batch, max(worlds), spec.procs_per_replica, device,
-                         preferred=spec_layout(spec, max(worlds)), ep_limit=math.gcd(*worlds), accept=rules,
-                         memory_world=min(worlds), base=base)
-    return result.chosen.layout
-
-
-def resolve_auto(spec: TrainingJobSpec, device: Device) -> TrainingJobSpec:
-    """`parallelism.auto: true` made concrete for the worker loop: the planner's pick of tp, pp, ep (MoE models),
-    DDP or FSDP/ZeRO-2/3, micro batch and activation checkpointing (`auto_layout`). Elastic jobs change dp, so the
-    pick is valid at, and fits at, every world size in range."""
-    if not spec.trainer.parallelism.auto or spec.command:
-        return spec
-    return concrete_spec(spec, auto_layout(spec, device))

@@ -9,6 +9,10 @@ lists the steps it stands for, with `count` = their number and first/last timest
 newest's commit times (as Kubernetes aggregates repeated events). When the job finishes, what is pending is posted
 at once, so the record is complete.
 
+A step of the reconcile pass (`checkpoint_posts`): its memory is a small value the executor keeps between passes
+(`CheckpointEventState`, handed in with the observations and back with the Pass), which takes the events' place
+once they are posted after the pass's actions.
+
 After an operator restart the event log is read again from its start; checkpoints at or before the
 `status.lastCheckpoint` the previous operator wrote count as handled (`seed`), so none is posted twice. An event
 lost to a crash between the status write and the post is not repeated (as for every other event).
@@ -17,9 +21,11 @@ lost to a crash between the status write and the post is not repeated (as for ev
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from flywheel.contracts.timefmt import parse_rfc3339
 from flywheel.policy import reasons as R
+from flywheel.spec.status import TrainingJobStatus
 
 CHECKPOINT_EVENT_INTERVAL_SECONDS = 30.0
 RECENT_CHECKPOINTS = 64  # per job, kept by the event-log fold; older pending ones are counted, not listed
@@ -40,6 +46,7 @@ class CheckpointEventState:
 
     handled: int = 0  # ordinals up to this one are posted (or coalesced, or were before this process)
     last_posted_at: float | None = None
+    notices_posted: int | None = None  # the highest checkpoint notice posted (None: none looked at yet)
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,34 @@ def seed(recent: Sequence[CommittedCheckpoint], committed_through: float | None)
         return CheckpointEventState()
     newer = [c for c in recent if c.time >= committed_through + 1.0]
     return CheckpointEventState(handled=(newer[0].ordinal - 1) if newer else recent[-1].ordinal)
+
+
+@dataclass(frozen=True)
+class CheckpointPosts:
+    """What a pass posts after its actions: the notices' Warning events (reason, message), then the coalesced
+    CheckpointCommitted event; `memory` is the executor's once they are posted."""
+
+    notices: list[tuple[str, str]]
+    event: CheckpointEvent | None
+    memory: CheckpointEventState
+
+
+def checkpoint_posts(recent: Sequence[CommittedCheckpoint], notices: Sequence[tuple[int, str, str]],
+                     memory: CheckpointEventState | None, status_in: TrainingJobStatus, now: float,
+                     finished: bool) -> CheckpointPosts:
+    """The events of the checkpoints and notices the progress shows. `memory` None: a new executor, seeded from the
+    status the operator before it wrote; `finished`: the pass left the job finished (what is pending goes now)."""
+    state = memory if memory is not None else seed(recent, last_checkpoint_time(status_in))
+    posts, notices_posted = notice_events(notices, state.notices_posted)
+    event, state = next_event(recent, state, now, flush=finished)
+    return CheckpointPosts(posts, event, replace(state, notices_posted=notices_posted))
+
+
+def last_checkpoint_time(status: TrainingJobStatus) -> float | None:
+    try:
+        return parse_rfc3339(status.last_checkpoint.time)
+    except ValueError:
+        return None
 
 
 def next_event(recent: Sequence[CommittedCheckpoint], state: CheckpointEventState, now: float, *,
@@ -81,7 +116,7 @@ def next_event(recent: Sequence[CommittedCheckpoint], state: CheckpointEventStat
         message += R.MSG_CHECKPOINTS_COALESCED.format(count=count, steps=", ".join(steps))
     event = CheckpointEvent(step=newest.step, message=message, count=count, first_time=pending[0].time,
                             last_time=newest.time)
-    return event, CheckpointEventState(handled=total, last_posted_at=now)
+    return event, replace(state, handled=total, last_posted_at=now)
 
 
 def event_due(recent: Sequence[CommittedCheckpoint], state: CheckpointEventState,

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import posixpath
 
-from flywheel import object_store
 from flywheel.policy import reasons as R
 from flywheel.policy.conditions import holds, set_condition, set_phase
 from flywheel.policy.decisions import Event, Pass
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import DirUser
-from flywheel.spec_status import ConditionType, Phase, TrainingJobStatus
+from flywheel.spec import storage as object_store
+from flywheel.spec.status import ConditionType, Phase, TrainingJobStatus
 
 RECHECK_SECONDS = 10.0  # a held job looks again this often (a deleted job wakes no other job's pass)
 STOPPING_RECHECK_SECONDS = 2.0  # ... and this often while stopping pods hold it (gone within their grace period)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from flywheel.spec_status import Condition, ConditionType, Phase, TrainingJobStatus
-from flywheel.timefmt import parse_rfc3339, rfc3339
+from flywheel.contracts.timefmt import parse_rfc3339, rfc3339
+from flywheel.spec.status import Condition, ConditionType, Phase, TrainingJobStatus
 
 C = ConditionType
 PHASE_CONDITIONS = (C.RUNNING, C.RESTARTING, C.SUSPENDED, C.SUCCEEDED, C.FAILED)

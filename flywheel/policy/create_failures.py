@@ -8,7 +8,7 @@ from __future__ import annotations
 from flywheel.policy import reasons as R
 from flywheel.policy.conditions import TERMINAL, holds, set_condition
 from flywheel.policy.job_view import JobView
-from flywheel.spec_status import ConditionType, TrainingJobStatus
+from flywheel.spec.status import ConditionType, TrainingJobStatus
 
 
 def track_create_failures(status: TrainingJobStatus, job: JobView) -> None:

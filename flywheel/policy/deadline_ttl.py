@@ -9,7 +9,7 @@ from flywheel.policy.decisions import DeleteJob, DeletePod, Pass
 from flywheel.policy.finish import finish
 from flywheel.policy.job_view import JobView
 from flywheel.spec import TrainingJobSpec
-from flywheel.spec_status import ConditionType, Phase, TrainingJobStatus
+from flywheel.spec.status import ConditionType, Phase, TrainingJobStatus
 
 
 def deadline(out: Pass, job: JobView) -> Pass | None:

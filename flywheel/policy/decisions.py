@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from flywheel.spec_status import TrainingJobStatus
+from flywheel.policy.checkpoint_events import CheckpointPosts
+from flywheel.spec.status import TrainingJobStatus
 
 
 @dataclass(frozen=True)
@@ -97,12 +98,26 @@ class Event:
     message: str
 
 
+@dataclass(frozen=True)
+class ProgressHang:
+    """A hang judged from the progress (policy/progress_hang.py): how long nothing trained, in words."""
+
+    idle_seconds: float
+    message: str
+    stepped: bool = False  # the current generation trained a step before it stopped
+
+
 @dataclass
 class Pass:
     status: TrainingJobStatus
     actions: list[JobAction] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     next_due: float | None = None  # when a time-based rule next comes due (policy/due.py); None: only on a change
+    hang: ProgressHang | None = None  # the progress hang this pass found (logged and measured by the executor)
+    # The executor's memory for the next pass (policy/observed.py `Observed`): the generation whose progress hang
+    # was reported; and the checkpoint events to post after the actions, with the memory once they are posted.
+    hang_reported: int | None = None
+    checkpoints: CheckpointPosts | None = None
 
     def keep_only_force_deletes(self) -> None:
         """Drop every action decided so far but a force delete (a stuck pod on a lost node goes regardless)."""

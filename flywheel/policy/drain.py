@@ -1,4 +1,4 @@
-"""Drain ahead (issue 21, pure): a worker's node is about to go -- cordoned, tainted by a health or maintenance
+"""Drain ahead (pure): a worker's node is about to go -- cordoned, tainted by a health or maintenance
 controller (NoSchedule/NoExecute with a key in the operator's --drain-taint-keys), or with a fatal GPU XID -- so the
 job takes a checkpoint first and the worker is moved, losing no step.
 
@@ -14,7 +14,7 @@ job takes a checkpoint first and the worker is moved, losing no step.
    replica both: checkpoint_request.py), answer {id, step} and stop -- no step is trained
    after the checkpoint.
    The request names the workers it moves (their replica indices): their agents, once their ranks stopped for it,
-   wait for their pods' deletion instead of rejoining (trainer/drain_hold.py).
+   wait for their pods' deletion instead of rejoining (agent/drain_hold.py).
 2. Once every rank (`status.worldSize`) answered the request: the pods on the node are deleted (their indices go to
    a ready spare through the usual promotion, else to a new pod the cordon or taint keeps off the node), the other
    workers join the new generation, and the job resumes from that checkpoint. One restart in `status.restarts`,
@@ -31,64 +31,46 @@ every waiting pass (the executor sends it once per id) and deleted when the drai
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
+from flywheel.contracts.timefmt import parse_rfc3339, rfc3339
 from flywheel.policy import reasons as R
 from flywheel.policy.conditions import set_phase
 from flywheel.policy.decisions import ClearCheckpointRequest, DeletePod, Event, Pass, Relabel, RequestCheckpoint
 from flywheel.policy.job_view import JobView
-from flywheel.policy.observed import PodView
+from flywheel.policy.observed import (
+    CORDON_TAINT as CORDON_TAINT,  # re-exported: the operator's drain marks name it
+)
+from flywheel.policy.observed import (
+    DRAIN_TIMEOUT_SECONDS as DRAIN_TIMEOUT_SECONDS,
+)
+from flywheel.policy.observed import (
+    XID_CAUSE as XID_CAUSE,
+)
+from flywheel.policy.observed import (
+    DrainInput as DrainInput,
+)
+from flywheel.policy.observed import (
+    NodeMarks as NodeMarks,
+)
+from flywheel.policy.observed import (
+    PodView,
+)
 from flywheel.policy.rank_restarts import begin_generation
 from flywheel.policy.spares import promotable, spare_failed
-from flywheel.spec_status import DrainStatus, Phase, TrainingJobStatus
-from flywheel.timefmt import parse_rfc3339, rfc3339
+from flywheel.spec.status import DrainStatus, Phase, TrainingJobStatus
 
-DRAIN_TIMEOUT_SECONDS = 60.0  # a step plus a memory save take seconds; a node's maintenance notice gives minutes
 XID_DRAIN_TIMEOUT_SECONDS = 10.0  # a GPU with a fatal XID may never finish the step: do not wait long for it
 # A replacement pod's start (image pull, imports, its warm zygote) takes seconds to minutes; the job trains on
 # meanwhile and its memory checkpoints cover the node going sooner.
 DRAIN_PREPARE_SECONDS = 120.0
-XID_CAUSE = "has a fatal GPU XID"
-CORDON_TAINT = "node.kubernetes.io/unschedulable"  # what the node lifecycle controller adds to a cordoned node
 MOVE_GRACE_SECONDS = 1  # the moved pod's ranks already stopped after their checkpoint: nothing to wait for
 # Every field set: the merge patch clears the recorded drain.
 NO_DRAIN = DrainStatus(node="", cause="", request_id="", requested_at="", started_at="", replacements=0)
 
 
-@dataclass(frozen=True)
-class NodeMarks:
-    """What a node of the job's pods says about leaving (built by the executor from the Node and the monitor)."""
-
-    unschedulable: bool = False  # cordoned (spec.unschedulable)
-    taints: tuple[str, ...] = ()  # keys of its NoSchedule/NoExecute taints that are in --drain-taint-keys
-    fatal_xid: str = ""  # the health monitor's fatal XID on it, in words ("": none)
-
-    @property
-    def cause(self) -> str | None:
-        """Why the node is leaving, in words; None when it is not. The cordon's own taint, which the node
-        lifecycle controller adds with spec.unschedulable, is the cordon, not a taint of its own."""
-        if self.fatal_xid:
-            return f"{XID_CAUSE} ({self.fatal_xid})"
-        taints = [key for key in self.taints if key != CORDON_TAINT]
-        if taints:
-            return f"is tainted {', '.join(taints)}"
-        if self.unschedulable or CORDON_TAINT in self.taints:
-            return "is cordoned"
-        return None
-
-
-@dataclass(frozen=True)
-class DrainInput:
-    """A pass's observations for drain ahead: the marked nodes, and the checkpoint request and answers in etcd."""
-
-    nodes: Mapping[str, NodeMarks] = field(default_factory=dict)
-    request_id: str = ""  # the request open in etcd ("": none)
-    answers: Mapping[int, tuple[str, int]] = field(default_factory=dict)  # rank -> (request id, step it holds)
-    timeout_seconds: float = DRAIN_TIMEOUT_SECONDS
-
-
-def drain_ahead(out: Pass, job: JobView, seen: DrainInput) -> Pass | None:
+def drain_ahead(out: Pass, job: JobView) -> Pass | None:
     """Start, follow or end a drain; the Pass when this pass moved the worker (a restart decided), else None."""
+    seen = job.drain
     if out.status.drain.node:
         return _follow(out, job, seen)
     if seen.request_id and not _moved_pods_left(job):  # a move's request, or one left by an operator stopped

@@ -17,18 +17,20 @@ from flywheel.policy.drain import drain_due
 from flywheel.policy.finish import lingering_stop_at
 from flywheel.policy.job_view import JobView
 from flywheel.policy.pending_timeout import unschedulable_due
+from flywheel.policy.progress_hang import hang_due
 from flywheel.policy.rank_restarts import cause_wait_due, consequence_window
 from flywheel.policy.scale_create import force_delete_due
 from flywheel.policy.spare_placement import move_due
 from flywheel.policy.startup_failure import stalled
-from flywheel.spec_status import TrainingJobStatus
+from flywheel.spec.status import TrainingJobStatus
 
 
 def next_due(status: TrainingJobStatus, job: JobView) -> float | None:
     """The earliest time after `job.now` a time-based rule comes due for `job`, whose pass left `status`; None:
-    none will (only a change wakes the job)."""
+    none will (only a change wakes the job). The CheckpointCommitted events held back add theirs
+    (policy/checkpoint_events.py, after the pass)."""
     spec = job.spec
-    times: list[float | None] = [*force_delete_due(job)]
+    times: list[float | None] = [*force_delete_due(job), hang_due(job)]
     if status.phase in TERMINAL:
         times.append(ttl_due(spec, status))
     elif not spec.suspend:

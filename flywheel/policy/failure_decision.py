@@ -24,7 +24,7 @@ from flywheel.policy.rank_restarts import begin_generation, consequence_window
 from flywheel.policy.restart import Action, Decision, Recovery, RestartBudget, decide_restart, recovery
 from flywheel.policy.spares import promotable
 from flywheel.policy.startup_failure import StartupFailures, after_failure, attempt_is_current, before_first_step
-from flywheel.spec_status import ConditionType, Phase, RestartBudgetStatus, StartupFailureStatus, TrainingJobStatus
+from flywheel.spec.status import ConditionType, Phase, RestartBudgetStatus, StartupFailureStatus, TrainingJobStatus
 
 HUNG_POD_GRACE_SECONDS = 1  # SIGTERM -> SIGKILL for the pods of a job restarted because it hung
 

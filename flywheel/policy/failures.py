@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 from enum import Enum
 
-from flywheel import exitcodes
+from flywheel.contracts import exitcodes
 
 
 class FailureKind(str, Enum):

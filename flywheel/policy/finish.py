@@ -7,7 +7,7 @@ from flywheel.policy.conditions import set_condition, set_phase
 from flywheel.policy.decisions import DeletePod, Event, Pass
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import PodView
-from flywheel.spec_status import ConditionType, Phase
+from flywheel.spec.status import ConditionType, Phase
 
 
 def finish(out: Pass, pods: list[PodView], phase: Phase, reason: str, message: str, now: float) -> Pass:

@@ -225,7 +225,7 @@ def _deadline(job: WatchedJob, p: RankProgress, started: float | None) -> float:
         # restore allowance.
         return began + job.first_step_timeout_seconds
     if p.final_save_started >= p.last_step_timestamp > 0:
-        # The final save pauses the check, bounded as on the etcd path (monitor/progress_hang.py).
+        # The final save pauses the check, bounded as on the etcd path (policy/progress_hang.py).
         return p.final_save_started + final_save_allowance(job.progress_timeout_seconds,
                                                            job.first_step_timeout_seconds)
     return p.last_step_timestamp + job.progress_timeout_seconds

@@ -6,7 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from flywheel.policy.failures import START_FAILURES_AFTER_GRACE, FailureKind, classify_pod, classify_waiting
-from flywheel.policy.observed import CheckpointSharing, HealthFindings, ObservedProgress, PodView
+from flywheel.policy.observed import (
+    CheckpointSharing,
+    DrainInput,
+    HealthFindings,
+    ObservedProgress,
+    PodView,
+    ProgressClock,
+)
 from flywheel.spec import TrainingJobSpec
 
 
@@ -64,6 +71,8 @@ class JobView:
     deleted_by_operator: frozenset[str] = frozenset()  # pod uids it deleted itself (status.deletedByOperator)
     spec_generation: int = 0  # the job's metadata.generation (the spec this pass reads)
     sharing: CheckpointSharing = field(default_factory=CheckpointSharing)  # policy/checkpoint_sharing.py
+    drain: DrainInput = field(default_factory=DrainInput)  # marked nodes and the request's answers (policy/drain.py)
+    progress_clock: ProgressClock | None = None  # to judge a progress hang by (policy/progress_hang.py)
 
     @property
     def desired(self) -> int:

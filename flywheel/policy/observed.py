@@ -1,12 +1,18 @@
 """What one reconcile pass observes besides the spec and the remembered status (plain data, built by executors):
-the worker pods, the training progress read from the job's event log, and the health monitor's findings."""
+the worker pods, the training progress read from the job's event log, the health monitor's findings, the leaving
+nodes, ... -- gathered in one `Observed` value, the pass's only input besides the spec, the status and the time."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flywheel.policy.checkpoint_events import CommittedCheckpoint
+from flywheel.policy.checkpoint_events import CheckpointEventState, CommittedCheckpoint
+
+DRAIN_TIMEOUT_SECONDS = 60.0  # a step plus a memory save take seconds; a node's maintenance notice gives minutes
+XID_CAUSE = "has a fatal GPU XID"
+CORDON_TAINT = "node.kubernetes.io/unschedulable"  # what the node lifecycle controller adds to a cordoned node
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,32 @@ class ObservedProgress:
 
 
 @dataclass(frozen=True)
+class ProgressClock:
+    """What the operator saw of the etcd progress, on its own clock (unix seconds): what a progress hang is judged
+    from (policy/progress_hang.py)."""
+
+    running_since: float | None  # every worker pod of the current generation Running since; None: not all run
+    last_step_seen: float | None  # when the runner last saw the step change (any generation); None: never
+    # When the newest group began in these pods: its first record seen, or an agent's restart of its ranks
+    # (the agent's clock); None: no such group since the pods ran.
+    group_began: float | None = None
+    last_activity_seen: float | None = None  # when the runner last saw an evaluation batch's heartbeat change
+    saving_since: float | None = None  # when the runner saw the final save begin; None: not saving
+
+    @property
+    def began(self) -> float | None:
+        """Since when the current group runs: its pods, or its restart in place if later."""
+        if self.running_since is None or self.group_began is None:
+            return self.running_since
+        return max(self.running_since, self.group_began)
+
+    @property
+    def stepped(self) -> bool:
+        began = self.began
+        return began is not None and self.last_step_seen is not None and self.last_step_seen >= began
+
+
+@dataclass(frozen=True)
 class HangReport:
     """The health monitor found no step progress (policy/health_checks.py) while the job had `generation`
     restarts: a report about an older generation is stale and ignored. `stepped`: the finder saw this generation
@@ -137,3 +169,61 @@ class CheckpointSharing:
     name: str = ""
     created: str = ""
     others: tuple[DirUser, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeMarks:
+    """What a node of the job's pods says about leaving (built by the executor from the Node and the monitor)."""
+
+    unschedulable: bool = False  # cordoned (spec.unschedulable)
+    taints: tuple[str, ...] = ()  # keys of its NoSchedule/NoExecute taints that are in --drain-taint-keys
+    fatal_xid: str = ""  # the health monitor's fatal XID on it, in words ("": none)
+
+    @property
+    def cause(self) -> str | None:
+        """Why the node is leaving, in words; None when it is not. The cordon's own taint, which the node
+        lifecycle controller adds with spec.unschedulable, is the cordon, not a taint of its own."""
+        if self.fatal_xid:
+            return f"{XID_CAUSE} ({self.fatal_xid})"
+        taints = [key for key in self.taints if key != CORDON_TAINT]
+        if taints:
+            return f"is tainted {', '.join(taints)}"
+        if self.unschedulable or CORDON_TAINT in self.taints:
+            return "is cordoned"
+        return None
+
+
+@dataclass(frozen=True)
+class DrainInput:
+    """A pass's observations for drain ahead (policy/drain.py): the marked nodes, and the checkpoint request and
+    answers in etcd."""
+
+    nodes: Mapping[str, NodeMarks] = field(default_factory=dict)
+    request_id: str = ""  # the request open in etcd ("": none)
+    answers: Mapping[int, tuple[str, int]] = field(default_factory=dict)  # rank -> (request id, step it holds)
+    timeout_seconds: float = DRAIN_TIMEOUT_SECONDS
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything one pass reads besides the spec, the remembered status and the time: built in one place by each
+    executor (the operator's observer, operator/observe.py), so the pass's input is one value."""
+
+    pods: list[PodView] = field(default_factory=list)  # the job's pods: workers and warm spares
+    progress: ObservedProgress = field(default_factory=ObservedProgress)
+    generation: int = 0  # the job's metadata.generation (the spec this pass reads)
+    restart_requested_at: str | None = None  # annotation flywheel.dev/restart-requested-at (REST API `restart`)
+    findings: HealthFindings = field(default_factory=HealthFindings)  # flywheel/monitor/findings.py
+    drain: DrainInput = field(default_factory=DrainInput)  # marked nodes and the checkpoint request's answers
+    # The Ready nodes neither cordoned nor tainted: where a spare may move (policy/spare_placement.py; empty where
+    # there are no nodes, or no spare to place).
+    usable_nodes: frozenset[str] = frozenset()
+    create_failures: tuple[str, ...] = ()  # why the operator's creates were refused (policy/create_failures.py)
+    sharing: CheckpointSharing = field(default_factory=CheckpointSharing)  # policy/checkpoint_sharing.py
+    # The progress as a clock, to judge a hang by (policy/progress_hang.py); None: not followed (no etcd watch, the
+    # job done or finished, hang detection off).
+    progress_clock: ProgressClock | None = None
+    # The executor's memory of earlier passes, handed back in each Pass: the generation whose progress hang was
+    # reported, and which CheckpointCommitted events and checkpoint notices were posted (None: a new executor).
+    hang_reported: int | None = None
+    checkpoint_events: CheckpointEventState | None = None

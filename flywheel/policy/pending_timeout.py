@@ -14,14 +14,14 @@ is cleared once every worker is scheduled, one is gated again (queued), or the j
 
 from __future__ import annotations
 
+from flywheel.contracts.startup_crashes import TRANSIENT_PREFIXES
 from flywheel.policy import reasons as R
 from flywheel.policy.conditions import TERMINAL, iso, parse_iso
 from flywheel.policy.decisions import Pass
 from flywheel.policy.finish import finish
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import PodView
-from flywheel.spec_status import Phase, TrainingJobStatus
-from flywheel.startup_crashes import TRANSIENT_PREFIXES
+from flywheel.spec.status import Phase, TrainingJobStatus
 
 
 def unschedulable(job: JobView) -> list[PodView]:

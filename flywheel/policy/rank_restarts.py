@@ -15,8 +15,8 @@ names the pods that caused or echoed it). A pod's later reports are its agent's 
 soon they come. The agents' reports of a hang's restart in place (policy/failure_decision.py) are echoes too: every
 agent reports the restart it was asked for, moments after the decided restart counted it. After a decided restart
 that keeps survivors (a Shrink, a replaced pod), a survivor notices the loss only when its collective times out
-(trainer/collective_env.py: 0.8 x progressTimeoutSeconds, past SAME_RECOVERY_SECONDS): its first report that follows
-a peer's failure is that recovery's echo up to `consequence_window` after it. A decided restart right after a
+(trainer/distributed/collective_env.py: 0.8 x progressTimeoutSeconds, past SAME_RECOVERY_SECONDS): its first report that
+follows a peer's failure is that recovery's echo up to `consequence_window` after it. A decided restart right after a
 counted rank restart, or for a pod that ended shortly before it (a consequence's report may precede the failed pod's
 end by up to `consequence_window` when a loaded kubelet reports it late), replaces its reason instead of counting
 again (`begin_generation`). Because the peers' reports
@@ -31,14 +31,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from flywheel import exitcodes
+from flywheel.contracts import exitcodes
+from flywheel.contracts.timefmt import parse_rfc3339, rfc3339
 from flywheel.policy import reasons as R
 from flywheel.policy.decisions import Event
 from flywheel.policy.observed import PodView
-from flywheel.spec import FaultTolerance
-from flywheel.spec_status import TrainingJobStatus
-from flywheel.timefmt import parse_rfc3339, rfc3339
-from flywheel.trainer.collective_env import collective_timeouts
+from flywheel.spec.job import FaultTolerance
+from flywheel.spec.status import TrainingJobStatus
+from flywheel.spec.timeouts import collective_timeouts
 
 # The peers of a crashed rank fail within their collective's detection of the loss (a closed connection: well
 # under a second, measured 0.1 s); a deleted pod's survivors once its ranks have stopped (its shutdown grace, 20 s).

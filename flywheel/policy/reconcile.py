@@ -18,28 +18,31 @@ must remember across its own restarts is in the status it writes, so a killed op
 - Pods are named per replica index, so a pod can never be duplicated: a missing index is created, a name still
   held by a terminating pod waits until it is gone (force-deleted after `nodeFailureGraceSeconds` on a lost node).
 
-Each step is a policy of its own module; the order below is the precedence between them. The pass also says when
-it is next due with nothing else changed (`Pass.next_due`, policy/due.py): the executors run a pass on every change
-of what it reads, and otherwise only then.
+Each step is a policy of its own module; `PRECEDENCE` names the order between those that may decide. The pass also
+says when it is next due with nothing else changed (`Pass.next_due`, policy/due.py): the executors run a pass on
+every change of what it reads, and otherwise only then.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from flywheel.policy import reasons as R
+from flywheel.policy.checkpoint_events import checkpoint_posts, event_due
 from flywheel.policy.checkpoint_sharing import wait_for_checkpoint_dir
 from flywheel.policy.conditions import TERMINAL, condition, iso, set_condition
 from flywheel.policy.create_failures import track_create_failures
 from flywheel.policy.deadline_ttl import after_finish, deadline
 from flywheel.policy.decisions import DeletePod, Event, Pass
-from flywheel.policy.drain import DrainInput, drain_ahead
+from flywheel.policy.drain import drain_ahead
 from flywheel.policy.due import next_due
 from flywheel.policy.failure_decision import decide_failure, requested_restart
 from flywheel.policy.finish import invalid_job, success
 from flywheel.policy.job_view import JobView
-from flywheel.policy.observed import CheckpointSharing, HealthFindings, ObservedProgress, PodView
+from flywheel.policy.observed import Observed, PodView
 from flywheel.policy.pending_timeout import pending_timeout, track_unschedulable
+from flywheel.policy.progress_hang import judge_progress
 from flywheel.policy.rank_restarts import consequence_window, count_rank_restarts
 from flywheel.policy.running_state import settle
 from flywheel.policy.scale_create import clean_up, create_missing
@@ -48,7 +51,7 @@ from flywheel.policy.spec_change import regroup_if_mixed, track_spec_change
 from flywheel.policy.startup_failure import stalled
 from flywheel.policy.suspend_resume import resume, suspend
 from flywheel.spec import TrainingJobSpec
-from flywheel.spec_status import (
+from flywheel.spec.status import (
     CheckpointStatus,
     ConditionType,
     GoodputStatus,
@@ -58,36 +61,59 @@ from flywheel.spec_status import (
 )
 
 LIVENESS_GRACE_SECONDS = 1.0  # a key gone this long while the pod still runs means the agent is gone
-NO_FINDINGS = HealthFindings()
-NO_DRAIN_INPUT = DrainInput()
-NO_SHARING = CheckpointSharing()
 
-__all__ = ["LIVENESS_GRACE_SECONDS", "PodView", "reconcile"]
+__all__ = ["LIVENESS_GRACE_SECONDS", "PRECEDENCE", "Observed", "PodView", "reconcile"]
+
+Step = Callable[[Pass, JobView], Pass | None]
+
+# The policies that may decide a pass, first to last: the first that returns its Pass decides it. An overdue pending
+# timeout comes before a failure: a peer's rendezvous gives up on the unschedulable worker, and restarting for it
+# (policy/pending_timeout.py) would only put the verdict off.
+PRECEDENCE: tuple[Step, ...] = (deadline, success, requested_restart, drain_ahead, pending_timeout, decide_failure)
 
 
-def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: TrainingJobStatus, pods: list[PodView],
-              progress: ObservedProgress, now: float, generation: int = 0, restart_requested_at: str | None = None,
-              findings: HealthFindings = NO_FINDINGS, drain: DrainInput = NO_DRAIN_INPUT,
-              usable_nodes: frozenset[str] = frozenset(), create_failures: tuple[str, ...] = (),
-              sharing: CheckpointSharing = NO_SHARING) -> Pass:
-    """Decide one pass. `spec` is None when the TrainingJob is invalid (`invalid` says why).
-    `restart_requested_at`: the job's flywheel.dev/restart-requested-at annotation (REST API `restart`).
-    `findings`: the health monitor's (flywheel/monitor/findings.py). `drain`: marked nodes and the checkpoint
-    request's answers (policy/drain.py). `usable_nodes`: the Ready nodes neither cordoned nor tainted (where a spare
-    may move, policy/spare_placement.py; empty where there are no nodes). `create_failures`: why the pods or the
-    Service the operator tried to create were refused (policy/create_failures.py). `sharing`: this job's identity
-    and the other jobs whose checkpoints land where its do (policy/checkpoint_sharing.py)."""
-    out = _begin(status_in, generation, now)
+def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status_in: TrainingJobStatus, observed: Observed,
+              now: float) -> Pass:
+    """Decide one pass. `spec` is None when the TrainingJob is invalid (`invalid` says why); `observed`: everything
+    else the pass reads, with the executor's memory of earlier passes (policy/observed.py)."""
+    out = _begin(status_in, observed.generation, now)
+    out.hang_reported = observed.hang_reported
     if spec is None:
-        return invalid_job(out, pods, invalid, now)  # spares included: every pod of the job goes
-    workers, spares = split_roles(pods)
-    job = JobView(spec, workers, progress, now, out.status.generation, restart_requested_at, findings, spares,
-                  usable_nodes - set(drain.nodes), create_failures, frozenset(status_in.deleted_by_operator),
-                  spec_generation=generation, sharing=sharing)
-    decided = keep_spares(_decide(out, job, drain), job)
+        decided = invalid_job(out, observed.pods, invalid, now)  # spares included: every pod of the job goes
+    else:
+        decided = _decide_job(out, _view(spec, status_in, observed, out.status.generation, now), observed.pods)
+    return _post_checkpoints(decided, status_in, observed, now)
+
+
+def _decide_job(out: Pass, job: JobView, pods: list[PodView]) -> Pass:
+    """A valid job's pass: the progress judged, the policies, the spares; when it is next due."""
+    job = judge_progress(out, job)  # a hang found here is decided in this pass
+    decided = keep_spares(_decide(out, job), job)
     remember_own_deletions(decided, pods)
     decided.next_due = next_due(decided.status, job)
     return decided
+
+
+def _post_checkpoints(out: Pass, status_in: TrainingJobStatus, seen: Observed, now: float) -> Pass:
+    """The checkpoint events to post after the actions (policy/checkpoint_events.py); held-back ones make the
+    pass due again."""
+    progress = seen.progress
+    out.checkpoints = checkpoint_posts(progress.checkpoints, progress.checkpoint_notices, seen.checkpoint_events,
+                                       status_in, now, finished=out.status.phase in TERMINAL)
+    held = event_due(progress.checkpoints, out.checkpoints.memory)
+    if held is not None and (out.next_due is None or held < out.next_due):
+        out.next_due = held
+    return out
+
+
+def _view(spec: TrainingJobSpec, status_in: TrainingJobStatus, seen: Observed, generation: int,
+          now: float) -> JobView:
+    """What every policy reads of this pass: the observations split into workers and spares."""
+    workers, spares = split_roles(seen.pods)
+    return JobView(spec, workers, seen.progress, now, generation, seen.restart_requested_at, seen.findings, spares,
+                   seen.usable_nodes - set(seen.drain.nodes), seen.create_failures,
+                   frozenset(status_in.deleted_by_operator), spec_generation=seen.generation, sharing=seen.sharing,
+                   drain=seen.drain, progress_clock=seen.progress_clock)
 
 
 def remember_own_deletions(out: Pass, pods: list[PodView]) -> None:
@@ -99,7 +125,7 @@ def remember_own_deletions(out: Pass, pods: list[PodView]) -> None:
         out.status.deleted_by_operator = deleted
 
 
-def _decide(out: Pass, job: JobView, drain: DrainInput) -> Pass:
+def _decide(out: Pass, job: JobView) -> Pass:
     """Everything but the spares (policy/spares.py), whose count follows whatever this decides."""
     _observe(out.status, job)
     track_unschedulable(out.status, job)
@@ -108,28 +134,25 @@ def _decide(out: Pass, job: JobView, drain: DrainInput) -> Pass:
     out.events += count_rank_restarts(out.status, job.pods, job.generation, job.now,
                                       consequence_window(job.spec.fault_tolerance),
                                       stalled(out.status, job.progress))
-    decided = _first_policy(out, job, drain)
+    decided = _first_policy(out, job)
     regroup_if_mixed(decided, job)  # whichever policy adds a worker: never beside workers on an older spec
     return decided
 
 
-def _first_policy(out: Pass, job: JobView, drain: DrainInput) -> Pass:
+def _first_policy(out: Pass, job: JobView) -> Pass:
     """The pass after the observations: the first policy (by precedence) that decides."""
-    spec = job.spec
     if out.status.phase in TERMINAL:
         return after_finish(out, job)
     clean_up(out, job)
-    if spec.suspend:
+    if job.spec.suspend:
         return suspend(out, job)
     entry_phase = resume(out, job)
     if out.status.generation != job.generation:  # resumed: the pass decides for the new generation
         job = replace(job, generation=out.status.generation)
-    # An overdue pending timeout before a failure: a peer's rendezvous gives up on the unschedulable worker, and
-    # restarting for it (policy/pending_timeout.py) would only put the verdict off.
-    decided = (deadline(out, job) or success(out, job) or requested_restart(out, job)
-               or drain_ahead(out, job, drain) or pending_timeout(out, job) or decide_failure(out, job))
-    if decided is not None:
-        return decided
+    for step in PRECEDENCE:
+        decided = step(out, job)
+        if decided is not None:
+            return decided
     held = wait_for_checkpoint_dir(out, job)  # before any worker is created
     if held is not None:
         return held

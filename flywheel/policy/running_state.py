@@ -9,7 +9,7 @@ from flywheel.policy.conditions import condition, set_condition, set_phase
 from flywheel.policy.decisions import Event, Pass
 from flywheel.policy.job_view import JobView
 from flywheel.policy.pending_timeout import unschedulable, unschedulable_message, unschedulable_since
-from flywheel.spec_status import ConditionType, Phase
+from flywheel.spec.status import ConditionType, Phase
 
 STRAGGLER_REASONS = (R.STRAGGLER, R.STRAGGLER_RECOVERED)
 

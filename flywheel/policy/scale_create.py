@@ -10,7 +10,7 @@ from flywheel.policy.decisions import CreatePod, DeletePod, Event, Pass, ResetRe
 from flywheel.policy.job_view import JobView
 from flywheel.policy.spares import promoted_events, promotions
 from flywheel.policy.spec_change import on_older_spec
-from flywheel.spec_status import ConditionType
+from flywheel.spec.status import ConditionType
 
 
 def clean_up(out: Pass, job: JobView) -> Pass:

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from flywheel.contracts.timefmt import parse_rfc3339, rfc3339
 from flywheel.policy import reasons as R
 from flywheel.policy.decisions import CreateSpare, DeletePod, Event, Pass
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import PodView
-from flywheel.spec_status import Phase, SpareMoveStatus, TrainingJobStatus
-from flywheel.timefmt import parse_rfc3339, rfc3339
+from flywheel.spec.status import Phase, SpareMoveStatus, TrainingJobStatus
 
 MOVE_TIMEOUT_SECONDS = 120.0
 # A move asks for at most this many nodes (the affinity's and status.spareMove's list): on a large cluster most

@@ -35,7 +35,7 @@ from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import PodView
 from flywheel.policy.spare_placement import beside_worker, move_spare, spare_number
 from flywheel.policy.spec_change import on_older_spec
-from flywheel.spec_status import Phase
+from flywheel.spec.status import Phase
 
 ENDED_PHASES = (Phase.SUCCEEDED, Phase.FAILED, Phase.SUSPENDED)
 

@@ -30,7 +30,7 @@ from flywheel.policy.decisions import CreatePod, DeletePod, Event, Pass, Promote
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import PodView
 from flywheel.spec import TrainingJobSpec
-from flywheel.spec_status import ConditionType, Phase
+from flywheel.spec.status import ConditionType, Phase
 
 LIVE_FIELDS = ("suspend", "runPolicy")  # read by the operator on every pass; replicas' target and spares below
 LIVE_REPLICA_FIELDS = ("target", "spares")

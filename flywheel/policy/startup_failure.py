@@ -1,6 +1,6 @@
 """Deterministic start-up failures (pure): a worker that crashes with the same reason before the first step on
 STARTUP_FAILURE_ATTEMPTS attempts in a row (an import error, a missing file, a bad config) would only crash again:
-the job fails with that reason then, not after `maxRestarts` (the count: flywheel/startup_crashes.py).
+the job fails with that reason then, not after `maxRestarts` (the count: flywheel/contracts/startup_crashes.py).
 
 "Before the first step" is the failed attempt's own word: the newest attempt in the progress record, when it began
 in the current generation (after the last counted recovery), trained a step or not; when none did, this
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flywheel import startup_crashes
+from flywheel.contracts import startup_crashes
 from flywheel.policy import reasons as R
 from flywheel.policy.failures import FailureKind
 from flywheel.policy.observed import ObservedProgress
 from flywheel.policy.rank_restarts import last_restart
-from flywheel.spec_status import TrainingJobStatus
+from flywheel.spec.status import TrainingJobStatus
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from flywheel.policy import reasons as R
 from flywheel.policy.conditions import set_condition, set_phase
 from flywheel.policy.decisions import DeletePod, Event, Pass
 from flywheel.policy.job_view import JobView
-from flywheel.spec_status import ConditionType, Phase
+from flywheel.spec.status import ConditionType, Phase
 
 
 def suspend(out: Pass, job: JobView) -> Pass:

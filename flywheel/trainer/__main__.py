@@ -2,9 +2,8 @@
 
 import traceback
 
-from flywheel import exitcodes
-from flywheel.trainer import termination_log
-from flywheel.trainer.process_exit import exit_rank
+from flywheel.contracts import exitcodes, termination_log
+from flywheel.trainer.ft.process_exit import exit_rank
 from flywheel.trainer.train_loop import main
 
 if __name__ == "__main__":

@@ -23,9 +23,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from flywheel.data_prep_index import IndexError_, read_index
-from flywheel.data_prep_tokenizer import TokenizerError, file_sha256, load_tokenizer
-from flywheel.spec_layout import tokenizer_vocab_problem
+from flywheel.data.shards import IndexError_, read_index
+from flywheel.data.tokenizers import TokenizerError, file_sha256, load_tokenizer
+from flywheel.layout.rules import tokenizer_vocab_problem
 
 SYNTHETIC_BRANCHING = 4  # successors per token in the synthetic chain: the loss floor is about log(4)
 SYNTHETIC_NOISE = 0.05  # fraction of tokens replaced by uniform noise

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flywheel.trainer.data import MicroBatch, SampleLoader, SampleSource
-from flywheel.trainer.parallel_pp import PipelinedModel
+from flywheel.trainer.distributed.pipeline_parallel import PipelinedModel
 
 
 @dataclass(frozen=True)

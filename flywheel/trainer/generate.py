@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from flywheel.data_prep_tokenizer import Tokenizer, load_tokenizer
-from flywheel.spec_layout import BYTE_VOCAB
-from flywheel.trainer.build import build_model
-from flywheel.trainer.hf_export import CheckpointModel, load_checkpoint_model
+from flywheel.data.tokenizers import Tokenizer, load_tokenizer
+from flywheel.layout.rules import BYTE_VOCAB
+from flywheel.trainer.models.hf_export import CheckpointModel, load_checkpoint_model
+from flywheel.trainer.models.registry import build_model
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from flywheel.spec import Training
+from flywheel.spec.job import Training
 
 ADAM_BETAS = (0.9, 0.95)
 

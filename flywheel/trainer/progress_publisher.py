@@ -22,12 +22,12 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from flywheel.contracts import termination_log
 from flywheel.etcd import keys
 from flywheel.etcd.progress import PHASE_SAVING, RECENT_NOTICES, CheckpointRecord, ProgressRecord, encode
 from flywheel.etcd.session import EtcdSession, KeptLease
 from flywheel.eventlog import EventLog, RunFold, parse_record
 from flywheel.eventlog.writer import group_of
-from flywheel.trainer import termination_log
 
 log = logging.getLogger(__name__)
 

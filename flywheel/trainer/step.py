@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from flywheel.trainer.data import MicroBatch
-from flywheel.trainer.moe import aux_loss_of
-from flywheel.trainer.parallel_pp import PipelinedModel, full_model_state
-from flywheel.trainer.parallelize import gradient_sync
+from flywheel.trainer.distributed.parallelize import gradient_sync
+from flywheel.trainer.distributed.pipeline_parallel import PipelinedModel, full_model_state
+from flywheel.trainer.models.moe import aux_loss_of
 
 log = logging.getLogger("flywheel.trainer")
 

@@ -23,25 +23,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from flywheel import exitcodes
-from flywheel.data_prep_tokenizer import resolve_tokenizer
+from flywheel.agent import first_step
+from flywheel.agent.store_ready import wait_for_store
+from flywheel.agent.worker_env import StopRequest, UserError, WorkerEnv
+from flywheel.contracts import exitcodes, termination_log
+from flywheel.data.tokenizers import resolve_tokenizer
 from flywheel.etcd.progress import PHASE_EVALUATING, PHASE_SAVING
 from flywheel.eventlog import EventLog, EventName, one_line
-from flywheel.spec import SpecError, Training
-from flywheel.trainer import checkpoint_store as store
-from flywheel.trainer import first_step, termination_log
-from flywheel.trainer.build import build_model, model_shape
-from flywheel.trainer.checkpoint import AppState, Checkpointer
-from flywheel.trainer.checkpoint_failure import FinalSaveFailed
-from flywheel.trainer.checkpoint_memory import memory_root
-from flywheel.trainer.checkpoint_request import CheckpointRequests, stop_for_request
-from flywheel.trainer.collective_env import (
-    CollectiveTimeouts,
-    apply_collective_env,
-    collective_env,
-    collective_timeouts,
-    shorten_timeouts,
-)
+from flywheel.layout.hf_config import HFConfigError
+from flywheel.spec import SpecError
+from flywheel.spec.job import Training
+from flywheel.spec.timeouts import CollectiveTimeouts, collective_timeouts
+from flywheel.trainer.checkpoint import store
+from flywheel.trainer.checkpoint.failure import FinalSaveFailed
+from flywheel.trainer.checkpoint.manager import AppState, Checkpointer
+from flywheel.trainer.checkpoint.request import CheckpointRequests, stop_for_request
+from flywheel.trainer.checkpoint.tiers.memory import memory_root
 from flywheel.trainer.data import (
     DataError,
     SampleLoader,
@@ -49,14 +46,8 @@ from flywheel.trainer.data import (
     build_source,
     build_validation_source,
 )
-from flywheel.trainer.evaluate import EvalContext, EvalPlan, evaluate
-from flywheel.trainer.fault_injection import FaultInjector
-from flywheel.trainer.hf_config import HFConfigError
-from flywheel.trainer.hf_export import record_model
-from flywheel.trainer.hf_weights import load_pretrained
-from flywheel.trainer.materialize import META
-from flywheel.trainer.optim import build_optimizer, build_scheduler
-from flywheel.trainer.parallelize import (
+from flywheel.trainer.distributed.collective_env import apply_collective_env, collective_env, shorten_timeouts
+from flywheel.trainer.distributed.parallelize import (
     DP,
     ParallelismError,
     build_mesh,
@@ -66,12 +57,17 @@ from flywheel.trainer.parallelize import (
     parallelize,
     settle_ddp_buckets,
 )
+from flywheel.trainer.evaluate import EvalContext, EvalPlan, evaluate
+from flywheel.trainer.ft.fault_injector import FaultInjector
+from flywheel.trainer.ft.watchdog import ProgressWatchdog
+from flywheel.trainer.metrics import TrainerMetrics
+from flywheel.trainer.models.hf_export import record_model
+from flywheel.trainer.models.hf_weights import load_pretrained
+from flywheel.trainer.models.materialize import META
+from flywheel.trainer.models.registry import build_model, model_shape
+from flywheel.trainer.optim import build_optimizer, build_scheduler
 from flywheel.trainer.progress_publisher import progress_events, publish_activity
 from flywheel.trainer.step import autocast_for, forward_backward, params_sha256, pick_device
-from flywheel.trainer.store_ready import wait_for_store
-from flywheel.trainer.trainer_metrics import TrainerMetrics
-from flywheel.trainer.watchdog import ProgressWatchdog
-from flywheel.trainer.worker_env import StopRequest, UserError, WorkerEnv
 
 log = logging.getLogger("flywheel.trainer")
 
@@ -386,7 +382,7 @@ def _is_collective_failure(err: BaseException) -> bool:
 
 
 def main(environ: Mapping[str, str] | None = None) -> int:
-    """The worker entry point; returns the process exit code (exitcodes.py)."""
+    """The worker entry point; returns the process exit code (contracts/exitcodes.py)."""
     environ = os.environ if environ is None else environ
     rank = environ.get("RANK", "?")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -405,12 +401,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     use_deterministic_algorithms(env.spec.trainer.training)
 
     events = progress_events(env.events_file, env.rank)  # rank 0 also publishes progress to etcd
-    labels = {"job": env.job, "namespace": env.namespace, "replica": env.replica, "rank": str(env.rank)}
-    try:
-        metrics = TrainerMetrics(env.metrics_port if env.local_rank == 0 else 0, labels)
-    except OSError as err:  # e.g. the port is still held by the previous incarnation: train without serving
-        log.warning("cannot serve metrics on port %d (%s); continuing without", env.metrics_port, err)
-        metrics = TrainerMetrics(0, labels)
+    metrics = _metrics(env)
     stop = StopRequest()
     stop.install()
     # Started before the rendezvous: the first-step allowance covers start-up and restore too.
@@ -431,20 +422,34 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         return code
     except USER_ERRORS as err:
         return user_error(events, env.rank, err)
-    except Exception as err:
-        if _NO_DETERMINISTIC_KERNEL in str(err):
-            return user_error(events, env.rank, UserError(
-                f"training.deterministic: {one_line(str(err))}; set trainer.training.deterministic: false (a "
-                "resume is then not bitwise exact) or use a layout or precision whose kernels have one"))
-        log.exception("training failed")
-        termination_log.write_reason(termination_log.exception_reason(err))
-        if _is_collective_failure(err):
-            metrics.collective_failures_total.inc()
-            # The counter dies with the process; the event log keeps the fact for the executor and the timeline.
-            events.emit(EventName.COLLECTIVE_TIMEOUT, rank=env.rank, error=str(err)[:500])
-            return exitcodes.COLLECTIVE_TIMEOUT
-        return exitcodes.CRASH
+    except Exception as err:  # noqa: BLE001  (_failed logs it and says why in the termination log)
+        return _failed(err, env, events, metrics)
     finally:
         # On every way out: a watchdog still running once main() has returned (after a user error in preflight,
         # say) ends the process that called it when the first-step allowance runs out (a test run, in process).
         watchdog.stop()
+
+
+def _metrics(env: WorkerEnv) -> TrainerMetrics:
+    labels = {"job": env.job, "namespace": env.namespace, "replica": env.replica, "rank": str(env.rank)}
+    try:
+        return TrainerMetrics(env.metrics_port if env.local_rank == 0 else 0, labels)
+    except OSError as err:  # e.g. the port is still held by the previous incarnation: train without serving
+        log.warning("cannot serve metrics on port %d (%s); continuing without", env.metrics_port, err)
+        return TrainerMetrics(0, labels)
+
+
+def _failed(err: Exception, env: WorkerEnv, events: EventLog, metrics: TrainerMetrics) -> int:
+    """The exit code for an error the loop did not expect, with its reason where the executor reads it."""
+    if _NO_DETERMINISTIC_KERNEL in str(err):
+        return user_error(events, env.rank, UserError(
+            f"training.deterministic: {one_line(str(err))}; set trainer.training.deterministic: false (a "
+            "resume is then not bitwise exact) or use a layout or precision whose kernels have one"))
+    log.exception("training failed")
+    termination_log.write_reason(termination_log.exception_reason(err))
+    if _is_collective_failure(err):
+        metrics.collective_failures_total.inc()
+        # The counter dies with the process; the event log keeps the fact for the executor and the timeline.
+        events.emit(EventName.COLLECTIVE_TIMEOUT, rank=env.rank, error=str(err)[:500])
+        return exitcodes.COLLECTIVE_TIMEOUT
+    return exitcodes.CRASH

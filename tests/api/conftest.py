@@ -28,8 +28,8 @@ from flywheel.api.app import create_app
 from flywheel.api.auth import TokenFileAuth
 from flywheel.api.cache import KubeCache
 from flywheel.api.job_actions import KubeActions
-from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.kube.client import Kube, load_credentials
+from flywheel.spec.crd.generate import GROUP, PLURAL, VERSION
 from tests.cluster.cluster import TestCluster
 from tests.cluster.fixtures import start_cluster
 from tests.waiting import eventually

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flywheel.labels import RESTART_ANNOTATION
+from flywheel.contracts.labels import RESTART_ANNOTATION
 from tests.api.conftest import ADMIN, VIEWER, ApiEnv, eventually
 
 

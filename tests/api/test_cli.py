@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from flywheel.cli import main
-from flywheel.crd import GROUP, PLURAL
+from flywheel.spec.crd.generate import GROUP, PLURAL
 from tests.api.conftest import ADMIN, REPO, ApiEnv, eventually, kubectl, service_account_token
 from tests.etcd_process import free_port
 

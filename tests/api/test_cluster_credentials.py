@@ -16,8 +16,8 @@ import yaml
 
 from flywheel.api.cache import KubeCache
 from flywheel.api.job_actions import KubeActions
-from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.kube.client import Connection, Kube, load_credentials
+from flywheel.spec.crd.generate import GROUP, PLURAL, VERSION
 from tests.api.conftest import CRD, CRD_NAME, job_doc, kubectl, service_account_token
 from tests.cluster.cluster import TestCluster
 from tests.cluster.fixtures import start_cluster

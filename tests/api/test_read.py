@@ -105,7 +105,7 @@ def test_cache_follows_deletes_and_survives_dropped_watches(api_env: ApiEnv) -> 
 
 def test_a_restart_request_is_pending_until_the_operator_records_it() -> None:
     from flywheel.api.views import detail
-    from flywheel.labels import RESTART_ANNOTATION
+    from flywheel.contracts.labels import RESTART_ANNOTATION
 
     at = "2026-11-22T09:00:00Z"
     job = {"metadata": {"name": "r", "namespace": "default", "annotations": {RESTART_ANNOTATION: at}},

@@ -24,7 +24,7 @@ from flywheel.api.app import create_app
 from flywheel.api.auth import Principal, TokenFileAuth
 from flywheel.api.deps import DNS
 from flywheel.api.job_actions import ActionError
-from flywheel.labels import RESTART_ANNOTATION
+from flywheel.contracts.labels import RESTART_ANNOTATION
 from tests.api.memory_source import MemorySource
 
 ADMIN = "schemathesis-admin-token"

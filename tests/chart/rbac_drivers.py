@@ -22,7 +22,6 @@ from typing import Any
 
 import yaml
 
-from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.kube.client import Kube
 from flywheel.monitor import HealthMonitor, MonitorSettings, OperatorMetrics
 from flywheel.operator import manifests as m
@@ -32,6 +31,7 @@ from flywheel.operator.health_executor import KubeHealthActions, KubeJobInventor
 from flywheel.operator.xid_memory import KubeXidMemory
 from flywheel.policy.health_checks import HealthSettings
 from flywheel.policy.reconcile import iso
+from flywheel.spec.crd.generate import GROUP, PLURAL, VERSION
 from tests.cluster.audit import Identity
 from tests.fakes.prometheus_api import FakePrometheus
 

@@ -16,9 +16,9 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-from flywheel.spec import CheckpointSpec
-from flywheel.trainer.checkpoint import AppState, Checkpointer
-from flywheel.trainer.process_exit import exit_rank
+from flywheel.spec.job import CheckpointSpec
+from flywheel.trainer.checkpoint.manager import AppState, Checkpointer
+from flywheel.trainer.ft.process_exit import exit_rank
 
 DIM = 16
 BATCH = 8

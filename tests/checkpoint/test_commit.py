@@ -12,9 +12,9 @@ import pytest
 import torch.distributed.checkpoint as dcp
 from ckpt_helpers import FakeEvents, assert_same_state, full_state, make_app, train_step
 
-from flywheel.spec import CheckpointSpec
-from flywheel.trainer import checkpoint_store as store
-from flywheel.trainer.checkpoint import Checkpointer
+from flywheel.spec.job import CheckpointSpec
+from flywheel.trainer.checkpoint import store
+from flywheel.trainer.checkpoint.manager import Checkpointer
 
 pytestmark = pytest.mark.usefixtures("one_rank")
 

@@ -13,9 +13,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from ckpt_helpers import MLP, FakeEvents, assert_same_state, full_state, make_app, run_ranks, train_step
 
-from flywheel.spec import CheckpointSpec
-from flywheel.trainer import checkpoint_store as store
-from flywheel.trainer.checkpoint import Checkpointer
+from flywheel.spec.job import CheckpointSpec
+from flywheel.trainer.checkpoint import store
+from flywheel.trainer.checkpoint.manager import Checkpointer
 
 pytestmark = pytest.mark.slow
 

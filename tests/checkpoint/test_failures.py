@@ -14,11 +14,10 @@ import torch.distributed.checkpoint as dcp
 from ckpt_helpers import FakeEvents, FakeMetrics, assert_same_state, full_state, make_app, train_step
 from torch.distributed.checkpoint.api import CheckpointException
 
-from flywheel.spec import CheckpointSpec
-from flywheel.trainer import checkpoint_failure
-from flywheel.trainer import checkpoint_store as store
-from flywheel.trainer.checkpoint import Checkpointer
-from flywheel.trainer.checkpoint_failure import (
+from flywheel.spec.job import CheckpointSpec
+from flywheel.trainer.checkpoint import failure as checkpoint_failure
+from flywheel.trainer.checkpoint import store
+from flywheel.trainer.checkpoint.failure import (
     FailureReason,
     RankCause,
     SaveFailed,
@@ -28,6 +27,7 @@ from flywheel.trainer.checkpoint_failure import (
     in_words,
     primary,
 )
+from flywheel.trainer.checkpoint.manager import Checkpointer
 
 pytestmark = pytest.mark.usefixtures("one_rank")
 

@@ -12,12 +12,12 @@ import pytest
 import torch.distributed.checkpoint as dcp
 from ckpt_helpers import FakeEvents, assert_same_state, full_state, make_app, train_saving, train_step
 
-from flywheel.spec import CheckpointSpec
-from flywheel.trainer import checkpoint_memory as mem
-from flywheel.trainer import checkpoint_store as store
+from flywheel.spec.job import CheckpointSpec
 from flywheel.trainer import train_loop
-from flywheel.trainer.checkpoint import AppState, Checkpointer
-from flywheel.trainer.checkpoint_failure import FinalSaveFailed
+from flywheel.trainer.checkpoint import store
+from flywheel.trainer.checkpoint.failure import FinalSaveFailed
+from flywheel.trainer.checkpoint.manager import AppState, Checkpointer
+from flywheel.trainer.checkpoint.tiers import memory as mem
 
 pytestmark = pytest.mark.usefixtures("one_rank")
 STEPS = 4

@@ -12,10 +12,9 @@ from typing import Any
 import pytest
 from ckpt_helpers import FakeEvents, assert_same_state, full_state, make_app, train_step
 
-from flywheel.spec import CheckpointSpec
-from flywheel.trainer import checkpoint_integrity as integrity
-from flywheel.trainer import checkpoint_store as store
-from flywheel.trainer.checkpoint import Checkpointer
+from flywheel.spec.job import CheckpointSpec
+from flywheel.trainer.checkpoint import integrity, store
+from flywheel.trainer.checkpoint.manager import Checkpointer
 
 pytestmark = pytest.mark.usefixtures("one_rank")
 STEPS = 6

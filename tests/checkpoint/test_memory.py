@@ -22,11 +22,10 @@ from ckpt_helpers import (
     train_step,
 )
 
-from flywheel.spec import CheckpointSpec
-from flywheel.trainer import checkpoint_memory as mem
-from flywheel.trainer import checkpoint_peer as peer
-from flywheel.trainer import checkpoint_peer_restore as peer_restore
-from flywheel.trainer.checkpoint import Checkpointer
+from flywheel.spec.job import CheckpointSpec
+from flywheel.trainer.checkpoint.manager import Checkpointer
+from flywheel.trainer.checkpoint.tiers import memory as mem
+from flywheel.trainer.checkpoint.tiers import peer, peer_restore
 
 # ---- the plan -------------------------------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from ckpt_helpers import flip_byte
 
-from flywheel.trainer import checkpoint_memory_file as step_format
+from flywheel.trainer.checkpoint.tiers import memory_file as step_format
 
 
 def _saved() -> dict[str, Any]:

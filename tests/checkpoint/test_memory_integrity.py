@@ -25,10 +25,10 @@ from ckpt_helpers import (
     train_step,
 )
 
-from flywheel.spec import CheckpointSpec
-from flywheel.trainer import checkpoint_memory as mem
-from flywheel.trainer import checkpoint_memory_file as step_format
-from flywheel.trainer.checkpoint import Checkpointer
+from flywheel.spec.job import CheckpointSpec
+from flywheel.trainer.checkpoint.manager import Checkpointer
+from flywheel.trainer.checkpoint.tiers import memory as mem
+from flywheel.trainer.checkpoint.tiers import memory_file as step_format
 
 
 @pytest.mark.usefixtures("one_rank")

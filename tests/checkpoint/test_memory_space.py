@@ -14,9 +14,9 @@ import torch
 import torch.distributed as dist
 from ckpt_helpers import FakeEvents, FakeMetrics, run_ranks
 
-from flywheel.trainer import checkpoint_memory as mem
-from flywheel.trainer import checkpoint_memory_file as step_format
-from flywheel.trainer import checkpoint_peer as peer
+from flywheel.trainer.checkpoint.tiers import memory as mem
+from flywheel.trainer.checkpoint.tiers import memory_file as step_format
+from flywheel.trainer.checkpoint.tiers import peer
 
 _write = step_format.write
 

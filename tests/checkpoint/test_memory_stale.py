@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from ckpt_helpers import make_app, train_step
 
-from flywheel.spec import CheckpointSpec
-from flywheel.trainer import checkpoint_memory as mem
-from flywheel.trainer import checkpoint_memory_root as roots
-from flywheel.trainer import checkpoint_peer as peer
-from flywheel.trainer.checkpoint import Checkpointer
+from flywheel.contracts import memory_root as roots
+from flywheel.spec.job import CheckpointSpec
+from flywheel.trainer.checkpoint.manager import Checkpointer
+from flywheel.trainer.checkpoint.tiers import memory as mem
+from flywheel.trainer.checkpoint.tiers import peer
 
 
 def _run(ckpt_dir: Path, shm: Path, steps: int, *, seed: int = 0) -> int | None:

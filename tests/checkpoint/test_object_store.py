@@ -16,15 +16,14 @@ from typing import Any
 import pytest
 from ckpt_helpers import FakeEvents, assert_same_state, flip_byte, full_state, make_app, train_saving, train_step
 
+from flywheel.contracts.memory_root import read_identity
 from flywheel.eventlog import RunFold, parse_record
-from flywheel.spec import CheckpointSpec
-from flywheel.trainer import checkpoint_integrity as integrity
-from flywheel.trainer import checkpoint_remote
-from flywheel.trainer import checkpoint_store as store
-from flywheel.trainer.checkpoint import Checkpointer
-from flywheel.trainer.checkpoint_bucket import RemoteStore
-from flywheel.trainer.checkpoint_memory_root import read_identity
-from flywheel.trainer.checkpoint_remote import RemoteUnreadable
+from flywheel.spec.job import CheckpointSpec
+from flywheel.trainer.checkpoint import integrity, store
+from flywheel.trainer.checkpoint.manager import Checkpointer
+from flywheel.trainer.checkpoint.tiers import remote as checkpoint_remote
+from flywheel.trainer.checkpoint.tiers.bucket import RemoteStore
+from flywheel.trainer.checkpoint.tiers.remote import RemoteUnreadable
 from tests.s3_server import s3_server, use_server
 
 pytestmark = pytest.mark.usefixtures("one_rank")

@@ -14,10 +14,10 @@ import pytest
 import torch
 from ckpt_helpers import FakeEvents, assert_same_state, full_state, make_app, run_ranks, train_step
 
-from flywheel.spec import CheckpointSpec
-from flywheel.trainer import checkpoint_store as store
-from flywheel.trainer.checkpoint import Checkpointer
-from flywheel.trainer.checkpoint_bucket import RemoteStore
+from flywheel.spec.job import CheckpointSpec
+from flywheel.trainer.checkpoint import store
+from flywheel.trainer.checkpoint.manager import Checkpointer
+from flywheel.trainer.checkpoint.tiers.bucket import RemoteStore
 from tests.s3_server import s3_server, use_server
 
 pytestmark = pytest.mark.slow

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from ckpt_helpers import FakeEvents, assert_same_state, flip_byte, full_state, make_app, train_step
 
-from flywheel.spec import CheckpointSpec
-from flywheel.trainer import checkpoint_memory as mem
-from flywheel.trainer.checkpoint import Checkpointer
+from flywheel.spec.job import CheckpointSpec
+from flywheel.trainer.checkpoint.manager import Checkpointer
+from flywheel.trainer.checkpoint.tiers import memory as mem
 
 pytestmark = pytest.mark.usefixtures("one_rank")
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from ckpt_helpers import FakeEvents, FakeMetrics, assert_same_state, full_state, make_app, train_step
 
-from flywheel.spec import CheckpointSpec
-from flywheel.trainer.checkpoint import Checkpointer
-from flywheel.trainer.checkpoint_staging import StagingBuffers
-from flywheel.trainer.checkpoint_store import COMMIT_MARKER, step_dir
+from flywheel.spec.job import CheckpointSpec
+from flywheel.trainer.checkpoint.manager import Checkpointer
+from flywheel.trainer.checkpoint.staging import StagingBuffers
+from flywheel.trainer.checkpoint.store import COMMIT_MARKER, step_dir
 
 pytestmark = pytest.mark.usefixtures("one_rank")
 
@@ -100,7 +100,7 @@ def test_a_restore_asks_only_for_the_rng_parts_the_checkpoint_holds(tmp_path: Pa
     """Found on a GPU host running a CPU job: pinned staging buffers initialised CUDA after the first save's
     capture, the restore's template then asked for CUDA generator states that save never wrote, and no checkpoint
     loaded. The CUDA states now follow the model's device, and a template part the checkpoint lacks is left out."""
-    from flywheel.trainer import checkpoint_state
+    from flywheel.trainer.checkpoint import state as checkpoint_state
 
     cfg = CheckpointSpec(dir=str(tmp_path), every_steps=1, keep=2)
     app, data = make_app(seed=0)
@@ -122,7 +122,7 @@ def test_a_restore_asks_only_for_the_rng_parts_the_checkpoint_holds(tmp_path: Pa
 
 
 def test_drop_rng_not_saved_keeps_what_the_checkpoint_has() -> None:
-    from flywheel.trainer.checkpoint_state import drop_rng_not_saved
+    from flywheel.trainer.checkpoint.state import drop_rng_not_saved
 
     state = {"rng_rank1": {"python": 1, "torch": 2, "cuda": [3]}, "model": {}}
     drop_rng_not_saved(state, 1, {"rng_rank1.python": 0, "rng_rank1.torch": 0, "rng_rank10.cuda.0": 0})

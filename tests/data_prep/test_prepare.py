@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from flywheel import cli
-from flywheel.data_prep import PrepareError, plan_chunks, prepare_data
-from flywheel.data_prep_index import read_index, source_problem
-from flywheel.data_prep_tokenizer import TokenizerError, load_tokenizer, resolve_tokenizer
-from flywheel.spec import SpecError, check_local_paths, parse_job
+from flywheel.data.prepare import PrepareError, plan_chunks, prepare_data
+from flywheel.data.shards import read_index, source_problem
+from flywheel.data.tokenizers import TokenizerError, load_tokenizer, resolve_tokenizer
+from flywheel.spec import SpecError, parse_job
+from flywheel.spec.parse import check_local_paths
 from tests.data_prep.corpus import EOS, sentences, train_tokenizer, write_corpus
 
 

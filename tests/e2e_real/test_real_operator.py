@@ -147,7 +147,7 @@ def test_killed_ranks_recover_to_the_fault_free_parameters(real: RealCluster, tm
     real.kubectl("exec", "e2e-rankkill-worker-1", "--", "python", "-c", KILL_RANKS)
     status = real.wait_phase("e2e-rankkill", "Succeeded", 1800)
     assert status["step"] == 400
-    # The agent restarted them in place (trainer/agent.py), once: the pod kept.
+    # The agent restarted them in place (agent/agent.py), once: the pod kept.
     assert "restarting the ranks in place (1 so far)" in real.kubectl("logs", "e2e-rankkill-worker-1").stdout
     # Counted once as a rank restart in place (tests/operator/test_rank_restart_cluster.py), the pods kept.
     assert status["restarts"] == 1 and status["lastRestartReason"] == "RankRestarted", status
@@ -301,7 +301,7 @@ def test_all_ranks_stopped_is_restarted_in_place_as_hung_without_prometheus(real
             "        env = open(f'/proc/{p}/environ', 'rb').read().split(b'\\0')\n"
             "    except OSError:\n        continue\n"
             "    if int(p) != os.getpid() and mine in env and (comm.startswith('fw-rank-') or "
-            "(b'flywheel.trainer' in cmd and b'flywheel.trainer.warm' not in cmd)):\n"
+            "(b'flywheel.trainer' in cmd and b'flywheel.agent.warm' not in cmd)):\n"
             "        os.kill(int(p), signal.SIGSTOP)\n")
     for pod in pods:
         real.kubectl("exec", pod, "--", "python", "-c", stop)

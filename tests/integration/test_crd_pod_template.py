@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from flywheel.pod_template import kueue_key_problem, owned_field_problem
+from flywheel.spec.pod_template import kueue_key_problem, owned_field_problem
 from tests.integration.kubectl_cluster import kubectl_on_test_cluster
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "trainingjobs.flywheel.dev.yaml"
@@ -75,7 +75,7 @@ def test_a_wrong_type_under_the_template_is_refused(kubectl, template, words):
 
 @pytest.mark.parametrize("field", ["restartPolicy", "hostname", "subdomain"])
 def test_operator_owned_pod_fields_are_refused_with_the_fix(kubectl, field):
-    """In the operator's words (pod_template.py), so that kubectl and the Invalid condition say the same."""
+    """In the operator's words (spec/pod_template.py), so that kubectl and the Invalid condition say the same."""
     result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=job({"spec": {field: "Always"}}))
     assert result.returncode != 0, result.stderr
     assert f"spec.template.spec.{field}" in result.stderr, result.stderr

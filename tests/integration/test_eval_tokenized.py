@@ -9,7 +9,7 @@ import math
 import pytest
 
 from flywheel import cli
-from flywheel.data_prep_index import read_index
+from flywheel.data.shards import read_index
 from tests.data_prep.corpus import train_tokenizer, write_corpus
 from tests.integration.test_exact_recovery import _logs, flywheel_run
 

@@ -26,7 +26,7 @@ def test_a_killed_s3_run_resumes_bitwise_from_the_bucket_after_the_local_tier_is
     ref, result = flywheel_run(tmp_path / "ref", job_doc("ref", tmp_path / "ref-ckpt", fsdp=False, steps=40))
     assert result.returncode == 0 and ref["status"] == "Succeeded", _logs(tmp_path / "ref")
 
-    from flywheel.trainer.checkpoint_bucket import RemoteStore
+    from flywheel.trainer.checkpoint.tiers.bucket import RemoteStore
 
     staging = tmp_path / "staging"
     doc = job_doc("s3", tmp_path / "unused", fsdp=False, steps=40)

@@ -2,9 +2,9 @@
 its CEL rules within the cost budget); every example TrainingJob is accepted (the one-machine examples with
 ephemeral checkpoints, which the cluster's storage rule asks of them), and the pods `flywheel render` makes for it
 pass the Pod API; and a table of values the Pod API would refuse in every worker pod is refused already at
-`kubectl apply`, naming the field, as `flywheel plan` refuses it (flywheel/pod_rules.py, one definition for both).
-Each table entry's pod is refused by the Pod API too: the rules are the server's, not stricter inventions (the few
-that are stricter on purpose have no pod). What the CRD cannot afford to check (amounts under the list of
+`kubectl apply`, naming the field, as `flywheel plan` refuses it (flywheel/spec/pod_rules/rules.py, one definition for
+both). Each table entry's pod is refused by the Pod API too: the rules are the server's, not stricter inventions (the
+few that are stricter on purpose have no pod). What the CRD cannot afford to check (amounts under the list of
 containers) is refused by `flywheel plan` and the operator, and by the Pod API: GAPS."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from flywheel.spec import SpecError, cluster_problems, parse_job
+from flywheel.spec import SpecError, parse_job
+from flywheel.spec.parse import cluster_problems
 from tests.cluster.cluster import TestCluster
 from tests.cluster.fixtures import cluster  # noqa: F401
 from tests.pod_api_cases import GAPS, NO_POD, REFUSED, job, operator_objects

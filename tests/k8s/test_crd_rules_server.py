@@ -1,6 +1,6 @@
 """The generated CRD's own CEL rules as the real API server decides them: the layout and checkpoint-storage rules on
-`spec` refuse exactly the random specs spec_layout.py finds a covered problem in (at every replica count), and the
-pod template's rules refuse the operator-owned pod fields and Kueue metadata in pod_template.py's words, and only
+`spec` refuse exactly the random specs layout/rules.py finds a covered problem in (at every replica count), and the
+pod template's rules refuse the operator-owned pod fields and Kueue metadata in spec/pod_template.py's words, and only
 those. Single cases are dry-run TrainingJobs against the committed CRD; the 1500 random specs go 24 to a request
 through a probe CRD (tests/k8s/cel_probe.py) whose properties each carry the spec's schema and its rules. The pure
 parts are in tests/unit/test_crd_rules.py and tests/unit/test_crd.py."""
@@ -12,9 +12,16 @@ from typing import Any
 
 import pytest
 
-from flywheel.crd import COVERED_RULES, MAX_CEL_REPLICA_COUNTS
-from flywheel.pod_template import KUEUE_KEYS, METADATA_MAPS, OWNED_POD_FIELDS, kueue_key_problem, owned_field_problem
-from flywheel.spec_layout import cluster_storage_problems, job_problems
+from flywheel.layout.rules import job_problems
+from flywheel.spec.crd.generate import COVERED_RULES, MAX_CEL_REPLICA_COUNTS
+from flywheel.spec.pod_template import (
+    KUEUE_KEYS,
+    METADATA_MAPS,
+    OWNED_POD_FIELDS,
+    kueue_key_problem,
+    owned_field_problem,
+)
+from flywheel.spec.storage import cluster_storage_problems
 from tests.k8s.cel_probe import (
     NOT_CHECKED,
     TRAININGJOBS,

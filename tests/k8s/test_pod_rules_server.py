@@ -1,7 +1,7 @@
-"""The Pod API's rules (flywheel/pod_rules.py) as the real API server decides them: each syntax's CEL text takes what
-its Python `ok` takes and refuses the rest, and every CEL rule of the table's fields gives Python's verdict on every
-node of the table (tests/pod_api_cases.py). Two probe CRDs (tests/k8s/cel_probe.py) carry the rules; each dry-run
-create judges many values side by side, the 422 causes naming which were refused. The pure parts are in
+"""The Pod API's rules (flywheel/spec/pod_rules/rules.py) as the real API server decides them: each syntax's CEL text
+takes what its Python `ok` takes and refuses the rest, and every CEL rule of the table's fields gives Python's verdict
+on every node of the table (tests/pod_api_cases.py). Two probe CRDs (tests/k8s/cel_probe.py) carry the rules; each
+dry-run create judges many values side by side, the 422 causes naming which were refused. The pure parts are in
 tests/unit/test_pod_rules.py."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from flywheel.field_rules import Check, Keys, Rule, Text, nodes, schema_node
-from flywheel.k8s_syntax import Syntax
-from flywheel.pod_rules import SPEC_RULES
+from flywheel.spec.field_rules import Check, Keys, Rule, Text, nodes, schema_node
+from flywheel.spec.k8s_syntax import Syntax
+from flywheel.spec.pod_rules.rules import SPEC_RULES
 from tests.k8s.cel_probe import (
     Api,
     api,  # noqa: F401 - the module-scoped control plane

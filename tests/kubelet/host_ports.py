@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flywheel.labels import INDEX_LABEL
+from flywheel.contracts.labels import INDEX_LABEL
 
 PORT_ENV = ("FLYWHEEL_METRICS_PORT",)
 

@@ -1,4 +1,4 @@
-"""An agent's own temporary folder (flywheel/trainer/agent_dir.py): removed when the agent ends, and by the next agent
+"""An agent's own temporary folder (flywheel/agent/workdir.py): removed when the agent ends, and by the next agent
 when the agent was killed; never while its agent lives, nor one whose pid now names another process."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.trainer import agent_dir
+from flywheel.agent import workdir as agent_dir
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from flywheel.local.fault_flags import (
     parse_faults,
     worker_faults,
 )
-from flywheel.plan import faults_env
+from flywheel.worker_plan import faults_env
 
 
 def test_parses_each_kind_with_ids_in_order():

@@ -10,10 +10,10 @@ import time
 import pytest
 from conftest import PYTHON, REPO, SCRIPTS, alive, child_env
 
-from flywheel import exitcodes
+from flywheel.agent.agent import first_failure_exit_code
+from flywheel.agent.settings import LaunchConfigError, settings_from_env
+from flywheel.contracts import exitcodes
 from flywheel.local.procs import descendants
-from flywheel.trainer.agent import first_failure_exit_code
-from flywheel.trainer.launch_settings import LaunchConfigError, settings_from_env
 
 BASE_ENV = {"PET_NNODES": "1:2", "PET_NPROC_PER_NODE": "2", "PET_RDZV_BACKEND": "c10d",
             "PET_RDZV_ENDPOINT": "127.0.0.1:29400", "PET_RDZV_ID": "job", "PET_MAX_RESTARTS": "4"}
@@ -41,7 +41,8 @@ def test_user_command_and_rdzv_conf_overrides():
 
 
 def test_a_torch_without_the_agent_seams_is_refused_with_what_it_lacks(monkeypatch, tmp_path):
-    from flywheel.trainer import launch, torch_compat
+    from flywheel import torch_compat
+    from flywheel.agent import launch
 
     reason_file = tmp_path / "termination-log"
     for key, value in {**BASE_ENV, "FLYWHEEL_TERMINATION_LOG": str(reason_file)}.items():

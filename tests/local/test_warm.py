@@ -1,4 +1,4 @@
-"""Warm rank starts (flywheel/trainer/warm.py): a rank forked by the zygote behaves like `python -m MODULE` run cold
+"""Warm rank starts (flywheel/agent/warm.py): a rank forked by the zygote behaves like `python -m MODULE` run cold
 for the agent: its env, cwd, args and streams, its exit status (codes and signal deaths), SIGTERM, and death with
 its client or its agent."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, SCRIPTS, alive
 
-from flywheel.trainer import warm, warm_entry
-from flywheel.trainer.launch import RANK_HOOK_DIR
+from flywheel.agent import warm, warm_entry
+from flywheel.agent.launch import RANK_HOOK_DIR
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork + /proc")
 
@@ -141,7 +141,7 @@ def test_a_zygote_whose_agent_is_already_gone_exits_at_once(tmp_path):
     """The agent died before the zygote started (the zygote was re-parented): it must not serve on as an orphan."""
     gone = subprocess.Popen([PYTHON, "-c", "pass"])
     gone.wait()
-    zygote = subprocess.Popen([PYTHON, "-m", "flywheel.trainer.warm", "serve", "--socket", str(tmp_path / "z.sock"),
+    zygote = subprocess.Popen([PYTHON, "-m", "flywheel.agent.warm", "serve", "--socket", str(tmp_path / "z.sock"),
                                "--parent", str(gone.pid)])
     assert zygote.wait(timeout=30) == 128 + signal.SIGKILL
     assert not (tmp_path / "z.sock").exists()

@@ -1,4 +1,4 @@
-"""A stand-in trainer rank for hang tests: the trainer's own metrics (flywheel.trainer.trainer_metrics), a step every
+"""A stand-in trainer rank for hang tests: the trainer's own metrics (flywheel.trainer.metrics), a step every
 `--step-seconds`, served on `--port` (0 = pick one). Prints `listening on <port>`. SIGSTOP it to make it hang the
 way a wedged rank does: its step timestamp stops and its /metrics stops answering.
 
@@ -11,7 +11,7 @@ import argparse
 import socket
 import time
 
-from flywheel.trainer.trainer_metrics import TrainerMetrics
+from flywheel.trainer.metrics import TrainerMetrics
 
 
 def _free_port() -> int:

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.spec.crd.generate import GROUP, PLURAL, VERSION
 from tests.cluster.fixtures import start_cluster
 from tests.monitoring.prometheus_server import PROMETHEUS_BINARY, ChildProcess, PrometheusServer, ScrapeJob, free_port
 from tests.operator.conftest import CRD, IDLE_STEP_S, KUBECTL, OpEnv, OperatorProcess, eventually

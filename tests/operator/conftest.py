@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from flywheel.trainer.fault_injection import STEP_DELAY_ENV
+from flywheel.contracts.faults import STEP_DELAY_ENV
 from tests.cluster.cluster import TestCluster as RunningCluster
 from tests.cluster.fixtures import start_cluster
 from tests.waiting import eventually as _eventually
@@ -112,7 +112,7 @@ class OperatorProcess:
 
 def with_step_delay(doc: dict[str, Any], seconds: float) -> dict[str, Any]:
     """Makes the job `doc`'s ranks idle `seconds` before each step: returns a ConfigMap setting
-    FLYWHEEL_STEP_DELAY_SECONDS (flywheel/trainer/fault_injection.py) and points the worker container of the job's
+    FLYWHEEL_STEP_DELAY_SECONDS (flywheel/contracts/faults.py) and points the worker container of the job's
     pod template at it with envFrom (a template's `env` may not name FLYWHEEL_ variables; envFrom passes through, and
     the operator's own env wins over it, as in Kubernetes)."""
     config_map = {"apiVersion": "v1", "kind": "ConfigMap",

@@ -9,5 +9,6 @@ from flywheel.operator.etcd_views import key_owners
 
 def verdict(runner: Any, pod: Any, created: float, now: float) -> bool:
     """Whether `runner` judges `pod` (the only pod of its index, created at `created`) lost at `now`."""
-    runner.key_owner = key_owners([(pod, created)], runner.live)
-    return bool(runner._liveness_lost(pod, now))
+    keys = runner.observer.etcd
+    keys.key_owner = key_owners([(pod, created)], keys.live)
+    return bool(keys.liveness_lost(pod, now))

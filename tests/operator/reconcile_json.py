@@ -10,7 +10,9 @@ from flywheel.policy import reconcile as policy
 from flywheel.policy.decisions import Event, JobAction
 from flywheel.policy.observed import HealthFindings, ObservedProgress, PodView
 from flywheel.spec import TrainingJobSpec
-from flywheel.spec_status import TrainingJobStatus
+from flywheel.spec.status import TrainingJobStatus
+
+NO_FINDINGS = HealthFindings()
 
 
 @dataclass
@@ -22,9 +24,9 @@ class JsonPass:
 
 def reconcile(spec: TrainingJobSpec | None, invalid: str | None, status: dict[str, Any], pods: list[PodView],
               progress: ObservedProgress, now: float, generation: int = 0, restart_requested_at: str | None = None,
-              findings: HealthFindings = policy.NO_FINDINGS) -> JsonPass:
-    out = policy.reconcile(spec, invalid, TrainingJobStatus.model_validate(status), pods, progress, now, generation,
-                           restart_requested_at, findings)
+              findings: HealthFindings = NO_FINDINGS) -> JsonPass:
+    observed = policy.Observed(pods, progress, generation, restart_requested_at, findings)
+    out = policy.reconcile(spec, invalid, TrainingJobStatus.model_validate(status), observed, now)
     return JsonPass(out.status.to_json(), out.actions, out.events)
 
 

@@ -227,7 +227,7 @@ def test_without_an_events_dir_the_notices_come_from_etcd(tmp_path: Path) -> Non
     kube = RecordingKube(job)
     settings = m.OperatorSettings(etcd_endpoints="etcd:2379")
     runner = JobRunner(kube, settings, "ml", "j", "uid-1", logging.getLogger("test"))  # type: ignore[arg-type]
-    ledger = runner.progress.ledger
+    ledger = runner.observer.etcd.progress.ledger
     ledger.add(ProgressRecord(time=T0, attempt=T0, step=3, notices=(("damaged", "d"),), notices_total=1))
     asyncio.run(runner.reconcile_once())  # a new executor: what etcd holds already is not posted again
     ledger.add(ProgressRecord(time=T0 + 1, attempt=T0, step=4, notices=(("damaged", "d"), ("failed", "f")),

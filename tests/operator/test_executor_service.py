@@ -12,7 +12,7 @@ import pytest
 from flywheel.kube.client import Kube, KubeApiError
 from flywheel.operator import job_actions
 from flywheel.policy.decisions import CreatePod, Pass
-from flywheel.spec_status import TrainingJobStatus
+from flywheel.spec.status import TrainingJobStatus
 from tests.cluster.cluster import TestCluster as RunningCluster
 from tests.operator.test_health_actions import NS, World, cluster, run  # noqa: F401 (the module's cluster fixture)
 
@@ -33,7 +33,7 @@ def test_a_deleted_service_comes_back_and_a_create_without_a_plan_is_an_error(
         obj = await kube.get(world.path)
         assert obj is not None
         with pytest.raises(RuntimeError, match="no plan"):
-            await world.runner._act(obj, None, Pass(TrainingJobStatus(), [CreatePod(0, 0)]))
+            await world.runner.actuator.act(obj, None, Pass(TrainingJobStatus(), [CreatePod(0, 0)]))
     run(cluster, scenario)
 
 
@@ -49,11 +49,11 @@ def test_a_refused_pod_create_is_reported_and_tried_again_soon(
         before = time.time()
         for _ in range(5):  # the pass that records the loss, then the one that creates
             await runner.reconcile_once()
-            if runner.create_retry_due is not None:
+            if runner.actuator.create_retry_due is not None:
                 break
-        assert runner.create_retry_due is not None
-        assert before + job_actions.CREATE_RETRY_SECONDS <= runner.create_retry_due <= time.time() + 3
-        assert runner.next_due() is not None and runner.next_due() <= runner.create_retry_due  # type: ignore[operator]
+        assert runner.actuator.create_retry_due is not None
+        assert before + job_actions.CREATE_RETRY_SECONDS <= runner.actuator.create_retry_due <= time.time() + 3
+        assert runner.next_due() is not None and runner.next_due() <= runner.actuator.create_retry_due  # type: ignore[operator]
         events = await kube.request("GET", Kube.core(NS, "events"))
         failed = [e for e in events["items"] if e["reason"] == "CreateFailed"]
         assert failed and "exceeded quota: pods" in failed[0]["message"]
@@ -103,7 +103,7 @@ def test_the_jobs_disruption_budget_is_created_owned_patched_and_a_refusal_repor
         assert (owner["kind"], owner["name"], owner["controller"]) == ("TrainingJob", "pdb", True)
         await kube.merge_patch(f"{budgets}/pdb", {"spec": {"minAvailable": 7}})
         monkeypatch.setattr(job_actions, "SERVICE_RECHECK_SECONDS", 0.0)
-        world.runner.budget_min = None  # a new operator's runner
+        world.runner.actuator.budget_min = None  # a new operator's runner
         await world.runner.reconcile_once()
         assert (await kube.get(f"{budgets}/pdb") or {})["spec"]["minAvailable"] == 2
 
@@ -111,7 +111,7 @@ def test_the_jobs_disruption_budget_is_created_owned_patched_and_a_refusal_repor
         real_create = refusing(monkeypatch, kube, "/poddisruptionbudgets",
                                KubeApiError(403, {"message": "poddisruptionbudgets is forbidden"}))
         await kube.delete(f"{budgets}/refused-pdb")
-        other.runner.budget_min = None
+        other.runner.actuator.budget_min = None
         for _ in range(3):
             await other.runner.reconcile_once()
         events = (await kube.request("GET", Kube.core(NS, "events")))["items"]

@@ -10,7 +10,7 @@ from typing import Any
 import kopf
 import pytest
 
-from flywheel.labels import FINALIZER
+from flywheel.contracts.labels import FINALIZER
 from flywheel.operator import handlers
 from flywheel.operator.handlers import NoDiffBase, forget_run, training_jobs
 

@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from flywheel.crd import GROUP, PLURAL, VERSION
+from flywheel.contracts.labels import RESTART_ANNOTATION, XID_HANDLED_ANNOTATION
 from flywheel.kube.client import Connection, Kube
-from flywheel.labels import RESTART_ANNOTATION, XID_HANDLED_ANNOTATION
 from flywheel.monitor import HealthMonitor, MonitorSettings
 from flywheel.monitor import OperatorMetrics as MonitorMetrics
 from flywheel.monitor.findings import FindingsInbox
@@ -28,6 +27,7 @@ from flywheel.operator.health_executor import BackgroundMonitor, KubeHealthActio
 from flywheel.operator.xid_memory import KubeXidMemory
 from flywheel.policy.conditions import iso
 from flywheel.policy.health_checks import HealthSettings
+from flywheel.spec.crd.generate import GROUP, PLURAL, VERSION
 from tests.cluster.cluster import TestCluster as RunningCluster
 from tests.cluster.fixtures import start_cluster
 from tests.fakes.prometheus_api import FakePrometheus

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -15,10 +16,11 @@ from flywheel.kube.client import Kube, KubeApiError
 from flywheel.operator import job_actions
 from flywheel.operator import manifests as m
 from flywheel.operator.create_failures import CreateFailures
-from flywheel.operator.job_actions import JobActions
+from flywheel.operator.job_actions import Actuator
+from flywheel.operator.observe import Acted
 from flywheel.policy.decisions import CreatePod, DeleteJob, DeletePod, Pass
 from flywheel.spec import TrainingJob, parse_job
-from flywheel.spec_status import TrainingJobStatus
+from flywheel.spec.status import TrainingJobStatus
 
 OBJ = {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
        "metadata": {"name": "j", "namespace": "ml", "uid": "u-1"}}
@@ -67,33 +69,28 @@ class NoService:
         return False
 
 
-class Actions(JobActions):
-    def __init__(self, kube: FakeKube) -> None:
-        self.kube = kube  # type: ignore[assignment]
-        self.settings = m.OperatorSettings(etcd_endpoints="")
-        self.logger = logging.getLogger("test")
-        self.reads = NoService()  # type: ignore[assignment]
-        self.namespace, self.name, self.uid = "ml", "j", "u-1"
-        self.path = Kube.custom("flywheel.dev", "v1alpha1", "ml", "trainingjobs", "j")
-        self.service_checked_at, self.service_failure, self.pod_group_tried = None, "", True
-        self.budget_min, self.budget_failure = 2, ""  # the job's budget written already
-        self.create_failures = CreateFailures()
-        self.deleted_pods, self.create_retry_due = set(), None
-        self.own = type("Own", (), {"deleted_pod": lambda *_: None,  # type: ignore[assignment]
-                                    "wrote_pod": lambda *_: None})()
-        self.events_path = None
+def actuator(kube: FakeKube) -> Actuator:
+    """An actuator with no etcd, whose observer's parts are bare: no I/O but the fake API's."""
+    own = SimpleNamespace(deleted_pod=lambda *_: None, wrote_pod=lambda *_: None)
+    observer = SimpleNamespace(reads=NoService(), own=own, acted=Acted(), events_path=None,
+                               etcd=SimpleNamespace(etcd=None, drain=None), create_failures=CreateFailures())
+    actions = Actuator(kube, m.OperatorSettings(etcd_endpoints=""), logging.getLogger("test"),  # type: ignore[arg-type]
+                       ("ml", "j", "u-1"), observer)  # type: ignore[arg-type]
+    actions.pod_group_tried = True
+    actions.budget_min = 2  # the job's budget written already
+    return actions
 
 
 @pytest.mark.parametrize("error", [KubeApiError(403, {"message": "exceeded quota: services"}),
                                    aiohttp.ClientConnectionError("connection reset")])
 def test_a_refused_service_is_reported_once_per_cause_and_tried_again_soon(error: Exception) -> None:
     kube = FakeKube({"/services": error})
-    actions = Actions(kube)
+    actions = actuator(kube)
 
     async def passes(n: int) -> None:
         for _ in range(n):
             actions.create_retry_due = None  # as every pass starts
-            await actions._ensure_service(OBJ, job())  # does not raise: the pass goes on to its pods
+            await actions.ensure_service(OBJ, job())  # does not raise: the pass goes on to its pods
             assert actions.create_retry_due is not None  # woken again to retry, not only at the safety tick
     asyncio.run(passes(3))
     assert [(t, r) for t, r, _ in kube.events] == [("Warning", "CreateFailed")]  # once, with the API's message
@@ -103,17 +100,17 @@ def test_a_refused_service_is_reported_once_per_cause_and_tried_again_soon(error
     assert len(kube.events) == 2 and "require-labels" in kube.events[1][2]  # a new cause: reported
     del kube.refuse["/services"]
     actions.create_retry_due = None
-    asyncio.run(actions._ensure_service(OBJ, job()))
+    asyncio.run(actions.ensure_service(OBJ, job()))
     assert kube.created == [Kube.core("ml", "services")] and actions.create_retry_due is None
     assert actions.service_failure == "" and actions.service_checked_at is not None
 
 
 def test_a_failed_action_does_not_drop_the_others_and_the_pass_still_fails() -> None:
     kube = FakeKube({"pods/a": KubeApiError(503, {"message": "etcd leader changed"})})
-    actions = Actions(kube)
+    actions = actuator(kube)
     result = Pass(TrainingJobStatus(), [DeletePod("a", "uid-a"), DeletePod("b", "uid-b"), DeleteJob()])
     with pytest.raises(KubeApiError, match="leader changed"):  # retried by the runner's loop
-        asyncio.run(actions._act(OBJ, job(), result))
+        asyncio.run(actions.act(OBJ, job(), result))
     assert kube.deleted == [Kube.core("ml", "pods", "b"), actions.path]
 
 
@@ -121,12 +118,12 @@ def test_an_event_lost_to_a_connection_failure_is_logged_not_raised(caplog: pyte
     class Down(FakeKube):
         async def post_event(self, *args: Any) -> None:
             raise TimeoutError()
-    asyncio.run(Actions(Down({}))._event(OBJ, "Warning", "X", "y"))
+    asyncio.run(actuator(Down({})).event(OBJ, "Warning", "X", "y"))
     assert "could not post event X" in caplog.text
 
 
 def test_retry_keeps_the_earliest_due() -> None:
-    actions = Actions(FakeKube({}))
+    actions = actuator(FakeKube({}))
     actions._retry_create_at(10.0)
     actions._retry_create_at(20.0)
     assert actions.create_retry_due == 10.0
@@ -135,10 +132,10 @@ def test_retry_keeps_the_earliest_due() -> None:
 
 def test_a_wide_jobs_pods_are_created_together_after_a_slow_start_in_the_passes_order() -> None:
     kube = FakeKube({})
-    actions = Actions(kube)
+    actions = actuator(kube)
     creates = [CreatePod(i, 1) for i in range(64)]
     result = Pass(TrainingJobStatus(), [DeletePod("j-worker-0", "uid-old"), *creates, DeleteJob()])
-    asyncio.run(actions._act(OBJ, job(64), result))
+    asyncio.run(actions.act(OBJ, job(64), result))
     assert kube.order[0] == ("delete", "j-worker-0")  # before the create of the same name
     assert kube.order[-1] == ("delete", "j")  # after every create
     assert sorted(name for what, name in kube.order if what == "create") == sorted(f"j-worker-{i}" for i in range(64))
@@ -147,22 +144,22 @@ def test_a_wide_jobs_pods_are_created_together_after_a_slow_start_in_the_passes_
 
 def test_a_refused_pod_stops_the_rest_of_its_passs_creates_and_is_tried_again_soon() -> None:
     kube = FakeKube({"/j-worker-": KubeApiError(403, {"message": "exceeded quota: pods"})})
-    actions = Actions(kube)
+    actions = actuator(kube)
     result = Pass(TrainingJobStatus(), [CreatePod(i, 1) for i in range(64)])
-    asyncio.run(actions._act(OBJ, job(64), result))  # a refused create is a condition, not the pass's failure
+    asyncio.run(actions.act(OBJ, job(64), result))  # a refused create is a condition, not the pass's failure
     assert [name for _, name in kube.order] == ["j-worker-0"]  # one try per pass, not 64
     assert [(t, r) for t, r, _ in kube.events] == [("Warning", "CreateFailed")] and "quota" in kube.events[0][2]
     assert actions.create_retry_due is not None
     kube.refuse = {"/j-worker-3": KubeApiError(403, {"message": "exceeded quota: pods"})}
     kube.order.clear()
-    asyncio.run(actions._act(OBJ, job(64), result))
+    asyncio.run(actions.act(OBJ, job(64), result))
     assert len(kube.order) == 1 + 2 + 4  # the batch holding worker 3 ran whole; none after it
 
 
 def test_a_refused_pod_after_the_slow_start_starts_no_further_create() -> None:
     kube = FakeKube({"/j-worker-20": KubeApiError(403, {"message": "exceeded quota: pods"})})
-    actions = Actions(kube)
-    asyncio.run(actions._act(OBJ, job(64), Pass(TrainingJobStatus(), [CreatePod(i, 1) for i in range(64)])))
+    actions = actuator(kube)
+    asyncio.run(actions.act(OBJ, job(64), Pass(TrainingJobStatus(), [CreatePod(i, 1) for i in range(64)])))
     tried = [name for _, name in kube.order]
     assert len(tried) <= 1 + 2 + 4 + 8 + job_actions.CREATES_IN_FLIGHT  # those under way when it failed, no more
     assert "j-worker-20" in tried and "j-worker-63" not in tried

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from flywheel.crd import GROUP, PLURAL, VERSION
 from flywheel.kube.auth import from_kubeconfig, service_account
 from flywheel.kube.client import Connection, Kube, KubeApiError
+from flywheel.spec.crd.generate import GROUP, PLURAL, VERSION
 from tests.cluster.cluster import TestCluster as RunningCluster
 from tests.cluster.fixtures import start_cluster
 from tests.operator.conftest import CRD, EXAMPLE, REPO, OperatorProcess, eventually

@@ -10,6 +10,7 @@ import pytest
 
 from flywheel.operator import manifests as m
 from flywheel.operator.event_log import EventLogTail
+from flywheel.operator.observe import pod_view
 from flywheel.policy.spec_change import baked_spec_hash
 from flywheel.spec import SpecError, parse_job
 from tests.operator.liveness_verdict import verdict
@@ -36,7 +37,7 @@ def test_pods_follow_the_worker_contract() -> None:
     assert env["FLYWHEEL_METRICS_PORT"] == "9400" and env["FLYWHEEL_CHECKPOINT_DIR"] == "/ckpt/j"
     assert body["spec"]["containers"][0]["ports"] == [{"name": "metrics", "containerPort": 9400}]
     # No test-only annotation (the kubelet picks its directory); the queue's Kueue pod group (scheduling_meta.py),
-    # the spec it is created with (policy/spec_change.py) and the autoscalers' opt-outs (labels.py).
+    # the spec it is created with (policy/spec_change.py) and the autoscalers' opt-outs (contracts/labels.py).
     assert body["metadata"]["annotations"] == {"kueue.x-k8s.io/pod-group-total-count": "2",
                                                "flywheel.dev/spec-hash": baked_spec_hash(JOB.spec),
                                                "karpenter.sh/do-not-disrupt": "true",
@@ -132,13 +133,13 @@ def test_pod_view_reads_exit_codes_nodes_and_deletion() -> None:
            "spec": {"nodeName": "node-2"},
            "status": {"phase": "Failed", "containerStatuses": [
                {"state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}}
-    view = m.pod_view(obj, {"node-2"})
+    view = pod_view(obj, {"node-2"})
     assert view is not None and (view.index, view.generation, view.exit_code, view.reason) == (1, 2, 137, "OOMKilled")
     assert view.node_lost and view.deleting_since == 1767225600.0  # the delete request, not the grace end
     nodes = [{"metadata": {"name": "a"}, "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}},
              {"metadata": {"name": "b"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}]
     assert m.lost_nodes(nodes) == {"a"}
-    assert m.pod_view({"metadata": {"name": "x", "uid": "y", "labels": {}}}, set()) is None
+    assert pod_view({"metadata": {"name": "x", "uid": "y", "labels": {}}}, set()) is None
 
 
 def test_event_log_fold_counts_lost_steps_and_recovery(tmp_path: Path) -> None:
@@ -180,14 +181,15 @@ def test_liveness_keys_of_a_predecessor_do_not_count() -> None:
     from flywheel.policy.reconcile import PodView
 
     runner = JobRunner(None, SETTINGS, "ml", "j", "uid", logging.getLogger("t"))  # type: ignore[arg-type]
+    keys = runner.observer.etcd
     pod = PodView(name="j-worker-0", uid="new", index=0, generation=1, phase="Running", ready=True)
-    runner.live = {"0": LiveWorker("0", "h", 1, since=90.0, lease_id=1)}  # the old pod's key, still in its TTL
+    keys.live = {"0": LiveWorker("0", "h", 1, since=90.0, lease_id=1)}  # the old pod's key, still in its TTL
     assert not verdict(runner, pod, 100.0, 101.0)
-    runner.live = {}  # the old key expired before the new agent registered: not a death
+    keys.live = {}  # the old key expired before the new agent registered: not a death
     assert not verdict(runner, pod, 100.0, 110.0)
-    runner.live = {"0": LiveWorker("0", "h", 2, since=104.0, lease_id=2)}  # the new agent registered
+    keys.live = {"0": LiveWorker("0", "h", 2, since=104.0, lease_id=2)}  # the new agent registered
     assert not verdict(runner, pod, 100.0, 111.0)
-    runner.live = {}
+    keys.live = {}
     assert not verdict(runner, pod, 100.0, 112.0)  # gone: the grace starts
     assert verdict(runner, pod, 100.0, 113.5)
 
@@ -202,18 +204,19 @@ def test_an_agent_that_exited_by_itself_is_not_a_lost_worker() -> None:
     from flywheel.policy.reconcile import PodView
 
     runner = JobRunner(None, SETTINGS, "ml", "j", "uid", logging.getLogger("t"))  # type: ignore[arg-type]
+    keys = runner.observer.etcd
     pod = PodView(name="j-worker-0", uid="p", index=0, generation=1, phase="Running", ready=True)
-    runner.live = {"0": LiveWorker("0", "h", 2, since=104.0, lease_id=2)}
+    keys.live = {"0": LiveWorker("0", "h", 2, since=104.0, lease_id=2)}
     assert not verdict(runner, pod, 100.0, 105.0)
-    runner.live = {"0": LiveWorker("0", "h", 2, since=130.0, lease_id=2, exited=True)}
+    keys.live = {"0": LiveWorker("0", "h", 2, since=130.0, lease_id=2, exited=True)}
     assert not verdict(runner, pod, 100.0, 130.5)
-    runner.live = {}  # expired with its lease; the pod still shows Running
+    keys.live = {}  # expired with its lease; the pod still shows Running
     assert not verdict(runner, pod, 100.0, 136.0)
     assert not verdict(runner, pod, 100.0, 160.0)
     other = PodView(name="j-worker-0", uid="q", index=0, generation=2, phase="Running", ready=True)
-    runner.live = {"0": LiveWorker("0", "h", 3, since=201.0, lease_id=3)}  # a new pod's agent: judged afresh
+    keys.live = {"0": LiveWorker("0", "h", 3, since=201.0, lease_id=3)}  # a new pod's agent: judged afresh
     assert not verdict(runner, other, 200.0, 202.0)
-    runner.live = {}
+    keys.live = {}
     assert not verdict(runner, other, 200.0, 203.0)
     assert verdict(runner, other, 200.0, 204.5)
 
@@ -229,12 +232,13 @@ def test_a_live_key_after_an_exited_marker_makes_the_lease_count_again() -> None
     from flywheel.policy.reconcile import PodView
 
     runner = JobRunner(None, SETTINGS, "ml", "j", "uid", logging.getLogger("t"))  # type: ignore[arg-type]
+    keys = runner.observer.etcd
     pod = PodView(name="j-worker-1", uid="b", index=1, generation=1, phase="Running", ready=True)
-    runner.live = {"1": LiveWorker("1", "h", 2, since=100.5, lease_id=2, exited=True)}
+    keys.live = {"1": LiveWorker("1", "h", 2, since=100.5, lease_id=2, exited=True)}
     assert not verdict(runner, pod, 100.0, 101.0)
-    runner.live = {"1": LiveWorker("1", "h", 3, since=103.0, lease_id=3)}  # this pod's agent registered
+    keys.live = {"1": LiveWorker("1", "h", 3, since=103.0, lease_id=3)}  # this pod's agent registered
     assert not verdict(runner, pod, 100.0, 104.0)
-    runner.live = {}  # its node died: the lease expired
+    keys.live = {}  # its node died: the lease expired
     assert not verdict(runner, pod, 100.0, 110.0)
     assert verdict(runner, pod, 100.0, 111.5)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from flywheel.timefmt import parse_rfc3339
+from flywheel.contracts.timefmt import parse_rfc3339
 from tests.operator.conftest import LONG_STEPS, OpEnv, eventually, node_tainted, worker_node
 
 CHAOS_STEPS = 300  # paced (~20 s): still training through the ten operator kills (~13-23 s)

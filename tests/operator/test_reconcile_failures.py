@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from flywheel.operator import manifests as m
+from flywheel.operator.observe import pod_view
 from flywheel.policy.conditions import MAY_HOLD, PHASE_CONDITIONS, STATE_CONDITIONS
 from flywheel.policy.decisions import Relabel
 from flywheel.policy.failures import START_FAILURE_GRACE_SECONDS, FailureKind, classify_waiting
@@ -107,11 +108,11 @@ def test_pod_view_reads_the_waiting_state_and_since_when() -> None:
                         "creationTimestamp": "2026-01-01T00:00:00Z"},
            "status": {"phase": "Pending", "startTime": "2026-01-01T00:00:02Z", "containerStatuses": [
                {"state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x"'}}}]}}
-    view = m.pod_view(obj, set())
+    view = pod_view(obj, set())
     assert view is not None and view.reason == "ImagePullBackOff" and view.message == 'Back-off pulling image "x"'
     assert view.waiting_since == 1767225602.0 and view.disruption is None
     del obj["status"]["startTime"]  # not acknowledged by a kubelet yet: from its creation
-    assert m.pod_view(obj, set()).waiting_since == 1767225600.0  # type: ignore[union-attr]
+    assert pod_view(obj, set()).waiting_since == 1767225600.0  # type: ignore[union-attr]
 
 
 # -- preempted or evicted pods (DisruptionTarget) ---------------------------------------------------------------
@@ -128,7 +129,7 @@ def disrupted_obj(reason: str = "PreemptionByScheduler", deleting: bool = True) 
 
 
 def test_preempted_pod_is_an_external_failure_decided_once() -> None:
-    view = m.pod_view(disrupted_obj(), set())
+    view = pod_view(disrupted_obj(), set())
     assert view is not None and view.disruption == "PreemptionByScheduler" and view.deleting_since is not None
     s = spec(**{"faultTolerance.maxRestarts": 0})  # no budget at all: an external failure still restarts
     status = reconcile(s, None, {}, [pod(0), pod(1)], Progress(), NOW).status

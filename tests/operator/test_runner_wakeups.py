@@ -80,7 +80,7 @@ def test_the_safety_tick_bounds_the_wait(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_the_event_of_its_own_status_write_does_not_wake_the_runner() -> None:
     r = runner()
-    r.written_versions.extend(["6", "7"])  # two writes in quick succession: the first one's event comes late
+    r.records.written_versions.extend(["6", "7"])  # two writes in quick succession: the first one's event comes late
     r.job_event("7")
     r.job_event("6")
     assert not r.wake.is_set()
@@ -90,17 +90,17 @@ def test_the_event_of_its_own_status_write_does_not_wake_the_runner() -> None:
 
 def test_a_deleted_service_wakes_the_runner_and_is_looked_at_again() -> None:
     r = runner()
-    r.service_checked_at = time.monotonic()
+    r.actuator.service_checked_at = time.monotonic()
     r.service_gone()
-    assert r.wake.is_set() and r.service_checked_at is None
+    assert r.wake.is_set() and r.actuator.service_checked_at is None
 
 
 def test_a_missing_liveness_key_is_due_when_its_grace_ends() -> None:
     r = runner()
     pod = PodView(name="j-worker-0", uid="p", index=0, generation=0, phase="Running", ready=True)
-    r.live = {"0": LiveWorker("0", "h", 1, since=100.0, lease_id=1)}
+    r.observer.etcd.live = {"0": LiveWorker("0", "h", 1, since=100.0, lease_id=1)}
     assert not verdict(r, pod, 100.0, 101.0) and r.next_due() is None  # registered
-    r.live = {}  # its key is gone
+    r.observer.etcd.live = {}  # its key is gone
     assert not verdict(r, pod, 100.0, 102.0)
     due = r.next_due()
     assert due == 102.0 + LIVENESS_GRACE_SECONDS
@@ -110,10 +110,10 @@ def test_a_missing_liveness_key_is_due_when_its_grace_ends() -> None:
 def test_an_unseen_own_write_is_due_when_the_cache_is_believed_again() -> None:
     r = runner()
     created = {"metadata": {"name": "j-worker-0", "uid": "p"}}
-    r.own.wrote_pod(created, 100.0)
+    r.observer.own.wrote_pod(created, 100.0)
     due = r.next_due()
     assert due == 100.0 + PENDING_SECONDS
-    assert r.own.pods([], due - 0.01) == [created] and r.own.pods([], due) == []
+    assert r.observer.own.pods([], due - 0.01) == [created] and r.observer.own.pods([], due) == []
 
 
 def test_a_failed_etcd_watch_is_retried_without_a_change() -> None:
@@ -123,7 +123,7 @@ def test_a_failed_etcd_watch_is_retried_without_a_change() -> None:
 
     r = JobRunner(None, SETTINGS, "ml", "j", "uid", logging.getLogger("t"), etcd=EtcdDown())  # type: ignore[arg-type]
     before = time.time()
-    asyncio.run(r._start_liveness(None, False))  # type: ignore[arg-type]
+    asyncio.run(r.observer.etcd.start(None, False))  # type: ignore[arg-type]
     due = r.next_due()
     retry = etcd_views.ETCD_RETRY_SECONDS
     assert due is not None and before + retry <= due <= time.time() + retry
@@ -171,7 +171,7 @@ def test_an_etcd_report_that_changes_nothing_wakes_no_pass() -> None:
 
 
 def test_the_periodic_full_collection_takes_at_most_its_share_of_the_time() -> None:
-    from flywheel.operator.main import GC_FULL_SHARE, next_full_collection
+    from flywheel.operator.config import GC_FULL_SHARE, next_full_collection
 
     assert next_full_collection(10.0, 0.001) == 10.0  # a small heap: every 10 s
     assert next_full_collection(10.0, 0.5) == pytest.approx(0.5 / GC_FULL_SHARE)  # a large heap: less often

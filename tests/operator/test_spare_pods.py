@@ -1,5 +1,5 @@
 """Warm spares in the operator, without a cluster: the spare pod (spare_pods.py), how a pod reads back
-(manifests.pod_view), render, and the runner's CreateSpare/PromoteSpare (relabel first, then the etcd promotion)."""
+(observe.pod_view), render, and the runner's CreateSpare/PromoteSpare (relabel first, then the etcd promotion)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ from typing import Any
 
 import pytest
 
+from flywheel.contracts.timefmt import parse_rfc3339
 from flywheel.operator import job_actions, spare_pods
 from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
+from flywheel.operator.observe import pod_view
 from flywheel.operator.progress_follower import JobProgress
+from flywheel.operator.render import render_objects
 from flywheel.policy.decisions import Pass, PromoteSpare
 from flywheel.policy.observed import PodView
-from flywheel.render import render_objects
 from flywheel.spec import parse_job
-from flywheel.spec_status import TrainingJobStatus
+from flywheel.spec.status import TrainingJobStatus
 from tests.operator.frozen_caches import FrozenCaches
 
 DOC = {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
@@ -56,14 +58,14 @@ def test_pod_view_tells_spares_from_workers() -> None:
     spare = spare_pods.spare_pod(JOB, workers[0], 0, 1, SETTINGS)
     spare["metadata"]["uid"] = "s"
     spare["spec"]["nodeName"] = "n1"
-    view = m.pod_view(spare, set())
+    view = pod_view(spare, set())
     assert view is not None and view.is_spare and view.index == -1 and view.generation == 1 and view.node == "n1"
     promoted = copy.deepcopy(spare)
     promoted["metadata"]["labels"].update(spare_pods.promoted_labels(1, 2))
-    view = m.pod_view(promoted, set())
+    view = pod_view(promoted, set())
     assert view is not None and not view.is_spare and view.index == 1 and view.generation == 2
     legacy = {"metadata": {"name": "j-worker-0", "uid": "w", "labels": {m.JOB_LABEL: "j", m.INDEX_LABEL: "0"}}}
-    view = m.pod_view(legacy, set())
+    view = pod_view(legacy, set())
     assert view is not None and view.role == "worker"  # a pod from before spares is a worker
 
 
@@ -129,14 +131,14 @@ def test_promotion_relabels_first_then_tells_the_agent(monkeypatch: pytest.Monke
     monkeypatch.setattr(job_actions.etcd_spares, "promote", promote)
     r = runner(kube, Etcd())
     action = PromoteSpare("j-spare-0", 1, 3)
-    asyncio.run(r._act(kube.job, JOB, Pass(TrainingJobStatus(), actions=[action])))
+    asyncio.run(r.actuator.act(kube.job, JOB, Pass(TrainingJobStatus(), actions=[action])))
     labels = {m.ROLE_LABEL: "worker", m.INDEX_LABEL: "1", m.GENERATION_LABEL: "3"}
     assert kube.calls == [("relabel", "j-spare-0", labels)]
     (run_id, spare_id, replica, env, calls_before) = promoted[0]
     assert run_id == m.run_id(JOB, "uid-1") and spare_id == "j-spare-0" and replica == 1
     assert env == {"FLYWHEEL_REPLICA_INDEX": "1"}
     assert calls_before == [("relabel", "j-spare-0", labels)]  # the agent is told only once the pod is relabelled
-    assert "uid-spare" in r.promoted_at
+    assert "uid-spare" in r.observer.acted.promoted_at
 
 
 def test_a_promoted_spare_is_not_judged_by_its_predecessor_s_worker_key() -> None:
@@ -148,17 +150,17 @@ def test_a_promoted_spare_is_not_judged_by_its_predecessor_s_worker_key() -> Non
     pod["metadata"].update(uid="s", creationTimestamp="2026-01-01T00:00:00Z", ownerReferences=[{"uid": "uid-1"}])
     pod["metadata"]["labels"].update(spare_pods.promoted_labels(1, 1))
     pod["status"] = {"phase": "Running"}
-    created = m.parse_rfc3339("2026-01-01T00:00:00Z") or 0.0
-    r.promoted_at["s"] = created + 50
-    r.live = {"1": SimpleNamespace(since=created + 10, exited=False, rank_restarts=0, rank_restart_reason="",
-                                   rank_restart_at=0.0)}
+    created = parse_rfc3339("2026-01-01T00:00:00Z") or 0.0
+    r.observer.acted.promoted_at["s"] = created + 50
+    r.observer.etcd.live = {"1": SimpleNamespace(since=created + 10, exited=False, rank_restarts=0,
+                                                 rank_restart_reason="", rank_restart_at=0.0)}
 
     async def observe() -> list[PodView]:
-        r.reads.pods = lambda namespace, job: _pods([pod])  # type: ignore[method-assign]
-        views, _ = await r._observe(TrainingJobStatus())
+        r.observer.reads.pods = lambda namespace, job: _pods([pod])  # type: ignore[method-assign]
+        views = await r.observer._pods()
         return views
     asyncio.run(observe())
-    assert "s" not in r.seen_live  # the old key was not taken for the promoted spare's
+    assert "s" not in r.observer.etcd.seen_live  # the old key was not taken for the promoted spare's
 
 
 def test_a_running_spare_does_not_start_the_hang_clock() -> None:
@@ -166,7 +168,7 @@ def test_a_running_spare_does_not_start_the_hang_clock() -> None:
     progress = JobProgress(lambda: None)
     running = PodView(name="j-worker-0", uid="w0", index=0, generation=0, phase="Running", ready=True)
     spare = PodView(name="j-spare-0", uid="s0", index=-1, generation=0, phase="Running", ready=True, role="spare")
-    progress.hang(JOB.spec, [running, spare], 0, 100.0)  # worker 1 is not there yet
+    progress.clock(JOB.spec, [running, spare], 0, 100.0)  # worker 1 is not there yet
     assert progress.running is None
 
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from flywheel.labels import INDEX_LABEL, ROLE_LABEL
+from flywheel.contracts.labels import INDEX_LABEL, ROLE_LABEL
 from flywheel.policy import reasons as R
 from tests.operator.conftest import IDLE_STEP_S, LONG, LONG_STEPS, OpEnv, eventually
 from tests.operator.spare_jobs import train_with_a_ready_spare

@@ -11,6 +11,7 @@ from typing import Any
 from flywheel.operator import caches
 from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
+from flywheel.operator.observe import pod_view
 from flywheel.operator.own_writes import PENDING_SECONDS, OwnWrites
 from tests.operator.frozen_caches import FrozenCaches
 
@@ -44,10 +45,10 @@ def test_a_created_pod_counts_as_present_until_the_cache_shows_it():
 def test_the_watch_echo_of_a_pods_own_create_wakes_no_pass_and_any_later_change_does():
     r = JobRunner(None, m.OperatorSettings(etcd_endpoints=""), "ml", "j", "u", logging.getLogger("t"))  # type: ignore[arg-type]
     created = pod("j-worker-0", "new")
-    r.own.wrote_pod(created, 100.0)
+    r.observer.own.wrote_pod(created, 100.0)
     r.pod_event("ADDED", copy.deepcopy(created))  # exactly as the create answered
-    assert not r.wake.is_set() and not r.own.created  # the cache holds it now: the overlay let it go
-    r.own.wrote_pod(created, 100.0)
+    assert not r.wake.is_set() and not r.observer.own.created  # the cache holds it now: the overlay let it go
+    r.observer.own.wrote_pod(created, 100.0)
     scheduled = copy.deepcopy(created)
     scheduled["metadata"]["resourceVersion"] = "2"  # the scheduler or the kubelet changed it
     r.pod_event("MODIFIED", scheduled)
@@ -76,14 +77,14 @@ def test_a_deleted_pod_is_terminating_until_the_cache_says_so_and_a_relabel_show
 
 def test_the_watch_event_of_the_last_status_write_lets_the_written_job_go():
     r = JobRunner(None, m.OperatorSettings(etcd_endpoints=""), "ml", "j", "u", logging.getLogger("t"))  # type: ignore[arg-type]
-    r.own.wrote_job(job("4"), job("5"))
-    r.written_versions.append("5")
+    r.observer.own.wrote_job(job("4"), job("5"))
+    r.records.written_versions.append("5")
     r.job_event("5")  # its own write: no pass, and nothing held for a pass that may never come
-    assert not r.wake.is_set() and r.own.job_written is None
-    r.own.wrote_job(job("5"), job("6"))
-    r.written_versions.append("6")
+    assert not r.wake.is_set() and r.observer.own.job_written is None
+    r.observer.own.wrote_job(job("5"), job("6"))
+    r.records.written_versions.append("6")
     r.job_event("5")  # an older write's late event: the last one is still laid over the cache
-    assert r.own.job_written is not None and r.own.job(job("5")) == job("6")
+    assert r.observer.own.job_written is not None and r.observer.own.job(job("5")) == job("6")
 
 
 def test_the_job_as_written_is_read_until_the_cache_shows_that_write_or_a_newer_one():
@@ -108,7 +109,7 @@ def test_index_entries_and_the_reads_over_them():
     slim = caches.slim_pod(full)
     assert slim["spec"] == {"nodeName": "n1"} and "managedFields" not in slim["metadata"]
     assert slim["status"] == full.get("status", {}) and slim["metadata"]["labels"] == p["metadata"]["labels"]
-    assert m.pod_view(slim, set()) == m.pod_view(full, set())  # the pass reads the same from either
+    assert pod_view(slim, set()) == pod_view(full, set())  # the pass reads the same from either
     written = {**job("1"), "metadata": {**job("1")["metadata"], "managedFields": [{"manager": "kopf"}]}}
     assert caches.job_entry(written)[("ml", "j")] == job("1")  # the job without its managedFields
     jobs = {("ml", "j"): [job("1")]}

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from flywheel.labels import INDEX_LABEL
+from flywheel.contracts.labels import INDEX_LABEL
 from tests.cluster.audit import Attributes, describe, service_account
 from tests.cluster.fixtures import start_cluster
 from tests.fakes.prometheus_api import FakePrometheus

@@ -21,17 +21,17 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from flywheel.spec import CheckpointSpec, ModelSpec, Parallelism, Training
-from flywheel.trainer import materialize
-from flywheel.trainer.build import build_model
-from flywheel.trainer.checkpoint import AppState, Checkpointer
+from flywheel.spec.job import CheckpointSpec, ModelSpec, Parallelism, Training
+from flywheel.trainer.checkpoint.manager import AppState, Checkpointer
 from flywheel.trainer.data import SampleLoader, build_source, build_validation_source
+from flywheel.trainer.distributed.parallelize import DP, build_mesh, clip_grad_norm, parallelize
+from flywheel.trainer.distributed.pipeline_parallel import full_model_state
 from flywheel.trainer.evaluate import EvalContext, evaluate
-from flywheel.trainer.materialize import META
+from flywheel.trainer.ft.process_exit import exit_rank
+from flywheel.trainer.models import materialize
+from flywheel.trainer.models.materialize import META
+from flywheel.trainer.models.registry import build_model
 from flywheel.trainer.optim import build_optimizer, build_scheduler
-from flywheel.trainer.parallel_pp import full_model_state
-from flywheel.trainer.parallelize import DP, build_mesh, clip_grad_norm, parallelize
-from flywheel.trainer.process_exit import exit_rank
 from flywheel.trainer.step import forward_backward
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from flywheel.spec import ModelSpec, Training
-from flywheel.trainer import parallelize as parallelize_module
-from flywheel.trainer.build import build_model
-from flywheel.trainer.parallelize import ParallelismError, apply_compile
+from flywheel.spec.job import ModelSpec, Training
+from flywheel.trainer.distributed import parallelize as parallelize_module
+from flywheel.trainer.distributed.parallelize import ParallelismError, apply_compile
+from flywheel.trainer.models.registry import build_model
 
 from .harness import loss_relative_difference, run_layout
 

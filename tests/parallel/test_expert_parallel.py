@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from flywheel.spec import Parallelism
-from flywheel.spec_layout import JobLayout, world_problems
-from flywheel.trainer.parallelize import mesh_shape
+from flywheel.layout.rules import JobLayout, world_problems
+from flywheel.spec.job import Parallelism
+from flywheel.trainer.distributed.parallelize import mesh_shape
 from tests.trainer import workers
 
 from .harness import loss_relative_difference, max_relative_difference, run_layout

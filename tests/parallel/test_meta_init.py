@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from flywheel.spec import ModelSpec
-from flywheel.trainer.build import build_model
-from flywheel.trainer.materialize import META, is_meta
+from flywheel.spec.job import ModelSpec
+from flywheel.trainer.models.materialize import META, is_meta
+from flywheel.trainer.models.registry import build_model
 
 from .harness import run_layout
 
@@ -66,7 +66,7 @@ def test_a_meta_initialised_run_trains_bitwise_like_a_plain_one(tmp_path):
 def test_drawing_row_blocks_in_turn_gives_the_whole_draw_bitwise(monkeypatch, shape):
     """CPU normal_ drawn piecewise (materialize.row_blocks) equals one draw of the whole tensor, and the
     generator ends in the same state: what keeps meta-device init bitwise without holding a full tensor."""
-    from flywheel.trainer import materialize
+    from flywheel.trainer.models import materialize
 
     monkeypatch.setattr(materialize, "CHUNK_ELEMENTS", 64)
     whole_gen, piece_gen = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)

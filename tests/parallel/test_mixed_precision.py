@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from flywheel.spec import Parallelism, Training
-from flywheel.trainer.parallelize import BF16_POLICY, fsdp_mixed_precision
+from flywheel.spec.job import Parallelism, Training
+from flywheel.trainer.distributed.parallelize import BF16_POLICY, fsdp_mixed_precision
 
 from .harness import run_layout
 

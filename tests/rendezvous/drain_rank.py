@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from flywheel import exitcodes
+from flywheel.contracts import exitcodes
 from flywheel.etcd import requests as etcd_requests
 from flywheel.etcd.session import EtcdSession
 

@@ -8,7 +8,7 @@ import sys
 
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-import flywheel.trainer.rendezvous  # noqa: F401  (registers etcd-v3)
+import flywheel.agent.rendezvous.handler  # noqa: F401  (registers etcd-v3)
 
 endpoint, run_id, out_dir, worker_ttl = sys.argv[1:5]
 config = LaunchConfig(

@@ -11,15 +11,10 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
-from flywheel.etcd.session import Endpoint
-from flywheel.trainer.rendezvous import (
-    EtcdSession,
-    EtcdStore,
-    EtcdUnavailableError,
-    EtcdV3RendezvousBackend,
-    delete_run,
-    parse_endpoints,
-)
+from flywheel.agent.rendezvous.backend import EtcdV3RendezvousBackend
+from flywheel.agent.rendezvous.store import EtcdStore
+from flywheel.etcd.liveness import delete_run
+from flywheel.etcd.session import Endpoint, EtcdSession, EtcdUnavailableError, parse_endpoints
 
 from .etcd_server import EtcdServer
 

@@ -2,7 +2,7 @@
 operator's checkpoint request and stopped, the agent of the worker the request moves does not join a new round (it
 would train steps that the move throws away: 3 were, in CI, when the operator's deletion came after the round); it
 waits for its pod's deletion (SIGTERM), and the staying worker's new round forms with the replacement. A drain given
-up (the request deleted) lets it rejoin at once (trainer/drain_hold.py)."""
+up (the request deleted) lets it rejoin at once (agent/drain_hold.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flywheel import exitcodes
+from flywheel.contracts import exitcodes
 from flywheel.etcd import requests as etcd_requests
 from flywheel.etcd.session import EtcdSession
 

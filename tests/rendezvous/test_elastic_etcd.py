@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.trainer.rendezvous import list_live_workers, watch_workers
+from flywheel.etcd.liveness import list_live_workers, watch_workers
 
 from .etcd_server import EtcdServer
 

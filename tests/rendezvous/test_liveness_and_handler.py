@@ -14,16 +14,11 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
 
+from flywheel.agent.rendezvous import handler as handler_module
+from flywheel.agent.rendezvous.store import EtcdStore
 from flywheel.etcd import keys as etcd_keys
-from flywheel.trainer.rendezvous import (
-    EtcdSession,
-    EtcdStore,
-    WorkerRegistration,
-    delete_run,
-    list_live_workers,
-    watch_workers,
-)
-from flywheel.trainer.rendezvous import handler as handler_module
+from flywheel.etcd.liveness import WorkerRegistration, delete_run, list_live_workers, watch_workers
+from flywheel.etcd.session import EtcdSession
 
 from .etcd_server import EtcdServer
 

@@ -74,7 +74,7 @@ def test_the_rendezvous_handler_checks_before_every_round() -> None:
     from torch.distributed.elastic.rendezvous.api import RendezvousParameters
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-    from flywheel.trainer.rank_order import create_ordered_handler
+    from flywheel.agent.rank_order import create_ordered_handler
 
     class Replaced(Exception):
         pass

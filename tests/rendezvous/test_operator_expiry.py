@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
+from flywheel.agent.rank_order import create_ordered_handler
+from flywheel.agent.rendezvous.backend import EtcdV3RendezvousBackend
+from flywheel.agent.rendezvous.store import EtcdStore
+from flywheel.etcd.session import EtcdSession
 from flywheel.operator.rendezvous_expiry import expire_pods
 from flywheel.policy.lost_agents import AgentId
-from flywheel.trainer.rank_order import create_ordered_handler
-from flywheel.trainer.rendezvous import EtcdSession, EtcdStore, EtcdV3RendezvousBackend
 
 from .etcd_server import EtcdServer
 

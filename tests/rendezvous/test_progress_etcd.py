@@ -77,7 +77,7 @@ def test_publisher_survives_no_etcd_and_cleanup_deletes_progress(etcd_server: Et
 
 
 def test_an_exit_reason_reaches_the_progress_key_before_the_process_exits(etcd_server: EtcdServer) -> None:
-    from flywheel.trainer import termination_log
+    from flywheel.contracts import termination_log
 
     changes: Changes = queue.Queue()
     watch = watch_progress(etcd_server.endpoint, "run-x", changes.put)

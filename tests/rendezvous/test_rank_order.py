@@ -22,14 +22,14 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, _NodeDesc
 
-import flywheel.trainer.rendezvous  # noqa: F401  (registers the etcd-v3 handler)
+import flywheel.agent.rendezvous.handler  # noqa: F401  (registers the etcd-v3 handler)
+from flywheel.agent.rank_order import UNORDERED, ReplicaOrderedNode, create_ordered_c10d_handler, replica_order
+from flywheel.agent.rendezvous import handler as etcd_handler
 from flywheel.local.runner import _host_store
 from flywheel.operator.manifests import OperatorSettings
 from flywheel.operator.manifests import plan as operator_plan
-from flywheel.plan import Placement, WorkerPlan, plan_workers
 from flywheel.spec import API_VERSION, TrainingJob, parse_job
-from flywheel.trainer.rank_order import UNORDERED, ReplicaOrderedNode, create_ordered_c10d_handler, replica_order
-from flywheel.trainer.rendezvous import handler as etcd_handler
+from flywheel.worker_plan import Placement, WorkerPlan, plan_workers
 
 from .etcd_server import EtcdServer
 

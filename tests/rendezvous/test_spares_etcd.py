@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from flywheel.contracts.spare_promotion import Promotion
 from flywheel.etcd import keys
 from flywheel.etcd.liveness import delete_run, list_live_workers, watch_workers
 from flywheel.etcd.session import EtcdSession
 from flywheel.etcd.spares import LiveSpare, SpareRegistration, promote, wait_for_promotion, watch_spares
-from flywheel.spare_promotion import Promotion
 
 from .etcd_server import EtcdServer
 

@@ -1,4 +1,4 @@
-"""The agent's watch of the rendezvous state key (trainer/rendezvous/state_watch.py) on a real etcd: a change of
+"""The agent's watch of the rendezvous state key (agent/rendezvous/state_watch.py) on a real etcd: a change of
 the state wakes a waiting poll at once and drops the handler's cached copy, so a round moves on the change rather
 than on the next poll; with nothing changing the poll waits its interval out (the fallback)."""
 
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from flywheel.agent.rendezvous.state_watch import RendezvousStateWatch
 from flywheel.etcd import keys
 from flywheel.etcd.session import EtcdSession
-from flywheel.trainer.rendezvous.state_watch import RendezvousStateWatch
 
 from .etcd_server import EtcdServer
 

@@ -11,8 +11,8 @@ import os
 from prometheus_client import generate_latest
 
 from flywheel.trainer import train_loop
-from flywheel.trainer.process_exit import exit_rank
-from flywheel.trainer.trainer_metrics import TrainerMetrics
+from flywheel.trainer.ft.process_exit import exit_rank
+from flywheel.trainer.metrics import TrainerMetrics
 
 made: list[TrainerMetrics] = []
 

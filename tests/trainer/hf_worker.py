@@ -16,16 +16,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 
-from flywheel.spec import CheckpointSpec, ModelSpec, Parallelism, Training
-from flywheel.trainer.build import build_model, model_shape
-from flywheel.trainer.checkpoint import AppState, Checkpointer
+from flywheel.spec.job import CheckpointSpec, ModelSpec, Parallelism, Training
+from flywheel.trainer.checkpoint.manager import AppState, Checkpointer
 from flywheel.trainer.data import SampleLoader, build_source
-from flywheel.trainer.hf_export import write_model_record
-from flywheel.trainer.hf_weights import load_pretrained
+from flywheel.trainer.distributed.parallelize import DP, build_mesh, parallelize
+from flywheel.trainer.distributed.pipeline_parallel import full_model_state
+from flywheel.trainer.ft.process_exit import exit_rank
+from flywheel.trainer.models.hf_export import write_model_record
+from flywheel.trainer.models.hf_weights import load_pretrained
+from flywheel.trainer.models.registry import build_model, model_shape
 from flywheel.trainer.optim import build_optimizer, build_scheduler
-from flywheel.trainer.parallel_pp import full_model_state
-from flywheel.trainer.parallelize import DP, build_mesh, parallelize
-from flywheel.trainer.process_exit import exit_rank
 from flywheel.trainer.step import forward_backward
 
 SEQ = 16

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from flywheel import exitcodes
-from flywheel.trainer import hf_export
-from flywheel.trainer.checkpoint_model_check import mismatch
+from flywheel.contracts import exitcodes
+from flywheel.trainer.checkpoint.model_check import mismatch
+from flywheel.trainer.models import hf_export
 from tests.trainer import workers
 
 BLOCK = {"ln.weight": (8,), "attn.weight": (24, 8)}

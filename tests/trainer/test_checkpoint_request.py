@@ -1,6 +1,6 @@
 """Drain ahead, the ranks' side, through a real etcd: the operator's checkpoint request makes every rank save the
 same step to the memory tier (not due by memoryEverySteps), answer {id, step} and stop with STOPPED, training no
-step after it (trainer/checkpoint_request.py, train_loop.py)."""
+step after it (trainer/checkpoint/request.py, train_loop.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from flywheel import exitcodes
+from flywheel.contracts import exitcodes
+from flywheel.contracts.memory_root import forget, memory_root
 from flywheel.etcd import requests as etcd_requests
 from flywheel.etcd.session import EtcdSession
-from flywheel.trainer import checkpoint_memory as mem
-from flywheel.trainer.checkpoint_memory_root import forget, memory_root
+from flywheel.trainer.checkpoint.tiers import memory as mem
 from tests.rendezvous.etcd_server import EtcdServer, etcd_server  # noqa: F401 (the fixture)
 
 from .workers import events, job_spec, launch, logs
@@ -72,7 +72,7 @@ def test_a_checkpoint_request_saves_every_rank_at_one_step_then_stops(etcd_serve
 
 
 def test_a_request_already_answered_is_not_pending(etcd_server: EtcdServer) -> None:  # noqa: F811
-    from flywheel.trainer.checkpoint_request import CheckpointRequests
+    from flywheel.trainer.checkpoint.request import CheckpointRequests
 
     env = {"PET_RDZV_BACKEND": "etcd-v3", "PET_RDZV_ENDPOINT": etcd_server.endpoint, "PET_RDZV_ID": "run-a"}
     first = CheckpointRequests.from_environ(0, env)

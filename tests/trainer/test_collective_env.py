@@ -11,14 +11,9 @@ import textwrap
 from datetime import timedelta
 from pathlib import Path
 
-from flywheel.spec import FaultTolerance
-from flywheel.trainer.collective_env import (
-    CollectiveTimeouts,
-    apply_collective_env,
-    collective_env,
-    collective_timeouts,
-    debug_dir,
-)
+from flywheel.spec.job import FaultTolerance
+from flywheel.spec.timeouts import CollectiveTimeouts, collective_timeouts
+from flywheel.trainer.distributed.collective_env import apply_collective_env, collective_env, debug_dir
 
 
 def test_timeouts_follow_the_spec() -> None:
@@ -43,7 +38,7 @@ def test_environment_points_dumps_into_the_checkpoint_volume(tmp_path: Path) -> 
 def test_apply_logs_every_variable_and_keeps_explicit_ones(tmp_path: Path, caplog) -> None:
     desired = collective_env(tmp_path / "ckpt", CollectiveTimeouts(timedelta(seconds=60), timedelta(seconds=10)))
     environ = {"TORCH_FR_BUFFER_SIZE": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "PATH": "/bin"}
-    with caplog.at_level(logging.INFO, logger="flywheel.trainer.collective_env"):
+    with caplog.at_level(logging.INFO, logger="flywheel.trainer.distributed.collective_env"):
         effective = apply_collective_env(desired, environ)
     assert effective["TORCH_FR_BUFFER_SIZE"] == "0" == environ["TORCH_FR_BUFFER_SIZE"]
     assert environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2" and environ["PATH"] == "/bin"
@@ -60,7 +55,8 @@ WORKER = """
     import os, sys, time
     from datetime import timedelta
     import torch, torch.distributed as dist
-    from flywheel.trainer.collective_env import CollectiveTimeouts, shorten_timeouts
+    from flywheel.spec.timeouts import CollectiveTimeouts
+    from flywheel.trainer.distributed.collective_env import shorten_timeouts
     rank = int(os.environ["RANK"])
     timeouts = CollectiveTimeouts(timedelta(seconds=30), timedelta(seconds=1.5))
     dist.init_process_group("gloo", timeout=timeouts.startup)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from flywheel import exitcodes
+from flywheel.contracts import exitcodes
 from flywheel.spec import parse_spec
-from flywheel.trainer.collective_env import collective_timeouts
+from flywheel.spec.timeouts import collective_timeouts
 from tests.warm_ranks import start_rank
 
 from . import workers

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from flywheel import exitcodes
+from flywheel.contracts import exitcodes
 from flywheel.eventlog import Failure, read_records
-from flywheel.spec import Training
+from flywheel.spec.job import Training
 from flywheel.trainer import train_loop
 from tests.trainer.workers import REPO, free_port, job_spec
 

@@ -13,8 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from flywheel.spec import ModelSpec
-from flywheel.trainer.build import build_model
+from flywheel.spec.job import ModelSpec
 from flywheel.trainer.data import (
     DataError,
     HeldOutWindows,
@@ -25,6 +24,7 @@ from flywheel.trainer.data import (
     held_out_windows,
 )
 from flywheel.trainer.evaluate import EvalContext, EvalPlan, evaluate, perplexity
+from flywheel.trainer.models.registry import build_model
 from tests.parallel.harness import loss_relative_difference, run_layout
 
 SEQ = 8

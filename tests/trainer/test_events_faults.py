@@ -6,9 +6,10 @@ import textwrap
 
 import pytest
 
-from flywheel.trainer import fault_injection as faults_mod
-from flywheel.trainer.event_writer import EventLog
-from flywheel.trainer.fault_injection import Fault, FaultInjector, faults_from_env, parse_fault_flag
+from flywheel.contracts.faults import Fault, faults_from_env, parse_fault_flag
+from flywheel.eventlog.writer import EventLog
+from flywheel.trainer.ft import fault_injector as faults_mod
+from flywheel.trainer.ft.fault_injector import FaultInjector
 
 
 def faults_to_env(faults: list[Fault]) -> str:
@@ -32,7 +33,7 @@ def test_event_survives_sigkill_of_the_writer(tmp_path):
     path = tmp_path / "events.jsonl"
     code = textwrap.dedent(f"""
         import os, signal
-        from flywheel.trainer.event_writer import EventLog
+        from flywheel.eventlog.writer import EventLog
         EventLog({str(path)!r}).emit("fault", kind="kill", rank=0, step=3)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
@@ -104,8 +105,9 @@ def test_fault_fires_once_on_its_rank_and_step(tmp_path, monkeypatch):
 
 def test_fault_kill_really_kills(tmp_path):
     code = textwrap.dedent(f"""
-        from flywheel.trainer.event_writer import EventLog
-        from flywheel.trainer.fault_injection import FaultInjector, faults_from_env
+        from flywheel.eventlog.writer import EventLog
+        from flywheel.contracts.faults import faults_from_env
+        from flywheel.trainer.ft.fault_injector import FaultInjector
         faults = faults_from_env('[{{"id": "f0", "kind": "kill", "rank": 0, "step": 2}}]')
         injector = FaultInjector(faults, rank=0, fault_dir={str(tmp_path)!r}, events=EventLog(None))
         for step in (1, 2):

@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
-from flywheel.spec import ModelSpec
-from flywheel.trainer.build import build_model, model_shape
-from flywheel.trainer.hf_config import HFConfigError
-from flywheel.trainer.hf_weights import load_pretrained
+from flywheel.layout.hf_config import HFConfigError
+from flywheel.spec.job import ModelSpec
+from flywheel.trainer.models.hf_weights import load_pretrained
+from flywheel.trainer.models.registry import build_model, model_shape
 
 from .hf_models import SEQ, hf_logits, save_hf_model
 
@@ -63,7 +63,8 @@ def test_pretrained_refuses_sizes_beside_it():
 
 
 def test_pretrained_spec_survives_the_workers_round_trip():
-    from flywheel.spec import parse_spec, spec_to_env_json
+    from flywheel.spec import parse_spec
+    from flywheel.spec.parse import spec_to_env_json
 
     spec = parse_spec({"trainer": {"model": {"pretrained": "/models/llama", "seqLen": 32}}})
     assert spec.trainer.model.preset is None

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from flywheel.cli import main
-from flywheel.trainer.hf_export import ExportError, export_hf
+from flywheel.trainer.models.hf_export import ExportError, export_hf
 from tests.parallel.harness import REPO, _free_port
 from tests.warm_ranks import start_rank
 
@@ -85,9 +85,9 @@ def test_export_without_a_checkpoint_says_what_it_needs(tmp_path, capsys):
 def test_sharded_layouts_load_the_same_weights(tmp_path, kind, world, parallelism):
     """Each rank reads only its slices; gathered, they are the one-process import, whose logits match
     transformers' (test_hf_import.py)."""
-    from flywheel.spec import ModelSpec
-    from flywheel.trainer.build import build_model, model_shape
-    from flywheel.trainer.hf_weights import load_pretrained
+    from flywheel.spec.job import ModelSpec
+    from flywheel.trainer.models.hf_weights import load_pretrained
+    from flywheel.trainer.models.registry import build_model, model_shape
 
     source = save_hf_model(kind, tmp_path / "hf", max_shard_size="20KB")
     run = {"pretrained": str(source), "parallelism": parallelism, "steps": 1, "stateOnly": True,

@@ -8,11 +8,12 @@ import dataclasses
 import pytest
 import torch
 
-from flywheel.spec import ModelSpec, SpecError, parse_spec
-from flywheel.spec_layout import tp_size_problems
-from flywheel.spec_model import PRESETS, RopeScaling
-from flywheel.trainer.build import build_model
-from flywheel.trainer.llama import Llama, rope_frequencies
+from flywheel.layout.rules import tp_size_problems
+from flywheel.layout.shape import PRESETS, RopeScaling
+from flywheel.spec import SpecError, parse_spec
+from flywheel.spec.job import ModelSpec
+from flywheel.trainer.models.llama.model import Llama, rope_frequencies
+from flywheel.trainer.models.registry import build_model
 
 TINY = dataclasses.replace(PRESETS["llama-tiny"], seq_len=16)
 
@@ -70,7 +71,7 @@ def test_presets_have_the_published_sizes(preset, params):
 
 @pytest.mark.parametrize("preset", ["llama-tiny", "llama3-1b", "llama3-8b"])
 def test_the_planner_counts_parameters_and_flops_like_the_model(preset):
-    from flywheel.planner.search import shape_of
+    from flywheel.spec.auto import shape_of
 
     spec = parse_spec({"trainer": {"model": {"preset": preset}}})
     with torch.device("meta"):

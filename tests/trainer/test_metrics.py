@@ -3,7 +3,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flywheel.trainer.trainer_metrics import TrainerMetrics
+from flywheel.trainer.metrics import TrainerMetrics
 
 from .workers import free_port
 

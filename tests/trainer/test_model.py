@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from flywheel.spec import ModelSpec
-from flywheel.trainer.model import GPT, GPTConfig
+from flywheel.spec.job import ModelSpec
+from flywheel.trainer.models.gpt.model import GPT, GPTConfig
 
 TINY = GPTConfig(layers=2, dim=32, heads=4, vocab=97, seq_len=16)
 
@@ -54,8 +54,8 @@ def test_presets_have_the_usual_sizes(preset, millions):
 
 @pytest.mark.parametrize("preset", ["gpt-tiny", "gpt-125m", "gpt-350m", "gpt-1.3b"])
 def test_the_planner_counts_parameters_and_flops_like_the_model(preset):
-    from flywheel.planner.search import shape_of
     from flywheel.spec import parse_spec
+    from flywheel.spec.auto import shape_of
 
     spec = parse_spec({"trainer": {"model": {"preset": preset}}})
     with torch.device("meta"):  # sized without memory

@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from flywheel.spec import parse_job
-from flywheel.trainer import hf_export, train_loop
-from flywheel.trainer.build import model_shape
+from flywheel.trainer import train_loop
+from flywheel.trainer.models import hf_export
+from flywheel.trainer.models.registry import model_shape
 
 _JOB = """apiVersion: flywheel.dev/v1alpha1
 kind: TrainingJob

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from flywheel.spec import Training
-from flywheel.trainer.model import GPT, GPTConfig
+from flywheel.spec.job import Training
+from flywheel.trainer.models.gpt.model import GPT, GPTConfig
 from flywheel.trainer.optim import build_optimizer, build_scheduler, lr_factor
 
 

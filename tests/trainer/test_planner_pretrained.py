@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-from flywheel.planner import DEVICES, plan_for_spec, resolve_auto, shape_of
-from flywheel.planner.search import layouts, spec_rules_view
+from flywheel.planner import DEVICES
+from flywheel.planner.search import layouts
 from flywheel.spec import SpecError, parse_spec
-from flywheel.trainer.build import model_shape
+from flywheel.spec.auto import plan_for_spec, resolve_auto, shape_of, spec_rules_view
+from flywheel.trainer.models.registry import model_shape
 from tests.trainer.hf_models import save_hf_model
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from flywheel.cli import main
-from flywheel.data_prep_index import read_index
+from flywheel.data.shards import read_index
 from flywheel.trainer.generate import GenerateOptions, generate_text
 from tests.data_prep.corpus import train_tokenizer, write_corpus
 from tests.integration.test_exact_recovery import _logs, flywheel_run, job_doc

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from flywheel import exitcodes
-from flywheel.data_prep_index import ShardIndex, write_index
+from flywheel.contracts import exitcodes
+from flywheel.data.shards import ShardIndex, write_index
 from flywheel.eventlog import Failure, read_records
-from flywheel.spec import parse_spec, spec_to_env_json
-from flywheel.trainer import watchdog
+from flywheel.spec import parse_spec
+from flywheel.spec.parse import spec_to_env_json
 from flywheel.trainer.data import DataError, SampleLoader, ShardedTokens, TokenFileSource, build_source
+from flywheel.trainer.ft import watchdog
 from flywheel.trainer.train_loop import main
 from tests.data_prep.corpus import train_tokenizer
 

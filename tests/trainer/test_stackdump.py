@@ -1,4 +1,4 @@
-"""Stack dumps on request (flywheel/trainer/stackdump.py) and the operator's side of it (request_dumps in
+"""Stack dumps on request (flywheel/trainer/ft/stackdump.py) and the operator's side of it (request_dumps in
 flywheel/operator/health_executor.py): the request file and the NCCL pipes, a stale request, SIGUSR1, and a real
 two-rank gloo run whose rank 0 is stuck in a collective (its peer SIGSTOPped) dumping its stacks when asked."""
 
@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from flywheel.operator import health_executor
-from flywheel.trainer import collective_env, stackdump
+from flywheel.spec.timeouts import CollectiveTimeouts
+from flywheel.trainer.distributed import collective_env
+from flywheel.trainer.ft import stackdump
 
 from . import workers
 
@@ -32,7 +34,7 @@ def wait_for(check, timeout: float, what: str, procs: list[subprocess.Popen[byte
 def test_operator_and_trainer_agree_on_the_names(tmp_path: Path):
     assert health_executor.DEBUG_SUBDIR == stackdump.DEBUG_SUBDIR == collective_env.DEBUG_SUBDIR
     assert health_executor.STACK_REQUEST == stackdump.REQUEST_FILE
-    timeouts = collective_env.CollectiveTimeouts(timedelta(seconds=60), timedelta(seconds=10))
+    timeouts = CollectiveTimeouts(timedelta(seconds=60), timedelta(seconds=10))
     pipe_prefix = collective_env.collective_env(tmp_path, timeouts)["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"]
     assert Path(pipe_prefix + "3.pipe").match(health_executor.NCCL_PIPES)  # torch appends "<rank>.pipe"
 
@@ -66,7 +68,7 @@ def test_a_new_request_dumps_every_thread_and_a_stale_one_does_not(tmp_path: Pat
     script = textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from flywheel.trainer.stackdump import StackDumper
+        from flywheel.trainer.ft.stackdump import StackDumper
         dumper = StackDumper(Path({str(debug)!r}), "3", poll_seconds=0.05).start()
         def waiting_in_main():
             time.sleep(0.5)

@@ -8,8 +8,8 @@ from contextlib import nullcontext
 
 import torch
 
-from flywheel.spec_model import ModelShape
-from flywheel.trainer.build import build_model
+from flywheel.layout.shape import ModelShape
+from flywheel.trainer.models.registry import build_model
 from flywheel.trainer.step import forward_backward
 
 SHAPE = ModelShape(layers=1, dim=32, heads=2, vocab=64, seq_len=16, architecture="llama", kv_heads=1, ffn=64,

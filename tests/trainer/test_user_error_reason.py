@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flywheel import exitcodes
+from flywheel.contracts import exitcodes
 from flywheel.eventlog import Failure, read_records
 from flywheel.trainer.train_loop import main
 

@@ -5,7 +5,7 @@ import sys
 import textwrap
 import time
 
-from flywheel import exitcodes
+from flywheel.contracts import exitcodes
 from tests.rank_processes import alive
 
 
@@ -18,7 +18,7 @@ def test_stalled_loop_dumps_stacks_reports_and_exits_hang(tmp_path):
     marker = tmp_path / "hang.txt"
     result = run_snippet(f"""
         import time
-        from flywheel.trainer.watchdog import ProgressWatchdog
+        from flywheel.trainer.ft.watchdog import ProgressWatchdog
         def on_hang(seconds):
             open({str(marker)!r}, "w").write(str(seconds))
         dog = ProgressWatchdog(timeout_s=0.4, first_step_timeout_s=5, on_hang=on_hang).start()
@@ -39,7 +39,7 @@ def test_first_step_gets_its_own_allowance():
     started = time.monotonic()
     result = run_snippet("""
         import time
-        from flywheel.trainer.watchdog import ProgressWatchdog
+        from flywheel.trainer.ft.watchdog import ProgressWatchdog
         dog = ProgressWatchdog(timeout_s=0.2, first_step_timeout_s=1.5, on_hang=lambda s: print("hang", s)).start()
         time.sleep(30)
     """)
@@ -50,7 +50,7 @@ def test_first_step_gets_its_own_allowance():
 def test_disabled_watchdog_never_fires():
     result = run_snippet("""
         import time
-        from flywheel.trainer.watchdog import ProgressWatchdog
+        from flywheel.trainer.ft.watchdog import ProgressWatchdog
         ProgressWatchdog(timeout_s=0, first_step_timeout_s=1, on_hang=lambda s: None).start()
         time.sleep(1.5)
     """)
@@ -62,7 +62,7 @@ def test_orphaned_rank_exits_when_its_parent_dies(tmp_path):
     child_script = tmp_path / "child.py"
     child_script.write_text(textwrap.dedent(f"""
         import os, time
-        from flywheel.trainer.watchdog import ProgressWatchdog
+        from flywheel.trainer.ft.watchdog import ProgressWatchdog
         ProgressWatchdog(timeout_s=0, first_step_timeout_s=1, on_hang=lambda s: None).start()
         open({str(pid_file)!r} + ".tmp", "w").write(str(os.getpid()))
         os.replace({str(pid_file)!r} + ".tmp", {str(pid_file)!r})  # seen only when complete

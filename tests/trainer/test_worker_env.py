@@ -5,10 +5,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from flywheel.trainer.fault_injection import Fault
-from flywheel.trainer.model import GPT, GPTConfig
+from flywheel.agent.worker_env import UserError, WorkerEnv
+from flywheel.contracts.faults import Fault
+from flywheel.trainer.models.gpt.model import GPT, GPTConfig
 from flywheel.trainer.step import params_sha256
-from flywheel.trainer.worker_env import UserError, WorkerEnv
 
 from .workers import free_port, job_spec
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flywheel import exitcodes
+from flywheel.contracts import exitcodes
 
 from . import workers
 

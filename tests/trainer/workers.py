@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from flywheel.trainer.launch_settings import WARM_PRELOAD
+from flywheel.agent.settings import WARM_PRELOAD
 from tests.warm_ranks import start_rank
 
 REPO = Path(__file__).resolve().parents[2]

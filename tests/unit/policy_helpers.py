@@ -6,9 +6,10 @@ from typing import Any
 
 from flywheel.policy.decisions import Pass
 from flywheel.policy.job_view import JobView
-from flywheel.policy.observed import HealthFindings, ObservedProgress, PodView
+from flywheel.policy.observed import HealthFindings, Observed, ObservedProgress, PodView
+from flywheel.policy.reconcile import reconcile as reconcile_pass
 from flywheel.spec import TrainingJobSpec, parse_spec
-from flywheel.spec_status import Phase, TrainingJobStatus
+from flywheel.spec.status import Phase, TrainingJobStatus
 
 NOW = 1_800_000_000.0
 
@@ -40,3 +41,9 @@ def view(s: TrainingJobSpec, pods: list[PodView], generation: int = 0, now: floa
 
 def fresh(phase: Phase = Phase.RUNNING, **fields: Any) -> Pass:
     return Pass(TrainingJobStatus(phase=phase, **fields))
+
+
+def reconcile(s: TrainingJobSpec | None, invalid: str | None, status: TrainingJobStatus, pods: list[PodView],
+              progress: ObservedProgress, now: float, **observed: Any) -> Pass:
+    """One pass, its observations given as the pods, the progress and `Observed`'s other fields by keyword."""
+    return reconcile_pass(s, invalid, status, Observed(pods, progress, **observed), now)

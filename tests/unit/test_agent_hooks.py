@@ -1,4 +1,4 @@
-"""The agent's hook sets (trainer/agent_hooks.py): called in the order added, a removed one no more, one that raises
+"""The agent's hook sets (agent/hooks.py): called in the order added, a removed one no more, one that raises
 logged and skipped so the rest still run, but a signal's exception propagates."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from flywheel.trainer.agent_hooks import AgentHooks
+from flywheel.agent.hooks import AgentHooks
 
 
 def test_hooks_run_in_order_and_a_failing_one_is_skipped(caplog: pytest.LogCaptureFixture) -> None:

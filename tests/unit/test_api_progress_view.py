@@ -8,7 +8,7 @@ from flywheel.api.schemas import JobSummary
 from flywheel.api.views import with_live_step
 from flywheel.etcd.progress import CheckpointRecord, ProgressRecord
 from flywheel.monitor.etcd_progress import GoodputSeed, ProgressLedger
-from flywheel.spec_status import CheckpointStatus, GoodputStatus, Phase, ReplicaStatus, TrainingJobStatus
+from flywheel.spec.status import CheckpointStatus, GoodputStatus, Phase, ReplicaStatus, TrainingJobStatus
 
 T0 = 1_800_000_000.0
 

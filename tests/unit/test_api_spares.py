@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from flywheel.api.views import detail
-from flywheel.labels import GENERATION_LABEL, INDEX_LABEL, JOB_LABEL, ROLE_LABEL
+from flywheel.contracts.labels import GENERATION_LABEL, INDEX_LABEL, JOB_LABEL, ROLE_LABEL
 
 
 def pod(name: str, labels: dict[str, str]) -> dict[str, Any]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from flywheel.spec import Parallelism, Training
-from flywheel.trainer.model import GPTConfig
-from flywheel.trainer.moe import MoEConfig
-from flywheel.trainer.parallelize import ParallelismError, check_layout
+from flywheel.spec.job import Parallelism, Training
+from flywheel.trainer.distributed.parallelize import ParallelismError, check_layout
+from flywheel.trainer.models.gpt.model import GPTConfig
+from flywheel.trainer.models.moe import MoEConfig
 
 TINY = GPTConfig(layers=2, dim=64, heads=4, vocab=256, seq_len=64)
 MOE = GPTConfig(layers=2, dim=64, heads=4, vocab=256, seq_len=64, moe=MoEConfig(experts=4, top_k=2))

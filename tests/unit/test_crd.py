@@ -1,17 +1,18 @@
-"""The committed CRD is generated from spec.py and is a structural schema that kubectl/the API server accept."""
+"""The committed CRD is generated from spec/job.py and is a structural schema that kubectl/the API server accept."""
 
 from pathlib import Path
 
 import yaml
 
-from flywheel.crd import DEFAULT_PATH, build_crd, render_crd
+from flywheel.spec.crd.generate import DEFAULT_PATH, build_crd, render_crd
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_committed_crd_matches_the_spec():
     committed = (ROOT / DEFAULT_PATH).read_text()
-    assert committed == render_crd(), "crds/ drifted from flywheel/spec.py: run `flywheel crd` and commit the result"
+    assert committed == render_crd(), ("crds/ drifted from flywheel/spec/job.py: run `flywheel crd` and commit "
+                                      "the result")
 
 
 def _walk(node, path="$"):
@@ -52,7 +53,7 @@ def test_crd_names_columns_and_subresources():
 
 
 def test_committed_spec_reference_matches_the_spec():
-    from flywheel.crd import SPEC_DOC_PATH, render_spec_reference
+    from flywheel.spec.crd.generate import SPEC_DOC_PATH, render_spec_reference
 
     assert (ROOT / SPEC_DOC_PATH).read_text() == render_spec_reference(), "run `flywheel crd` and commit docs/spec.md"
 
@@ -112,8 +113,8 @@ def test_pod_template_uses_only_what_a_crd_accepts():
 
 
 def test_template_is_inserted_even_when_the_model_declares_it():
-    from flywheel.crd import openapi_schema, spec_schema_with_template
     from flywheel.spec import TrainingJobSpec
+    from flywheel.spec.crd.generate import openapi_schema, spec_schema_with_template
 
     declared = openapi_schema(TrainingJobSpec, "spec")
     declared["properties"]["template"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
@@ -125,10 +126,10 @@ def test_template_is_inserted_even_when_the_model_declares_it():
 
 
 def test_operator_owned_pod_fields_and_kueue_metadata_have_one_template_rule_each_in_the_operators_words():
-    """Each template rule carries what pod_template.py refuses, with the same message (one definition: `kubectl
+    """Each template rule carries what spec/pod_template.py refuses, with the same message (one definition: `kubectl
     apply` and the operator's Invalid condition say the same); tests/k8s/test_crd_rules_server.py asks a real API
     server that each refuses its case and only that."""
-    from flywheel.pod_template import (
+    from flywheel.spec.pod_template import (
         KUEUE_KEYS,
         METADATA_MAPS,
         OWNED_POD_FIELDS,
@@ -147,7 +148,7 @@ def test_operator_owned_pod_fields_and_kueue_metadata_have_one_template_rule_eac
 
 
 def test_crd_fits_the_object_and_last_applied_limits():
-    from flywheel.crd import MAX_ANNOTATION_BYTES, MAX_OBJECT_BYTES, crd_sizes
+    from flywheel.spec.crd.generate import MAX_ANNOTATION_BYTES, MAX_OBJECT_BYTES, crd_sizes
 
     sizes = crd_sizes()
     assert sizes["object"] < MAX_OBJECT_BYTES

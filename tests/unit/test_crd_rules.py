@@ -1,4 +1,4 @@
-"""The one definition of the layout and checkpoint-storage rules (spec_layout.py) on the random small specs and the
+"""The one definition of the layout and checkpoint-storage rules (layout/rules.py) on the random small specs and the
 storage table that tests/k8s/test_crd_rules_server.py sends to a real API server, whose verdicts from the CRD's CEL
 rules must agree with these (crd.COVERED_RULES); and what the CEL rules leave to Python."""
 
@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import random
 
-from flywheel.crd import COVERED_RULES
+from flywheel.layout.rules import JobLayout, job_problems, static_problems
 from flywheel.planner.devices import DEVICES
-from flywheel.spec_layout import CheckpointStorage, JobLayout, cluster_storage_problems, job_problems, static_problems
-from flywheel.spec_parallel import DEVICE_KINDS
+from flywheel.spec.crd.generate import COVERED_RULES
+from flywheel.spec.parallel import DEVICE_KINDS
+from flywheel.spec.storage import CheckpointStorage, cluster_storage_problems
 
 # (replicas.max, checkpoint.claimName, checkpoint.dir, checkpoint.ephemeral)
 STORAGE_REFUSED = [(2, "", "/ckpt", False), (2, "", "file:///ckpt", False), (3, "", "FILE:///ckpt", False),

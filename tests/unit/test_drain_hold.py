@@ -1,4 +1,4 @@
-"""A worker that a drain moves waits for its pod's deletion instead of rejoining (trainer/drain_hold.py), from the
+"""A worker that a drain moves waits for its pod's deletion instead of rejoining (agent/drain_hold.py), from the
 request naming the moved replicas (etcd/requests.py `held_for_move`); pure, no etcd."""
 
 from __future__ import annotations
@@ -7,6 +7,8 @@ from collections.abc import Collection
 
 import pytest
 
+from flywheel.agent import drain_hold
+from flywheel.agent.hooks import AgentHooks
 from flywheel.etcd.requests import (
     CheckpointDone,
     CheckpointRequest,
@@ -15,8 +17,6 @@ from flywheel.etcd.requests import (
     encode_request,
     held_for_move,
 )
-from flywheel.trainer import drain_hold
-from flywheel.trainer.agent_hooks import AgentHooks
 
 REQUEST = CheckpointRequest("r1", "node n1 is cordoned", moving=(1, 3))
 

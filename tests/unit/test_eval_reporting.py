@@ -18,11 +18,10 @@ from flywheel.local.run_record import RunRecord
 from flywheel.monitor.etcd_progress import GoodputSeed, ProgressLedger, merged
 from flywheel.operator.event_log import EventLogTail, progress_of
 from flywheel.policy.observed import ObservedProgress
-from flywheel.policy.reconcile import reconcile
 from flywheel.spec import SpecError, parse_job
-from flywheel.spec_status import TrainingJobStatus
+from flywheel.spec.status import TrainingJobStatus
 from flywheel.trainer.progress_publisher import ProgressState
-from tests.unit.policy_helpers import NOW, pod, spec
+from tests.unit.policy_helpers import NOW, pod, reconcile, spec
 from tests.unit.test_eventlog import T0, start, step
 from tests.unit.test_eventlog_consumers import JOB
 

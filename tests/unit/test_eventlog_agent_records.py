@@ -1,6 +1,6 @@
 """The agent's records in the one fold (flywheel/eventlog/fold.py): any command's starts and failed ranks make the
 run's restarts, failures and recoveries, as the embedded trainer's records do; and the agent's writer
-(flywheel/trainer/agent_events.py)."""
+(flywheel/agent/events.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import signal
 
 import pytest
 
-from flywheel import exitcodes
+from flywheel.agent import events as agent_events
+from flywheel.contracts import exitcodes, termination_log
 from flywheel.eventlog import EventName, fold, parse_record
-from flywheel.trainer import agent_events, termination_log
 
 T0 = 1000.0
 

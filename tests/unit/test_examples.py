@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.plan import Placement, plan_workers
-from flywheel.planner import DEVICES, plan_for_spec
-from flywheel.spec import PRESETS, load_job
-from flywheel.spec_pod import planner_device
-from flywheel.trainer.parallel_tp import check_tp_sizes
+from flywheel.planner import DEVICES
+from flywheel.spec import load_job
+from flywheel.spec.auto import plan_for_spec
+from flywheel.spec.job import PRESETS
+from flywheel.spec.pod import planner_device
+from flywheel.trainer.distributed.tensor_parallel import check_tp_sizes
+from flywheel.worker_plan import Placement, plan_workers
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 YAMLS = sorted(EXAMPLES.glob("*.yaml"))
@@ -35,7 +37,7 @@ def test_every_example_parses_validates_and_plans(path):
         workers = plan_workers(job, placement(replicas))
         assert [w.first_rank for w in workers] == [i * spec.procs_per_replica for i in range(replicas)]
         if not spec.command:
-            result = plan_for_spec(spec, replicas * spec.procs_per_replica, DEVICES[planner_device(spec)])
+            result = plan_for_spec(spec, replicas * spec.procs_per_replica, DEVICES[planner_device(spec.pod_view())])
             assert result.chosen.fits and result.candidates[0] is result.chosen
 
 

@@ -1,4 +1,4 @@
-"""The mixture-of-experts layer (flywheel/trainer/moe.py), single process: top-k routing and gating against a
+"""The mixture-of-experts layer (flywheel/trainer/models/moe.py), single process: top-k routing and gating against a
 per-token computation, the load-balancing loss on known cases, the capacity cap, which blocks get experts, and a
 dense model left exactly as it was."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flywheel.spec import ModelSpec
-from flywheel.trainer.model import GPT, MLP, GPTConfig
-from flywheel.trainer.moe import MoE, MoEConfig, aux_loss_of, load_balancing_loss
+from flywheel.spec.job import ModelSpec
+from flywheel.trainer.models.gpt.model import GPT, MLP, GPTConfig
+from flywheel.trainer.models.moe import MoE, MoEConfig, aux_loss_of, load_balancing_loss
 
 DIM = 8
 

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flywheel import object_store
 from flywheel.cli import EXIT_BAD_INPUT, main
-from flywheel.spec import SpecError, check_local_paths, parse_job
-from flywheel.trainer.checkpoint_bucket import RemoteStore
-from flywheel.trainer.checkpoint_remote import newest_first
-from flywheel.trainer.checkpoint_store import Committed
+from flywheel.spec import SpecError, parse_job
+from flywheel.spec import storage as object_store
+from flywheel.spec.parse import check_local_paths
+from flywheel.trainer.checkpoint.store import Committed
+from flywheel.trainer.checkpoint.tiers.bucket import RemoteStore
+from flywheel.trainer.checkpoint.tiers.remote import newest_first
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flywheel import object_store
 from flywheel.cli import EXIT_BAD_INPUT, main
 from flywheel.eventlog.fold import fold
 from flywheel.eventlog.records import Checkpoint, CheckpointFailed, Record, parse_record
-from flywheel.spec_layout import CheckpointStorage, cluster_storage_problems
-from flywheel.trainer.checkpoint_bucket import RemoteStore
+from flywheel.spec import storage as object_store
+from flywheel.spec.storage import CheckpointStorage, cluster_storage_problems
+from flywheel.trainer.checkpoint.tiers.bucket import RemoteStore
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,10 +5,10 @@ import signal
 
 import pytest
 
-from flywheel import exitcodes
-from flywheel.plan import Placement, faults_env, plan_workers
+from flywheel.contracts import exitcodes
 from flywheel.policy import Action, FailureKind, RestartBudget, classify_exit, classify_pod, decide_restart
 from flywheel.spec import parse_job, parse_spec
+from flywheel.worker_plan import Placement, faults_env, plan_workers
 from tests.unit.test_spec import BASE, job_with
 
 

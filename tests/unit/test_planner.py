@@ -14,12 +14,13 @@ from flywheel.planner import (
     PlanError,
     device_table,
     estimate,
-    plan_for_spec,
     plan_layout,
 )
 from flywheel.planner.cost import memory_breakdown
 from flywheel.planner.search import NEAR_TIE, layouts
-from flywheel.spec import PRESETS, parse_spec
+from flywheel.spec import parse_spec
+from flywheel.spec.auto import plan_for_spec
+from flywheel.spec.job import PRESETS
 
 GIB = 1 << 30
 
@@ -167,8 +168,8 @@ def test_bad_device_overrides_name_the_field(overrides, message):
 
 
 def test_auto_becomes_a_concrete_layout_valid_at_every_world_size():
-    from flywheel.plan import Placement, plan_workers
     from flywheel.spec import TrainingJob
+    from flywheel.worker_plan import Placement, plan_workers
 
     job = TrainingJob.model_validate({
         "apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "auto"},

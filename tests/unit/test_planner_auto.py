@@ -9,12 +9,14 @@ from dataclasses import replace
 
 import pytest
 
-from flywheel.plan import Placement, plan_workers
-from flywheel.planner import DEVICES, Batch, PlanError, device_table, estimate, plan_for_spec, resolve_auto
-from flywheel.planner.search import NEAR_TIE, auto_layout, shape_of
-from flywheel.spec import PRESETS, SpecError, TrainingJob, TrainingJobSpec, parse_spec
-from flywheel.spec_layout import pipeline_problem
-from flywheel.trainer.parallel_tp import check_tp_sizes
+from flywheel.layout.rules import pipeline_problem
+from flywheel.planner import DEVICES, Batch, PlanError, device_table, estimate
+from flywheel.planner.search import NEAR_TIE
+from flywheel.spec import SpecError, TrainingJob, TrainingJobSpec, parse_spec
+from flywheel.spec.auto import auto_layout, plan_for_spec, resolve_auto, shape_of
+from flywheel.spec.job import PRESETS
+from flywheel.trainer.distributed.tensor_parallel import check_tp_sizes
+from flywheel.worker_plan import Placement, plan_workers
 
 GIB = 1 << 30
 SMALL = device_table({"small": {"base": "h100", "memoryBytes": 10 * GIB}})["small"]

@@ -8,12 +8,13 @@ import json
 import pytest
 import torch
 
-from flywheel.planner import DEVICES, Batch, Layout, ModelShape, estimate, plan_for_spec
+from flywheel.layout.shape import MoEConfig
+from flywheel.planner import DEVICES, Batch, Layout, ModelShape, estimate
 from flywheel.planner.cost import _all_to_all_seconds, memory_breakdown
-from flywheel.planner.search import layouts, resolve_auto, shape_of
+from flywheel.planner.search import layouts
 from flywheel.spec import parse_spec
-from flywheel.spec_model import MoEConfig
-from flywheel.trainer.model import GPT
+from flywheel.spec.auto import plan_for_spec, resolve_auto, shape_of
+from flywheel.trainer.models.gpt.model import GPT
 
 MOE = ModelShape(layers=12, dim=768, heads=12, vocab=50304, seq_len=1024, moe=MoEConfig(experts=8, top_k=2))
 

@@ -1,5 +1,5 @@
-"""The Pod API's rules on what a TrainingJob copies into its pods (flywheel/pod_rules.py), as pure functions: the
-syntaxes they are made of, `flywheel plan` refusing every value of the table (tests/pod_api_cases.py) naming the
+"""The Pod API's rules on what a TrainingJob copies into its pods (flywheel/spec/pod_rules/rules.py), as pure functions:
+the syntaxes they are made of, `flywheel plan` refusing every value of the table (tests/pod_api_cases.py) naming the
 field, and the CRD carrying the rules with the bounds CEL's cost budget needs. Their CEL text is judged by a real API
 server in tests/k8s/test_pod_rules_server.py (the same SYNTAXES and table), and the table runs at `kubectl apply`
 in tests/k8s/test_apply_time_refusals.py."""
@@ -16,10 +16,11 @@ import pytest
 import yaml
 
 from flywheel.cli import main
-from flywheel.crd import build_crd
-from flywheel.crd_podtemplate import pod_template_schema
-from flywheel.field_rules import Bound, Text, attach
-from flywheel.k8s_syntax import (
+from flywheel.spec import SpecError, parse_job
+from flywheel.spec.crd.generate import build_crd
+from flywheel.spec.crd.podtemplate import pod_template_schema
+from flywheel.spec.field_rules import Bound, Text, attach
+from flywheel.spec.k8s_syntax import (
     ANNOTATION_KEY,
     CONFIG_KEY,
     CONTAINER_RESOURCE,
@@ -37,10 +38,16 @@ from flywheel.k8s_syntax import (
     Syntax,
     quantity_value,
 )
-from flywheel.object_names import DNS_LABEL_MAX, MAX_NAME_LENGTH, MAX_REPLICAS, service_name, spare_name, worker_name
-from flywheel.pod_rules import JOB_NAME
-from flywheel.pod_rules_pod import VOLUME_SOURCES
-from flywheel.spec import SpecError, parse_job
+from flywheel.spec.object_names import (
+    DNS_LABEL_MAX,
+    MAX_NAME_LENGTH,
+    MAX_REPLICAS,
+    service_name,
+    spare_name,
+    worker_name,
+)
+from flywheel.spec.pod_rules.pod import VOLUME_SOURCES
+from flywheel.spec.pod_rules.rules import JOB_NAME
 from tests.pod_api_cases import BASE, GAPS, REFUSED, job, merged, pod_spec, spec, worker
 
 SYNTAXES: list[tuple[Syntax, list[str], list[str]]] = [

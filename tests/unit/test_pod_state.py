@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from flywheel.api.views import worker
-from flywheel.labels import INDEX_LABEL
+from flywheel.contracts.labels import INDEX_LABEL
 
 
 def pod(status: dict, inits: list[dict] | None = None) -> dict:

@@ -1,6 +1,6 @@
 """spec.template as pure functions: every field the operator owns is refused naming the field and the fix, the
 shorthands are conflict-checked against it, and the merge keeps the worker contract while passing the rest
-through (flywheel/pod_template.py, spec_pod.py, pod_merge.py, operator/manifests.py pod())."""
+through (flywheel/spec/pod_template.py, spec/pod.py, spec/pod_merge.py, operator/manifests.py pod())."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from flywheel.operator import manifests as m
+from flywheel.operator.observe import pod_view
 from flywheel.policy.failures import FailureKind, classify_exit, classify_pod
 from flywheel.policy.job_view import failure_of
 from flywheel.spec import SpecError, TrainingJob, parse_job
-from flywheel.spec_pod import planner_device
+from flywheel.spec.pod import planner_device
 
 SETTINGS = m.OperatorSettings(etcd_endpoints="etcd:2379")
 CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "PET_NNODES", "PET_RDZV_ID", "FLYWHEEL_JOB",
@@ -266,12 +267,12 @@ def test_accelerator_rdma_and_the_termination_grace():
 
 
 def test_the_planner_device_follows_the_accelerator():
-    assert planner_device(job().spec) == "cpu"
-    assert planner_device(job(accelerator={"resource": "nvidia.com/gpu", "device": "h100"}).spec) == "h100"
-    assert planner_device(job(accelerator={"resource": "nvidia.com/gpu"}).spec) == "cpu"
+    assert planner_device(job().spec.pod_view()) == "cpu"
+    assert planner_device(job(accelerator={"resource": "nvidia.com/gpu", "device": "h100"}).spec.pod_view()) == "h100"
+    assert planner_device(job(accelerator={"resource": "nvidia.com/gpu"}).spec.pod_view()) == "cpu"
     same = job(accelerator={"resource": "nvidia.com/gpu", "device": "a100"},
                trainer={"parallelism": {"device": "a100"}})
-    assert planner_device(same.spec) == "a100"
+    assert planner_device(same.spec.pod_view()) == "a100"
 
 
 def test_pods_opt_out_of_autoscaler_consolidation_unless_the_template_says_otherwise():
@@ -301,7 +302,7 @@ def test_pod_view_reads_the_worker_container_not_a_sidecar():
            "status": {"phase": "Failed", "containerStatuses": [
                {"name": "worker", "state": {"terminated": {"exitCode": 3, "reason": "Error"}}},
                {"name": "zz-side", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}}
-    view = m.pod_view(obj, set())
+    view = pod_view(obj, set())
     assert view is not None and view.exit_code == 3 and view.reason == "Error"
 
 
@@ -317,7 +318,7 @@ def test_pod_view_names_the_init_container_that_failed():
         {"name": "fetch", "state": {"terminated": {"exitCode": 3, "reason": "Error",
                                                    "message": "trace\ndataset s3://x missing\n"}}},
         {"name": "next", "state": {"waiting": {"reason": "PodInitializing"}}}], phase="Failed")
-    view = m.pod_view(obj, set())
+    view = pod_view(obj, set())
     assert view is not None and (view.exit_code, view.reason) == (3, "Error")
     assert view.message == "init container fetch failed: dataset s3://x missing" and view.init_container == "fetch"
     # 3 is the trainer's user-error code, not the init container's: its failure is a crash, as any exit but a signal
@@ -328,7 +329,7 @@ def test_pod_view_names_the_init_container_that_cannot_start():
     obj = _initializing([{"name": "side", "restartPolicy": "Always"}, {"name": "fetch"}], [
         {"name": "side", "started": True, "state": {"running": {}}},
         {"name": "fetch", "state": {"waiting": {"reason": "ErrImagePull", "message": "no such host"}}}])
-    view = m.pod_view(obj, set())
+    view = pod_view(obj, set())
     assert view is not None and view.reason == "ErrImagePull" and view.exit_code is None
     assert view.message == "init container fetch: no such host" and view.waiting_since is not None
     assert classify_pod(view.phase, view.reason, view.exit_code) is FailureKind.IMAGE_PULL
@@ -336,12 +337,12 @@ def test_pod_view_names_the_init_container_that_cannot_start():
 
 def test_pod_view_while_init_containers_run_or_after_them():
     running = _initializing([{"name": "fetch"}], [{"name": "fetch", "state": {"running": {}}}])
-    view = m.pod_view(running, set())
+    view = pod_view(running, set())
     assert view is not None and view.reason == "PodInitializing" and view.message is None
     done = _initializing([{"name": "fetch"}], [{"name": "fetch", "state": {"terminated": {"exitCode": 0}}}])
     done["status"]["containerStatuses"] = [{"name": "worker", "state": {"terminated": {"exitCode": 1,
                                                                                       "reason": "Error"}}}]
-    view = m.pod_view(done, set())
+    view = pod_view(done, set())
     assert view is not None and view.exit_code == 1 and view.message is None  # the worker's own failure
 
 
@@ -354,4 +355,4 @@ def test_a_job_as_the_api_server_stores_it_is_valid_and_renders_the_same():
     assert worker_pod(stored) == worker_pod(j)
     assert container(worker_pod(stored))["image"] == "nvcr.io/nvidia/pytorch:24.05-py3"
     assert worker_pod(stored)["spec"]["terminationGracePeriodSeconds"] == 45
-    assert planner_device(stored.spec) == "h100"
+    assert planner_device(stored.spec.pod_view()) == "h100"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from flywheel.eventlog.records import Done, parse_record
 from flywheel.policy.finish import success
 from flywheel.policy.observed import ObservedProgress
-from flywheel.spec_status import ConditionType, Phase
+from flywheel.spec.status import ConditionType, Phase
 from tests.unit.policy_helpers import fresh, pod, spec, view
 
 

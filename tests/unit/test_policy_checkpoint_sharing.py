@@ -14,9 +14,8 @@ from flywheel.policy.conditions import condition
 from flywheel.policy.decisions import CreatePod
 from flywheel.policy.due import next_due
 from flywheel.policy.observed import CheckpointSharing, DirUser, ObservedProgress
-from flywheel.policy.reconcile import reconcile
-from flywheel.spec_status import ConditionType, Phase, TrainingJobStatus
-from tests.unit.policy_helpers import NOW, pod, spec, view
+from flywheel.spec.status import ConditionType, Phase, TrainingJobStatus
+from tests.unit.policy_helpers import NOW, pod, reconcile, spec, view
 
 CLAIM = {"checkpoint.claimName": "shared", "checkpoint.dir": "/ckpt/a"}
 EARLIER, LATER = "2026-11-29T10:00:00Z", "2026-11-29T11:00:00Z"

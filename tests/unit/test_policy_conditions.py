@@ -1,5 +1,5 @@
 from flywheel.policy.conditions import condition, holds, set_condition, set_phase
-from flywheel.spec_status import ConditionType, Phase, TrainingJobStatus
+from flywheel.spec.status import ConditionType, Phase, TrainingJobStatus
 from tests.unit.policy_helpers import NOW
 
 

@@ -7,9 +7,8 @@ from flywheel.operator.create_failures import STALE_SECONDS, CreateFailures
 from flywheel.policy import reasons as R
 from flywheel.policy.conditions import condition, set_phase
 from flywheel.policy.observed import ObservedProgress
-from flywheel.policy.reconcile import reconcile
-from flywheel.spec_status import ConditionType, Phase
-from tests.unit.policy_helpers import NOW, fresh, pod, spec
+from flywheel.spec.status import ConditionType, Phase
+from tests.unit.policy_helpers import NOW, fresh, pod, reconcile, spec
 
 REFUSED = "could not create pod j-worker-1: exceeded quota: pods"
 

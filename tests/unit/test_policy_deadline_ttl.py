@@ -1,7 +1,7 @@
 from flywheel.policy.conditions import iso, set_condition
 from flywheel.policy.deadline_ttl import after_finish, deadline
 from flywheel.policy.decisions import DeleteJob
-from flywheel.spec_status import ConditionType, Phase
+from flywheel.spec.status import ConditionType, Phase
 from tests.unit.policy_helpers import NOW, fresh, pod, spec, view
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from flywheel.contracts.timefmt import rfc3339
 from flywheel.policy import reasons as R
 from flywheel.policy.decisions import (
     ClearCheckpointRequest,
@@ -28,10 +30,8 @@ from flywheel.policy.drain import (
     drain_due,
 )
 from flywheel.policy.observed import ObservedProgress, PodView
-from flywheel.policy.reconcile import reconcile
-from flywheel.spec_status import DrainStatus, Phase, RestartBudgetStatus, TrainingJobStatus
-from flywheel.timefmt import rfc3339
-from tests.unit.policy_helpers import NOW, pod, spec, view
+from flywheel.spec.status import DrainStatus, Phase, RestartBudgetStatus, TrainingJobStatus
+from tests.unit.policy_helpers import NOW, pod, reconcile, spec, view
 
 CORDONED = {"n1": NodeMarks(unschedulable=True)}
 
@@ -293,7 +293,7 @@ def test_a_moves_request_is_cleared_once_the_moved_pods_are_gone() -> None:
 def test_drain_ahead_alone_returns_no_decision_while_it_waits() -> None:
     from flywheel.policy.decisions import Pass
     out = Pass(draining())
-    assert drain_ahead(out, view(spec(), PODS), DrainInput(nodes=CORDONED, request_id="r1")) is None
+    assert drain_ahead(out, replace(view(spec(), PODS), drain=DrainInput(nodes=CORDONED, request_id="r1"))) is None
 
 
 def test_a_fatal_xid_drain_waits_only_the_short_bound() -> None:

@@ -10,10 +10,9 @@ from flywheel.policy.conditions import iso, set_condition
 from flywheel.policy.decisions import DeleteJob, DeletePod, Pass
 from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.rank_restarts import CAUSE_WAIT_SECONDS
-from flywheel.policy.reconcile import reconcile
 from flywheel.spec import TrainingJobSpec
-from flywheel.spec_status import ConditionType, Phase, TrainingJobStatus
-from tests.unit.policy_helpers import NOW, pod, spec
+from flywheel.spec.status import ConditionType, Phase, TrainingJobStatus
+from tests.unit.policy_helpers import NOW, pod, reconcile, spec
 
 EPSILON = 0.01
 

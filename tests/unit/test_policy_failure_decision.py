@@ -1,8 +1,8 @@
+from flywheel.contracts.timefmt import rfc3339
 from flywheel.policy.decisions import DeletePod, Relabel
 from flywheel.policy.failure_decision import HUNG_POD_GRACE_SECONDS, budget_of, decide_failure, requested_restart
 from flywheel.policy.observed import HangReport, HealthFindings, ObservedProgress
-from flywheel.spec_status import ConditionType, Phase, RestartBudgetStatus, TrainingJobStatus
-from flywheel.timefmt import rfc3339
+from flywheel.spec.status import ConditionType, Phase, RestartBudgetStatus, TrainingJobStatus
 from tests.unit.policy_helpers import NOW, fresh, pod, spec, view
 
 

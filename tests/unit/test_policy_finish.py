@@ -1,6 +1,6 @@
 from flywheel.policy.finish import invalid_job, success
 from flywheel.policy.observed import ObservedProgress
-from flywheel.spec_status import Phase, ReplicaStatus
+from flywheel.spec.status import Phase, ReplicaStatus
 from tests.unit.policy_helpers import NOW, fresh, pod, spec, view
 
 

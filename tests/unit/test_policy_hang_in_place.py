@@ -11,9 +11,8 @@ from flywheel.policy.decisions import CreatePod, DeletePod, Relabel, RestartRank
 from flywheel.policy.failure_decision import HUNG_POD_GRACE_SECONDS, decide_failure
 from flywheel.policy.observed import HangReport, HealthFindings, ObservedProgress, PodView
 from flywheel.policy.rank_restarts import SAME_RECOVERY_SECONDS
-from flywheel.policy.reconcile import reconcile
-from flywheel.spec_status import ConditionType, Phase, RestartBudgetStatus
-from tests.unit.policy_helpers import NOW, fresh, pod, spec, view
+from flywheel.spec.status import ConditionType, Phase, RestartBudgetStatus
+from tests.unit.policy_helpers import NOW, fresh, pod, reconcile, spec, view
 
 HUNG = "no training step for 5 s since the last step"
 REQUESTED = "restart requested by the operator for generation 1"

@@ -10,9 +10,8 @@ from flywheel.policy import reasons as R
 from flywheel.policy.decisions import CreatePod, DeletePod, Relabel
 from flywheel.policy.failure_decision import decide_failure
 from flywheel.policy.observed import HangReport, HealthFindings, ObservedProgress
-from flywheel.policy.reconcile import reconcile
-from flywheel.spec_status import TrainingJobStatus
-from tests.unit.policy_helpers import NOW, fresh, pod, spec, view
+from flywheel.spec.status import TrainingJobStatus
+from tests.unit.policy_helpers import NOW, fresh, pod, reconcile, spec, view
 
 
 def test_a_pod_deleted_by_someone_else_counts_without_budget_and_only_it_is_replaced() -> None:

@@ -8,16 +8,16 @@ from __future__ import annotations
 from typing import Any
 
 from flywheel.operator import manifests as m
+from flywheel.operator.observe import pod_view
 from flywheel.policy import reasons as R
 from flywheel.policy.conditions import MAY_HOLD, STATE_CONDITIONS, iso
 from flywheel.policy.decisions import Pass
 from flywheel.policy.due import next_due
 from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.pending_timeout import pending_timeout, track_unschedulable
-from flywheel.policy.reconcile import reconcile
 from flywheel.policy.running_state import settle
-from flywheel.spec_status import ConditionType, Phase, ReplicaStatus, TrainingJobStatus
-from tests.unit.policy_helpers import NOW, fresh, pod, spec, view
+from flywheel.spec.status import ConditionType, Phase, ReplicaStatus, TrainingJobStatus
+from tests.unit.policy_helpers import NOW, fresh, pod, reconcile, spec, view
 
 FITS_NOT = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
 RENDEZVOUS_GAVE_UP = "rendezvous failed: RendezvousTimeoutError: "
@@ -44,11 +44,11 @@ def _pod_obj(sched: dict[str, str], **spec_: Any) -> dict[str, Any]:
 
 
 def test_pod_view_reads_the_scheduler_s_message_and_a_gate() -> None:
-    view_ = m.pod_view(_pod_obj({"reason": "Unschedulable", "message": FITS_NOT,
+    view_ = pod_view(_pod_obj({"reason": "Unschedulable", "message": FITS_NOT,
                                  "lastTransitionTime": "2026-01-01T00:00:00Z"}), set())
     assert view_ is not None and view_.scheduler_message == FITS_NOT and view_.unschedulable_since is not None
     assert not view_.gated
-    gated = m.pod_view(_pod_obj({"reason": "SchedulingGated"},
+    gated = pod_view(_pod_obj({"reason": "SchedulingGated"},
                                 schedulingGates=[{"name": "kueue.x-k8s.io/admission"}]), set())
     assert gated is not None and gated.gated and gated.unschedulable_since is None
 
@@ -92,7 +92,7 @@ def test_a_job_queued_in_kueue_times_out_from_its_admission_not_its_gating() -> 
     created = NOW - 7200
     obj = _pod_obj({"reason": "Unschedulable", "message": FITS_NOT, "lastTransitionTime": iso(created)})
     obj["metadata"].update(creationTimestamp=iso(created), uid="u1")
-    gated_long = m.pod_view(obj, set())
+    gated_long = pod_view(obj, set())
     assert gated_long is not None and gated_long.unschedulable_since == created
     s = spec(**{"faultTolerance.pendingTimeoutSeconds": 900})
     pods = [pod(0), gated_long]

@@ -17,9 +17,8 @@ from flywheel.policy.rank_restarts import (
     consequence_window,
     count_rank_restarts,
 )
-from flywheel.policy.reconcile import reconcile
-from flywheel.spec_status import Phase, TrainingJobStatus
-from tests.unit.policy_helpers import NOW, fresh, pod, spec, view
+from flywheel.spec.status import Phase, TrainingJobStatus
+from tests.unit.policy_helpers import NOW, fresh, pod, reconcile, spec, view
 
 REASON = "rank 1: exit code 1 (Crash)"
 

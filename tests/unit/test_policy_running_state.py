@@ -1,7 +1,7 @@
 from flywheel.policy.conditions import condition
 from flywheel.policy.observed import HealthFindings, StragglerReport
 from flywheel.policy.running_state import settle
-from flywheel.spec_status import ConditionType, Phase, ReplicaStatus
+from flywheel.spec.status import ConditionType, Phase, ReplicaStatus
 from tests.unit.policy_helpers import fresh, pod, spec, view
 
 

@@ -2,10 +2,9 @@ from typing import Any
 
 from flywheel.policy.decisions import CreatePod, DeletePod, ResetRendezvous
 from flywheel.policy.observed import ObservedProgress
-from flywheel.policy.reconcile import reconcile
 from flywheel.policy.scale_create import clean_up, create_missing
-from flywheel.spec_status import Phase, TrainingJobStatus
-from tests.unit.policy_helpers import NOW, fresh, pod, spec, view
+from flywheel.spec.status import Phase, TrainingJobStatus
+from tests.unit.policy_helpers import NOW, fresh, pod, reconcile, spec, view
 
 
 def test_clean_up_deletes_extra_and_decided_pods_and_force_deletes_lost_ones() -> None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from flywheel.contracts.timefmt import rfc3339
 from flywheel.policy import reasons as R
 from flywheel.policy.decisions import CreateSpare, DeletePod, Pass
 from flywheel.policy.due import next_due
 from flywheel.policy.job_view import JobView
 from flywheel.policy.spare_placement import MOVE_NODES, MOVE_TIMEOUT_SECONDS, free_nodes, spare_number
 from flywheel.policy.spares import keep_spares
-from flywheel.spec_status import DrainStatus, Phase, SpareMoveStatus
-from flywheel.timefmt import rfc3339
+from flywheel.spec.status import DrainStatus, Phase, SpareMoveStatus
 from tests.unit.policy_helpers import NOW, fresh, pod, spec, view
 from tests.unit.test_policy_spares import spare
 

@@ -9,11 +9,10 @@ from flywheel.policy import reasons as R
 from flywheel.policy.decisions import CreatePod, CreateSpare, DeletePod, PromoteSpare, Relabel, ResetRendezvous
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import ObservedProgress, PodView
-from flywheel.policy.reconcile import reconcile
 from flywheel.policy.scale_create import create_missing
 from flywheel.policy.spares import keep_spares, split_roles
-from flywheel.spec_status import Phase, TrainingJobStatus
-from tests.unit.policy_helpers import NOW, fresh, pod, spec, view
+from flywheel.spec.status import Phase, TrainingJobStatus
+from tests.unit.policy_helpers import NOW, fresh, pod, reconcile, spec, view
 
 
 def spare(number: int, ready: bool = True, generation: int = 0, node: str | None = None, **kw: Any) -> PodView:

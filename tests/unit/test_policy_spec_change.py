@@ -10,11 +10,10 @@ from flywheel.policy.conditions import condition
 from flywheel.policy.decisions import CreatePod, CreateSpare, DeletePod, Pass, Relabel, ResetRendezvous
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import ObservedProgress, PodView
-from flywheel.policy.reconcile import reconcile
 from flywheel.policy.spec_change import baked_spec_hash, track_spec_change
 from flywheel.spec import TrainingJobSpec
-from flywheel.spec_status import ConditionType, Phase, TrainingJobStatus
-from tests.unit.policy_helpers import NOW, fresh, pod, spec, view
+from flywheel.spec.status import ConditionType, Phase, TrainingJobStatus
+from tests.unit.policy_helpers import NOW, fresh, pod, reconcile, spec, view
 
 STEPS = "trainer.training.steps"
 

@@ -3,14 +3,14 @@ with that reason after 2 attempts, not after maxRestarts."""
 
 from __future__ import annotations
 
+from flywheel.contracts.timefmt import rfc3339
 from flywheel.policy import reasons as R
 from flywheel.policy.failure_decision import decide_failure
 from flywheel.policy.failures import FailureKind
 from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import ObservedProgress
 from flywheel.policy.startup_failure import StartupFailures, after_failure, before_first_step
-from flywheel.spec_status import ConditionType, Phase
-from flywheel.timefmt import rfc3339
+from flywheel.spec.status import ConditionType, Phase
 from tests.unit.policy_helpers import NOW, fresh, pod, spec, view
 
 IMPORT = "ModuleNotFoundError: No module named 'nope'"
@@ -116,8 +116,8 @@ def test_group_before_first_step_reads_the_newest_attempt_against_the_last_resta
 def test_a_final_save_failing_on_every_retry_fails_as_final_save_failed() -> None:
     """A run whose final state cannot be saved is retried (restore, save, no step): the same failure twice in a
     row fails it under its own reason and advice, not as a start-up failure."""
-    from flywheel.trainer.checkpoint_failure import FinalSaveFailed
-    from flywheel.trainer.termination_log import exception_reason
+    from flywheel.contracts.termination_log import exception_reason
+    from flywheel.trainer.checkpoint.failure import FinalSaveFailed
 
     reason = exception_reason(FinalSaveFailed("the final checkpoint (step 30) was not saved: no space left on /c"))
     assert FinalSaveFailed.__name__ == R.FINAL_SAVE_FAILED and reason.startswith(R.FINAL_SAVE_FAILED + ":")

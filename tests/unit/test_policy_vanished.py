@@ -7,10 +7,9 @@ from dataclasses import replace
 from flywheel.policy import reasons as R
 from flywheel.policy.decisions import CreatePod, DeletePod
 from flywheel.policy.observed import ObservedProgress
-from flywheel.policy.reconcile import reconcile
 from flywheel.policy.vanished import vanished_pods
-from flywheel.spec_status import Phase, TrainingJobStatus
-from tests.unit.policy_helpers import NOW, pod, spec
+from flywheel.spec.status import Phase, TrainingJobStatus
+from tests.unit.policy_helpers import NOW, pod, reconcile, spec
 
 
 def test_a_pod_gone_unseen_is_handed_back_as_deleted_by_someone_else() -> None:

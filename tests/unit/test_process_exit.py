@@ -11,7 +11,7 @@ from tests.parallel.harness import REPO
 
 def test_exit_rank_keeps_the_code_and_the_buffered_output_and_skips_shutdown():
     script = ("import atexit, sys\n"
-              "from flywheel.trainer.process_exit import exit_rank\n"
+              "from flywheel.trainer.ft.process_exit import exit_rank\n"
               "atexit.register(lambda: print('shutdown ran'))\n"
               "print('step 10 done')\n"
               "print('a warning', file=sys.stderr)\n"

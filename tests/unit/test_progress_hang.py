@@ -1,23 +1,24 @@
-"""Hang detection from the etcd progress on the operator's clock (monitor/progress_hang.py)."""
+"""Hang detection from the etcd progress on the operator's clock (policy/progress_hang.py)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from prometheus_client import PROCESS_COLLECTOR
 
 from flywheel.etcd.progress import PHASE_EVALUATING, PHASE_SAVING, ProgressRecord
 from flywheel.etcd.progress_watch import ProgressWatch
-from flywheel.monitor.progress_hang import ProgressClock, progress_hang, progress_hang_due
 from flywheel.monitor.prometheus import Sample
 from flywheel.monitor.queries import parse_progress, process_start_query, progress_query
 from flywheel.operator import progress_follower as follower
 from flywheel.policy.health_checks import WatchedJob, find_hangs
+from flywheel.policy.observed import ProgressClock
+from flywheel.policy.progress_hang import progress_hang, progress_hang_due
 from flywheel.policy.xid import WatchedPod
-from flywheel.trainer.trainer_metrics import TrainerMetrics
+from flywheel.trainer.metrics import TrainerMetrics
 from tests.unit.policy_helpers import pod, spec
 
 
@@ -73,19 +74,35 @@ def test_the_follower_restarts_the_allowance_from_a_new_attempt_or_a_rank_restar
     monkeypatch.setattr(follower.time, "time", lambda: now[0])
     job = follower.JobProgress(lambda: None)
     job.watch = cast(ProgressWatch, object())  # as if started
-    assert job.hang(s, [pod(0), pod(1)], 0, t0) is None
+    assert _hang(job, s, [pod(0), pod(1)], 0, t0) is None
     for i in range(1, 101):  # the first group trains steps 1..100 until t0+100
         now[0] = t0 + i
         job._apply({"0": ProgressRecord(time=now[0], attempt=t0, step=i)})
     # A rank crashes at t0+100; its agent restarts the ranks in place (reported at t0+101): the restore ...
     restarted = [pod(0), pod(1, rank_restarts=1, rank_restart_at=t0 + 101)]
-    assert job.hang(s, restarted, 0, t0 + 170) is None
+    assert _hang(job, s, restarted, 0, t0 + 170) is None
     # ... then the new group's start at t0+110: compile and the first step take minutes.
     now[0] = t0 + 110
     job._apply({"0": ProgressRecord(time=now[0], attempt=t0 + 110, step=100, resumed_from=100)})
-    assert job.hang(s, restarted, 0, t0 + 250) is None and job.hang_due(s) == t0 + 710
-    hang = job.hang(s, restarted, 0, t0 + 710)
+    assert _hang(job, s, restarted, 0, t0 + 250) is None and _hang_due(job, s, restarted, 0, t0 + 250) == t0 + 710
+    hang = _hang(job, s, restarted, 0, t0 + 710)
     assert hang is not None and "firstStepTimeoutSeconds" in hang.message
+
+
+def _hang(job: follower.JobProgress, s: Any, views: list[Any], generation: int, now: float) -> Any:
+    """The follower's clock judged as the reconcile pass judges it (policy/progress_hang.py)."""
+    clock = job.clock(s, views, generation, now)
+    ft = s.fault_tolerance
+    return None if clock is None else progress_hang(clock, now, ft.progress_timeout_seconds,
+                                                    ft.first_step_timeout_seconds)
+
+
+def _hang_due(job: follower.JobProgress, s: Any, views: list[Any], generation: int, now: float) -> float | None:
+    """When the clock comes due with no progress seen before."""
+    clock = job.clock(s, views, generation, now)
+    ft = s.fault_tolerance
+    return None if clock is None else progress_hang_due(clock, ft.progress_timeout_seconds,
+                                                        ft.first_step_timeout_seconds)
 
 
 def _stepped_follower(monkeypatch: pytest.MonkeyPatch, now: list[float]) -> follower.JobProgress:
@@ -105,17 +122,17 @@ def test_evaluation_batches_are_progress_for_the_operator_as_for_the_watchdog(mo
     t0, now = 1_000_000.0, [1_000_000.0]
     views = [pod(0), pod(1)]
     job = _stepped_follower(monkeypatch, now)
-    assert job.hang(s, views, 0, t0) is None  # the pods run since t0
+    assert _hang(job, s, views, 0, t0) is None  # the pods run since t0
     # A 200 s evaluation after step 100: rank 0's record carries a heartbeat, published at most once a second.
     for k in range(1, 201):
         now[0] = t0 + 100 + k
         job._apply({"0": ProgressRecord(time=now[0], attempt=t0, step=100, phase=PHASE_EVALUATING,
                                         heartbeat=now[0])})
-    assert job.hang(s, views, 0, t0 + 300) is None and job.hang_due(s) == t0 + 360
+    assert _hang(job, s, views, 0, t0 + 300) is None and _hang_due(job, s, views, 0, t0 + 300) == t0 + 360
     # The same record again (no new batch) is no progress: the evaluation stalled at t0+300.
     now[0] = t0 + 330
     job._apply({"0": ProgressRecord(time=now[0], attempt=t0, step=100, phase=PHASE_EVALUATING, heartbeat=t0 + 300)})
-    hang = job.hang(s, views, 0, t0 + 360)
+    hang = _hang(job, s, views, 0, t0 + 360)
     assert hang is not None and "evaluation batch" in hang.message and hang.stepped
 
 
@@ -125,12 +142,12 @@ def test_the_final_save_pauses_the_operators_check_for_the_first_step_allowance(
     t0, now = 1_000_000.0, [1_000_000.0]
     views = [pod(0), pod(1)]
     job = _stepped_follower(monkeypatch, now)
-    assert job.hang(s, views, 0, t0) is None
+    assert _hang(job, s, views, 0, t0) is None
     now[0] = t0 + 101  # the last step's record, then the final save begins (published at once)
     job._apply({"0": ProgressRecord(time=now[0], attempt=t0, step=100, phase=PHASE_SAVING, heartbeat=now[0])})
-    assert job.hang(s, views, 0, t0 + 400) is None  # a slow disk is no hang ...
-    assert job.hang_due(s) == t0 + 701
-    hang = job.hang(s, views, 0, t0 + 701)  # ... but a save that never ends is one
+    assert _hang(job, s, views, 0, t0 + 400) is None  # a slow disk is no hang ...
+    assert _hang_due(job, s, views, 0, t0 + 400) == t0 + 701
+    hang = _hang(job, s, views, 0, t0 + 701)  # ... but a save that never ends is one
     assert hang is not None and "final checkpoint save" in hang.message and "firstStepTimeoutSeconds" in hang.message
     # A new attempt (the ranks restarted) is training again: the pause is over.
     now[0] = t0 + 702

@@ -11,11 +11,12 @@ import pytest
 from torch.distributed.elastic.agent.server.api import WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-from flywheel import exitcodes
+from flywheel.agent import drain_hold, rank_restarts
+from flywheel.agent import events as agent_events
+from flywheel.agent.agent import FlywheelAgent
+from flywheel.agent.hooks import AgentHooks
+from flywheel.contracts import exitcodes, termination_log
 from flywheel.eventlog import read_records
-from flywheel.trainer import agent_events, drain_hold, rank_restarts, termination_log
-from flywheel.trainer.agent import FlywheelAgent
-from flywheel.trainer.agent_hooks import AgentHooks
 
 
 def worker_group(**fields: object) -> SimpleNamespace:

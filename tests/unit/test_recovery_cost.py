@@ -10,7 +10,7 @@ from flywheel.operator.recovery_record import RecoveryClock, fault_time, recover
 from flywheel.policy.decisions import CreatePod, DeletePod, PromoteSpare, Relabel
 from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.recovery_cost import GroupStart, OperatorTimes, add_badput, recovery_cost
-from flywheel.spec_status import TrainingJobStatus
+from flywheel.spec.status import TrainingJobStatus
 from flywheel.trainer.progress_publisher import ProgressState
 
 

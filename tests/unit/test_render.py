@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from flywheel.cli import main
-from flywheel.planner import DEVICES, resolve_auto
+from flywheel.planner import DEVICES
 from flywheel.spec import load_job
+from flywheel.spec.auto import resolve_auto
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gpu-cluster.yaml"
 

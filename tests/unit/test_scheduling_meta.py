@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from flywheel.labels import NO_VOLUNTARY_DISRUPTION_ANNOTATIONS
+from flywheel.contracts.labels import NO_VOLUNTARY_DISRUPTION_ANNOTATIONS
 from flywheel.operator import manifests as m
 from flywheel.operator import scheduling_meta as k
+from flywheel.operator.observe import pod_view
 from flywheel.operator.spare_pods import spare_pod
 from flywheel.policy.observed import ObservedProgress
-from flywheel.policy.reconcile import reconcile
 from flywheel.spec import TrainingJob, parse_job
-from flywheel.spec_status import ConditionType, Phase, TrainingJobStatus
-from tests.unit.policy_helpers import NOW, spec
+from flywheel.spec.status import ConditionType, Phase, TrainingJobStatus
+from tests.unit.policy_helpers import NOW, reconcile, spec
 
 
 def job(scheduling: dict[str, Any] | None = None, labels: dict[str, str] | None = None,
@@ -83,7 +83,7 @@ def gated_view(index: int) -> Any:
                         "labels": {m.INDEX_LABEL: str(index), m.GENERATION_LABEL: "0"},
                         "creationTimestamp": "2020-01-01T00:00:00Z"},
            "spec": {"schedulingGates": [{"name": k.ADMISSION_GATE}]}, "status": GATED_STATUS}
-    return m.pod_view(obj, set())
+    return pod_view(obj, set())
 
 
 def test_a_gated_pod_is_neither_unschedulable_nor_failed() -> None:
@@ -113,6 +113,6 @@ def test_the_spares_are_part_of_the_kueue_request() -> None:
 
 def _scheduling_annotations(pod: dict) -> dict:
     """The pod's annotations but the spec it was created with (policy/spec_change.py) and the autoscalers'
-    opt-outs (labels.py), which every pod has."""
+    opt-outs (contracts/labels.py), which every pod has."""
     return {k: v for k, v in pod["metadata"]["annotations"].items()
             if not k.startswith("flywheel.dev/spec-") and k not in NO_VOLUNTARY_DISRUPTION_ANNOTATIONS}

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, cast
 
+from flywheel.contracts.replica import REPLICA_INDEX_ENV, SPARE_ID_ENV, SPARE_PROMOTION_FILE_ENV, is_spare
+from flywheel.contracts.spare_promotion import Promotion, mark_ready, read_promotion_file
 from flywheel.local.spare_pool import SparePool, promotion_env, spare_env
-from flywheel.replica import REPLICA_INDEX_ENV, SPARE_ID_ENV, SPARE_PROMOTION_FILE_ENV, is_spare
-from flywheel.spare_promotion import Promotion, mark_ready, read_promotion_file
 
 WORKER_1 = {"PET_RDZV_ID": "default-job", REPLICA_INDEX_ENV: "1", "FLYWHEEL_METRICS_PORT": "9401",
             "FLYWHEEL_TERMINATION_LOG": "/out/logs/worker-1.termination-log", "FLYWHEEL_JOB": "default/job"}

@@ -1,4 +1,4 @@
-"""A warm spare's promotion record and the local runner's promotion file (flywheel/spare_promotion.py)."""
+"""A warm spare's promotion record and the local runner's promotion file (flywheel/contracts/spare_promotion.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from flywheel import replica
-from flywheel.etcd import keys
-from flywheel.spare_promotion import (
+from flywheel.contracts import replica
+from flywheel.contracts.spare_promotion import (
     Promotion,
     PromotionError,
     decode_promotion,
@@ -19,6 +18,7 @@ from flywheel.spare_promotion import (
     wait_for_promotion_file,
     write_promotion,
 )
+from flywheel.etcd import keys
 
 
 def test_a_promotion_round_trips_and_always_carries_its_replica_index() -> None:

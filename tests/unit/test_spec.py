@@ -4,16 +4,8 @@ import copy
 
 import pytest
 
-from flywheel.spec import (
-    API_VERSION,
-    SpecError,
-    TrainingJobSpec,
-    check_local_paths,
-    load_job,
-    parse_job,
-    parse_spec,
-    spec_to_env_json,
-)
+from flywheel.spec import API_VERSION, SpecError, TrainingJobSpec, load_job, parse_job, parse_spec
+from flywheel.spec.parse import check_local_paths, spec_to_env_json
 
 BASE = {
     "apiVersion": API_VERSION,

@@ -1,4 +1,4 @@
-"""A rank other than 0 connects to rank 0's store once it listens (trainer/store_ready.py), instead of being refused
+"""A rank other than 0 connects to rank 0's store once it listens (agent/store_ready.py), instead of being refused
 and backing off inside torch."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import socket
 import threading
 import time
 
-from flywheel.trainer.store_ready import store_host, wait_for_store
+from flywheel.agent.store_ready import store_host, wait_for_store
 
 
 def free_port() -> int:

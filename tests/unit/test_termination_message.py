@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from flywheel import exitcodes
+from flywheel.contracts import exitcodes
+from flywheel.contracts import termination_log as t
 from flywheel.operator import manifests as m
+from flywheel.operator.observe import pod_view
 from flywheel.policy.failure_decision import decide_failure
 from flywheel.policy.observed import ObservedProgress
-from flywheel.spec_status import ConditionType
-from flywheel.trainer import termination_log as t
+from flywheel.spec.status import ConditionType
 from flywheel.trainer.train_loop import main
 from tests.operator.test_manifests_progress import JOB, SETTINGS
 from tests.unit.policy_helpers import fresh, pod, spec, view
@@ -58,7 +59,7 @@ def test_pod_view_takes_the_last_line_of_the_terminated_message() -> None:
            "status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {
                "exitCode": 1, "reason": "Error",
                "message": "Traceback (most recent call last):\n  ...\nImportError: cannot import name 'x'\n\n"}}}]}}
-    view = m.pod_view(obj, set())
+    view = pod_view(obj, set())
     assert view is not None and view.message == "ImportError: cannot import name 'x'"
 
 

@@ -1,11 +1,12 @@
-"""One RFC 3339 pair (flywheel/timefmt.py) and the labels defined once (flywheel/labels.py)."""
+"""One RFC 3339 pair (flywheel/contracts/timefmt.py) and the labels defined once (flywheel/contracts/labels.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from flywheel import crd, labels
-from flywheel.timefmt import parse_rfc3339, rfc3339
+from flywheel.contracts import labels
+from flywheel.contracts.timefmt import parse_rfc3339, rfc3339
+from flywheel.spec.crd import generate as crd
 
 T = 1767268800.0  # 2026-01-01T12:00:00Z
 

@@ -1,4 +1,4 @@
-"""The private torch internals behind flywheel/trainer/torch_compat.py still exist with the signatures the seams
+"""The private torch internals behind flywheel/torch_compat.py still exist with the signatures the seams
 expect, and the seams still work. A failure here after a torch upgrade means: read the new torch's source for each
 seam named in torch_compat.py, adapt it, then move TESTED_TORCH."""
 
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-from flywheel.trainer import torch_compat
+from flywheel import torch_compat
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 def test_torch_is_the_version_the_seams_were_read_against() -> None:
     assert torch.__version__.startswith(torch_compat.TESTED_TORCH + "."), (
         f"torch {torch.__version__} is not {torch_compat.TESTED_TORCH}.x: re-check every seam in "
-        "flywheel/trainer/torch_compat.py against its source, then update TESTED_TORCH")
+        "flywheel/torch_compat.py against its source, then update TESTED_TORCH")
 
 
 @pytest.mark.parametrize("attribute", torch_compat.AGENT_ATTRIBUTES)
@@ -28,7 +28,7 @@ def test_the_elastic_agent_still_sets_the_attributes_we_read(attribute: str) -> 
     init_sources = "".join(inspect.getsource(cls.__init__) for cls in LocalElasticAgent.__mro__
                            if "__init__" in vars(cls) and cls.__module__.startswith("torch."))
     assert f"self.{attribute} =" in init_sources or f"self.{attribute}:" in init_sources, (
-        f"LocalElasticAgent no longer sets {attribute} (flywheel/trainer/torch_compat.py reads it)")
+        f"LocalElasticAgent no longer sets {attribute} (flywheel/torch_compat.py reads it)")
 
 
 def test_the_agent_seams_read_and_set_those_attributes() -> None:
@@ -125,13 +125,13 @@ def test_the_rendezvous_still_numbers_agents_by_sorting_generated_node_descripto
     assert "cls._node_desc_generator.generate(local_addr)" in inspect.getsource(
         rdzv.DynamicRendezvousHandler.from_backend), "rank_order.py swaps the generator through this class attribute"
     assert "enumerate(sorted(state.participants))" in inspect.getsource(rdzv), (
-        "ranks are no longer assigned by sorting the participants: re-check trainer/rank_order.py")
+        "ranks are no longer assigned by sorting the participants: re-check agent/rank_order.py")
     assert [f.name for f in dataclasses.fields(rdzv._NodeDesc)] == ["addr", "pid", "local_id"]
     assert tuple(inspect.signature(rdzv._get_timeout).parameters) == ("params", "key")
 
 
 def test_a_dead_agents_rendezvous_heartbeat_is_expired_and_torch_then_drops_it() -> None:
-    """trainer/rendezvous_expiry.py rewrites `_RendezvousState.last_heartbeats` and relies on torch's `_sanitize`
+    """agent/rendezvous/expiry.py rewrites `_RendezvousState.last_heartbeats` and relies on torch's `_sanitize`
     dropping a participant whose heartbeat is older than keep_alive_interval x keep_alive_max_attempt."""
     import pickle
     from datetime import datetime, timezone
@@ -140,8 +140,8 @@ def test_a_dead_agents_rendezvous_heartbeat_is_expired_and_torch_then_drops_it()
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-    from flywheel.trainer.rank_order import ReplicaOrderedNode
-    from flywheel.trainer.rendezvous_expiry import EXPIRED, expire_local_agent
+    from flywheel.agent.rank_order import ReplicaOrderedNode
+    from flywheel.agent.rendezvous.expiry import EXPIRED, expire_local_agent
 
     assert "last_heartbeat < expire_time" in inspect.getsource(rdzv._BackendRendezvousStateHolder._sanitize)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
@@ -182,7 +182,7 @@ def test_a_stopped_agent_leaves_its_rendezvous_round_without_closing_it() -> Non
 
 
 def test_a_regrouping_round_closes_when_the_last_group_is_back_and_keeps_the_last_call_otherwise() -> None:
-    """trainer/rendezvous_regroup.py: with min 1 < max 3, a round closes once every participant of the last
+    """agent/rendezvous/regroup.py: with min 1 < max 3, a round closes once every participant of the last
     completed round rejoined (no last call); a first round, a round missing one of them, or one with an agent on
     the wait list keeps torch's last call. Seams: torch's executor methods and the handler attributes swapped."""
     import pickle
@@ -191,8 +191,8 @@ def test_a_regrouping_round_closes_when_the_last_group_is_back_and_keeps_the_las
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-    from flywheel.trainer.rank_order import ReplicaOrderedNode
-    from flywheel.trainer.rendezvous_regroup import FORMED, RegroupingOpExecutor, regroup_early, regrouped
+    from flywheel.agent.rank_order import ReplicaOrderedNode
+    from flywheel.agent.rendezvous.regroup import FORMED, RegroupingOpExecutor, regroup_early, regrouped
 
     source = inspect.getsource(rdzv.DynamicRendezvousHandler.__init__)
     assert "self._op_executor = _DistributedRendezvousOpExecutor(" in source
@@ -250,7 +250,7 @@ def test_a_group_that_lost_a_member_is_told_from_one_whose_round_is_whole() -> N
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-    from flywheel.trainer.rank_order import ReplicaOrderedNode
+    from flywheel.agent.rank_order import ReplicaOrderedNode
 
     assert "self._heartbeat_lock = threading.Lock()" in inspect.getsource(rdzv.DynamicRendezvousHandler.__init__)
     assert "if state.complete:" in inspect.getsource(rdzv._remove_participant_epilogue)

@@ -1,4 +1,4 @@
-"""Which user commands start warm, and what their zygote imports first (flywheel/trainer/warm_entry.py)."""
+"""Which user commands start warm, and what their zygote imports first (flywheel/agent/warm_entry.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.trainer.warm_entry import PythonEntry, preload_code, python_entry
+from flywheel.agent.warm_entry import PythonEntry, preload_code, python_entry
 
 PY = sys.executable
 

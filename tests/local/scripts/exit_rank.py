@@ -16,7 +16,7 @@ if os.environ.get("EXIT_RANK_ONCE") == "1" and restart > 0:
 if rank == int(os.environ.get("EXIT_RANK_WHICH", "0")):
     time.sleep(0.5)
     if os.environ.get("EXIT_RANK_STEP") == "1":
-        from flywheel.trainer import first_step
+        from flywheel.agent import first_step
 
         first_step.mark()
     if os.environ.get("EXIT_RANK_RAISE"):
