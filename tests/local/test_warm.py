@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fo
 
 
 # An agent with one thread (as `flywheel launch` is when it starts its zygote): the zygote is forked from it.
-FORKING_AGENT = ("import json, sys\nfrom flywheel.trainer import warm\n"
+FORKING_AGENT = ("import json, sys\nfrom flywheel.agent import warm\n"
                  "with warm.zygote(preload=('json',)) as env:\n    print(json.dumps(env), flush=True)\n"
                  "    sys.stdin.read()\n")
 
@@ -109,7 +109,7 @@ def test_ranks_die_with_the_zygote_and_the_zygote_with_its_agent(tmp_path):
     """The agent (here a middle process) is SIGKILLed: its zygote and the rank forked by it go too."""
     script = (
         "import os, subprocess, sys, time\n"
-        "from flywheel.trainer import warm\n"
+        "from flywheel.agent import warm\n"
         "with warm.zygote(preload=()) as env:\n"
         "    p = subprocess.Popen([*warm.client_command('warm_target')], env={**os.environ, **env, 'MODE': 'sleep'})\n"
         "    time.sleep(60)\n")
@@ -203,7 +203,7 @@ def test_a_zygote_that_does_not_answer_leaves_the_rank_to_start_cold(tmp_path):
     listener.listen(4)  # accepts at the kernel's level; nobody answers
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]),
            warm.SOCKET_ENV: str(tmp_path / "z.sock"), warm.PID_ENV: str(os.getpid()), "CODE": "4"}
-    code = "from flywheel.trainer import warm\nwarm.ANSWER_TIMEOUT_S = 1\nwarm.run({'module': 'warm_target'}, [])\n"
+    code = "from flywheel.agent import warm\nwarm.ANSWER_TIMEOUT_S = 1\nwarm.run({'module': 'warm_target'}, [])\n"
     proc = subprocess.Popen([PYTHON, "-c", code], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert proc.wait(timeout=60) == 4
