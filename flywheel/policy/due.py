@@ -14,7 +14,7 @@ from flywheel.policy.checkpoint_sharing import recheck_due
 from flywheel.policy.conditions import TERMINAL
 from flywheel.policy.deadline_ttl import deadline_due, ttl_due
 from flywheel.policy.drain import drain_due
-from flywheel.policy.finish import lingering_stop_at
+from flywheel.policy.finish import done_report_due, lingering_stop_at
 from flywheel.policy.job_view import JobView
 from flywheel.policy.pending_timeout import unschedulable_due
 from flywheel.policy.progress_hang import hang_due
@@ -38,5 +38,6 @@ def next_due(status: TrainingJobStatus, job: JobView) -> float | None:
                   *cause_wait_due(status, job.pods, consequence_window(spec.fault_tolerance),
                                  stalled(status, job.progress)), drain_due(status),
                   move_due(status), recheck_due(status, job),
-                  lingering_stop_at(job.progress.done_time, spec.fault_tolerance.finish_grace_seconds)]
+                  lingering_stop_at(job.progress.done_time, spec.fault_tolerance.finish_grace_seconds),
+                  done_report_due(job)]
     return min((t for t in times if t is not None and t > job.now), default=None)

@@ -33,6 +33,21 @@ def lingering_stop_at(done_time: float | None, grace: float) -> float | None:
     return None if done_time is None else done_time + grace
 
 
+# A trainer's done report travels apart from its pod's exit (etcd's watch, the event log's tail) and may be seen a
+# moment after the pod Succeeded: the pass waits this long for it, so the condition says what the report says (the
+# step, an already complete checkpoint). A user script (spec.command) reports no done: nothing is waited for.
+DONE_REPORT_WAIT_SECONDS = 10.0
+
+
+def done_report_due(job: JobView) -> float | None:
+    """Until when a success waits for the trainer's done report: the first worker to succeed's exit plus the wait,
+    while an attempt of the trainer was seen to start and its done is not (None: nothing to wait for)."""
+    if job.spec.command or job.progress.done or not job.progress.attempt:
+        return None
+    ended = [p.finished_at for p in job.current if p.phase == "Succeeded" and p.finished_at is not None]
+    return min(ended) + DONE_REPORT_WAIT_SECONDS if ended else None
+
+
 def finished_message(step: int | None, already_complete: str, stopped: list[int], grace: float) -> str:
     """A success in words, for the operator's condition and `flywheel run` alike: the step (None: no report of
     one), a resumed run's complete checkpoint, and the workers stopped after the finish grace."""
@@ -46,15 +61,17 @@ def finished_message(step: int | None, already_complete: str, stopped: list[int]
 
 def success(out: Pass, job: JobView) -> Pass | None:
     """Succeeded once a worker of the current generation succeeded (or the event log says done) and none of the
-    others still runs, or the done report is finishGraceSeconds old; while they exit the job stays Running and
-    nothing is replaced. None: not finishing."""
+    others still runs (and the trainer's done report was seen, or waited for), or the done report is
+    finishGraceSeconds old; while they exit the job stays Running and nothing is replaced. None: not finishing."""
     current = job.current
     if not any(p.phase == "Succeeded" for p in current) and not job.progress.done:
         return None
     lingering = sorted(p.index for p in current if p.phase in ("Running", "Pending") and p.index < job.desired)
+    report_due = done_report_due(job)
+    awaiting_report = report_due is not None and job.now < report_due
     stop_at = lingering_stop_at(job.progress.done_time, job.spec.fault_tolerance.finish_grace_seconds)
     overdue = stop_at is not None and job.now >= stop_at
-    if not lingering or overdue:
+    if (not lingering and not awaiting_report) or overdue:
         done = finished_message(out.status.step, job.progress.already_complete_checkpoint,
                                 lingering if overdue else [], job.spec.fault_tolerance.finish_grace_seconds)
         return finish(out, job.pods, Phase.SUCCEEDED, R.SUCCEEDED, done, job.now)

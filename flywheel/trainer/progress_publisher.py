@@ -8,7 +8,7 @@ calls, except `activity` (an evaluation batch, the final save's start: not event
 on a background thread: at most one a second for steps and evaluation batches, at once for `start`, a committed
 checkpoint, the final save's start and `done`; the key lives under the thread's own lease, so it vanishes within
 the TTL when the process dies or is stopped. A failed write is logged and dropped: it never stops training. At exit
-the last record is flushed (bounded by FLUSH_SECONDS).
+the last record is flushed (bounded by FLUSH_SECONDS; DONE_FLUSH_SECONDS for the done record).
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 MIN_INTERVAL_SECONDS = 1.0
 LEASE_TTL_SECONDS = 5
 FLUSH_SECONDS = 3.0
+# The done record (the step, an already complete checkpoint) is what the job's Succeeded condition says: an exit
+# waits longer for it, when etcd is slow (a busy node, a new connection), than for any other record.
+DONE_FLUSH_SECONDS = 10.0
 URGENT_EVENTS = frozenset({"start", "checkpoint", "done"})
 NOTICE_EVENTS = frozenset({"checkpoint", "checkpoint_failed", "checkpoint_bad"})  # what makes checkpoint notices
 
@@ -173,14 +176,17 @@ class ProgressPublisher:
                 self._wake.notify()
 
     def close(self) -> None:
-        """Flush the last record (waiting at most FLUSH_SECONDS), then drop the session; the key expires."""
+        """Flush the last record (waiting at most FLUSH_SECONDS, DONE_FLUSH_SECONDS for an unpublished done), then
+        drop the session; the key expires."""
         termination_log.remove_listener(self.observe_exit)
         with self._lock:
             if self._closed:
                 return
             self._closed, self._urgent = True, True
+            record = self.state.record
+            done_pending = record is not None and record.done and record is not self._published
             self._wake.notify()
-        self._thread.join(FLUSH_SECONDS)  # the thread drops the session after its last put (_run)
+        self._thread.join(DONE_FLUSH_SECONDS if done_pending else FLUSH_SECONDS)  # the thread drops the session after its last put (_run)
 
     def _next_record(self) -> ProgressRecord | None:
         """Waits until a record is due (urgent, or dirty and a second since the last put); None when closed."""
