@@ -186,7 +186,8 @@ class ProgressPublisher:
             record = self.state.record
             done_pending = record is not None and record.done and record is not self._published
             self._wake.notify()
-        self._thread.join(DONE_FLUSH_SECONDS if done_pending else FLUSH_SECONDS)  # the thread drops the session after its last put (_run)
+        # The thread drops the session after its last put (_run).
+        self._thread.join(DONE_FLUSH_SECONDS if done_pending else FLUSH_SECONDS)
 
     def _next_record(self) -> ProgressRecord | None:
         """Waits until a record is due (urgent, or dirty and a second since the last put); None when closed."""
