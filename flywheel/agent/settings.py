@@ -80,9 +80,9 @@ def _is_loopback(endpoint: str) -> bool:
 
 
 TRAINER_MODULE = "flywheel.trainer"
-# All a rank imports: torch, the model, parallelize, DCP (flywheel.trainer.train_loop); torch._dynamo, which DDP and
+# All a rank imports: torch, the model, parallelize, DCP (flywheel.trainer.entry); torch._dynamo, which DDP and
 # FSDP import when they wrap the model; the pipeline schedules, which only pp jobs import (parallel_pp.py).
-WARM_PRELOAD = ("flywheel.trainer.train_loop", "torch._dynamo", "torch.distributed.pipelining")
+WARM_PRELOAD = ("flywheel.trainer.entry", "torch._dynamo", "torch.distributed.pipelining")
 
 
 def trainer_command() -> tuple[str, ...]:

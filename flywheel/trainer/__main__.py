@@ -3,8 +3,8 @@
 import traceback
 
 from flywheel.contracts import exitcodes, termination_log
+from flywheel.trainer.entry import main
 from flywheel.trainer.ft.process_exit import exit_rank
-from flywheel.trainer.train_loop import main
 
 if __name__ == "__main__":
     try:

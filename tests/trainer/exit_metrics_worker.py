@@ -10,7 +10,7 @@ import os
 
 from prometheus_client import generate_latest
 
-from flywheel.trainer import train_loop
+from flywheel.trainer import entry
 from flywheel.trainer.ft.process_exit import exit_rank
 from flywheel.trainer.metrics import TrainerMetrics
 
@@ -24,8 +24,8 @@ class RecordedMetrics(TrainerMetrics):
 
 
 if __name__ == "__main__":
-    train_loop.TrainerMetrics = RecordedMetrics  # type: ignore[misc]
-    code = train_loop.main()
+    entry.TrainerMetrics = RecordedMetrics  # type: ignore[misc]
+    code = entry.main()
     if made:
         with open(os.environ["FLYWHEEL_TEST_METRICS_OUT"], "wb") as out:
             out.write(generate_latest(made[-1].registry))

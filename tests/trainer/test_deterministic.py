@@ -17,7 +17,7 @@ import torch
 from flywheel.contracts import exitcodes
 from flywheel.eventlog import Failure, read_records
 from flywheel.spec.job import Training
-from flywheel.trainer import train_loop
+from flywheel.trainer import entry
 from tests.trainer.workers import REPO, free_port, job_spec
 
 
@@ -33,7 +33,7 @@ def restore_determinism() -> Iterator[None]:
 def test_deterministic_training_never_only_warns(monkeypatch: pytest.MonkeyPatch, cuda: bool) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     torch.use_deterministic_algorithms(False)
-    train_loop.use_deterministic_algorithms(Training(deterministic=True))
+    entry.use_deterministic_algorithms(Training(deterministic=True))
     assert torch.are_deterministic_algorithms_enabled()
     assert not torch.is_deterministic_algorithms_warn_only_enabled()
 
@@ -41,21 +41,21 @@ def test_deterministic_training_never_only_warns(monkeypatch: pytest.MonkeyPatch
 @pytest.mark.usefixtures("restore_determinism")
 def test_non_deterministic_training_leaves_the_kernels_alone() -> None:
     torch.use_deterministic_algorithms(False)
-    train_loop.use_deterministic_algorithms(Training(deterministic=False))
+    entry.use_deterministic_algorithms(Training(deterministic=False))
     assert not torch.are_deterministic_algorithms_enabled()
 
 
 # Run in its own process: main() sets process-wide state (the collective env, signal handlers, the process group).
 _MAIN_WITH_A_FAILING_KERNEL = """
 import sys
-from flywheel.trainer import train_loop
+from flywheel.trainer import entry
 
 def train(*_, **__):
     raise RuntimeError("index_add_cuda_ does not have a deterministic implementation, but you set "
                        "'torch.use_deterministic_algorithms(True)'.")
 
-train_loop.train = train
-sys.exit(train_loop.main())
+entry.train = train
+sys.exit(entry.main())
 """
 
 

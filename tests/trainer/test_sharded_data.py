@@ -15,8 +15,8 @@ from flywheel.eventlog import Failure, read_records
 from flywheel.spec import parse_spec
 from flywheel.spec.parse import spec_to_env_json
 from flywheel.trainer.data import DataError, SampleLoader, ShardedTokens, TokenFileSource, build_source
+from flywheel.trainer.entry import main
 from flywheel.trainer.ft import watchdog
-from flywheel.trainer.train_loop import main
 from tests.data_prep.corpus import train_tokenizer
 
 SEQ = 8

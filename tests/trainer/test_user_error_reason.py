@@ -6,7 +6,7 @@ from pathlib import Path
 
 from flywheel.contracts import exitcodes
 from flywheel.eventlog import Failure, read_records
-from flywheel.trainer.train_loop import main
+from flywheel.trainer.entry import main
 
 
 def test_a_user_error_puts_its_reason_in_the_event_log(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from flywheel.operator.observe import pod_view
 from flywheel.policy.failure_decision import decide_failure
 from flywheel.policy.observed import ObservedProgress
 from flywheel.spec.status import ConditionType
-from flywheel.trainer.train_loop import main
+from flywheel.trainer.entry import main
 from tests.operator.test_manifests_progress import JOB, SETTINGS
 from tests.unit.policy_helpers import fresh, pod, spec, view
 
