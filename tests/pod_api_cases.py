@@ -1,5 +1,5 @@
 """The values the Pod API refuses in a worker pod, as changes to a valid TrainingJob, each with the field its
-refusal names: refused by `flywheel plan` (tests/unit/test_pod_rules.py) and, at `kubectl apply`, by the CRD on a
+refusal names: refused by `flywheel plan` (tests/spec/test_pod_rules.py) and, at `kubectl apply`, by the CRD on a
 real API server, whose Pod API refuses the operator's pods for them too (tests/k8s/test_apply_time_refusals.py)."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from flywheel.spec.crd.generate import GROUP, PLURAL, VERSION
 from tests.api.conftest import CRD, CRD_NAME, job_doc, kubectl, service_account_token
 from tests.cluster.cluster import TestCluster
 from tests.cluster.fixtures import start_cluster
-from tests.unit.test_kube_config import exec_user, write_exec_plugin, write_kubeconfig
+from tests.kube.test_kubeconfig import exec_user, write_exec_plugin, write_kubeconfig
 
 JOBS = Kube.custom(GROUP, VERSION, "default", PLURAL)
 ACCOUNT = "api-cache"

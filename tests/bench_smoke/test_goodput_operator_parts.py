@@ -19,7 +19,7 @@ from bench.goodput_operator import (
     spares_met,
     spares_row,
 )
-from tests.unit.test_eventlog import T0, start, step
+from tests.eventlog.test_fold import T0, start, step
 
 
 def _events(tmp_path: Path, raw: list[dict]) -> list:

@@ -3,7 +3,7 @@
 pod template's rules refuse the operator-owned pod fields and Kueue metadata in spec/pod_template.py's words, and only
 those. Single cases are dry-run TrainingJobs against the committed CRD; the 1500 random specs go 24 to a request
 through a probe CRD (tests/k8s/cel_probe.py) whose properties each carry the spec's schema and its rules. The pure
-parts are in tests/unit/test_crd_rules.py and tests/unit/test_crd.py."""
+parts are in tests/spec/test_crd_rules.py and tests/spec/test_crd.py."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from tests.k8s.cel_probe import (
     without_rules,
 )
 from tests.pod_api_cases import BASE, job, spec
-from tests.unit.test_crd_rules import STORAGE_FINE, STORAGE_REFUSED, random_spec, storage_doc
+from tests.spec.test_crd_rules import STORAGE_FINE, STORAGE_REFUSED, random_spec, storage_doc
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 takes what its Python `ok` takes and refuses the rest, and every CEL rule of the table's fields gives Python's verdict
 on every node of the table (tests/pod_api_cases.py). Two probe CRDs (tests/k8s/cel_probe.py) carry the rules; each
 dry-run create judges many values side by side, the 422 causes naming which were refused. The pure parts are in
-tests/unit/test_pod_rules.py."""
+tests/spec/test_pod_rules.py."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from tests.k8s.cel_probe import (
     without_rules,
 )
 from tests.pod_api_cases import BASE, GAPS, REFUSED, job
-from tests.unit.test_pod_rules import SYNTAXES
+from tests.spec.test_pod_rules import SYNTAXES
 
 pytestmark = pytest.mark.slow
 

@@ -23,8 +23,8 @@ from flywheel.kube.client import Connection, Kube, KubeApiError
 from flywheel.spec.crd.generate import GROUP, PLURAL, VERSION
 from tests.cluster.cluster import TestCluster as RunningCluster
 from tests.cluster.fixtures import start_cluster
+from tests.kube.test_kubeconfig import exec_user, write_exec_plugin, write_kubeconfig
 from tests.operator.conftest import CRD, EXAMPLE, REPO, OperatorProcess, eventually
-from tests.unit.test_kube_config import exec_user, write_exec_plugin, write_kubeconfig
 
 NS = "default"
 # A token the API server accepted stays accepted from its cache a while (kube-apiserver: 10 s) after revocation.

@@ -11,7 +11,7 @@ from flywheel.policy.failure_decision import HUNG_POD_GRACE_SECONDS
 from flywheel.policy.observed import HangReport, HealthFindings, PodView, StragglerReport
 from flywheel.policy.observed import ObservedProgress as Progress
 from tests.operator.reconcile_json import condition, reconcile
-from tests.unit.policy_helpers import spec
+from tests.policy.policy_helpers import spec
 
 NOW = 1_800_000_000.0
 
