@@ -50,12 +50,12 @@ class FlywheelAgent(LocalElasticAgent):
     SIGSTOPped rank would otherwise hold the restart for torch's 30 s default). A SIGTERM to the agent itself
     (preemption, Ctrl-C) still gives ranks the long grace of `_shutdown` for their emergency checkpoint.
     Each restart of its ranks after a failure is reported (rank_restarts.py), so the operator counts it, and each
-    group it starts and each rank that fails goes to the event log (agent_events.py), whatever the ranks run.
+    group it starts and each rank that fails goes to the event log (agent/events.py), whatever the ranks run.
 
     The operator may ask it to restart its ranks in place (restart_requests.py: a hang while every agent is
     alive): the monitor then SIGKILLs them at once (a hung rank can take no checkpoint, a SIGSTOPped one ignores
     SIGTERM) and reports the group unhealthy, so torch restarts it in a new rendezvous round of the same agents
-    (rendezvous_regroup.py closes it as soon as all are back). That restart is reported like the others (the
+    (rendezvous/regroup.py closes it as soon as all are back). That restart is reported like the others (the
     operator takes it as the recovery it decided) and does not spend the agent's own restart budget
     (PET_MAX_RESTARTS, for crashes of its ranks): the operator spent its own."""
 

@@ -81,7 +81,7 @@ def _is_loopback(endpoint: str) -> bool:
 
 TRAINER_MODULE = "flywheel.trainer"
 # All a rank imports: torch, the model, parallelize, DCP (flywheel.trainer.entry); torch._dynamo, which DDP and
-# FSDP import when they wrap the model; the pipeline schedules, which only pp jobs import (parallel_pp.py).
+# FSDP import when they wrap the model; the pipeline schedules, which only pp jobs import (pipeline_parallel.py).
 WARM_PRELOAD = ("flywheel.trainer.entry", "torch._dynamo", "torch.distributed.pipelining")
 
 

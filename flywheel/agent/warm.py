@@ -248,7 +248,7 @@ def zygote(preload: tuple[str, ...], env: dict[str, str] | None = None, folder: 
            preload_code: str = "") -> Iterator[dict[str, str]]:
     """Start a zygote for this agent (in `env`, this process's by default: what the preloaded modules read at import
     time); yields the env its rank clients need. Killed on exit (its forked ranks die with it). Its socket is in
-    `folder` (the agent's own, agent_dir.py), else in a temporary folder of its own.
+    `folder` (the agent's own, workdir.py), else in a temporary folder of its own.
 
     In this process's env and with this process single-threaded (the agent: torch imported, nothing started yet),
     the zygote is forked from it and keeps what it imported (torch: ~1 s of CPU and its memory per pod, shared

@@ -38,7 +38,7 @@ class WorkerEnv:
     events_file: str | None
     faults: list[Fault] = field(default_factory=list)
     fault_dir: str | None = None
-    step_delay_s: float = 0.0  # idle before each step (fault_injection.py)
+    step_delay_s: float = 0.0  # idle before each step (ft/fault_injector.py)
 
     @property
     def local_checkpoint_dir(self) -> str:

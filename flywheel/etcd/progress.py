@@ -4,7 +4,7 @@ publisher and the operator's watch).
 Key: `/flywheel/progress/<run_id>/<rank>` (keys.py), under the writer's own lease, so it disappears within the
 lease's TTL when the process dies or stops (SIGSTOP). Value: one JSON object, `"v": 1`. An *attempt* is one
 trainer process group (a new one after every restart), named by the time its `start` was reported; the goodput
-parts are the attempt's own, and the reader adds attempts up (flywheel/operator/progress_view.py).
+parts are the attempt's own, and the reader adds attempts up (flywheel/monitor/etcd_progress.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The product's Kubernetes client (operator and REST API): a small facade (JSON only) over
 kubernetes_asyncio's ApiClient, with LIST pages and WATCH streams (kopf does the operator's own watching).
 
-Connection settings come from kube_auth.py: a kubeconfig path (explicit; the `kubernetes` packages would read
+Connection settings come from auth.py: a kubeconfig path (explicit; the `kubernetes` packages would read
 $KUBECONFIG themselves) or the in-cluster service account, kept current (exec tokens, rotated service-account tokens).
 A request that gets 401 is sent once more after the credentials are renewed. Why this library: docs/operator.md.
 """

@@ -11,7 +11,7 @@ compute at the device's achievable FLOP rate, stretched by the pipeline bubble, 
 adds (data-parallel gradient traffic partly hidden behind backward; tensor-parallel and pipeline traffic exposed).
 The shape (`flywheel.layout.shape.ModelShape`, gpt or llama) is the trainer's own, so are its parameter counts.
 
-Mixture of experts (the trainer's moe.py and parallel_ep.py): expert weights are split over ep and FSDP-sharded
+Mixture of experts (the trainer's moe.py and expert_parallel.py): expert weights are split over ep and FSDP-sharded
 over the remaining dp / ep ranks, so at rest they cost every rank 1/dp of them like the rest; ZeRO-2 and the
 gathered block hold E/ep experts. A token computes k of the E experts (the FLOP count), the MoE layer runs
 replicated on every tp rank (its compute and activations are not divided by tp), each routed token keeps about

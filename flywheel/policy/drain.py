@@ -11,7 +11,7 @@ job takes a checkpoint first and the worker is moved, losing no step.
    Then ask every rank for a checkpoint at its next step boundary (`RequestCheckpoint`: the etcd request key;
    {requestId, requestedAt}). The ranks agree on one step in their per-step collective, save to the memory tier
    (own copy + the peer's replica; a disk save without the tier, or when the move takes some rank's copy and its
-   replica both: checkpoint_request.py), answer {id, step} and stop -- no step is trained
+   replica both: trainer/checkpoint/request.py), answer {id, step} and stop -- no step is trained
    after the checkpoint.
    The request names the workers it moves (their replica indices): their agents, once their ranks stopped for it,
    wait for their pods' deletion instead of rejoining (agent/drain_hold.py).

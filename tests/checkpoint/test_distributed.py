@@ -83,7 +83,7 @@ def _failure_and_due(rank: int, world_size: int, root: str) -> None:
     # everySeconds: rank 1's clock runs ahead and the ranks step at different paces, yet they agree.
     ckpt = Checkpointer(cfg, root, events=events)
     if rank == 1:
-        ckpt._last_save_time -= 0.03
+        ckpt._schedule._last_save_time -= 0.03
     decisions = []
     for step in range(4, 40):
         time.sleep(0.002 if rank == 0 else 0.006)

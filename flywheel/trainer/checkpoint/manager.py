@@ -20,13 +20,13 @@ waits for the in-flight write instead, then saves and returns once committed.
 Failures (disk full, read-only or missing directory, a rank's write raising) are logged by each rank with its own
 cause. Global rank 0, the committing rank, decides for all: the failed save's partial folder is removed (each rank
 removes it where it sees it, so a per-pod directory loses its part too), and the most telling cause of all ranks'
-(checkpoint_failure.py: no space before a peer's follow-on error) is reported once per failed save, in words with
+(failure.py: no space before a peer's follow-on error) is reported once per failed save, in words with
 the newest good checkpoint, as a `checkpoint_failed` record and flywheel_checkpoint_failures_total{reason}. When the
 disk is full, committed checkpoints older than the newest good one (restored from disk or committed last by this
 run) are deleted to make room. Training continues; a failed step does not count as saved (a final save retries it).
 
-Memory tier (checkpoint.memoryEverySteps, checkpoint_peer.py): saves of its own into host shared memory with a
-replica on the next worker, on its own thread; restore (checkpoint_restore.py) prefers it when it holds the newest
+Memory tier (checkpoint.memoryEverySteps, tiers/peer.py): saves of its own into host shared memory with a
+replica on the next worker, on its own thread; restore (restore.py) prefers it when it holds the newest
 step complete for every rank.
 """
 
@@ -52,7 +52,9 @@ from flywheel.spec import storage as object_store
 from flywheel.spec.job import CheckpointSpec
 from flywheel.trainer.checkpoint import integrity, store
 from flywheel.trainer.checkpoint import restore as checkpoint_restore
-from flywheel.trainer.checkpoint.failure import RankCause, SaveFailed, describe_failure, rank_cause, report_failure
+from flywheel.trainer.checkpoint.failure import SaveFailed, describe_failure, report_failure
+from flywheel.trainer.checkpoint.rank_gather import gather_causes, gather_checksums
+from flywheel.trainer.checkpoint.schedule import SaveSchedule
 from flywheel.trainer.checkpoint.staging import StagingBuffers, snapshot_unsafe_tensors
 from flywheel.trainer.checkpoint.state import AppState
 from flywheel.trainer.checkpoint.tiers.peer import MemoryTier
@@ -92,10 +94,10 @@ class Checkpointer:
 
     def __init__(self, cfg: CheckpointSpec, directory: str | os.PathLike[str], *, events: Any = None,
                  metrics: Any = None, memory_dir: Path | None = None, ranks_per_worker: int = 1) -> None:
-        """memory_dir: where the memory tier keeps this worker's copies (checkpoint_memory.memory_root); None, or
+        """memory_dir: where the memory tier keeps this worker's copies (tiers/memory.memory_root); None, or
         memoryEverySteps 0, turns the tier off. ranks_per_worker: the ring's stride, so replicas leave the host."""
         self.cfg = cfg
-        # An object-store dir (s3://...) is written through a local staging directory (checkpoint_remote.py).
+        # An object-store dir (s3://...) is written through a local staging directory (tiers/remote.py).
         self.directory = Path(object_store.local_dir(str(directory), cfg.local_dir))
         self.events = events
         self.metrics = metrics
@@ -128,9 +130,7 @@ class Checkpointer:
             if memory_dir is not None and cfg.memory_every_steps > 0 else None
         self.restored_path: str | None = None  # the committed checkpoint restore() loaded
         self.failure: str | None = None  # why the last disk save failed (rank 0: every rank's cause, in words)
-        self._last_save_time = time.monotonic()
-        self._generation = 0  # counts started saves; all ranks agree on it
-        self._pending_due: tuple[dist.Work, torch.Tensor, int] | None = None
+        self._schedule = SaveSchedule(cfg, self.world_size, self._control_group)
         self._closed = False
         self.memory_bytes: int | None = None  # after close(): the memory tier's bytes over all ranks
 
@@ -160,33 +160,12 @@ class Checkpointer:
     # ---- the loop's calls --------------------------------------------------------------------------------------
 
     def due(self, step: int) -> bool:
-        """Whether to save after `step`; the same answer on every rank. Call it once per step on every rank.
-
-        everySeconds is judged by each rank's own clock, so the ranks agree through a MAX all-reduce that runs in
-        the background and is read one call later: a time-based save happens one step after some rank saw the
-        interval elapse, at the same step everywhere, and the loop never waits for the collective.
-        A step due for the memory tier only (memoryEverySteps) is due too; save() then writes no disk checkpoint."""
-        disk = self._disk_is_due(step)
+        """Whether to save after `step`; the same answer on every rank. Call it once per step on every rank (the
+        disk tier's schedule: schedule.py). A step due for the memory tier only (memoryEverySteps) is due too;
+        save() then writes no disk checkpoint."""
+        disk = self._schedule.disk_is_due(step)
         self._disk_due = {step: disk}
         return disk or (self.memory is not None and self.memory.due(step))
-
-    def _disk_is_due(self, step: int) -> bool:
-        by_steps = self.cfg.every_steps > 0 and step % self.cfg.every_steps == 0
-        if self.cfg.every_seconds <= 0:
-            return by_steps
-        elapsed = time.monotonic() - self._last_save_time >= self.cfg.every_seconds
-        if self.world_size == 1:
-            return by_steps or elapsed
-        agreed = False
-        if self._pending_due is not None:
-            work, flag, generation = self._pending_due
-            work.wait()
-            # A save started since that flag was raised already reset the clock.
-            agreed = bool(flag.item()) and generation == self._generation
-        flag = torch.tensor([int(elapsed)], dtype=torch.int32)
-        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._control_group, async_op=True)
-        self._pending_due = (work, flag, self._generation)
-        return by_steps or agreed
 
     def save(self, step: int, app: AppState, *, blocking: bool = False) -> None:
         """Checkpoint the state after `step`. Call on every rank, right after optimizer.step()."""
@@ -256,8 +235,7 @@ class Checkpointer:
             log.info("checkpoint at step %d already taken; not saving it again", step)
             return None
         self._last_requested_step = step
-        self._last_save_time = time.monotonic()
-        self._generation += 1
+        self._schedule.started()
         record = _Save(step=step, path=store.step_dir(self.directory, step), started=started,
                        blocking_call=blocking)
         state = app.state_dict()
@@ -307,9 +285,7 @@ class Checkpointer:
         if self.memory is not None:
             self.memory.close()
             self.memory_bytes = self.memory.total_bytes(self._control_group)
-        if self._pending_due is not None:
-            self._pending_due[0].wait()
-            self._pending_due = None
+        self._schedule.close()
         self._executor.shutdown(wait=True)
 
     # ---- restore -----------------------------------------------------------------------------------------------
@@ -317,7 +293,7 @@ class Checkpointer:
     def restore(self, app: AppState) -> int | None:
         """Load the newest state a tier holds into app: memory when it is complete there for every rank, else
         the newest committed disk checkpoint (resharding to this world size); its step, or None.
-        See checkpoint_restore.py."""
+        See restore.py."""
         self._wait_inflight()
         if self.memory is not None:
             self.memory.wait()
@@ -329,7 +305,7 @@ class Checkpointer:
         if restored.source == checkpoint_restore.DISK:
             self._last_requested_step = restored.step
             self.committed_step = restored.step
-        self._last_save_time = time.monotonic()
+        self._schedule.restored()
         return restored.step
 
     def _restore_context(self) -> checkpoint_restore.RestoreContext:
@@ -355,12 +331,12 @@ class Checkpointer:
             finally:
                 record.staged.set()
             # Every rank must enter dcp.save or none: a rank that stays out would leave the others hanging.
-            causes = self._gather_causes(staging_error)
+            causes = gather_causes(staging_error, self.rank, self.world_size, self._write_group)
             if causes:
                 raise SaveFailed(causes)
             dcp_save(staged, storage_writer=FileSystemWriter(record.path), process_group=self._write_group)
             # dcp.save returns on rank 0 only after .metadata is written, i.e. after every rank's write finished.
-            sums = self._gather_checksums(record.path)
+            sums = gather_checksums(record.path, self.rank, self.world_size, self._write_group)
             commit_error: BaseException | None = None
             if self.rank == 0:
                 try:
@@ -398,31 +374,6 @@ class Checkpointer:
                 log.info("removed torn checkpoint %s (no commit marker)", path)
         except OSError as err:
             log.warning("checkpoint clean-up under %s failed: %s", self.directory, err)
-
-    def _gather_causes(self, error: BaseException | None) -> list[RankCause]:
-        """Every rank's cause (empty: no rank failed); one collective on the writer group, on every rank."""
-        mine = rank_cause(self.rank, error) if error is not None else None
-        if not self.distributed:
-            return [mine] if mine else []
-        gathered: list[RankCause | None] = [None] * self.world_size
-        dist.all_gather_object(gathered, mine, group=self._write_group)
-        return [c for c in gathered if c is not None]
-
-    def _gather_checksums(self, path: Path) -> dict[str, str]:
-        """Every rank checksums the files it wrote (writer thread: off the loop); rank 0 gets them all."""
-        mine: tuple[dict[str, str], RankCause | None]
-        try:
-            mine = (integrity.checksums(path, integrity.own_files(path, self.rank)), None)
-        except OSError as err:
-            mine = ({}, rank_cause(self.rank, err))
-        parts: list[Any] = [mine]
-        if self.distributed:
-            parts = [None] * self.world_size
-            dist.all_gather_object(parts, mine, group=self._write_group)
-        causes = [cause for _, cause in parts if cause is not None]
-        if causes:
-            raise SaveFailed(causes)
-        return {name: crc for sums, _ in parts for name, crc in sums.items()}
 
     def _on_failure(self, record: _Save, err: BaseException, state: dict[str, Any]) -> None:
         log.error("checkpoint at step %d to %s failed on rank %d: %s", record.step, record.path, self.rank,

@@ -115,7 +115,7 @@ def save_now(ckpt: Checkpointer, step: int, app: AppState, *, replica: str = "",
         if memory.newest_step != step:
             ckpt.save_to_memory(step, app)
             memory.wait()
-        if memory.newest_step == step:  # agreed complete on every rank (checkpoint_peer.py)
+        if memory.newest_step == step:  # agreed complete on every rank (tiers/peer.py)
             ckpt.close()
             return "memory"
     ckpt.save(step, app, blocking=True)

@@ -1,12 +1,12 @@
 """Restore: the newest state any tier holds, the same on every rank.
 
-Memory first (checkpoint_memory.py, checkpoint_peer.py): when every rank's copy of one step is in memory (its own,
+Memory first (tiers/memory.py, tiers/peer.py): when every rank's copy of one step is in memory (its own,
 or a peer's replica of it) and that step is at least as new as the newest committed disk checkpoint, the ranks load
 it; a copy whose bytes do not match their digests is deleted, reported, and the other copy of that rank's state is
 taken when there is one. Otherwise, or when it fails to load on any rank, the newest committed disk checkpoint
-(with an object-store dir, checkpoint_remote.py, the local directory's and the bucket's; a step a rank's local
+(with an object-store dir, tiers/remote.py, the local directory's and the bucket's; a step a rank's local
 directory lacks, or holds only in part, downloaded first): each one's files are verified against the checksums of
-its commit first (checkpoint_integrity.py); a damaged one is marked bad and reported; a damaged local copy is
+its commit first (integrity.py); a damaged one is marked bad and reported; a damaged local copy is
 replaced by the bucket's copy of the same step when there is one (the bucket's copy is marked bad only for damage
 in files downloaded from it), else the previous step is tried. An unreadable bucket, or a download that keeps
 failing, fails the start: taken for empty, it would start training from scratch. A disk checkpoint that fails to
@@ -107,7 +107,7 @@ def restore(ctx: RestoreContext, app: AppState) -> Restored | None:
 def _candidates(ctx: RestoreContext) -> list[Candidate]:
     """Rank 0: checkpoints whose commit marker is damaged are set aside (kept, reported), torn folders (no marker)
     removed; then the committed checkpoints, newest first: the local directory's and, with an object-store dir,
-    the bucket's (checkpoint_remote.py; an unreadable bucket raises RemoteUnreadable)."""
+    the bucket's (tiers/remote.py; an unreadable bucket raises RemoteUnreadable)."""
     damaged: list[tuple[int, Path | str, str]] = [*store.set_aside_damaged(ctx.directory)]
     for torn in store.remove_uncommitted(ctx.directory):
         log.info("removed torn checkpoint %s (no commit marker)", torn)
@@ -124,7 +124,7 @@ def _candidates(ctx: RestoreContext) -> list[Candidate]:
 
 
 def _from_memory(ctx: RestoreContext, app: AppState, newest_disk_step: int | None) -> tuple[Restored | None, bool]:
-    """A damaged copy (its digests, checkpoint_memory_file.py) is deleted by its holder and reported, and the plan
+    """A damaged copy (its digests, tiers/memory_file.py) is deleted by its holder and reported, and the plan
     made again: the same step from that rank's other copy when there is one, else disk. Any other failure: disk.
     (what was restored, whether a failed attempt may have written into app's live tensors)."""
     assert ctx.memory is not None
@@ -209,7 +209,7 @@ def _model_tensors(ctx: RestoreContext, app: AppState) -> model_check.ModelTenso
 
 
 def _refuse_another_model(ctx: RestoreContext, step: int, path: str, expected: model_check.ModelTensors) -> None:
-    """Raises UserError on every rank when the checkpoint at `path` holds another model (checkpoint_model_check.py).
+    """Raises UserError on every rank when the checkpoint at `path` holds another model (model_check.py).
     Unreadable metadata is left to the load, which reports it and tries the previous checkpoint."""
     try:
         saved = model_check.saved_model_tensors(FileSystemReader(path).read_metadata().state_dict_metadata)

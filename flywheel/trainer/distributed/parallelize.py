@@ -3,8 +3,8 @@
 The mesh has named dimensions, outermost first: "dp", then "pp" and "tp" when their degree is above 1. Row-major
 rank order puts a tp group on consecutive ranks (inside one worker when procsPerReplica >= tp: the fastest
 links), pipeline stages next, data parallel outermost (across workers). Expert parallel borrows from dp: with
-ep > 1 the dp dimension is also viewed as ("edp", "ep"), ep inner (`parallel_ep.py`). Order of application:
-tensor parallel (`parallel_tp.py`), expert parallel, activation checkpointing, then FSDP2 `fully_shard` per block
+ep > 1 the dp dimension is also viewed as ("edp", "ep"), ep inner (`expert_parallel.py`). Order of application:
+tensor parallel (`tensor_parallel.py`), expert parallel, activation checkpointing, then FSDP2 `fully_shard` per block
 (first its experts over edp) and the root (ZeRO-3, or ZeRO-2 with `zero: 2`: parameters stay unsharded from
 forward to backward) or DDP over "dp". The model stays unaware.
 """
@@ -88,7 +88,7 @@ def check_layout(world_size: int, parallelism: Parallelism, training: Training, 
 
 def parallelize(model: GPT | Llama, mesh: DeviceMesh, parallelism: Parallelism, training: Training) -> nn.Module:
     """Returns the module to train: the same object for FSDP2 (it is modified in place), a DDP wrapper otherwise,
-    and with pp > 1 a `PipelinedModel` (this rank's stages; train it with `forward_backward` in loop.py). The model
+    and with pp > 1 a `PipelinedModel` (this rank's stages; train it with `forward_backward` in step.py). The model
     must already be on the mesh's device, or on the meta device: then this rank's parameters are materialised
     after sharding, with the values the plain model would have had (`materialize.py`). Build the optimizer after
     this."""

@@ -1,5 +1,5 @@
 """A mixture-of-experts feed-forward for the GPT blocks. Like model.py it knows nothing of parallelism:
-`parallel_ep.py` replaces `MoE.experts` to spread the experts over ranks.
+`expert_parallel.py` replaces `MoE.experts` to spread the experts over ranks.
 
 Per token, a linear router (no bias) gives a softmax over E experts; the token goes to its top-k experts and
 their outputs are summed, weighted by the k probabilities (renormalised to sum to 1 when k > 1, as GShard; with
@@ -60,7 +60,7 @@ class MoE(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.router = nn.Linear(dim, cfg.experts, bias=False)
-        # parallel_ep.py may swap in a sharded form
+        # expert_parallel.py may swap in a sharded form
         self.experts: nn.Module = Experts(cfg.experts, dim, hidden or 4 * dim)
         self.aux_loss: torch.Tensor | None = None
 

@@ -1,4 +1,4 @@
-"""The bucket's side of the object-store tier (checkpoint_remote.py): plain calls on one checkpoint.dir URL, no
+"""The bucket's side of the object-store tier (tiers/remote.py): plain calls on one checkpoint.dir URL, no
 collectives. A step's folder holds its files and, last, its commit marker; the prefix's root holds its identity
 (`flywheel-run-id`), which the local staging dir records."""
 

@@ -1,15 +1,15 @@
 """The memory tier: every memory save keeps this rank's staged state in host shared memory, and a replica of it in
-a peer worker's (checkpoint_peer.py), so that a restart restores without reading the shared filesystem.
+a peer worker's (tiers/peer.py), so that a restart restores without reading the shared filesystem.
 
     <root>/own-rank-00003/step-00000040-w4.bin      rank 3's state after step 40, saved at world size 4
     <root>/replica-rank-00001/step-00000040-w4.bin  rank 1's, received from the worker before this one
 
-(the step file's layout, and how a restore reads it straight into the live tensors: checkpoint_memory_file.py)
+(the step file's layout, and how a restore reads it straight into the live tensors: tiers/memory_file.py)
 
-<root> is /dev/shm/flywheel-<job>-<hash of the checkpoint dir>/replica-<worker> (checkpoint_memory_root.py): it
+<root> is /dev/shm/flywheel-<job>-<hash of the checkpoint dir>/replica-<worker> (contracts/memory_root.py): it
 outlives a rank's restart in place (the worker's processes come back on the same host), not the loss of the pod or
 node; the peer's replica covers that. The root records the identity of the checkpoint dir whose copies it holds
-(checkpoint_memory_root.py): an earlier run's copies, under the same job name after its dir was deleted, are wiped
+(contracts/memory_root.py): an earlier run's copies, under the same job name after its dir was deleted, are wiped
 instead of restored. A file is written under a temporary name and renamed, so a present file is complete (a write
 that fails deletes its temporary file; one left by a killed rank goes when the next save starts). After a save
 every rank agrees that it is complete everywhere before the other steps are deleted: each rank holds its newest
@@ -38,7 +38,7 @@ from flywheel.contracts.memory_root import memory_root
 from flywheel.torch_compat import dtensor_local
 from flywheel.trainer.checkpoint.tiers import memory_file as step_format
 
-__all__ = ["memory_root"]  # checkpoint_memory_root.py: where the copies live
+__all__ = ["memory_root"]  # contracts/memory_root.py: where the copies live
 _STEP_FILE = re.compile(r"^step-(\d{8,})-w(\d+)\.bin$")
 
 
@@ -55,7 +55,7 @@ def replica_dir(root: Path, src: int) -> Path:
 
 def save_file(folder: Path, step: int, world_size: int, rank: int, staged: dict[str, Any]) -> Path:
     """This rank's state (DTensors as their local shards) with what a restore checks, written as a step file
-    (checkpoint_memory_file.py; temporary name, then renamed: a present step file is complete)."""
+    (tiers/memory_file.py; temporary name, then renamed: a present step file is complete)."""
     folder.mkdir(parents=True, exist_ok=True)
     target = step_file(folder, step, world_size)
     tmp = temp_file(target)

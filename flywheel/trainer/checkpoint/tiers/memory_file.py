@@ -6,7 +6,7 @@ The header is the saved state with each tensor replaced by a TensorRef (where it
 restore resolves the header against the live state (resolve): each saved tensor gets its destination, the live
 tensor itself when shape and dtype match (a DTensor's local shard), and the bytes are read straight into it (one
 pread per tensor: no intermediate copy, no per-page faults of a memory map), or received straight into it over
-gloo from the peer holding the replica (checkpoint_peer_restore.py). Measured on 0.55 GB per rank:
+gloo from the peer holding the replica (tiers/peer_restore.py). Measured on 0.55 GB per rank:
 torch.load(mmap=True) plus copy_ took ~0.1 s (page faults on the map); reading into the tensors runs at memcpy
 speed.
 

@@ -1,5 +1,5 @@
 """The memory tier's executor: saves into host shared memory with a replica on the next worker (a ring over the
-checkpointer's gloo group), and restores from them (checkpoint_memory.py holds the layout and the plan).
+checkpointer's gloo group), and restores from them (tiers/memory.py holds the layout and the plan).
 
 Ring: rank r sends its copy to rank r + ranks_per_worker (mod world size), the same local rank on the next worker,
 so that losing a whole worker leaves every one of its ranks' copies on another host. With one worker there is no
@@ -14,7 +14,7 @@ loop to its pace rather than letting the replicas fall behind (skipping did: wit
 2 steps). A copy under way STUCK_SECONDS is waited for no longer, and later copies are skipped on every rank until
 it ends (begin).
 
-Restore (restore_into, checkpoint_peer_restore.py) puts the bytes straight into the live state's tensors, each
+Restore (restore_into, tiers/peer_restore.py) puts the bytes straight into the live state's tensors, each
 checked against its digest.
 
 Every collective here is made on every rank in the same order (saves on the tier's thread and group, the restore
@@ -58,7 +58,7 @@ class MemoryTier(MemoryRestore):
     def __init__(self, root: Path, every_steps: int, *, rank: int, world_size: int, ranks_per_worker: int,
                  pin_memory: bool = False, metrics: Any = None, events: Any = None,
                  run_dir: Path | None = None) -> None:
-        """run_dir: the checkpoint dir whose copies the root may hold (its identity, checkpoint_memory_root.py);
+        """run_dir: the checkpoint dir whose copies the root may hold (its identity, contracts/memory_root.py);
         None: whatever the root holds is taken as this run's."""
         self.root = root
         self.every_steps = every_steps

@@ -1,8 +1,8 @@
-"""The memory tier's restore side (MemoryTier, checkpoint_peer.py, inherits it): what this rank holds, the plan every
+"""The memory tier's restore side (MemoryTier, tiers/peer.py, inherits it): what this rank holds, the plan every
 rank agrees on, and the bytes put straight into the live state's tensors.
 
 A rank's own copy is read from its step file, one pread per tensor (in 1 MB pieces, each hashed as it lands:
-checkpoint_memory_file.py); a replica is sent by its holder as the header then the tensors' bytes in STRIPE pieces
+tiers/memory_file.py); a replica is sent by its holder as the header then the tensors' bytes in STRIPE pieces
 (views of the file, mapped), received straight into the tensors and hashed as each tensor completes. The pieces go
 round every gloo group the checkpointer owns (none is busy during a restore): each group is a socket of its own, and
 one TCP stream does not fill a link (on this 2-core host's loopback, plain gloo moved 0.55 GB in ~0.20 s over one

@@ -33,6 +33,7 @@ from flywheel.contracts.memory_root import DIR_ID, read_identity, record_identit
 from flywheel.spec import storage as object_store
 from flywheel.trainer.checkpoint import integrity, store
 from flywheel.trainer.checkpoint.failure import RankCause, primary, rank_cause
+from flywheel.trainer.checkpoint.rank_gather import gather_causes
 from flywheel.trainer.checkpoint.tiers.bucket import RemoteStore, complete, present
 
 log = logging.getLogger("flywheel.checkpoint")
@@ -142,15 +143,8 @@ class RemoteTier:
         return bool(t.item())
 
     def _gather(self, error: BaseException | None) -> list[RankCause]:
-        """Every rank's cause (empty: no rank failed), as a disk save gathers them (Checkpointer._gather_causes)."""
-        mine = rank_cause(self.rank, error) if error is not None else None
-        if self.world_size == 1 or self.group is None:
-            return [mine] if mine else []
-        import torch.distributed as dist
-
-        gathered: list[RankCause | None] = [None] * self.world_size
-        dist.all_gather_object(gathered, mine, group=self.group)
-        return [c for c in gathered if c is not None]
+        """Every rank's cause (empty: no rank failed), gathered as a disk save gathers them."""
+        return gather_causes(error, self.rank, self.world_size, self.group if self.world_size > 1 else None)
 
     def upload(self, folder: Path, step: int) -> bool:
         """Every rank uploads the files it wrote; once all did, rank 0 uploads the marker and applies retention

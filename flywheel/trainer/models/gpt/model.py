@@ -89,7 +89,7 @@ class GPT(nn.Module):
         apply_init(self, self.init_plan(), seed)
 
     def init_plan(self) -> list[InitStep]:
-        """Every parameter's initial value, in generator order (meta-device init replays it: init.py)."""
+        """Every parameter's initial value, in generator order (meta-device init replays it: materialize.py)."""
         # Residual-branch outputs are scaled down so the residual stream's variance does not grow with depth.
         residual_std = INIT_STD / math.sqrt(2 * self.cfg.layers)
         plan: list[InitStep] = []
@@ -144,7 +144,7 @@ def initial_value(kind: str, std: float, shape: torch.Size, gen: torch.Generator
 @torch.no_grad()
 def apply_init(model: nn.Module, plan: list[InitStep], seed: int) -> None:
     """Fills an unsharded model's parameters from `plan`. Meta tensors (sizing a model, or building it on the
-    meta device to materialise it after sharding: init.py) have no values to fill; the draws are the same."""
+    meta device to materialise it after sharding: materialize.py) have no values to fill; the draws are the same."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     params = dict(model.named_parameters())
     for name, kind, std in plan:
