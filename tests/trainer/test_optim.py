@@ -1,3 +1,4 @@
+import copy
 import math
 
 import pytest
@@ -64,3 +65,43 @@ def test_weight_decay_only_on_matrices():
     assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
     assert all(p.ndim == 2 for p in decayed["params"]) and all(p.ndim == 1 for p in plain["params"])
     assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
+
+
+def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: range) -> None:
+    for step in steps:
+        inputs = torch.randn(4, 16, generator=torch.Generator().manual_seed(step))
+        model(inputs).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16))
+
+
+def test_adamw_is_torchs_fused_kernel_where_the_device_has_one():
+    optimizer = build_optimizer(_model(), Training())
+    assert optimizer.defaults["fused"] is True and not optimizer.defaults["foreach"]
+    meta = torch.nn.Linear(2, 2, device="meta")
+    assert build_optimizer(meta, Training()).defaults["foreach"] is True  # no fused kernel for this device
+
+
+def test_the_fused_update_repeats_bitwise_and_resumes_bitwise():
+    runs = []
+    for _ in range(2):
+        model = _model()
+        _train(model, build_optimizer(model, Training()), range(6))
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    # Stopped after 3 steps, rebuilt from the saved state: the next 3 steps end bitwise where the run did.
+    model = _model()
+    optimizer = build_optimizer(model, Training())
+    _train(model, optimizer, range(3))
+    saved_model, saved_optimizer = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
+    resumed = _model()
+    resumed.load_state_dict(saved_model)
+    resumed_optimizer = build_optimizer(resumed, Training())
+    resumed_optimizer.load_state_dict(saved_optimizer)
+    _train(resumed, resumed_optimizer, range(3, 6))
+    assert all(torch.equal(a, b) for a, b in zip(runs[0], resumed.parameters()))
