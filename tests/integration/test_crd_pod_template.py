@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from flywheel.spec.pod_template import kueue_key_problem, owned_field_problem
+from tests.builders import job_doc
 from tests.integration.kubectl_cluster import kubectl_on_test_cluster
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "trainingjobs.flywheel.dev.yaml"
@@ -25,8 +26,7 @@ def kubectl() -> Iterator[Any]:
 
 
 def job(template: dict[str, Any]) -> str:
-    return yaml.safe_dump({"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "t"},
-                           "spec": {"trainer": {"training": {"steps": 2}}, "template": template}})
+    return yaml.safe_dump(job_doc({"trainer": {"training": {"steps": 2}}, "template": template}, name="t"))
 
 
 GPU_TEMPLATE = {

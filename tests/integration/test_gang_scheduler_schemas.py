@@ -15,7 +15,8 @@ import yaml
 
 from flywheel.operator import manifests as m
 from flywheel.operator import scheduling_meta as k
-from flywheel.spec import TrainingJob, parse_job
+from flywheel.spec import TrainingJob
+from tests import builders
 from tests.integration.kubectl_cluster import kubectl_on_test_cluster
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "crds"
@@ -30,10 +31,8 @@ def kubectl() -> Iterator[Any]:
 
 
 def job(queue: str = "team-a") -> TrainingJob:
-    return parse_job({"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
-                      "metadata": {"name": "llm", "namespace": "default"},
-                      "spec": {"replicas": {"min": 2, "max": 2}, "scheduling": {"queue": queue},
-                               "trainer": {"training": {"globalBatch": 8, "microBatch": 1}}}})
+    return builders.job({"replicas": {"min": 2, "max": 2}, "scheduling": {"queue": queue},
+                         "trainer": {"training": {"globalBatch": 8, "microBatch": 1}}}, name="llm", namespace="default")
 
 
 @pytest.mark.parametrize("scheduler", list(SCHEDULERS))

@@ -10,21 +10,15 @@ from flywheel.policy.health_checks import (
     Observations,
     RankProgress,
     RankStepTime,
-    WatchedJob,
     evaluate,
     find_hangs,
     update_stragglers,
 )
-from flywheel.policy.xid import WatchedPod, XidSample
+from flywheel.policy.xid import XidSample
+from tests.builders import watched_job
 
 NS = "ml"
 SETTINGS = HealthSettings(staleness_allowance_seconds=1.0, straggler_factor=1.5, straggler_evaluations=3)
-
-
-def job(n: int = 2, *, started: float = 0.0, phase: str = "Running", pod_phase: str = "Running", timeout: float = 10,
-        first: float = 100, name: str = "train") -> WatchedJob:
-    pods = tuple(WatchedPod(f"{name}-worker-{i}", NS, name, str(i), f"node-{i}", pod_phase, started) for i in range(n))
-    return WatchedJob(NS, name, phase, timeout, first, pods)
 
 
 def prog(replica: int, ts: float, name: str = "train", rank: int | None = None) -> RankProgress:
@@ -32,11 +26,11 @@ def prog(replica: int, ts: float, name: str = "train", rank: int | None = None) 
 
 
 def test_progressing_job_is_not_hung() -> None:
-    assert find_hangs([job()], [prog(0, 995), prog(1, 996)], now=1000, allowance=1) == []
+    assert find_hangs([watched_job()], [prog(0, 995), prog(1, 996)], now=1000, allowance=1) == []
 
 
 def test_rank_without_progress_past_timeout_plus_allowance_is_hung() -> None:
-    j = job()
+    j = watched_job()
     assert find_hangs([j], [prog(0, 989.5), prog(1, 999)], now=1000, allowance=1) == []  # 10.5 s: within allowance
     found = find_hangs([j], [prog(0, 988), prog(1, 999)], now=1000, allowance=1)
     assert len(found) == 1
@@ -47,40 +41,40 @@ def test_rank_without_progress_past_timeout_plus_allowance_is_hung() -> None:
 
 
 def test_every_stalled_rank_is_named() -> None:
-    found = find_hangs([job()], [prog(0, 900), prog(1, 950)], now=1000, allowance=1)
+    found = find_hangs([watched_job()], [prog(0, 900), prog(1, 950)], now=1000, allowance=1)
     assert [r.replica for r in found[0].ranks] == ["0", "1"]
     assert found[0].idle_seconds == 100
 
 
 def test_not_stepped_since_pod_start_gets_the_first_step_allowance() -> None:
-    j = job(started=950, first=100)  # restarted at 950; last step from the previous incarnation
+    j = watched_job(started=950, first=100)  # restarted at 950; last step from the previous incarnation
     assert find_hangs([j], [prog(0, 900), prog(1, 900)], now=1000, allowance=1) == []
     assert len(find_hangs([j], [prog(0, 900), prog(1, 900)], now=1052, allowance=1)) == 1
 
 
 def test_stepped_since_start_uses_the_progress_timeout() -> None:
-    j = job(started=950, first=100)
+    j = watched_job(started=950, first=100)
     assert len(find_hangs([j], [prog(0, 960), prog(1, 995)], now=1000, allowance=1)) == 1
 
 
 def test_no_verdict_unless_every_pod_runs() -> None:
-    j = job()
+    j = watched_job()
     pending = replace(j, pods=(j.pods[0], replace(j.pods[1], phase="Pending")))
     assert find_hangs([pending], [prog(0, 0), prog(1, 0)], now=1000, allowance=1) == []
     assert find_hangs([replace(j, pods=())], [prog(0, 0)], now=1000, allowance=1) == []
 
 
 def test_zero_timeout_disables() -> None:
-    assert find_hangs([job(timeout=0)], [prog(0, 0), prog(1, 0)], now=1000, allowance=1) == []
+    assert find_hangs([watched_job(timeout=0)], [prog(0, 0), prog(1, 0)], now=1000, allowance=1) == []
 
 
 def test_other_jobs_and_scaled_away_replicas_do_not_count() -> None:
     stale = [prog(5, 0), prog(0, 0, name="other"), RankProgress("elsewhere", "train", "0", "0", 0)]
-    assert find_hangs([job()], stale + [prog(0, 999), prog(1, 999)], now=1000, allowance=1) == []
+    assert find_hangs([watched_job()], stale + [prog(0, 999), prog(1, 999)], now=1000, allowance=1) == []
 
 
 def test_silent_replica_among_exporting_peers_is_stalled_after_first_step_allowance() -> None:
-    j = job(started=0, first=100)
+    j = watched_job(started=0, first=100)
     assert find_hangs([j], [prog(0, 999)], now=100, allowance=1) == []
     found = find_hangs([j], [prog(0, 999)], now=1000, allowance=1)
     assert [(r.replica, r.rank, r.last_step_timestamp) for r in found[0].ranks] == [("1", "", None)]
@@ -88,7 +82,7 @@ def test_silent_replica_among_exporting_peers_is_stalled_after_first_step_allowa
 
 
 def test_job_without_any_series_is_not_judged() -> None:
-    assert find_hangs([job()], [], now=10_000, allowance=1) == []
+    assert find_hangs([watched_job()], [], now=10_000, allowance=1) == []
 
 
 def st(replica: int, seconds: float, name: str = "train") -> RankStepTime:
@@ -125,7 +119,7 @@ def obs(now: float, jobs, progress=(), step_times=(), xids=()) -> Observations:
 
 
 def test_hang_is_reported_once_per_episode() -> None:
-    j = job()
+    j = watched_job()
     d, state = evaluate(obs(1000, [j], [prog(0, 900), prog(1, 999)]), HealthState(), SETTINGS)
     assert len(d.hangs) == 1
     d, state = evaluate(obs(1001, [j], [prog(0, 900), prog(1, 999)]), state, SETTINGS)
@@ -137,14 +131,14 @@ def test_hang_is_reported_once_per_episode() -> None:
 
 
 def test_forgotten_hang_is_reported_again() -> None:
-    j = job()
+    j = watched_job()
     d, state = evaluate(obs(1000, [j], [prog(0, 900)]), HealthState(), SETTINGS)
     d, _ = evaluate(obs(1001, [j], [prog(0, 900)]), state.forget_hang((NS, "train")), SETTINGS)
     assert len(d.hangs) == 1
 
 
 def test_failed_queries_skip_their_check_and_keep_memory() -> None:
-    j = job()
+    j = watched_job()
     _, state = evaluate(obs(1000, [j], [prog(0, 900)], xids=[XidSample("node-0", "G", 13)]), HealthState(), SETTINGS)
     d, kept = evaluate(obs(1001, [j], None, None, None), state, SETTINGS)
     assert d.hangs == () and d.rank_restarts == () and d.degradations == ()
@@ -152,7 +146,7 @@ def test_failed_queries_skip_their_check_and_keep_memory() -> None:
 
 
 def test_first_xid_answer_is_a_baseline_then_changes_act() -> None:
-    j = job()
+    j = watched_job()
     d, state = evaluate(obs(0, [j], xids=[XidSample("node-0", "G", 13)]), HealthState(), SETTINGS)
     assert d.rank_restarts == ()
     d, state = evaluate(obs(1, [j], xids=[XidSample("node-0", "G", 31)]), state, SETTINGS)
@@ -162,13 +156,13 @@ def test_first_xid_answer_is_a_baseline_then_changes_act() -> None:
 
 
 def test_xids_only_touch_running_jobs() -> None:
-    done = job(phase="Succeeded")
+    done = watched_job(phase="Succeeded")
     d, _ = evaluate(obs(0, [done], xids=[XidSample("node-0", "G", 79)]), HealthState(), SETTINGS)
     assert d.node_faults == () and len(d.notices) == 1
 
 
 def test_degraded_on_and_off_once_each() -> None:
-    j = job(3)
+    j = watched_job(3)
     slow = [st(0, 1), st(1, 1), st(2, 3)]
     state = HealthState()
     changes = []
@@ -185,7 +179,7 @@ def test_degraded_on_and_off_once_each() -> None:
 
 
 def test_jobs_that_stop_being_watched_are_forgotten() -> None:
-    j = job(3)
+    j = watched_job(3)
     state = HealthState()
     for i in range(3):
         slow = [st(0, 1), st(1, 1), st(2, 3)]

@@ -20,19 +20,14 @@ from flywheel.monitor import (
     queries,
     settings_from_args,
 )
-from flywheel.policy.health_checks import WatchedJob
-from flywheel.policy.xid import WatchedPod
+from tests.builders import watched_job
 from tests.fakes.dcgm_exporter import FakeGpus
 from tests.monitoring.prometheus_server import ChildProcess, PrometheusServer
 from tests.monitoring.recording import RecordingActions, StaticInventory
 
 NS = "ml"
+JOB = watched_job(first=60)  # train: 2 workers, progressTimeoutSeconds 10, firstStepTimeoutSeconds 60
 NOW = 10_000.0
-
-
-def view() -> WatchedJob:
-    pods = tuple(WatchedPod(f"train-worker-{i}", NS, "train", str(i), f"node-{i}", "Running", 0.0) for i in range(2))
-    return WatchedJob(NS, "train", "Running", 10, 60, pods)
 
 
 class ScriptedQuerier:
@@ -64,7 +59,7 @@ def xid_sample(node: str, code: int, pod: str | None = None) -> Sample:
 
 
 def monitor(querier, actions: RecordingActions, metrics: OperatorMetrics) -> HealthMonitor:
-    return HealthMonitor(MonitorSettings(interval_seconds=0.05), StaticInventory([view()]), actions, metrics,
+    return HealthMonitor(MonitorSettings(interval_seconds=0.05), StaticInventory([JOB]), actions, metrics,
                          querier=querier, clock=lambda: NOW)
 
 
@@ -164,7 +159,7 @@ def test_no_cordon_setting_skips_cordon_but_replaces() -> None:
     with pytest.raises(ValueError):
         settings_from_args(parser.parse_args(["--health-interval", "0"]))
     actions = RecordingActions()
-    m = HealthMonitor(s, StaticInventory([view()]), actions, OperatorMetrics(),
+    m = HealthMonitor(s, StaticInventory([JOB]), actions, OperatorMetrics(),
                       querier=ScriptedQuerier([], [], [xid_sample("node-0", 79)]), clock=lambda: NOW)
     asyncio.run(m.evaluate_once())
     assert [a for _, a, _ in actions.calls] == ["replace_pods"]
@@ -251,7 +246,7 @@ def test_a_failed_fatal_xid_action_is_not_remembered_and_is_tried_again(failing:
     actions, metrics, memory = RecordingActions(fail={failing}), OperatorMetrics(), NodeMemory()
 
     def fresh() -> HealthMonitor:  # an operator (re)started
-        return HealthMonitor(MonitorSettings(interval_seconds=0.05), StaticInventory([view()]), actions, metrics,
+        return HealthMonitor(MonitorSettings(interval_seconds=0.05), StaticInventory([JOB]), actions, metrics,
                              querier=querier, clock=lambda: NOW, xid_memory=memory)
     m = fresh()
     asyncio.run(m.evaluate_once())

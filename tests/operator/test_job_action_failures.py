@@ -19,16 +19,18 @@ from flywheel.operator.create_failures import CreateFailures
 from flywheel.operator.job_actions import Actuator
 from flywheel.operator.observe import Acted
 from flywheel.policy.decisions import CreatePod, DeleteJob, DeletePod, Pass
-from flywheel.spec import TrainingJob, parse_job
+from flywheel.spec import TrainingJob
 from flywheel.spec.status import TrainingJobStatus
+from tests import builders
+from tests.builders import job_doc
 
-OBJ = {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
-       "metadata": {"name": "j", "namespace": "ml", "uid": "u-1"}}
+OBJ = job_doc(namespace="ml", **{"metadata.uid": "u-1"})
 
 
 def job(replicas: int = 2) -> TrainingJob:
-    return parse_job({**OBJ, "spec": {"replicas": {"min": replicas, "max": replicas},
-                                      "trainer": {"training": {"globalBatch": 4 * replicas, "microBatch": 4}}}})
+    return builders.job({"replicas": {"min": replicas, "max": replicas},
+                         "trainer": {"training": {"globalBatch": 4 * replicas, "microBatch": 4}}},
+                        namespace="ml", **{"metadata.uid": "u-1"})
 
 
 class FakeKube:

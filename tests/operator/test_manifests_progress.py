@@ -13,6 +13,7 @@ from flywheel.operator.event_log import EventLogTail
 from flywheel.operator.observe import pod_view
 from flywheel.policy.spec_change import baked_spec_hash
 from flywheel.spec import SpecError, parse_job
+from tests import builders
 from tests.operator.liveness_verdict import verdict
 
 JOB = parse_job({"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
@@ -178,11 +179,10 @@ def test_liveness_keys_of_a_predecessor_do_not_count() -> None:
 
     from flywheel.etcd.liveness import LiveWorker
     from flywheel.operator.executor import JobRunner
-    from flywheel.policy.reconcile import PodView
 
     runner = JobRunner(None, SETTINGS, "ml", "j", "uid", logging.getLogger("t"))  # type: ignore[arg-type]
     keys = runner.observer.etcd
-    pod = PodView(name="j-worker-0", uid="new", index=0, generation=1, phase="Running", ready=True)
+    pod = builders.pod(0, generation=1, uid="new")
     keys.live = {"0": LiveWorker("0", "h", 1, since=90.0, lease_id=1)}  # the old pod's key, still in its TTL
     assert not verdict(runner, pod, 100.0, 101.0)
     keys.live = {}  # the old key expired before the new agent registered: not a death
@@ -201,11 +201,10 @@ def test_an_agent_that_exited_by_itself_is_not_a_lost_worker() -> None:
 
     from flywheel.etcd.liveness import LiveWorker
     from flywheel.operator.executor import JobRunner
-    from flywheel.policy.reconcile import PodView
 
     runner = JobRunner(None, SETTINGS, "ml", "j", "uid", logging.getLogger("t"))  # type: ignore[arg-type]
     keys = runner.observer.etcd
-    pod = PodView(name="j-worker-0", uid="p", index=0, generation=1, phase="Running", ready=True)
+    pod = builders.pod(0, generation=1, uid="p")
     keys.live = {"0": LiveWorker("0", "h", 2, since=104.0, lease_id=2)}
     assert not verdict(runner, pod, 100.0, 105.0)
     keys.live = {"0": LiveWorker("0", "h", 2, since=130.0, lease_id=2, exited=True)}
@@ -213,7 +212,7 @@ def test_an_agent_that_exited_by_itself_is_not_a_lost_worker() -> None:
     keys.live = {}  # expired with its lease; the pod still shows Running
     assert not verdict(runner, pod, 100.0, 136.0)
     assert not verdict(runner, pod, 100.0, 160.0)
-    other = PodView(name="j-worker-0", uid="q", index=0, generation=2, phase="Running", ready=True)
+    other = builders.pod(0, generation=2, uid="q")
     keys.live = {"0": LiveWorker("0", "h", 3, since=201.0, lease_id=3)}  # a new pod's agent: judged afresh
     assert not verdict(runner, other, 200.0, 202.0)
     keys.live = {}
@@ -229,11 +228,10 @@ def test_a_live_key_after_an_exited_marker_makes_the_lease_count_again() -> None
 
     from flywheel.etcd.liveness import LiveWorker
     from flywheel.operator.executor import JobRunner
-    from flywheel.policy.reconcile import PodView
 
     runner = JobRunner(None, SETTINGS, "ml", "j", "uid", logging.getLogger("t"))  # type: ignore[arg-type]
     keys = runner.observer.etcd
-    pod = PodView(name="j-worker-1", uid="b", index=1, generation=1, phase="Running", ready=True)
+    pod = builders.pod(1, generation=1, uid="b")
     keys.live = {"1": LiveWorker("1", "h", 2, since=100.5, lease_id=2, exited=True)}
     assert not verdict(runner, pod, 100.0, 101.0)
     keys.live = {"1": LiveWorker("1", "h", 3, since=103.0, lease_id=3)}  # this pod's agent registered

@@ -6,19 +6,17 @@ from __future__ import annotations
 import pytest
 
 from flywheel.operator import manifests as m
-from flywheel.spec import parse_job
+from tests import builders
 
 SETTINGS = m.OperatorSettings(etcd_endpoints="etcd:2379")
 ZONE = "topology.kubernetes.io/zone"
 
 
 def job(**scheduling: object):
-    return parse_job({"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
-                      "metadata": {"name": "rack", "namespace": "ml"},
-                      "spec": {"replicas": {"min": 2, "max": 4, "target": 3}, "procsPerReplica": 4,
-                               "trainer": {"parallelism": {"tp": 2, "pp": 2},
-                                           "training": {"globalBatch": 48, "microBatch": 1}},
-                               "scheduling": scheduling, "checkpoint": {"dir": "/ckpt/rack"}}})
+    return builders.job({"replicas": {"min": 2, "max": 4, "target": 3}, "procsPerReplica": 4,
+                         "trainer": {"parallelism": {"tp": 2, "pp": 2},
+                                     "training": {"globalBatch": 48, "microBatch": 1}},
+                         "scheduling": scheduling, "checkpoint": {"dir": "/ckpt/rack"}}, name="rack", namespace="ml")
 
 
 def pods(j) -> list[dict]:

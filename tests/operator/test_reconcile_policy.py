@@ -8,17 +8,10 @@ from typing import Any
 from flywheel.policy.conditions import iso
 from flywheel.policy.decisions import CreatePod, DeleteJob, DeletePod, Relabel, ResetRendezvous
 from flywheel.policy.failure_decision import HUNG_POD_GRACE_SECONDS
-from flywheel.policy.observed import HangReport, HealthFindings, PodView, StragglerReport
+from flywheel.policy.observed import HangReport, HealthFindings, StragglerReport
 from flywheel.policy.observed import ObservedProgress as Progress
+from tests.builders import NOW, pod, spec
 from tests.operator.reconcile_json import condition, reconcile
-from tests.policy.policy_helpers import spec
-
-NOW = 1_800_000_000.0
-
-
-def pod(index: int, phase: str = "Running", generation: int = 0, **kw: Any) -> PodView:
-    return PodView(name=f"j-worker-{index}", uid=f"u{index}-{generation}-{phase}", index=index,
-                   generation=generation, phase=phase, ready=phase == "Running", **kw)
 
 
 def creates(result: Any) -> list[int]:

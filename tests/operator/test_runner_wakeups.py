@@ -14,8 +14,8 @@ from flywheel.operator import etcd_views, executor
 from flywheel.operator import manifests as m
 from flywheel.operator.executor import JobRunner
 from flywheel.operator.own_writes import PENDING_SECONDS
-from flywheel.policy.observed import PodView
 from flywheel.policy.reconcile import LIVENESS_GRACE_SECONDS
+from tests import builders
 from tests.operator.liveness_verdict import verdict
 
 SETTINGS = m.OperatorSettings(etcd_endpoints="")
@@ -97,7 +97,7 @@ def test_a_deleted_service_wakes_the_runner_and_is_looked_at_again() -> None:
 
 def test_a_missing_liveness_key_is_due_when_its_grace_ends() -> None:
     r = runner()
-    pod = PodView(name="j-worker-0", uid="p", index=0, generation=0, phase="Running", ready=True)
+    pod = builders.pod(0, uid="p")
     r.observer.etcd.live = {"0": LiveWorker("0", "h", 1, since=100.0, lease_id=1)}
     assert not verdict(r, pod, 100.0, 101.0) and r.next_due() is None  # registered
     r.observer.etcd.live = {}  # its key is gone

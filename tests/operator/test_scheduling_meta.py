@@ -11,18 +11,17 @@ from flywheel.operator import scheduling_meta as k
 from flywheel.operator.observe import pod_view
 from flywheel.operator.spare_pods import spare_pod
 from flywheel.policy.observed import ObservedProgress
-from flywheel.spec import TrainingJob, parse_job
+from flywheel.spec import TrainingJob
 from flywheel.spec.status import ConditionType, Phase, TrainingJobStatus
-from tests.policy.policy_helpers import NOW, reconcile, spec
+from tests import builders
+from tests.builders import NOW, reconcile, spec
 
 
 def job(scheduling: dict[str, Any] | None = None, labels: dict[str, str] | None = None,
         replicas: dict[str, int] | None = None) -> TrainingJob:
-    return parse_job({"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
-                      "metadata": {"name": "llm", "namespace": "ml", **({"labels": labels} if labels else {})},
-                      "spec": {"replicas": replicas or {"min": 3, "max": 3},
-                               "trainer": {"training": {"globalBatch": 12, "microBatch": 1}},
-                               "scheduling": scheduling or {}}})
+    return builders.job({"replicas": replicas or {"min": 3, "max": 3},
+                         "trainer": {"training": {"globalBatch": 12, "microBatch": 1}},
+                         "scheduling": scheduling or {}}, name="llm", namespace="ml", labels=labels)
 
 
 def worker_pod(j: TrainingJob, gang_scheduler: str = "none", index: int = 0) -> dict[str, Any]:

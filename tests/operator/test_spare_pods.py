@@ -22,6 +22,7 @@ from flywheel.policy.decisions import Pass, PromoteSpare
 from flywheel.policy.observed import PodView
 from flywheel.spec import parse_job
 from flywheel.spec.status import TrainingJobStatus
+from tests import builders
 from tests.operator.frozen_caches import FrozenCaches
 
 DOC = {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
@@ -166,8 +167,8 @@ def test_a_promoted_spare_is_not_judged_by_its_predecessor_s_worker_key() -> Non
 def test_a_running_spare_does_not_start_the_hang_clock() -> None:
     """The etcd hang check waits until the current generation's workers all run; a spare is not one of them."""
     progress = JobProgress(lambda: None)
-    running = PodView(name="j-worker-0", uid="w0", index=0, generation=0, phase="Running", ready=True)
-    spare = PodView(name="j-spare-0", uid="s0", index=-1, generation=0, phase="Running", ready=True, role="spare")
+    running = builders.pod(0, uid="w0")
+    spare = builders.spare(0)
     progress.clock(JOB.spec, [running, spare], 0, 100.0)  # worker 1 is not there yet
     assert progress.running is None
 

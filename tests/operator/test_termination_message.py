@@ -15,8 +15,8 @@ from flywheel.policy.failure_decision import decide_failure
 from flywheel.policy.observed import ObservedProgress
 from flywheel.spec.status import ConditionType
 from flywheel.trainer.entry import main
+from tests.builders import fresh, pod, spec, view
 from tests.operator.test_manifests_progress import JOB, SETTINGS
-from tests.policy.policy_helpers import fresh, pod, spec, view
 
 
 def test_the_first_reason_wins_and_a_missing_or_unwritable_path_is_skipped(tmp_path: Path) -> None:

@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from flywheel.cli import main
 from flywheel.planner import DEVICES
 from flywheel.spec import load_job
 from flywheel.spec.auto import resolve_auto
+from tests.builders import example, job_file
 
 REPO = Path(__file__).resolve().parents[2]
 REQUIRED = {"dp", "tp", "pp", "microbatches", "fsdp", "activationCheckpointing", "est_step_seconds",
@@ -37,10 +37,7 @@ def test_chosen_and_candidates_are_top_level_with_every_key(capsys):
 
 
 def test_an_auto_job_shows_what_its_workers_get(capsys, tmp_path):
-    doc = yaml.safe_load((REPO / "examples" / "tiny.yaml").read_text())
-    doc["spec"]["trainer"]["parallelism"] = {"auto": True}
-    path = tmp_path / "auto.yaml"
-    path.write_text(yaml.safe_dump(doc))
+    path = job_file(tmp_path, example(**{"spec.trainer.parallelism": {"auto": True}}), "auto.yaml")
     out = plan_json(capsys, str(path), "--device", "h100")
     resolved = resolve_auto(load_job(path).spec, DEVICES["h100"])
     par, training = resolved.trainer.parallelism, resolved.trainer.training

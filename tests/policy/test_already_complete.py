@@ -10,7 +10,7 @@ from flywheel.policy.due import next_due
 from flywheel.policy.finish import DONE_REPORT_WAIT_SECONDS, success
 from flywheel.policy.observed import ObservedProgress
 from flywheel.spec.status import ConditionType, Phase
-from tests.policy.policy_helpers import NOW, fresh, pod, spec, view
+from tests.builders import NOW, fresh, pod, spec, view
 
 
 def test_the_done_record_carries_the_complete_checkpoint_and_old_records_still_parse() -> None:

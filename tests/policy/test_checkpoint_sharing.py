@@ -15,7 +15,7 @@ from flywheel.policy.decisions import CreatePod
 from flywheel.policy.due import next_due
 from flywheel.policy.observed import CheckpointSharing, DirUser, ObservedProgress
 from flywheel.spec.status import ConditionType, Phase, TrainingJobStatus
-from tests.policy.policy_helpers import NOW, pod, reconcile, spec, view
+from tests.builders import NOW, pod, reconcile, spec, view
 
 CLAIM = {"checkpoint.claimName": "shared", "checkpoint.dir": "/ckpt/a"}
 EARLIER, LATER = "2026-11-29T10:00:00Z", "2026-11-29T11:00:00Z"

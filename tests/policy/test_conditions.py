@@ -1,6 +1,6 @@
 from flywheel.policy.conditions import condition, holds, set_condition, set_phase
 from flywheel.spec.status import ConditionType, Phase, TrainingJobStatus
-from tests.policy.policy_helpers import NOW
+from tests.builders import NOW
 
 
 def test_set_condition_adds_only_true_and_moves_the_time_only_on_a_flip() -> None:

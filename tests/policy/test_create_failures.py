@@ -8,7 +8,7 @@ from flywheel.policy import reasons as R
 from flywheel.policy.conditions import condition, set_phase
 from flywheel.policy.observed import ObservedProgress
 from flywheel.spec.status import ConditionType, Phase
-from tests.policy.policy_helpers import NOW, fresh, pod, reconcile, spec
+from tests.builders import NOW, fresh, pod, reconcile, spec
 
 REFUSED = "could not create pod j-worker-1: exceeded quota: pods"
 

@@ -2,7 +2,7 @@ from flywheel.policy.conditions import iso, set_condition
 from flywheel.policy.deadline_ttl import after_finish, deadline
 from flywheel.policy.decisions import DeleteJob
 from flywheel.spec.status import ConditionType, Phase
-from tests.policy.policy_helpers import NOW, fresh, pod, spec, view
+from tests.builders import NOW, fresh, pod, spec, view
 
 
 def test_deadline_fails_the_job_counted_from_its_creation() -> None:

@@ -31,18 +31,13 @@ from flywheel.policy.drain import (
 )
 from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.spec.status import DrainStatus, Phase, RestartBudgetStatus, TrainingJobStatus
-from tests.policy.policy_helpers import NOW, pod, reconcile, spec, view
+from tests.builders import NOW, pod, reconcile, spare, spec, view
 
 CORDONED = {"n1": NodeMarks(unschedulable=True)}
 
 
 def on(index: int, node: str, generation: int = 0, **kw: Any) -> PodView:
     return pod(index, generation=generation, node=node, **kw)
-
-
-def spare(number: int, node: str, ready: bool = True) -> PodView:
-    return PodView(name=f"j-spare-{number}", uid=f"s{number}", index=-1, generation=0, phase="Running", ready=ready,
-                   role="spare", spare_ready=ready, node=node)
 
 
 def running(**fields: Any) -> TrainingJobStatus:
@@ -74,7 +69,7 @@ PODS = [on(0, "n0"), on(1, "n1")]
 ])
 def test_each_trigger_requests_a_checkpoint_and_records_the_drain(marks: NodeMarks, cause: str) -> None:
     # A ready spare off the node waits for the worker: the checkpoint is asked at once.
-    out = decide(running(), PODS + [spare(0, "n2")], DrainInput(nodes={"n1": marks}), **{"replicas.spares": 1})
+    out = decide(running(), PODS + [spare(0, node="n2")], DrainInput(nodes={"n1": marks}), **{"replicas.spares": 1})
     drain = out.status.drain
     assert (drain.node, drain.cause) == ("n1", cause) and drain.request_id and drain.requested_at
     assert RequestCheckpoint(drain.request_id, f"node n1 {cause}", moving=(1,)) in out.actions  # worker 1 is on n1
@@ -105,18 +100,18 @@ def test_without_a_ready_spare_a_warm_pod_starts_before_the_checkpoint() -> None
 
 
 def test_a_spare_on_the_draining_node_is_replaced_before_the_checkpoint() -> None:
-    out = decide(running(), PODS + [spare(0, "n1")], DrainInput(nodes=CORDONED), **{"replicas.spares": 1})
+    out = decide(running(), PODS + [spare(0, node="n1")], DrainInput(nodes=CORDONED), **{"replicas.spares": 1})
     assert DeletePod("j-spare-0", "s0") in out.actions
     # Its replacement (the job keeps one spare anyway) is the warm pod the drain waits for: none beyond it.
     assert out.status.drain.replacements == 0 and not out.status.drain.request_id
     assert [a for a in out.actions if isinstance(a, CreateSpare)] == [CreateSpare(0, 0)]
-    two = decide(running(), [on(0, "n1"), on(1, "n1"), spare(0, "n1")], DrainInput(nodes=CORDONED),
+    two = decide(running(), [on(0, "n1"), on(1, "n1"), spare(0, node="n1")], DrainInput(nodes=CORDONED),
                  **{"replicas.spares": 1})
     assert two.status.drain.replacements == 1 and len([a for a in two.actions if isinstance(a, CreateSpare)]) == 2
 
 
 def test_a_spare_still_starting_off_the_node_is_waited_for_without_another() -> None:
-    out = decide(running(), PODS + [spare(0, "n2", ready=False)], DrainInput(nodes=CORDONED),
+    out = decide(running(), PODS + [spare(0, node="n2", ready=False)], DrainInput(nodes=CORDONED),
                  **{"replicas.spares": 1})
     assert out.status.drain.replacements == 0 and not out.status.drain.request_id
     assert not any(isinstance(a, (CreateSpare, DeletePod, RequestCheckpoint)) for a in out.actions)
@@ -124,15 +119,15 @@ def test_a_spare_still_starting_off_the_node_is_waited_for_without_another() -> 
 
 def test_a_spare_on_another_leaving_node_does_not_count() -> None:
     nodes = {**CORDONED, "n2": NodeMarks(taints=("karpenter.sh/disrupted",))}
-    out = decide(running(), PODS + [spare(0, "n2")], DrainInput(nodes=nodes), **{"replicas.spares": 1})
+    out = decide(running(), PODS + [spare(0, node="n2")], DrainInput(nodes=nodes), **{"replicas.spares": 1})
     assert out.status.drain.replacements == 1 and not out.status.drain.request_id
 
 
 def test_the_checkpoint_is_asked_once_the_replacement_is_warm() -> None:
-    waiting = decide(preparing(), PODS + [spare(0, "n2", ready=False)], DrainInput(nodes=CORDONED), now=NOW + 3)
+    waiting = decide(preparing(), PODS + [spare(0, node="n2", ready=False)], DrainInput(nodes=CORDONED), now=NOW + 3)
     assert not any(isinstance(a, (RequestCheckpoint, CreateSpare, DeletePod)) for a in waiting.actions)
     assert waiting.next_due == NOW + DRAIN_PREPARE_SECONDS
-    out = decide(preparing(), PODS + [spare(0, "n2")], DrainInput(nodes=CORDONED), now=NOW + 4)
+    out = decide(preparing(), PODS + [spare(0, node="n2")], DrainInput(nodes=CORDONED), now=NOW + 4)
     drain = out.status.drain
     assert drain.request_id and drain.requested_at == rfc3339(NOW + 4) and drain.started_at == rfc3339(NOW)
     assert RequestCheckpoint(drain.request_id, "node n1 is cordoned", (1,)) in out.actions
@@ -140,7 +135,7 @@ def test_the_checkpoint_is_asked_once_the_replacement_is_warm() -> None:
 
 
 def test_replacements_not_warm_within_the_bound_ask_for_the_checkpoint_anyway() -> None:
-    out = decide(preparing(), PODS + [spare(0, "", ready=False)], DrainInput(nodes=CORDONED),
+    out = decide(preparing(), PODS + [spare(0, node="", ready=False)], DrainInput(nodes=CORDONED),
                  now=NOW + DRAIN_PREPARE_SECONDS)
     assert out.status.drain.request_id and any(isinstance(a, RequestCheckpoint) for a in out.actions)
     assert any(e.type == "Warning" and "not warm after 120s" in e.message for e in out.events)
@@ -151,11 +146,11 @@ def test_the_drains_spare_survives_the_move_and_takes_the_index() -> None:
     moved index waits for it; once promoted no spare is left or created."""
     seen = DrainInput(nodes=CORDONED, request_id="r1", answers={0: ("r1", 12), 1: ("r1", 12)})
     status = draining(replacements=1)
-    moved = decide(status, PODS + [spare(0, "n2")], seen, now=NOW + 3)
+    moved = decide(status, PODS + [spare(0, node="n2")], seen, now=NOW + 3)
     assert moved.status.drain.replacements == 0 and moved.status.last_restart_reason == R.NODE_DRAINING
     assert not any(isinstance(a, (CreateSpare, CreatePod)) for a in moved.actions)
     assert DeletePod("j-spare-0", "s0") not in moved.actions
-    after = [on(0, "n0", generation=1), on(1, "n1", deleting_since=NOW + 3.5), spare(0, "n2")]
+    after = [on(0, "n0", generation=1), on(1, "n1", deleting_since=NOW + 3.5), spare(0, node="n2")]
     nxt = decide(moved.status, after, DrainInput(nodes=CORDONED), now=NOW + 4)
     assert PromoteSpare("j-spare-0", 1, 1) in nxt.actions
     assert not any(isinstance(a, (CreateSpare, CreatePod)) for a in nxt.actions)
@@ -163,7 +158,7 @@ def test_the_drains_spare_survives_the_move_and_takes_the_index() -> None:
 
 def test_a_drain_given_up_while_preparing_lets_its_spare_go() -> None:
     pods = [on(0, "n0", phase="Failed", exit_code=1), on(1, "n1")]
-    out = decide(preparing(), pods + [spare(0, "n2", ready=False)], DrainInput(nodes=CORDONED), now=NOW + 2)
+    out = decide(preparing(), pods + [spare(0, node="n2", ready=False)], DrainInput(nodes=CORDONED), now=NOW + 2)
     assert out.status.drain.node == "" and out.status.drain.replacements == 0
     assert DeletePod("j-spare-0", "s0") in out.actions
 
@@ -188,7 +183,7 @@ def test_only_a_running_job_drains_ahead() -> None:
 
 
 def test_spares_on_the_draining_node_go_at_once() -> None:
-    out = decide(running(), PODS + [spare(0, "n1"), spare(1, "n2")], DrainInput(nodes=CORDONED),
+    out = decide(running(), PODS + [spare(0, node="n1"), spare(1, node="n2")], DrainInput(nodes=CORDONED),
                  **{"replicas.spares": 2})
     assert DeletePod("j-spare-0", "s0") in out.actions and DeletePod("j-spare-1", "s1") not in out.actions
 
@@ -226,8 +221,8 @@ def test_answers_of_another_request_do_not_count() -> None:
 
 def test_the_moved_index_goes_to_a_ready_spare_in_the_next_pass() -> None:
     seen = DrainInput(nodes=CORDONED, request_id="r1", answers={0: ("r1", 12), 1: ("r1", 12)})
-    moved = decide(draining(), PODS + [spare(0, "n2")], seen, **{"replicas.spares": 1})
-    after = [on(0, "n0", generation=1), on(1, "n1", deleting_since=NOW + 0.5), spare(0, "n2")]
+    moved = decide(draining(), PODS + [spare(0, node="n2")], seen, **{"replicas.spares": 1})
+    after = [on(0, "n0", generation=1), on(1, "n1", deleting_since=NOW + 0.5), spare(0, node="n2")]
     nxt = decide(moved.status, after, DrainInput(nodes=CORDONED), now=NOW + 1, **{"replicas.spares": 1})
     assert PromoteSpare("j-spare-0", 1, 1) in nxt.actions
     assert not any(isinstance(a, CreatePod) for a in nxt.actions)
@@ -260,7 +255,7 @@ def test_a_failure_elsewhere_ends_the_drain_and_is_decided_as_usual() -> None:
 
 def test_a_repeated_pass_over_the_same_status_decides_the_same() -> None:
     """An operator restarted after writing the status re-reads it: the same drain, not a second request id."""
-    pods = PODS + [spare(0, "n2")]
+    pods = PODS + [spare(0, node="n2")]
     first = decide(running(), pods, DrainInput(nodes=CORDONED), **{"replicas.spares": 1})
     again = decide(first.status, pods, DrainInput(nodes=CORDONED, request_id=first.status.drain.request_id),
                    now=NOW + 1, **{"replicas.spares": 1})
@@ -268,7 +263,7 @@ def test_a_repeated_pass_over_the_same_status_decides_the_same() -> None:
     assert again.actions == [RequestCheckpoint(first.status.drain.request_id, "node n1 is cordoned", (1,))]
     # Waiting for the drain's spare: its create is seen, nothing more is created or asked.
     prepared = decide(running(), PODS, DrainInput(nodes=CORDONED))
-    created = PodView(name="j-spare-0", uid="s0", index=-1, generation=0, phase="Pending", role="spare")
+    created = spare(0, ready=False, phase="Pending")
     repeat = decide(prepared.status, PODS + [created], DrainInput(nodes=CORDONED), now=NOW + 1)
     assert repeat.status.drain == prepared.status.drain and repeat.actions == []
 
@@ -280,9 +275,9 @@ def test_a_leftover_request_is_cleared_when_no_drain_is_recorded() -> None:
 
 def test_a_moves_request_is_cleared_once_the_moved_pods_are_gone() -> None:
     seen = DrainInput(nodes=CORDONED, request_id="r1", answers={0: ("r1", 12), 1: ("r1", 12)})
-    moved = decide(draining(), PODS + [spare(0, "n2")], seen, **{"replicas.spares": 1})
+    moved = decide(draining(), PODS + [spare(0, node="n2")], seen, **{"replicas.spares": 1})
     after = DrainInput(nodes=CORDONED, request_id="r1", answers={0: ("r1", 12), 1: ("r1", 12)})
-    terminating = [on(0, "n0", generation=1), on(1, "n1", deleting_since=NOW + 0.5), spare(0, "n2")]
+    terminating = [on(0, "n0", generation=1), on(1, "n1", deleting_since=NOW + 0.5), spare(0, node="n2")]
     kept = decide(moved.status, terminating, after, now=NOW + 1, **{"replicas.spares": 1})
     assert ClearCheckpointRequest() not in kept.actions
     gone = [on(0, "n0", generation=1), on(1, "n2", generation=1)]  # the spare took index 1

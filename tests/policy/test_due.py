@@ -12,7 +12,7 @@ from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.rank_restarts import CAUSE_WAIT_SECONDS
 from flywheel.spec import TrainingJobSpec
 from flywheel.spec.status import ConditionType, Phase, TrainingJobStatus
-from tests.policy.policy_helpers import NOW, pod, reconcile, spec
+from tests.builders import NOW, pod, reconcile, spec
 
 EPSILON = 0.01
 

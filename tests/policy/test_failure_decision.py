@@ -3,7 +3,7 @@ from flywheel.policy.decisions import DeletePod, Relabel
 from flywheel.policy.failure_decision import HUNG_POD_GRACE_SECONDS, budget_of, decide_failure, requested_restart
 from flywheel.policy.observed import HangReport, HealthFindings, ObservedProgress
 from flywheel.spec.status import ConditionType, Phase, RestartBudgetStatus, TrainingJobStatus
-from tests.policy.policy_helpers import NOW, fresh, pod, spec, view
+from tests.builders import NOW, fresh, pod, spec, view
 
 
 def test_a_failed_worker_restarts_the_job_and_bumps_the_generation() -> None:

@@ -1,7 +1,7 @@
 from flywheel.policy.finish import invalid_job, success
 from flywheel.policy.observed import ObservedProgress
 from flywheel.spec.status import Phase, ReplicaStatus
-from tests.policy.policy_helpers import NOW, fresh, pod, spec, view
+from tests.builders import NOW, fresh, pod, spec, view
 
 
 def test_an_invalid_job_fails_once() -> None:

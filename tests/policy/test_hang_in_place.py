@@ -12,7 +12,7 @@ from flywheel.policy.failure_decision import HUNG_POD_GRACE_SECONDS, decide_fail
 from flywheel.policy.observed import HangReport, HealthFindings, ObservedProgress, PodView
 from flywheel.policy.rank_restarts import SAME_RECOVERY_SECONDS
 from flywheel.spec.status import ConditionType, Phase, RestartBudgetStatus
-from tests.policy.policy_helpers import NOW, fresh, pod, reconcile, spec, view
+from tests.builders import NOW, fresh, pod, reconcile, spec, view
 
 HUNG = "no training step for 5 s since the last step"
 REQUESTED = "restart requested by the operator for generation 1"

@@ -11,7 +11,7 @@ from flywheel.policy.decisions import CreatePod, DeletePod, Relabel
 from flywheel.policy.failure_decision import decide_failure
 from flywheel.policy.observed import HangReport, HealthFindings, ObservedProgress
 from flywheel.spec.status import TrainingJobStatus
-from tests.policy.policy_helpers import NOW, fresh, pod, reconcile, spec, view
+from tests.builders import NOW, fresh, pod, reconcile, spec, view
 
 
 def test_a_pod_deleted_by_someone_else_counts_without_budget_and_only_it_is_replaced() -> None:

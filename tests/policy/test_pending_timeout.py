@@ -17,7 +17,7 @@ from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.pending_timeout import pending_timeout, track_unschedulable
 from flywheel.policy.running_state import settle
 from flywheel.spec.status import ConditionType, Phase, ReplicaStatus, TrainingJobStatus
-from tests.policy.policy_helpers import NOW, fresh, pod, reconcile, spec, view
+from tests.builders import NOW, fresh, pod, reconcile, spec, view
 
 FITS_NOT = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
 RENDEZVOUS_GAVE_UP = "rendezvous failed: RendezvousTimeoutError: "

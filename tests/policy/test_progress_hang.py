@@ -14,12 +14,11 @@ from flywheel.etcd.progress_watch import ProgressWatch
 from flywheel.monitor.prometheus import Sample
 from flywheel.monitor.queries import parse_progress, process_start_query, progress_query
 from flywheel.operator import progress_follower as follower
-from flywheel.policy.health_checks import WatchedJob, find_hangs
+from flywheel.policy.health_checks import find_hangs
 from flywheel.policy.observed import ProgressClock
 from flywheel.policy.progress_hang import progress_hang, progress_hang_due
-from flywheel.policy.xid import WatchedPod
 from flywheel.trainer.metrics import TrainerMetrics
-from tests.policy.policy_helpers import pod, spec
+from tests.builders import pod, spec, watched_job
 
 
 def test_no_hang_while_not_all_pods_run_or_disabled() -> None:
@@ -165,10 +164,7 @@ def test_the_final_save_allowance_is_never_shorter_than_the_progress_timeout() -
     assert progress_hang_due(ProgressClock(100.0, 150.0, 160.0, saving_since=151.0), 60, 600) == 760.0
 
 
-def _watched(started: float = 0.0) -> WatchedJob:
-    pods = tuple(WatchedPod(f"train-worker-{i}", "ml", "train", str(i), f"node-{i}", "Running", started)
-                 for i in range(2))
-    return WatchedJob("ml", "train", "Running", 60, 600, pods)
+WATCHED = watched_job(timeout=60, first=600)  # progressTimeoutSeconds 60, firstStepTimeoutSeconds 600
 
 
 def test_the_prometheus_check_counts_evaluation_batches_and_pauses_for_the_final_save() -> None:
@@ -178,16 +174,16 @@ def test_the_prometheus_check_counts_evaluation_batches_and_pauses_for_the_final
 
     # Steps until 100, then evaluation batches until 290 (the progress gauge) : no hang at 360.
     progress = parse_progress([sample(290.0, 0), sample(290.0, 1)])
-    assert find_hangs([_watched()], progress, now=360, allowance=15) == []
-    assert len(find_hangs([_watched()], progress, now=366, allowance=15)) == 1
+    assert find_hangs([WATCHED], progress, now=360, allowance=15) == []
+    assert len(find_hangs([WATCHED], progress, now=366, allowance=15)) == 1
     # The final save began at 101, just after the last step: paused until 101 + firstStepTimeoutSeconds.
     saving = parse_progress([sample(100.0, 0), sample(100.0, 1)], [sample(101.0, 0), sample(101.0, 1)])
-    assert find_hangs([_watched()], saving, now=700, allowance=15) == []
-    found = find_hangs([_watched()], saving, now=717, allowance=15)
+    assert find_hangs([WATCHED], saving, now=700, allowance=15) == []
+    found = find_hangs([WATCHED], saving, now=717, allowance=15)
     assert len(found) == 1
     # A save of an earlier incarnation (older than the last progress) pauses nothing.
     old = parse_progress([sample(300.0, 0), sample(300.0, 1)], [sample(101.0, 0), sample(101.0, 1)])
-    assert len(find_hangs([_watched()], old, now=376, allowance=15)) == 1
+    assert len(find_hangs([WATCHED], old, now=376, allowance=15)) == 1
     assert "flywheel_train_last_progress_timestamp_seconds" in progress_query(3600)
     assert "flywheel_train_last_step_timestamp_seconds" in progress_query(3600)  # a user script's steps
 
@@ -200,12 +196,12 @@ def test_the_prometheus_check_gives_a_rank_restarted_in_place_the_first_step_all
         return Sample({"namespace": "ml", "job": "train", "replica": str(replica), "rank": str(replica)}, value, 0.0)
 
     restarted = parse_progress([sample(1000.0, 0), sample(1000.0, 1)], [], [sample(1020.0, 0), sample(1010.0, 1)])
-    assert find_hangs([_watched()], restarted, now=1500, allowance=15) == []
-    [found] = find_hangs([_watched()], restarted, now=1626, allowance=15)
+    assert find_hangs([WATCHED], restarted, now=1500, allowance=15) == []
+    [found] = find_hangs([WATCHED], restarted, now=1626, allowance=15)
     assert [r.replica for r in found.ranks] == ["1"]
     # Its first step ends the allowance: the usual progressTimeoutSeconds from then on.
     stepped = parse_progress([sample(1400.0, 0), sample(1400.0, 1)], [], [sample(1020.0, 0), sample(1010.0, 1)])
-    assert len(find_hangs([_watched()], stepped, now=1476, allowance=15)) == 1
+    assert len(find_hangs([WATCHED], stepped, now=1476, allowance=15)) == 1
     assert "flywheel_train_started_timestamp_seconds" in process_start_query(3600)
 
 
@@ -216,10 +212,9 @@ def test_a_user_script_rank_restarted_in_place_gets_the_allowance_from_its_agent
         return Sample({"namespace": "ml", "job": "train", "replica": str(replica), "rank": str(replica)}, value, 0.0)
 
     old_steps = parse_progress([sample(1000.0, 0), sample(1000.0, 1)])  # the previous processes' last steps
-    pods = tuple(WatchedPod(f"train-worker-{i}", "ml", "train", str(i), f"node-{i}", "Running", 0.0,
-                            ranks_restarted_at=1020.0 - 10 * i) for i in range(2))
-    job = WatchedJob("ml", "train", "Running", 60, 600, pods)
-    assert len(find_hangs([_watched()], old_steps, now=1500, allowance=15)) == 1  # without the report: hung
+    job = WATCHED
+    job = replace(job, pods=tuple(replace(p, ranks_restarted_at=1020.0 - 10 * i) for i, p in enumerate(job.pods)))
+    assert len(find_hangs([WATCHED], old_steps, now=1500, allowance=15)) == 1  # without the report: hung
     assert find_hangs([job], old_steps, now=1500, allowance=15) == []
     [found] = find_hangs([job], old_steps, now=1626, allowance=15)
     assert [r.replica for r in found.ranks] == ["1"]
@@ -234,8 +229,8 @@ def test_a_restart_the_operator_decided_gives_the_allowance_before_any_agent_rep
         return Sample({"namespace": "ml", "job": "train", "replica": str(replica), "rank": str(replica)}, value, 0.0)
 
     old_steps = parse_progress([sample(1000.0, 0), sample(1000.0, 1)])
-    assert len(find_hangs([_watched()], old_steps, now=1100, allowance=15)) == 1  # without the restart's time
-    job = replace(_watched(), restarted_at=1080.0)
+    assert len(find_hangs([WATCHED], old_steps, now=1100, allowance=15)) == 1  # without the restart's time
+    job = replace(WATCHED, restarted_at=1080.0)
     assert find_hangs([job], old_steps, now=1100, allowance=15) == []
     assert find_hangs([job], old_steps, now=1080 + 600 + 14, allowance=15) == []
     assert len(find_hangs([job], old_steps, now=1080 + 600 + 16, allowance=15)) == 1  # no step by then: hung

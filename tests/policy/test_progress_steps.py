@@ -9,7 +9,7 @@ from flywheel.policy.checkpoint_events import CHECKPOINT_EVENT_INTERVAL_SECONDS,
 from flywheel.policy.decisions import Relabel
 from flywheel.policy.observed import ObservedProgress, ProgressClock
 from flywheel.spec.status import Phase, TrainingJobStatus
-from tests.policy.policy_helpers import NOW, fresh, pod, reconcile, spec
+from tests.builders import NOW, fresh, pod, reconcile, spec
 
 RUNNING = [pod(0, agent_alive=True), pod(1, agent_alive=True)]
 

@@ -18,7 +18,7 @@ from flywheel.policy.rank_restarts import (
     count_rank_restarts,
 )
 from flywheel.spec.status import Phase, TrainingJobStatus
-from tests.policy.policy_helpers import NOW, fresh, pod, reconcile, spec, view
+from tests.builders import NOW, fresh, pod, reconcile, spec, view
 
 REASON = "rank 1: exit code 1 (Crash)"
 

@@ -2,7 +2,7 @@ from flywheel.policy.conditions import condition
 from flywheel.policy.observed import HealthFindings, StragglerReport
 from flywheel.policy.running_state import settle
 from flywheel.spec.status import ConditionType, Phase, ReplicaStatus
-from tests.policy.policy_helpers import fresh, pod, spec, view
+from tests.builders import fresh, pod, spec, view
 
 
 def test_settle_runs_with_enough_ready_workers_and_waits_otherwise() -> None:

@@ -4,7 +4,7 @@ from flywheel.policy.decisions import CreatePod, DeletePod, ResetRendezvous
 from flywheel.policy.observed import ObservedProgress
 from flywheel.policy.scale_create import clean_up, create_missing
 from flywheel.spec.status import Phase, TrainingJobStatus
-from tests.policy.policy_helpers import NOW, fresh, pod, reconcile, spec, view
+from tests.builders import NOW, fresh, pod, reconcile, spec, view
 
 
 def test_clean_up_deletes_extra_and_decided_pods_and_force_deletes_lost_ones() -> None:

@@ -13,8 +13,7 @@ from flywheel.policy.job_view import JobView
 from flywheel.policy.spare_placement import MOVE_NODES, MOVE_TIMEOUT_SECONDS, free_nodes, spare_number
 from flywheel.policy.spares import keep_spares
 from flywheel.spec.status import DrainStatus, Phase, SpareMoveStatus
-from tests.policy.policy_helpers import NOW, fresh, pod, spec, view
-from tests.policy.test_spares import spare
+from tests.builders import NOW, fresh, pod, spare, spec, view
 
 NODES = frozenset({"a", "b", "c"})
 

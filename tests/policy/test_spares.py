@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from flywheel.policy import reasons as R
 from flywheel.policy.decisions import CreatePod, CreateSpare, DeletePod, PromoteSpare, Relabel, ResetRendezvous
@@ -12,12 +11,7 @@ from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.scale_create import create_missing
 from flywheel.policy.spares import keep_spares, split_roles
 from flywheel.spec.status import Phase, TrainingJobStatus
-from tests.policy.policy_helpers import NOW, fresh, pod, reconcile, spec, view
-
-
-def spare(number: int, ready: bool = True, generation: int = 0, node: str | None = None, **kw: Any) -> PodView:
-    return PodView(name=f"j-spare-{number}", uid=f"s{number}", index=-1, generation=generation,
-                   phase=kw.pop("phase", "Running"), ready=ready, role="spare", spare_ready=ready, node=node, **kw)
+from tests.builders import NOW, fresh, pod, reconcile, spare, spec, view
 
 
 def with_spares(job: JobView, *spares: PodView) -> JobView:

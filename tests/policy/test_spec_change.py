@@ -13,7 +13,7 @@ from flywheel.policy.observed import ObservedProgress, PodView
 from flywheel.policy.spec_change import baked_spec_hash, track_spec_change
 from flywheel.spec import TrainingJobSpec
 from flywheel.spec.status import ConditionType, Phase, TrainingJobStatus
-from tests.policy.policy_helpers import NOW, fresh, pod, reconcile, spec, view
+from tests.builders import NOW, fresh, pod, reconcile, spare, spec, view
 
 STEPS = "trainer.training.steps"
 
@@ -127,8 +127,6 @@ def test_a_spare_on_an_older_spec_is_replaced() -> None:
     edited = spec(**{"replicas.spares": 1, STEPS: 800})
     current = baked_spec_hash(edited)
     workers = [pod(i, spec_generation=2, spec_hash=current) for i in range(2)]
-    old_spare = PodView(name="j-spare-0", uid="s0", index=-1, generation=0, phase="Running", ready=True,
-                        role="spare", spare_ready=True, spec_generation=1,
-                        spec_hash=baked_spec_hash(spec(**{"replicas.spares": 1, STEPS: 400})))
+    old_spare = spare(0, spec_generation=1, spec_hash=baked_spec_hash(spec(**{"replicas.spares": 1, STEPS: 400})))
     out = _pass(edited, TrainingJobStatus(phase=Phase.RUNNING, next_spare=1), [*workers, old_spare])
     assert DeletePod("j-spare-0", "s0") in out.actions and CreateSpare(1, 0) in out.actions

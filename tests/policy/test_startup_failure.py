@@ -11,7 +11,7 @@ from flywheel.policy.job_view import JobView
 from flywheel.policy.observed import ObservedProgress
 from flywheel.policy.startup_failure import StartupFailures, after_failure, before_first_step
 from flywheel.spec.status import ConditionType, Phase
-from tests.policy.policy_helpers import NOW, fresh, pod, spec, view
+from tests.builders import NOW, fresh, pod, spec, view
 
 IMPORT = "ModuleNotFoundError: No module named 'nope'"
 

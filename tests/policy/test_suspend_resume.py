@@ -2,7 +2,7 @@ from flywheel.policy.decisions import CreatePod, DeletePod, ResetRendezvous
 from flywheel.policy.observed import ObservedProgress
 from flywheel.policy.suspend_resume import resume, suspend
 from flywheel.spec.status import Phase
-from tests.policy.policy_helpers import NOW, fresh, pod, reconcile, spec, view
+from tests.builders import NOW, fresh, pod, reconcile, spec, view
 
 
 def test_suspend_deletes_the_workers_once_and_serves_a_restart_request() -> None:

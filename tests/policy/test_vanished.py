@@ -9,7 +9,7 @@ from flywheel.policy.decisions import CreatePod, DeletePod
 from flywheel.policy.observed import ObservedProgress
 from flywheel.policy.vanished import vanished_pods
 from flywheel.spec.status import Phase, TrainingJobStatus
-from tests.policy.policy_helpers import NOW, pod, reconcile, spec
+from tests.builders import NOW, pod, reconcile, spec
 
 
 def test_a_pod_gone_unseen_is_handed_back_as_deleted_by_someone_else() -> None:

@@ -8,14 +8,12 @@ import copy
 import pytest
 
 from flywheel.spec import API_VERSION, SpecError, parse_job
+from tests.builders import job_doc
 
-BASE = {
-    "apiVersion": API_VERSION, "kind": "TrainingJob", "metadata": {"name": "moe"},
-    "spec": {"replicas": {"min": 2, "max": 2}, "procsPerReplica": 2,
-             "trainer": {"model": {"preset": "gpt-tiny", "moe": {"experts": 4, "topK": 2}},
-                         "parallelism": {"ep": 2},
-                         "training": {"steps": 10, "globalBatch": 16, "microBatch": 2}}},
-}
+BASE = job_doc({"replicas": {"min": 2, "max": 2}, "procsPerReplica": 2,
+                "trainer": {"model": {"preset": "gpt-tiny", "moe": {"experts": 4, "topK": 2}},
+                            "parallelism": {"ep": 2},
+                            "training": {"steps": 10, "globalBatch": 16, "microBatch": 2}}}, name="moe")
 
 
 def job(**changes: dict) -> dict:

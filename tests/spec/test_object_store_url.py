@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from flywheel.cli import EXIT_BAD_INPUT, main
 from flywheel.spec import SpecError, parse_job
@@ -16,8 +15,9 @@ from flywheel.spec.parse import check_local_paths
 from flywheel.trainer.checkpoint.store import Committed
 from flywheel.trainer.checkpoint.tiers.bucket import RemoteStore
 from flywheel.trainer.checkpoint.tiers.remote import newest_first
+from tests.builders import example, job_file
 
-REPO = Path(__file__).resolve().parents[2]
+DIR, LOCAL_DIR = "spec.checkpoint.dir", "spec.checkpoint.localDir"
 
 
 @pytest.mark.parametrize("directory,url", [("s3://bucket/prefix", True), ("gs://b", True), ("S3://b/p", True),
@@ -47,31 +47,23 @@ def test_unknown_schemes_and_missing_libraries_are_refused_naming_the_field(monk
     assert problem and "spec.checkpoint.dir" in problem and "Install fakefs" in problem
 
 
-def _job(tmp_path: Path, directory: str, **checkpoint: str) -> Path:
-    doc = yaml.safe_load((REPO / "examples" / "tiny.yaml").read_text())
-    doc["spec"]["checkpoint"] = {**doc["spec"].get("checkpoint", {}), "dir": directory, **checkpoint}
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
 def test_run_checks_the_scheme_and_the_local_dir(tmp_path: Path) -> None:
-    job = yaml.safe_load(_job(tmp_path, "nosuch://b/p").read_text())
+    job = example(**{DIR: "nosuch://b/p"})
     with pytest.raises(SpecError, match=r"spec\.checkpoint\.dir: unknown storage scheme"):
         check_local_paths(parse_job(job))
     blocker = tmp_path / "file"
     blocker.write_text("")
-    job = yaml.safe_load(_job(tmp_path, "s3://b/p", localDir=str(blocker / "x")).read_text())
+    job = example(**{DIR: "s3://b/p", LOCAL_DIR: str(blocker / "x")})
     with pytest.raises(SpecError, match=r"spec\.checkpoint\.localDir: .* is not writable"):
         check_local_paths(parse_job(job))
-    job = yaml.safe_load(_job(tmp_path, "s3://b/p", localDir=str(tmp_path / "staging")).read_text())
+    job = example(**{DIR: "s3://b/p", LOCAL_DIR: str(tmp_path / "staging")})
     check_local_paths(parse_job(job))
 
 
 def test_plan_refuses_an_unknown_scheme(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", str(_job(tmp_path, "nosuch://bucket/prefix"))]) == EXIT_BAD_INPUT
+    assert main(["plan", str(job_file(tmp_path, example(**{DIR: "nosuch://bucket/prefix"})))]) == EXIT_BAD_INPUT
     assert "spec.checkpoint.dir: unknown storage scheme" in capsys.readouterr().out
-    assert main(["plan", str(_job(tmp_path, "s3://bucket/prefix"))]) == 0
+    assert main(["plan", str(job_file(tmp_path, example(**{DIR: "s3://bucket/prefix"})))]) == 0
 
 
 def _committed(step: int, path: str) -> Committed:

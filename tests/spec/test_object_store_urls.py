@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from flywheel.cli import EXIT_BAD_INPUT, main
 from flywheel.eventlog.fold import fold
@@ -15,8 +14,7 @@ from flywheel.eventlog.records import Checkpoint, CheckpointFailed, Record, pars
 from flywheel.spec import storage as object_store
 from flywheel.spec.storage import CheckpointStorage, cluster_storage_problems
 from flywheel.trainer.checkpoint.tiers.bucket import RemoteStore
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.builders import example, job_file
 
 
 def test_a_scheme_in_upper_case_is_the_same_store() -> None:
@@ -48,16 +46,8 @@ def test_the_cluster_rule_takes_a_file_url_for_a_pod_local_path() -> None:
     assert not refused("s3://bucket/p") and not refused("S3://bucket/p")
 
 
-def _job(tmp_path: Path, directory: str) -> Path:
-    doc = yaml.safe_load((REPO / "examples" / "tiny.yaml").read_text())
-    doc["spec"]["checkpoint"] = {**doc["spec"].get("checkpoint", {}), "dir": directory}
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
 def test_plan_refuses_a_url_without_a_bucket(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", str(_job(tmp_path, "s3://"))]) == EXIT_BAD_INPUT
+    assert main(["plan", str(job_file(tmp_path, example(**{"spec.checkpoint.dir": "s3://"})))]) == EXIT_BAD_INPUT
     assert "spec.checkpoint.dir: 's3://' names no bucket" in capsys.readouterr().out
 
 

@@ -15,6 +15,7 @@ from flywheel.policy.failures import FailureKind, classify_exit, classify_pod
 from flywheel.policy.job_view import failure_of
 from flywheel.spec import SpecError, TrainingJob, parse_job
 from flywheel.spec.pod import planner_device
+from tests import builders
 
 SETTINGS = m.OperatorSettings(etcd_endpoints="etcd:2379")
 CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "PET_NNODES", "PET_RDZV_ID", "FLYWHEEL_JOB",
@@ -33,8 +34,7 @@ PASS_THROUGH: dict[str, Any] = {
 
 
 def job(**spec: Any) -> TrainingJob:
-    return parse_job({"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "j"},
-                      "spec": {"replicas": {"min": 2, "max": 2}, **spec}})
+    return builders.job({"replicas": {"min": 2, "max": 2}, **spec})
 
 
 def refusal(**spec: Any) -> str:

@@ -1,32 +1,18 @@
 """TrainingJob validation: good specs parse with defaults; bad ones are rejected with a message naming the field."""
 
-import copy
-
 import pytest
 
 from flywheel.spec import API_VERSION, SpecError, TrainingJobSpec, load_job, parse_job, parse_spec
 from flywheel.spec.parse import check_local_paths, spec_to_env_json
+from tests.builders import job_doc, with_paths
 
-BASE = {
-    "apiVersion": API_VERSION,
-    "kind": "TrainingJob",
-    "metadata": {"name": "gpt-tiny"},
-    "spec": {
-        "replicas": {"min": 2, "max": 2},
-        "procsPerReplica": 2,
-        "trainer": {"training": {"steps": 10, "globalBatch": 16, "microBatch": 2}},
-    },
-}
+BASE = job_doc({"replicas": {"min": 2, "max": 2}, "procsPerReplica": 2,
+                "trainer": {"training": {"steps": 10, "globalBatch": 16, "microBatch": 2}}}, name="gpt-tiny")
 
 
 def job_with(path: str, value):
-    doc = copy.deepcopy(BASE)
-    node = doc
-    keys = path.split(".")
-    for key in keys[:-1]:
-        node = node.setdefault(key, {})
-    node[keys[-1]] = value
-    return doc
+    """BASE with one dotted path ("spec.replicas.min") set."""
+    return with_paths(BASE, **{path: value})
 
 
 def test_defaults_fill_a_minimal_job():

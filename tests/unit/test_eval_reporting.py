@@ -21,9 +21,9 @@ from flywheel.policy.observed import ObservedProgress
 from flywheel.spec import SpecError, parse_job
 from flywheel.spec.status import TrainingJobStatus
 from flywheel.trainer.progress_publisher import ProgressState
+from tests.builders import NOW, pod, reconcile, spec
 from tests.eventlog.test_consumers import JOB
 from tests.eventlog.test_fold import T0, start, step
-from tests.policy.policy_helpers import NOW, pod, reconcile, spec
 
 
 def evaluation(n: int, t: float, loss: float | None) -> dict:
