@@ -69,9 +69,12 @@ lint: $(STAMP)
 	.venv/bin/ruff check flywheel tests bench
 	.venv/bin/mypy
 
-# Pure and single-process tests only (seconds).
+# Every test but the costly ones, by marker (pyproject.toml; tests/conftest.py sets `cluster` and `gpu` itself): no
+# test cluster, no GPU, no multi-process run of ~10 s or more, no heavy scenario.
+FAST := not slow and not cluster and not heavy and not gpu
 test-fast: $(STAMP)
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --ignore=$(SCHEMATHESIS_TESTS) -m "$(FAST)" $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -p no:xdist -m "$(FAST)" $(SCHEMATHESIS_TESTS)
 
 crd: $(STAMP)
 	.venv/bin/flywheel crd

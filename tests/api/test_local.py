@@ -65,6 +65,7 @@ def test_event_log_becomes_status_workers_restarts_and_timeline(tmp_path: Path) 
         assert http.post("/v1/jobs/local/tiny/suspend", headers=auth).status_code == 501
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_flywheel_run_serves_its_job_while_training(tmp_path: Path) -> None:
     job = {**JOB, "spec": {**JOB["spec"], "replicas": {"min": 1, "max": 1}, "procsPerReplica": 1,

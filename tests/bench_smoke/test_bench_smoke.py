@@ -85,6 +85,7 @@ def test_planner_accuracy_smoke(tmp_path):
     assert layouts and all(r["peak_live_bytes"] > 0 and r["est_memory_bytes"] > 0 for r in layouts)
 
 
+@pytest.mark.cluster  # the bench starts the test cluster (tests/conftest.py cannot see it)
 def test_hang_recovery_smoke(tmp_path):
     if not (REPO / ".tools" / "bin" / "kubectl").exists() or not shutil.which("prometheus"):
         pytest.skip("kubectl or prometheus missing: run scripts/install-tools.sh")
@@ -109,6 +110,7 @@ def test_api_latency_smoke(tmp_path):
     assert record["runs"]["peer"]["errors"] == 0
 
 
+@pytest.mark.cluster  # the bench starts the test cluster (tests/conftest.py cannot see it)
 def test_operator_scale_smoke(tmp_path):
     if not (REPO / ".tools" / "bin" / "kubectl").exists() or not shutil.which("etcd"):
         pytest.skip("kubectl or etcd missing: run scripts/install-tools.sh")
@@ -125,6 +127,7 @@ def test_operator_scale_smoke(tmp_path):
     assert [row["name"] for row in record["rows"]] == ["burst", "burst_bare", "requests", "wide", "rss"]
 
 
+@pytest.mark.cluster  # the bench starts the test cluster (tests/conftest.py cannot see it)
 def test_dead_worker_smoke(tmp_path):
     if not (REPO / ".tools" / "bin" / "kubectl").exists() or not shutil.which("etcd"):
         pytest.skip("kubectl or etcd missing: run scripts/install-tools.sh")

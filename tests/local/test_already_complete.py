@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
 from conftest import PYTHON, REPO, child_env, write_job
 
 JOB = """  replicas: {{min: 1, max: 1}}
@@ -22,6 +23,7 @@ def _run(job, out) -> tuple[int, dict, str]:
     return proc.returncode, json.loads((out / "summary.json").read_text()), proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_a_run_resumed_at_its_last_step_says_already_complete(tmp_path) -> None:
     job = write_job(tmp_path / "job.yaml", "again", JOB.format(ckpt=tmp_path / "ckpt"))
     rc, first, output = _run(job, tmp_path / "out1")
@@ -33,6 +35,7 @@ def test_a_run_resumed_at_its_last_step_says_already_complete(tmp_path) -> None:
     assert "already complete at step 6" in output
 
 
+@pytest.mark.slow
 def test_a_run_resumed_past_its_last_step_writes_no_checkpoint_of_a_step_it_does_not_hold(tmp_path) -> None:
     """Trained to 6, then run again with steps: 4 on the same dir: the state is step 6's, so no step-4 folder
     (that would hold step 6's weights under step 4's name); it says already complete with the step-6 checkpoint."""

@@ -31,6 +31,7 @@ def _wait_for_step(events, step: int, timeout: float) -> None:
     raise AssertionError(f"no step {step} within {timeout} s")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("presses", [1, 2])
 def test_ctrl_c_leaves_no_orphans(tmp_path, presses):
     job = write_job(tmp_path / "job.yaml", "interrupt", LONG_JOB.format(ckpt=tmp_path / "ckpt"))

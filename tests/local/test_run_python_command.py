@@ -8,6 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import PYTHON, REPO, child_env, write_job
 
 SCRIPT = """\
@@ -19,6 +20,7 @@ print("steps reported")
 """
 
 
+@pytest.mark.slow
 def test_python_command_without_an_activated_venv_succeeds(tmp_path: Path) -> None:
     (tmp_path / "x.py").write_text(SCRIPT)
     job = write_job(tmp_path / "job.yaml", "pycmd", "  replicas: {min: 1, max: 1}\n"

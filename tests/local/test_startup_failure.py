@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import PYTHON, REPO, child_env, write_job
 
 
@@ -22,6 +23,7 @@ def _run_failing(job: Path, out: Path, timeout: int) -> tuple[str, dict[str, Any
     return text, json.loads((out / "summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_a_script_failing_on_an_import_stops_after_two_attempts(tmp_path: Path) -> None:
     (tmp_path / "x.py").write_text("import flywheel_no_such_module  # noqa\n")
     job = write_job(tmp_path / "job.yaml", "badimport", "  replicas: {min: 1, max: 1}\n"
@@ -34,6 +36,7 @@ def test_a_script_failing_on_an_import_stops_after_two_attempts(tmp_path: Path) 
     assert summary["status"] == "Failed" and len(summary["failures"]) == 2, summary
 
 
+@pytest.mark.slow
 def test_a_script_that_trains_then_crashes_the_same_way_each_time_spends_its_restarts(tmp_path: Path) -> None:
     """Each attempt trains (steps 1-3) and then crashes with the same error at the same step: not a start-up
     failure (that needs no step before the crash), so the run goes on to its restart budget."""

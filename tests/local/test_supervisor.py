@@ -24,6 +24,7 @@ def _no_leftovers(out) -> None:
     assert processes_with_env(f"FLYWHEEL_EVENTS_FILE={out / 'events.jsonl'}") == []
 
 
+@pytest.mark.slow
 def test_user_script_job_succeeds(tmp_path):
     job = write_job(tmp_path / "job.yaml", "user", "  replicas: {min: 2, max: 2}\n"
                     "  command: [examples/scripts/train_user.py]\n"
@@ -36,6 +37,7 @@ def test_user_script_job_succeeds(tmp_path):
     assert (tmp_path / "out" / "loss.png").stat().st_size > 0 and (tmp_path / "out" / "timeline.png").exists()
 
 
+@pytest.mark.slow
 def test_user_error_fails_the_job_without_restarts(tmp_path):
     job = write_job(tmp_path / "job.yaml", "usererror", "  replicas: {min: 2, max: 2}\n"
                     f"  command: [{SCRIPTS / 'exit_rank.py'}]\n"
@@ -82,6 +84,7 @@ def test_a_worker_lost_whole_is_recreated(tmp_path, scope, action):
     _no_leftovers(out)
 
 
+@pytest.mark.slow
 def test_workers_lingering_after_done_are_stopped_after_the_finish_grace(tmp_path):
     """A worker still running finishGraceSeconds after the trainer's done report (a rank stuck or restarted in
     its teardown) is stopped and the job Succeeds; without it `flywheel run` waited for the stuck worker."""

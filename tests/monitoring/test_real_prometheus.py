@@ -68,6 +68,7 @@ def servers():
         server.stop()
 
 
+@pytest.mark.slow
 def test_stopped_rank_is_hung_within_timeout_plus_two_scrapes(tmp_path: Path, children, servers) -> None:
     ranks = [ChildProcess("tests.monitoring.progress_exporter", "--job", "train", "--namespace", NS,
                           "--replica", str(i), "--rank", str(i)) for i in range(2)]
@@ -117,6 +118,7 @@ def post(url: str) -> None:
     urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=5).read()
 
 
+@pytest.mark.slow
 def test_xids_from_fake_dcgm_exporter(tmp_path: Path, children, servers) -> None:
     node_a = ChildProcess("tests.fakes.dcgm_exporter", "--hostname", "node-a", "--gpus", "2",
                           "--pod", f"0={NS}/train-worker-0")

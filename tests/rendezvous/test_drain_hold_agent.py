@@ -88,6 +88,7 @@ def _stop_both_for_a_move(agents: Agents, session: EtcdSession) -> tuple[subproc
     return staying, moving
 
 
+@pytest.mark.slow
 def test_the_moved_workers_agent_waits_for_its_deletion_and_the_replacement_joins(agents: Agents) -> None:
     with EtcdSession(agents.endpoint, retry_seconds=5.0) as session:
         staying, moving = _stop_both_for_a_move(agents, session)
@@ -99,6 +100,7 @@ def test_the_moved_workers_agent_waits_for_its_deletion_and_the_replacement_join
         assert agents.starts(0) == agents.starts(1) == 2  # one round after the move, with the replacement
 
 
+@pytest.mark.slow
 def test_a_drain_given_up_lets_the_held_agent_rejoin(agents: Agents) -> None:
     with EtcdSession(agents.endpoint, retry_seconds=5.0) as session:
         staying, moving = _stop_both_for_a_move(agents, session)

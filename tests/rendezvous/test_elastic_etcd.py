@@ -97,6 +97,7 @@ def run(tmp_path: Path, etcd_server: EtcdServer):  # type: ignore[no-untyped-def
         agent.cleanup()
 
 
+@pytest.mark.slow
 def test_two_agents_rendezvous_and_finish(run, etcd_server: EtcdServer) -> None:  # type: ignore[no-untyped-def]
     start, run_id, out = run
     began = time.monotonic()
@@ -114,6 +115,7 @@ def test_two_agents_rendezvous_and_finish(run, etcd_server: EtcdServer) -> None:
     assert list_live_workers(etcd_server.endpoint, run_id) == {}
 
 
+@pytest.mark.slow
 def test_killed_agent_is_seen_within_ttl_and_replaced(run, etcd_server: EtcdServer) -> None:  # type: ignore[no-untyped-def]
     start, run_id, out = run
     agents = [start(0), start(1)]
@@ -146,6 +148,7 @@ def test_killed_agent_is_seen_within_ttl_and_replaced(run, etcd_server: EtcdServ
     assert not {d["pid"] for d in done} & first_pids
 
 
+@pytest.mark.slow
 def test_etcd_restart_mid_run_then_re_rendezvous(run, etcd_server: EtcdServer) -> None:  # type: ignore[no-untyped-def]
     start, run_id, out = run
     agents = [start(0), start(1)]

@@ -159,6 +159,7 @@ def assert_ranks_follow_replicas(plans: Sequence[WorkerPlan], out_dir: Path) -> 
         assert (int(record["GROUP_RANK"]), int(record["WORLD_SIZE"])) == (index, SIZE * PROCS), record
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_twelve_launched_workers_on_a_cluster_rank_every_process_by_replica(etcd_server: EtcdServer,
                                                                             tmp_path: Path) -> None:
@@ -175,6 +176,7 @@ def test_twelve_launched_workers_on_a_cluster_rank_every_process_by_replica(etcd
     assert_ranks_follow_replicas(plans, out)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_twelve_launched_local_workers_rank_every_process_by_replica(tmp_path: Path) -> None:
     """`flywheel run`'s plan through the c10d store it hosts: every agent on 127.0.0.1, started in a shuffled order
