@@ -84,24 +84,28 @@ def _launch(store: str, run_id: str, tmp_path, code: int, restarts: int, **extra
     return proc.returncode, sorted(log.read_text().split("\n")[:-1])
 
 
+@pytest.mark.slow
 def test_user_error_is_not_restarted(rdzv_store, tmp_path):
     rc, attempts = _launch(rdzv_store, "user-error", tmp_path, exitcodes.USER_ERROR, restarts=3)
     assert rc == exitcodes.USER_ERROR
     assert attempts == ["0 0", "1 0"]  # one attempt per rank: no restart
 
 
+@pytest.mark.slow
 def test_crash_is_restarted_then_reported(rdzv_store, tmp_path):
     rc, attempts = _launch(rdzv_store, "crash", tmp_path, exitcodes.COLLECTIVE_TIMEOUT, restarts=1)
     assert rc == exitcodes.COLLECTIVE_TIMEOUT
     assert attempts == ["0 0", "0 1", "1 0", "1 1"]
 
 
+@pytest.mark.slow
 def test_a_restart_that_succeeds_exits_zero(rdzv_store, tmp_path):
     rc, attempts = _launch(rdzv_store, "once", tmp_path, -9, restarts=2, EXIT_RANK_ONCE="1")
     assert rc == 0
     assert attempts == ["0 0", "0 1", "1 0", "1 1"]
 
 
+@pytest.mark.slow
 def test_the_same_crash_before_the_first_step_is_not_restarted_in_place_again(rdzv_store, tmp_path):
     """An import error or a bad config crashes every attempt before its first step: after two in a row with the same
     reason the pod fails with it (the job's restart policy decides), not after PET_MAX_RESTARTS attempts."""
@@ -113,6 +117,7 @@ def test_the_same_crash_before_the_first_step_is_not_restarted_in_place_again(rd
     assert said.read_text() == "RuntimeError: no module named x"
 
 
+@pytest.mark.slow
 def test_a_crash_after_the_first_step_is_restarted_in_place(rdzv_store, tmp_path):
     rc, attempts = _launch(rdzv_store, "crash-after-step", tmp_path, 0, restarts=2, EXIT_RANK_RAISE="diverged",
                            EXIT_RANK_STEP="1", FLYWHEEL_TERMINATION_LOG=str(tmp_path / "termination-log"))

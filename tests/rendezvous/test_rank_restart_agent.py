@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 RANK = Path(__file__).with_name("stop_rank.py")
 
 
+@pytest.mark.slow
 def test_an_agent_asked_to_restart_its_hung_ranks_kills_and_restarts_them_in_place(etcd_server: EtcdServer,
                                                                                   tmp_path: Path) -> None:
     run_id = "in-place"
