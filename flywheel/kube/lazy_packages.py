@@ -6,7 +6,7 @@ Configuration and kubeconfig loader, and kopf two model classes (V1ObjectMeta, V
 isinstance checks). `install()` registers, before anything imports the library, a module for each of those packages
 that reads its real `__init__` (parsed, not run: its `from X import Y`, `import X as Y`, `__version__`, `__all__`)
 and imports Y from X on first access; submodules import from the package's folder as usual. Every exported name
-stays reachable, and `import *` gets what the real package's `__all__` lists (tests/unit/test_kube_lazy_packages.py;
+stays reachable, and `import *` gets what the real package's `__all__` lists (tests/kube/test_lazy_packages.py;
 a package without `__all__` gives the names used so far).
 """
 

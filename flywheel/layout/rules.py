@@ -1,7 +1,7 @@
 """Every rule that the spec alone decides about a job's layout, in one place: the model's shape, the parallel
 degrees, the batch, the data format and the world size. Pure and torch-free over plain data (`JobLayout`), so the
 schema's validation (`spec/job.py`), the planner's search, the trainer's preflight and the CRD's CEL rules (checked
-against it by tests/unit/test_crd_rules.py) all ask the same question and get the same answer.
+against it by tests/spec/test_crd_rules.py) all ask the same question and get the same answer.
 
 Each `Problem` names the field (its path under `spec`, camelCase as in YAML) and the fix. `rule` is a short stable
 id, so the CRD's CEL rules can say which rules they mirror.

@@ -35,7 +35,7 @@ DEFAULT_PATH = Path("crds") / f"{CRD_NAME}.yaml"
 _DROP = {"title", "discriminator"}
 
 # CEL rules (x-kubernetes-validations) by the JSON path of the object they sit on. The layout rules mirror
-# layout/rules.py's (COVERED_RULES names which; tests/unit/test_crd_rules.py checks the verdicts agree on random
+# layout/rules.py's (COVERED_RULES names which; tests/spec/test_crd_rules.py checks the verdicts agree on random
 # specs). World-size rules hold at every replica count r in [min, max], world = r x procsPerReplica: for "k divides
 # every world", min == max needs k | min x p, and min < max needs k | p (k divides r p and (r+1) p, so their
 # difference p; and k | p gives every r p). The batch rule is checked at each of the first MAX_CEL_REPLICA_COUNTS
