@@ -8,7 +8,9 @@ gloo rank. For each method: a warm-up save, then `--reps` measured saves; the me
       the training loop runs it;
   (d) the same with the memory tier on (memoryEverySteps = everySteps: every save also copies the state into
       /dev/shm, on a thread of its own), reported as a row against (c): goal within noise of it.
-Each save finishes writing before the next one starts. Writes go to a temp dir (deleted afterwards).
+Each save finishes writing before the next one starts. Writes go to a temp dir (deleted afterwards). (c) and (d)
+start as the trainer does, with Checkpointer.restore() (nothing to restore; it allocates the staging buffers), and
+their first save is measured too (`first_save`): goal, like the others, a few ms.
 
     .venv/bin/python bench/checkpoint_stall.py [--quick] [--reps N] [--out bench/results/checkpoint_stall.json]
 """
@@ -39,6 +41,7 @@ from flywheel.trainer.checkpoint.manager import AppState, Checkpointer
 GOAL_VS_SYNC = 0.05
 GOAL_VS_ASYNC = 0.5
 NOISE_S = 0.001
+FIRST_SAVE_S = 0.02  # buffers reserved at restore: the first save holds the loop no longer than later ones
 OURS, OURS_MEMORY = "flywheel Checkpointer", "flywheel Checkpointer, memory tier on"
 
 
@@ -181,9 +184,12 @@ def main() -> None:
             OURS: lambda: _bench_ours(trainer, ckpt, metrics),
             OURS_MEMORY: lambda: _bench_ours(trainer, with_memory, mem_metrics),
         }
+        ckpt.restore(trainer.app)  # as the trainer starts: nothing to restore, the staging buffers allocated
+        with_memory.restore(trainer.app)
         runs: dict[str, list[float]] = {}
+        first: dict[str, float] = {}
         for name, run in methods.items():
-            run()  # warm-up: first allocation of buffers, page cache
+            first[name] = run()  # DCP's: its first allocations, page cache; ours: the buffers are reserved
             runs[name] = [run() for _ in range(reps)]
         ckpt.close()
         with_memory.close()
@@ -202,29 +208,35 @@ def main() -> None:
               + " ".join(f"{v:.4f}" for v in values))
     ratio, ratio_vs_sync = ours / peer, ours / sync
     passed = ratio <= GOAL_VS_ASYNC and ratio_vs_sync <= GOAL_VS_SYNC
-    mem_row = _memory_row(runs)
+    mem_row = _memory_row(runs, first)
     write_result("checkpoint_stall", path=args.out, rows=[mem_row], metric="checkpoint_loop_blocking_seconds",
                  value=ours, unit="s",
                  peer="dcp.async_save (thread executor, default stager)", peer_value=peer, ratio=ratio,
                  goal=f"ours <= {GOAL_VS_ASYNC}x dcp.async_save and <= {GOAL_VS_SYNC:.0%} of sync dcp.save",
-                 passed=passed, runs=runs, sync_value=sync, ratio_vs_sync=ratio_vs_sync, state_bytes=state_bytes,
+                 passed=passed, runs=runs, first_save=first, sync_value=sync, ratio_vs_sync=ratio_vs_sync,
+                 state_bytes=state_bytes,
                  train_step_seconds=step_seconds, quick=args.quick,
                  setup=f"torch {torch.__version__}, CPU gloo world 1, OMP_NUM_THREADS=1")
     print(f"ours / dcp.async_save = {ratio:.3f} (goal <= {GOAL_VS_ASYNC}), ours / sync = {ratio_vs_sync:.4f} "
           f"(goal <= {GOAL_VS_SYNC}): {'PASS' if passed else 'FAIL'}")
     print(f"memory tier on: {mem_row['value']:.4f} s against {mem_row['peer_value']:.4f} s off "
           f"({mem_row['goal']}): {'PASS' if mem_row['pass'] else 'FAIL'}")
+    print("first save (buffers reserved at restore): " + ", ".join(f"{name} {first[name]:.4f} s"
+                                                                  for name in (OURS, OURS_MEMORY)))
 
 
-def _memory_row(runs: dict[str, list[float]]) -> dict[str, Any]:
+def _memory_row(runs: dict[str, list[float]], first: dict[str, float]) -> dict[str, Any]:
     """The loop's stall with the memory tier on against off, in the same run. Within noise: at most the slowest
-    memory-off save, plus a millisecond (the timer and scheduler's jitter on a shared machine)."""
+    memory-off save, plus a millisecond (the timer and scheduler's jitter on a shared machine); and the first save
+    with the memory tier on within FIRST_SAVE_S."""
     on, off = statistics.median(runs[OURS_MEMORY]), statistics.median(runs[OURS])
     bound = max(runs[OURS]) + NOISE_S
     return {"name": "memory tier on", "metric": "checkpoint_loop_blocking_seconds, memoryEverySteps = everySteps",
             "value": on, "unit": "s", "peer": "the same Checkpointer, memory tier off", "peer_value": off,
-            "ratio": on / off if off else None, "pass": on <= bound,
-            "goal": f"within noise of memory off (<= its slowest save + {NOISE_S * 1e3:.0f} ms)"}
+            "ratio": on / off if off else None, "max": max(runs[OURS_MEMORY]), "first_save": first[OURS_MEMORY],
+            "pass": on <= bound and first[OURS_MEMORY] <= FIRST_SAVE_S,
+            "goal": f"within noise of memory off (<= its slowest save + {NOISE_S * 1e3:.0f} ms); the first save "
+                    f"<= {FIRST_SAVE_S * 1e3:.0f} ms"}
 
 
 if __name__ == "__main__":

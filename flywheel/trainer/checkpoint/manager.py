@@ -27,7 +27,10 @@ run) are deleted to make room. Training continues; a failed step does not count 
 
 Memory tier (checkpoint.memoryEverySteps, tiers/peer.py): saves of its own into host shared memory with a
 replica on the next worker, on its own thread; restore (restore.py) prefers it when it holds the newest
-step complete for every rank.
+step complete for every rank. A step due for both tiers is copied once: the memory tier writes from the disk
+save's staged copy (two copies of the state at once ran past the next forward/backward and held the loop).
+
+restore() ends by allocating both tiers' staging buffers (`reserve_staging`), before the first save.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,7 +82,17 @@ class _Save:
     blocking: float = 0.0  # seconds the loop was held so far
     blocking_reported: bool = False
     staged: threading.Event = field(default_factory=threading.Event)
+    copy: dict[str, Any] | None = None  # the staged state (in our buffers), once `staged` is set; None: failed
+    after: Future[None] | None = None  # an earlier memory save still reading the buffers this one stages into
     future: Future[None] | None = None
+
+
+def _staged_copy(record: _Save) -> Callable[[], dict[str, Any] | None]:
+    """What a memory save of the same step calls to read the disk save's staged copy (None: staging failed)."""
+    def borrow() -> dict[str, Any] | None:
+        record.staged.wait()
+        return record.copy
+    return borrow
 
 
 def _snapshot(app: AppState, step: int) -> dict[str, Any]:
@@ -111,6 +125,7 @@ class Checkpointer:
         self._cuda = torch.cuda.is_available()
         self._stream = _new_cuda_stream() if self._cuda else None
         self._buffers = StagingBuffers(pin_memory=self._cuda)
+        self._buffers_reader: Future[None] | None = None  # a memory save still reading the disk save's copy
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-checkpoint")
         self._inflight: _Save | None = None
         self._last_requested_step = -1  # the newest step saved, or being saved (a failed save does not count)
@@ -177,9 +192,27 @@ class Checkpointer:
             self.memory.begin(step, self._control_group)
         shared = self._save_disk(step, app, blocking or not self.cfg.async_, started) if disk else None
         if memory and self.memory is not None:
-            # Started last, sharing the disk save's state dict (both only read it): a thread started earlier
-            # would take the GIL from the loop's thread mid-save (measured: +4 ms of stall).
-            self.memory.start(step, shared if shared is not None else _snapshot(app, step))
+            # Started last: a thread started earlier would take the GIL from the loop's thread mid-save (measured:
+            # +4 ms of stall). With a disk save under way it reads that save's staged copy.
+            if shared is not None and self._inflight is not None:
+                self._buffers_reader = self.memory.start(step, shared, borrow=_staged_copy(self._inflight))
+            else:
+                self.memory.start(step, _snapshot(app, step) if shared is None else shared)
+
+    def reserve_staging(self, app: AppState) -> None:
+        """Allocate the staging buffers of the tiers that save (pinned on a GPU host) for `app`'s state now, so that
+        the first save does not (after the restore: the state's shapes are known)."""
+        cfg = self.cfg
+        disk = cfg.async_ and (cfg.every_steps > 0 or cfg.every_seconds > 0)
+        # Memory copies at steps without a disk save stage into the tier's own buffers.
+        memory_alone = self.memory is not None and not (
+            disk and cfg.every_seconds <= 0 and self.memory.every_steps % cfg.every_steps == 0)
+        if disk or memory_alone:
+            template = app.staging_template()
+            if disk:
+                self._buffers.reserve(template)
+            if memory_alone and self.memory is not None:
+                self.memory.reserve(template)
 
     def on_disk(self, step: int) -> bool:
         """Whether `step` is committed on disk: restored from there, or saved by this run (a save still in flight
@@ -250,6 +283,7 @@ class Checkpointer:
             # The staging stream must see the optimizer step's results; enqueued here, waited for on the GPU.
             self._stream.wait_stream(torch.cuda.current_stream())
         self._inflight = record
+        record.after = self._buffers_reader
         record.future = self._executor.submit(self._write, record, state, True)
         record.blocking += time.monotonic() - started
         return state
@@ -298,6 +332,7 @@ class Checkpointer:
         if self.memory is not None:
             self.memory.wait()
         restored = checkpoint_restore.restore(self._restore_context(), app)
+        self.reserve_staging(app)  # the state's shapes are known now; the first save then allocates nothing
         if restored is None:
             return None
         self.restored_path = restored.path
@@ -321,7 +356,10 @@ class Checkpointer:
         try:
             staging_error: BaseException | None = None
             try:
+                if stage and record.after is not None:
+                    wait_for_futures([record.after])
                 staged = self._buffers.stage(state, self._stream) if stage else state
+                record.copy = staged if stage else None
                 if self.rank == 0:
                     # A leftover bad-marked folder of this step would hide this save's commit from every listing.
                     integrity.set_aside_if_bad(record.path)

@@ -7,6 +7,9 @@ device -> pinned host memory on a side stream that first waits for the optimizer
 
 One set of buffers is enough: the Checkpointer keeps one save in flight, and the next save starts only after the
 previous write returned, so the buffers are free again by then (a second set would only double host memory).
+
+`reserve` allocates (pins) and touches the buffers before the first save, at set-up: allocated by the first save
+instead, they held the loop 0.3-0.5 s on CPU (page faults of the first copy) and 1.1-1.3 s on a GPU (pinning).
 """
 
 from __future__ import annotations
@@ -38,15 +41,32 @@ class StagingBuffers:
     def __init__(self, *, pin_memory: bool) -> None:
         self.pin_memory = pin_memory
         self._buffers: dict[Path, torch.Tensor] = {}
+        # Reserved before the first save, by shape and dtype: the first stage() takes them in place of new ones.
+        self._reserved: dict[tuple[torch.Size, torch.dtype], list[torch.Tensor]] = {}
 
     @property
     def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+        reserved = [b for pool in self._reserved.values() for b in pool]
+        return sum(b.numel() * b.element_size() for b in [*self._buffers.values(), *reserved])
+
+    @torch.no_grad()
+    def reserve(self, tensors: list[torch.Tensor]) -> None:
+        """Allocate and touch a buffer for each of `tensors` (local shards; shapes and dtypes are what counts) that
+        the state will hold, so that the first save finds its buffers ready. Buffers no save takes are freed by
+        the first one. Once only: later calls keep what the first allocated."""
+        if self._buffers or self._reserved:
+            return
+        for t in tensors:
+            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.pin_memory)
+            buf.zero_()  # the pages' first touch happens here, not in the first save's copy
+            self._reserved.setdefault((buf.shape, buf.dtype), []).append(buf)
 
     def _buffer_for(self, path: Path, src: torch.Tensor) -> torch.Tensor:
         buf = self._buffers.get(path)
         if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
-            buf = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=self.pin_memory)
+            pool = self._reserved.get((src.shape, src.dtype))
+            buf = pool.pop() if pool else torch.empty(src.shape, dtype=src.dtype, device="cpu",
+                                                      pin_memory=self.pin_memory)
             self._buffers[path] = buf
         return buf
 
@@ -58,6 +78,7 @@ class StagingBuffers:
         staged: dict[str, Any] = self._rebuild(state_dict, (), copies, seen)
         for stale in set(self._buffers) - seen:  # the state's shape changed: free what no longer has a source
             del self._buffers[stale]
+        self._reserved.clear()  # reserved for tensors the state does not hold
         if stream is None:
             for dst, src in copies:
                 dst.copy_(src)

@@ -11,8 +11,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.tensor import DTensor
+
+from flywheel.torch_compat import dtensor_local
 
 
 class DataPosition(Protocol):
@@ -126,6 +129,21 @@ class AppState(Stateful):
         if rng is not None:
             restore_rng(rng)
 
+    def staging_template(self) -> list[torch.Tensor]:
+        """Tensors shaped as the local tensors a save stages (for the checkpointer to reserve its buffers before the
+        first save). Before the first optimizer step there is no optimizer state yet, and reading it through DCP
+        would take a zero step that changes the run; AdamW's moments are then those it will create."""
+        tensors = [_local(t) for t in get_model_state_dict(self.model).values() if isinstance(t, torch.Tensor)]
+        if self.optimizer.state:
+            tensors += [_local(t) for s in self.optimizer.state.values() for t in s.values()
+                        if isinstance(t, torch.Tensor)]
+        elif isinstance(self.optimizer, torch.optim.Adam):  # AdamW too
+            for group in self.optimizer.param_groups:
+                for param in group["params"]:
+                    local = _local(param)
+                    tensors += [local, local, torch.zeros((), dtype=torch.float32)]  # exp_avg, exp_avg_sq, step
+        return tensors
+
     def parameter_storages(self) -> set[int]:
         """Data pointers of the parameters' (local) storages. Only optimizer.step() changes these, so they may be
         copied while the next forward/backward runs; anything else in the model state (buffers such as running
@@ -135,6 +153,10 @@ class AppState(Stateful):
             local = param.to_local() if hasattr(param, "to_local") else param
             ptrs.add(local.untyped_storage().data_ptr())
         return ptrs
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return dtensor_local(t) if isinstance(t, DTensor) else t
 
 
 def _rename_optim(optim_sd: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
 from pathlib import Path
@@ -126,14 +127,26 @@ class MemoryTier(MemoryRestore):
         self.wait()
         return True
 
-    def start(self, step: int, state: dict[str, Any]) -> None:
+    def reserve(self, tensors: list[torch.Tensor]) -> None:
+        """Allocate the staging buffers for a state of these tensors, and the replica's receive buffers, before
+        the first save (StagingBuffers.reserve)."""
+        self._buffers.reserve(tensors)
+        if self.replicated and self._chunks is None:
+            size = min(CHUNK, sum(t.numel() * t.element_size() for t in tensors))
+            self._chunks = (torch.zeros(size, dtype=torch.uint8), torch.zeros(size, dtype=torch.uint8))
+
+    def start(self, step: int, state: dict[str, Any],
+              borrow: Callable[[], dict[str, Any] | None] | None = None) -> Future[None]:
         """Stage and save `state` (the state dict after `step`, non-parameter tensors already snapshotted; it is
-        only read, so the disk save may share it) on the tier's thread."""
+        only read, so the disk save may share it) on the tier's thread; the save's future. `borrow`: returns the
+        disk save's staged copy of the same state (None if it failed), which is then saved instead of a copy of
+        our own; the disk tier's next staging waits for the returned future."""
         if self._stream is not None:
             self._stream.wait_stream(torch.cuda.current_stream())
         self._staged = staged = threading.Event()
         self._future_step, self._future_began, self._stuck_said = step, time.monotonic(), False
-        self._future = self._executor.submit(self._stage_and_save, step, state, staged)
+        self._future = future = self._executor.submit(self._stage_and_save, step, state, staged, borrow)
+        return future
 
     def _say_if_stuck(self) -> None:
         """Once per copy: this rank's copy has been under way for STUCK_SECONDS, and where its thread waits (every
@@ -160,11 +173,14 @@ class MemoryTier(MemoryRestore):
         self.wait()
         self._executor.shutdown(wait=True)
 
-    def _stage_and_save(self, step: int, state: dict[str, Any], staged_event: threading.Event) -> None:
+    def _stage_and_save(self, step: int, state: dict[str, Any], staged_event: threading.Event,
+                        borrow: Callable[[], dict[str, Any] | None] | None) -> None:
         staged: dict[str, Any] | None = None
         error: BaseException | None = None
         try:
-            staged = self._buffers.stage(state, self._stream)
+            staged = borrow() if borrow is not None else None
+            if staged is None:
+                staged = self._buffers.stage(state, self._stream)
         except (OSError, RuntimeError) as err:
             error = err
         finally:
