@@ -8,6 +8,8 @@
 #   /usr/bin/etcd and /usr/bin/prometheus   from Debian (etcd-server, prometheus), only when missing
 #   podman, runc and debootstrap            from Debian, only when missing: tests/image builds the Dockerfile on a
 #                                           Debian base made with debootstrap (scripts/image/) and runs it with runc
+#   containernetworking-plugins, iproute2   from Debian, only when missing: the real nodes' loopback network
+#                                           (tests/cluster/real_node.py)
 # Only package registries are reachable from CI, so nothing is fetched from a binary download site.
 set -euo pipefail
 
@@ -70,8 +72,10 @@ install_debian_packages() {
   [[ -x /usr/bin/podman ]] || missing+=(podman)
   [[ -x /usr/sbin/runc ]] || missing+=(runc)
   [[ -x /usr/sbin/debootstrap ]] || missing+=(debootstrap)
+  [[ -x /usr/lib/cni/loopback ]] || missing+=(containernetworking-plugins)
+  command -v ip >/dev/null 2>&1 || missing+=(iproute2)
   if [[ ${#missing[@]} -eq 0 ]]; then
-    log "etcd, prometheus, podman, runc and debootstrap already installed"
+    log "etcd, prometheus, podman, runc, debootstrap and the CNI plugins already installed"
     return
   fi
   local sudo=()
@@ -90,4 +94,4 @@ install_kubectl
 install_debian_packages
 "$TOOLS_BIN/kubectl" version --client >/dev/null
 "$TOOLS_BIN/helm" version >/dev/null
-log "done: $TOOLS_BIN/kubectl, $TOOLS_BIN/helm, /usr/bin/etcd, /usr/bin/prometheus, podman, runc, debootstrap"
+log "done: $TOOLS_BIN/kubectl, $TOOLS_BIN/helm, /usr/bin/etcd, /usr/bin/prometheus, podman, runc, debootstrap, CNI plugins"

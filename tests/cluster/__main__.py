@@ -2,12 +2,15 @@
 operator and people.
 
   up     --kubeconfig PATH [--nodes N] [--no-etcd] [--work-dir DIR] [--node-grace SECONDS] [--gpus N]
-         (the control plane, the process kubelet and an etcd for rendezvous; the binary is built first if missing)
+         [--real-nodes N [--real-node-image IMAGE ...]]
+         (the control plane, the process kubelet and an etcd for rendezvous; the binary is built first if missing;
+         --real-nodes: real-1..real-N beside them, the kubelet on containerd holding podman's IMAGEs: real_node.py)
   down   --kubeconfig PATH
   status --kubeconfig PATH
   fault  --kubeconfig PATH ACTION [key=value ...]   restart component=kube-apiserver, stop|start component=etcd,
-         lose-node node=node-1, restore-node node=node-1
-  build  (the control-plane binary: prints its path)
+         lose-node node=node-1, restore-node node=node-1 (a real node: its kubelet, containers and runtime
+         killed, then started again)
+  build  (the control-plane binary, printing its path, and the real nodes' containerd)
   serve  (what `up` starts: the cluster in the foreground until SIGTERM)
 """
 
@@ -48,7 +51,8 @@ def _serve(args: argparse.Namespace) -> None:
     kubeconfig = Path(args.kubeconfig).resolve()
     gpu = NodeSetup(resources={GPU: str(args.gpus)}, taints=[{"key": GPU, "effect": "NoSchedule"}])
     options = ClusterOptions(nodes=args.nodes, rendezvous_etcd=args.etcd, node_monitor_grace_seconds=args.node_grace,
-                             node_setup={f"node-{i}": gpu for i in range(1, args.nodes + 1)} if args.gpus else {})
+                             node_setup={f"node-{i}": gpu for i in range(1, args.nodes + 1)} if args.gpus else {},
+                             real_nodes=args.real_nodes, real_node_images=tuple(args.real_node_image))
     cluster = TestCluster(Path(args.work_dir), options)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -96,14 +100,21 @@ class _FaultInbox:
         temp.write_text(json.dumps(answer))
         temp.replace(self.reply)
 
+    def _real_or_process(self, node: str, lose: bool) -> None:
+        real, kubelet = self.cluster.real_nodes.get(node), self.cluster.kubelet
+        if real is not None:
+            real.lose() if lose else real.start()
+        elif kubelet is not None:
+            kubelet.lose_node(node) if lose else kubelet.restore_node(node)
+
     def _do(self, action: str, params: dict[str, str]) -> Any:
         plane, kubelet = self.cluster.control_plane, self.cluster.kubelet
         actions = {
             "restart": lambda: plane.restart(params["component"], float(params.get("down_seconds", 0))),
             "stop": lambda: plane.stop_component(params["component"]),
             "start": lambda: plane.start_component(params["component"]),
-            "lose-node": lambda: kubelet.lose_node(params["node"]),
-            "restore-node": lambda: kubelet.restore_node(params["node"]),
+            "lose-node": lambda: self._real_or_process(params["node"], lose=True),
+            "restore-node": lambda: self._real_or_process(params["node"], lose=False),
             "pod-pid": lambda: kubelet.pid_of(params.get("namespace", "default"), params["name"]),
             "oom-kill": lambda: kubelet.oom_kill(params.get("namespace", "default"), params["name"]),
         }
@@ -127,7 +138,9 @@ def _up(args: argparse.Namespace) -> int:
     log_path = work_dir / "cluster.log"
     command = [sys.executable, "-m", "tests.cluster", "serve", "--kubeconfig", str(kubeconfig), "--nodes",
                str(args.nodes), "--work-dir", str(work_dir), "--node-grace", str(args.node_grace),
-               "--gpus", str(args.gpus), "--etcd" if args.etcd else "--no-etcd"] + (["--owns-work-dir"] if owns else [])
+               "--gpus", str(args.gpus), "--etcd" if args.etcd else "--no-etcd", "--real-nodes", str(args.real_nodes),
+               *(a for image in args.real_node_image for a in ("--real-node-image", image))] + \
+        (["--owns-work-dir"] if owns else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     with open(log_path, "ab") as log:
         process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
@@ -210,8 +223,10 @@ def _fault(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from tests.cluster.binary import ensure_binary
+    from tests.cluster.binary import ensure_binary, ensure_containerd, ensure_pause
     print(ensure_binary())
+    ensure_containerd()  # the real nodes' runtime and sandbox (`up --real-nodes N`)
+    ensure_pause()
     return 0
 
 
@@ -226,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--work-dir")
         sub.add_argument("--node-grace", type=float, default=40.0)
         sub.add_argument("--gpus", type=int, default=0)
+        sub.add_argument("--real-nodes", type=int, default=0)
+        sub.add_argument("--real-node-image", action="append", default=[])
         sub.add_argument("--etcd", dest="etcd", action="store_true", default=True)
         sub.add_argument("--no-etcd", dest="etcd", action="store_false")
         if name == "serve":

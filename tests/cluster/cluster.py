@@ -1,5 +1,6 @@
 """One test cluster: the control plane's processes (controlplane.py), the process kubelet on a background event
-loop (kubelet.py), and optionally a second etcd for the trainers' rendezvous, with synchronous handles for tests."""
+loop (kubelet.py), optionally real nodes beside it (real_node.py: the kubelet on containerd) and a second etcd for
+the trainers' rendezvous, with synchronous handles for tests."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.cluster import images
+from tests.cluster.binary import ensure_containerd
 from tests.cluster.controlplane import ControlPlane, ControlPlaneOptions, write_kubeconfig
 from tests.cluster.fault_proxy import FaultProxy
 from tests.cluster.kubelet import ClusterKubelet
 from tests.cluster.loop_thread import KubeletHandle, LoopThread
+from tests.cluster.real_node import RealNode, RealNodeSettings
 from tests.etcd_process import EtcdServer
 from tests.kubelet.nodes import NodeSetup
 
@@ -27,6 +31,9 @@ class ClusterOptions:
     node_setup: dict[str, NodeSetup] = field(default_factory=dict)
     pod_workdir: Path | None = None  # where pod processes run (default: the repository root)
     scheduler_names: tuple[str, ...] = ()  # more kube-scheduler profiles, beside default-scheduler
+    # Real nodes (real_node.py) beside the process kubelet's: real-1..real-N, holding these podman images.
+    real_nodes: int = 0
+    real_node_images: tuple[str, ...] = ()
 
 
 class ApiHandle:
@@ -101,6 +108,7 @@ class TestCluster:
         self.kubelet: KubeletHandle | None = None
         self.api: ApiHandle | None = None
         self._proxy: FaultProxy | None = None
+        self.real_nodes: dict[str, RealNode] = {}
         self.start_seconds = 0.0
 
     @property
@@ -129,6 +137,7 @@ class TestCluster:
             self.api = ApiHandle(self, self._proxy, self._loop)
             write_kubeconfig(self.kubeconfig, self.api_url, self.ca_file, self.admin_token)
             self._start_kubelet()
+            self._start_real_nodes()
         except BaseException:
             self.stop()
             raise
@@ -143,7 +152,36 @@ class TestCluster:
         self._loop.run(self._kubelet.start())
         self.kubelet = KubeletHandle(self._kubelet, self._loop)
 
+    def _start_real_nodes(self) -> None:
+        if not self.options.real_nodes:
+            return
+        folder = self.work_dir / "real-nodes"
+        root = images.template_root(self.options.real_node_images, folder / "import.log")
+        grace = self.options.node_monitor_grace_seconds
+        settings = RealNodeSettings(self.control_plane.api_url, self.control_plane.pki, self.control_plane.binary,
+                                    ensure_containerd(), images.sandbox_reference(),
+                                    lease_seconds=int(min(40, max(2, grace))))
+        for index in range(1, self.options.real_nodes + 1):
+            name = f"real-{index}"
+            self.real_nodes[name] = RealNode(name, folder / name, settings, root)
+            self.real_nodes[name].start()
+        for name in self.real_nodes:
+            self.wait_node_ready(name)
+
+    def wait_node_ready(self, name: str, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            node = self.control_plane.request(f"/api/v1/nodes/{name}") or {}
+            conditions = (node.get("status") or {}).get("conditions") or []
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"node {name} not Ready after {timeout:.0f} s")
+
     def stop(self) -> None:
+        for node in self.real_nodes.values():
+            node.stop()
+        self.real_nodes = {}
         if self._loop is not None:
             try:
                 if self._kubelet is not None:
@@ -163,12 +201,16 @@ class TestCluster:
                   access: str = "ReadWriteMany") -> None:
         """A PersistentVolumeClaim bound to a hostPath PersistentVolume of its own (pre-bound through claimRef, so
         the persistent-volume controller binds it at once and kube-scheduler's volume binding passes). The process
-        kubelet mounts nothing: pods see the host's paths, so the volume's path is only for the record."""
+        kubelet mounts nothing (pods see the host's paths); a real node mounts the volume's folder, made here
+        world-writable as a fresh volume is."""
         plane = self.control_plane
         volume = f"{namespace}-{name}"
         if plane.request(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}") is not None:
             return
-        pv, pvc = claim_objects(namespace, name, self.work_dir / "volumes" / volume, size, access)
+        folder = self.work_dir / "volumes" / volume
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o777)
+        pv, pvc = claim_objects(namespace, name, folder, size, access)
         plane.request("/api/v1/persistentvolumes", "POST", pv)
         plane.request(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", "POST", pvc)
 

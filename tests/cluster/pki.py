@@ -81,6 +81,21 @@ class Pki:
         return cert, key_path
 
 
+    def kubelet_serving(self, node: str, ip: str) -> tuple[Path, Path]:
+        """A real node's kubelet serving certificate for its address (made on first use): what the API server,
+        holding the CA (--kubelet-certificate-authority), verifies when it proxies logs and exec to the node."""
+        cert, key_path = self.cert(f"kubelet-{node}"), self.key(f"kubelet-{node}")
+        if not cert.exists():
+            ca = x509.load_pem_x509_certificate(self.ca_cert.read_bytes())
+            ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), None)
+            assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+            key = _key()
+            _write_key(key_path, key)
+            _write_cert(cert, _certificate(f"system:node:{node}", key, (ca, ca_key),
+                                           [ExtendedKeyUsageOID.SERVER_AUTH], dns=(node,), ips=(ip,)))
+        return cert, key_path
+
+
 def _key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 

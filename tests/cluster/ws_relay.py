@@ -44,7 +44,9 @@ async def relay(request: web.Request, session: aiohttp.ClientSession, url: str,
 
 async def _pump(source: aiohttp.ClientWebSocketResponse | web.WebSocketResponse,
                 sink: aiohttp.ClientWebSocketResponse | web.WebSocketResponse) -> None:
-    async for message in source:
+    code = None
+    while True:
+        message = await source.receive()
         if message.type == aiohttp.WSMsgType.BINARY:
             await sink.send_bytes(message.data)
         elif message.type == aiohttp.WSMsgType.TEXT:
@@ -54,6 +56,9 @@ async def _pump(source: aiohttp.ClientWebSocketResponse | web.WebSocketResponse,
         elif message.type == aiohttp.WSMsgType.PONG:
             await sink.pong(message.data)
         else:
+            # The close frame's own code: a server that drops the connection right after its close frame (the API
+            # server relaying a real kubelet's exec) leaves `close_code` at 1006, which kubectl takes for a failure.
+            code = message.data if message.type == aiohttp.WSMsgType.CLOSE else None
             break
     if not sink.closed:  # pass the close on, with its code
-        await sink.close(code=source.close_code or aiohttp.WSCloseCode.OK)
+        await sink.close(code=code or source.close_code or aiohttp.WSCloseCode.OK)

@@ -23,13 +23,11 @@ import pytest
 import yaml
 
 from tests.etcd_process import EtcdServer, free_port
+from tests.image.build import ENV, project_image
 
 REPO = Path(__file__).resolve().parents[2]
-TEST_IMAGE = REPO / "scripts" / "image" / "test-image.sh"
 KUBECTL = REPO / ".tools" / "bin" / "kubectl"
 CRD = REPO / "crds" / "trainingjobs.flywheel.dev.yaml"
-ENV = {**os.environ, "CONTAINERS_CONF": os.environ.get("CONTAINERS_CONF")
-       or str(REPO / "scripts" / "image" / "containers.conf")}
 USER = "10001:10001"
 # What a hardened pod's container gets from the runtime, whatever it runs (flywheel render's securityContext).
 HARDENED = ["--read-only", "--read-only-tmpfs=false", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
@@ -47,30 +45,9 @@ def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.C
     return result
 
 
-def podman_unusable() -> str | None:
-    """Why podman cannot run a container here, or None."""
-    if shutil.which("podman") is None:
-        return "podman is not installed (scripts/install-tools.sh installs it)"
-    try:
-        result = subprocess.run(["podman", "info"], capture_output=True, text=True, timeout=60, env=ENV)
-    except subprocess.TimeoutExpired:
-        return "`podman info` did not answer in 60 s"
-    if result.returncode != 0:
-        return f"`podman info` failed: {result.stderr.strip()[-500:]}"
-    return None
-
-
 @pytest.fixture(scope="module")
 def image() -> str:
-    reason = podman_unusable()
-    if reason:
-        pytest.skip(f"podman cannot run containers here: {reason}")
-    began = time.monotonic()
-    result = subprocess.run(["bash", str(TEST_IMAGE)], capture_output=True, text=True, timeout=1500, env=ENV)
-    assert result.returncode == 0, f"{TEST_IMAGE} failed\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
-    name = result.stdout.strip().splitlines()[-1]
-    print(f"image {name} ready in {time.monotonic() - began:.0f} s\n{result.stderr[-1500:]}")
-    return name
+    return project_image()
 
 
 def test_help_runs_as_uid_10001_on_a_read_only_root(image: str) -> None:

@@ -1,13 +1,15 @@
 // Command controlplane is the test cluster's Kubernetes control plane: one binary, built from the published Go
 // modules, that runs one component per process, chosen by its first argument:
 //
-//	controlplane etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kubectl [flags...]
+//	controlplane etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|kubectl [flags...]
 //
 // Each component keeps its own process because their feature gates and flag sets are process-wide. kubectl comes
-// along at the same release, so the tests' client is within the supported version skew of the server.
+// along at the same release, so the tests' client is within the supported version skew of the server; so does the
+// kubelet of the test cluster's real nodes (tests/cluster/real_node.py).
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -26,6 +28,7 @@ import (
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 
 	_ "k8s.io/client-go/plugin/pkg/client/auth" // kubectl's client auth plugins
 )
@@ -34,6 +37,7 @@ var kubeComponents = map[string]func() *cobra.Command{
 	"kube-apiserver":          apiserver.NewAPIServerCommand,
 	"kube-controller-manager": func() *cobra.Command { return controllermanager.NewControllerManagerCommand() },
 	"kube-scheduler":          func() *cobra.Command { return scheduler.NewSchedulerCommand() },
+	"kubelet":                 func() *cobra.Command { return kubelet.NewKubeletCommand(context.Background()) },
 }
 
 func main() {
@@ -42,7 +46,7 @@ func main() {
 		return
 	}
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: controlplane etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kubectl [flags...]")
+		fmt.Fprintln(os.Stderr, "usage: controlplane etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|kubectl [flags...]")
 		os.Exit(2)
 	}
 	name, args := os.Args[1], os.Args[2:]
@@ -56,7 +60,7 @@ func main() {
 	}
 	newCommand, ok := kubeComponents[name]
 	if !ok {
-		fmt.Fprintf(os.Stderr, "controlplane: unknown component %q (etcd, kube-apiserver, kube-controller-manager, kube-scheduler or kubectl)\n", name)
+		fmt.Fprintf(os.Stderr, "controlplane: unknown component %q (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet or kubectl)\n", name)
 		os.Exit(2)
 	}
 	command := newCommand()

@@ -1,0 +1,3 @@
+module flywheel/tests/k8s/pause
+
+go 1.26.0
