@@ -6,7 +6,6 @@ run_lock.py), 2 the spec (or a --fault flag) is bad, 130 interrupted.
 
 from __future__ import annotations
 
-import functools
 import shutil
 import sys
 import time
@@ -30,6 +29,7 @@ from flywheel.local.progress_bar import make_progress
 from flywheel.local.report import print_summary, write_report
 from flywheel.local.run_lock import DirectoryInUse, run_lock
 from flywheel.local.run_record import RunRecord
+from flywheel.local.store_host import HOST, StoreHost
 from flywheel.local.supervisor import Outcome, Supervisor
 from flywheel.spec import SpecError, TrainingJob, load_job
 from flywheel.spec import storage as object_store
@@ -53,11 +53,8 @@ class RunOptions:
 
 
 def _host_store() -> Any:
-    """The c10d rendezvous store (a torch TCPStore, which torch.distributed re-exports without declaring it), hosted
-    here so it outlives any worker (agents connect with is_host=False)."""
-    import torch.distributed as dist
-
-    return getattr(dist, "TCPStore")("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    """The c10d rendezvous store, hosted here so it outlives any worker (store_host.py)."""
+    return StoreHost().store()
 
 
 def _fresh_out_dir(out: Path) -> None:
@@ -117,8 +114,8 @@ def _run_locked(options: RunOptions, job: TrainingJob, faults: list[dict[str, ob
     spec = job.spec
     _fresh_out_dir(out)
     events_file = out / "events.jsonl"
-    store = _host_store()
-    host, port = "127.0.0.1", int(store.port)
+    store = StoreHost()  # served from a thread while the workers start
+    host, port = HOST, store.port
     placement = Placement(replicas=spec.replicas.desired, rdzv_backend="c10d", rdzv_endpoint=f"{host}:{port}",
                           master_addr=host, master_port=port, checkpoint_dir=ckpt_dir,
                           launcher=options.launcher, metrics_port_base=options.metrics_port_base,
@@ -137,10 +134,11 @@ def _run_locked(options: RunOptions, job: TrainingJob, faults: list[dict[str, ob
         supervisor_faults: list[LoseWorker | RankFault] = [*worker_faults(faults),
                                                            *(command_rank_faults(faults) if spec.command else [])]
         supervisor = Supervisor(spec, plans, events_file, out / "logs", record, progress, supervisor_faults,
-                                spares=spares, expire_agent=functools.partial(expire_local_agent, store))
+                                spares=spares,
+                                expire_agent=lambda run_id, pid: expire_local_agent(store.store(), run_id, pid))
         outcome = supervisor.run()
     wall = time.time() - start
-    del store
+    store.close()
     exit_code = _EXIT[outcome]
     summary = record.summary(job=job.name, status=outcome.value, exit_code=exit_code, world_size=world_size,
                              start_time=start, wall_seconds=wall)

@@ -28,6 +28,7 @@ from flywheel.trainer.distributed.collective_env import apply_collective_env, co
 from flywheel.trainer.distributed.parallelize import ParallelismError
 from flywheel.trainer.metrics import TrainerMetrics
 from flywheel.trainer.progress_publisher import progress_events
+from flywheel.trainer.startup import CLOCK
 from flywheel.trainer.train_loop import preflight, train, watchdog_for
 
 log = logging.getLogger("flywheel.trainer")
@@ -37,6 +38,7 @@ USER_ERRORS = (UserError, SpecError, DataError, ParallelismError, HFConfigError)
 
 def main(environ: Mapping[str, str] | None = None) -> int:
     """The worker entry point; returns the process exit code (contracts/exitcodes.py)."""
+    CLOCK.mark("imports")  # the interpreter and the imports, from the process's start (a warm fork's: ~0)
     environ = os.environ if environ is None else environ
     rank = environ.get("RANK", "?")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -62,6 +64,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     watchdog = watchdog_for(env, events, metrics).start()
     try:
         sources = preflight(env)
+        CLOCK.mark("preflight")  # env, event log, metrics server, watchdog, the data opened
         began = time.monotonic()
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         # The collective-watchdog env (NCCL async error handling, flight recorder, dump pipe) is set in one place.
@@ -70,6 +73,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         wait_for_store(environ, timeouts.startup.total_seconds())  # one connect, not torch's refused-connect backoff
         dist.init_process_group(backend, timeout=timeouts.startup)
         metrics.rendezvous_seconds.set(time.monotonic() - began)
+        CLOCK.mark("rendezvous")
         code = train(env, sources, events, metrics, watchdog, stop, timeouts)
         watchdog.stop()  # shutting down below may take a while; the code is decided
         dist.destroy_process_group()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ from flywheel.trainer.models.materialize import META
 from flywheel.trainer.models.registry import build_model, model_shape
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 from flywheel.trainer.progress_publisher import publish_activity
+from flywheel.trainer.startup import CLOCK
 from flywheel.trainer.step import autocast_for, forward_backward, params_sha256, pick_device
 
 log = logging.getLogger("flywheel.trainer")
@@ -134,6 +136,8 @@ def train(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Train
                        drain=requests is not None and requests.pending())
         run.ckpt.catch_up(step)  # the memory copy before a reported step is done: a loss replays <= memoryEverySteps
         _report_step(run, step, result, metrics, watchdog, events)
+        if step == start + 1:
+            _report_startup(env)
         if result.drain and requests is not None and step < steps:  # the last step's save is the final one
             return stop_for_request(run.ckpt, run.app, requests, step, replica=run.env.replica)
         if run.eval_ctx is not None and not result.stop and run.eval_plan.due(step):
@@ -156,6 +160,7 @@ def _set_up(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Tra
     training, parallelism = spec.trainer.training, spec.trainer.parallelism
     device = pick_device(env.local_rank)
     mesh = build_mesh(env.world_size, parallelism, device.type)
+    CLOCK.mark("mesh")
     # The data follows the dp coordinate: every tp and pp rank of one dp index reads the same batch.
     dp_rank, dp_size = mesh[DP].get_local_rank(), mesh[DP].size()
     # The logged loss: tp ranks and (after the pipeline's broadcast) pp ranks of one dp index hold the same value,
@@ -167,21 +172,26 @@ def _set_up(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Tra
     cfg = model_shape(spec.trainer.model)
     loader = SampleLoader(sources.train)
     plain = build_model(cfg, seed=training.seed, device=META)  # parallelize allocates this rank's part only
+    CLOCK.mark("meta_build")
     if env.rank == 0:
         log.info("model: %s, %.2fM parameters, %.3g FLOPs/token; world %d, dp %d, tp %d, pp %d%s%s, %s", cfg,
                  plain.num_params() / 1e6, plain.flops_per_token(), env.world_size, dp_size, parallelism.tp,
                  parallelism.pp, f" ({parallelism.schedule})" if parallelism.pp > 1 else "",
                  f", ep {parallelism.ep}" if cfg.moe else "", "fsdp" if parallelism.fsdp else "ddp")
     model = parallelize(plain, mesh, parallelism, training)
+    CLOCK.mark("parallelize")  # materialize is a part of its own
     if spec.trainer.model.pretrained:  # a checkpoint, when there is one, replaces these weights below
         load_pretrained(model, spec.trainer.model.pretrained, cfg)
+        CLOCK.mark("weights")
     # bf16 under FSDP2 is its MixedPrecisionPolicy (parallelize.py), not autocast.
     autocast = nullcontext() if fsdp_mixed_precision(parallelism, training) else autocast_for(device,
                                                                                              training.precision)
     with autocast:
         settle_ddp_buckets(model, torch.zeros(training.micro_batch, cfg.seq_len, dtype=torch.long, device=device))
+    CLOCK.mark("ddp_settle")
     optimizer = build_optimizer(model, training)
     scheduler = build_scheduler(optimizer, training)
+    CLOCK.mark("optimizer")
 
     ckpt = Checkpointer(spec.checkpoint, env.checkpoint_dir, events=events, metrics=metrics,
                         memory_dir=memory_root(env.job, env.replica, env.checkpoint_dir),
@@ -190,6 +200,7 @@ def _set_up(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Tra
     eval_ctx = None if sources.validation is None else EvalContext(
         model=model, source=sources.validation, device=device, autocast=autocast, dp_rank=dp_rank, dp_size=dp_size,
         loss_weight=loss_weight, global_batch=training.global_batch, micro_batch=training.micro_batch)
+    CLOCK.mark("checkpointer")
     return _Run(env=env, device=device, dp_rank=dp_rank, dp_size=dp_size, loss_weight=loss_weight,
                 tokens_per_step=training.global_batch * cfg.seq_len, moe=cfg.moe is not None, model=model,
                 autocast=autocast, optimizer=optimizer, scheduler=scheduler, loader=loader, ckpt=ckpt, app=app,
@@ -210,12 +221,27 @@ def _restore(run: _Run, events: EventLog) -> int:
         log.warning("restored data position is %d samples, not step %d x globalBatch %d (globalBatch changed?); "
                     "continuing from the restored position", run.loader.consumed_samples, start,
                     training.global_batch)
+    CLOCK.mark("restore")
     if env.rank == 0:
         events.emit("start", rank=env.rank, world_size=env.world_size, dp=run.dp_size,
                     restart_count=env.restart_count, resumed_from=start or None,
-                    restore_seconds=restore_seconds if start else None)
+                    restore_seconds=restore_seconds if start else None, startup_seconds=dict(CLOCK.phases))
         log.info("training steps %d..%d%s", start + 1, training.steps, f" (resumed from {start})" if start else "")
     return start
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Rank 0's peak memory for the `done` event: the CUDA caching allocator's peak on a GPU, the peak RSS else."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def _report_startup(env: WorkerEnv) -> None:
+    """Rank 0 logs where its start-up went once its first step is done (the `start` event has the phases before)."""
+    CLOCK.mark("first_step")
+    if env.rank == 0:
+        log.info("start-up to the first step: %.2f s (%s)", CLOCK.total(), CLOCK.summary())
 
 
 def _step(run: _Run, stop: StopRequest, shorten: CollectiveTimeouts | None, drain: bool = False) -> _StepResult:
@@ -321,7 +347,7 @@ def _finish(run: _Run, start: int, events: EventLog, metrics: TrainerMetrics, wa
         if start >= final:
             complete = str(store.step_dir(run.ckpt.directory, final))
         events.emit("done", step=training.steps, params_sha256=digest, already_complete_checkpoint=complete,
-                    checkpoint_memory_bytes=run.ckpt.memory_bytes)
+                    checkpoint_memory_bytes=run.ckpt.memory_bytes, peak_memory_bytes=peak_memory_bytes(run.device))
         log.info("done: step %d, params sha256 %s%s", training.steps, digest,
                  f" (already complete: checkpoint {complete})" if complete else "")
 

@@ -22,6 +22,7 @@ from flywheel.layout.shape import ModelShape
 from flywheel.trainer.models.gpt.model import initial_value
 from flywheel.trainer.models.hf_weights import clean_name
 from flywheel.trainer.models.registry import build_model
+from flywheel.trainer.startup import CLOCK
 
 META = torch.device("meta")
 CHUNK_ELEMENTS = 1 << 22  # drawn at a time (16 MiB in fp32)
@@ -45,6 +46,11 @@ def _local_region(param: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...]]
 def materialize(module: nn.Module, cfg: ModelShape, seed: int, device: torch.device) -> None:
     """Allocates `module`'s parameters (a whole model or pipeline stage, sharded or not, named like the plain
     model but for wrapper prefixes) on `device` and fills them with the plain model's initial values for `seed`."""
+    with CLOCK.part("materialize"):  # a start-up phase of its own, within parallelize
+        _materialize(module, cfg, seed, device)
+
+
+def _materialize(module: nn.Module, cfg: ModelShape, seed: int, device: torch.device) -> None:
     module.to_empty(device=device)
     held: dict[str, list[torch.Tensor]] = {}
     for raw_name, param in module.named_parameters():
@@ -88,6 +94,16 @@ def row_blocks(shape: torch.Size) -> Iterator[tuple[int, int]]:
 
 def _fill_normal_by_rows(targets: list[tuple[torch.Tensor, tuple[slice, ...]]], shape: torch.Size, std: float,
                          gen: torch.Generator) -> None:
+    if targets and all(_whole_fp32(local, region, shape) for local, region in targets):
+        # Whole tensors (one process, DDP; a tied head's copy beside its embedding): draw into the first, block by
+        # block, rather than into blocks copied out (a row range of a contiguous tensor is contiguous: the same
+        # draws), and copy it to the others.
+        first = targets[0][0]
+        for start, end in row_blocks(shape):
+            first[start:end].normal_(0.0, std, generator=gen)
+        for local, _ in targets[1:]:
+            local.copy_(first)
+        return
     for start, end in row_blocks(shape):
         block = torch.empty((end - start, *shape[1:]), dtype=torch.float32, device="cpu")
         block.normal_(0.0, std, generator=gen)
@@ -96,6 +112,11 @@ def _fill_normal_by_rows(targets: list[tuple[torch.Tensor, tuple[slice, ...]]], 
             if lo < hi:
                 rows = slice(lo - region[0].start, hi - region[0].start)
                 local[rows].copy_(block[(slice(lo - start, hi - start), *region[1:])].to(local.dtype))
+
+
+def _whole_fp32(local: torch.Tensor, region: tuple[slice, ...], shape: torch.Size) -> bool:
+    return (local.dtype == torch.float32 and local.device.type == "cpu" and local.is_contiguous()
+            and tuple(local.shape) == tuple(shape) and all(r.start == 0 and r.stop == n for r, n in zip(region, shape)))
 
 
 def _retie(module: nn.Module, cfg: ModelShape) -> None:
