@@ -32,9 +32,12 @@ $(STAMP): $(BASE_STAMP)
 
 constraints:
 	$(PY) -m pip install -q uv
-	.venv/bin/uv pip compile pyproject.toml --extra dev --extra cluster --extra hf --extra objectstore \
+	# Seeded with the current pins, which uv keeps where they still fit: an added extra adds its packages without
+	# moving everyone else's.
+	cp constraints.txt constraints.body
+	.venv/bin/uv pip compile pyproject.toml --extra dev --extra cluster --extra hf --extra objectstore --extra bench \
 	    --python-version 3.11 --no-header --no-annotate -o constraints.body
-	{ printf '%s\n' "# The whole resolution of flywheel[dev,cluster,hf,objectstore] on Python 3.11: installs never backtrack." \
+	{ printf '%s\n' "# The whole resolution of flywheel[dev,cluster,hf,objectstore,bench] on Python 3.11: installs never backtrack." \
 	    "# Refresh after changing pyproject.toml: make constraints"; cat constraints.body; } > constraints.txt
 	rm constraints.body
 

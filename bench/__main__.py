@@ -30,11 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # goodput), and its heaviest (goodput_operator) the CPU lane's lightest. The two small ones at the cluster lane's end
 # even the lanes out (~230 s each in the last run here).
 CPU_LANE = ("restart_latency", "parallel_parity", "trainer_overhead", "planner_accuracy", "goodput",
-            "goodput_user_script", "checkpoint_restore")
+            "goodput_user_script", "checkpoint_restore", "torchtitan_peer")
 CLUSTER_LANE = ("goodput_operator", "hang_recovery", "dead_worker", "operator_scale", "api_latency", "checkpoint_stall")
 BENCHMARKS = ("checkpoint_stall", "restart_latency", "trainer_overhead", "parallel_parity", "planner_accuracy",
               "hang_recovery", "api_latency", "operator_scale",
-              "dead_worker", "goodput", "goodput_user_script", "goodput_operator", "checkpoint_restore")
+              "dead_worker", "goodput", "goodput_user_script", "goodput_operator", "checkpoint_restore",
+              "torchtitan_peer")
 assert sorted(CPU_LANE + CLUSTER_LANE) == sorted(BENCHMARKS)
 
 
