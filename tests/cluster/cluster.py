@@ -18,6 +18,7 @@ from tests.cluster.fault_proxy import FaultProxy
 from tests.cluster.kubelet import ClusterKubelet
 from tests.cluster.loop_thread import KubeletHandle, LoopThread
 from tests.cluster.real_node import RealNode, RealNodeSettings
+from tests.cluster.service_vip import ServiceVip
 from tests.etcd_process import EtcdServer
 from tests.kubelet.nodes import NodeSetup
 
@@ -109,6 +110,7 @@ class TestCluster:
         self.api: ApiHandle | None = None
         self._proxy: FaultProxy | None = None
         self.real_nodes: dict[str, RealNode] = {}
+        self._service_vip: ServiceVip | None = None
         self.start_seconds = 0.0
 
     @property
@@ -161,6 +163,8 @@ class TestCluster:
         settings = RealNodeSettings(self.control_plane.api_url, self.control_plane.pki, self.control_plane.binary,
                                     ensure_containerd(), images.sandbox_reference(),
                                     lease_seconds=int(min(40, max(2, grace))))
+        self._service_vip = ServiceVip(lambda: ("127.0.0.1", self.control_plane.api_port))
+        self._service_vip.start()
         for index in range(1, self.options.real_nodes + 1):
             name = f"real-{index}"
             self.real_nodes[name] = RealNode(name, folder / name, settings, root)
@@ -182,6 +186,9 @@ class TestCluster:
         for node in self.real_nodes.values():
             node.stop()
         self.real_nodes = {}
+        if self._service_vip is not None:
+            self._service_vip.stop()
+            self._service_vip = None
         if self._loop is not None:
             try:
                 if self._kubelet is not None:

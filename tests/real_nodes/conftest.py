@@ -1,6 +1,7 @@
 """A test cluster with two real nodes (tests/cluster/real_node.py: the kubelet of the control-plane binary on
 containerd and runc) beside one node of the process kubelet, holding the project's image (tests/image/build.py),
-and the operator run as a process against it (tests/operator/conftest.py's OperatorProcess, progress from etcd)."""
+and the operator run as a process against it for the namespace `default` (tests/operator/conftest.py's
+OperatorProcess, progress from etcd)."""
 
 from __future__ import annotations
 
@@ -51,8 +52,8 @@ class RealEnv:
     def apply(self, *docs: dict[str, Any]) -> None:
         self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
 
-    def get(self, kind: str, name: str) -> dict[str, Any]:
-        return dict(json.loads(self.kubectl("get", kind, name, "-o", "json").stdout))
+    def get(self, kind: str, name: str, namespace: str = "default") -> dict[str, Any]:
+        return dict(json.loads(self.kubectl("get", kind, name, "-n", namespace, "-o", "json").stdout))
 
     def pod_state(self, name: str) -> dict[str, Any]:
         statuses = (self.get("pod", name).get("status") or {}).get("containerStatuses") or [{}]
@@ -75,6 +76,7 @@ def real_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEnv]:
     cluster = start_cluster(tmp / "cluster", nodes=1, etcd=True, node_monitor_grace_seconds=NODE_GRACE_SECONDS,
                             heartbeat_seconds=0.5, real_nodes=2, real_node_images=(image,))
     operator = OperatorProcess(cluster, None, tmp / "operator.log")
+    operator.extra_args = ["--namespace", "default"]  # the chart's operator (a test) has a namespace of its own
     env = RealEnv(cluster, image, operator, tmp)
     try:
         cluster.add_claim(CLAIM)

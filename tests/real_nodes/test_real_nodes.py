@@ -8,16 +8,22 @@ and containers."""
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from tests.chart.conftest import find_tool
 from tests.cluster.real_node import REAL_NODE_LABEL
+from tests.etcd_process import free_port
 from tests.real_nodes.conftest import CLAIM, RealEnv, on_real_nodes
 
 # Cold: the image built and imported into containerd (minutes); then each scenario in tens of seconds.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
+CHART = Path(__file__).resolve().parents[2] / "charts" / "flywheel"
 HARDENED = {"runAsUser": 10001, "runAsGroup": 10001, "readOnlyRootFilesystem": True,
             "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
@@ -78,8 +84,9 @@ def test_a_container_over_its_memory_limit_is_oom_killed(real_env: RealEnv) -> N
         real_env.kubectl("delete", "pod", "oom", "--grace-period=1", "--wait=false", check=False)
 
 
-def training_job(name: str, image: str, steps: int = 60) -> dict[str, Any]:
-    return {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
+def training_job(name: str, image: str, steps: int = 60, namespace: str = "default") -> dict[str, Any]:
+    return {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": name, "namespace": namespace},
             "spec": {"image": image, "replicas": {"min": 2, "max": 2}, "procsPerReplica": 1,
                      "trainer": {"model": {"preset": "gpt-tiny"}, "parallelism": {"fsdp": False},
                                  "training": {"steps": steps, "globalBatch": 8, "microBatch": 2, "lr": 3.0e-3,
@@ -92,8 +99,8 @@ def training_job(name: str, image: str, steps: int = 60) -> dict[str, Any]:
                                                                          "imagePullPolicy": "Never"}]})}}}
 
 
-def job_status(env: RealEnv, name: str) -> dict[str, Any]:
-    return dict(env.get("tj", name).get("status") or {})
+def job_status(env: RealEnv, name: str, namespace: str = "default") -> dict[str, Any]:
+    return dict(env.get("tj", name, namespace).get("status") or {})
 
 
 def job_pods(env: RealEnv, name: str) -> list[dict[str, Any]]:
@@ -141,3 +148,47 @@ def test_a_lost_real_node_is_noticed_and_its_worker_replaced(real_env: RealEnv) 
         node = real_env.cluster.real_nodes.get("real-2")
         if node is not None:
             node.start()
+
+
+def chart_values(env: RealEnv, namespace: str) -> dict[str, Any]:
+    """The chart's operator on a real node, in the image the nodes hold, for the jobs of `namespace`."""
+    repository, tag = env.image.rsplit(":", 1)
+    etcd = str(env.cluster.etcd_url).split("://", 1)[-1]
+    return {"image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+            "etcd": {"enabled": False, "externalEndpoints": [etcd]},
+            "operator": {"hostNetwork": True, "nodeSelector": {REAL_NODE_LABEL: "true"},
+                         "tolerations": [{"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+                         "metricsPort": free_port(), "livenessPort": free_port(), "workerMetricsPortBase": 0,
+                         "workerEnv": {"OMP_NUM_THREADS": "1"}, "watchNamespaces": [namespace]}}
+
+
+def test_the_charts_operator_runs_as_a_container_on_a_real_node(real_env: RealEnv) -> None:
+    """helm template | kubectl apply, as docs/install.md says: the operator's pod runs the image on a real node,
+    reaches the API server through the `kubernetes` Service's ClusterIP (service_vip.py), and brings a job of its
+    namespace to Succeeded."""
+    namespace, release = "flywheel-real", "fw"
+    real_env.kubectl("create", "namespace", namespace)
+    real_env.cluster.add_claim(CLAIM, namespace=namespace)
+    values = real_env.tmp / "values.yaml"
+    values.write_text(yaml.safe_dump(chart_values(real_env, namespace)))
+    rendered = subprocess.run([find_tool("helm") or "helm", "template", release, str(CHART), "--namespace",
+                               namespace, "-f", str(values)], capture_output=True, text=True, timeout=60, check=True)
+    real_env.kubectl("apply", "-n", namespace, "-f", "-", stdin=rendered.stdout)
+    deployment = f"deployment/{release}-flywheel-operator"
+    rollout = real_env.kubectl("rollout", "status", deployment, "-n", namespace, "--timeout=240s", check=False,
+                               timeout=250)
+    operator_pods = json.loads(real_env.kubectl("get", "pods", "-n", namespace, "-l",
+                                                "app.kubernetes.io/component=operator", "-o", "json").stdout)["items"]
+    assert rollout.returncode == 0, (rollout.stderr, [p.get("status") for p in operator_pods],
+                                     real_env.kubectl("logs", "-n", namespace, deployment, check=False).stdout[-3000:])
+    assert operator_pods[0]["spec"]["nodeName"].startswith("real-"), operator_pods[0]["spec"]
+    name = "chart-job"
+    real_env.apply(training_job(name, real_env.image, steps=30, namespace=namespace))
+    try:
+        done = real_env.wait(lambda: (s := job_status(real_env, name, namespace)).get("phase")
+                             in ("Succeeded", "Failed") and s, 420,
+                             f"the job to end; status {job_status(real_env, name, namespace)}")
+        assert done["phase"] == "Succeeded" and done["step"] == 30, done
+    finally:
+        real_env.kubectl("delete", "tj", name, "-n", namespace, "--wait=false", check=False)
+        real_env.kubectl("delete", deployment, "-n", namespace, "--wait=false", check=False)
