@@ -41,8 +41,9 @@ constraints:
 	    "# Refresh after changing pyproject.toml: make constraints"; cat constraints.body; } > constraints.txt
 	rm constraints.body
 
-# The Kubernetes control plane of the test cluster, built from the Go module proxy into ~/.cache/flywheel
-# (keyed by tests/k8s/controlplane's go.mod, go.sum and main.go: a warm cache builds nothing).
+# The Kubernetes control plane of the test cluster (with the kubelet) and its real nodes' containerd and pause, built
+# from the Go module proxy into ~/.cache/flywheel (each keyed by its tests/k8s/ module's go.mod, go.sum and main.go:
+# a warm cache builds nothing).
 controlplane:
 	python3 -m tests.cluster build
 
