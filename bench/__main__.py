@@ -31,11 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # even the lanes out (~230 s each in the last run here).
 CPU_LANE = ("restart_latency", "parallel_parity", "trainer_overhead", "planner_accuracy", "goodput",
             "goodput_user_script", "checkpoint_restore", "torchtitan_peer")
-CLUSTER_LANE = ("goodput_operator", "hang_recovery", "dead_worker", "operator_scale", "api_latency", "checkpoint_stall")
+CLUSTER_LANE = ("goodput_operator", "hang_recovery", "dead_worker", "operator_scale", "api_latency", "checkpoint_stall",
+                "compile_graph_breaks", "loss_memory")
 BENCHMARKS = ("checkpoint_stall", "restart_latency", "trainer_overhead", "parallel_parity", "planner_accuracy",
               "hang_recovery", "api_latency", "operator_scale",
               "dead_worker", "goodput", "goodput_user_script", "goodput_operator", "checkpoint_restore",
-              "torchtitan_peer")
+              "torchtitan_peer", "compile_graph_breaks", "loss_memory")
 assert sorted(CPU_LANE + CLUSTER_LANE) == sorted(BENCHMARKS)
 
 

@@ -1,7 +1,8 @@
 """The trainer on a real GPU (`python -m bench.gpu_check`, a CUDA machine; CI has none, so nothing else runs it).
 
 One short script for a lent GPU: what the card does at best (a bf16 matrix product), then the product path
-(`flywheel run`, NCCL beside gloo, FSDP2 bf16 mixed precision) on Llama 3.2-1B, eager and with `compile: true`,
+(`flywheel run`, NCCL beside gloo, FSDP2 bf16 mixed precision) on Llama 3.2-1B, eager, with `compile: true`, with
+`deterministic: true` (what exactness costs) and with `chunkedLoss: true`,
 reporting tokens/s and MFU (model FLOPs per token from spec_model, over the datasheet's dense bf16 peak and over
 the measured product); then exact resume on the GPU: a GPT-125M run killed mid-way must end with the parameter hash
 of an unkilled run, with its async checkpoints' loop blocking on pinned staging buffers, and again with the memory
@@ -273,8 +274,11 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(report["determinism"]), flush=True)
         if "throughput" in parts:
             report["throughput"] = []
-            for name, compile_ in (("llama3-1b-bf16-eager", False), ("llama3-1b-bf16-compile", True)):
-                manifest = job(name, llama, {**bf16, "compile": compile_}, every=10_000, steps=steps)
+            # What exactness costs (deterministic: true against the eager row) and the chunked loss's speed.
+            for name, extra in (("llama3-1b-bf16-eager", {}), ("llama3-1b-bf16-compile", {"compile": True}),
+                                ("llama3-1b-bf16-deterministic", {"deterministic": True}),
+                                ("llama3-1b-bf16-chunked-loss", {"chunkedLoss": True})):
+                manifest = job(name, llama, {**bf16, **extra}, every=10_000, steps=steps)
                 row = throughput(name, manifest, work, peak, report["matmul_bf16_tflops"], args.timeout)
                 if not row["steps"] and MODE["launch"] == "run":  # the launcher failed here: the rank alone
                     report.setdefault("launch_failures", []).append(row)

@@ -28,6 +28,11 @@ class Training(_Model):
         "fp32 (FSDP2 MixedPrecisionPolicy); otherwise autocast where the device supports it."))
     compile: bool = Field(False, description=(
         "torch.compile each transformer block (inductor; on CPU it needs a C compiler, else the run is refused)."))
+    chunked_loss: bool = Field(False, description=(
+        "Compute the LM head and cross-entropy over chunks of tokens (torch's linear_cross_entropy), never holding "
+        "the logits of a whole micro batch: far less memory for large vocabularies (a 128k vocab's logits are the "
+        "largest tensors of a step). Equal to the full loss within float rounding, not bitwise; resume stays "
+        "exact. Not under pipeline parallel (the schedule's loss takes the last stage's logits)."))
     seed: int = Field(0, ge=0, description="Seeds model init and data order.")
     activation_checkpointing: bool = Field(False, description="Recompute block activations in backward.")
     deterministic: bool = Field(True, description="Deterministic kernels only (needed for bitwise-exact resume); a "

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from flywheel.trainer.data import MicroBatch
@@ -75,11 +74,9 @@ def forward_backward(model: nn.Module, batches: list[MicroBatch], device: torch.
         inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
         with gradient_sync(model, enabled=last):
             with autocast:
-                logits = model(inputs)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-            # Backward does not need the logits: holding them through it would add a (batch x seq x vocab) buffer
-            # to peak memory.
-            del logits
+                # The model's head and loss together (models/lm_loss.py): the logits, never returned, go before
+                # backward, and a chunked loss never holds them for the whole micro batch.
+                loss = model(inputs, targets)
             aux = aux_loss_of(model)
             loss_sum += loss.detach()
             if aux is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 from collections.abc import Iterator
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -33,6 +34,7 @@ from flywheel.trainer.distributed.pipeline_parallel import Decoder, PipelinedMod
 from flywheel.trainer.distributed.tensor_parallel import TensorParallelError, apply_tp
 from flywheel.trainer.models.gpt.model import GPT
 from flywheel.trainer.models.llama.model import Llama
+from flywheel.trainer.models.lm_loss import lm_loss
 from flywheel.trainer.models.materialize import is_meta, materialize
 
 DP, PP, TP = "dp", "pp", "tp"
@@ -120,6 +122,7 @@ def _parallelize_dense(model: Decoder, mesh: DeviceMesh, parallelism: Parallelis
         apply_activation_checkpointing(model)
     if training.compile:
         apply_compile(model)
+    apply_loss(model, training)
     meta = is_meta(model)
     if parallelism.fsdp:
         mp_policy = BF16_POLICY if fsdp_mixed_precision(parallelism, training) else None
@@ -155,6 +158,15 @@ def fsdp_mixed_precision(parallelism: Parallelism, training: Training) -> bool:
 # As TorchTitan: the sharded parameters (what the optimizer updates) stay fp32 master weights; each block's
 # all-gathered parameters, and so its compute, are bf16; gradients are reduce-scattered in fp32.
 BF16_POLICY = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def apply_loss(model: Decoder, training: Training) -> None:
+    """The model's head + loss (models/lm_loss.py): chunked with `chunkedLoss`, compiled with `compile`. A pipeline
+    stage has none of its own (the schedule's loss function takes the last stage's logits)."""
+    if not isinstance(model, GPT | Llama):
+        return
+    loss = partial(lm_loss, chunked=True) if training.chunked_loss else lm_loss
+    model.loss_fn = torch.compile(loss) if training.compile else loss
 
 
 def apply_compile(model: Decoder) -> None:

@@ -9,12 +9,14 @@ experts (`moe.py`, still under the name `mlp`); a dense model is unchanged, para
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from flywheel.layout.shape import ModelShape
+from flywheel.trainer.models.lm_loss import lm_loss
 from flywheel.trainer.models.moe import Experts, MoE
 
 INIT_STD = 0.02
@@ -75,6 +77,7 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.init_seed = seed  # materialize.py replays the init after sharding a meta-device model
+        self.loss_fn: Callable[..., torch.Tensor] = lm_loss  # parallelize.py may chunk or compile it
         self.tok_emb = nn.Embedding(cfg.vocab, cfg.dim)
         self.pos_emb = nn.Embedding(cfg.max_positions, cfg.dim)
         self.blocks = nn.ModuleList(Block(cfg, moe=cfg.moe is not None and cfg.moe.is_moe_block(i))
@@ -108,11 +111,15 @@ class GPT(nn.Module):
                 plan += [(f"{name}.w1", "normal", INIT_STD), (f"{name}.w2", "normal", residual_std)]
         return plan
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """The logits; with `targets`, the mean language-model loss instead (`loss_fn`: lm_loss.py)."""
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.tok_emb(tokens) + self.pos_emb(positions)
         for block in self.blocks:
             x = block(x)
+        if targets is not None:
+            loss: torch.Tensor = self.loss_fn(self.ln_f(x), self.head, targets)
+            return loss
         logits: torch.Tensor = self.head(self.ln_f(x))
         return logits
 

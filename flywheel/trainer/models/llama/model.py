@@ -14,6 +14,7 @@ the sequence length at first use (not parameters, not in the state dict).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,7 @@ from torch import nn
 
 from flywheel.layout.shape import ModelShape, RopeScaling
 from flywheel.trainer.models.gpt.model import INIT_STD, InitStep, apply_init
+from flywheel.trainer.models.lm_loss import lm_loss
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
@@ -54,11 +56,18 @@ class Rotary(nn.Module):
         self._cache: tuple[int, torch.device, torch.Tensor, torch.Tensor] | None = None
 
     def tables(self, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.compiler.is_compiling():
+            # Traced into the compiled block, not cached: filling the cache inside it made the second call
+            # recompile the block (a guard on the cache's state).
+            return self._angles(seq, device)
         if self._cache is None or self._cache[:2] != (seq, device):
-            freqs = torch.outer(torch.arange(seq, dtype=torch.float32), self.inv_freq)
-            angles = torch.cat((freqs, freqs), dim=-1)
-            self._cache = (seq, device, angles.cos().to(device), angles.sin().to(device))
+            self._cache = (seq, device, *self._angles(seq, device))
         return self._cache[2], self._cache[3]
+
+    def _angles(self, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = torch.outer(torch.arange(seq, dtype=torch.float32), self.inv_freq)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return angles.cos().to(device), angles.sin().to(device)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k: (batch, heads, seq, head_dim)."""
@@ -123,6 +132,7 @@ class Llama(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.init_seed = seed  # materialize.py replays the init after sharding a meta-device model
+        self.loss_fn: Callable[..., torch.Tensor] = lm_loss  # parallelize.py may chunk or compile it
         self.tok_emb = nn.Embedding(cfg.vocab, cfg.dim)
         self.blocks = nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg.layers))
         self.ln_f = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
@@ -152,10 +162,14 @@ class Llama(nn.Module):
                 plan.append((f"{name}.weight", "ones", 0.0))
         return plan
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """The logits; with `targets`, the mean language-model loss instead (`loss_fn`: lm_loss.py)."""
         x = self.tok_emb(tokens)
         for block in self.blocks:
             x = block(x)
+        if targets is not None:
+            loss: torch.Tensor = self.loss_fn(self.ln_f(x), self.head, targets)
+            return loss
         logits: torch.Tensor = self.head(self.ln_f(x))
         return logits
 
