@@ -84,7 +84,8 @@ def test_a_container_over_its_memory_limit_is_oom_killed(real_env: RealEnv) -> N
         real_env.kubectl("delete", "pod", "oom", "--grace-period=1", "--wait=false", check=False)
 
 
-def training_job(name: str, image: str, steps: int = 60, namespace: str = "default") -> dict[str, Any]:
+def training_job(name: str, image: str, steps: int = 60, namespace: str = "default",
+                 worker: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob",
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"image": image, "replicas": {"min": 2, "max": 2}, "procsPerReplica": 1,
@@ -95,8 +96,8 @@ def training_job(name: str, image: str, steps: int = 60, namespace: str = "defau
                      "checkpoint": {"dir": f"/ckpt/{name}", "claimName": CLAIM, "everySteps": 10, "keep": 2},
                      "faultTolerance": {"maxRestarts": 3, "progressTimeoutSeconds": 60,
                                         "firstStepTimeoutSeconds": 300, "restartScope": "job"},
-                     "template": {"spec": on_real_nodes({"containers": [{"name": "worker",
-                                                                         "imagePullPolicy": "Never"}]})}}}
+                     "template": {"spec": on_real_nodes({"containers": [{"name": "worker", "imagePullPolicy": "Never",
+                                                                         **(worker or {})}]})}}}
 
 
 def job_status(env: RealEnv, name: str, namespace: str = "default") -> dict[str, Any]:
@@ -109,6 +110,8 @@ def job_pods(env: RealEnv, name: str) -> list[dict[str, Any]]:
 
 
 def test_a_job_on_real_nodes_succeeds_after_a_worker_pod_is_deleted(real_env: RealEnv) -> None:
+    """A worker's log and an exec into it (the container sees only its own processes: a PID namespace), then the
+    other worker's pod deleted mid-run: the operator recreates it and the job ends at its last step."""
     name = "real-job"
     real_env.apply(training_job(name, real_env.image))
     try:
@@ -116,6 +119,11 @@ def test_a_job_on_real_nodes_succeeds_after_a_worker_pod_is_deleted(real_env: Re
                       f"training to reach step 15; status {job_status(real_env, name)}")
         pods = job_pods(real_env, name)
         assert {p["spec"]["nodeName"] for p in pods} <= {"real-1", "real-2"}, pods
+        worker = next(p["metadata"]["name"] for p in pods if p["metadata"]["name"].endswith("worker-0"))
+        assert "step" in real_env.kubectl("logs", worker, "--tail=200").stdout
+        listing = "import os; print(sorted(open(f'/proc/{p}/comm').read() for p in os.listdir('/proc') if p.isdigit()))"
+        ps = real_env.kubectl("exec", worker, "--", "python", "-c", listing).stdout
+        assert ("python" in ps or "flywheel" in ps) and "controlplane" not in ps, ps  # not the host's processes
         victim = next(p["metadata"]["name"] for p in pods if p["metadata"]["name"].endswith("worker-1"))
         real_env.kubectl("delete", "pod", victim, "--wait=false")
         done = real_env.wait(lambda: (s := job_status(real_env, name)).get("phase") in ("Succeeded", "Failed")
@@ -192,3 +200,23 @@ def test_the_charts_operator_runs_as_a_container_on_a_real_node(real_env: RealEn
     finally:
         real_env.kubectl("delete", "tj", name, "-n", namespace, "--wait=false", check=False)
         real_env.kubectl("delete", deployment, "-n", namespace, "--wait=false", check=False)
+
+
+def test_a_worker_over_its_memory_limit_is_reported_oom_killed(real_env: RealEnv) -> None:
+    """A worker whose container limit cannot hold a rank: the kernel kills in its cgroup, containerd reports the
+    container OOMKilled, and the operator names it as the job's restart or failure reason."""
+    name = "real-oom"
+    job = training_job(name, real_env.image, worker={"resources": {"limits": {"memory": "160Mi"}}})
+    job["spec"]["faultTolerance"]["maxRestarts"] = 1
+    real_env.apply(job)
+    try:
+        said = real_env.wait(lambda: _oom_condition(job_status(real_env, name)), 420,
+                             f"the operator to report OOMKilled; status {job_status(real_env, name)}")
+        assert f"worker {name}-worker-" in said["message"] and "OOMKilled" in said["message"], said
+    finally:
+        real_env.kubectl("delete", "tj", name, "--wait=false", check=False)
+
+
+def _oom_condition(status: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's condition whose reason is OOMKilled (Restarting, or Failed once the restarts ran out)."""
+    return next((c for c in status.get("conditions") or [] if c.get("reason") == "OOMKilled"), None)
