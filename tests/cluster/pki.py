@@ -69,30 +69,26 @@ class Pki:
 
     def node_credentials(self, node: str) -> tuple[Path, Path]:
         """The node's client certificate and key (made on first use): a kubelet may register nodes at any time."""
-        cert, key_path = self.cert(f"node-{node}"), self.key(f"node-{node}")
-        if not cert.exists():
-            ca = x509.load_pem_x509_certificate(self.ca_cert.read_bytes())
-            ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), None)
-            assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-            key = _key()
-            _write_key(key_path, key)
-            _write_cert(cert, _certificate(f"system:node:{node}", key, (ca, ca_key),
-                                           [ExtendedKeyUsageOID.CLIENT_AUTH], organization="system:nodes"))
-        return cert, key_path
-
+        return self._issued(f"node-{node}", f"system:node:{node}", [ExtendedKeyUsageOID.CLIENT_AUTH],
+                            organization="system:nodes")
 
     def kubelet_serving(self, node: str, ip: str) -> tuple[Path, Path]:
         """A real node's kubelet serving certificate for its address (made on first use): what the API server,
         holding the CA (--kubelet-certificate-authority), verifies when it proxies logs and exec to the node."""
-        cert, key_path = self.cert(f"kubelet-{node}"), self.key(f"kubelet-{node}")
+        return self._issued(f"kubelet-{node}", f"system:node:{node}", [ExtendedKeyUsageOID.SERVER_AUTH],
+                            dns=(node,), ips=(ip,))
+
+    def _issued(self, name: str, subject: str, usage: list[x509.ObjectIdentifier], dns: tuple[str, ...] = (),
+                ips: tuple[str, ...] = (), organization: str = "") -> tuple[Path, Path]:
+        """The certificate and key `name`, signed by the CA the first time they are asked for."""
+        cert, key_path = self.cert(name), self.key(name)
         if not cert.exists():
             ca = x509.load_pem_x509_certificate(self.ca_cert.read_bytes())
             ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), None)
             assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
             key = _key()
             _write_key(key_path, key)
-            _write_cert(cert, _certificate(f"system:node:{node}", key, (ca, ca_key),
-                                           [ExtendedKeyUsageOID.SERVER_AUTH], dns=(node,), ips=(ip,)))
+            _write_cert(cert, _certificate(subject, key, (ca, ca_key), usage, dns, ips, organization))
         return cert, key_path
 
 

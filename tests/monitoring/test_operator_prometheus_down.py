@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.cluster.fixtures import start_cluster
-from tests.operator.conftest import CRD, KUBECTL, OpEnv, OperatorProcess, eventually
+from tests.operator.conftest import KUBECTL, OpEnv, OperatorProcess, eventually, operator_running
 
 pytestmark = pytest.mark.slow
 
@@ -30,17 +30,10 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpEnv]:
     events_dir.mkdir()
     operator = OperatorProcess(cluster, events_dir, tmp / "operator.log")
     operator.monitor_args = ["--prometheus-url", UNREACHABLE, "--health-interval", "0.5", "--prometheus-timeout", "1"]
-    op_env = OpEnv(cluster, operator, events_dir, tmp)
-    try:
-        for claim in ("flywheel-ckpt", "flywheel-events"):  # the example's and the events': bound at once
-            cluster.add_claim(claim)
-        op_env.kubectl("apply", "-f", str(CRD))
-        cluster.wait_established("trainingjobs.flywheel.dev")
-        operator.start()
-        yield op_env
-    finally:
-        operator.stop()
-        cluster.stop()
+    for claim in ("flywheel-ckpt", "flywheel-events"):  # the example's and the events': bound at once
+        cluster.add_claim(claim)
+    with operator_running(cluster, operator):
+        yield OpEnv(cluster, operator, events_dir, tmp)
 
 
 def counter(metrics: str, name: str, **labels: str) -> float:

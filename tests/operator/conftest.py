@@ -110,6 +110,21 @@ class OperatorProcess:
                 self.kill()
 
 
+@contextlib.contextmanager
+def operator_running(cluster: RunningCluster, operator: OperatorProcess) -> Iterator[None]:
+    """The TrainingJob CRD applied with kubectl and established, then `operator` started, for the block; the
+    operator and the cluster stopped after it, whatever happens."""
+    try:
+        subprocess.run([str(KUBECTL), "--kubeconfig", str(cluster.kubeconfig), "apply", "-f", str(CRD)], check=True,
+                       capture_output=True, timeout=60)
+        cluster.wait_established("trainingjobs.flywheel.dev")
+        operator.start()
+        yield
+    finally:
+        operator.stop()
+        cluster.stop()
+
+
 def with_step_delay(doc: dict[str, Any], seconds: float) -> dict[str, Any]:
     """Makes the job `doc`'s ranks idle `seconds` before each step: returns a ConfigMap setting
     FLYWHEEL_STEP_DELAY_SECONDS (flywheel/contracts/faults.py) and points the worker container of the job's
@@ -253,12 +268,5 @@ def op_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpEnv]:
     events_dir = tmp / "events"
     events_dir.mkdir()
     operator = OperatorProcess(cluster, events_dir, tmp / "operator.log")
-    env = OpEnv(cluster, operator, events_dir, tmp)
-    try:
-        env.kubectl("apply", "-f", str(CRD))
-        cluster.wait_established("trainingjobs.flywheel.dev")
-        operator.start()
-        yield env
-    finally:
-        operator.stop()
-        cluster.stop()
+    with operator_running(cluster, operator):
+        yield OpEnv(cluster, operator, events_dir, tmp)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.fixtures import start_cluster
-from tests.operator.conftest import CRD, KUBECTL, OpEnv, OperatorProcess, eventually
+from tests.operator.conftest import KUBECTL, OpEnv, OperatorProcess, eventually, operator_running
 from tests.rank_processes import alive, trainer_ranks
 
 pytestmark = pytest.mark.timeout(400)
@@ -28,15 +28,8 @@ def etcd_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpEnv]:
     cluster = start_cluster(tmp / "cluster", nodes=2, etcd=True, node_monitor_grace_seconds=3.0, heartbeat_seconds=0.5)
     cluster.add_claim("flywheel-ckpt")  # the example's checkpoint claim: kube-scheduler places no pod without it
     operator = OperatorProcess(cluster, None, tmp / "operator.log")  # no events dir; --no-health-monitor
-    env = OpEnv(cluster, operator, tmp / "no-events", tmp)
-    try:
-        env.kubectl("apply", "-f", str(CRD))
-        cluster.wait_established("trainingjobs.flywheel.dev")
-        operator.start()
-        yield env
-    finally:
-        operator.stop()
-        cluster.stop()
+    with operator_running(cluster, operator):
+        yield OpEnv(cluster, operator, tmp / "no-events", tmp)
 
 
 def test_status_fills_from_etcd_without_an_events_dir(etcd_only: OpEnv) -> None:

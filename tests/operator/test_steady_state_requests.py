@@ -25,7 +25,7 @@ from flywheel.contracts.labels import INDEX_LABEL
 from tests.cluster.audit import Attributes, describe, service_account
 from tests.cluster.fixtures import start_cluster
 from tests.fakes.prometheus_api import FakePrometheus
-from tests.operator.conftest import CRD, KUBECTL, OpEnv, OperatorProcess, eventually
+from tests.operator.conftest import KUBECTL, OpEnv, OperatorProcess, eventually, operator_running
 
 OPERATOR_ACCOUNT = "steady-state-operator"  # in namespace default: the operator's own user in the audit log
 JOBS = ("steady-a", "steady-b", "steady-c")
@@ -52,16 +52,11 @@ def steady_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpEnv]:
     operator.monitor_args = ["--prometheus-url", prom.url, "--health-interval", "0.5", "--scrape-interval", "0.5"]
     operator.extra_args = ["--kubeconfig", str(tmp / "kubeconfig-operator"),  # the last --kubeconfig wins
                            "--worker-env", f"FLYWHEEL_FAULTS={FAULTS}"]
-    env = OpEnv(cluster, operator, tmp / "events", tmp)
     try:
-        env.kubectl("apply", "-f", str(CRD))
-        cluster.wait_established("trainingjobs.flywheel.dev")
-        operator.start()
-        yield env
+        with operator_running(cluster, operator):
+            yield OpEnv(cluster, operator, tmp / "events", tmp)
     finally:
-        operator.stop()
         prom.stop()
-        cluster.stop()
 
 
 def _stopped_at_the_fault(env: OpEnv) -> bool:

@@ -19,7 +19,7 @@ from tests.cluster.cluster import TestCluster
 from tests.cluster.fixtures import start_cluster
 from tests.cluster.real_node import REAL_NODE_LABEL
 from tests.image.build import project_image
-from tests.operator.conftest import CRD, KUBECTL, OperatorProcess
+from tests.operator.conftest import KUBECTL, OperatorProcess, operator_running
 from tests.waiting import eventually
 
 NODE_GRACE_SECONDS = 6.0
@@ -77,13 +77,6 @@ def real_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEnv]:
                             heartbeat_seconds=0.5, real_nodes=2, real_node_images=(image,))
     operator = OperatorProcess(cluster, None, tmp / "operator.log")
     operator.extra_args = ["--namespace", "default"]  # the chart's operator (a test) has a namespace of its own
-    env = RealEnv(cluster, image, operator, tmp)
-    try:
-        cluster.add_claim(CLAIM)
-        env.kubectl("apply", "-f", str(CRD))
-        cluster.wait_established("trainingjobs.flywheel.dev")
-        operator.start()
-        yield env
-    finally:
-        operator.stop()
-        cluster.stop()
+    cluster.add_claim(CLAIM)
+    with operator_running(cluster, operator):
+        yield RealEnv(cluster, image, operator, tmp)
