@@ -144,8 +144,11 @@ def _bench_ours(trainer: _Trainer, ckpt: Checkpointer, metrics: _Metrics) -> flo
     ckpt.wait_staged()
     blocked += time.perf_counter() - t1
     trainer.optimizer_step()
-    while metrics.committed != step and metrics.failures == 0 or ckpt.memory is not None and ckpt.memory.busy:
-        trainer.train_step(ckpt.wait_staged)  # keep training while the disk (and memory) copies are written
+    # Keep training while the disk (and memory) copies are written, and the commit's clean-up runs: the next save
+    # would be skipped while it does.
+    while (metrics.committed != step and metrics.failures == 0 or ckpt.busy
+           or ckpt.memory is not None and ckpt.memory.busy):
+        trainer.train_step(ckpt.wait_staged)
     if metrics.failures:
         raise RuntimeError("checkpoint failed during the benchmark; see the log")
     return blocked

@@ -214,6 +214,12 @@ class Checkpointer:
             if memory_alone and self.memory is not None:
                 self.memory.reserve(template)
 
+    @property
+    def busy(self) -> bool:
+        """Whether a disk save is still under way on this rank (its commit's clean-up included)."""
+        future = self._inflight.future if self._inflight is not None else None
+        return future is not None and not future.done()
+
     def on_disk(self, step: int) -> bool:
         """Whether `step` is committed on disk: restored from there, or saved by this run (a save still in flight
         does not count yet)."""
@@ -256,9 +262,7 @@ class Checkpointer:
         if blocking:
             self._wait_inflight()
         else:
-            future = self._inflight.future if self._inflight is not None else None
-            busy = future is not None and not future.done()
-            if self._agree(busy, self._control_group, any_rank=True):
+            if self._agree(self.busy, self._control_group, any_rank=True):
                 prev = self._inflight.step if self._inflight else "?"
                 log.warning("checkpoint at step %d skipped: the save of step %s is still being written; saves are "
                             "requested faster than storage absorbs them (raise everySteps/everySeconds)", step, prev)
