@@ -28,7 +28,7 @@ def _maxrss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def measure(tokens: int, chunked: bool) -> dict[str, float]:
+def measure(tokens: int, chunked: bool, dim: int = DIM) -> dict[str, float]:
     """In this process: the peak above the inputs' level, the seconds and the loss of one forward/backward."""
     import torch
     from torch import nn
@@ -36,8 +36,8 @@ def measure(tokens: int, chunked: bool) -> dict[str, float]:
     from flywheel.trainer.models.lm_loss import lm_loss
 
     torch.manual_seed(0)
-    head = nn.Linear(DIM, VOCAB, bias=False)
-    hidden = torch.randn(1, tokens, DIM, requires_grad=True)
+    head = nn.Linear(dim, VOCAB, bias=False)
+    hidden = torch.randn(1, tokens, dim, requires_grad=True)
     targets = torch.randint(0, VOCAB, (1, tokens))
     base = _maxrss_bytes()
     began = time.perf_counter()
@@ -46,8 +46,9 @@ def measure(tokens: int, chunked: bool) -> dict[str, float]:
     return {"peak_bytes": _maxrss_bytes() - base, "seconds": time.perf_counter() - began, "loss": loss.item()}
 
 
-def run_variant(tokens: int, chunked: bool) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-m", "bench.loss_memory", "--child", str(tokens), str(int(chunked))],
+def run_variant(tokens: int, chunked: bool, dim: int) -> dict[str, float]:
+    out = subprocess.run([sys.executable, "-m", "bench.loss_memory", "--child", str(tokens), str(int(chunked)),
+                          str(dim)],
                          check=True, capture_output=True, text=True)
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -57,24 +58,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="512 tokens")
     parser.add_argument("--tokens", type=int)
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--dim", type=int, default=DIM, help="the head's input width (the logits do not depend on it)")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(measure(int(args.child[0]), bool(int(args.child[1])))))
+        print(json.dumps(measure(int(args.child[0]), bool(int(args.child[1])), int(args.child[2]))))
         return 0
     from bench.common import write_result
 
     tokens = args.tokens or (512 if args.quick else 2048)
-    full, chunked = run_variant(tokens, False), run_variant(tokens, True)
+    full, chunked = run_variant(tokens, False, args.dim), run_variant(tokens, True, args.dim)
     logits = tokens * VOCAB * 4
-    print(f"{tokens} tokens x vocab {VOCAB}, dim {DIM}: fp32 logits {logits / 2**30:.2f} GiB")
+    print(f"{tokens} tokens x vocab {VOCAB}, dim {args.dim}: fp32 logits {logits / 2**30:.2f} GiB")
     for name, row in (("full", full), ("chunked", chunked)):
         print(f"{name:<8} peak {row['peak_bytes'] / 2**30:6.2f} GiB  {row['seconds']:6.2f} s  loss {row['loss']:.6f}")
     ratio = chunked["peak_bytes"] / full["peak_bytes"]
     write_result("loss_memory", metric="loss_peak_bytes", value=chunked["peak_bytes"], unit="B",
                  peer="the full loss (fp32 logits of every token)", peer_value=full["peak_bytes"], ratio=ratio,
                  goal="chunked peak <= 0.25 x the full loss's", passed=ratio <= 0.25,
-                 runs={"full": full, "chunked": chunked}, tokens=tokens, dim=DIM, vocab=VOCAB,
+                 runs={"full": full, "chunked": chunked}, tokens=tokens, dim=args.dim, vocab=VOCAB,
                  logits_bytes=logits, quick=args.quick)
     return 0
 
