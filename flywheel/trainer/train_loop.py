@@ -116,7 +116,7 @@ class _StepResult:
     aux: dict[str, float]  # the MoE load-balancing loss, when the model has one
     seconds: float
     stop: bool  # some rank got SIGTERM
-    drain: bool = False  # some rank saw the operator's checkpoint request (checkpoint_request.py)
+    drain: bool = False  # some rank saw the operator's checkpoint request (trainer/checkpoint/request.py)
 
 
 def train(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: TrainerMetrics,
