@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+import torch
 import torch.distributed.checkpoint as dcp
 from ckpt_helpers import FakeEvents, assert_same_state, full_state, make_app, train_saving, train_step
 
@@ -37,7 +38,7 @@ def _finish(ckpt: Checkpointer, app: AppState, start: int, events: FakeEvents) -
     """train_loop._finish on a run of STEPS steps at world size 1."""
     env = SimpleNamespace(rank=0, spec=SimpleNamespace(trainer=SimpleNamespace(training=SimpleNamespace(
         steps=STEPS))))
-    run = SimpleNamespace(env=env, ckpt=ckpt, app=app, model=app.model)
+    run = SimpleNamespace(env=env, ckpt=ckpt, app=app, model=app.model, device=torch.device("cpu"))
     train_loop._finish(cast(Any, run), start, cast(Any, events), cast(Any, _Metrics()),
                        cast(Any, SimpleNamespace(stop=lambda: None)))
 
