@@ -1,5 +1,5 @@
 """Every private torch internal Flywheel relies on, named in one place. Each one is checked against the installed
-torch by tests/unit/test_torch_compat.py, which fails loudly on a torch upgrade: re-check the seams below against
+torch by tests/test_torch_compat.py, which fails loudly on a torch upgrade: re-check the seams below against
 the new torch's source, then move TESTED_TORCH.
 
 - LocalElasticAgent (torch.distributed.elastic): `flywheel launch`'s agent overrides the hooks in AGENT_HOOKS and
