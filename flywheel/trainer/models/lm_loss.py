@@ -12,6 +12,8 @@ Two ways to the same quantity (`training.chunkedLoss`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -37,3 +39,13 @@ def lm_loss(hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor, *, chu
     per_token = F.linear_cross_entropy(hidden.flatten(0, 1), weight, targets.flatten(), linear_bias=bias,
                                        reduction="none", options=CHUNKED)
     return per_token.float().mean()
+
+
+def head_output(hidden: torch.Tensor, head: nn.Linear, loss_fn: Callable[..., torch.Tensor],
+                targets: torch.Tensor | None) -> torch.Tensor:
+    """A decoder's last step, from its final normed hidden states: the logits, or with `targets` the mean loss
+    through `loss_fn` (the model's own: parallelize.py may chunk or compile it)."""
+    if targets is None:
+        logits: torch.Tensor = head(hidden)
+        return logits
+    return loss_fn(hidden, head, targets)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flywheel.layout.shape import ModelShape
-from flywheel.trainer.models.lm_loss import lm_loss
+from flywheel.trainer.models.lm_loss import head_output, lm_loss
 from flywheel.trainer.models.moe import Experts, MoE
 
 INIT_STD = 0.02
@@ -117,11 +117,7 @@ class GPT(nn.Module):
         x = self.tok_emb(tokens) + self.pos_emb(positions)
         for block in self.blocks:
             x = block(x)
-        if targets is not None:
-            loss: torch.Tensor = self.loss_fn(self.ln_f(x), self.head, targets)
-            return loss
-        logits: torch.Tensor = self.head(self.ln_f(x))
-        return logits
+        return head_output(self.ln_f(x), self.head, self.loss_fn, targets)
 
     def num_params(self, include_embeddings: bool = True) -> int:
         """Distinct parameters (the tied head counts once); position embeddings optional, as in the FLOP count."""

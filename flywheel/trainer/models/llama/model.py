@@ -22,7 +22,7 @@ from torch import nn
 
 from flywheel.layout.shape import ModelShape, RopeScaling
 from flywheel.trainer.models.gpt.model import INIT_STD, InitStep, apply_init
-from flywheel.trainer.models.lm_loss import lm_loss
+from flywheel.trainer.models.lm_loss import head_output, lm_loss
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
@@ -167,11 +167,7 @@ class Llama(nn.Module):
         x = self.tok_emb(tokens)
         for block in self.blocks:
             x = block(x)
-        if targets is not None:
-            loss: torch.Tensor = self.loss_fn(self.ln_f(x), self.head, targets)
-            return loss
-        logits: torch.Tensor = self.head(self.ln_f(x))
-        return logits
+        return head_output(self.ln_f(x), self.head, self.loss_fn, targets)
 
     def num_params(self, include_embeddings: bool = True) -> int:
         """Distinct parameters (a tied head counts once); without embeddings: without the input embedding lookup
