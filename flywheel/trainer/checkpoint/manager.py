@@ -37,12 +37,10 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +56,7 @@ from flywheel.trainer.checkpoint import integrity, store
 from flywheel.trainer.checkpoint import restore as checkpoint_restore
 from flywheel.trainer.checkpoint.failure import SaveFailed, describe_failure, report_failure
 from flywheel.trainer.checkpoint.rank_gather import gather_causes, gather_checksums
+from flywheel.trainer.checkpoint.save_record import SaveRecord, snapshot, staged_copy
 from flywheel.trainer.checkpoint.schedule import SaveSchedule
 from flywheel.trainer.checkpoint.staging import StagingBuffers, snapshot_unsafe_tensors
 from flywheel.trainer.checkpoint.state import AppState
@@ -71,36 +70,6 @@ log = logging.getLogger("flywheel.checkpoint")
 _FAILURES = (Exception, CheckpointException)  # DCP's CheckpointException derives from BaseException
 # torch.cuda.Stream's constructor has no annotations; this is its signature as used here.
 _new_cuda_stream: Callable[[], torch.cuda.Stream] = torch.cuda.Stream
-
-
-@dataclass
-class _Save:
-    step: int
-    path: Path
-    started: float  # monotonic time save() was entered
-    blocking_call: bool  # the loop waited for the whole save
-    blocking: float = 0.0  # seconds the loop was held so far
-    blocking_reported: bool = False
-    staged: threading.Event = field(default_factory=threading.Event)
-    copy: dict[str, Any] | None = None  # the staged state (in our buffers), once `staged` is set; None: failed
-    after: Future[None] | None = None  # an earlier memory save still reading the buffers this one stages into
-    future: Future[None] | None = None
-
-
-def _staged_copy(record: _Save) -> Callable[[], dict[str, Any] | None]:
-    """What a memory save of the same step calls to read the disk save's staged copy (None: staging failed)."""
-    def borrow() -> dict[str, Any] | None:
-        record.staged.wait()
-        return record.copy
-    return borrow
-
-
-def _snapshot(app: AppState, step: int) -> dict[str, Any]:
-    """The state dict after `step` for an asynchronous save: live parameters and optimizer state (staged later,
-    before the next optimizer.step()), the rest copied now."""
-    state = app.state_dict()
-    state["step"] = step
-    return snapshot_unsafe_tensors(state, app.parameter_storages())
 
 
 class Checkpointer:
@@ -127,7 +96,7 @@ class Checkpointer:
         self._buffers = StagingBuffers(pin_memory=self._cuda)
         self._buffers_reader: Future[None] | None = None  # a memory save still reading the disk save's copy
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-checkpoint")
-        self._inflight: _Save | None = None
+        self._inflight: SaveRecord | None = None
         self._last_requested_step = -1  # the newest step saved, or being saved (a failed save does not count)
         # The newest disk checkpoint known to load: the one restored from disk, or the last committed by this run.
         # Make-room never deletes it, and a final step restored from memory only is still written to disk.
@@ -195,9 +164,9 @@ class Checkpointer:
             # Started last: a thread started earlier would take the GIL from the loop's thread mid-save (measured:
             # +4 ms of stall). With a disk save under way it reads that save's staged copy.
             if shared is not None and self._inflight is not None:
-                self._buffers_reader = self.memory.start(step, shared, borrow=_staged_copy(self._inflight))
+                self._buffers_reader = self.memory.start(step, shared, borrow=staged_copy(self._inflight))
             else:
-                self.memory.start(step, _snapshot(app, step) if shared is None else shared)
+                self.memory.start(step, snapshot(app, step) if shared is None else shared)
 
     def reserve_staging(self, app: AppState) -> None:
         """Allocate the staging buffers of the tiers that save (pinned on a GPU host) for `app`'s state now, so that
@@ -255,7 +224,7 @@ class Checkpointer:
     def save_to_memory(self, step: int, app: AppState) -> None:
         """A memory-tier save of the state after `step` now, due or not (a checkpoint request). Every rank."""
         if self.memory is not None and self.memory.begin(step, self._control_group):
-            self.memory.start(step, _snapshot(app, step))
+            self.memory.start(step, snapshot(app, step))
 
     def _save_disk(self, step: int, app: AppState, blocking: bool, started: float) -> dict[str, Any] | None:
         """The disk part of save(): the state dict handed to the writer thread, or None (skipped, or blocking)."""
@@ -273,7 +242,7 @@ class Checkpointer:
             return None
         self._last_requested_step = step
         self._schedule.started()
-        record = _Save(step=step, path=store.step_dir(self.directory, step), started=started,
+        record = SaveRecord(step=step, path=store.step_dir(self.directory, step), started=started,
                        blocking_call=blocking)
         state = app.state_dict()
         state["step"] = step
@@ -356,7 +325,7 @@ class Checkpointer:
 
     # ---- the write (writer thread for async saves, training thread for blocking ones) -------------------------
 
-    def _write(self, record: _Save, state: dict[str, Any], stage: bool) -> None:
+    def _write(self, record: SaveRecord, state: dict[str, Any], stage: bool) -> None:
         try:
             staging_error: BaseException | None = None
             try:
@@ -395,7 +364,7 @@ class Checkpointer:
         if self.remote is not None:  # committed locally; the bucket's copy follows (its marker last)
             self.remote.upload(record.path, record.step)
 
-    def _on_commit(self, record: _Save) -> None:
+    def _on_commit(self, record: SaveRecord) -> None:
         self.committed_step = record.step
         total = time.monotonic() - record.started
         blocking = total if record.blocking_call else record.blocking
@@ -409,15 +378,9 @@ class Checkpointer:
         if self.events is not None:
             self.events.emit("checkpoint", step=record.step, blocking_seconds=blocking, total_seconds=total,
                              path=str(record.path))
-        try:
-            for path in store.apply_retention(self.directory, self.cfg.keep, record.step):
-                log.info("deleted checkpoint %s (keep: %d)", path, self.cfg.keep)
-            for path in store.remove_uncommitted(self.directory, below_step=record.step):
-                log.info("removed torn checkpoint %s (no commit marker)", path)
-        except OSError as err:
-            log.warning("checkpoint clean-up under %s failed: %s", self.directory, err)
+        store.tidy_after_commit(self.directory, self.cfg.keep, record.step)
 
-    def _on_failure(self, record: _Save, err: BaseException, state: dict[str, Any]) -> None:
+    def _on_failure(self, record: SaveRecord, err: BaseException, state: dict[str, Any]) -> None:
         log.error("checkpoint at step %d to %s failed on rank %d: %s", record.step, record.path, self.rank,
                   describe_failure(err))
         if self._last_requested_step == record.step:  # not taken: a later save of this step (the final) retries
@@ -433,7 +396,7 @@ class Checkpointer:
 
     # ---- bookkeeping -------------------------------------------------------------------------------------------
 
-    def _report_blocking(self, record: _Save) -> None:
+    def _report_blocking(self, record: SaveRecord) -> None:
         if record.blocking_reported:
             return
         record.blocking_reported = True

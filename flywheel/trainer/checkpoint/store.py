@@ -221,3 +221,15 @@ def folder_bytes(path: str | os.PathLike[str]) -> int:
         return sum(entry.stat().st_size for entry in os.scandir(path) if entry.is_file(follow_symlinks=False))
     except OSError:
         return 0
+
+
+def tidy_after_commit(root: Path, keep: int, step: int) -> None:
+    """Rank 0, after committing `step`: retention (`keep`), then the torn folders below it; a failure is logged,
+    never raised (the checkpoint is committed)."""
+    try:
+        for path in apply_retention(root, keep, step):
+            log.info("deleted checkpoint %s (keep: %d)", path, keep)
+        for path in remove_uncommitted(root, below_step=step):
+            log.info("removed torn checkpoint %s (no commit marker)", path)
+    except OSError as err:
+        log.warning("checkpoint clean-up under %s failed: %s", root, err)
