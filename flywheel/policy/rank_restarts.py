@@ -21,7 +21,8 @@ counted rank restart, or for a pod that ended shortly before it (a consequence's
 end by up to `consequence_window` when a loaded kubelet reports it late), replaces its reason instead of counting
 again (`begin_generation`). Because the peers' reports
 can reach the operator before the crashed rank's, a report whose reason follows a peer's failure (a collective
-timeout) waits up to CAUSE_WAIT_SECONDS for the cause's report, so the counted recovery is named by its cause.
+timeout) waits up to CAUSE_WAIT_SECONDS for the cause's report, so the counted recovery is named by its cause; so
+does a plain crash in a job of several workers (a user script's collective raises on a lost peer, exit code 1).
 
 Only pods of the current generation that are not being deleted count: an older generation's pods are the leftovers
 of a restart already counted, and a counted rank restart must not rename a pending whole-job restart
@@ -47,11 +48,25 @@ SAME_RECOVERY_SECONDS = 30.0
 # its consequences' by well under a second, by a few seconds on a loaded node.
 CAUSE_WAIT_SECONDS = 5.0
 _CONSEQUENCES = tuple(f"({exitcodes.describe(code)})" for code in exitcodes.FOLLOWS_A_PEER)
+_CRASH = f"({exitcodes.describe(exitcodes.CRASH)})"
 
 
 def follows_a_peer(reason: str) -> bool:
     """Whether a rank restart's reported reason is a consequence of another rank's failure."""
     return any(reason.endswith(name) for name in _CONSEQUENCES)
+
+
+def _doubt(reason: str) -> int:
+    """How little a report's reason says of the interruption's cause: 0, a cause (a rank killed by a signal, a
+    named exit); 1, a plain crash, which may be a user script's collective raising on a lost peer (it knows no
+    consequence's exit code); 2, a consequence of a peer's failure. Reports are taken least doubtful first."""
+    return 2 if follows_a_peer(reason) else 1 if reason.endswith(_CRASH) else 0
+
+
+def _may_follow(pod: PodView, pods: Sequence[PodView]) -> bool:
+    """Whether `pod`'s report may be another pod's failure's consequence: a plain crash only with peers."""
+    doubt = _doubt(pod.rank_restart_reason)
+    return doubt == 2 or (doubt == 1 and any(p.uid != pod.uid for p in pods))
 
 
 def last_restart(status: TrainingJobStatus) -> float | None:
@@ -118,10 +133,11 @@ def begin_generation(status: TrainingJobStatus, generation: int, now: float, mer
     status.last_restart_time = rfc3339(now)
 
 
-def _waits_for_cause(status: TrainingJobStatus, pod: PodView, now: float | None, window: float,
-                     stalled: bool) -> bool:
-    """A consequence's report, not the echo of a counted recovery, still within the wait for its cause's."""
-    return (now is not None and follows_a_peer(pod.rank_restart_reason)
+def _waits_for_cause(status: TrainingJobStatus, pod: PodView, pods: Sequence[PodView], now: float | None,
+                     window: float, stalled: bool) -> bool:
+    """A (possible) consequence's report, not the echo of a counted recovery, still within the wait for its
+    cause's."""
+    return (now is not None and _may_follow(pod, pods)
             and not _echoes(status, pod, window, stalled) and now - pod.rank_restart_at < CAUSE_WAIT_SECONDS)
 
 
@@ -131,7 +147,7 @@ def cause_wait_due(status: TrainingJobStatus, pods: Sequence[PodView], window: f
     waiting and is counted by itself. `status`: as the pass left it (its `rankRestarts` record what was taken)."""
     taken = status.rank_restarts
     return [p.rank_restart_at + CAUSE_WAIT_SECONDS for p in pods
-            if p.rank_restarts > taken.get(p.uid, 0) and follows_a_peer(p.rank_restart_reason)
+            if p.rank_restarts > taken.get(p.uid, 0) and _may_follow(p, pods)
             and not _echoes(status, p, window, stalled)]
 
 
@@ -147,9 +163,9 @@ def count_rank_restarts(status: TrainingJobStatus, pods: Sequence[PodView], gene
     uids = {p.uid for p in pods}
     reporters = [u for u in status.rank_restart_reporters if u in uids]
     events: list[Event] = []
-    for pod in sorted(pods, key=lambda p: (follows_a_peer(p.rank_restart_reason), p.rank_restart_at)):
+    for pod in sorted(pods, key=lambda p: (_doubt(p.rank_restart_reason), p.rank_restart_at)):
         before = recorded.get(pod.uid, 0)
-        if pod.rank_restarts <= before or _waits_for_cause(status, pod, now, window, stalled):
+        if pod.rank_restarts <= before or _waits_for_cause(status, pod, pods, now, window, stalled):
             continue
         recorded[pod.uid] = pod.rank_restarts
         echo = _echoes(status, pod, window, stalled)

@@ -14,6 +14,7 @@ from flywheel.policy.rank_restarts import (
     CAUSE_WAIT_SECONDS,
     SAME_RECOVERY_SECONDS,
     begin_generation,
+    cause_wait_due,
     consequence_window,
     count_rank_restarts,
 )
@@ -64,6 +65,38 @@ def test_in_one_pass_the_cause_is_taken_before_an_earlier_consequence() -> None:
     status = _running()
     events = count_rank_restarts(status, [
         pod(0, rank_restarts=1, rank_restart_reason=CONSEQUENCE, rank_restart_at=NOW),
+        pod(1, rank_restarts=1, rank_restart_reason=CAUSE, rank_restart_at=NOW + 0.2)], 0, NOW + 10)
+    assert status.restarts == 1 and len(events) == 1 and CAUSE in events[0].message
+
+
+SCRIPT_CRASH = "rank 0: exit code 1 (crash)"  # a user script's collective raised on its lost peer
+
+
+def test_a_scripts_plain_crash_reported_first_waits_for_a_peers_cause() -> None:
+    status = _running()
+    crash = pod(0, rank_restarts=1, rank_restart_reason=SCRIPT_CRASH, rank_restart_at=NOW)
+    assert not count_rank_restarts(status, [crash, pod(1)], 0, NOW + 1)
+    assert cause_wait_due(status, [crash, pod(1)]) == [NOW + CAUSE_WAIT_SECONDS]
+    cause = pod(1, rank_restarts=1, rank_restart_reason=CAUSE, rank_restart_at=NOW + 0.5)
+    events = count_rank_restarts(status, [crash, cause], 0, NOW + 2)
+    assert status.restarts == 1 and status.rank_restarts == {"u0-0": 1, "u1-0": 1}
+    assert len(events) == 1 and CAUSE in events[0].message
+
+
+def test_a_plain_crash_without_a_cause_counts_after_the_wait_and_alone_at_once() -> None:
+    status = _running()
+    crash = pod(0, rank_restarts=1, rank_restart_reason=SCRIPT_CRASH, rank_restart_at=NOW)
+    assert not count_rank_restarts(status, [crash, pod(1)], 0, NOW + CAUSE_WAIT_SECONDS - 0.1)
+    events = count_rank_restarts(status, [crash, pod(1)], 0, NOW + CAUSE_WAIT_SECONDS)
+    assert status.restarts == 1 and len(events) == 1 and SCRIPT_CRASH in events[0].message
+    alone = _running()
+    assert count_rank_restarts(alone, [crash], 0, NOW + 0.1) and alone.restarts == 1  # no peer to wait for
+
+
+def test_in_one_pass_a_signal_death_is_taken_before_an_earlier_plain_crash() -> None:
+    status = _running()
+    events = count_rank_restarts(status, [
+        pod(0, rank_restarts=1, rank_restart_reason=SCRIPT_CRASH, rank_restart_at=NOW),
         pod(1, rank_restarts=1, rank_restart_reason=CAUSE, rank_restart_at=NOW + 0.2)], 0, NOW + 10)
     assert status.restarts == 1 and len(events) == 1 and CAUSE in events[0].message
 
