@@ -239,11 +239,15 @@ class OpEnv:
         status = self.status(name)
         conditions = [f"{c['type']}: {c.get('message', '')}" for c in status.get("conditions", [])
                       if c.get("status") == "True"]
-        pods = [f"{p['metadata']['name']}={(p.get('status') or {}).get('phase')}" for p in self.pods(name)]
+        pods = [_pod_state(p) for p in self.pods(name)]
         log = self.operator.log_path.read_text(errors="replace").splitlines() if self.operator.log_path.exists() else []
         said = [line for line in log if name in line][-12:]
+        nodes = json.loads(self.kubectl("get", "nodes", "-o", "json", check=False).stdout or '{"items": []}')["items"]
+        ready = {n["metadata"]["name"]: next((c["status"] for c in n["status"].get("conditions", [])
+                                              if c["type"] == "Ready"), "?") for n in nodes}
         return (f"{status.get('phase')} ({status.get('reason')}: {status.get('message')}); conditions {conditions}; "
-                f"pods {pods}; last step {self.last_step(name)}; the operator's last lines on it:\n" + "\n".join(said))
+                f"pods {pods}; nodes Ready {ready}; last step {self.last_step(name)}; "
+                "the operator's last lines on it:\n" + "\n".join(said))
 
     def delete(self, name: str) -> None:
         self.kubectl("delete", "tj", name, "--wait=false", check=False)
@@ -270,3 +274,15 @@ def op_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpEnv]:
     operator = OperatorProcess(cluster, events_dir, tmp / "operator.log")
     with operator_running(cluster, operator):
         yield OpEnv(cluster, operator, events_dir, tmp)
+
+
+def _pod_state(pod: dict[str, Any]) -> str:
+    """A pod's phase, and for one not running yet its node and why not (a condition's reason and message)."""
+    status = pod.get("status") or {}
+    said = f"{pod['metadata']['name']}={status.get('phase')}"
+    if status.get("phase") == "Pending":
+        why = [f"{c['type']} {c.get('reason', '')}: {c.get('message', '')}" for c in status.get("conditions", [])
+               if c.get("status") != "True"]
+        said += f" (node {pod['spec'].get('nodeName')}; {'; '.join(why) or 'no condition false'})"
+    return said
+
