@@ -5,7 +5,8 @@
 #   localhost/flywheel-test:deps-KEY   the Dockerfile's image; KEY hashes the Dockerfile, pyproject.toml,
 #                                      constraints.txt and these scripts: built only when missing (minutes, several
 #                                      GB), and the older keys' images are removed then
-#   localhost/flywheel-test:latest     that image with flywheel/ copied over the installed package (seconds)
+#   localhost/flywheel-test:latest     that image with flywheel/ copied over the installed package (seconds;
+#                                      nothing when its label says it holds the same package already)
 #
 # So a change to the package's code costs a copy, not a rebuild of the venv, and the tests still run the checkout.
 # SOURCE (default: this checkout) is the tree whose Dockerfile, dependency files and flywheel/ are used, e.g. an
@@ -35,6 +36,17 @@ else
   podman image prune --force >/dev/null
 fi
 
+# The checkout's package by content: an image already built of it is kept, so one that another test process is
+# saving or running (tests/real_nodes imports it into containerd) is never pruned from under it.
+SOURCE_KEY="$(cd "$SOURCE" && find flywheel -name __pycache__ -prune -o -type f -print0 | LC_ALL=C sort -z \
+  | xargs -0 sha256sum | cat - <(echo "$DEPS") | sha256sum | cut -c1-16)"
+if [[ "$(podman image inspect --format '{{index .Labels "dev.flywheel.source"}}' "$IMAGE" 2>/dev/null)" \
+      == "$SOURCE_KEY" ]]; then
+  log "$IMAGE holds this checkout's package ($SOURCE_KEY)"
+  echo "$IMAGE"
+  exit 0
+fi
+
 site="$(podman run --rm --network none --entrypoint python "$DEPS" -c \
   'import flywheel, os; print(os.path.dirname(os.path.dirname(flywheel.__file__)))')"
 ctx="$(mktemp -d)"
@@ -48,6 +60,7 @@ RUN rm -rf $site/flywheel
 COPY flywheel $site/flywheel
 USER 10001:10001
 EOF
-podman build --quiet --layers=false --network none --tag "$IMAGE" "$ctx" >/dev/null
+podman build --quiet --layers=false --network none --label "dev.flywheel.source=$SOURCE_KEY" --tag "$IMAGE" "$ctx" \
+  >/dev/null
 podman image prune --force >/dev/null
 echo "$IMAGE"

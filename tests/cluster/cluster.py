@@ -174,13 +174,17 @@ class TestCluster:
 
     def wait_node_ready(self, name: str, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
+        conditions: list[dict[str, str]] = []
         while time.monotonic() < deadline:
             node = self.control_plane.request(f"/api/v1/nodes/{name}") or {}
             conditions = (node.get("status") or {}).get("conditions") or []
             if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
                 return
             time.sleep(0.5)
-        raise TimeoutError(f"node {name} not Ready after {timeout:.0f} s")
+        real = self.real_nodes.get(name)
+        raise TimeoutError(f"node {name} not Ready after {timeout:.0f} s; its conditions: "
+                           + "; ".join(f"{c['type']}={c['status']} ({c.get('message', '')})" for c in conditions)
+                           + (f"\n{real.diagnosis()}" if real is not None else ""))
 
     def stop(self) -> None:
         for node in self.real_nodes.values():

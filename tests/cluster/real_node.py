@@ -88,8 +88,11 @@ class RealNode:
     def __init__(self, name: str, folder: Path, settings: RealNodeSettings, template_root: Path | None) -> None:
         self.name, self.folder, self.settings = name, folder, settings
         self.template_root = template_root
-        # Unix socket paths are limited to 107 bytes: the runtime's live in a short folder of their own.
+        # Unix socket paths are limited to 107 bytes: the runtime's live in a short folder of their own, and so does
+        # the kubelet's root (its pod-resources and plugin sockets), which a test's folder under pytest's xdist
+        # workers makes too long.
         self.run_dir = Path(f"/run/flywheel-{os.getpid()}-{name}")
+        self.kubelet_dir = Path(f"/tmp/flywheel-kubelet-{os.getpid()}-{name}")
         self.socket = self.run_dir / "containerd.sock"
         self.kubelet_port, self.healthz_port = free_port(), free_port()
         self.ip = host_ip()
@@ -144,7 +147,7 @@ class RealNode:
         config.write_text(yaml.safe_dump(kubelet_config(self, s)))
         self._kubelet = self._spawn([
             str(s.control_plane), "kubelet", f"--config={config}", f"--kubeconfig={kubeconfig}",
-            f"--root-dir={self.folder / 'kubelet'}", f"--hostname-override={self.name}", f"--node-ip={self.ip}",
+            f"--root-dir={self.kubelet_dir}", f"--hostname-override={self.name}", f"--node-ip={self.ip}",
             f"--node-labels={REAL_NODE_LABEL}=true", f"--register-with-taints={REAL_NODE_LABEL}=true:NoSchedule",
             "--v=1"], "kubelet.log", dict(os.environ))
 
@@ -174,6 +177,16 @@ class RealNode:
         except OSError:
             return ""
 
+    def diagnosis(self) -> str:
+        """Why the node may not be Ready, for a test's failure message: its processes and the ends of their logs."""
+        state = {name: "not started" if proc is None else "running" if proc.poll() is None else f"exited {proc.poll()}"
+                 for name, proc in (("containerd", self._containerd), ("kubelet", self._kubelet))}
+        errors = [line for line in self._tail("kubelet.log", 200_000).splitlines() if line.startswith("E")][-15:]
+        return (f"{self.name}: containerd {state['containerd']}, kubelet {state['kubelet']}; "
+                "the kubelet's last errors:\n" + "\n".join(errors)
+                + f"\nthe end of kubelet.log:\n{self._tail('kubelet.log', 2500)}"
+                + f"\nthe end of containerd.log:\n{self._tail('containerd.log', 1500)}")
+
     def lose(self) -> None:
         """The node goes dark: its kubelet stops reporting, then its containers and runtime are killed."""
         _kill(self._kubelet)
@@ -186,8 +199,10 @@ class RealNode:
 
     def stop(self) -> None:
         self.lose()
-        _unmount_under(self.folder)
+        for folder in (self.folder, self.kubelet_dir):
+            _unmount_under(folder)
         shutil.rmtree(self.run_dir, ignore_errors=True)
+        shutil.rmtree(self.kubelet_dir, ignore_errors=True)
 
     def _kill_containers(self) -> None:
         if self._containerd is None or self._containerd.poll() is not None:
