@@ -21,8 +21,9 @@ counted rank restart, or for a pod that ended shortly before it (a consequence's
 end by up to `consequence_window` when a loaded kubelet reports it late), replaces its reason instead of counting
 again (`begin_generation`). Because the peers' reports
 can reach the operator before the crashed rank's, a report whose reason follows a peer's failure (a collective
-timeout) waits up to CAUSE_WAIT_SECONDS for the cause's report, so the counted recovery is named by its cause; so
-does a plain crash in a job of several workers (a user script's collective raises on a lost peer, exit code 1).
+timeout) waits up to CAUSE_WAIT_SECONDS for the cause's report, so the counted recovery is named by its cause. A user
+script knows no consequence's exit code (its collective raises on a lost peer: a plain crash, counted at once): a
+later echo that names a clearer cause (a rank killed by a signal) gets an event of its own.
 
 Only pods of the current generation that are not being deleted count: an older generation's pods are the leftovers
 of a restart already counted, and a counted rank restart must not rename a pending whole-job restart
@@ -63,10 +64,11 @@ def _doubt(reason: str) -> int:
     return 2 if follows_a_peer(reason) else 1 if reason.endswith(_CRASH) else 0
 
 
-def _may_follow(pod: PodView, pods: Sequence[PodView]) -> bool:
-    """Whether `pod`'s report may be another pod's failure's consequence: a plain crash only with peers."""
-    doubt = _doubt(pod.rank_restart_reason)
-    return doubt == 2 or (doubt == 1 and any(p.uid != pod.uid for p in pods))
+def _names_the_cause(pod: PodView, pods: Sequence[PodView], reporters: Sequence[str]) -> bool:
+    """Whether `pod`'s echo of a counted recovery says more of its cause than every report taken for it (a rank
+    killed, reported after a peer's plain crash): it gets an event of its own, so the cause is where users look."""
+    known = [_doubt(p.rank_restart_reason) for p in pods if p.uid in reporters and p.uid != pod.uid]
+    return bool(known) and _doubt(pod.rank_restart_reason) < min(known)
 
 
 def last_restart(status: TrainingJobStatus) -> float | None:
@@ -133,11 +135,10 @@ def begin_generation(status: TrainingJobStatus, generation: int, now: float, mer
     status.last_restart_time = rfc3339(now)
 
 
-def _waits_for_cause(status: TrainingJobStatus, pod: PodView, pods: Sequence[PodView], now: float | None,
-                     window: float, stalled: bool) -> bool:
-    """A (possible) consequence's report, not the echo of a counted recovery, still within the wait for its
-    cause's."""
-    return (now is not None and _may_follow(pod, pods)
+def _waits_for_cause(status: TrainingJobStatus, pod: PodView, now: float | None, window: float,
+                     stalled: bool) -> bool:
+    """A consequence's report, not the echo of a counted recovery, still within the wait for its cause's."""
+    return (now is not None and follows_a_peer(pod.rank_restart_reason)
             and not _echoes(status, pod, window, stalled) and now - pod.rank_restart_at < CAUSE_WAIT_SECONDS)
 
 
@@ -147,7 +148,7 @@ def cause_wait_due(status: TrainingJobStatus, pods: Sequence[PodView], window: f
     waiting and is counted by itself. `status`: as the pass left it (its `rankRestarts` record what was taken)."""
     taken = status.rank_restarts
     return [p.rank_restart_at + CAUSE_WAIT_SECONDS for p in pods
-            if p.rank_restarts > taken.get(p.uid, 0) and _may_follow(p, pods)
+            if p.rank_restarts > taken.get(p.uid, 0) and follows_a_peer(p.rank_restart_reason)
             and not _echoes(status, p, window, stalled)]
 
 
@@ -155,9 +156,10 @@ def count_rank_restarts(status: TrainingJobStatus, pods: Sequence[PodView], gene
                         now: float | None = None, window: float = 0.0, stalled: bool = False) -> list[Event]:
     """Add the rank restarts reported since the last pass to `status.restarts` (lastRestartReason RankRestarted),
     one per recovery; record the counts per pod in `status.rankRestarts` (pruned to `pods`); return an event for
-    each pod whose restart was counted. Causes are taken before consequences; with `now`, a consequence's report
-    is left for a later pass while its cause's may still come. `window`: `consequence_window` of the spec;
-    `stalled`: no step trained since the last counted recovery (policy/startup_failure.py's rule)."""
+    each pod whose restart was counted (and for an echo that names a clearer cause). Causes are taken before
+    consequences; with `now`, a consequence's report is left for a later pass while its cause's may still come.
+    `window`: `consequence_window` of the spec; `stalled`: no step trained since the last counted recovery
+    (policy/startup_failure.py's rule)."""
     counted = status.rank_restarts
     recorded = {p.uid: counted[p.uid] for p in pods if p.uid in counted}
     uids = {p.uid for p in pods}
@@ -165,12 +167,14 @@ def count_rank_restarts(status: TrainingJobStatus, pods: Sequence[PodView], gene
     events: list[Event] = []
     for pod in sorted(pods, key=lambda p: (_doubt(p.rank_restart_reason), p.rank_restart_at)):
         before = recorded.get(pod.uid, 0)
-        if pod.rank_restarts <= before or _waits_for_cause(status, pod, pods, now, window, stalled):
+        if pod.rank_restarts <= before or _waits_for_cause(status, pod, now, window, stalled):
             continue
         recorded[pod.uid] = pod.rank_restarts
         echo = _echoes(status, pod, window, stalled)
         looping = echo and pod.uid in status.rank_restart_reporters  # every restart of a crash loop: none new
         added = 0 if looping else pod.rank_restarts - before - (1 if echo else 0)
+        if echo and not looping and _names_the_cause(pod, pods, reporters):
+            events.append(_event(pod))
         if echo:
             reporters.append(pod.uid)
         if added <= 0 or pod.generation != generation or pod.deleting_since is not None:
@@ -181,10 +185,15 @@ def count_rank_restarts(status: TrainingJobStatus, pods: Sequence[PodView], gene
         if pod.rank_restart_at:
             status.last_restart_time = rfc3339(pod.rank_restart_at)
             reporters = [pod.uid]  # a new recovery, begun by this pod's report
-        events.append(Event("Warning", R.RESTART_RANK, R.MSG_RANK_RESTARTED.format(
-            pod=pod.name, count=pod.rank_restarts, reason=pod.rank_restart_reason or "reason not reported")))
+        events.append(_event(pod))
     if recorded != counted:
         status.rank_restarts = recorded
     if reporters != status.rank_restart_reporters:
         status.rank_restart_reporters = reporters
     return events
+
+
+def _event(pod: PodView) -> Event:
+    return Event("Warning", R.RESTART_RANK, R.MSG_RANK_RESTARTED.format(
+        pod=pod.name, count=pod.rank_restarts, reason=pod.rank_restart_reason or "reason not reported"))
+

@@ -14,7 +14,6 @@ from flywheel.policy.rank_restarts import (
     CAUSE_WAIT_SECONDS,
     SAME_RECOVERY_SECONDS,
     begin_generation,
-    cause_wait_due,
     consequence_window,
     count_rank_restarts,
 )
@@ -72,25 +71,25 @@ def test_in_one_pass_the_cause_is_taken_before_an_earlier_consequence() -> None:
 SCRIPT_CRASH = "rank 0: exit code 1 (crash)"  # a user script's collective raised on its lost peer
 
 
-def test_a_scripts_plain_crash_reported_first_waits_for_a_peers_cause() -> None:
+def test_a_scripts_plain_crash_counts_at_once_and_the_killed_ranks_later_echo_names_the_cause() -> None:
     status = _running()
     crash = pod(0, rank_restarts=1, rank_restart_reason=SCRIPT_CRASH, rank_restart_at=NOW)
-    assert not count_rank_restarts(status, [crash, pod(1)], 0, NOW + 1)
-    assert cause_wait_due(status, [crash, pod(1)]) == [NOW + CAUSE_WAIT_SECONDS]
+    first = count_rank_restarts(status, [crash, pod(1)], 0, NOW + 0.1)
+    assert status.restarts == 1 and len(first) == 1 and SCRIPT_CRASH in first[0].message
     cause = pod(1, rank_restarts=1, rank_restart_reason=CAUSE, rank_restart_at=NOW + 0.5)
     events = count_rank_restarts(status, [crash, cause], 0, NOW + 2)
-    assert status.restarts == 1 and status.rank_restarts == {"u0-0": 1, "u1-0": 1}
-    assert len(events) == 1 and CAUSE in events[0].message
+    assert status.restarts == 1 and status.rank_restarts == {"u0-0": 1, "u1-0": 1}  # one recovery
+    assert len(events) == 1 and CAUSE in events[0].message and events[0].reason == R.RESTART_RANK
+    assert not count_rank_restarts(status, [crash, cause], 0, NOW + 3)
 
 
-def test_a_plain_crash_without_a_cause_counts_after_the_wait_and_alone_at_once() -> None:
+def test_an_echo_that_says_no_more_than_the_counted_report_gets_no_event() -> None:
     status = _running()
-    crash = pod(0, rank_restarts=1, rank_restart_reason=SCRIPT_CRASH, rank_restart_at=NOW)
-    assert not count_rank_restarts(status, [crash, pod(1)], 0, NOW + CAUSE_WAIT_SECONDS - 0.1)
-    events = count_rank_restarts(status, [crash, pod(1)], 0, NOW + CAUSE_WAIT_SECONDS)
-    assert status.restarts == 1 and len(events) == 1 and SCRIPT_CRASH in events[0].message
-    alone = _running()
-    assert count_rank_restarts(alone, [crash], 0, NOW + 0.1) and alone.restarts == 1  # no peer to wait for
+    count_rank_restarts(status, [pod(0, rank_restarts=1, rank_restart_reason=CAUSE, rank_restart_at=NOW), pod(1)],
+                        0, NOW + 0.1)
+    later = [pod(0, rank_restarts=1, rank_restart_reason=CAUSE, rank_restart_at=NOW),
+             pod(1, rank_restarts=1, rank_restart_reason=SCRIPT_CRASH, rank_restart_at=NOW + 0.3)]
+    assert not count_rank_restarts(status, later, 0, NOW + 1) and status.restarts == 1
 
 
 def test_in_one_pass_a_signal_death_is_taken_before_an_earlier_plain_crash() -> None:
