@@ -44,10 +44,15 @@ def kubeconfig(cluster: TestCluster) -> Path:  # noqa: F811
     """The cluster's admin kubeconfig, with the CRD applied and established."""
     applied = kubectl(cluster.kubeconfig, "apply", "--server-side", "-f", str(CRD))
     assert applied.returncode == 0, applied.stderr
-    ready = kubectl(cluster.kubeconfig, "wait", "--for=condition=Established", "--timeout=60s",
-                    "crd/trainingjobs.flywheel.dev")
-    assert ready.returncode == 0, ready.stderr
+    # Polled, not `kubectl wait`: that fails at once while the new CRD has no conditions yet (a loaded machine).
+    eventually(lambda: _established(cluster.kubeconfig), 60, "the CRD Established")
     return cluster.kubeconfig
+
+
+def _established(kubeconfig: Path) -> bool:
+    got = kubectl(kubeconfig, "get", "crd/trainingjobs.flywheel.dev", "-o", "json")
+    conditions = (json.loads(got.stdout or "{}").get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 
 def python_refusal(doc: dict[str, Any]) -> str:
