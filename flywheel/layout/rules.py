@@ -57,6 +57,7 @@ class JobLayout:
     max_positions: int = 0
     pretrained: bool = False
     tokenizer_vocab: int = 0  # ids the job's tokenizer may produce; 0: none, or its file is not readable here
+    chunked_loss: bool = False  # training.chunkedLoss: the head and loss over chunks of tokens
 
 
 def model_problems(job: JobLayout) -> list[Problem]:
@@ -114,6 +115,10 @@ def static_problems(job: JobLayout) -> list[Problem]:
         out.append(Problem("pp-layers", "trainer.parallelism.pp", f"{job.layers} layers do not split evenly into "
                            f"pp x stagesPerRank = {stages} stages",
                            "choose pp and stagesPerRank whose product divides trainer.model.layers"))
+    if job.chunked_loss and job.pp > 1:  # the pipeline schedule's loss takes the last stage's whole logits
+        out.append(Problem("pp-chunked-loss", "trainer.training.chunkedLoss", f"the chunked loss does not run under "
+                           f"pipeline parallel (pp = {job.pp}): the schedule's loss takes the last stage's logits",
+                           "set chunkedLoss: false or pp: 1"))
     return out
 
 

@@ -202,7 +202,7 @@ class TrainerSpec(_Model):
                       moe_every=moe.every if moe else 1, tp=par.tp, pp=par.pp, ep=par.ep, fsdp=par.fsdp,
                       schedule=par.schedule, stages_per_rank=par.stages_per_rank, microbatches=par.microbatches,
                       global_batch=tr.global_batch, micro_batch=tr.micro_batch, data_source=self.data.source,
-                      tokenizer_vocab=tokenizer_vocab(self.data.tokenizer))
+                      tokenizer_vocab=tokenizer_vocab(self.data.tokenizer), chunked_loss=tr.chunked_loss)
         if self.model.pretrained is not None:
             return JobLayout(layers=1, dim=1, heads=1, vocab=BYTE_VOCAB, seq_len=self.model.seq_len or 2,
                              pretrained=True, **common)  # type: ignore[arg-type]

@@ -50,6 +50,8 @@ TABLE: list[tuple[str, dict[str, Any], str, str, bool]] = [
                                                                                        "microBatch": 4}},
                      "replicas": {"min": 1, "max": 1}, "procsPerReplica": 2},
      "trainer.parallelism.microbatches", "raise globalBatch or microbatches", False),
+    ("pp-chunked-loss", {"trainer": {"model": TINY, "parallelism": {"pp": 2}, "training": {"chunkedLoss": True}}},
+     "trainer.training.chunkedLoss", "set chunkedLoss: false or pp: 1", False),
     ("pp-microbatches", {"trainer": {"model": TINY, "parallelism": {"pp": 2, "microbatches": 3}}},
      "trainer.parallelism.microbatches", "pick a divisor or leave it unset", False),
     ("pp-stages-schedule", {"trainer": {"parallelism": {"pp": 2, "stagesPerRank": 2}}},

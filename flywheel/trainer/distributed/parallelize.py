@@ -73,7 +73,7 @@ def job_layout(parallelism: Parallelism, training: Training, cfg: ModelShape,
                      stages_per_rank=parallelism.stages_per_rank, microbatches=parallelism.microbatches,
                      global_batch=training.global_batch, micro_batch=training.micro_batch, data_source=data_source,
                      architecture=cfg.architecture, kv_heads=cfg.kv_heads, ffn=cfg.ffn,
-                     max_positions=cfg.max_positions)
+                     max_positions=cfg.max_positions, chunked_loss=training.chunked_loss)
 
 
 def check_layout(world_size: int, parallelism: Parallelism, training: Training, cfg: ModelShape,
