@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from flywheel.policy import reasons as R
 from flywheel.policy.decisions import CreatePod, DeletePod, Relabel
 from flywheel.policy.failure_decision import decide_failure
@@ -60,10 +62,11 @@ def test_a_consequence_whose_cause_never_reports_counts_after_the_wait() -> None
     assert status.restarts == 1 and len(events) == 1 and CONSEQUENCE in events[0].message
 
 
-def test_in_one_pass_the_cause_is_taken_before_an_earlier_consequence() -> None:
+@pytest.mark.parametrize("earlier", [CONSEQUENCE, "rank 0: exit code 1 (crash)"])
+def test_in_one_pass_the_cause_is_taken_before_an_earlier_consequence_or_plain_crash(earlier: str) -> None:
     status = _running()
     events = count_rank_restarts(status, [
-        pod(0, rank_restarts=1, rank_restart_reason=CONSEQUENCE, rank_restart_at=NOW),
+        pod(0, rank_restarts=1, rank_restart_reason=earlier, rank_restart_at=NOW),
         pod(1, rank_restarts=1, rank_restart_reason=CAUSE, rank_restart_at=NOW + 0.2)], 0, NOW + 10)
     assert status.restarts == 1 and len(events) == 1 and CAUSE in events[0].message
 
@@ -90,14 +93,6 @@ def test_an_echo_that_says_no_more_than_the_counted_report_gets_no_event() -> No
     later = [pod(0, rank_restarts=1, rank_restart_reason=CAUSE, rank_restart_at=NOW),
              pod(1, rank_restarts=1, rank_restart_reason=SCRIPT_CRASH, rank_restart_at=NOW + 0.3)]
     assert not count_rank_restarts(status, later, 0, NOW + 1) and status.restarts == 1
-
-
-def test_in_one_pass_a_signal_death_is_taken_before_an_earlier_plain_crash() -> None:
-    status = _running()
-    events = count_rank_restarts(status, [
-        pod(0, rank_restarts=1, rank_restart_reason=SCRIPT_CRASH, rank_restart_at=NOW),
-        pod(1, rank_restarts=1, rank_restart_reason=CAUSE, rank_restart_at=NOW + 0.2)], 0, NOW + 10)
-    assert status.restarts == 1 and len(events) == 1 and CAUSE in events[0].message
 
 
 def test_only_the_growth_since_the_recorded_count_is_added_and_a_lower_report_adds_nothing() -> None:
