@@ -113,6 +113,15 @@ def test_gpipe_keeps_auto_off_pipelines():
     assert resolve_auto(s, SMALL).trainer.parallelism.pp == 1
 
 
+def test_a_chunked_loss_keeps_auto_off_pipelines():
+    doc = spec().model_dump(by_alias=True, exclude_unset=True)
+    doc["trainer"]["training"]["chunkedLoss"] = True  # the pipeline schedule's loss takes whole logits
+    s = parse_spec(doc)
+    assert any(e.layout.pp > 1 for e in plan_for_spec(spec(), 8, SMALL).candidates)
+    assert {e.layout.pp for e in plan_for_spec(s, 8, SMALL).candidates} == {1}
+    assert resolve_auto(s, SMALL).trainer.parallelism.pp == 1
+
+
 def test_near_ties_keep_the_spec_layout():
     s = spec()
     result = plan_for_spec(s, 8, SMALL)
