@@ -196,4 +196,3 @@ def count_rank_restarts(status: TrainingJobStatus, pods: Sequence[PodView], gene
 def _event(pod: PodView) -> Event:
     return Event("Warning", R.RESTART_RANK, R.MSG_RANK_RESTARTED.format(
         pod=pod.name, count=pod.rank_restarts, reason=pod.rank_restart_reason or "reason not reported"))
-

@@ -112,12 +112,8 @@ class _Importer:
     def podman_image(self, ref: str) -> None:
         with tempfile.TemporaryDirectory(dir=self.root.parent) as tmp:
             archive = Path(tmp) / "image.tar"
-            for attempt in (1, 2):  # a rebuild of the tag during the save removes the image being saved: once more
-                before = _podman_id(ref)
-                saved = subprocess.run(["podman", "save", "--format", "oci-archive", "-o", str(archive), ref],
-                                       capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S, env={**os.environ})
-                if saved.returncode == 0 or attempt == 2 or _podman_id(ref) == before:
-                    break
+            saved = subprocess.run(["podman", "save", "--format", "oci-archive", "-o", str(archive), ref],
+                                   capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S, env={**os.environ})
             if saved.returncode != 0:
                 raise RuntimeError(f"podman save {ref} failed: {saved.stderr[-2000:]}")
             self._import(archive, ref)

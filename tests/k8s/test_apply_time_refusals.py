@@ -45,14 +45,8 @@ def kubeconfig(cluster: TestCluster) -> Path:  # noqa: F811
     applied = kubectl(cluster.kubeconfig, "apply", "--server-side", "-f", str(CRD))
     assert applied.returncode == 0, applied.stderr
     # Polled, not `kubectl wait`: that fails at once while the new CRD has no conditions yet (a loaded machine).
-    eventually(lambda: _established(cluster.kubeconfig), 60, "the CRD Established")
+    cluster.wait_established("trainingjobs.flywheel.dev")
     return cluster.kubeconfig
-
-
-def _established(kubeconfig: Path) -> bool:
-    got = kubectl(kubeconfig, "get", "crd/trainingjobs.flywheel.dev", "-o", "json")
-    conditions = (json.loads(got.stdout or "{}").get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 
 def python_refusal(doc: dict[str, Any]) -> str:

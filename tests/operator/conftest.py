@@ -285,4 +285,3 @@ def _pod_state(pod: dict[str, Any]) -> str:
                if c.get("status") != "True"]
         said += f" (node {pod['spec'].get('nodeName')}; {'; '.join(why) or 'no condition false'})"
     return said
-

@@ -41,6 +41,7 @@ def test_a_reported_rank_restart_counts_once_with_its_reason_and_an_event() -> N
 
 CAUSE = "rank 1: killed by SIGKILL"
 CONSEQUENCE = "rank 0: exit code 5 (collective-timeout)"
+SCRIPT_CRASH = "rank 0: exit code 1 (crash)"  # a user script's collective raised on its lost peer
 
 
 def test_a_peers_consequence_reported_first_waits_so_the_recovery_is_named_by_its_cause() -> None:
@@ -62,16 +63,13 @@ def test_a_consequence_whose_cause_never_reports_counts_after_the_wait() -> None
     assert status.restarts == 1 and len(events) == 1 and CONSEQUENCE in events[0].message
 
 
-@pytest.mark.parametrize("earlier", [CONSEQUENCE, "rank 0: exit code 1 (crash)"])
+@pytest.mark.parametrize("earlier", [CONSEQUENCE, SCRIPT_CRASH])
 def test_in_one_pass_the_cause_is_taken_before_an_earlier_consequence_or_plain_crash(earlier: str) -> None:
     status = _running()
     events = count_rank_restarts(status, [
         pod(0, rank_restarts=1, rank_restart_reason=earlier, rank_restart_at=NOW),
         pod(1, rank_restarts=1, rank_restart_reason=CAUSE, rank_restart_at=NOW + 0.2)], 0, NOW + 10)
     assert status.restarts == 1 and len(events) == 1 and CAUSE in events[0].message
-
-
-SCRIPT_CRASH = "rank 0: exit code 1 (crash)"  # a user script's collective raised on its lost peer
 
 
 def test_a_scripts_plain_crash_counts_at_once_and_the_killed_ranks_later_echo_names_the_cause() -> None:
