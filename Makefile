@@ -15,7 +15,8 @@ SCHEMATHESIS_TESTS := tests/api/test_schemathesis.py
 
 .DEFAULT_GOAL := all
 
-.PHONY: all demo test test-heavy test-fast lint venv tools crd bench bench-quick clean controlplane constraints e2e image
+.PHONY: all demo test test-heavy test-fast lint venv tools crd bench bench-quick clean controlplane constraints e2e image \
+	setup
 
 # Installs resolve against constraints.txt (the whole resolution, pinned): a fresh pip install otherwise walked back
 # through dozens of botocore releases before it settled. `make constraints` refreshes it after pyproject.toml changes.
@@ -50,7 +51,14 @@ controlplane:
 venv: $(STAMP)
 
 # `make`: the dev install and the control plane.
-all: $(STAMP) controlplane
+all: setup
+
+# The dev install, the tools and the Go builds side by side: on a fresh machine the Go build (~13 min of both cores)
+# hides most of pip's download of torch and its CUDA libraries (several GB, mostly waiting on the network).
+# The tools after both (install-tools.sh runs pip from the venv when it exists).
+setup:
+	$(MAKE) -j2 $(STAMP) controlplane
+	$(MAKE) tools
 
 tools:
 	bash scripts/install-tools.sh
@@ -60,12 +68,12 @@ demo: $(BASE_STAMP)
 	rm -rf runs/tiny
 	.venv/bin/flywheel run examples/tiny.yaml --fault kill:rank=1:step=25
 
-test: $(STAMP) tools lint controlplane
+test: setup lint
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart=0 --ignore=$(SCHEMATHESIS_TESTS) -m "not heavy" $(PYTEST_ARGS)
 	$(PY) -m pytest -q -p no:xdist $(SCHEMATHESIS_TESTS)
 
 # The long fault scenarios `make test` leaves out (pytest marker `heavy`, pyproject.toml): ~20 min on 2 cores.
-test-heavy: $(STAMP) tools controlplane
+test-heavy: setup
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart=0 -m heavy $(PYTEST_ARGS)
 
 # ruff (lint + import order) and mypy (strict on policy, spec, plan and planner); both must be clean.
@@ -84,7 +92,7 @@ crd: $(STAMP)
 	.venv/bin/flywheel crd
 
 # tests/e2e_real whole (make test runs a part of it): on $$KUBECONFIG's cluster, else on its own test cluster.
-e2e: $(STAMP) tools controlplane
+e2e: setup
 	PATH="$(CURDIR)/.tools/bin:$$PATH" FLYWHEEL_E2E_ALL=1 $(PY) -m pytest -q -p no:xdist tests/e2e_real
 
 # The Dockerfile's image, as localhost/flywheel:latest (IMAGE=... names it; scripts/image/build.sh lists the
