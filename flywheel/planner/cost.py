@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from flywheel.layout.rules import dp_wrapper
 from flywheel.layout.shape import ModelShape
 from flywheel.planner.devices import Device, Link
 
@@ -170,7 +171,8 @@ def _compute_seconds(shape: ModelShape, batch: Batch, layout: Layout, device: De
     efficiency = (device.efficiency * tokens / (tokens + device.half_efficiency_tokens)
                   * (1 - 0.04 * math.log2(layout.tp)))
     seconds = flops / (device.flops(batch.precision) * efficiency)
-    return seconds * (1 + device.sharding_overhead) if layout.fsdp else seconds
+    sharded = dp_wrapper(layout.fsdp, layout.dp, layout.tp) == "fsdp"  # no wrapper over one rank: no overhead
+    return seconds * (1 + device.sharding_overhead) if sharded else seconds
 
 
 def _link(spans_workers: bool, device: Device) -> Link:

@@ -28,6 +28,7 @@ from flywheel.contracts import exitcodes
 from flywheel.data.tokenizers import resolve_tokenizer
 from flywheel.etcd.progress import PHASE_EVALUATING, PHASE_SAVING
 from flywheel.eventlog import EventLog, EventName
+from flywheel.layout.rules import dp_wrapper
 from flywheel.spec.timeouts import CollectiveTimeouts
 from flywheel.trainer.checkpoint import store
 from flywheel.trainer.checkpoint.failure import FinalSaveFailed
@@ -177,15 +178,16 @@ def _set_up(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Tra
         log.info("model: %s, %.2fM parameters, %.3g FLOPs/token; world %d, dp %d, tp %d, pp %d%s%s, %s", cfg,
                  plain.num_params() / 1e6, plain.flops_per_token(), env.world_size, dp_size, parallelism.tp,
                  parallelism.pp, f" ({parallelism.schedule})" if parallelism.pp > 1 else "",
-                 f", ep {parallelism.ep}" if cfg.moe else "", "fsdp" if parallelism.fsdp else "ddp")
+                 f", ep {parallelism.ep}" if cfg.moe else "",
+                 dp_wrapper(parallelism.fsdp, dp_size, parallelism.tp) or "no dp wrapper")
     model = parallelize(plain, mesh, parallelism, training)
     CLOCK.mark("parallelize")  # materialize is a part of its own
     if spec.trainer.model.pretrained:  # a checkpoint, when there is one, replaces these weights below
         load_pretrained(model, spec.trainer.model.pretrained, cfg)
         CLOCK.mark("weights")
     # bf16 under FSDP2 is its MixedPrecisionPolicy (parallelize.py), not autocast.
-    autocast = nullcontext() if fsdp_mixed_precision(parallelism, training) else autocast_for(device,
-                                                                                             training.precision)
+    autocast = nullcontext() if fsdp_mixed_precision(parallelism, training, dp_size) else autocast_for(
+        device, training.precision)
     with autocast:
         settle_ddp_buckets(model, torch.zeros(training.micro_batch, cfg.seq_len, dtype=torch.long, device=device))
     CLOCK.mark("ddp_settle")

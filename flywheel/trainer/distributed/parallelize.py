@@ -6,7 +6,7 @@ links), pipeline stages next, data parallel outermost (across workers). Expert p
 ep > 1 the dp dimension is also viewed as ("edp", "ep"), ep inner (`expert_parallel.py`). Order of application:
 tensor parallel (`tensor_parallel.py`), expert parallel, activation checkpointing, then FSDP2 `fully_shard` per block
 (first its experts over edp) and the root (ZeRO-3, or ZeRO-2 with `zero: 2`: parameters stay unsharded from
-forward to backward) or DDP over "dp". The model stays unaware.
+forward to backward) or DDP over "dp"; over a dp group of one rank, neither. The model stays unaware.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from flywheel.layout.rules import JobLayout, layout_problems
+from flywheel.layout.rules import JobLayout, dp_wrapper, layout_problems
 from flywheel.layout.shape import ModelShape
 from flywheel.spec.job import Training
 from flywheel.spec.parallel import Parallelism
@@ -89,11 +89,11 @@ def check_layout(world_size: int, parallelism: Parallelism, training: Training, 
 
 
 def parallelize(model: GPT | Llama, mesh: DeviceMesh, parallelism: Parallelism, training: Training) -> nn.Module:
-    """Returns the module to train: the same object for FSDP2 (it is modified in place), a DDP wrapper otherwise,
-    and with pp > 1 a `PipelinedModel` (this rank's stages; train it with `forward_backward` in step.py). The model
-    must already be on the mesh's device, or on the meta device: then this rank's parameters are materialised
-    after sharding, with the values the plain model would have had (`materialize.py`). Build the optimizer after
-    this."""
+    """Returns the module to train: the same object for FSDP2 (it is modified in place) and with no wrapper
+    (`dp_wrapper`: dp 1 without tp), a DDP wrapper for DDP, and with pp > 1 a `PipelinedModel` (this rank's
+    stages; train it with `forward_backward` in step.py). The model must already be on the mesh's device, or on
+    the meta device: then this rank's parameters are materialised after sharding, with the values the plain model
+    would have had (`materialize.py`). Build the optimizer after this."""
     check_layout(mesh.size(), parallelism, training, model.cfg)
     if PP not in (mesh.mesh_dim_names or ()):
         return _parallelize_dense(model, mesh, parallelism, training)
@@ -124,15 +124,16 @@ def _parallelize_dense(model: Decoder, mesh: DeviceMesh, parallelism: Parallelis
         apply_compile(model)
     apply_loss(model, training)
     meta = is_meta(model)
-    if parallelism.fsdp:
-        mp_policy = BF16_POLICY if fsdp_mixed_precision(parallelism, training) else None
+    wrapper = dp_wrapper(parallelism.fsdp, mesh[DP].size(), parallelism.tp)
+    if wrapper == "fsdp":
+        mp_policy = BF16_POLICY if fsdp_mixed_precision(parallelism, training, mesh[DP].size()) else None
         sharded = apply_fsdp(model, mesh[DP], reshard_after_forward=parallelism.zero == 3, mp_policy=mp_policy)
         if meta:  # sharded first: this rank allocates only its shards
             materialize(model, model.cfg, model.init_seed, mesh_device(mesh))
         return sharded
     if meta:  # DDP replicates (and broadcasts) real tensors
         materialize(model, model.cfg, model.init_seed, mesh_device(mesh))
-    return apply_ddp(model, mesh[DP])
+    return apply_ddp(model, mesh[DP]) if wrapper == "ddp" else model
 
 
 def mesh_device(mesh: DeviceMesh) -> torch.device:
@@ -149,10 +150,12 @@ def apply_activation_checkpointing(model: Decoder) -> None:
         setattr(blocks, name, checkpoint_wrapper(block, preserve_rng_state=False))
 
 
-def fsdp_mixed_precision(parallelism: Parallelism, training: Training) -> bool:
+def fsdp_mixed_precision(parallelism: Parallelism, training: Training, dp_size: int) -> bool:
     """bf16 through FSDP2's MixedPrecisionPolicy (`BF16_POLICY`), with no autocast: FSDP2 without pipeline
-    stages. DDP, one process and pipelined models (whose stage boundaries carry fp32 activations) autocast."""
-    return training.precision == "bf16" and parallelism.fsdp and parallelism.pp == 1
+    stages. DDP, no wrapper (dp 1 without tp) and pipelined models (whose stage boundaries carry fp32
+    activations) autocast."""
+    return (training.precision == "bf16" and dp_wrapper(parallelism.fsdp, dp_size, parallelism.tp) == "fsdp"
+            and parallelism.pp == 1)
 
 
 # As TorchTitan: the sharded parameters (what the optimizer updates) stay fp32 master weights; each block's
