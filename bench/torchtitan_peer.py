@@ -104,9 +104,9 @@ def flywheel_job(cfg: Config, world: int, workdir: Path, gpu: bool) -> dict[str,
                 "lr": cfg.lr, "warmupSteps": 2, "seed": cfg.seed, "precision": "bf16" if gpu else "fp32"}
     return {"apiVersion": "flywheel.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "titan-peer"},
             "spec": {"replicas": {"min": 1, "max": 1}, "procsPerReplica": world,
-                     # One process: no sharding wrapper, as TorchTitan at dp_shard 1 (FSDP2 over one rank cost
-                     # ~20-35% of a step here: copies in and out of a mesh of one); two: FSDP2 on both.
-                     "trainer": {"model": model, "parallelism": {"fsdp": world > 1}, "training": training,
+                     # The default layout (fsdp: true): FSDP2 at two processes; at one no wrapper at all
+                     # (layout/rules.py dp_wrapper), as TorchTitan at dp_shard 1.
+                     "trainer": {"model": model, "training": training,
                                  "data": {"source": "synthetic"}},
                      "checkpoint": {"dir": str(workdir / "ckpt"), "everySteps": CKPT_EVERY, "keep": 2,
                                     "async": True},
