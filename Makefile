@@ -16,7 +16,7 @@ SCHEMATHESIS_TESTS := tests/api/test_schemathesis.py
 .DEFAULT_GOAL := all
 
 .PHONY: all demo test test-heavy test-fast lint venv tools crd bench bench-quick clean controlplane constraints e2e image \
-	setup
+	setup test-image
 
 # Installs resolve against constraints.txt (the whole resolution, pinned): a fresh pip install otherwise walked back
 # through dozens of botocore releases before it settled. `make constraints` refreshes it after pyproject.toml changes.
@@ -53,12 +53,21 @@ venv: $(STAMP)
 # `make`: the dev install and the control plane.
 all: setup
 
-# The dev install, the tools and the Go builds side by side: on a fresh machine the Go build (~13 min of both cores)
-# hides most of pip's download of torch and its CUDA libraries (several GB, mostly waiting on the network).
-# The tools after both (install-tools.sh runs pip from the venv when it exists).
+# The dev install, the Go builds and the test image side by side: on a fresh machine the Go build (~13 min of both
+# cores) hides most of pip's download of torch and its CUDA libraries and of the image build's (several GB each,
+# mostly waiting on the network and the disk), which a test would otherwise wait for. The tools after them
+# (install-tools.sh runs pip from the venv when it exists).
 setup:
-	$(MAKE) -j2 $(STAMP) controlplane
+	$(MAKE) -j3 $(STAMP) controlplane test-image
 	$(MAKE) tools
+
+# The image tests/image and tests/real_nodes run (scripts/image/test-image.sh: kept by content, so nothing once
+# built), after the Debian packages it needs (podman, runc, debootstrap); where podman cannot run, those tests skip.
+test-image:
+	bash scripts/install-tools.sh --debian-packages
+	if CONTAINERS_CONF=scripts/image/containers.conf podman info >/dev/null 2>&1; then \
+	    bash scripts/image/test-image.sh >/dev/null; \
+	else echo "podman cannot run containers here: tests/image and tests/real_nodes will skip"; fi
 
 tools:
 	bash scripts/install-tools.sh

@@ -11,6 +11,7 @@
 #   containernetworking-plugins, iproute2   from Debian, only when missing: the real nodes' loopback network
 #                                           (tests/cluster/real_node.py)
 # Only package registries are reachable from CI, so nothing is fetched from a binary download site.
+# `--debian-packages`: those from Debian alone (make setup installs them before it builds the test image).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -89,6 +90,10 @@ install_debian_packages() {
   fi
 }
 
+if [[ "${1:-}" == "--debian-packages" ]]; then
+  install_debian_packages
+  exit 0
+fi
 install_helm
 install_kubectl
 install_debian_packages
