@@ -50,8 +50,9 @@ controlplane:
 
 venv: $(STAMP)
 
-# `make`: the dev install and the control plane.
-all: setup
+# `make`: the dev install and the control plane (side by side; no test image).
+all:
+	$(MAKE) -j2 $(STAMP) controlplane
 
 # The dev install, the Go builds and the test image side by side: on a fresh machine the Go build (~13 min of both
 # cores) hides most of pip's download of torch and its CUDA libraries and of the image build's (several GB each,

@@ -6,7 +6,7 @@ links), pipeline stages next, data parallel outermost (across workers). Expert p
 ep > 1 the dp dimension is also viewed as ("edp", "ep"), ep inner (`expert_parallel.py`). Order of application:
 tensor parallel (`tensor_parallel.py`), expert parallel, activation checkpointing, then FSDP2 `fully_shard` per block
 (first its experts over edp) and the root (ZeRO-3, or ZeRO-2 with `zero: 2`: parameters stay unsharded from
-forward to backward) or DDP over "dp"; over a dp group of one rank, neither. The model stays unaware.
+forward to backward) or DDP over "dp"; over a dp group of one rank without tp, neither. The model stays unaware.
 """
 
 from __future__ import annotations
