@@ -230,11 +230,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Read by the ranks (one intra-op thread unless the user says otherwise), and by the BLAS library torch loads:
     # set before that import, it starts no thread pool in the agent, which then forks its warm zygote (warm.py).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
+    with _loglevel_env("INFO"):  # the seam check imports torch's elastic agent, whose loggers read LOGLEVEL once
+        import torch
 
-    from flywheel import torch_compat
+        from flywheel import torch_compat
 
-    missing = torch_compat.agent_seam_problems()
+        missing = torch_compat.agent_seam_problems()
     if missing:
         reason = (f"flywheel launch needs torch {torch_compat.TESTED_TORCH}.x (the version pyproject pins); torch "
                   f"{torch.__version__} lacks: {'; '.join(missing)}")

@@ -4,6 +4,7 @@ check the agents' group ranks; the `flywheel launch` tests check every process's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -119,25 +120,21 @@ def rank_order_job(out_dir: Path) -> TrainingJob:
 def launch_all(plans: Sequence[WorkerPlan], order: Sequence[int], logs: Path,
                extra_env: Mapping[int, Mapping[str, str]] | None = None, timeout: float = 180) -> None:
     """Start one `flywheel launch` per plan (argv and contract env as the executor gives them), in `order`, each in
-    its own process group; wait for all of them to exit 0."""
+    its own process group; wait for all of them to exit 0. The first agent to fail is reported at once (the others
+    would wait for it in the rendezvous); on a timeout, every agent still running dumps its threads' stacks into its
+    log (faulthandler, on SIGABRT) before it is killed."""
     assert sorted(order) == [p.index for p in plans] and list(order) != sorted(order)
     agents: dict[int, subprocess.Popen[bytes]] = {}
     try:
         for index in order:
             plan = plans[index]
             argv = [sys.executable if plan.argv[0] == "python" else plan.argv[0], *plan.argv[1:]]
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **plan.env,
-                   **(extra_env or {}).get(index, {})}
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1",
+                   **plan.env, **(extra_env or {}).get(index, {})}
             with open(logs / f"agent{index}.log", "wb") as log:
                 agents[index] = subprocess.Popen(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                                  start_new_session=True)
-        deadline = time.monotonic() + timeout
-        for index, agent in agents.items():
-            try:
-                code = agent.wait(max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"agent {index} still running after {timeout} s:\n{agent_log(logs, index)}")
-            assert code == 0, f"agent {index} exited {code}:\n{agent_log(logs, index)}"
+        _wait_all(agents, logs, time.monotonic() + timeout)
     finally:
         for agent in agents.values():
             if agent.poll() is None:
@@ -145,8 +142,29 @@ def launch_all(plans: Sequence[WorkerPlan], order: Sequence[int], logs: Path,
                 agent.wait()
 
 
+def _wait_all(agents: Mapping[int, subprocess.Popen[bytes]], logs: Path, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        codes = {index: agent.poll() for index, agent in agents.items()}
+        failed = [index for index, code in codes.items() if code not in (None, 0)]
+        if failed:
+            pytest.fail(f"agent {failed[0]} exited {codes[failed[0]]} (exit codes {codes}):\n"
+                        f"{agent_log(logs, failed[0])}")
+        if all(code == 0 for code in codes.values()):
+            return
+        time.sleep(0.5)
+    running = [index for index, agent in agents.items() if agent.poll() is None]
+    for index in running:
+        os.kill(agents[index].pid, signal.SIGABRT)
+    for index in running:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            agents[index].wait(5)
+    pytest.fail(f"agents {running} still running after the timeout (exit codes "
+                f"{ {i: a.returncode for i, a in agents.items()} }); agent {running[0]}'s log:\n"
+                f"{agent_log(logs, running[0])}")
+
+
 def agent_log(logs: Path, index: int) -> str:
-    return (logs / f"agent{index}.log").read_text(errors="replace")[-3000:]
+    return (logs / f"agent{index}.log").read_text(errors="replace")[-6000:]
 
 
 def assert_ranks_follow_replicas(plans: Sequence[WorkerPlan], out_dir: Path) -> None:
