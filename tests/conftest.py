@@ -113,3 +113,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "gpu" not in item.keywords and any(
                 _GPU_REASON.search(str(mark.kwargs.get("reason", ""))) for mark in item.iter_markers("skipif")):
             item.add_marker(pytest.mark.gpu)
+    _costly_files_first(items)
+
+
+def _costly_files_first(items: list[pytest.Item]) -> None:
+    """Files with a test-cluster test first, then those with a slow test, then the rest, each in collection order:
+    xdist's --dist loadfile hands out files in this order, so the last minutes go to short files on both processes
+    rather than to one long file on one of them while the other waits."""
+    cost: dict[str, int] = {}
+    for item in items:
+        rank = 0 if "cluster" in item.keywords else 1 if "slow" in item.keywords else 2
+        cost[item.path.as_posix()] = min(cost.get(item.path.as_posix(), 2), rank)
+    items.sort(key=lambda item: cost[item.path.as_posix()])  # stable: a file's tests keep their order

@@ -1,5 +1,5 @@
-"""`python -m tests.cluster up|down|status|serve|build|fault` -- the test cluster in the background for kubectl, the
-operator and people.
+"""`python -m tests.cluster up|down|status|serve|build|images|fault` -- the test cluster in the background for
+kubectl, the operator and people.
 
   up     --kubeconfig PATH [--nodes N] [--no-etcd] [--work-dir DIR] [--node-grace SECONDS] [--gpus N]
          [--real-nodes N [--real-node-image IMAGE ...]]
@@ -11,6 +11,7 @@ operator and people.
          lose-node node=node-1, restore-node node=node-1 (a real node: its kubelet, containers and runtime
          killed, then started again)
   build  (the control-plane binary, printing its path, and the real nodes' containerd)
+  images IMAGE ...   (podman's IMAGEs imported for the real nodes ahead of their first start: `make test-image`)
   serve  (what `up` starts: the cluster in the foreground until SIGTERM)
 """
 
@@ -230,6 +231,22 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _images(args: argparse.Namespace) -> int:
+    """Import podman's images into the real nodes' containerd template root now (images.py), so that no test
+    waits minutes for it; nothing when they are there already."""
+    from tests.cluster import images
+    from tests.cluster.binary import ensure_containerd, ensure_pause
+    ensure_containerd()
+    ensure_pause()
+    log = Path(tempfile.gettempdir()) / "flywheel-image-import.log"
+    try:
+        print(images.template_root(tuple(args.image), log))
+    except (RuntimeError, subprocess.SubprocessError, OSError) as err:
+        print(f"importing {', '.join(args.image)} for the real nodes failed: {err}; see {log}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -254,11 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     fault.add_argument("action")
     fault.add_argument("params", nargs="*")
     commands.add_parser("build")
+    commands.add_parser("images", help="import podman images for the real nodes").add_argument("image", nargs="+")
     args = parser.parse_args(argv)
     if args.command == "serve":
         _serve(args)
         return 0
-    return {"up": _up, "down": _down, "status": _status, "fault": _fault, "build": _build}[args.command](args)
+    return {"up": _up, "down": _down, "status": _status, "fault": _fault, "build": _build,
+            "images": _images}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -211,7 +211,7 @@ class TestCluster:
     def add_claim(self, name: str, namespace: str = "default", size: str = "10Gi",
                   access: str = "ReadWriteMany") -> None:
         """A PersistentVolumeClaim bound to a hostPath PersistentVolume of its own (pre-bound through claimRef, so
-        the persistent-volume controller binds it at once and kube-scheduler's volume binding passes). The process
+        the persistent-volume controller binds it without a provisioner; returns once it is Bound). The process
         kubelet mounts nothing (pods see the host's paths); a real node mounts the volume's folder, made here
         world-writable as a fresh volume is."""
         plane = self.control_plane
@@ -224,6 +224,18 @@ class TestCluster:
         pv, pvc = claim_objects(namespace, name, folder, size, access)
         plane.request("/api/v1/persistentvolumes", "POST", pv)
         plane.request(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", "POST", pvc)
+        self._wait_bound(namespace, name)
+
+    def _wait_bound(self, namespace: str, name: str, timeout: float = 120.0) -> None:
+        """Until the claim is Bound: kube-controller-manager binds it once its controllers run, which on a cluster
+        just started on a busy machine can be many seconds; a pod created before then is unschedulable meanwhile
+        (`pod has unbound immediate PersistentVolumeClaims`), which a short pendingTimeoutSeconds counts."""
+        path = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}"
+        deadline = time.monotonic() + timeout
+        while ((self.control_plane.request(path) or {}).get("status") or {}).get("phase") != "Bound":
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"claim {namespace}/{name} not Bound after {timeout:.0f} s")
+            time.sleep(0.1)
 
     def wait_established(self, crd: str, timeout: float = 60.0) -> None:
         """A CRD's resource is served once the CRD is Established, a moment after its create."""
