@@ -13,7 +13,7 @@
   world 1), layout (1 process without a sharding wrapper, and 2 processes FSDP2 over gloo on a CPU), AdamW
   hyperparameters (lr, betas 0.9/0.95, weight decay 0.1, eps 1e-8, clip 1.0), the same samples in the same order,
   one OMP thread per rank. Each keeps its own defaults otherwise (TorchTitan: fused AdamW, its GC control, logging
-  every 10 steps; Flywheel: deterministic kernels, per-parameter AdamW, a step record every step), activation
+  every 10 steps; Flywheel: deterministic kernels, fused AdamW too, a step record every step), activation
   checkpointing and compile off on both.
 - tokens/s: steady state, from the wall time between the end of step WARMUP and the end of the last step (every
   step's end: rank 0's `step` event for ours, after `train_step` for TorchTitan), so a checkpoint save costs ours
