@@ -1,7 +1,7 @@
 """Runs every benchmark and writes bench/results/REPORT.md from their JSON results.
 
     python -m bench            # full runs, one at a time (tens of minutes)
-    python -m bench --quick    # the quick mode of each, in two lanes (under 5 minutes)
+    python -m bench --quick    # the quick mode of each, in two lanes (~9 minutes on 2 cores)
     python -m bench --only checkpoint_stall --quick
     python -m bench --report-only  # REPORT.md and the README table from the results already there
 
@@ -26,13 +26,13 @@ from bench.common import RESULTS
 from bench.report import update_readme, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
-# Ordered so that the cluster lane's waits (hang_recovery, dead_worker) meet the CPU lane's heaviest (planner_accuracy,
-# goodput), and its heaviest (goodput_operator) the CPU lane's lightest. The two small ones at the cluster lane's end
-# even the lanes out (~230 s each in the last run here).
+# Ordered so that the cluster lane's waits (hang_recovery, dead_worker) meet the CPU lane's heaviest (goodput,
+# goodput_user_script), and its heaviest (goodput_operator, ~310 s of quick runs) the CPU lane's lightest. The two
+# compile benchmarks at the CPU lane's end even the lanes out (quick, 2026-12-04: 531 s and 534 s; 665 s and 434 s
+# before the CPU lane took them).
 CPU_LANE = ("restart_latency", "parallel_parity", "trainer_overhead", "planner_accuracy", "goodput",
-            "goodput_user_script", "checkpoint_restore", "torchtitan_peer")
-CLUSTER_LANE = ("goodput_operator", "hang_recovery", "dead_worker", "operator_scale", "api_latency", "checkpoint_stall",
-                "compile_graph_breaks", "loss_memory")
+            "goodput_user_script", "checkpoint_restore", "torchtitan_peer", "compile_graph_breaks", "loss_memory")
+CLUSTER_LANE = ("goodput_operator", "hang_recovery", "dead_worker", "operator_scale", "api_latency", "checkpoint_stall")
 BENCHMARKS = ("checkpoint_stall", "restart_latency", "trainer_overhead", "parallel_parity", "planner_accuracy",
               "hang_recovery", "api_latency", "operator_scale",
               "dead_worker", "goodput", "goodput_user_script", "goodput_operator", "checkpoint_restore",
