@@ -69,7 +69,8 @@ setup:
 test-image:
 	bash scripts/install-tools.sh --debian-packages
 	if CONTAINERS_CONF=scripts/image/containers.conf podman info >/dev/null 2>&1; then \
-	    image="$$(bash scripts/image/test-image.sh | tail -n 1)" && python3 -m tests.cluster images "$$image"; \
+	    image="$$(bash scripts/image/test-image.sh)" && image="$$(printf '%s\n' "$$image" | tail -n 1)" && \
+	    python3 -m tests.cluster images "$$image"; \
 	else echo "podman cannot run containers here: tests/image and tests/real_nodes will skip"; fi
 
 tools:
