@@ -234,10 +234,7 @@ def _build(args: argparse.Namespace) -> int:
 def _images(args: argparse.Namespace) -> int:
     """Import podman's images into the real nodes' containerd template root now (images.py), so that no test
     waits minutes for it; nothing when they are there already."""
-    from tests.cluster import images
-    from tests.cluster.binary import ensure_containerd, ensure_pause
-    ensure_containerd()
-    ensure_pause()
+    from tests.cluster import images  # builds containerd and the sandbox image only when it has to import
     log = Path(tempfile.gettempdir()) / "flywheel-image-import.log"
     try:
         print(images.template_root(tuple(args.image), log))

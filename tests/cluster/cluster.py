@@ -21,6 +21,7 @@ from tests.cluster.real_node import RealNode, RealNodeSettings
 from tests.cluster.service_vip import ServiceVip
 from tests.etcd_process import EtcdServer
 from tests.kubelet.nodes import NodeSetup
+from tests.waiting import eventually
 
 
 @dataclass
@@ -231,11 +232,8 @@ class TestCluster:
         just started on a busy machine can be many seconds; a pod created before then is unschedulable meanwhile
         (`pod has unbound immediate PersistentVolumeClaims`), which a short pendingTimeoutSeconds counts."""
         path = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}"
-        deadline = time.monotonic() + timeout
-        while ((self.control_plane.request(path) or {}).get("status") or {}).get("phase") != "Bound":
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"claim {namespace}/{name} not Bound after {timeout:.0f} s")
-            time.sleep(0.1)
+        eventually(lambda: ((self.control_plane.request(path) or {}).get("status") or {}).get("phase") == "Bound",
+                   timeout, f"claim {namespace}/{name} to be Bound", interval=0.1)
 
     def wait_established(self, crd: str, timeout: float = 60.0) -> None:
         """A CRD's resource is served once the CRD is Established, a moment after its create."""
