@@ -3,8 +3,10 @@
 - Peer: TorchTitan (PyPI, the `bench` extra) with its own training entry and loop, `torchtitan.train.main(Trainer)`,
   under `torchrun --standalone`, through the glue in bench/torchtitan_entry.py (our shape as a flavor of its llama3
   model, Flywheel's synthetic tokens in its data loader) and, on a machine without a GPU, bench/torchtitan_cpu.py
-  (why TorchTitan does not run on a CPU as installed, and what the glue sets). Its checkpointing is off (its
-  default).
+  (why TorchTitan does not run on a CPU as installed, and what the glue sets). Two runs of it: as it ships
+  (checkpointing off, the headline's peer), and with its own asynchronous checkpointing (`--checkpoint.async_mode
+  async`: dcp.async_save on a thread) every `CKPT_EVERY` steps keeping the 2 newest, as ours: what the same
+  fault-tolerance cadence costs each trainer.
 - Ours: `flywheel run` (local supervisor, `flywheel launch` agent, warm rank start, event log) with its fault
   tolerance on: async checkpoints every `CKPT_EVERY` steps, the progress watchdog, the stop-flag all-reduce.
 - Same: the Llama shape (TorchTitan's `debugmodel` flavor, 6 x 256, 16 heads, ffn 768, vocab 2048; quick: 2 x 64;
@@ -19,8 +21,9 @@
   step's end: rank 0's `step` event for ours, after `train_step` for TorchTitan), so a checkpoint save costs ours
   what it costs; start-up: from the launcher's start (Popen) to the end of the first step; peak memory: the largest
   VmHWM (peak RSS) among the rank processes on a CPU, torch.cuda.max_memory_allocated on a GPU.
-- Rounds alternate the order (A B, B A); each ratio is Flywheel / TorchTitan (>= 1 is better for tokens/s, <= 1 for
-  memory and start-up); the headline is the median over rounds of the world-1 tokens/s ratio.
+- Rounds alternate the order (A B C, C B A); each ratio is Flywheel / TorchTitan as it ships (>= 1 is better for
+  tokens/s, <= 1 for memory and start-up), and the tokens/s ratio to TorchTitan checkpointing as often as ours; the
+  headline is the median over rounds of the world-1 tokens/s ratio.
 
     python -m bench.torchtitan_peer [--quick] [--rounds N] [--world 1 --world 2]
 """
@@ -126,6 +129,13 @@ def titan_args(cfg: Config, world: int, workdir: Path, gpu: bool) -> list[str]:
             "--comm.init_timeout_seconds", "600"]
 
 
+def titan_ckpt_args(cfg: Config, world: int, workdir: Path, gpu: bool) -> list[str]:
+    """TorchTitan with its own async checkpointing at our cadence and retention (its last save, after the last
+    step, is outside the measured window, as ours is)."""
+    return [*titan_args(cfg, world, workdir, gpu), "--checkpoint.enable", "--checkpoint.interval", str(CKPT_EVERY),
+            "--checkpoint.async_mode", "async", "--checkpoint.keep_latest_k", "2"]
+
+
 class PeakRss(threading.Thread):
     """Polls the rank processes below `root` and keeps each one's VmHWM (it only grows: the last reading before a
     process exits is at most one poll short)."""
@@ -203,14 +213,14 @@ def run_flywheel(cfg: Config, world: int, workdir: Path, gpu: bool) -> dict[str,
     return result
 
 
-def run_titan(cfg: Config, world: int, workdir: Path, gpu: bool) -> dict[str, Any]:
+def run_titan(cfg: Config, world: int, workdir: Path, gpu: bool, checkpoints: bool = False) -> dict[str, Any]:
     from bench.torchtitan_entry import OUT_ENV, SHAPE_ENV
 
     workdir.mkdir(parents=True)
     env = dict(os.environ, OMP_NUM_THREADS=_threads(world), PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
     env.update({OUT_ENV: str(workdir / "titan.json"), SHAPE_ENV: json.dumps(cfg.shape())})
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-            "-m", "bench.torchtitan_entry", *titan_args(cfg, world, workdir, gpu)]
+            "-m", "bench.torchtitan_entry", *(titan_ckpt_args if checkpoints else titan_args)(cfg, world, workdir, gpu)]
     began, peaks = _launch(argv, env, workdir / "torchtitan.log", 1800)
     rank0 = json.loads((workdir / "titan.json.rank0").read_text())
     result = steady(rank0["step_ends"], began, cfg)
@@ -221,15 +231,21 @@ def run_titan(cfg: Config, world: int, workdir: Path, gpu: bool) -> dict[str, An
                   params=rank0.get("params"),
                   phases={"imports": rank0["imports_s"], "trainer_init": rank0["init_ended"] - rank0["init_began"],
                           "first_step": first_step},
-                  rank_start_to_first_step_s=rank0["step_ends"][0] - rank0["began"])
+                  rank_start_to_first_step_s=rank0["step_ends"][0] - rank0["began"],
+                  checkpoint_steps=sorted(int(p.name.removeprefix("step-"))
+                                          for p in (workdir / "dump" / "checkpoint").glob("step-*")))
     return result
 
 
-SIDES = {"flywheel": run_flywheel, "torchtitan": run_titan}
+def run_titan_checkpointing(cfg: Config, world: int, workdir: Path, gpu: bool) -> dict[str, Any]:
+    return run_titan(cfg, world, workdir, gpu, checkpoints=True)
+
+
+SIDES = {"flywheel": run_flywheel, "torchtitan": run_titan, "torchtitan_ckpt": run_titan_checkpointing}
 
 
 def measure(cfg: Config, world: int, rounds: int, tmp: Path, gpu: bool) -> dict[str, Any]:
-    runs: dict[str, list[dict[str, Any]]] = {"flywheel": [], "torchtitan": []}
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
     for r in range(rounds):
         order = list(SIDES) if r % 2 == 0 else list(reversed(SIDES))
         for side in order:
@@ -238,8 +254,8 @@ def measure(cfg: Config, world: int, rounds: int, tmp: Path, gpu: bool) -> dict[
                   f"{runs[side][-1]['startup_s']:.1f} s", flush=True)
     memory_key = "cuda_max_allocated_bytes" if gpu else "peak_rss_bytes"
 
-    def ratios(key: str) -> list[float]:
-        return [f[key] / t[key] for f, t in zip(runs["flywheel"], runs["torchtitan"]) if f[key] and t[key]]
+    def ratios(key: str, peer: str = "torchtitan") -> list[float]:
+        return [f[key] / t[key] for f, t in zip(runs["flywheel"], runs[peer]) if f[key] and t[key]]
 
     return {"world": world, "layout": "1 process" if world == 1 else f"{world} processes, FSDP2",
             "tokens_per_s_ratio": median(ratios("tokens_per_s")),
@@ -247,6 +263,7 @@ def measure(cfg: Config, world: int, rounds: int, tmp: Path, gpu: bool) -> dict[
             "memory_ratio": median(ratios(memory_key)),
             "startup_ratio": median(ratios("startup_s")), "memory_metric": memory_key,
             "round_tokens_per_s_ratios": ratios("tokens_per_s"),
+            "checkpointing_peer_tokens_per_s_ratio": median(ratios("tokens_per_s", "torchtitan_ckpt")),
             **{f"{side}_{key}": median([x[key] for x in runs[side]])
                for side in SIDES for key in ("tokens_per_s", "median_step_tokens_per_s", "startup_s", memory_key)},
             "runs": runs}
@@ -260,20 +277,22 @@ def report(cfg: Config, rows: list[dict[str, Any]]) -> None:
     print(f"\nLlama {cfg.layers} x {cfg.dim}, {cfg.heads} heads ({cfg.kv_heads} kv), ffn {cfg.ffn}, vocab {cfg.vocab}; "
           f"seqLen {cfg.seq_len}, global batch {cfg.global_batch}, {cfg.steps} steps (steady state after "
           f"{cfg.warmup}); Flywheel checkpoints every {CKPT_EVERY} steps")
-    print(f"{'layout':<22}{'side':<12}{'tokens/s':>10}{'(median)':>10}{'start-up s':>12}{'peak GiB':>10}   "
+    print(f"{'layout':<22}{'side':<16}{'tokens/s':>10}{'(median)':>10}{'start-up s':>12}{'peak GiB':>10}   "
           "phases to the first step (s), last round")
     for row in rows:
         key = row["memory_metric"]
         for side in SIDES:
             last = row["runs"][side][-1]
             phases = " ".join(f"{k} {v:.2f}" for k, v in last["phases"].items())
-            print(f"{row['layout']:<22}{side:<12}{row[f'{side}_tokens_per_s']:>10.0f}"
+            print(f"{row['layout']:<22}{side:<16}{row[f'{side}_tokens_per_s']:>10.0f}"
                   f"{row[f'{side}_median_step_tokens_per_s']:>10.0f}{row[f'{side}_startup_s']:>12.1f}"
                   f"{_gib(row[f'{side}_{key}']):>10}   {phases}")
-        print(f"{'':<22}{'ratio':<12}{row['tokens_per_s_ratio']:>10.3f}{row['median_step_tokens_per_s_ratio']:>10.3f}"
+        print(f"{'':<22}{'ratio':<16}{row['tokens_per_s_ratio']:>10.3f}{row['median_step_tokens_per_s_ratio']:>10.3f}"
               f"{row['startup_ratio']:>12.3f}"
               f"{row['memory_ratio']:>10.3f}   per round: "
               + " ".join(f"{x:.3f}" for x in row["round_tokens_per_s_ratios"]))
+        print(f"{'':<22}{'ratio (ckpt)':<16}{row['checkpointing_peer_tokens_per_s_ratio']:>10.3f}   "
+              f"to TorchTitan checkpointing every {CKPT_EVERY} steps too")
 
 
 def main(argv: list[str] | None = None) -> int:

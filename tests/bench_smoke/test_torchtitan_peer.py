@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench.torchtitan_peer import FULL, GPU, QUICK, Config, flywheel_job, steady
+from bench.torchtitan_peer import CKPT_EVERY, FULL, GPU, QUICK, Config, flywheel_job, steady
 from tests.bench_smoke.test_bench_smoke import check_record, run_bench
 
 
@@ -45,10 +45,14 @@ def test_torchtitan_peer_quick_runs_both_sides(tmp_path):
     run_bench(tmp_path, "bench.torchtitan_peer", "--quick")
     record = check_record(tmp_path / "torchtitan_peer.json")
     [row] = record["runs"]
-    for side in ("flywheel", "torchtitan"):
+    for side in ("flywheel", "torchtitan", "torchtitan_ckpt"):
         [run] = row["runs"][side]
         assert run["steps"] == QUICK.steps and run["startup_s"] > 0 and run["peak_rss_bytes"] > 0
         assert run["phases"]["first_step"] > 0
+    # TorchTitan's own checkpoints, at our cadence and retention: step 10 and its final save at step 12.
+    assert row["runs"]["torchtitan"][0]["checkpoint_steps"] == []
+    assert row["runs"]["torchtitan_ckpt"][0]["checkpoint_steps"] == [CKPT_EVERY, QUICK.steps]
+    assert row["checkpointing_peer_tokens_per_s_ratio"] > 0
     phases = row["runs"]["flywheel"][0]["phases"]
     assert {"imports", "rendezvous", "parallelize", "materialize", "restore"} <= set(phases)
     assert "torchtitan" in json.dumps(record["peer"]).lower() and record["torchtitan_on_cpu"]
