@@ -228,3 +228,60 @@ def test_making_room_keeps_the_checkpoint_this_run_restored_not_a_newer_one_that
     resumed, _ = make_app(seed=2)
     assert Checkpointer(cfg, tmp_path).restore(resumed) == 1
     assert_same_state(full_state(resumed), expected)
+
+
+def test_a_save_whose_marker_is_written_counts_as_committed_when_the_ranks_cannot_agree_afterwards(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank lost right after rank 0 wrote the marker breaks the last agreement, but every rank's files were
+    written and checksummed: the checkpoint is committed, restores use it, and rank 0 says so (it had reported the
+    step abandoned, with an older 'newest good checkpoint', while the restart then resumed from it)."""
+    cfg = CheckpointSpec(dir=str(tmp_path), every_steps=1, keep=5)
+    events = FakeEvents()
+    app, data = make_app(seed=0)
+    ckpt = Checkpointer(cfg, tmp_path, events=events)
+    train_step(app, data, ckpt)
+    expected = full_state(app)
+    written = []
+    write_commit = store.write_commit
+
+    def marker_then_loss(*args: Any, **kwargs: Any) -> None:
+        write_commit(*args, **kwargs)
+        written.append(True)
+
+    agree = Checkpointer._agree
+
+    def lost_peer(self: Checkpointer, flag: bool, group: Any, *, any_rank: bool) -> bool:
+        if written:
+            raise RuntimeError("Connection reset by peer")
+        return agree(self, flag, group, any_rank=any_rank)
+
+    monkeypatch.setattr(store, "write_commit", marker_then_loss)
+    monkeypatch.setattr(Checkpointer, "_agree", lost_peer)
+    ckpt.save(1, app)
+    ckpt.close()
+    monkeypatch.undo()
+    assert written and not events.named("checkpoint_failed")
+    assert [e["step"] for e in events.named("checkpoint")] == [1] and ckpt.committed_step == 1
+    resumed, _ = make_app(seed=3)
+    assert Checkpointer(cfg, tmp_path).restore(resumed) == 1
+    assert_same_state(full_state(resumed), expected)
+
+
+def test_a_save_that_fails_before_its_marker_is_still_reported_when_the_agreement_fails_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = CheckpointSpec(dir=str(tmp_path), every_steps=1, keep=5)
+    events = FakeEvents()
+    app, data = make_app(seed=0)
+    ckpt = Checkpointer(cfg, tmp_path, events=events)
+    train_step(app, data, ckpt)
+
+    def no_marker(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(store, "write_commit", no_marker)
+    ckpt.save(1, app)
+    ckpt.close()
+    monkeypatch.undo()
+    [failed] = events.named("checkpoint_failed")
+    assert failed["step"] == 1 and not events.named("checkpoint") and ckpt.committed_step is None
+    assert store.committed(tmp_path) == []

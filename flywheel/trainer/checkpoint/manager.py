@@ -355,7 +355,7 @@ class Checkpointer:
                 except _FAILURES as err:
                     commit_error = err
             committed = self.rank == 0 and commit_error is None
-            if not self._agree(committed, self._write_group, any_rank=True):
+            if not self._agree_commit(record, committed):
                 raise commit_error or RuntimeError("rank 0 could not write the commit marker")
         except _FAILURES as err:
             self._on_failure(record, err, state)
@@ -363,6 +363,19 @@ class Checkpointer:
         self._on_commit(record)
         if self.remote is not None:  # committed locally; the bucket's copy follows (its marker last)
             self.remote.upload(record.path, record.step)
+
+    def _agree_commit(self, record: SaveRecord, committed: bool) -> bool:
+        """Whether the save committed, agreed by every rank. Once rank 0 wrote the marker (every rank's files were
+        written and checksummed by then) the checkpoint is committed and restores use it, even when the agreement
+        itself fails (a rank lost in between): rank 0 then says so rather than report it abandoned."""
+        try:
+            return self._agree(committed, self._write_group, any_rank=True)
+        except _FAILURES as err:
+            if not committed:
+                raise
+            log.warning("checkpoint at step %d: committed, but the ranks could not agree on it afterwards (%s)",
+                        record.step, describe_failure(err))
+            return True
 
     def _on_commit(self, record: SaveRecord) -> None:
         self.committed_step = record.step
