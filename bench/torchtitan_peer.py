@@ -116,9 +116,13 @@ def flywheel_job(cfg: Config, world: int, workdir: Path, gpu: bool) -> dict[str,
                      "faultTolerance": {"progressTimeoutSeconds": 300, "firstStepTimeoutSeconds": 600}}}
 
 
-def titan_args(cfg: Config, world: int, workdir: Path, gpu: bool) -> list[str]:
+def titan_args(cfg: Config, world: int, workdir: Path, gpu: bool, checkpoints: bool = False) -> list[str]:
+    """TorchTitan's command line; `checkpoints`: its own async checkpointing at our cadence and retention (its last
+    save, after the last step, is outside the measured window, as ours is)."""
     from bench.torchtitan_entry import FLAVOR, SPEC_NAME
 
+    saves = ["--checkpoint.enable", "--checkpoint.interval", str(CKPT_EVERY), "--checkpoint.async_mode", "async",
+             "--checkpoint.keep_latest_k", "2"] if checkpoints else []
     return ["--model.name", SPEC_NAME, "--model.flavor", FLAVOR, "--job.dump_folder", str(workdir / "dump"),
             "--training.steps", str(cfg.steps), "--training.seq_len", str(cfg.seq_len),
             "--training.local_batch_size", str(cfg.global_batch // world),
@@ -126,14 +130,7 @@ def titan_args(cfg: Config, world: int, workdir: Path, gpu: bool) -> list[str]:
             "--training.mixed_precision_param", "bfloat16" if gpu else "float32",
             "--parallelism.data_parallel_shard_degree", str(world), "--activation_checkpoint.mode", "none",
             "--optimizer.lr", str(cfg.lr), "--lr_scheduler.warmup_steps", "2",
-            "--comm.init_timeout_seconds", "600"]
-
-
-def titan_ckpt_args(cfg: Config, world: int, workdir: Path, gpu: bool) -> list[str]:
-    """TorchTitan with its own async checkpointing at our cadence and retention (its last save, after the last
-    step, is outside the measured window, as ours is)."""
-    return [*titan_args(cfg, world, workdir, gpu), "--checkpoint.enable", "--checkpoint.interval", str(CKPT_EVERY),
-            "--checkpoint.async_mode", "async", "--checkpoint.keep_latest_k", "2"]
+            "--comm.init_timeout_seconds", "600", *saves]
 
 
 class PeakRss(threading.Thread):
@@ -220,7 +217,7 @@ def run_titan(cfg: Config, world: int, workdir: Path, gpu: bool, checkpoints: bo
     env = dict(os.environ, OMP_NUM_THREADS=_threads(world), PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
     env.update({OUT_ENV: str(workdir / "titan.json"), SHAPE_ENV: json.dumps(cfg.shape())})
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-            "-m", "bench.torchtitan_entry", *(titan_ckpt_args if checkpoints else titan_args)(cfg, world, workdir, gpu)]
+            "-m", "bench.torchtitan_entry", *titan_args(cfg, world, workdir, gpu, checkpoints)]
     began, peaks = _launch(argv, env, workdir / "torchtitan.log", 1800)
     rank0 = json.loads((workdir / "titan.json.rank0").read_text())
     result = steady(rank0["step_ends"], began, cfg)
