@@ -275,10 +275,21 @@ def test_a_save_that_fails_before_its_marker_is_still_reported_when_the_agreemen
     ckpt = Checkpointer(cfg, tmp_path, events=events)
     train_step(app, data, ckpt)
 
+    tried = []
+
     def no_marker(*args: Any, **kwargs: Any) -> None:
+        tried.append(True)
         raise OSError(errno.EIO, "Input/output error")
 
+    agree = Checkpointer._agree
+
+    def lost_peer(self: Checkpointer, flag: bool, group: Any, *, any_rank: bool) -> bool:
+        if tried:
+            raise RuntimeError("Connection reset by peer")
+        return agree(self, flag, group, any_rank=any_rank)
+
     monkeypatch.setattr(store, "write_commit", no_marker)
+    monkeypatch.setattr(Checkpointer, "_agree", lost_peer)
     ckpt.save(1, app)
     ckpt.close()
     monkeypatch.undo()
