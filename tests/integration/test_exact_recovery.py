@@ -53,6 +53,12 @@ def _logs(tmp: Path) -> str:
     return "\n".join(f"--- {p}\n{p.read_text()[-2500:]}" for p in sorted((tmp / "out" / "logs").glob("*.log")))
 
 
+def _warnings(tmp: Path) -> str:
+    """Every warning and error the workers logged, over the whole run (a skipped or failed memory copy says so)."""
+    return "\n".join(line for p in sorted((tmp / "out" / "logs").glob("*.log"))
+                     for line in p.read_text().splitlines() if " WARNING " in line or " ERROR " in line)
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """Uninterrupted runs, one per layout, shared by the fault tests."""
@@ -159,5 +165,5 @@ def test_memory_tier_recovery_is_bitwise_exact_and_replays_little(reference, tmp
     # longer skipped while the previous one is under way): the newest complete copy is 11 or 12, so at most one
     # step is replayed (the disk checkpoint before step 13 is step 10).
     assert restores[0]["step"] >= 11, restores
-    assert summary["lost_steps"] <= 1, summary["lost_steps"]
+    assert summary["lost_steps"] <= 1, (summary["lost_steps"], restores, _warnings(tmp_path))
     assert summary["checkpoint_memory_bytes"] is not None
