@@ -17,6 +17,7 @@ from flywheel.data.tokenizers import Tokenizer, load_tokenizer
 from flywheel.layout.rules import BYTE_VOCAB
 from flywheel.trainer.models.hf_export import CheckpointModel, load_checkpoint_model
 from flywheel.trainer.models.registry import build_model
+from flywheel.trainer.models.weights_layout import set_layouts
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ def job_tokenizer(loaded: CheckpointModel, override: str | None) -> Tokenizer | 
 
 def load_model(loaded: CheckpointModel) -> torch.nn.Module:
     model = build_model(loaded.shape)
+    set_layouts(model, loaded.layouts)  # the layout the weights were trained in
     missing, unexpected = model.load_state_dict(loaded.state, strict=False)
     params = {name for name, _ in model.named_parameters()}
     if unexpected or params & set(missing):

@@ -121,12 +121,12 @@ def test_a_restore_asks_only_for_the_rng_parts_the_checkpoint_holds(tmp_path: Pa
     assert_same_state(full_state(app2), saved)
 
 
-def test_drop_rng_not_saved_keeps_what_the_checkpoint_has() -> None:
-    from flywheel.trainer.checkpoint.state import drop_rng_not_saved
+def test_drop_not_saved_keeps_what_the_checkpoint_has() -> None:
+    from flywheel.trainer.checkpoint.state import drop_not_saved
 
     state = {"rng_rank1": {"python": 1, "torch": 2, "cuda": [3]}, "model": {}}
-    drop_rng_not_saved(state, 1, {"rng_rank1.python": 0, "rng_rank1.torch": 0, "rng_rank10.cuda.0": 0})
+    drop_not_saved(state, 1, {"rng_rank1.python": 0, "rng_rank1.torch": 0, "rng_rank10.cuda.0": 0})
     assert state["rng_rank1"] == {"python": 1, "torch": 2}
     kept = {"rng_rank0": {"cuda": [3]}}
-    drop_rng_not_saved(kept, 0, {"rng_rank0.cuda.0": 0})
+    drop_not_saved(kept, 0, {"rng_rank0.cuda.0": 0})
     assert kept == {"rng_rank0": {"cuda": [3]}}

@@ -12,7 +12,8 @@ from flywheel.layout.rules import tp_size_problems
 from flywheel.layout.shape import PRESETS, RopeScaling
 from flywheel.spec import SpecError, parse_spec
 from flywheel.spec.job import ModelSpec
-from flywheel.trainer.models.llama.model import Llama, rope_frequencies
+from flywheel.trainer.models.llama.model import Llama
+from flywheel.trainer.models.llama.rope import rope_frequencies
 from flywheel.trainer.models.registry import build_model
 
 TINY = dataclasses.replace(PRESETS["llama-tiny"], seq_len=16)

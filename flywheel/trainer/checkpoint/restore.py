@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from flywheel.agent.worker_env import UserError
 from flywheel.trainer.checkpoint import integrity, model_check, store
 from flywheel.trainer.checkpoint.failure import describe_failure
-from flywheel.trainer.checkpoint.state import AppState, drop_rng_not_saved
+from flywheel.trainer.checkpoint.state import AppState, drop_not_saved
 from flywheel.trainer.checkpoint.tiers.peer_restore import Damage
 from flywheel.trainer.checkpoint.tiers.remote import RemoteUnreadable
 
@@ -245,7 +245,7 @@ def _load(ctx: RestoreContext, app: AppState, step: int, path: str, saved_world:
         state = app.state_dict(include_rng=saved_world == ctx.world_size)
         state["step"] = -1
         reader = FileSystemReader(path)
-        drop_rng_not_saved(state, ctx.rank, reader.read_metadata().state_dict_metadata)
+        drop_not_saved(state, ctx.rank, reader.read_metadata().state_dict_metadata)
         dcp_load(state, storage_reader=reader, process_group=ctx.write_group)
         if state["step"] != step:
             raise ValueError(f"holds step {state['step']} but its commit marker says {step}")

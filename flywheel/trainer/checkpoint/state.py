@@ -1,4 +1,5 @@
-"""What a checkpoint holds: model, optimizer, scheduler, data position and per-rank RNG states."""
+"""What a checkpoint holds: model, optimizer, scheduler, data position, per-rank RNG states and the model's weights
+layouts."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
 from flywheel.torch_compat import dtensor_local
+from flywheel.trainer.models.weights_layout import LAYOUTS_KEY, layouts_of, set_layouts
 
 
 class DataPosition(Protocol):
@@ -42,16 +44,18 @@ def capture_rng(cuda: bool) -> dict[str, Any]:
     return state
 
 
-def drop_rng_not_saved(state: dict[str, Any], rank: int, saved_keys: Mapping[str, Any]) -> None:
-    """Leave out of a load template the RNG parts a checkpoint does not hold (DCP's flattened keys, e.g.
-    `rng_rank0.cuda.0`): one written by a CPU job restored on a GPU keeps the CUDA generators as they are."""
-    rng = state.get(rng_key(rank))
-    if not isinstance(rng, dict):
-        return
-    prefix = f"{rng_key(rank)}."
-    saved = {key[len(prefix):].split(".", 1)[0] for key in saved_keys if key.startswith(prefix)}
-    for part in [k for k in rng if k not in saved]:
-        del rng[part]
+def drop_not_saved(state: dict[str, Any], rank: int, saved_keys: Mapping[str, Any]) -> None:
+    """Leave out of a load template the parts a checkpoint may lack (DCP's flattened keys, e.g. `rng_rank0.cuda.0`):
+    RNG parts (one written by a CPU job restored on a GPU keeps the CUDA generators as they are) and weights layouts
+    (one written before a layout was recorded holds the legacy layout: `weights_layout.py`)."""
+    for entry in (rng_key(rank), LAYOUTS_KEY):
+        parts = state.get(entry)
+        if not isinstance(parts, dict):
+            continue
+        prefix = f"{entry}."
+        saved = {key[len(prefix):].split(".", 1)[0] for key in saved_keys if key.startswith(prefix)}
+        for part in [k for k in parts if k not in saved]:
+            del parts[part]
 
 
 def restore_rng(state: dict[str, Any]) -> None:
@@ -110,6 +114,7 @@ class AppState(Stateful):
             "scheduler": copy.deepcopy(self.scheduler.state_dict()),
             "data": copy.deepcopy(self.data.state_dict()),
             "world_size": self.world_size,
+            LAYOUTS_KEY: layouts_of(self.model),
         }
         if include_rng:
             state[rng_key(self.rank)] = capture_rng(self.cuda_rng)
@@ -122,6 +127,7 @@ class AppState(Stateful):
             # Back to this rank's own parameters (torch splits a superset by name only when some state exists).
             optim_sd["param_groups"] = [{**g, "params": list(params)}
                                         for g, params in zip(optim_sd["param_groups"], self.local_params)]
+        set_layouts(self.model, state_dict.get(LAYOUTS_KEY, {}))
         set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"], optim_state_dict=optim_sd)
         self.scheduler.load_state_dict(state_dict["scheduler"])
         self.data.load_state_dict(state_dict["data"])

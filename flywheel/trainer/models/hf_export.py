@@ -4,7 +4,8 @@ The trainer records the model it trains (`model.json`: its shape, and the `pretr
 in the checkpoint directory. Export finds the checkpoint (a run directory: the newest checkpoint its events name;
 a checkpoint directory: its newest committed step; or one `step-NNNNNNNN` folder), loads only the model's tensors
 from the DCP files in this one process (whatever layout and world size wrote them: DCP stores global tensors by
-name), renames them to transformers' names and writes config.json, safetensors (sharded with an index above
+name), renames them to transformers' names (in their rows' order: a checkpoint records its weights layouts,
+`weights_layout.py`) and writes config.json, safetensors (sharded with an index above
 `max_shard_bytes`) and the tokenizer files of the pretrained directory, if it had any.
 """
 
@@ -25,6 +26,8 @@ from flywheel.layout.hf_config import config_from_shape
 from flywheel.layout.shape import ModelShape, shape_from_dict, shape_to_dict
 from flywheel.trainer.checkpoint import store
 from flywheel.trainer.models.hf_weights import hf_name
+from flywheel.trainer.models.registry import MODELS
+from flywheel.trainer.models.weights_layout import LAYOUTS_KEY
 
 if TYPE_CHECKING:
     from flywheel.spec.job import Data
@@ -88,23 +91,28 @@ def find_checkpoint(source: str | Path) -> Path:
     return Path(committed[-1].path)
 
 
-def load_model_state(step_dir: Path) -> dict[str, torch.Tensor]:
-    """The model's full tensors from a DCP checkpoint, in this process (no process group)."""
+def load_model_state(step_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The model's full tensors from a DCP checkpoint, in this process (no process group), and the weights layouts
+    it recorded (none before layouts were recorded: `weights_layout.set_layouts` takes that as the legacy ones)."""
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
-        state = _load_state_dict_from_keys(keys={"model"}, checkpoint_id=str(step_dir))
+        state = _load_state_dict_from_keys(keys={"model", LAYOUTS_KEY}, checkpoint_id=str(step_dir))
     model = state["model"]
-    return {name: tensor for name, tensor in model.items() if isinstance(tensor, torch.Tensor)}
+    tensors = {name: tensor for name, tensor in model.items() if isinstance(tensor, torch.Tensor)}
+    return tensors, dict(state.get(LAYOUTS_KEY, {}))
 
 
-def to_hf_state(state: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, torch.Tensor]:
+def to_hf_state(state: dict[str, torch.Tensor], shape: ModelShape, layouts: dict[str, str]) -> dict[str, torch.Tensor]:
     out = {}
     for name, tensor in state.items():
         if name == "head.weight" and shape.tied_embeddings:
             continue  # transformers ties lm_head to the embedding from config.json
         theirs, transposed = hf_name(name, shape.architecture)
+        order = MODELS[shape.architecture].hf_row_order(name, shape, layouts)
+        if order is not None:
+            tensor = tensor[order.argsort()]
         out[theirs] = (tensor.t() if transposed else tensor).contiguous()
     return out
 
@@ -143,12 +151,14 @@ def save_hf(tensors: dict[str, torch.Tensor], config: dict[str, Any], out: Path,
 
 @dataclass(frozen=True)
 class CheckpointModel:
-    """A committed checkpoint's model: the step folder, the recorded shape and job files, the full tensors."""
+    """A committed checkpoint's model: the step folder, the recorded shape and job files, the full tensors and their
+    weights layouts."""
 
     step_dir: Path
     shape: ModelShape
     record: dict[str, Any]
     state: dict[str, torch.Tensor]
+    layouts: dict[str, str]
 
 
 def load_checkpoint_model(source: str | Path) -> CheckpointModel:
@@ -160,13 +170,14 @@ def load_checkpoint_model(source: str | Path) -> CheckpointModel:
         raise ExportError(f"{record_path} is missing: the checkpoint was written by a trainer that did not record "
                           "its model; retrain with this version or export from a newer checkpoint")
     record = json.loads(record_path.read_text())
-    return CheckpointModel(step_dir, shape_from_dict(record["shape"]), record, load_model_state(step_dir))
+    return CheckpointModel(step_dir, shape_from_dict(record["shape"]), record, *load_model_state(step_dir))
 
 
 def export_hf(source: str | Path, out: str | Path, *, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
     """Writes the HF directory `out` from the checkpoint `source` names; returns the step folder used."""
     loaded = load_checkpoint_model(source)
-    save_hf(to_hf_state(loaded.state, loaded.shape), config_from_shape(loaded.shape), Path(out), max_shard_bytes)
+    hf_state = to_hf_state(loaded.state, loaded.shape, loaded.layouts)
+    save_hf(hf_state, config_from_shape(loaded.shape), Path(out), max_shard_bytes)
     pretrained, tokenizer = loaded.record.get("pretrained"), loaded.record.get("tokenizer")
     for name in TOKENIZER_FILES if pretrained else ():
         if (Path(str(pretrained)) / name).exists():

@@ -7,6 +7,8 @@ checkpoints (`model.safetensors.index.json`) are read file by file as the index 
 
 GPT-2 stores its projections as Conv1D weights (in, out): they are transposed, and a shard's slice is read from
 the transposed region. A tied LM head without its own tensor in the file (the usual case) reads the embedding.
+Tensors whose rows the model's weights layout orders otherwise (the Llama's q and k in the interleaved RoPE layout:
+`Architecture.hf_row_order`) read the rows their shard's rows come from.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch.distributed.tensor import DTensor
 from flywheel.layout.hf_config import HFConfigError
 from flywheel.layout.shape import ModelShape
 from flywheel.trainer.models.registry import MODELS
+from flywheel.trainer.models.weights_layout import layouts_of
 
 # Wrappers that parallelize.py puts around modules (activation checkpointing, DDP) add these to parameter names.
 _WRAPPER_PARTS = re.compile(r"(^module\.|_checkpoint_wrapped_module\.)")
@@ -98,6 +101,7 @@ def _local_region(param: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...],
 def load_pretrained(model: nn.Module, directory: str | Path, shape: ModelShape) -> None:
     """Fills every parameter this rank holds from the HF model in `directory` (reading only its slices)."""
     directory = Path(directory)
+    architecture, layouts = MODELS[shape.architecture], layouts_of(model)
     with ExitStack() as stack:
         files = _Files(directory, stack)
         for raw_name, param in model.named_parameters():
@@ -105,7 +109,7 @@ def load_pretrained(model: nn.Module, directory: str | Path, shape: ModelShape) 
             theirs, transposed = hf_name(name, shape.architecture)
             found = files.find(theirs)
             if found is None and name == "head.weight" and shape.tied_embeddings:
-                found = files.find(MODELS[shape.architecture].hf_tied)
+                found = files.find(architecture.hf_tied)
             if found is None:
                 raise HFConfigError(f"trainer.model.pretrained: {directory} has no tensor {theirs} (for {name}); "
                                     "the weights do not match config.json")
@@ -115,5 +119,20 @@ def load_pretrained(model: nn.Module, directory: str | Path, shape: ModelShape) 
             if list(stored.get_shape()) != expected:
                 raise HFConfigError(f"trainer.model.pretrained: {found} has shape {stored.get_shape()}, "
                                     f"config.json implies {expected}")
-            data = stored[tuple(reversed(region))].t() if transposed else stored[region]
-            local.copy_(data.to(local.dtype))
+            order = architecture.hf_row_order(name, shape, layouts)
+            local.copy_(_read(stored, region, transposed, order).to(local.dtype))
+
+
+def _read(stored: Any, region: tuple[slice, ...], transposed: bool, order: torch.Tensor | None) -> torch.Tensor:
+    """Our `region` of a file tensor (a safetensors slice): theirs transposed, or with our rows taken from their
+    rows `order` (only the range those rows span is read; no architecture orders a transposed tensor)."""
+    if transposed:
+        data: torch.Tensor = stored[tuple(reversed(region))].t()
+        return data
+    rows = order[region[0]] if order is not None else None
+    if rows is None or rows.numel() == 0:  # an empty shard (FSDP's last ranks of a small tensor) reads nothing
+        data = stored[region]
+        return data
+    low, high = int(rows.min()), int(rows.max()) + 1
+    span: torch.Tensor = stored[(slice(low, high), *region[1:])]
+    return span[rows - low]

@@ -7,7 +7,7 @@ Face config.json's."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,13 +38,15 @@ class Architecture:
     tp_after_block: Callable[[nn.Module, DeviceMesh], None]  # hooks a block needs once sharded
     hf_names: tuple[tuple[str, str, bool], ...]  # (ours, Hugging Face's, transposed), `{i}` the block index
     hf_tied: str  # the embedding a tied LM head reads when the file has no lm_head.weight
+    # (our name, shape, the model's weights layouts) -> our rows as indices of HF's rows, None when in their order
+    hf_row_order: Callable[[str, ModelShape, Mapping[str, str]], torch.Tensor | None]
 
 
 MODELS: dict[str, Architecture] = {
     "gpt": Architecture("gpt", GPT, gpt_tp.block_plan, gpt_tp.after_block, tuple(gpt_names.HF_NAMES),
-                        gpt_names.HF_TIED),
+                        gpt_names.HF_TIED, gpt_names.hf_row_order),
     "llama": Architecture("llama", Llama, llama_tp.block_plan, llama_tp.after_block, tuple(llama_names.HF_NAMES),
-                          llama_names.HF_TIED),
+                          llama_names.HF_TIED, llama_names.hf_row_order),
 }
 
 

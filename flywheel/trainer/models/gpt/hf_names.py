@@ -1,5 +1,13 @@
 """The GPT's parameter names in a Hugging Face GPT-2 model; its projections are Conv1D weights, stored transposed."""
 
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from flywheel.layout.shape import ModelShape
+
 # (Flywheel name, HF name, transposed), `{i}` the block index.
 HF_NAMES = [
     ("tok_emb.weight", "transformer.wte.weight", False),
@@ -18,3 +26,8 @@ HF_NAMES = [
 ]
 # The embedding a tied LM head reads when the file has no lm_head.weight.
 HF_TIED = "transformer.wte.weight"
+
+
+def hf_row_order(name: str, shape: ModelShape, layouts: Mapping[str, str]) -> torch.Tensor | None:
+    """Rows in the same order as HF's for every tensor (the GPT has no choice of layout)."""
+    return None

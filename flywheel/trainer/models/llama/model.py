@@ -6,9 +6,8 @@ an LM head, tied to the token embedding or not. No biases, except on q, k and v 
 
 The parts are named as in the GPT (`tok_emb`, `blocks`, each with `ln_attn`, `attn`, `ln_mlp`, `mlp`, then `ln_f`
 and `head`; the norms are RMSNorms here), so pipeline stages, FSDP and activation checkpointing treat both alike.
-RoPE uses Hugging Face's layout (the two halves of a head rotated together: rotate_half), so HF Llama weights load
-without the q/k permutation that Meta's interleaved layout would need. Its cos/sin tables are computed in fp32 from
-the sequence length at first use (not parameters, not in the state dict).
+RoPE rotates a head's features in pairs (rope.py: Meta's interleaved layout, one complex multiply; Hugging Face
+weights are reordered on import and export; checkpoints of the half layout resume in it).
 """
 
 from __future__ import annotations
@@ -20,60 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flywheel.layout.shape import ModelShape, RopeScaling
+from flywheel.layout.shape import ModelShape
 from flywheel.trainer.models.gpt.model import INIT_STD, InitStep, apply_init
+from flywheel.trainer.models.llama.rope import Rotary
 from flywheel.trainer.models.lm_loss import head_output, lm_loss
-
-
-def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
-    """Inverse frequencies (head_dim / 2,), fp32, with Llama 3's scaling when given (as transformers computes them)."""
-    # On CPU even while the model is built on the meta device: these are no parameters, materialising skips them.
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
-    if scaling is None:
-        return inv_freq
-    low_freq_wavelen = scaling.original_max_positions / scaling.low_freq_factor
-    high_freq_wavelen = scaling.original_max_positions / scaling.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
-    smooth = ((scaling.original_max_positions / wavelen - scaling.low_freq_factor)
-              / (scaling.high_freq_factor - scaling.low_freq_factor))
-    blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
-    medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
-    return torch.where(medium, blended, scaled)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
-
-
-class Rotary(nn.Module):
-    """cos/sin tables for positions 0..seq-1, cached per (sequence length, device)."""
-
-    def __init__(self, cfg: ModelShape):
-        super().__init__()
-        self.inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        self._cache: tuple[int, torch.device, torch.Tensor, torch.Tensor] | None = None
-
-    def tables(self, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if torch.compiler.is_compiling():
-            # Traced into the compiled block, not cached: filling the cache inside it made the second call
-            # recompile the block (a guard on the cache's state).
-            return self._angles(seq, device)
-        if self._cache is None or self._cache[:2] != (seq, device):
-            self._cache = (seq, device, *self._angles(seq, device))
-        return self._cache[2], self._cache[3]
-
-    def _angles(self, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = torch.outer(torch.arange(seq, dtype=torch.float32), self.inv_freq)
-        angles = torch.cat((freqs, freqs), dim=-1)
-        return angles.cos().to(device), angles.sin().to(device)
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k: (batch, heads, seq, head_dim)."""
-        cos, sin = self.tables(q.shape[-2], q.device)
-        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
 class GroupedQueryAttention(nn.Module):
@@ -90,8 +39,9 @@ class GroupedQueryAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
         # Head counts come from the projections' outputs, so head-sharded projections (tensor parallel) run here too.
-        q, k, v = (proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2) for proj in (self.q, self.k, self.v))
-        q, k = self.rotary(q, k)
+        q, k, v = (proj(x).view(batch, seq, -1, self.head_dim) for proj in (self.q, self.k, self.v))
+        q, k = self.rotary(q, k)  # on (batch, seq, heads, head_dim): contiguous, as the projections write them
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
         out: torch.Tensor = self.o(y.transpose(1, 2).reshape(batch, seq, -1))
         return out
