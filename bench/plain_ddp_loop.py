@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from flywheel.spec import parse_spec
 from flywheel.trainer.data import SampleLoader, build_source
+from flywheel.trainer.entry import use_deterministic_algorithms
 from flywheel.trainer.ft.process_exit import exit_rank
 from flywheel.trainer.models.registry import build_model
 from flywheel.trainer.optim import build_optimizer, build_scheduler
@@ -24,8 +25,9 @@ def main() -> None:
     torch.set_num_threads(1)
     spec = parse_spec(json.loads(os.environ["FLYWHEEL_SPEC"]))
     training = spec.trainer.training
-    # Same numerics setting as the trainer, so the ratio measures the loop's extras and nothing else.
-    torch.use_deterministic_algorithms(training.deterministic)
+    # Same numerics setting as the trainer (its fill of uninitialized memory off too), so the ratio measures the
+    # loop's extras and nothing else.
+    use_deterministic_algorithms(training)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = spec.trainer.model.shape()

@@ -24,8 +24,10 @@ from tests.trainer.workers import REPO, free_port, job_spec
 @pytest.fixture
 def restore_determinism() -> Iterator[None]:
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
     yield
     torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
 @pytest.mark.usefixtures("restore_determinism")
@@ -36,6 +38,7 @@ def test_deterministic_training_never_only_warns(monkeypatch: pytest.MonkeyPatch
     entry.use_deterministic_algorithms(Training(deterministic=True))
     assert torch.are_deterministic_algorithms_enabled()
     assert not torch.is_deterministic_algorithms_warn_only_enabled()
+    assert not torch.utils.deterministic.fill_uninitialized_memory  # no NaN pass over every torch.empty
 
 
 @pytest.mark.usefixtures("restore_determinism")
