@@ -61,7 +61,7 @@ from flywheel.trainer.models.materialize import META
 from flywheel.trainer.models.registry import build_model, model_shape
 from flywheel.trainer.optim import build_optimizer, build_scheduler
 from flywheel.trainer.progress_publisher import publish_activity
-from flywheel.trainer.startup import CLOCK
+from flywheel.trainer.startup import CLOCK, freeze_startup_objects
 from flywheel.trainer.step import autocast_for, forward_backward, params_sha256, pick_device
 
 log = logging.getLogger("flywheel.trainer")
@@ -138,6 +138,7 @@ def train(env: WorkerEnv, sources: DataSources, events: EventLog, metrics: Train
         run.ckpt.catch_up(step)  # the memory copy before a reported step is done: a loss replays <= memoryEverySteps
         _report_step(run, step, result, metrics, watchdog, events)
         if step == start + 1:
+            freeze_startup_objects()  # counted in the start-up's first step
             _report_startup(env)
         if result.drain and requests is not None and step < steps:  # the last step's save is the final one
             return stop_for_request(run.ckpt, run.app, requests, step, replica=run.env.replica)
