@@ -248,15 +248,8 @@ def test_a_save_whose_marker_is_written_counts_as_committed_when_the_ranks_canno
         write_commit(*args, **kwargs)
         written.append(True)
 
-    agree = Checkpointer._agree
-
-    def lost_peer(self: Checkpointer, flag: bool, group: Any, *, any_rank: bool) -> bool:
-        if written:
-            raise RuntimeError("Connection reset by peer")
-        return agree(self, flag, group, any_rank=any_rank)
-
     monkeypatch.setattr(store, "write_commit", marker_then_loss)
-    monkeypatch.setattr(Checkpointer, "_agree", lost_peer)
+    _lose_a_peer_once(monkeypatch, written)
     ckpt.save(1, app)
     ckpt.close()
     monkeypatch.undo()
@@ -281,18 +274,23 @@ def test_a_save_that_fails_before_its_marker_is_still_reported_when_the_agreemen
         tried.append(True)
         raise OSError(errno.EIO, "Input/output error")
 
-    agree = Checkpointer._agree
-
-    def lost_peer(self: Checkpointer, flag: bool, group: Any, *, any_rank: bool) -> bool:
-        if tried:
-            raise RuntimeError("Connection reset by peer")
-        return agree(self, flag, group, any_rank=any_rank)
-
     monkeypatch.setattr(store, "write_commit", no_marker)
-    monkeypatch.setattr(Checkpointer, "_agree", lost_peer)
+    _lose_a_peer_once(monkeypatch, tried)
     ckpt.save(1, app)
     ckpt.close()
     monkeypatch.undo()
     [failed] = events.named("checkpoint_failed")
     assert failed["step"] == 1 and not events.named("checkpoint") and ckpt.committed_step is None
     assert store.committed(tmp_path) == []
+
+
+def _lose_a_peer_once(monkeypatch: pytest.MonkeyPatch, marker_tried: list[bool]) -> None:
+    """The ranks' agreements fail (a peer's connection reset) once the commit marker has been tried."""
+    agree = Checkpointer._agree
+
+    def lost_peer(self: Checkpointer, flag: bool, group: Any, *, any_rank: bool) -> bool:
+        if marker_tried:
+            raise RuntimeError("Connection reset by peer")
+        return agree(self, flag, group, any_rank=any_rank)
+
+    monkeypatch.setattr(Checkpointer, "_agree", lost_peer)
